@@ -1,0 +1,60 @@
+# Hook Lab: `make lab` to study, `make test` to check everything. See README.md.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.hooklab-installed
+NB ?= notebooks
+
+# The same kernel environment for saving (make notebooks), checking (make test) and studying
+# (make lab): one thread, warnings decided by each notebook's setup cell.
+export OMP_NUM_THREADS := 1
+export MKL_NUM_THREADS := 1
+export PYTHONHASHSEED := 0
+export PYDEVD_DISABLE_FILE_VALIDATION := 1
+unexport PYTHONWARNINGS
+
+NBVAL := $(BIN)/python -m pytest -p no:cacheprovider --nbval --nbval-current-env \
+	--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300
+
+.PHONY: help env lab test lint unit nbval notebooks check bench clean
+
+help:
+	@echo "make lab        build the environment if needed and open JupyterLab on the course"
+	@echo "make test       the same environment, then every check (lint, unit tests, strict nbval)"
+	@echo "make check NB=notebooks/01_tensor_hooks.ipynb   strict nbval on one notebook"
+	@echo "make notebooks [NB=path.ipynb]   re-execute notebooks in a fresh kernel and save them"
+
+env: $(STAMP)
+
+# Rebuilt when the pins or the package metadata change; otherwise nothing is reinstalled.
+$(STAMP): requirements.txt pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --disable-pip-version-check -q -r requirements.txt
+	$(BIN)/python -m pip install --disable-pip-version-check -q --no-deps -e .
+	@touch $(STAMP)
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab --notebook-dir=notebooks $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
+
+test: lint unit nbval
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests tools notebooks
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider tests
+
+nbval: $(STAMP)
+	$(NBVAL) notebooks
+
+check: $(STAMP)
+	$(NBVAL) $(NB)
+
+notebooks: $(STAMP)
+	$(BIN)/python tools/run_notebooks.py $(filter %.ipynb,$(NB))
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache artifacts

@@ -1,0 +1,87 @@
+"""Exercises with instant checks.
+
+A notebook's exercise cell ends with ``check("01.1", your_answer)``. The checker prints one
+stable line: ``not solved yet`` while the answer still raises ``NotImplementedError`` (or is
+``None`` / ``...``), then ``passed`` or ``failed`` with the reason and, for tensors, the largest
+difference from the expected value. Each notebook's checkers live in ``nbNN.py`` beside this
+file and register themselves with ``@exercise``; solutions notebooks in
+``notebooks/solutions/`` run the same checks on worked answers.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["Exercise", "Outcome", "check", "compare_tensors", "exercise", "exercises"]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    passed: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class Exercise:
+    id: str
+    title: str
+    checker: Callable[[object], Outcome]
+
+
+_REGISTRY: dict[str, Exercise] = {}
+
+
+def exercise(id: str, title: str):
+    """Register ``checker(answer) -> Outcome`` as exercise ``id`` (e.g. ``"01.2"``)."""
+
+    def register(checker: Callable[[object], Outcome]) -> Callable[[object], Outcome]:
+        if id in _REGISTRY:
+            raise ValueError(f"exercise {id} is registered twice")
+        _REGISTRY[id] = Exercise(id, title, checker)
+        return checker
+
+    return register
+
+
+def exercises() -> dict[str, Exercise]:
+    """Every registered exercise, by id (imports all ``nbNN`` modules first)."""
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
+    return dict(sorted(_REGISTRY.items()))
+
+
+def check(id: str, answer: object) -> None:
+    """Check ``answer`` for exercise ``id`` and print one line: not solved yet, passed or failed."""
+    known = exercises()
+    if id not in known:
+        raise KeyError(f"no exercise {id!r}; known: {', '.join(known)}")
+    ex = known[id]
+    if answer is None or answer is Ellipsis:
+        print(f"Exercise {id} ({ex.title}): not solved yet")
+        return
+    try:
+        outcome = ex.checker(answer)
+    except NotImplementedError:
+        print(f"Exercise {id} ({ex.title}): not solved yet")
+        return
+    except Exception as exc:  # a student's bug: say what it was, don't drown them in a traceback
+        print(f"Exercise {id} ({ex.title}): failed — your code raised {type(exc).__name__}: {exc}")
+        return
+    verdict = "passed" if outcome.passed else "failed"
+    print(f"Exercise {id} ({ex.title}): {verdict} — {outcome.detail}")
+
+
+def compare_tensors(got, expected, atol: float = 1e-6, rtol: float = 1e-5) -> Outcome:
+    """Shape and value comparison used by most checkers."""
+    import torch
+
+    if not isinstance(got, torch.Tensor):
+        return Outcome(False, f"expected a tensor, got {type(got).__name__}")
+    if got.shape != expected.shape:
+        return Outcome(False, f"shape {tuple(got.shape)}, expected {tuple(expected.shape)}")
+    diff = (got.detach().double() - expected.detach().double()).abs().max().item() if got.numel() else 0.0
+    ok = torch.allclose(got.detach().double(), expected.detach().double(), atol=atol, rtol=rtol)
+    return Outcome(ok, f"max |difference| {diff:.1e}")

@@ -1,0 +1,72 @@
+"""Pick layers by name, with errors that say what names exist.
+
+Introduced in notebook 00; every recorder and explorer of the course uses it.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+from torch import nn
+
+__all__ = ["UnknownLayerError", "get_layer", "layer_names", "leaf_names", "select_layers"]
+
+
+class UnknownLayerError(LookupError):
+    """Raised for a layer name that the model does not have; lists the close matches."""
+
+    def __init__(self, name: str, model: nn.Module, names: list[str]):
+        self.name = name
+        self.candidates = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
+        if self.candidates:
+            hint = "close matches: " + ", ".join(repr(c) for c in self.candidates)
+        else:
+            shown = ", ".join(repr(n) for n in names[:8])
+            more = f" and {len(names) - 8} more" if len(names) > 8 else ""
+            hint = f"its layers are {shown}{more}"
+        super().__init__(f"{type(model).__name__} has no layer named {name!r}; {hint}")
+
+    def __str__(self) -> str:  # LookupError would print the message with quotes around it
+        return self.args[0]
+
+
+def layer_names(model: nn.Module) -> list[str]:
+    """Every submodule name in ``named_modules()`` order (the root is ``""``)."""
+    return [name for name, _ in model.named_modules()]
+
+
+def leaf_names(model: nn.Module) -> list[str]:
+    """Names of the modules that have no children: the layers that do the work."""
+    return [name for name, m in model.named_modules() if next(m.children(), None) is None]
+
+
+def get_layer(model: nn.Module, name: str) -> nn.Module:
+    """``model.get_submodule(name)`` with an error listing close matches for a wrong name."""
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        raise UnknownLayerError(name, model, [n for n in layer_names(model) if n]) from None
+
+
+def select_layers(
+    model: nn.Module,
+    layers: Iterable[str] | str | None = None,
+    types: type | tuple[type, ...] | None = None,
+) -> dict[str, nn.Module]:
+    """Choose modules: by names, by type, or (neither given) every leaf module.
+
+    Returns ``{name: module}`` in ``named_modules()`` order for types and leaves, and in the
+    given order for names.
+    """
+    if isinstance(layers, str):
+        layers = [layers]
+    if layers is not None:
+        chosen = {name: get_layer(model, name) for name in layers}
+        if types is not None:
+            chosen = {n: m for n, m in chosen.items() if isinstance(m, types)}
+        return chosen
+    if types is not None:
+        return {n: m for n, m in model.named_modules() if isinstance(m, types)}
+    leaves = set(leaf_names(model))
+    return {n: m for n, m in model.named_modules() if n in leaves}

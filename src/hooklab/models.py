@@ -1,0 +1,156 @@
+"""The small models the course keeps coming back to.
+
+* ``SeedNet``: the 2-2-2 sigmoid network with fixed weights whose gradients notebook 04
+  works out by hand (one shared bias per layer, as in the original example).
+* ``SeedConvNet``: conv 3×3 → ReLU(inplace) → conv 1×1 → ReLU(inplace), seeded.
+* ``DigitsCNN``: a small CNN for 8×8 digits; ``head="gap"`` (global average pooling, the
+  default) or ``head="flatten"`` (the cautionary Grad-CAM example of notebook 05).
+* ``train_digits``: trains a ``DigitsCNN`` in seconds, bit-for-bit repeatable on one thread.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .data import Digits, digits
+
+__all__ = ["DigitsCNN", "SeedConvNet", "SeedNet", "accuracy", "train_digits"]
+
+
+class SeedNet(nn.Module):
+    """2 inputs → Linear → Sigmoid → Linear → Sigmoid, with the seed notebook's weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(2, 2)
+        self.s1 = nn.Sigmoid()
+        self.fc2 = nn.Linear(2, 2)
+        self.s2 = nn.Sigmoid()
+        with torch.no_grad():
+            # nn.Parameter replacements keep the original's quirk: one bias shared by both units
+            self.fc1.weight = nn.Parameter(torch.tensor([[0.15, 0.25], [0.20, 0.30]]))
+            self.fc1.bias = nn.Parameter(torch.tensor([0.35]))
+            self.fc2.weight = nn.Parameter(torch.tensor([[0.40, 0.50], [0.45, 0.55]]))
+            self.fc2.bias = nn.Parameter(torch.tensor([0.60]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.s2(self.fc2(self.s1(self.fc1(x))))
+
+
+class SeedConvNet(nn.Module):
+    """conv 3×3 (1→2) → ReLU(inplace) → conv 1×1 (2→1) → ReLU(inplace); weights from ``seed``."""
+
+    def __init__(self, seed: int = 0, inplace: bool = True) -> None:
+        super().__init__()
+        generator_state = torch.random.get_rng_state()
+        torch.manual_seed(seed)
+        self.conv1 = nn.Conv2d(1, 2, kernel_size=3)
+        self.relu1 = nn.ReLU(inplace=inplace)
+        self.conv2 = nn.Conv2d(2, 1, kernel_size=1)
+        self.relu2 = nn.ReLU(inplace=inplace)
+        torch.random.set_rng_state(generator_state)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.relu2(self.conv2(self.relu1(self.conv1(x))))
+
+
+class DigitsCNN(nn.Module):
+    """conv16–ReLU–conv32–ReLU–maxpool–conv64–ReLU–head, for (N, 1, 8, 8) digits."""
+
+    def __init__(self, head: str = "gap", seed: int = 0) -> None:
+        super().__init__()
+        if head not in ("gap", "flatten"):
+            raise ValueError(f"head must be 'gap' or 'flatten', not {head!r}")
+        generator_state = torch.random.get_rng_state()
+        torch.manual_seed(seed)
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.ReLU(),
+        )
+        if head == "gap":
+            self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+        else:
+            self.head = nn.Sequential(nn.Flatten(), nn.Linear(64 * 4 * 4, 10))
+        torch.random.set_rng_state(generator_state)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+@torch.no_grad()
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """Fraction of ``x`` that ``model`` classifies as ``y`` (model switched to eval and back)."""
+    was_training = model.training
+    model.eval()
+    correct = (model(x).argmax(dim=1) == y).sum().item()
+    model.train(was_training)
+    return correct / len(y)
+
+
+def train_digits(
+    model: nn.Module | None = None,
+    data: Digits | None = None,
+    epochs: int = 12,
+    batch_size: int = 32,
+    lr: float = 5e-3,
+    seed: int = 0,
+    progress: bool = True,
+    on_step=None,
+) -> nn.Module:
+    """Train ``model`` (default: a new ``DigitsCNN``) with Adam; returns it in eval mode.
+
+    Repeatable bit for bit for a fixed seed and thread count. ``progress`` shows a progress bar
+    in a notebook and prints one line per epoch. ``on_step(step, model, loss)`` is called after
+    every optimiser step (notebook 05 uses it to collect activation statistics).
+    """
+    model = DigitsCNN() if model is None else model
+    data = digits() if data is None else data
+    generator = torch.Generator().manual_seed(seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    loss_fn = nn.CrossEntropyLoss()
+    n = len(data.y_train)
+    steps_per_epoch = (n + batch_size - 1) // batch_size
+    bar = _progress_bar(epochs * steps_per_epoch) if progress else None
+    step = 0
+    for epoch in range(epochs):
+        model.train()
+        order = torch.randperm(n, generator=generator)
+        total = 0.0
+        for start in range(0, n, batch_size):
+            idx = order[start : start + batch_size]
+            loss = loss_fn(model(data.x_train[idx]), data.y_train[idx])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            total += loss.item() * len(idx)
+            step += 1
+            if on_step is not None:
+                on_step(step, model, loss.detach())
+            if bar is not None:
+                bar.value = step
+        if progress:
+            acc = accuracy(model, data.x_test, data.y_test)
+            print(f"epoch {epoch + 1}/{epochs}  train loss {total / n:.4f}  test accuracy {acc:.2%}")
+    model.eval()
+    return model
+
+
+def _progress_bar(total: int):
+    """An ipywidgets progress bar inside a notebook, nothing elsewhere."""
+    try:
+        from IPython import get_ipython
+        from IPython.display import display
+        from ipywidgets import IntProgress
+    except ImportError:  # pragma: no cover
+        return None
+    if get_ipython() is None:
+        return None
+    bar = IntProgress(value=0, min=0, max=total, description="training")
+    display(bar)
+    return bar

@@ -1,0 +1,375 @@
+"""Record what every chosen module receives and returns, forward and (optionally) backward.
+
+``record`` is the course's one recorder (built by hand in notebook 00, used from 02 on):
+
+    with record(model, backward=True) as rec:
+        model(x).sum().backward()
+    rec["fc1"].output, rec["fc1"].grad_output[0]
+
+Contract
+--------
+* One ``Record`` per module call, in execution order: a module called twice in one forward
+  (torchvision's ResNet reuses each block's ReLU) has two records, ``call=0`` and ``call=1``.
+* Tensors in records are detached. They are *not* copied when stored: copying every activation
+  costs more than the hooks themselves. Instead, while the ``with`` block runs, a
+  copy-on-write guard watches every operation that writes into a tensor (``relu_``, ``+=``,
+  ``out=``...) and clones a recorded tensor just before it is overwritten. A record therefore
+  always holds the value the module really produced. After the block, a record whose tensor
+  was changed in place by your own code raises ``StaleRecordError`` instead of returning the
+  wrong numbers. ``clone=True`` copies everything at once instead (simple, slower; use it
+  under ``torch.compile``).
+* ``backward=True`` records (copies of) ``grad_output`` (gradient w.r.t. each output) and ``grad_input``
+  (gradient w.r.t. each positional input, ``None`` where the input needs no grad): the same
+  tuples a full backward hook receives. They come from tensor hooks (notebook 03 explains
+  why): full backward hooks break on modules whose output is later modified in place, such
+  as every block of a torchvision ResNet. Run ``backward()`` inside the ``with`` block.
+* Every hook is removed when the block ends, also when it raises.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from .layers import select_layers
+
+__all__ = ["NoGradientError", "Record", "Recording", "StaleRecordError", "record"]
+
+
+class StaleRecordError(RuntimeError):
+    """A recorded tensor was modified in place after the recording ended."""
+
+
+class NoGradientError(RuntimeError):
+    """A backward record was asked for but no gradient reached that module."""
+
+
+def _shape(value: Any) -> str:
+    leaves, _ = tree_flatten(value)
+    shapes = [tuple(t.shape) for t in leaves if isinstance(t, torch.Tensor)]
+    if len(shapes) == 1:
+        return str(shapes[0])
+    return str(shapes)
+
+
+@dataclass(repr=False)
+class Record:
+    """What one call of one module saw. Tensors are detached; see the module docstring."""
+
+    name: str
+    module_type: str
+    call: int
+    index: int
+    _inputs: tuple = ()
+    _output: Any = None
+    _grad_input: tuple | None = None
+    _grad_output: tuple | None = None
+    _no_grad_reason: str | None = None
+    _got_grad: bool = False
+    _versions: dict = field(default_factory=dict)
+
+    def _checked(self, value: Any, what: str) -> Any:
+        for leaf in tree_flatten(value)[0]:
+            if isinstance(leaf, torch.Tensor) and leaf._version != self._versions.get(id(leaf), leaf._version):
+                raise StaleRecordError(
+                    f"the {what} recorded for {self.name!r} was modified in place after the recording "
+                    "ended, so it no longer holds what the module produced; record with clone=True, "
+                    "or clone the tensor before changing it"
+                )
+        return value
+
+    @property
+    def inputs(self) -> tuple:
+        return self._checked(self._inputs, "input")
+
+    @property
+    def output(self) -> Any:
+        return self._checked(self._output, "output")
+
+    @property
+    def grad_output(self) -> tuple:
+        if not self._got_grad:
+            raise NoGradientError(f"no gradient reached {self.name!r}: {self._why_no_grad()}")
+        return self._checked(self._grad_output, "grad_output")
+
+    @property
+    def grad_input(self) -> tuple:
+        if not self._got_grad:
+            raise NoGradientError(f"no gradient reached {self.name!r}: {self._why_no_grad()}")
+        return self._checked(self._grad_input, "grad_input")
+
+    def _why_no_grad(self) -> str:
+        if self._no_grad_reason:
+            return self._no_grad_reason
+        return (
+            "call backward() inside the `with record(..., backward=True)` block, after the forward pass "
+            "(if you did, this module's output does not contribute to what backward() started from)"
+        )
+
+    def __repr__(self) -> str:
+        call = f", call={self.call}" if self.call else ""
+        return f"Record({self.name!r}{call}, {self.module_type}, output {_shape(self._output)})"
+
+
+class _CopyOnWrite(TorchDispatchMode):
+    """Clone recorded tensors just before an operation writes into their storage."""
+
+    def __init__(self, recording: Recording):
+        super().__init__()
+        self.recording = recording
+        self._written_args: dict = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        written = self._written_args.get(func)
+        if written is None:
+            written = tuple(
+                a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write
+            )
+            self._written_args[func] = written
+        if written and self.recording._watched:
+            schema_args = func._schema.arguments
+            for position, arg in enumerate(schema_args):
+                if arg.name not in written:
+                    continue
+                value = args[position] if position < len(args) else kwargs.get(arg.name)
+                for tensor in tree_flatten(value)[0]:
+                    if isinstance(tensor, torch.Tensor):
+                        self.recording._copy_before_write(tensor)
+        return func(*args, **kwargs)
+
+
+def _storage_key(tensor: torch.Tensor) -> int | None:
+    try:
+        return tensor.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # tensors without storage (sparse, meta...)
+        return None
+
+
+class Recording:
+    """The records of one ``with record(...)`` block. Iterable, indexable by layer name."""
+
+    def __init__(self, model: nn.Module, modules: dict[str, nn.Module], backward: bool, clone: bool):
+        self.model = model
+        self.modules = modules
+        self.backward = backward
+        self.clone = clone
+        self.records: list[Record] = []
+        self._calls: dict[str, int] = {}
+        self._watched: dict[int, list[Record]] = {}
+        self._pending: dict[str, list] = {}
+        self._handles: list = []
+        self._tensor_handles: list = []
+        self._mode: _CopyOnWrite | None = None
+        self._active = False
+
+    # ----- reading -------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self):
+        return iter(self.records)
+
+    @property
+    def names(self) -> list[str]:
+        """Recorded layer names in the order of their first call."""
+        return list(dict.fromkeys(r.name for r in self.records))
+
+    def calls(self, name: str) -> list[Record]:
+        """Every record of one layer, in call order."""
+        if name not in self.modules:
+            select_layers(self.model, [name])  # raises UnknownLayerError with close matches
+            raise KeyError(f"{name!r} is a layer of the model but was not chosen for recording")
+        return [r for r in self.records if r.name == name]
+
+    def __getitem__(self, name: str) -> Record:
+        """The last record of layer ``name``."""
+        found = self.calls(name)
+        if not found:
+            raise KeyError(f"layer {name!r} was chosen but has not been called yet")
+        return found[-1]
+
+    def summary(self) -> str:
+        """One line per record: position, name, call, type, output shape."""
+        width = max((len(r.name) for r in self.records), default=4)
+        lines = [f"{'#':>3}  {'layer':<{width}}  call  {'type':<18} output shape"]
+        for r in self.records:
+            lines.append(f"{r.index:>3}  {r.name:<{width}}  {r.call:>4}  {r.module_type:<18} {_shape(r._output)}")
+        return "\n".join(lines)
+
+    def clear(self) -> None:
+        """Forget every record (hooks stay registered while the block runs)."""
+        for handle in self._tensor_handles:
+            handle.remove()
+        self._tensor_handles.clear()
+        self.records.clear()
+        self._calls.clear()
+        self._watched.clear()
+
+    # ----- storing -------------------------------------------------------------------------
+    def _keep(self, record: Record, value: Any) -> Any:
+        """Detach (and, with clone=True, copy) every tensor in ``value``; watch the rest."""
+
+        def keep(t):
+            if not isinstance(t, torch.Tensor):
+                return t
+            t = t.detach()
+            if self.clone:
+                return t.clone()
+            record._versions[id(t)] = t._version
+            key = _storage_key(t)
+            if key is not None:
+                self._watched.setdefault(key, []).append(record)
+            return t
+
+        return tree_map(keep, value)
+
+    def _copy_before_write(self, tensor: torch.Tensor) -> None:
+        key = _storage_key(tensor)
+        records = self._watched.pop(key, None) if key is not None else None
+        for rec in records or ():
+            copy = functools.partial(self._clone_if_shares, key=key, record=rec)
+            for attr in ("_inputs", "_output", "_grad_input", "_grad_output"):
+                setattr(rec, attr, tree_map(copy, getattr(rec, attr)))
+
+    @staticmethod
+    def _clone_if_shares(t: Any, key: int, record: Record) -> Any:
+        if isinstance(t, torch.Tensor) and _storage_key(t) == key:
+            record._versions.pop(id(t), None)
+            copy = t.clone()
+            record._versions[id(copy)] = copy._version
+            return copy
+        return t
+
+    # ----- hooks ---------------------------------------------------------------------------
+    def _pre_hook(self, name: str, module: nn.Module, args: tuple):
+        if not (self.backward and torch.is_grad_enabled()):
+            return None
+        in_place = bool(getattr(module, "inplace", False))
+        new_args = []
+        box: list[Record | None] = [None]  # the forward hook puts this call's record here
+        slots = []
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor) and a.requires_grad:
+                # A view gives this module its own path in the graph, so the hook sees only the
+                # gradient flowing back through this module (not the other users of `a`).
+                # A module that writes into its input keeps the original: hooks on a view that
+                # is then modified in place never fire.
+                target = a if in_place else a.view_as(a)
+                slots.append(i)
+                new_args.append(target)
+                # registered now, before the module runs: a hook registered after an in-place
+                # op would see the gradient of the modified tensor instead
+                self._tensor_handles.append(target.register_hook(self._grad_setter(box, "_grad_input", i)))
+            else:
+                new_args.append(a)
+        self._pending.setdefault(name, []).append((len(args), box))
+        return tuple(new_args) if slots and not in_place else None
+
+    def _forward_hook(self, name: str, module: nn.Module, args: tuple, output: Any):
+        call = self._calls.get(name, 0)
+        self._calls[name] = call + 1
+        rec = Record(name, type(module).__name__, call, len(self.records))
+        rec._inputs = self._keep(rec, tuple(args))
+        rec._output = self._keep(rec, output)
+        self.records.append(rec)
+        if not self.backward:
+            return
+        stack = self._pending.get(name)
+        n_args, box = stack.pop() if stack else (len(args), [None])
+        box[0] = rec
+        if not torch.is_grad_enabled():
+            rec._no_grad_reason = "the forward pass ran with gradients disabled (torch.no_grad / inference_mode)"
+            return
+        outputs = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
+        if not any(t.requires_grad for t in outputs):
+            rec._no_grad_reason = (
+                "its output does not require grad: no parameter or input before it requires grad "
+                "(call requires_grad_() on the input, or unfreeze a parameter)"
+            )
+            return
+        rec._grad_output = (None,) * len(outputs)
+        for i, t in enumerate(outputs):
+            if t.requires_grad:
+                self._tensor_handles.append(t.register_hook(self._grad_setter([rec], "_grad_output", i)))
+        rec._grad_input = (None,) * n_args
+
+    def _grad_setter(self, box: list, attr: str, i: int):
+        def hook(grad):
+            rec = box[0]
+            if rec is None or getattr(rec, attr) is None:  # forward raised, or needed no grad
+                return
+            values = list(getattr(rec, attr))
+            # Gradients are always copied: autograd may hand the same buffer on as a leaf's
+            # .grad, which later backward calls and zero_grad() change in place.
+            values[i] = grad.detach().clone()
+            setattr(rec, attr, tuple(values))
+            rec._got_grad = True
+
+        return hook
+
+    # ----- context manager -----------------------------------------------------------------
+    def __enter__(self) -> Recording:
+        try:
+            for name, module in self.modules.items():
+                if self.backward:
+                    self._handles.append(module.register_forward_pre_hook(_bind(self._pre_hook, name)))
+                self._handles.append(module.register_forward_hook(_bind(self._forward_hook, name)))
+            if not self.clone:
+                self._mode = _CopyOnWrite(self)
+                self._mode.__enter__()
+        except BaseException:
+            self._remove_hooks()
+            raise
+        self._active = True
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            if self._mode is not None:
+                self._mode.__exit__(exc_type, exc, tb)
+                self._mode = None
+        finally:
+            self._remove_hooks()
+            self._watched.clear()
+            self._pending.clear()
+            self._active = False
+
+    def _remove_hooks(self) -> None:
+        for handle in self._handles + self._tensor_handles:
+            handle.remove()
+        self._handles.clear()
+        self._tensor_handles.clear()
+
+
+def _bind(method, name: str):
+    def hook(*args):
+        return method(name, *args)
+
+    return hook
+
+
+def record(
+    model: nn.Module,
+    layers: Iterable[str] | str | None = None,
+    *,
+    types: type | tuple[type, ...] | None = None,
+    backward: bool = False,
+    clone: bool = False,
+) -> Recording:
+    """Record the chosen modules of ``model`` while the ``with`` block runs.
+
+    layers: layer names (``named_modules()`` names, e.g. ``"layer1.0.conv1"``); default: every
+        leaf module. An unknown name raises ``UnknownLayerError`` listing close matches.
+    types: keep only modules of these types (e.g. ``nn.Conv2d``).
+    backward: also record ``grad_input`` / ``grad_output``; run ``backward()`` inside the block.
+    clone: copy every tensor when it is recorded instead of copying only on overwrite.
+    """
+    return Recording(model, select_layers(model, layers, types), backward=backward, clone=clone)

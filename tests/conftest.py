@@ -1,0 +1,30 @@
+"""Shared test set-up: no plotting window, one thread, and no hook left behind by any test."""
+
+from __future__ import annotations
+
+import os
+
+import matplotlib
+import pytest
+import torch
+
+matplotlib.use("Agg")
+torch.set_num_threads(1)
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from hooklab.audit import leftover_hooks  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def no_hooks_left_behind():
+    """Every test must remove every hook it (or the code it calls) registered."""
+    assert leftover_hooks() == [], "hooks were already registered before this test"
+    yield
+    left = leftover_hooks()
+    assert left == [], f"hooks left behind: {left}"
+
+
+@pytest.fixture(autouse=True)
+def seeded():
+    torch.manual_seed(0)
+    yield

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from hooklab import get_layer, leaf_names, select_layers
+from hooklab.audit import global_hooks, leftover_hooks
+
+
+def test_leaf_names_and_selection():
+    model = nn.Sequential(nn.Sequential(nn.Linear(2, 2), nn.ReLU()), nn.Linear(2, 1))
+    assert leaf_names(model) == ["0.0", "0.1", "1"]
+    assert list(select_layers(model, types=nn.Linear)) == ["0.0", "1"]
+    assert get_layer(model, "0.1").__class__ is nn.ReLU
+
+
+def test_leftover_hooks_sees_module_parameter_and_global_hooks():
+    model = nn.Linear(2, 2)
+    h1 = model.register_forward_hook(lambda *a: None)
+    h2 = model.weight.register_hook(lambda g: g)
+    h3 = torch.nn.modules.module.register_module_forward_hook(lambda *a: None)
+    try:
+        found = leftover_hooks(model)
+        assert "Linear: 1 in _forward_hooks" in found
+        assert "Linear parameter weight: 1 tensor hook(s)" in found
+        assert any("_global_forward_hooks" in f for f in found)
+    finally:
+        for h in (h1, h2, h3):
+            h.remove()
+    assert leftover_hooks(model) == [] and global_hooks() == []
+
+
+def test_fixture_would_catch_a_leak():
+    """The autouse fixture relies on leftover_hooks() seeing every live module."""
+    model = nn.Linear(1, 1)
+    handle = model.register_forward_pre_hook(lambda *a: None)
+    assert any("Linear" in f for f in leftover_hooks())
+    handle.remove()
+    assert leftover_hooks() == []
+
+
+@pytest.mark.parametrize("bad", ["fc3", "features.9"])
+def test_get_layer_error_is_a_lookup_error(bad):
+    model = nn.Sequential()
+    model.add_module("fc1", nn.Linear(1, 1))
+    model.add_module("fc2", nn.Linear(1, 1))
+    with pytest.raises(LookupError):
+        get_layer(model, bad)

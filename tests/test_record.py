@@ -1,0 +1,214 @@
+"""hooklab.record: what it records, that it never returns overwritten values, that it cleans up."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+from hooklab import NoGradientError, StaleRecordError, UnknownLayerError, record
+from hooklab.audit import leftover_hooks
+
+
+def mlp(inplace: bool = True) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 5), nn.ReLU(inplace=inplace), nn.Linear(5, 2), nn.Tanh())
+
+
+def full_hook_reference(model: nn.Module, x: torch.Tensor):
+    """grad_input/grad_output of every child from PyTorch's own full backward hooks."""
+    got = {}
+    handles = [
+        m.register_full_backward_hook(lambda m, gi, go, n=n: got.__setitem__(n, (gi, go)))
+        for n, m in model.named_children()
+    ]
+    try:
+        model(x).sum().backward()
+    finally:
+        for h in handles:
+            h.remove()
+    return got
+
+
+def test_records_every_leaf_in_execution_order():
+    model = mlp()
+    with record(model) as rec:
+        model(torch.randn(4, 3))
+    assert [r.name for r in rec] == ["0", "1", "2", "3"]
+    assert [r.module_type for r in rec] == ["Linear", "ReLU", "Linear", "Tanh"]
+    assert [r.index for r in rec] == [0, 1, 2, 3]
+    assert rec["2"].output.shape == (4, 2)
+    assert not rec["2"].output.requires_grad
+
+
+def test_select_by_name_and_type():
+    model = mlp()
+    with record(model, ["2", "0"]) as by_name, record(model, types=nn.Linear) as by_type:
+        model(torch.randn(1, 3))
+    assert [r.name for r in by_name] == ["0", "2"]  # execution order, not the order asked
+    assert by_type.names == ["0", "2"]
+
+
+def test_in_place_relu_does_not_overwrite_the_linear_record():
+    model = mlp(inplace=True)
+    x = torch.randn(8, 3)
+    expected = model[0](x).detach()
+    assert (expected < 0).any(), "the test needs negative pre-activations"
+    with record(model) as rec:
+        model(x)
+    torch.testing.assert_close(rec["0"].output, expected, rtol=0, atol=0)
+    torch.testing.assert_close(rec["1"].output, expected.clamp(min=0), rtol=0, atol=0)
+
+
+def test_resnet_block_records_survive_out_plus_identity_and_in_place_relu():
+    model = torchvision.models.resnet18(weights=None).eval()
+    x = torch.randn(1, 3, 64, 64)
+    block = model.layer1[0]
+    with record(model, ["layer1.0.bn2", "layer1.0.relu"]) as rec:
+        model(x)
+    # recompute bn2's true output from the block's own layers
+    with torch.no_grad():
+        stem = model.maxpool(model.relu(model.bn1(model.conv1(x))))
+        expected = block.bn2(block.conv2(block.relu(block.bn1(block.conv1(stem)))))
+    torch.testing.assert_close(rec["layer1.0.bn2"].output, expected)
+    assert (rec["layer1.0.bn2"].output < 0).any()
+
+
+def test_module_called_twice_has_two_records():
+    model = torchvision.models.resnet18(weights=None).eval()
+    with record(model, "layer1.0.relu") as rec:
+        model(torch.randn(1, 3, 32, 32))
+    calls = rec.calls("layer1.0.relu")
+    assert [r.call for r in calls] == [0, 1]
+    assert rec["layer1.0.relu"] is calls[1]
+    assert not torch.equal(calls[0].output, calls[1].output)
+
+
+def test_clone_mode_matches_copy_on_write_mode():
+    model = mlp()
+    x = torch.randn(5, 3)
+    with record(model) as lazy, record(model, clone=True) as eager:
+        model(x)
+    for a, b in zip(lazy, eager, strict=True):
+        torch.testing.assert_close(a.output, b.output, rtol=0, atol=0)
+
+
+def test_backward_records_match_full_backward_hooks():
+    model = mlp(inplace=False)
+    x = torch.randn(4, 3, requires_grad=True)
+    reference = full_hook_reference(model, x)
+    with record(model, backward=True) as rec:
+        model(x).sum().backward()
+    for name, (grad_input, grad_output) in reference.items():
+        torch.testing.assert_close(rec[name].grad_output[0], grad_output[0])
+        torch.testing.assert_close(rec[name].grad_input[0], grad_input[0])
+
+
+def test_backward_through_in_place_relu_and_resnet_does_not_crash_and_is_right():
+    inplace, plain = mlp(inplace=True), mlp(inplace=False)
+    x = torch.randn(6, 3, requires_grad=True)
+    reference = full_hook_reference(plain, x)
+    with record(inplace, backward=True) as rec:
+        inplace(x).sum().backward()
+    for name, (grad_input, grad_output) in reference.items():
+        torch.testing.assert_close(rec[name].grad_input[0], grad_input[0])
+        torch.testing.assert_close(rec[name].grad_output[0], grad_output[0])
+
+    model = torchvision.models.resnet18(weights=None).eval()
+    img = torch.randn(1, 3, 32, 32)
+    with record(model, ["layer1.0.bn2", "fc"], backward=True) as rec:
+        model(img)[0, 3].backward()
+    assert rec["fc"].grad_output[0][0, 3] == 1
+    assert rec["layer1.0.bn2"].grad_output[0].shape == (1, 64, 8, 8)
+
+
+def test_grad_input_is_per_module_when_an_input_has_two_users():
+    lin1, lin2 = nn.Linear(3, 3), nn.Linear(3, 3)
+    model = nn.ModuleDict({"a": lin1, "b": lin2})
+    x = torch.randn(2, 3, requires_grad=True)
+    with record(model, backward=True) as rec:
+        (lin1(x).sum() + 10 * lin2(x).sum()).backward()
+    torch.testing.assert_close(rec["a"].grad_input[0], torch.ones(2, 3) @ lin1.weight)
+    torch.testing.assert_close(rec["b"].grad_input[0], 10 * torch.ones(2, 3) @ lin2.weight)
+
+
+def test_first_layer_grad_input_is_none_when_input_needs_no_grad():
+    model = mlp()
+    with record(model, backward=True) as rec:
+        model(torch.randn(2, 3)).sum().backward()
+    assert rec["0"].grad_input == (None,)
+
+
+def test_no_gradient_errors_say_why():
+    model = mlp()
+    with record(model, backward=True) as rec:
+        with torch.no_grad():
+            model(torch.randn(2, 3))
+    with pytest.raises(NoGradientError, match="gradients disabled"):
+        _ = rec["0"].grad_output
+    with record(model, backward=True) as rec:
+        model(torch.randn(2, 3))
+    with pytest.raises(NoGradientError, match="call backward"):
+        _ = rec["0"].grad_output
+
+
+def test_record_changed_after_the_block_raises_instead_of_lying():
+    model = nn.Sequential(nn.Linear(2, 2))
+    with record(model) as rec:
+        out = model(torch.randn(1, 2))
+    before = rec["0"].output.clone()
+    with torch.no_grad():
+        out.mul_(0)
+    with pytest.raises(StaleRecordError, match="modified in place after the recording ended"):
+        _ = rec["0"].output
+    with record(model, clone=True) as rec:
+        out = model(torch.randn(1, 2))
+    with torch.no_grad():
+        out.mul_(0)
+    assert rec["0"].output.abs().sum() > 0
+    assert before.abs().sum() > 0
+
+
+def test_hooks_removed_on_normal_exit_and_on_error():
+    model = mlp()
+    with record(model, backward=True):
+        assert leftover_hooks(model)
+        model(torch.randn(1, 3))
+    assert leftover_hooks(model) == []
+    with pytest.raises(ValueError, match="boom"):
+        with record(model, backward=True):
+            model(torch.randn(1, 3))
+            raise ValueError("boom")
+    assert leftover_hooks(model) == []
+
+
+def test_repeated_forwards_are_all_recorded_and_clear_forgets_them():
+    model = mlp()
+    with record(model, "0") as rec:
+        for _ in range(3):
+            model(torch.randn(1, 3))
+        assert [r.call for r in rec] == [0, 1, 2]
+        rec.clear()
+        model(torch.randn(1, 3))
+    assert len(rec) == 1 and rec["0"].call == 0
+
+
+def test_unknown_layer_lists_close_matches():
+    model = torchvision.models.resnet18(weights=None)
+    with pytest.raises(UnknownLayerError) as info:
+        record(model, "layer4.2.conv1")
+    message = str(info.value)
+    assert message.startswith("ResNet has no layer named 'layer4.2.conv1'; close matches:")
+    assert "'layer4.1.conv1'" in message
+    with pytest.raises(UnknownLayerError, match="its layers are"):
+        record(mlp(), "encoder")
+
+
+def test_summary_lists_each_call():
+    model = mlp()
+    with record(model) as rec:
+        model(torch.randn(2, 3))
+    lines = rec.summary().splitlines()
+    assert len(lines) == 5
+    assert lines[1].split() == ["0", "0", "0", "Linear", "(2,", "5)"]

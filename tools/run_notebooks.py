@@ -1,0 +1,56 @@
+"""Re-execute notebooks top to bottom in a fresh kernel and save them: the only way outputs
+are written. Run through ``make notebooks`` (all) or ``make notebooks NB=path.ipynb`` (one),
+so that the kernel gets the same environment (threads, warnings) as ``make test``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(path: Path, timeout: int) -> float:
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+            cell.metadata.pop("execution", None)
+    client = NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+        record_timing=False,
+    )
+    start = time.perf_counter()
+    client.execute()
+    elapsed = time.perf_counter() - start
+    nb.metadata.pop("widgets", None)  # widget state has random model ids; nbval ignores it anyway
+    nbformat.write(nb, path)
+    return elapsed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("notebooks", nargs="*", type=Path, help="default: every notebook under notebooks/")
+    parser.add_argument("--timeout", type=int, default=300, help="seconds per cell")
+    args = parser.parse_args(argv)
+    paths = args.notebooks or sorted((ROOT / "notebooks").rglob("*.ipynb"))
+    paths = [p for p in paths if ".ipynb_checkpoints" not in p.parts]
+    for path in paths:
+        print(f"executing {path.relative_to(ROOT) if path.is_absolute() else path} ...", flush=True)
+        elapsed = run(path.resolve(), args.timeout)
+        print(f"  saved ({elapsed:.1f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
