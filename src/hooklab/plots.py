@@ -1,0 +1,101 @@
+"""Plots the course draws more than once. Every function takes ``ax=None`` and returns the figure.
+
+``feature_grid`` (introduced in notebook 02) tiles the channels of one layer's output into a
+grid of small images, the picture people mean by "feature maps":
+
+    with hooklab.record(model, types=nn.Conv2d) as rec:
+        model(photo)
+    fig = feature_grid(rec["conv1"], title="conv1")
+
+The tiles are drawn as one image on one ``Axes`` (fast, and two grids fit side by side in one
+figure). Each channel is scaled to [0, 1] on its own, as ``imshow`` would do for a single map,
+so a channel with small values is as visible as one with large values.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["feature_grid", "tile_channels"]
+
+
+def _maps(value: Any, sample: int) -> torch.Tensor:
+    """A record, an ``(N, C, H, W)`` or a ``(C, H, W)`` tensor -> ``(C, H, W)`` float tensor."""
+    if hasattr(value, "output") and not isinstance(value, torch.Tensor):  # a hooklab Record
+        value = value.output
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"expected a tensor or a hooklab Record, got {type(value).__name__}")
+    if value.dim() == 4:
+        if not 0 <= sample < value.shape[0]:
+            raise IndexError(f"sample {sample} is out of range for a batch of {value.shape[0]}")
+        value = value[sample]
+    if value.dim() != 3:
+        raise ValueError(f"feature maps must be (N, C, H, W) or (C, H, W), got shape {tuple(value.shape)}")
+    return value.detach().cpu().float()
+
+
+def tile_channels(maps: torch.Tensor, channels: int | None = 64, ncols: int = 8, pad: int = 1) -> np.ndarray:
+    """Tile the first ``channels`` maps of a ``(C, H, W)`` tensor into one 2-D array.
+
+    Each map is scaled to [0, 1] on its own (a constant map becomes 0); the ``pad``-pixel gaps
+    between tiles and the unused tiles of the last row are NaN, which ``imshow`` leaves blank.
+    """
+    if maps.dim() != 3:
+        raise ValueError(f"expected (C, H, W), got shape {tuple(maps.shape)}")
+    if ncols < 1:
+        raise ValueError(f"ncols must be at least 1, got {ncols}")
+    count = maps.shape[0] if channels is None else min(channels, maps.shape[0])
+    if count < 1:
+        raise ValueError("there are no channels to draw")
+    maps = maps[:count].detach().cpu().double()
+    low = maps.amin(dim=(1, 2), keepdim=True)
+    span = maps.amax(dim=(1, 2), keepdim=True) - low
+    scaled = torch.where(span > 0, (maps - low) / span.clamp_min(1e-300), torch.zeros_like(maps)).numpy()
+    h, w = scaled.shape[1:]
+    ncols = min(ncols, count)
+    nrows = math.ceil(count / ncols)
+    grid = np.full((nrows * (h + pad) - pad, ncols * (w + pad) - pad), np.nan)
+    for i in range(count):
+        r, c = divmod(i, ncols)
+        grid[r * (h + pad) : r * (h + pad) + h, c * (w + pad) : c * (w + pad) + w] = scaled[i]
+    return grid
+
+
+def feature_grid(
+    maps: Any,
+    ax=None,
+    *,
+    channels: int | None = 64,
+    ncols: int = 8,
+    sample: int = 0,
+    title: str | None = None,
+    cmap: str = "viridis",
+):
+    """Draw the channels of one layer's output as a grid of tiles; return the figure.
+
+    maps: a hooklab ``Record`` (its ``output`` is drawn), an ``(N, C, H, W)`` tensor (item
+        ``sample`` of the batch is drawn) or a ``(C, H, W)`` tensor.
+    ax: the ``Axes`` to draw on; a new 6×6-inch figure when None.
+    channels: how many channels, from the first (None: all); ncols: tiles per row.
+    title: default ``"C channels, H×W"`` (what is shown of how many).
+    """
+    import matplotlib.pyplot as plt
+
+    tensor = _maps(maps, sample)
+    grid = tile_channels(tensor, channels=channels, ncols=ncols)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(6, 6))
+    else:
+        fig = ax.figure
+    colormap = plt.get_cmap(cmap).with_extremes(bad="white")
+    ax.imshow(grid, cmap=colormap, vmin=0.0, vmax=1.0, interpolation="nearest")
+    shown = tensor.shape[0] if channels is None else min(channels, tensor.shape[0])
+    c, h, w = tensor.shape
+    ax.set_title(title if title is not None else f"{shown} of {c} channels, {h}×{w}")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    return fig
