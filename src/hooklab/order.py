@@ -1,0 +1,205 @@
+"""Trace the order in which every kind of forward and backward hook fires, and draw it.
+
+Introduced in notebook 06 (the firing-order chart), after notebooks 01–03 met each hook alone:
+
+    firings = trace_firing_order(model, x)
+    print(format_order(firings))
+    plot_order(firings)
+
+Contract
+--------
+``trace_firing_order(model, *inputs, layers=None, loss=None)`` registers, on the chosen layers
+(default: every leaf module), one hook of each kind below, runs ``model(*inputs)``, then
+``loss(output).backward()`` (default ``output.sum()``), and returns one ``Firing`` per hook
+call in the order PyTorch made the calls. Every hook only records; none returns a value, so
+the model computes exactly what it computes without hooks. All hooks are removed when it
+returns, also when the forward or backward pass raises; the parameters' ``.grad`` are put back
+as they were, so tracing leaves the model untouched. Pass inputs that require grad: when no
+input of a module requires grad, its full backward hook fires early, as soon as the gradient
+of its output is known (PyTorch warns).
+
+The kinds (``KINDS``), with the call that registers them:
+
+* global forward pre-hook / forward hook: ``torch.nn.modules.module.register_module_forward_pre_hook``
+  / ``register_module_forward_hook`` (fire for every module; only the chosen layers are recorded)
+* forward pre-hook, and one more registered with ``prepend=True``: ``Module.register_forward_pre_hook``
+* forward hook: ``Module.register_forward_hook``; from inside it, on the layer's output tensor:
+  a tensor hook (``Tensor.register_hook``) and a pre-hook and a hook on the output's ``grad_fn``
+  (``Node.register_prehook`` / ``Node.register_hook``)
+* global backward pre-hook / backward hook: ``register_module_full_backward_pre_hook`` /
+  ``register_module_full_backward_hook``
+* backward pre-hook / backward hook: ``Module.register_full_backward_pre_hook`` /
+  ``register_full_backward_hook``
+* on every parameter of the chosen layers: a tensor hook (``Tensor.register_hook``) and a
+  post-accumulate-grad hook (``Tensor.register_post_accumulate_grad_hook``); on all of them
+  together, one multi-grad hook (``torch.autograd.graph.register_multi_grad_hook``)
+
+Global backward hooks cannot be mixed with the legacy ``register_module_backward_hook`` in one
+process (PyTorch raises ``RuntimeError``), and full backward hooks break on modules whose
+output is modified in place (notebook 03): trace models without in-place operations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.autograd.graph import register_multi_grad_hook
+from torch.nn.modules import module as module_hooks
+from torch.utils._pytree import tree_flatten
+
+from .layers import select_layers
+
+__all__ = ["KINDS", "Firing", "format_order", "plot_order", "trace_firing_order"]
+
+#: every kind of hook the tracer registers, in the order the chart lists them
+KINDS = (
+    "global forward pre-hook",
+    "forward pre-hook (prepend)",
+    "forward pre-hook",
+    "global forward hook",
+    "forward hook",
+    "global backward pre-hook",
+    "backward pre-hook",
+    "tensor hook on output",
+    "Node pre-hook",
+    "Node hook",
+    "tensor hook on parameter",
+    "multi-grad hook",
+    "post-accumulate-grad hook",
+    "global backward hook",
+    "backward hook",
+)
+
+
+@dataclass(frozen=True)
+class Firing:
+    """One hook call: its position (from 1), ``"forward"`` or ``"backward"``, kind, and where."""
+
+    step: int
+    phase: str
+    kind: str
+    where: str
+
+
+def trace_firing_order(
+    model: nn.Module,
+    *inputs: torch.Tensor,
+    layers: Iterable[str] | str | None = None,
+    loss: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> list[Firing]:
+    """Run one forward and one backward pass with every kind of hook on ``layers``; see module doc."""
+    chosen = select_layers(model, layers)
+    names = {id(m): name for name, m in chosen.items()}
+    firings: list[Firing] = []
+    phase = ["forward"]
+    handles: list = []
+
+    def note(kind: str, where: str) -> None:
+        firings.append(Firing(len(firings) + 1, phase[0], kind, where))
+
+    def on_output(name: str, output) -> None:
+        for tensor in tree_flatten(output)[0]:
+            if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+                handles.append(tensor.register_hook(lambda grad: note("tensor hook on output", name)))
+                if tensor.grad_fn is not None:
+                    node = tensor.grad_fn
+                    handles.append(node.register_prehook(lambda grad_outputs: note("Node pre-hook", name)))
+                    handles.append(node.register_hook(lambda grad_inputs, grad_outputs: note("Node hook", name)))
+
+    def global_hook(kind: str):
+        def hook(module, *args):
+            if id(module) in names:
+                note(kind, names[id(module)])
+
+        return hook
+
+    saved_grads = {p: p.grad for p in model.parameters()}
+    for p in saved_grads:  # accumulate into fresh .grad, so the old tensors are never changed
+        p.grad = None
+    try:
+        handles.append(module_hooks.register_module_forward_pre_hook(global_hook("global forward pre-hook")))
+        handles.append(module_hooks.register_module_forward_hook(global_hook("global forward hook")))
+        handles.append(module_hooks.register_module_full_backward_pre_hook(global_hook("global backward pre-hook")))
+        handles.append(module_hooks.register_module_full_backward_hook(global_hook("global backward hook")))
+        for name, module in chosen.items():
+            handles.append(module.register_forward_pre_hook(lambda m, args, n=name: note("forward pre-hook", n)))
+            handles.append(
+                module.register_forward_pre_hook(lambda m, args, n=name: note("forward pre-hook (prepend)", n),
+                                                 prepend=True)
+            )
+
+            def forward_hook(m, args, output, n=name):
+                note("forward hook", n)
+                on_output(n, output)
+
+            handles.append(module.register_forward_hook(forward_hook))
+            handles.append(module.register_full_backward_pre_hook(lambda m, go, n=name: note("backward pre-hook", n)))
+            handles.append(module.register_full_backward_hook(lambda m, gi, go, n=name: note("backward hook", n)))
+        parameters = []
+        for name, module in chosen.items():
+            for pname, p in module.named_parameters(recurse=False):
+                if p.requires_grad:
+                    where = f"{name}.{pname}" if name else pname
+                    parameters.append(p)
+                    handles.append(p.register_hook(lambda grad, w=where: note("tensor hook on parameter", w)))
+                    handles.append(
+                        p.register_post_accumulate_grad_hook(lambda t, w=where: note("post-accumulate-grad hook", w))
+                    )
+        if parameters:
+            all_done = register_multi_grad_hook(parameters, lambda grads: note("multi-grad hook", "all parameters"))
+            handles.append(all_done)
+        output = model(*inputs)
+        phase[0] = "backward"
+        (loss(output) if loss is not None else output.sum()).backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+        for p, grad in saved_grads.items():
+            p.grad = grad
+    return firings
+
+
+def format_order(firings: Iterable[Firing]) -> str:
+    """One line per firing: step, phase, kind, where (the text the notebook checks)."""
+    firings = list(firings)
+    width = max((len(f.kind) for f in firings), default=4)
+    return "\n".join(f"{f.step:>3}  {f.phase:<8}  {f.kind:<{width}}  {f.where}" for f in firings)
+
+
+def plot_order(firings: Iterable[Firing], ax=None, title: str = "The order in which hooks fire"):
+    """Draw each firing as a dot: step on x, hook kind on y, coloured by layer. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    firings = list(firings)
+    if not firings:
+        raise ValueError("no firings to draw: did the model run any chosen layer?")
+    kinds = [k for k in KINDS if any(f.kind == k for f in firings)]
+    places = list(dict.fromkeys(f.where for f in firings))
+    colors = plt.get_cmap("tab10")
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(10, 0.38 * len(kinds) + 1.6))
+    else:
+        fig = ax.figure
+    row = {k: len(kinds) - 1 - i for i, k in enumerate(kinds)}
+    last_forward = max((f.step for f in firings if f.phase == "forward"), default=0)
+    ax.axvspan(0.5, last_forward + 0.5, color="0.93", zorder=0)
+    ax.text(0.7, len(kinds) - 0.45, "forward", va="bottom", fontsize=9, color="0.35")
+    ax.text(last_forward + 0.7, len(kinds) - 0.45, "backward", va="bottom", fontsize=9, color="0.35")
+    for i, place in enumerate(places):
+        mine = [f for f in firings if f.where == place]
+        ax.scatter([f.step for f in mine], [row[f.kind] for f in mine], color=colors(i % 10), s=36,
+                   label=place, zorder=3)
+    steps = [f.step for f in firings]
+    ax.plot(steps, [row[f.kind] for f in firings], color="0.6", lw=0.8, zorder=2)
+    ax.set_yticks(range(len(kinds)), [k for k in reversed(kinds)], fontsize=9)
+    ax.set_ylim(-0.6, len(kinds) + 0.2)
+    ax.set_xlim(0.5, len(firings) + 0.5)
+    ax.set_xlabel("firing step")
+    ax.set_title(title)
+    ax.legend(title="where", fontsize=8, title_fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(axis="x", color="0.85", lw=0.5)
+    fig.tight_layout()
+    return fig
