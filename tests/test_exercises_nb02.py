@@ -94,13 +94,15 @@ def test_02_3_rejects_plain_detach_and_graph_keeping():
 # ----- 02.4 -----------------------------------------------------------------------------------
 def test_02_4_accepts_a_with_kwargs_pre_hook():
     def force_keyword(module, name, value):
-        return module.register_forward_pre_hook(lambda m, args, kwargs: (args, {**kwargs, name: value}), with_kwargs=True)
+        hook = lambda m, args, kwargs: (args, {**kwargs, name: value})  # noqa: E731
+        return module.register_forward_pre_hook(hook, with_kwargs=True)
 
     assert CHECK["02.4"](force_keyword).passed
 
 
 def test_02_4_rejects_a_hook_that_only_fills_missing_keywords():
     def fill_missing(module, name, value):
-        return module.register_forward_pre_hook(lambda m, args, kwargs: (args, {name: value, **kwargs}), with_kwargs=True)
+        hook = lambda m, args, kwargs: (args, {name: value, **kwargs})  # noqa: E731
+        return module.register_forward_pre_hook(hook, with_kwargs=True)
 
     assert not CHECK["02.4"](fill_missing).passed

@@ -56,7 +56,9 @@ def _execution_order(execution_order) -> Outcome:
         return Outcome(True, f"{len(expected)} calls in the right order, no hook left behind")
     if sorted(got) == sorted(expected):
         return Outcome(False, "the right calls in the wrong order: a container's forward hook fires after its children")
-    return Outcome(False, f"{len(got)} calls, expected {len(expected)} (containers count, and a module called twice twice)")
+    return Outcome(
+        False, f"{len(got)} calls, expected {len(expected)} (containers count; a module called twice counts twice)"
+    )
 
 
 @exercise("02.2", "clip a layer's output with a forward hook")
