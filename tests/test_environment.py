@@ -51,3 +51,9 @@ def test_jupyterlab_has_the_widget_extension_enabled():
     )
     listing = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)  # drop colour codes
     assert re.search(r"@jupyter-widgets/jupyterlab-manager v\S+ enabled\s+OK", listing), listing
+
+
+def test_make_reinstalls_nothing_when_pins_are_unchanged():
+    """`make -q env` exits 0 only when the venv's install stamp is newer than the pins."""
+    result = subprocess.run(["make", "-q", "env"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, "the environment would be rebuilt although nothing changed"
