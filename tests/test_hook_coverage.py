@@ -1,0 +1,359 @@
+"""The course covers every hook-registering API of the installed torch, and its reference table lists them.
+
+How an API is found (by introspection of the installed torch, so a torch upgrade that adds a
+hook API makes these tests fail until the course covers it):
+* every public attribute named ``register_*hook*`` of ``torch.Tensor``, ``torch.nn.Module``,
+  ``torch.optim.Optimizer`` and ``torch.autograd.graph.Node``;
+* every public function named ``register_*hook*`` defined in ``torch.nn.modules.module``,
+  ``torch.optim.optimizer`` and ``torch.autograd.graph``;
+* ``torch.autograd.graph.saved_tensors_hooks`` (a context manager, not a ``register_`` call);
+* the ``register_*hook*`` methods that the distributed wrappers ``DistributedDataParallel`` and
+  ``FullyShardedDataParallel`` define themselves (their communication hooks), so that the
+  exclusion list below says out loud what the course leaves out.
+Private APIs (``Module._register_load_state_dict_pre_hook``, ``Module._register_state_dict_hook``)
+are not public and not counted.
+
+How a call is recognised in a notebook: the code cells of every notebook under ``notebooks/``
+(solutions included) are parsed with ``ast`` (IPython ``%``/``!`` lines are dropped). A call
+counts when it is written as a call: ``x.register_forward_hook(...)`` (an attribute call, any
+receiver) or ``register_module_forward_hook(...)`` (a bare name, after ``from ... import``).
+Mentions in comments, strings, markdown or an attribute without a call do not count. Two
+names are shared by two owners, and the receiver decides which one is meant:
+* ``register_hook``: ``Node.register_hook`` when the receiver mentions ``grad_fn`` or
+  ``next_functions`` (``y.grad_fn.register_hook(...)``), or is a variable the notebook assigns
+  from such an expression (``node = y.grad_fn``); otherwise ``Tensor.register_hook``.
+* the four state-dict hooks: ``Optimizer.*`` when the receiver's text contains ``optim``
+  (``optimizer.…``, ``torch.optim.SGD(...).…``) or is a variable assigned from a call of an
+  optimizer class (``sgd = SGD(params)``); otherwise ``Module.*``.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import re
+import urllib.parse
+from pathlib import Path
+
+import pytest
+import torch
+from torch.autograd import graph as graph_module
+from torch.nn.modules import module as module_module
+from torch.optim import optimizer as optimizer_module
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK_DIR = ROOT / "notebooks"
+TABLE_NOTEBOOK = NOTEBOOK_DIR / "06_hook_api_tour.ipynb"
+TABLE_HEADING = "Reference table"
+HOOK_NAME = re.compile(r"^register_\w*hook")
+
+#: APIs the course does not call, each with the reason. Keep it short.
+EXCLUDED = {
+    "torch.nn.parallel.DistributedDataParallel.register_comm_hook": (
+        "a distributed communication hook: it replaces the all-reduce of gradients between "
+        "processes, so it needs a process group of several workers; the course runs in one "
+        "process on one CPU (notebook 06's reference table says where to read about it)"
+    ),
+    "torch.distributed.fsdp.FullyShardedDataParallel.register_comm_hook": (
+        "the same communication hook for fully sharded training: it needs several processes "
+        "sharing one model, which a one-process course cannot show"
+    ),
+}
+
+
+def _owners():
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.nn.parallel import DistributedDataParallel
+
+    classes = {
+        "torch.Tensor": (torch.Tensor, False),
+        "torch.nn.Module": (torch.nn.Module, False),
+        "torch.optim.Optimizer": (torch.optim.Optimizer, False),
+        "torch.autograd.graph.Node": (torch.autograd.graph.Node, False),
+        # only what these wrappers define themselves: they inherit Module's hooks
+        "torch.nn.parallel.DistributedDataParallel": (DistributedDataParallel, True),
+        "torch.distributed.fsdp.FullyShardedDataParallel": (FullyShardedDataParallel, True),
+    }
+    modules = (module_module, optimizer_module, graph_module)
+    return classes, modules
+
+
+def hook_apis() -> dict[str, str]:
+    """``{qualified API name: short name}`` for every hook-registering API found in torch."""
+    classes, modules = _owners()
+    found = {}
+    for label, (cls, own_only) in classes.items():
+        names = vars(cls) if own_only else dir(cls)
+        for name in names:
+            if HOOK_NAME.match(name) and callable(getattr(cls, name)):
+                found[f"{label}.{name}"] = name
+    for module in modules:
+        for name, obj in vars(module).items():
+            if HOOK_NAME.match(name) and callable(obj) and getattr(obj, "__module__", None) == module.__name__:
+                found[f"{module.__name__}.{name}"] = name
+    found["torch.autograd.graph.saved_tensors_hooks"] = "saved_tensors_hooks"
+    return dict(sorted(found.items()))
+
+
+# ----- recognising calls ------------------------------------------------------------------------
+
+_MODULE_LABELS = {"torch.nn.modules.module", "torch.optim.optimizer", "torch.autograd.graph"}
+_NODE_TEXT = re.compile(r"\bgrad_fn\b|\bnext_functions\b")
+_OPTIMIZER_CLASSES = {"Optimizer"}
+_pending = [torch.optim.Optimizer]
+while _pending:
+    for sub in _pending.pop().__subclasses__():
+        _OPTIMIZER_CLASSES.add(sub.__name__)
+        _pending.append(sub)
+
+
+def _owner_kind(label: str) -> str:
+    if label.endswith(".Node"):
+        return "node"
+    if label.endswith(".Optimizer"):
+        return "optimizer"
+    return "default"
+
+
+def _root_name(expr: ast.expr) -> str | None:
+    while isinstance(expr, (ast.Attribute, ast.Subscript, ast.Call)):
+        expr = expr.func if isinstance(expr, ast.Call) else expr.value
+    return expr.id if isinstance(expr, ast.Name) else None
+
+
+def _value_kinds(value: ast.expr) -> set[str]:
+    text = ast.unparse(value)
+    kinds = set()
+    if _NODE_TEXT.search(text):
+        kinds.add("node")
+    if isinstance(value, ast.Call):
+        callee = ast.unparse(value.func)
+        if "optim" in callee.lower() or callee.rsplit(".", 1)[-1] in _OPTIMIZER_CLASSES:
+            kinds.add("optimizer")
+    return kinds
+
+
+def _bindings(tree: ast.AST) -> dict[str, set[str]]:
+    """Which kinds of object each variable name of the notebook is ever assigned."""
+    bound: dict[str, set[str]] = {}
+
+    def bind(target: ast.expr, kinds: set[str]) -> None:
+        for node in ast.walk(target):
+            if isinstance(node, ast.Name) and kinds:
+                bound.setdefault(node.id, set()).update(kinds)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                bind(target, _value_kinds(node.value))
+        elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and node.value is not None:
+            bind(node.target, _value_kinds(node.value))
+        elif isinstance(node, (ast.For, ast.comprehension)):
+            bind(node.target, _value_kinds(node.iter))
+        elif isinstance(node, ast.withitem) and node.optional_vars is not None:
+            bind(node.optional_vars, _value_kinds(node.context_expr))
+    return bound
+
+
+def _receiver_kinds(receiver: ast.expr, bound: dict[str, set[str]]) -> set[str]:
+    text = ast.unparse(receiver)
+    if _NODE_TEXT.search(text):
+        return {"node"}
+    if "optim" in text.lower():
+        return {"optimizer"}
+    return bound.get(_root_name(receiver) or "", set()) or {"default"}
+
+
+def parse_cells(sources: list[str]) -> ast.Module:
+    """One module from a notebook's code cells, IPython magics and shell lines dropped."""
+    body = []
+    for source in sources:
+        lines = ["" if line.lstrip().startswith(("%", "!")) else line for line in source.splitlines()]
+        body.extend(ast.parse("\n".join(lines)).body)
+    return ast.Module(body=body, type_ignores=[])
+
+
+def called_apis(tree: ast.Module, apis: dict[str, str]) -> set[str]:
+    """The APIs of ``apis`` that ``tree`` calls (see the module docstring for the rules)."""
+    by_name: dict[str, list[str]] = {}
+    for key, name in apis.items():
+        by_name.setdefault(name, []).append(key)
+    bound = _bindings(tree)
+    found = set()
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr in by_name:
+            keys = by_name[func.attr]
+            if len(keys) > 1:
+                kinds = _receiver_kinds(func.value, bound)
+                keys = [k for k in keys if _owner_kind(k.rsplit(".", 1)[0]) in kinds] or [
+                    k for k in keys if _owner_kind(k.rsplit(".", 1)[0]) == "default"
+                ]
+            found.update(keys)
+        elif isinstance(func, ast.Name) and func.id in by_name:
+            found.update(k for k in by_name[func.id] if k.rsplit(".", 1)[0] in _MODULE_LABELS)
+    return found
+
+
+def _notebooks() -> list[Path]:
+    return sorted(p for p in NOTEBOOK_DIR.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+
+
+def _cells(path: Path, kind: str) -> list[str]:
+    cells = json.loads(path.read_text())["cells"]
+    return ["".join(c["source"]) for c in cells if c["cell_type"] == kind]
+
+
+@pytest.fixture(scope="module")
+def apis() -> dict[str, str]:
+    return hook_apis()
+
+
+# ----- the introspection and the recogniser themselves --------------------------------------------
+
+
+def test_introspection_finds_every_family(apis):
+    for key in (
+        "torch.Tensor.register_hook",
+        "torch.Tensor.register_post_accumulate_grad_hook",
+        "torch.autograd.graph.Node.register_prehook",
+        "torch.nn.Module.register_forward_hook",
+        "torch.nn.Module.register_load_state_dict_post_hook",
+        "torch.optim.Optimizer.register_load_state_dict_post_hook",
+        "torch.optim.Optimizer.register_step_pre_hook",
+        "torch.nn.modules.module.register_module_full_backward_pre_hook",
+        "torch.nn.modules.module.register_module_buffer_registration_hook",
+        "torch.optim.optimizer.register_optimizer_step_post_hook",
+        "torch.autograd.graph.register_multi_grad_hook",
+        "torch.autograd.graph.saved_tensors_hooks",
+    ):
+        assert key in apis
+    assert not any(name.startswith("_") for name in apis.values())
+    # inherited Module hooks are counted once, on Module, not again on the distributed wrappers
+    assert "torch.nn.parallel.DistributedDataParallel.register_forward_hook" not in apis
+
+
+def test_exclusions_are_found_and_explained(apis):
+    for key, reason in EXCLUDED.items():
+        assert key in apis, f"{key} is excluded but torch no longer has it: drop the exclusion"
+        assert len(reason.split()) >= 8, f"say why {key} is excluded"
+    assert len(EXCLUDED) <= 5
+
+
+def _calls(source: str, apis) -> set[str]:
+    return called_apis(parse_cells([source]), apis)
+
+
+def test_a_call_counts_but_a_mention_does_not(apis):
+    assert _calls("h = layer.register_forward_hook(f)", apis) == {"torch.nn.Module.register_forward_hook"}
+    assert _calls(
+        "from torch.nn.modules.module import register_module_forward_hook\nregister_module_forward_hook(f)", apis
+    ) == {"torch.nn.modules.module.register_module_forward_hook"}
+    assert _calls("import torch.nn.modules.module as mm\nmm.register_module_forward_hook(f)", apis) == {
+        "torch.nn.modules.module.register_module_forward_hook"
+    }
+    assert _calls("with torch.autograd.graph.saved_tensors_hooks(pack, unpack):\n    pass", apis) == {
+        "torch.autograd.graph.saved_tensors_hooks"
+    }
+    silent = (
+        "# layer.register_forward_hook(f)\ns = 'layer.register_forward_pre_hook(f)'\n"
+        "m = layer.register_full_backward_hook\n"
+    )
+    assert _calls(silent, apis) == set()
+    assert _calls("%time x = 1\n!ls\ny = x.register_hook(f)", apis) == {"torch.Tensor.register_hook"}
+
+
+def test_the_receiver_decides_between_owners(apis):
+    assert _calls("y.register_hook(f)", apis) == {"torch.Tensor.register_hook"}
+    assert _calls("y.grad_fn.register_hook(f)", apis) == {"torch.autograd.graph.Node.register_hook"}
+    assert _calls("node = y.grad_fn\nnode.register_hook(f)", apis) == {"torch.autograd.graph.Node.register_hook"}
+    loop = "for fn, _ in y.grad_fn.next_functions:\n    fn.register_hook(f)"
+    assert _calls(loop, apis) == {"torch.autograd.graph.Node.register_hook"}
+    assert _calls("model.register_state_dict_pre_hook(f)", apis) == {"torch.nn.Module.register_state_dict_pre_hook"}
+    assert _calls("optimizer.register_state_dict_pre_hook(f)", apis) == {
+        "torch.optim.Optimizer.register_state_dict_pre_hook"
+    }
+    assert _calls("sgd = SGD(model.parameters(), lr=0.1)\nsgd.register_load_state_dict_post_hook(f)", apis) == {
+        "torch.optim.Optimizer.register_load_state_dict_post_hook"
+    }
+
+
+# ----- the course ---------------------------------------------------------------------------------
+
+
+def test_every_hook_api_is_called_in_some_notebook(apis):
+    called: dict[str, list[str]] = {}
+    for path in _notebooks():
+        for key in called_apis(parse_cells(_cells(path, "code")), apis):
+            called.setdefault(key, []).append(path.name)
+    missing = [key for key in apis if key not in called and key not in EXCLUDED]
+    assert not missing, "hook APIs no notebook calls yet:\n  " + "\n  ".join(missing)
+    needlessly_excluded = [key for key in EXCLUDED if key in called]
+    assert not needlessly_excluded, f"excluded but called (drop the exclusion): {needlessly_excluded}"
+
+
+def _table_rows() -> dict[str, str]:
+    """``{API: the row's markdown}`` from the reference table of notebook 06."""
+    for source in _cells(TABLE_NOTEBOOK, "markdown"):
+        if re.search(rf"^#+ {TABLE_HEADING}\b", source, re.MULTILINE):
+            rows = {}
+            for line in source.splitlines():
+                match = re.match(r"\|\s*`([\w.]+)`", line)
+                if match:
+                    rows[match.group(1)] = line
+            return rows
+    pytest.fail(f"{TABLE_NOTEBOOK.name} has no markdown cell headed {TABLE_HEADING!r}")
+
+
+def heading_anchor(heading: str) -> str:
+    """The anchor JupyterLab gives a heading: its rendered text, spaces turned into ``-``."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # links keep their text
+    text = re.sub(r"[`*]", "", text).strip()
+    return text.replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    anchors = set()
+    for source in _cells(path, "markdown"):
+        for match in re.finditer(r"^#{1,6}\s+(.+?)\s*#*\s*$", source, re.MULTILINE):
+            anchors.add(heading_anchor(match.group(1)))
+    return anchors
+
+
+def test_heading_anchor_follows_jupyterlab():
+    assert heading_anchor("Changing inputs and outputs") == "Changing-inputs-and-outputs"
+    assert heading_anchor("The `saved_tensors_hooks` pair") == "The-saved_tensors_hooks-pair"
+
+
+def test_reference_table_has_a_row_for_every_api(apis):
+    rows = _table_rows()
+    missing = [key for key in apis if key not in rows]
+    assert not missing, "APIs without a row in the reference table:\n  " + "\n  ".join(missing)
+    unknown = [key for key in rows if key not in apis]
+    assert not unknown, f"rows for APIs this torch does not have: {unknown}"
+
+
+def test_reference_table_links_point_at_real_sections():
+    problems = []
+    for key, row in _table_rows().items():
+        links = re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", row)
+        if not links:
+            problems.append(f"{key}: no link to a section")
+        for target, fragment in links:
+            path = (TABLE_NOTEBOOK.parent / target) if target else TABLE_NOTEBOOK
+            if not path.exists():
+                problems.append(f"{key}: {target} does not exist")
+            elif urllib.parse.unquote(fragment) not in _anchors(path):
+                problems.append(f"{key}: {target or TABLE_NOTEBOOK.name} has no heading for #{fragment}")
+    assert not problems, "reference-table links to fix:\n  " + "\n  ".join(problems)
+
+
+def test_signatures_in_the_table_name_the_hook_arguments(apis):
+    """Spot check that the table is about the installed torch: parameter names match its docs."""
+    rows = _table_rows()
+    doc = inspect.getdoc(torch.nn.Module.register_load_state_dict_pre_hook) or ""
+    assert "missing_keys" in doc and "missing_keys" in rows["torch.nn.Module.register_load_state_dict_pre_hook"]
+    assert "incompatible_keys" in rows["torch.nn.Module.register_load_state_dict_post_hook"]
