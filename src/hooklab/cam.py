@@ -1,0 +1,169 @@
+"""Where did the network look? Guided backpropagation, Grad-CAM and guided Grad-CAM.
+
+Notebook 05 builds each of these by hand first; this module is what it moves into the package.
+
+* ``GuidedBackprop(model)``: a context manager that puts a full backward hook on every
+  ``nn.ReLU`` (found with ``model.modules()``, so also inside ``Sequential`` blocks). The hook
+  ``hook(module, grad_input, grad_output) -> (grad_input[0].clamp(min=0),)`` replaces the
+  gradient the ReLU passes back, so only positive evidence flows to the input. Full backward
+  hooks refuse ReLUs that work in place, so ``inplace`` is switched off while the hooks live
+  and restored afterwards. ``saliency(x, target)`` returns d score / d input.
+* ``GradCAM(model, layer)``: a context manager with one forward hook on ``layer`` that keeps
+  the layer's output and registers a tensor hook on it for the gradient (a tensor hook also
+  works where full backward hooks break, e.g. torchvision's ResNets). ``__call__(x, target)``
+  returns a ``CamResult``: ``relu(sum_k alpha_k A_k)`` with ``alpha_k`` the spatial mean of
+  d score / d A_k.
+* ``guided_grad_cam``: guided backprop saliency times the Grad-CAM map upsampled to the input.
+
+Every handle is owned by the context manager that registered it and removed in ``__exit__``,
+also when the body raises. ``target=None`` means "the predicted class" of each image.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .layers import get_layer
+
+__all__ = ["CamResult", "GradCAM", "GuidedBackprop", "grad_cam", "guided_grad_cam", "upsample"]
+
+
+def _targets(scores: torch.Tensor, target) -> torch.Tensor:
+    """Class index per image: ``None`` -> argmax; an int -> the same class for every image."""
+    scores = scores.flatten(1)
+    if target is None:
+        return scores.argmax(dim=1)
+    target = torch.as_tensor(target, dtype=torch.long)
+    return target.expand(scores.shape[0]) if target.dim() == 0 else target
+
+
+def _score(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Sum over the batch of each image's own target score: one backward gives every image's gradient."""
+    return scores.flatten(1).gather(1, targets[:, None]).sum()
+
+
+class GuidedBackprop:
+    """``with GuidedBackprop(model) as gb: s = gb.saliency(x)``: guided gradients of the input."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.relus = [m for m in model.modules() if isinstance(m, nn.ReLU)]
+        if not self.relus:
+            raise ValueError(f"{type(model).__name__} has no nn.ReLU module: guided backprop needs them")
+        self._handles: list = []
+        self._inplace: list[bool] = []
+
+    @staticmethod
+    def hook(module: nn.Module, grad_input: tuple, grad_output: tuple) -> tuple:
+        """Full backward hook: keep only the positive part of the gradient the ReLU passes back."""
+        return (grad_input[0].clamp(min=0),)
+
+    def __enter__(self) -> GuidedBackprop:
+        try:
+            for relu in self.relus:
+                self._inplace.append(relu.inplace)
+                relu.inplace = False  # full backward hooks raise on modules that modify their input
+                self._handles.append(relu.register_full_backward_hook(self.hook))
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        for relu, inplace in zip(self.relus, self._inplace, strict=False):
+            relu.inplace = inplace
+        self._handles.clear()
+        self._inplace.clear()
+
+    def saliency(self, x: torch.Tensor, target=None) -> torch.Tensor:
+        """d (target score) / d x with guided ReLUs, same shape as ``x``; ``x`` is not changed."""
+        if not self._handles:
+            raise RuntimeError("use saliency() inside `with GuidedBackprop(model) as gb:`")
+        x = x.detach().clone().requires_grad_(True)
+        scores = self.model(x)
+        (grad,) = torch.autograd.grad(_score(scores, _targets(scores, target)), x)
+        return grad
+
+
+class CamResult(NamedTuple):
+    maps: torch.Tensor  # (N, h, w) Grad-CAM at the layer's resolution, >= 0
+    raw: torch.Tensor  # (N, h, w) the same before the ReLU
+    weights: torch.Tensor  # (N, C) alpha: spatial mean of the gradient per channel
+    targets: torch.Tensor  # (N,) class explained
+    scores: torch.Tensor  # (N,) that class's score
+
+
+class GradCAM:
+    """``with GradCAM(model, "features.3") as cam: result = cam(x)``."""
+
+    def __init__(self, model: nn.Module, layer: str):
+        self.model, self.name = model, layer
+        self.layer = get_layer(model, layer)
+        self.activation: torch.Tensor | None = None
+        self.gradient: torch.Tensor | None = None
+        self._handles: list = []
+        self._tensor_handles: list = []
+
+    def _forward_hook(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        self.activation = output.detach().clone()
+        if output.requires_grad:
+            self._tensor_handles.append(output.register_hook(self._keep_gradient))
+
+    def _keep_gradient(self, grad: torch.Tensor) -> None:
+        self.gradient = grad.detach().clone()
+
+    def __enter__(self) -> GradCAM:
+        self._handles.append(self.layer.register_forward_hook(self._forward_hook))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles + self._tensor_handles:
+            handle.remove()
+        self._handles.clear()
+        self._tensor_handles.clear()
+
+    def __call__(self, x: torch.Tensor, target=None) -> CamResult:
+        if not self._handles:
+            raise RuntimeError("call the GradCAM inside `with GradCAM(model, layer) as cam:`")
+        self.activation = self.gradient = None
+        for handle in self._tensor_handles:  # last call's tensor hooks
+            handle.remove()
+        self._tensor_handles.clear()
+        x = x.detach().requires_grad_(True)  # a gradient reaches the layer even if its weights are frozen
+        scores = self.model(x)
+        targets = _targets(scores, target)
+        # autograd.grad instead of backward(): the parameters' .grad stay untouched
+        torch.autograd.grad(_score(scores, targets), x)
+        if self.activation is None or self.activation.dim() != 4:
+            raise ValueError(f"layer {self.name!r} must return an (N, C, H, W) tensor for Grad-CAM")
+        if self.gradient is None:
+            raise RuntimeError(f"no gradient reached layer {self.name!r}")
+        weights = self.gradient.mean(dim=(2, 3))
+        raw = (weights[:, :, None, None] * self.activation).sum(dim=1)
+        chosen = scores.detach().flatten(1).gather(1, targets[:, None])[:, 0]
+        return CamResult(raw.clamp(min=0), raw, weights, targets, chosen)
+
+
+def grad_cam(model: nn.Module, x: torch.Tensor, layer: str, target=None) -> CamResult:
+    """One-shot Grad-CAM: hooks registered, used and removed inside this call."""
+    with GradCAM(model, layer) as cam:
+        return cam(x, target)
+
+
+def upsample(maps: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """(N, h, w) maps -> (N, H, W), bilinear, for laying a map over the input image."""
+    return F.interpolate(maps[:, None], size=size, mode="bilinear", align_corners=False)[:, 0]
+
+
+def guided_grad_cam(model: nn.Module, x: torch.Tensor, layer: str, target=None) -> torch.Tensor:
+    """Guided backprop saliency (summed over colour channels) times the upsampled Grad-CAM map."""
+    result = grad_cam(model, x, layer, target)
+    with GuidedBackprop(model) as gb:
+        saliency = gb.saliency(x, result.targets)
+    return saliency.sum(dim=1) * upsample(result.maps, tuple(x.shape[-2:]))

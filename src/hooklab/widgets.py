@@ -1,0 +1,289 @@
+"""Explorers for notebook 05: sliders over a model's recorded activations, and a Grad-CAM picker.
+
+Each explorer is a plain object whose ``render(...)`` prints a few lines (name, shape,
+statistics) and returns a matplotlib figure; ``widget()`` is a thin ipywidgets wrapper that
+calls the same code when a slider moves. pytest drives ``render`` and the widget alike, no
+browser needed.
+
+* ``LayerExplorer(model, x)`` runs **one** forward and backward pass of ``x[:1]`` inside
+  ``hooklab.record(..., backward=True)`` and keeps every recorded ``(N, C, H, W)`` output
+  with H × W > 1 and its gradient (d score of the predicted class / d output). The hooks are gone
+  when the constructor returns; moving a slider only redraws. Its widget: a
+  ``SelectionSlider`` "layer", an ``IntSlider`` "channel", ``ToggleButtons`` "show"
+  (activation / gradient) and an ``Output`` holding the printed text and the figure.
+* ``GradCamPicker(model, images, labels)`` draws Grad-CAM, guided backprop and guided
+  Grad-CAM for a chosen layer, class and image (``hooklab.cam``; hooks live only inside each
+  render). Its widget: ``SelectionSlider`` "layer", ``IntSlider`` "class" and "image".
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import matplotlib.pyplot as plt
+import torch
+from torch import nn
+
+from .cam import GuidedBackprop, grad_cam, upsample
+from .plots import tile_channels
+from .record import record
+
+__all__ = ["GradCamPicker", "LayerExplorer", "describe_tensor", "figure_png", "show_in_output"]
+
+
+def _fmt(value: float) -> str:
+    return f"{value + 0.0:.4g}"  # + 0.0 turns -0.0 into 0.0
+
+
+def describe_tensor(t: torch.Tensor) -> str:
+    """``mean … std … min … max … zero …%`` of a tensor, four significant digits."""
+    t = t.float()
+    return (f"mean {_fmt(t.mean())}  std {_fmt(t.std() if t.numel() > 1 else 0.0)}  "
+            f"min {_fmt(t.min())}  max {_fmt(t.max())}  zero {(t == 0).float().mean().item():.1%}")
+
+
+def figure_png(fig) -> str:
+    """The figure as base64 PNG text (what a notebook stores for an image)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def show_in_output(output, text: str, fig) -> None:
+    """Replace what an ``ipywidgets.Output`` shows: ``text`` as stdout, then the figure as an image.
+
+    The outputs are set directly (not captured from a running cell), so this works the same in
+    a kernel and in a test, and nothing leaks into the cell's own output. The figure is closed.
+    """
+    png = figure_png(fig)
+    plt.close(fig)
+    output.outputs = (
+        {"output_type": "stream", "name": "stdout", "text": text + "\n"},
+        {"output_type": "display_data", "data": {"image/png": png, "text/plain": repr(fig)}, "metadata": {}},
+    )
+
+
+class _Panel:
+    """The widgets of one explorer; displays as its ``VBox``."""
+
+    def __init__(self, controls: dict, output, redraw):
+        from ipywidgets import VBox
+
+        self.controls, self.output = controls, output
+        self.box = VBox([*controls.values(), output])
+        self.redraws = 0
+        self._redraw = redraw
+        for control in controls.values():
+            control.observe(self._changed, names="value")
+        self._changed()
+
+    def __getattr__(self, name: str):
+        controls = self.__dict__.get("controls", {})
+        if name in controls:
+            return controls[name]
+        raise AttributeError(name)
+
+    def _changed(self, change=None) -> None:
+        self._redraw(self)
+        self.redraws += 1
+
+    @property
+    def text(self) -> str:
+        """The printed text the output shows now."""
+        return "".join(o["text"] for o in self.output.outputs if o["output_type"] == "stream")
+
+    @property
+    def png(self) -> str:
+        """The base64 PNG the output shows now."""
+        return next(o["data"]["image/png"] for o in self.output.outputs if o["output_type"] == "display_data")
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        display(self.box)
+
+
+class LayerExplorer:
+    """Activations and gradients of every recorded ``(N, C, H, W)`` layer for one input."""
+
+    def __init__(self, model: nn.Module, x: torch.Tensor, layers=None, *, types=None, target: int | None = None):
+        x = x[:1].detach().clone().requires_grad_(True)
+        with record(model, layers, types=types, backward=True) as rec:
+            scores = model(x).flatten(1)
+            self.target = int(scores[0].argmax()) if target is None else target
+            torch.autograd.grad(scores[0, self.target], x)  # parameters' .grad stay untouched
+        self.activations: dict[str, torch.Tensor] = {}
+        self.gradients: dict[str, torch.Tensor] = {}
+        self.types: dict[str, str] = {}
+        for r in rec:
+            if isinstance(r.output, torch.Tensor) and r.output.dim() == 4 and r.output[0, 0].numel() > 1:
+                label = r.name if r.call == 0 else f"{r.name} (call {r.call})"
+                self.activations[label] = r.output[0]
+                self.gradients[label] = r.grad_output[0][0]
+                self.types[label] = r.module_type
+        if not self.activations:
+            raise ValueError("no recorded layer returned an (N, C, H, W) tensor with H × W > 1")
+        self._tiles: dict = {}
+
+    @property
+    def layers(self) -> list[str]:
+        """Layer labels in execution order (a second call of a module: ``"name (call 1)"``)."""
+        return list(self.activations)
+
+    def _get(self, layer: str, channel: int, kind: str) -> torch.Tensor:
+        if kind not in ("activation", "gradient"):
+            raise ValueError(f"kind must be 'activation' or 'gradient', not {kind!r}")
+        if layer not in self.activations:
+            import difflib
+
+            close = difflib.get_close_matches(layer, self.layers, n=5, cutoff=0.5)
+            raise KeyError(f"no recorded layer {layer!r}; close matches: {close or self.layers[:8]}")
+        maps = (self.activations if kind == "activation" else self.gradients)[layer]
+        if not 0 <= channel < maps.shape[0]:
+            raise IndexError(f"{layer} has channels 0..{maps.shape[0] - 1}, not {channel}")
+        return maps
+
+    def describe(self, layer: str, channel: int = 0, kind: str = "activation") -> str:
+        """Three lines: name, type and shape; the channel's statistics; the whole layer's."""
+        maps = self._get(layer, channel, kind)
+        head = f"{layer} ({self.types[layer]}) {kind} shape {tuple(maps.shape)}"
+        return (f"{head}, channel {channel} of {maps.shape[0]}\n"
+                f"  channel {channel}: {describe_tensor(maps[channel])}\n"
+                f"  layer:      {describe_tensor(maps)}")
+
+    def figure(self, layer: str, channel: int = 0, kind: str = "activation", fig=None):
+        """The channel with a colour bar (left) and every channel tiled (right); returns the figure."""
+        maps = self._get(layer, channel, kind)
+        fig = fig or plt.figure(figsize=(9, 3.6))
+        left, right = fig.subplots(1, 2, width_ratios=(1, 1.3))
+        image = maps[channel].numpy()
+        if kind == "activation":
+            shown = left.imshow(image, cmap="viridis", interpolation="nearest")
+        else:
+            bound = float(maps[channel].abs().max()) or 1.0
+            shown = left.imshow(image, cmap="RdBu_r", vmin=-bound, vmax=bound, interpolation="nearest")
+        fig.colorbar(shown, ax=left, fraction=0.046, pad=0.04)
+        left.set_title(f"{layer}\n{kind}, channel {channel}", fontsize=10)
+        key = (layer, kind)
+        if key not in self._tiles:
+            self._tiles[key] = tile_channels(maps, channels=64, ncols=8)
+        right.imshow(self._tiles[key], cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
+        if channel < 64:
+            h, w = maps.shape[1:]
+            row, col = divmod(channel, 8)
+            right.add_patch(plt.Rectangle((col * (w + 1) - 1, row * (h + 1) - 1), w + 1, h + 1,
+                                          fill=False, edgecolor="red", linewidth=1.5))
+        right.set_title(f"{min(64, maps.shape[0])} of {maps.shape[0]} channels, each scaled to [0, 1]", fontsize=10)
+        for ax in (left, right):
+            ax.set_xticks([])
+            ax.set_yticks([])
+        return fig
+
+    def render(self, layer: str, channel: int = 0, kind: str = "activation"):
+        """Print ``describe(...)`` and return ``figure(...)``: what the widget shows, without it."""
+        print(self.describe(layer, channel, kind))
+        return self.figure(layer, channel, kind)
+
+    def widget(self, layer: str | None = None) -> _Panel:
+        """Sliders "layer" and "channel", toggle "show"; moving one redraws (no new forward pass)."""
+        from ipywidgets import IntSlider, Layout, Output, SelectionSlider, ToggleButtons
+
+        layer = layer or self.layers[0]
+        controls = {
+            "layer": SelectionSlider(options=self.layers, value=layer, description="layer",
+                                     layout=Layout(width="560px"), style={"description_width": "60px"}),
+            "channel": IntSlider(0, 0, self.activations[layer].shape[0] - 1, description="channel",
+                                 layout=Layout(width="560px"), style={"description_width": "60px"}),
+            "kind": ToggleButtons(options=["activation", "gradient"], description="show",
+                                  style={"description_width": "60px"}),
+        }
+
+        def redraw(panel: _Panel) -> None:
+            name, channel = panel.layer.value, panel.channel
+            top = self.activations[name].shape[0] - 1
+            if channel.max != top:  # a new layer: fit the channel slider (this does not redraw)
+                channel.unobserve(panel._changed, names="value")
+                channel.value = min(channel.value, top)
+                channel.max = top
+                channel.observe(panel._changed, names="value")
+            text = self.describe(name, channel.value, panel.kind.value)
+            show_in_output(panel.output, text, self.figure(name, channel.value, panel.kind.value))
+
+        return _Panel(controls, Output(), redraw)
+
+
+class GradCamPicker:
+    """Grad-CAM, guided backprop and guided Grad-CAM of single-channel images (the digits)."""
+
+    def __init__(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor, layers: list[str]):
+        if images.dim() != 4 or images.shape[1] != 1:
+            raise ValueError(f"images must be (N, 1, H, W), got shape {tuple(images.shape)}")
+        self.model, self.images, self.labels, self.layers = model, images, labels, list(layers)
+        with torch.no_grad():
+            self.predicted = model(images).argmax(dim=1)
+
+    def compute(self, layer: str, target: int, index: int = 0) -> dict:
+        """Grad-CAM at ``layer`` (and upsampled), guided backprop and guided Grad-CAM for one image."""
+        x = self.images[index : index + 1]
+        result = grad_cam(self.model, x, layer, target)
+        with GuidedBackprop(self.model) as gb:
+            saliency = gb.saliency(x, target)[0, 0]
+        cam = upsample(result.maps, tuple(x.shape[-2:]))[0]
+        return {"result": result, "cam": cam, "saliency": saliency, "guided": saliency * cam}
+
+    def describe(self, layer: str, target: int, index: int, parts: dict) -> str:
+        r = parts["result"]
+        cam = r.maps[0]
+        row, col = divmod(int(cam.flatten().argmax()), cam.shape[1])
+        return (f"image {index}: label {int(self.labels[index])}, predicted {int(self.predicted[index])}; "
+                f"class {target} (score {r.scores[0]:.4f}) explained at {layer}\n"
+                f"  Grad-CAM {tuple(cam.shape)}: max {cam.max():.4f} at row {row}, col {col}; "
+                f"{(cam > 0).float().mean():.1%} of cells > 0; sum before ReLU {r.raw[0].sum():.4f}\n"
+                f"  guided Grad-CAM: {describe_tensor(parts['guided'])}")
+
+    def render(self, layer: str, target: int, index: int = 0):
+        """Print the numbers and return the four-panel figure the widget shows."""
+        parts = self.compute(layer, target, index)
+        print(self.describe(layer, target, index, parts))
+        return self.figure(layer, target, index, parts)
+
+    def figure(self, layer: str, target: int, index: int = 0, parts: dict | None = None, fig=None):
+        """Input, Grad-CAM over the input, guided backprop, guided Grad-CAM; returns the figure."""
+        parts = parts or self.compute(layer, target, index)
+        fig = fig or plt.figure(figsize=(9, 2.8))
+        axes = fig.subplots(1, 4)
+        image = self.images[index, 0].numpy()
+        axes[0].imshow(image, cmap="gray_r")
+        axes[0].set_title(f"image {index} (label {int(self.labels[index])})", fontsize=10)
+        axes[1].imshow(image, cmap="gray_r")
+        axes[1].imshow(parts["cam"].numpy(), cmap="inferno", alpha=0.6, vmin=0,
+                       vmax=float(parts["cam"].max()) or 1.0)
+        axes[1].set_title(f"Grad-CAM {layer}\nclass {target}", fontsize=10)
+        for ax, key, title in ((axes[2], "saliency", "guided backprop"), (axes[3], "guided", "guided Grad-CAM")):
+            bound = float(parts[key].abs().max()) or 1.0
+            ax.imshow(parts[key].numpy(), cmap="RdBu_r", vmin=-bound, vmax=bound)
+            ax.set_title(title, fontsize=10)
+        for ax in axes:
+            ax.set_xticks([])
+            ax.set_yticks([])
+        return fig
+
+    def widget(self) -> _Panel:
+        """Sliders "layer", "class" and "image"; each move recomputes (hooks live only meanwhile)."""
+        from ipywidgets import IntSlider, Layout, Output, SelectionSlider
+
+        wide = {"layout": Layout(width="560px"), "style": {"description_width": "60px"}}
+        controls = {
+            "layer": SelectionSlider(options=self.layers, value=self.layers[-1], description="layer", **wide),
+            "target": IntSlider(int(self.predicted[0]), 0, 9, description="class", **wide),
+            "index": IntSlider(0, 0, len(self.images) - 1, description="image", **wide),
+        }
+
+        def redraw(panel: _Panel) -> None:
+            layer, target, index = panel.layer.value, panel.target.value, panel.index.value
+            parts = self.compute(layer, target, index)
+            show_in_output(panel.output, self.describe(layer, target, index, parts),
+                           self.figure(layer, target, index, parts))
+
+        return _Panel(controls, Output(), redraw)
