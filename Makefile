@@ -19,13 +19,15 @@ unexport PYTHONWARNINGS
 NBVAL := $(BIN)/python -m pytest -p no:cacheprovider --nbval --nbval-current-env \
 	--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300
 
-.PHONY: help env lab test lint unit nbval notebooks check bench clean
+.PHONY: help env lab test lint unit nbval browser notebooks check bench clean
 
 help:
 	@echo "make lab        build the environment if needed and open JupyterLab on the course"
-	@echo "make test       the same environment, then every check (lint, unit tests, strict nbval)"
+	@echo "make test       the same environment, then every check (lint, unit tests, strict nbval, browser)"
 	@echo "make check NB=notebooks/01_tensor_hooks.ipynb   strict nbval on one notebook"
 	@echo "make notebooks [NB=path.ipynb]   re-execute notebooks in a fresh kernel and save them"
+	@echo "make browser    JupyterLab in Debian's Chromium: Run All, move the sliders (screenshots in artifacts/)"
+	@echo "make bench      recording overhead, memory, widget redraw and notebook times (artifacts/bench.json)"
 
 env: $(STAMP)
 
@@ -39,13 +41,18 @@ $(STAMP): requirements.txt pyproject.toml
 lab: $(STAMP)
 	$(BIN)/jupyter lab --notebook-dir=notebooks $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
-test: lint unit nbval
+test: lint unit nbval browser
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests tools notebooks
 
 unit: $(STAMP)
-	$(BIN)/python -m pytest -p no:cacheprovider tests
+	$(BIN)/python -m pytest -p no:cacheprovider -m "not browser" tests
+
+# Installs Debian's chromium first when it is missing (apt-get, as root); never downloads a browser.
+browser: $(STAMP)
+	tools/ensure_browser.sh
+	$(BIN)/python -m pytest -p no:cacheprovider -m browser tests/browser
 
 nbval: $(STAMP)
 	$(NBVAL) notebooks
@@ -55,6 +62,9 @@ check: $(STAMP)
 
 notebooks: $(STAMP)
 	$(BIN)/python tools/run_notebooks.py $(filter %.ipynb,$(NB))
+
+bench: $(STAMP)
+	$(BIN)/python tools/bench.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache artifacts

@@ -1,0 +1,141 @@
+"""What a student does in JupyterLab, as Playwright steps: open a notebook, Run All, move a slider.
+
+Every wait is a Playwright ``expect`` on the page (no sleeps). Selectors were checked against
+JupyterLab 4.6 with ipywidgets 8.1:
+
+* kernel ready: the status bar ``#jp-main-statusbar`` shows ``| Idle``;
+* Run All: the menu item ``.lm-Menu-item[data-command='runmenu:run-all']`` of the *Run* menu;
+* a code cell's prompt ``[ ]:`` (not run), ``[*]:`` (queued or running), ``[3]:`` (done);
+* a slider is ``.widget-slider``; its handle ``.noUi-handle[role=slider]``; its value ``.widget-readout``;
+* printed text ``.jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stdout']``,
+  a figure ``.jp-RenderedImage img``.
+
+Error outputs are drawn with the same mime type as stderr text
+(``application/vnd.jupyter.stderr``), so the DOM alone cannot tell a warning from a traceback;
+``error_outputs`` asks the notebook model in the page (the server runs with
+``expose_app_in_browser``) for outputs whose type is ``error``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+from playwright.sync_api import Locator, Page, expect
+
+KERNEL_READY_MS = 90_000
+RUN_ALL_MS = 100_000
+REDRAW_MS = 20_000
+
+CODE_PROMPTS = ".jp-CodeCell .jp-InputArea-prompt"
+
+
+def fresh_copy(source: Path, folder: Path) -> Path:
+    """The notebook without outputs or execution counts, as a student gets it after *Clear All*."""
+    nb = nbformat.read(source, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs = []
+            cell.execution_count = None
+    nb.metadata.pop("widgets", None)
+    target = folder / source.name
+    nbformat.write(nb, target)
+    return target
+
+
+def notebook_path(name: str) -> str:
+    """The address of a notebook in a workspace of its own: no tab from an earlier test reopens."""
+    return f"lab/workspaces/{Path(name).stem.replace('_', '-')}/tree/{name}"
+
+
+def open_notebook(page: Page, url: str) -> None:
+    page.goto(url)
+    expect(page.locator("#jp-main-statusbar")).to_contain_text("| Idle", timeout=KERNEL_READY_MS)
+    expect(page.locator(".jp-Notebook .jp-Cell").first).to_be_visible()
+
+
+def run_all(page: Page) -> None:
+    """*Run → Run All Cells*, then wait until no cell is queued or running."""
+    prompts = page.locator(CODE_PROMPTS)
+    expect(prompts.first).to_have_text("[ ]:")  # a fresh copy: nothing has run yet
+    page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
+    expect(prompts.first).not_to_have_text("[ ]:")  # Run All has queued every cell
+    expect(page.locator(CODE_PROMPTS, has_text="[*]")).to_have_count(0, timeout=RUN_ALL_MS)
+    expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(1)
+
+
+def prompts(page: Page) -> list[str]:
+    return page.locator(CODE_PROMPTS).all_inner_texts()
+
+
+def error_outputs(page: Page) -> list[dict]:
+    """Every output of type ``error`` in the open notebook: cell index, ``ename``, ``evalue``, source."""
+    return page.evaluate(
+        """() => {
+            const panel = window.jupyterapp.shell.currentWidget;
+            const cells = panel.content.model.cells;
+            const found = [];
+            for (let i = 0; i < cells.length; i++) {
+                const cell = cells.get(i);
+                if (cell.type !== 'code') continue;
+                for (let j = 0; j < cell.outputs.length; j++) {
+                    const out = cell.outputs.get(j).toJSON();
+                    if (out.output_type === 'error') {
+                        found.push({cell: i, ename: out.ename, evalue: out.evalue,
+                                    source: cell.sharedModel.getSource().slice(0, 200)});
+                    }
+                }
+            }
+            return found;
+        }"""
+    )
+
+
+def check_ran_without_errors(page: Page, n_code_cells: int) -> None:
+    """Every code cell ran (``[N]:``) and none ended in an error."""
+    shown = prompts(page)
+    assert len(shown) == n_code_cells, f"{len(shown)} code cells in the page, {n_code_cells} in the file"
+    not_run = [i for i, p in enumerate(shown) if not re.fullmatch(r"\[\d+\]:", p.strip())]
+    assert not not_run, f"code cells {not_run} did not run: prompts {[shown[i] for i in not_run]}"
+    assert error_outputs(page) == []
+
+
+def widget_area(page: Page, slider_description: str) -> Locator:
+    """The output area of the cell whose widget has a slider labelled ``slider_description``."""
+    label = page.locator(".widget-slider .widget-label", has_text=re.compile(rf"^{re.escape(slider_description)}$"))
+    expect(label).to_have_count(1, timeout=REDRAW_MS)
+    return page.locator(".jp-Cell-outputArea", has=label)
+
+
+def slider(area: Locator, description: str) -> Locator:
+    return area.locator(
+        ".widget-slider", has=area.page.locator(".widget-label", has_text=re.compile(rf"^{re.escape(description)}$"))
+    )
+
+
+def press(slider_box: Locator, key: str, times: int = 1) -> None:
+    handle = slider_box.locator(".noUi-handle[role=slider]")
+    handle.focus()
+    for _ in range(times):
+        handle.press(key)
+
+
+def drag_to(slider_box: Locator, fraction: float) -> None:
+    """Drag the handle with the mouse to ``fraction`` (0 = left end, 1 = right end) of the track."""
+    page = slider_box.page
+    handle = slider_box.locator(".noUi-handle[role=slider]")
+    handle.scroll_into_view_if_needed()
+    start = handle.bounding_box()
+    track = slider_box.locator(".noUi-base").bounding_box()
+    assert start and track, "slider is not on screen"
+    y = start["y"] + start["height"] / 2
+    page.mouse.move(start["x"] + start["width"] / 2, y)
+    page.mouse.down()
+    page.mouse.move(track["x"] + fraction * track["width"], y, steps=12)
+    page.mouse.up()
+
+
+def readout(slider_box: Locator) -> Locator:
+    return slider_box.locator(".widget-readout")
