@@ -212,3 +212,16 @@ def test_summary_lists_each_call():
     lines = rec.summary().splitlines()
     assert len(lines) == 5
     assert lines[1].split() == ["0", "0", "0", "Linear", "(2,", "5)"]
+
+
+def test_an_in_place_module_records_the_input_it_received():
+    """A forward hook sees ``args`` after forward ran; the record keeps them from before."""
+    model = mlp(inplace=True)
+    x = torch.randn(8, 3)
+    pre_activation = model[0](x).detach()
+    assert (pre_activation < 0).any(), "the test needs negative pre-activations"
+    for clone in (False, True):
+        with record(model, clone=clone) as rec:
+            model(x)
+        torch.testing.assert_close(rec["1"].inputs[0], pre_activation, rtol=0, atol=0)
+        torch.testing.assert_close(rec["1"].output, pre_activation.clamp(min=0), rtol=0, atol=0)

@@ -165,6 +165,7 @@ class Recording:
         self._calls: dict[str, int] = {}
         self._watched: dict[int, list[Record]] = {}
         self._pending: dict[str, list] = {}
+        self._started: dict[str, list[Record]] = {}  # inputs kept by the pre-hook, per layer
         self._handles: list = []
         self._tensor_handles: list = []
         self._mode: _CopyOnWrite | None = None
@@ -250,6 +251,11 @@ class Recording:
 
     # ----- hooks ---------------------------------------------------------------------------
     def _pre_hook(self, name: str, module: nn.Module, args: tuple):
+        # Inputs are kept before the module runs: a module that works in place (ReLU(inplace=True))
+        # would otherwise show its result as its input.
+        started = Record(name, type(module).__name__, 0, -1)
+        started._inputs = self._keep(started, tuple(args))
+        self._started.setdefault(name, []).append(started)
         if not (self.backward and torch.is_grad_enabled()):
             return None
         in_place = bool(getattr(module, "inplace", False))
@@ -276,8 +282,13 @@ class Recording:
     def _forward_hook(self, name: str, module: nn.Module, args: tuple, output: Any):
         call = self._calls.get(name, 0)
         self._calls[name] = call + 1
-        rec = Record(name, type(module).__name__, call, len(self.records))
-        rec._inputs = self._keep(rec, tuple(args))
+        started = self._started.get(name)
+        if started:
+            rec = started.pop()
+            rec.call, rec.index = call, len(self.records)
+        else:
+            rec = Record(name, type(module).__name__, call, len(self.records))
+            rec._inputs = self._keep(rec, tuple(args))
         rec._output = self._keep(rec, output)
         self.records.append(rec)
         if not self.backward:
@@ -319,8 +330,7 @@ class Recording:
     def __enter__(self) -> Recording:
         try:
             for name, module in self.modules.items():
-                if self.backward:
-                    self._handles.append(module.register_forward_pre_hook(_bind(self._pre_hook, name)))
+                self._handles.append(module.register_forward_pre_hook(_bind(self._pre_hook, name)))
                 self._handles.append(module.register_forward_hook(_bind(self._forward_hook, name)))
             if not self.clone:
                 self._mode = _CopyOnWrite(self)
@@ -340,6 +350,7 @@ class Recording:
             self._remove_hooks()
             self._watched.clear()
             self._pending.clear()
+            self._started.clear()
             self._active = False
 
     def _remove_hooks(self) -> None:
