@@ -40,6 +40,11 @@ def test_constant_channel_is_zero_and_channels_limit_counts():
     assert np.array_equal(grid, np.zeros((2, 4)))
 
 
+def test_default_gap_grows_with_the_tile_size():
+    assert tile_channels(torch.rand(2, 4, 4), ncols=2).shape == (4, 9)  # at least 1 pixel
+    assert tile_channels(torch.rand(2, 32, 32), ncols=2).shape == (32, 66)  # 32 // 16 = 2 pixels
+
+
 def test_feature_grid_accepts_a_record_and_draws_on_a_given_axes():
     conv = nn.Conv2d(1, 3, 3, padding=1)
     model = nn.Sequential(conv, nn.ReLU(inplace=True))

@@ -38,11 +38,12 @@ def _maps(value: Any, sample: int) -> torch.Tensor:
     return value.detach().cpu().float()
 
 
-def tile_channels(maps: torch.Tensor, channels: int | None = 64, ncols: int = 8, pad: int = 1) -> np.ndarray:
+def tile_channels(maps: torch.Tensor, channels: int | None = 64, ncols: int = 8, pad: int | None = None) -> np.ndarray:
     """Tile the first ``channels`` maps of a ``(C, H, W)`` tensor into one 2-D array.
 
     Each map is scaled to [0, 1] on its own (a constant map becomes 0); the ``pad``-pixel gaps
-    between tiles and the unused tiles of the last row are NaN, which ``imshow`` leaves blank.
+    between tiles (default: 1/16 of a tile's side, at least 1) and the unused tiles of the last
+    row are NaN, which ``imshow`` leaves blank.
     """
     if maps.dim() != 3:
         raise ValueError(f"expected (C, H, W), got shape {tuple(maps.shape)}")
@@ -56,6 +57,7 @@ def tile_channels(maps: torch.Tensor, channels: int | None = 64, ncols: int = 8,
     span = maps.amax(dim=(1, 2), keepdim=True) - low
     scaled = torch.where(span > 0, (maps - low) / span.clamp_min(1e-300), torch.zeros_like(maps)).numpy()
     h, w = scaled.shape[1:]
+    pad = max(1, min(h, w) // 16) if pad is None else pad
     ncols = min(ncols, count)
     nrows = math.ceil(count / ncols)
     grid = np.full((nrows * (h + pad) - pad, ncols * (w + pad) - pad), np.nan)
