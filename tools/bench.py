@@ -1,0 +1,547 @@
+"""Hook Lab's benchmark (``make bench``): four groups of figures, printed as tables and written to
+``artifacts/bench.json`` (and ``artifacts/bench.md``, the table the README shows).
+
+1. Recording overhead: resnet18 (random weights) at 224×224, batch 1, one thread. Bare model vs
+   ``hooklab.record`` on every leaf module vs plain hooks vs torchvision's
+   ``create_feature_extractor`` on the same layer calls (vs torchlens, when it installs from the
+   registry into a throwaway venv). The variants run interleaved, round after round, so that
+   load from other processes hits all of them alike; each figure is the median over rounds of
+   the time ratio to the bare pass of the same round. Each recorder is also checked: how many of
+   the values it returns differ from what the module really produced (a later in-place op, such
+   as ResNet's ``ReLU(inplace=True)`` or ``out += identity``, overwrote them).
+2. Memory: growth of the process's resident memory over 200 recorded forward+backward passes of
+   the digits CNN (flat is right: records are detached and dropped with the recording).
+3. Widget redraw: median time of ``LayerExplorer.render(...)`` for a new layer and for a new
+   channel, and of the whole widget redraw (text + figure + PNG), on the digits CNN and resnet18.
+4. Whole course: wall time of each notebook under strict nbval and its slowest cells.
+
+Timing figures depend on the machine and its load; the JSON records both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import io
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "artifacts"
+TORCHLENS_VENV = Path(tempfile.gettempdir()) / "hooklab-bench-torchlens"
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")
+
+import psutil  # noqa: E402
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+# ----- helpers ---------------------------------------------------------------------------------
+def machine() -> dict:
+    cpu = platform.processor() or "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    import torchvision
+
+    return {
+        "cpu": cpu,
+        "logical_cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "python": platform.python_version(),
+        "load_average_at_start": [round(v, 2) for v in os.getloadavg()],
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+
+
+def interleaved(variants: dict, rounds: int, warmup: int = 2) -> dict:
+    """Time every variant once per round, in the same order; median ratio to ``bare`` per round."""
+    times = {name: [] for name in variants}
+    for r in range(warmup + rounds):
+        for name, run in variants.items():
+            start = time.perf_counter()
+            run()
+            elapsed = time.perf_counter() - start
+            if r >= warmup:
+                times[name].append(elapsed)
+    bare = times["bare"]
+    return {
+        name: {
+            "median_ms": round(statistics.median(t) * 1e3, 2),
+            "ratio": round(statistics.median(a / b for a, b in zip(t, bare, strict=True)), 3),
+            "rounds": len(t),
+        }
+        for name, t in times.items()
+    }
+
+
+def leaf_calls_reference(model: nn.Module, run) -> dict:
+    """What every leaf module call really produced: forward hooks storing a copy, keyed (name, call)."""
+    from hooklab.layers import select_layers
+
+    found: dict = {}
+
+    def hook(name):
+        def store(module, args, output):
+            call = sum(1 for key in found if key[0] == name)
+            found[(name, call)] = output.detach().clone()
+
+        return store
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in select_layers(model, None).items()]
+    try:
+        run()
+    finally:
+        for h in handles:
+            h.remove()
+    return found
+
+
+def count_wrong(got: dict, reference: dict) -> str:
+    """``"k of n"``: values that differ from the reference (or are missing)."""
+    wrong = sum(1 for key, ref in reference.items() if key not in got or not torch.equal(got[key], ref))
+    return f"{wrong} of {len(reference)}"
+
+
+# ----- 1. recording overhead ---------------------------------------------------------------------
+def overhead(rounds: int, torchlens: bool) -> dict:
+    from torchvision.models import resnet18
+    from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
+
+    from hooklab.audit import leftover_hooks
+    from hooklab.layers import select_layers
+    from hooklab.record import record
+
+    torch.manual_seed(0)
+    model = resnet18(weights=None).eval()
+    x = torch.randn(1, 3, 224, 224)
+    leaves = select_layers(model, None)
+    node_names = get_graph_node_names(model)[1]
+    # FX names a module's second call "<name>_1": map every such node back to (name, call)
+    node_key = {}
+    for node in node_names:
+        base, _, suffix = node.rpartition("_")
+        if node in leaves:
+            node_key[node] = (node, 0)
+        elif base in leaves and suffix.isdigit():
+            node_key[node] = (base, int(suffix))
+    extractor = create_feature_extractor(model, return_nodes={n: n for n in node_key})
+
+    def plain_hooks(copy: bool, store: list):
+        def hook(module, args, output):
+            store.append(output.detach().clone() if copy else output.detach())
+
+        return [m.register_forward_hook(hook) for m in leaves.values()]
+
+    results = {}
+    for mode in ("forward", "forward+backward"):
+        backward = mode != "forward"
+
+        def step(fn, backward=backward):
+            if backward:
+                model.zero_grad(set_to_none=True)
+                fn().sum().backward()
+            else:
+                with torch.no_grad():
+                    fn()
+
+        def bare(step=step):
+            step(lambda: model(x))
+
+        def hooklab_record(step=step, **options):
+            with record(model, **options) as rec:
+                step(lambda: model(x))
+            return rec
+
+        def plain(copy, step=step):
+            store: list = []
+            handles = plain_hooks(copy, store)
+            try:
+                step(lambda: model(x))
+            finally:
+                for h in handles:
+                    h.remove()
+            return store
+
+        def fx(step=step):
+            out: dict = {}
+
+            def run():
+                out.update(extractor(x))
+                return out["fc"]
+
+            step(run)
+            return out
+
+        variants = {
+            "bare": bare,
+            "hooklab.record": hooklab_record,
+            "hooklab.record(clone=True)": lambda: hooklab_record(clone=True),
+            "plain hooks, .detach().clone()": lambda: plain(True),
+            "plain hooks, .detach() (no copy)": lambda: plain(False),
+            "create_feature_extractor": fx,
+        }
+        if backward:
+            variants["hooklab.record(backward=True)"] = lambda: hooklab_record(backward=True)
+        timing = interleaved(variants, rounds if not backward else max(5, rounds // 2))
+
+        # correctness: which returned values are not what the module produced
+        reference = leaf_calls_reference(model, bare)
+        order = list(reference)  # plain hooks store in call order, like the reference
+        checks = {
+            "hooklab.record": {(r.name, r.call): r.output for r in hooklab_record()},
+            "hooklab.record(clone=True)": {(r.name, r.call): r.output for r in hooklab_record(clone=True)},
+            "plain hooks, .detach().clone()": dict(zip(order, plain(True), strict=True)),
+            "plain hooks, .detach() (no copy)": dict(zip(order, plain(False), strict=True)),
+            "create_feature_extractor": {node_key[k]: v.detach() for k, v in fx().items()},
+        }
+        if backward:
+            checks["hooklab.record(backward=True)"] = {
+                (r.name, r.call): r.output for r in hooklab_record(backward=True)
+            }
+        for name, got in checks.items():
+            timing[name]["wrong_values"] = count_wrong(got, reference)
+        results[mode] = timing
+    assert not leftover_hooks(model), "a benchmarked recorder left hooks behind"
+
+    results["torchlens"] = torchlens_overhead(rounds) if torchlens else {"skipped": "--no-torchlens"}
+    results["setup"] = "resnet18(weights=None).eval(), input (1, 3, 224, 224), one thread"
+    return results
+
+
+TORCHLENS_SCRIPT = r"""
+import json, statistics, sys, time
+import torch, torchlens
+from torchvision.models import resnet18
+torch.set_num_threads(1)
+torch.manual_seed(0)
+model = resnet18(weights=None).eval()
+x = torch.randn(1, 3, 224, 224)
+rounds = int(sys.argv[1])
+def bare():
+    with torch.no_grad():
+        model(x)
+def trace():
+    torchlens.trace(model, x)
+times = {"bare": [], "trace": []}
+for r in range(1 + rounds):
+    for name, fn in (("bare", bare), ("trace", trace)):
+        t = time.perf_counter(); fn(); elapsed = time.perf_counter() - t
+        if r:
+            times[name].append(elapsed)
+ratio = statistics.median(a / b for a, b in zip(times["trace"], times["bare"]))
+print(json.dumps({"version": torchlens.__version__, "bare_ms": round(statistics.median(times["bare"]) * 1e3, 2),
+                  "median_ms": round(statistics.median(times["trace"]) * 1e3, 2), "ratio": round(ratio, 3),
+                  "rounds": rounds}))
+"""
+
+
+def torchlens_overhead(rounds: int) -> dict:
+    """torchlens' ``trace`` (every op) in a throwaway venv that sees the project's packages."""
+    import site
+
+    python = TORCHLENS_VENV / "bin" / "python"
+    try:
+        if not python.exists():
+            subprocess.run([sys.executable, "-m", "venv", str(TORCHLENS_VENV)], check=True, capture_output=True)
+            # The project's packages (torch, torchvision...) without copying them: a .pth file.
+            purelib = subprocess.run(
+                [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                check=True, capture_output=True, text=True,
+            ).stdout.strip()  # fmt: skip
+            (Path(purelib) / "hooklab_project.pth").write_text(site.getsitepackages()[0] + "\n")
+        install = subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", "torchlens"],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        if install.returncode:
+            return {"skipped": "torchlens did not install from the registry: " + install.stderr.strip()[-300:]}
+        run = subprocess.run(
+            [str(python), "-c", TORCHLENS_SCRIPT, str(max(3, rounds // 3))],
+            capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        if run.returncode:
+            return {"skipped": "torchlens trace failed: " + run.stderr.strip()[-300:]}
+        result = json.loads(run.stdout.strip().splitlines()[-1])
+        result["where"] = f"separate process, throwaway venv {TORCHLENS_VENV} (ratio to that process's bare forward)"
+        return result
+    except (OSError, subprocess.SubprocessError, ValueError) as error:
+        return {"skipped": f"torchlens could not be set up: {error}"}
+
+
+# ----- 2. memory -------------------------------------------------------------------------------
+def memory(passes: int = 200) -> dict:
+    from hooklab.data import digits
+    from hooklab.models import DigitsCNN
+    from hooklab.record import Record, record
+
+    model = DigitsCNN()
+    data = digits()
+    x, y = data.x_train[:64], data.y_train[:64]
+    loss_fn = nn.CrossEntropyLoss()
+    process = psutil.Process()
+
+    def one_pass():
+        with record(model, backward=True) as rec:
+            loss_fn(model(x), y).backward()
+        model.zero_grad(set_to_none=True)
+        return len(rec)
+
+    for _ in range(10):  # warm-up: allocator pools, lazy imports
+        one_pass()
+    gc.collect()
+    start = process.memory_info().rss
+    samples = {}
+    for i in range(1, passes + 1):
+        records = one_pass()
+        if i % 50 == 0:
+            gc.collect()
+            samples[i] = round((process.memory_info().rss - start) / 2**20, 2)
+    gc.collect()
+    live = sum(type(o) is Record for o in gc.get_objects())
+
+    # control: the same passes keeping every recording alive must show growth, or the probe is blind
+    kept = []
+    control_start = process.memory_info().rss
+    for _ in range(passes // 4):
+        with record(model, backward=True) as rec:
+            loss_fn(model(x), y).backward()
+        kept.append(rec)
+    gc.collect()
+    control = round((process.memory_info().rss - control_start) / 2**20, 2)
+    del kept
+    return {
+        "setup": f"DigitsCNN, batch 64, record(model, backward=True) around forward+backward; {records} records a pass",
+        "passes": passes,
+        "rss_growth_mb": samples,
+        "live_records_after": live,
+        "control_keeping_recordings": {"passes": passes // 4, "rss_growth_mb": control},
+    }
+
+
+# ----- 3. widget redraw ----------------------------------------------------------------------------
+def redraw(repeats: int) -> dict:
+    import matplotlib.pyplot as plt
+    from torchvision.models import resnet18
+
+    from hooklab.data import digits, photo
+    from hooklab.models import DigitsCNN
+    from hooklab.widgets import LayerExplorer
+
+    torch.manual_seed(0)
+    cases = {
+        "digits CNN (random weights), one 8×8 digit": (DigitsCNN().eval(), digits().x_test[:1]),
+        "resnet18 (random weights), 224×224 photo": (resnet18(weights=None).eval(), photo()),
+    }
+    results = {}
+    for label, (model, x) in cases.items():
+        start = time.perf_counter()
+        explorer = LayerExplorer(model, x)
+        build = time.perf_counter() - start
+        layers = explorer.layers
+
+        def render(layer, channel, explorer=explorer):
+            with contextlib.redirect_stdout(io.StringIO()):
+                fig = explorer.render(layer, channel)
+            plt.close(fig)
+
+        def timed(fn, *args):
+            start = time.perf_counter()
+            fn(*args)
+            return time.perf_counter() - start
+
+        # a new layer each time (its channel tiles are drawn for the first time), then new channels
+        new_layer = [timed(render, layer, 0) for layer in layers[:repeats]]
+        widest = max(layers, key=lambda n: explorer.activations[n].shape[0])
+        n_channels = explorer.activations[widest].shape[0]
+        new_channel = [timed(render, widest, c % n_channels) for c in range(1, repeats + 1)]
+        text_only = [timed(explorer.describe, widest, c % n_channels) for c in range(1, repeats + 1)]
+        panel = explorer.widget()
+
+        def move(control, value):
+            control.value = value
+
+        widget_channel = [timed(move, panel.channel, c % (panel.channel.max + 1)) for c in range(1, repeats + 1)]
+        widget_layer = [timed(move, panel.layer, layer) for layer in (layers[::-1] * 2)[:repeats]]
+        assert panel.redraws == 1 + len(widget_channel) + len(widget_layer)
+        plt.close("all")
+        results[label] = {
+            "layers": len(layers),
+            "explorer_built_ms": round(build * 1e3, 1),
+            "render_new_layer_ms": round(statistics.median(new_layer) * 1e3, 1),
+            "render_new_channel_ms": round(statistics.median(new_channel) * 1e3, 1),
+            "text_only_ms": round(statistics.median(text_only) * 1e3, 2),
+            "widget_redraw_channel_ms": round(statistics.median(widget_channel) * 1e3, 1),
+            "widget_redraw_layer_ms": round(statistics.median(widget_layer) * 1e3, 1),
+            "samples": repeats,
+        }
+    return results
+
+
+# ----- 4. whole course -------------------------------------------------------------------------
+def course(paths: list[Path], slowest: int = 5) -> dict:
+    results = {}
+    for path in paths:
+        command = [
+            sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--nbval", "--nbval-current-env",
+            "--nbval-sanitize-with", str(ROOT / "tests" / "nbval_sanitize.cfg"), "--nbval-cell-timeout=300",
+            "--durations=0", "--durations-min=0", str(path.relative_to(ROOT)),
+        ]  # fmt: skip
+        print(f"  nbval {path.relative_to(ROOT)} ...", flush=True)
+        start = time.perf_counter()
+        run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        wall = time.perf_counter() - start
+        cells = []
+        for match in re.finditer(r"^([\d.]+)s (call|setup|teardown)\s+\S+::Cell (\d+)$", run.stdout, re.M):
+            seconds, phase, cell = float(match[1]), match[2], int(match[3])
+            if phase == "call":
+                cells.append((seconds, cell))
+        cells.sort(reverse=True)
+        summary = run.stdout.strip().splitlines()[-1] if run.stdout.strip() else run.stderr.strip()[-200:]
+        results[str(path.relative_to(ROOT / "notebooks"))] = {
+            "wall_s": round(wall, 1),
+            "cells_s": round(sum(s for s, _ in cells), 1),
+            "passed": run.returncode == 0,
+            "result": summary.strip("= "),
+            "slowest": [{"cell": c, "s": round(s, 2), "first_line": first_line(path, c)} for s, c in cells[:slowest]],
+        }
+    return results
+
+
+def first_line(path: Path, code_cell: int) -> str:
+    import nbformat
+
+    cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
+    lines = [ln for ln in cells[code_cell].source.splitlines() if ln.strip() and not ln.startswith("#")]
+    return (lines[0] if lines else "")[:70]
+
+
+# ----- report ----------------------------------------------------------------------------------
+def markdown(report: dict) -> str:
+    m = report["machine"]
+    out = [
+        f"Measured {m['date']} on {m['cpu']} ({m['usable_cores']} usable cores, shared; load average "
+        f"{m['load_average_at_start'][0]} at start), torch {m['torch']}, torchvision {m['torchvision']}, "
+        f"Python {m['python']}, {m['threads']} thread.",
+        "",
+    ]
+    if "overhead" in report:
+        o = report["overhead"]
+        out += [
+            f"**Recording overhead** ({o['setup']}; median over interleaved rounds of the ratio to the bare pass "
+            "in the same round; *wrong values*: recorded outputs that differ from what the module produced)",
+            "",
+            "| variant | forward | ratio | forward+backward | ratio | wrong values (fwd / fwd+bwd) |",
+            "|---|---:|---:|---:|---:|---|",
+        ]
+        fwd, both = o["forward"], o["forward+backward"]
+        for name in both:
+            f = fwd.get(name)
+            b = both[name]
+            fcols = f"{f['median_ms']:.1f} ms | {f['ratio']:.2f}×" if f else "— | —"
+            wrong = f"{f['wrong_values'] if f and 'wrong_values' in f else '—'} / {b.get('wrong_values', '—')}"
+            out.append(f"| {name} | {fcols} | {b['median_ms']:.1f} ms | {b['ratio']:.2f}× | {wrong} |")
+        tl = o["torchlens"]
+        if "skipped" in tl:
+            out.append(f"| torchlens | skipped: {tl['skipped'][:120]} | | | | |")
+        else:
+            out.append(f"| torchlens {tl['version']} `trace` (every op) | {tl['median_ms']:.1f} ms | "
+                       f"{tl['ratio']:.2f}× | — | — | — |")  # fmt: skip
+        out.append("")
+    if "memory" in report:
+        mem = report["memory"]
+        growth = ", ".join(f"{k}: {v:+.1f} MB" for k, v in mem["rss_growth_mb"].items())
+        control = mem["control_keeping_recordings"]
+        out += [f"**Memory** ({mem['setup']}): resident memory growth after passes {growth}; "
+                f"records alive afterwards: {mem['live_records_after']}. Control, the same passes keeping every "
+                f"recording: {control['rss_growth_mb']:+.1f} MB after {control['passes']}.", ""]  # fmt: skip
+    if "redraw" in report:
+        out += [
+            "**Widget redraw** (`LayerExplorer`; `render` = printed text + figure; widget = the slider's whole "
+            "redraw including the PNG; text = `describe` alone)",
+            "",
+            "| model | layers | render, new layer | render, new channel | text "
+            "| widget, new layer | widget, new channel |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for label, r in report["redraw"].items():
+            out.append(f"| {label} | {r['layers']} | {r['render_new_layer_ms']:.0f} ms | "
+                       f"{r['render_new_channel_ms']:.0f} ms | {r['text_only_ms']:.1f} ms | "
+                       f"{r['widget_redraw_layer_ms']:.0f} ms | "
+                       f"{r['widget_redraw_channel_ms']:.0f} ms |")  # fmt: skip
+        out.append("")
+    if "course" in report:
+        out += ["**Whole course** (strict nbval, one notebook at a time)", "",
+                "| notebook | wall | result | slowest cells |", "|---|---:|---|---|"]  # fmt: skip
+        for name, r in report["course"].items():
+            slow = "; ".join(f"cell {c['cell']} {c['s']:.1f} s (`{c['first_line']}`)" for c in r["slowest"][:3])
+            out.append(f"| {name} | {r['wall_s']:.0f} s | {r['result']} | {slow.replace('|', '/')} |")
+        total = sum(r["wall_s"] for r in report["course"].values())
+        out += ["", f"Total: {total:.0f} s."]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=20, help="timing rounds for the overhead group")
+    parser.add_argument("--only", nargs="*", choices=["overhead", "memory", "redraw", "course"],
+                        help="run only these groups")  # fmt: skip
+    parser.add_argument("--no-torchlens", action="store_true", help="skip the throwaway torchlens venv")
+    parser.add_argument("--notebooks", nargs="*", type=Path, help="course group: these notebooks only")
+    args = parser.parse_args(argv)
+    groups = args.only or ["overhead", "memory", "redraw", "course"]
+
+    report: dict = {"machine": machine()}
+    print(f"machine: {report['machine']}", flush=True)
+    if "overhead" in groups:
+        print("1/4 recording overhead (resnet18) ...", flush=True)
+        report["overhead"] = overhead(args.rounds, torchlens=not args.no_torchlens)
+    if "memory" in groups:
+        print("2/4 memory over 200 recorded passes ...", flush=True)
+        report["memory"] = memory()
+    if "redraw" in groups:
+        print("3/4 widget redraw ...", flush=True)
+        report["redraw"] = redraw(repeats=8)
+    if "course" in groups:
+        print("4/4 whole course under nbval ...", flush=True)
+        paths = args.notebooks or sorted(
+            p for p in (ROOT / "notebooks").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts
+        )
+        report["course"] = course([p.resolve() for p in paths])
+    report["machine"]["load_average_at_end"] = [round(v, 2) for v in os.getloadavg()]
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    (ARTIFACTS / "bench.json").write_text(json.dumps(report, indent=2) + "\n")
+    table = markdown(report)
+    (ARTIFACTS / "bench.md").write_text(table)
+    print()
+    print(table)
+    print(f"written: {ARTIFACTS / 'bench.json'} and {ARTIFACTS / 'bench.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
