@@ -35,7 +35,8 @@ def _judge(got, expected, names) -> Outcome:
         diff = (g.detach().double() - e).abs().max().item()
         if diff >= worst:
             worst, worst_name = diff, name
-    return Outcome(True, f"{', '.join(names)} match autograd; max |difference| {worst:.1e} (in {worst_name})")
+    verb = "matches" if len(names) == 1 else "match"
+    return Outcome(True, f"{', '.join(names)} {verb} autograd; max |difference| {worst:.1e} (in {worst_name})")
 
 
 @exercise("04.1", "sigmoid backward")
@@ -59,7 +60,7 @@ def _relu(relu_backward) -> Outcome:
     return _judge(relu_backward(F.relu(x), dout), _reference(F.relu, (x,), dout), ["dx"])
 
 
-@exercise("04.4", "conv2d backward (stride 1, no padding)")
+@exercise("04.4", "conv2d backward, stride 1, no padding")
 def _conv(conv2d_backward) -> Outcome:
     """``conv2d_backward(x, w, dout) -> (dx, dw)`` for ``y = F.conv2d(x, w)`` (no bias)."""
     x, w = _rand(2, 3, 6, 5, seed=9), _rand(4, 3, 3, 2, seed=10)
