@@ -119,3 +119,8 @@ def test_checkers_leave_the_random_stream_alone():
     for id, answer in (("06.1", upgrade), ("06.2", clip), ("06.3", swap), ("06.4", READ_FROM_SOURCE)):
         assert CHECK[id](answer).passed
     assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_06_1_reports_the_failed_load():
+    outcome = CHECK["06.1"](lambda module, state_dict, prefix, *rest: None)
+    assert not outcome.passed and "Missing key(s)" in outcome.detail

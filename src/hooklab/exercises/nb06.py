@@ -47,8 +47,11 @@ def _rename_keys(upgrade) -> Outcome:
     try:
         try:
             model.load_state_dict(old)
+        except NotImplementedError:  # a subclass of RuntimeError: the stub, not a failed load
+            raise
         except RuntimeError as error:
-            return Outcome(False, f"loading the old checkpoint failed: {str(error).splitlines()[-1].strip()}")
+            lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+            return Outcome(False, f"loading the old checkpoint failed: {' '.join(lines[1:]) or error}")
         for key, value in source.state_dict().items():
             if not torch.equal(model.state_dict()[key], value):
                 return Outcome(False, f"{key} was loaded with the wrong values")
