@@ -111,3 +111,12 @@ def test_03_3_accepts_right_rejects_after_relu():
 def test_03_3_rejects_wrong_keys():
     outcome = run("03.3", lambda model, x: {"conv1": torch.zeros(1)})
     assert not outcome.passed and "keys" in outcome.detail
+
+
+def test_03_3_rejects_zeros_of_the_right_shape():
+    def zeros(model, x):
+        right = conv_grads_right(model, x)
+        return {name: torch.zeros_like(g) for name, g in right.items()}
+
+    outcome = run("03.3", zeros)
+    assert not outcome.passed and "conv1" in outcome.detail

@@ -67,7 +67,7 @@ def _clip(clip_grad_output) -> Outcome:
 def _in_place(conv_grad_outputs) -> Outcome:
     """``conv_grad_outputs(model, x)`` runs ``model(x).sum().backward()`` on a ``SeedConvNet``
     (in-place ReLUs) and returns ``{name: gradient w.r.t. that Conv2d's output}``."""
-    model = SeedConvNet(seed=1, inplace=True)
+    model = SeedConvNet(seed=0, inplace=True)
     x = torch.randn(2, 1, 6, 6, generator=torch.Generator().manual_seed(5))
     got = conv_grad_outputs(model, x)
     if leftover_hooks(model):
@@ -75,7 +75,7 @@ def _in_place(conv_grad_outputs) -> Outcome:
     if not isinstance(got, dict) or sorted(got) != ["conv1", "conv2"]:
         keys = sorted(got) if isinstance(got, dict) else type(got).__name__
         return Outcome(False, f"expected a dict with keys ['conv1', 'conv2'], got {keys}")
-    reference = SeedConvNet(seed=1, inplace=False)
+    reference = SeedConvNet(seed=0, inplace=False)
     h1 = reference.conv1(x)
     h2 = reference.conv2(reference.relu1(h1))
     g1, g2 = torch.autograd.grad(reference.relu2(h2).sum(), [h1, h2])
