@@ -357,3 +357,14 @@ def test_signatures_in_the_table_name_the_hook_arguments(apis):
     doc = inspect.getdoc(torch.nn.Module.register_load_state_dict_pre_hook) or ""
     assert "missing_keys" in doc and "missing_keys" in rows["torch.nn.Module.register_load_state_dict_pre_hook"]
     assert "incompatible_keys" in rows["torch.nn.Module.register_load_state_dict_post_hook"]
+
+
+def test_every_link_of_notebook_06_points_at_a_real_section():
+    """The prose links too (to other notebooks' sections), not only the table's."""
+    problems = []
+    for source in _cells(TABLE_NOTEBOOK, "markdown"):
+        for target, fragment in re.findall(r"\]\(([^)#\s]*\.ipynb|)#([^)\s]+)\)", source):
+            path = (TABLE_NOTEBOOK.parent / target) if target else TABLE_NOTEBOOK
+            if not path.exists() or urllib.parse.unquote(fragment) not in _anchors(path):
+                problems.append(f"{target}#{fragment}")
+    assert not problems, f"links without a matching heading: {problems}"
