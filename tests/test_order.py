@@ -44,9 +44,16 @@ def test_every_kind_fires_and_steps_count_up():
 def test_forward_order_follows_module_call_impl():
     _, firings = _trace()
     for layer in ("fc", "act"):
-        order = [_position(firings, k, layer) for k in (
-            "global forward pre-hook", "forward pre-hook (prepend)", "forward pre-hook",
-            "global forward hook", "forward hook")]
+        order = [
+            _position(firings, k, layer)
+            for k in (
+                "global forward pre-hook",
+                "forward pre-hook (prepend)",
+                "forward pre-hook",
+                "global forward hook",
+                "forward hook",
+            )
+        ]
         assert order == sorted(order), layer
     # the whole of fc's forward comes before act's
     assert _position(firings, "forward hook", "fc") < _position(firings, "global forward pre-hook", "act")

@@ -127,8 +127,9 @@ def trace_firing_order(
         for name, module in chosen.items():
             handles.append(module.register_forward_pre_hook(lambda m, args, n=name: note("forward pre-hook", n)))
             handles.append(
-                module.register_forward_pre_hook(lambda m, args, n=name: note("forward pre-hook (prepend)", n),
-                                                 prepend=True)
+                module.register_forward_pre_hook(
+                    lambda m, args, n=name: note("forward pre-hook (prepend)", n), prepend=True
+                )
             )
 
             def forward_hook(m, args, output, n=name):
@@ -190,8 +191,9 @@ def plot_order(firings: Iterable[Firing], ax=None, title: str = "The order in wh
     ax.text(last_forward + 0.7, len(kinds) - 0.45, "backward", va="bottom", fontsize=9, color="0.35")
     for i, place in enumerate(places):
         mine = [f for f in firings if f.where == place]
-        ax.scatter([f.step for f in mine], [row[f.kind] for f in mine], color=colors(i % 10), s=36,
-                   label=place, zorder=3)
+        ax.scatter(
+            [f.step for f in mine], [row[f.kind] for f in mine], color=colors(i % 10), s=36, label=place, zorder=3
+        )
     steps = [f.step for f in firings]
     ax.plot(steps, [row[f.kind] for f in firings], color="0.6", lw=0.8, zorder=2)
     ax.set_yticks(range(len(kinds)), [k for k in reversed(kinds)], fontsize=9)
