@@ -239,7 +239,7 @@ def plot_mean_std(tracker: StatsTracker, kind: str = "activation", axes=None, lo
         ax.set_xlabel("step")
     if log if log is not None else kind == "gradient":
         axes[1].set_yscale("log")
-    axes[1].legend(fontsize="small", loc="best")
+    axes[1].legend(fontsize="small", title="layer", loc="center left", bbox_to_anchor=(1.0, 0.5))
     return fig
 
 
