@@ -8,9 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from . import notebook_page as nb
 from .lab import LabServer
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The course notebooks the tests open, the longest Run All first: they run side by side.
+COURSE_NOTEBOOKS = ("05_explorers_and_applications.ipynb", "00_start_here.ipynb")
 ARTIFACTS = ROOT / "artifacts" / "browser"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = [
@@ -50,18 +53,56 @@ def chromium():
             browser.close()
 
 
+def new_page(browser):
+    page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    page.set_default_timeout(20_000)
+    return page
+
+
 @pytest.fixture
 def page(chromium, request):
-    context = chromium.new_context(viewport={"width": 1400, "height": 1000})
-    page = context.new_page()
-    page.set_default_timeout(20_000)
+    page = new_page(chromium)
     try:
         yield page
     finally:
-        if getattr(request.node, "rep_call", None) is not None and request.node.rep_call.failed:
-            ARTIFACTS.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / f"{request.node.name}-FAILED.png"), full_page=False)
-        context.close()
+        screenshot_if_failed(request, [page])
+        page.context.close()
+
+
+@pytest.fixture(scope="session")
+def course_pages(lab, lab_root, chromium):
+    """Fresh copies of the course notebooks, each in a page of its own, with Run All started in
+    all of them at once (the kernels run side by side). Maps notebook name -> (page, copy)."""
+    pages = {}
+    try:
+        for name in COURSE_NOTEBOOKS:
+            page = new_page(chromium)
+            copy = nb.fresh_copy(ROOT / "notebooks" / name, lab_root)
+            pages[name] = (page, copy)
+            nb.open_notebook(page, lab.url(nb.notebook_path(copy.name)))
+            nb.start_run_all(page)
+        yield pages
+    finally:
+        for page, _ in pages.values():
+            page.context.close()
+
+
+def screenshot_if_failed(request, pages) -> None:
+    report = getattr(request.node, "rep_call", None)
+    if report is None or not report.failed:
+        return
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    for i, page in enumerate(pages):
+        if not page.is_closed():
+            page.screenshot(path=str(ARTIFACTS / f"{request.node.name}-FAILED-{i}.png"))
+
+
+@pytest.fixture(autouse=True)
+def screenshot_course_pages_on_failure(request):
+    """When a test that uses the course notebooks fails, a screenshot of each goes to ``artifacts/browser/``."""
+    yield
+    if "course_pages" in request.node.funcargs:
+        screenshot_if_failed(request, [page for page, _ in request.node.funcargs["course_pages"].values()])
 
 
 @pytest.hookimpl(wrapper=True)

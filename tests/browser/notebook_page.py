@@ -55,15 +55,24 @@ def open_notebook(page: Page, url: str) -> None:
     expect(page.locator(".jp-Notebook .jp-Cell").first).to_be_visible()
 
 
-def run_all(page: Page) -> None:
-    """*Run → Run All Cells*, then wait until no cell is queued or running."""
+def start_run_all(page: Page) -> None:
+    """*Run → Run All Cells*; returns once every cell is queued."""
     prompts = page.locator(CODE_PROMPTS)
     expect(prompts.first).to_have_text("[ ]:")  # a fresh copy: nothing has run yet
     page.locator(".lm-MenuBar-item", has_text=re.compile(r"^Run$")).click()
     page.locator(".lm-Menu-item[data-command='runmenu:run-all']").click()
     expect(prompts.first).not_to_have_text("[ ]:")  # Run All has queued every cell
-    expect(page.locator(CODE_PROMPTS, has_text="[*]")).to_have_count(0, timeout=RUN_ALL_MS)
+
+
+def wait_run_all(page: Page, timeout_ms: int = RUN_ALL_MS) -> None:
+    """Wait until no cell is queued or running."""
+    expect(page.locator(CODE_PROMPTS, has_text="[*]")).to_have_count(0, timeout=timeout_ms)
     expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(1)
+
+
+def run_all(page: Page, timeout_ms: int = RUN_ALL_MS) -> None:
+    start_run_all(page)
+    wait_run_all(page, timeout_ms)
 
 
 def prompts(page: Page) -> list[str]:
@@ -102,17 +111,22 @@ def check_ran_without_errors(page: Page, n_code_cells: int) -> None:
     assert error_outputs(page) == []
 
 
-def widget_area(page: Page, slider_description: str) -> Locator:
-    """The output area of the cell whose widget has a slider labelled ``slider_description``."""
-    label = page.locator(".widget-slider .widget-label", has_text=re.compile(rf"^{re.escape(slider_description)}$"))
-    expect(label).to_have_count(1, timeout=REDRAW_MS)
-    return page.locator(".jp-Cell-outputArea", has=label)
+def label(page: Page, description: str) -> Locator:
+    """A widget's description label, matched exactly (``layer`` is not ``layers``)."""
+    return page.locator(".widget-label", has_text=re.compile(rf"^{re.escape(description)}$"))
+
+
+def widget_area(page: Page, *descriptions: str) -> Locator:
+    """The output area of the first cell whose widget has sliders labelled with all ``descriptions``."""
+    area = page.locator(".jp-Cell-outputArea")
+    for description in descriptions:
+        area = area.filter(has=page.locator(".widget-slider", has=label(page, description)))
+    expect(area.first).to_be_visible(timeout=REDRAW_MS)
+    return area.first
 
 
 def slider(area: Locator, description: str) -> Locator:
-    return area.locator(
-        ".widget-slider", has=area.page.locator(".widget-label", has_text=re.compile(rf"^{re.escape(description)}$"))
-    )
+    return area.locator(".widget-slider", has=label(area.page, description))
 
 
 def press(slider_box: Locator, key: str, times: int = 1) -> None:
