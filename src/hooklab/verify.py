@@ -236,7 +236,8 @@ def verify(model: nn.Module, x: torch.Tensor, *, target: torch.Tensor | None = N
         if (r.name, r.call) in noise:
             x_in, y = torch.ones_like(x_in), noise[(r.name, r.call)]
         try:
-            dx, pgrads = BACKWARD[type(module)](module, x_in, y, dout)
+            with torch.no_grad():  # the formulas need no graph of their own
+                dx, pgrads = BACKWARD[type(module)](module, x_in, y, dout)
         except UnsupportedLayerError as e:
             raise UnsupportedLayerError(f"layer {r.name!r} ({type(module).__name__}): {e}") from None
         if r.grad_input[0] is not None:
