@@ -92,6 +92,8 @@ def interleaved(variants: dict, rounds: int, warmup: int = 2) -> dict:
         name: {
             "median_ms": round(statistics.median(t) * 1e3, 2),
             "ratio": round(statistics.median(a / b for a, b in zip(t, bare, strict=True)), 3),
+            "min_ms": round(min(t) * 1e3, 2),
+            "ratio_of_minima": round(min(t) / min(bare), 3),
             "rounds": len(t),
         }
         for name, t in times.items()
