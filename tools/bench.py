@@ -499,7 +499,7 @@ def markdown(report: dict) -> str:
         out += ["**Whole course** (strict nbval, one notebook at a time)", "",
                 "| notebook | wall | result | slowest cells |", "|---|---:|---|---|"]  # fmt: skip
         for name, r in report["course"].items():
-            slow = "; ".join(f"cell {c['cell']} {c['s']:.1f} s (`{c['first_line']}`)" for c in r["slowest"][:3])
+            slow = "; ".join(f"cell {c['cell']} {c['s']:.1f} s (`{c['first_line']}`)" for c in r["slowest"][:2])
             out.append(f"| {name} | {r['wall_s']:.0f} s | {r['result']} | {slow.replace('|', '/')} |")
         total = sum(r["wall_s"] for r in report["course"].values())
         out += ["", f"Total: {total:.0f} s."]
@@ -513,7 +513,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only these groups")  # fmt: skip
     parser.add_argument("--no-torchlens", action="store_true", help="skip the throwaway torchlens venv")
     parser.add_argument("--notebooks", nargs="*", type=Path, help="course group: these notebooks only")
+    parser.add_argument("--table-only", action="store_true", help="print the table of the last artifacts/bench.json")
     args = parser.parse_args(argv)
+    if args.table_only:
+        print(markdown(json.loads((ARTIFACTS / "bench.json").read_text())), end="")
+        return 0
     groups = args.only or ["overhead", "memory", "redraw", "course"]
 
     report: dict = {"machine": machine()}
