@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from .cow import CopyOnWrite, storage_key
 from .layers import select_layers
 
 __all__ = ["NoGradientError", "Record", "Recording", "StaleRecordError", "record"]
@@ -118,41 +118,6 @@ class Record:
         return f"Record({self.name!r}{call}, {self.module_type}, output {_shape(self._output)})"
 
 
-class _CopyOnWrite(TorchDispatchMode):
-    """Clone recorded tensors just before an operation writes into their storage."""
-
-    def __init__(self, recording: Recording):
-        super().__init__()
-        self.recording = recording
-        self._written_args: dict = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        written = self._written_args.get(func)
-        if written is None:
-            written = tuple(
-                a.name for a in func._schema.arguments if a.alias_info is not None and a.alias_info.is_write
-            )
-            self._written_args[func] = written
-        if written and self.recording._watched:
-            schema_args = func._schema.arguments
-            for position, arg in enumerate(schema_args):
-                if arg.name not in written:
-                    continue
-                value = args[position] if position < len(args) else kwargs.get(arg.name)
-                for tensor in tree_flatten(value)[0]:
-                    if isinstance(tensor, torch.Tensor):
-                        self.recording._copy_before_write(tensor)
-        return func(*args, **kwargs)
-
-
-def _storage_key(tensor: torch.Tensor) -> int | None:
-    try:
-        return tensor.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):  # tensors without storage (sparse, meta...)
-        return None
-
-
 class Recording:
     """The records of one ``with record(...)`` block. Iterable, indexable by layer name."""
 
@@ -164,12 +129,10 @@ class Recording:
         self.records: list[Record] = []
         self._calls: dict[str, int] = {}
         self._watched: dict[int, list[Record]] = {}
-        self._pending: dict[str, list] = {}
-        self._started: dict[str, list[Record]] = {}  # inputs kept by the pre-hook, per layer
+        self._started: dict[str, list[Record]] = {}  # records begun by a pre-hook, per layer
         self._handles: list = []
         self._tensor_handles: list = []
-        self._mode: _CopyOnWrite | None = None
-        self._active = False
+        self._mode: CopyOnWrite | None = None
 
     # ----- reading -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -225,7 +188,7 @@ class Recording:
             if self.clone:
                 return t.clone()
             record._versions[id(t)] = t._version
-            key = _storage_key(t)
+            key = storage_key(t)
             if key is not None:
                 self._watched.setdefault(key, []).append(record)
             return t
@@ -233,7 +196,7 @@ class Recording:
         return tree_map(keep, value)
 
     def _copy_before_write(self, tensor: torch.Tensor) -> None:
-        key = _storage_key(tensor)
+        key = storage_key(tensor)
         records = self._watched.pop(key, None) if key is not None else None
         for rec in records or ():
             copy = functools.partial(self._clone_if_shares, key=key, record=rec)
@@ -242,7 +205,7 @@ class Recording:
 
     @staticmethod
     def _clone_if_shares(t: Any, key: int, record: Record) -> Any:
-        if isinstance(t, torch.Tensor) and _storage_key(t) == key:
+        if isinstance(t, torch.Tensor) and storage_key(t) == key:
             record._versions.pop(id(t), None)
             copy = t.clone()
             record._versions[id(copy)] = copy._version
@@ -251,51 +214,43 @@ class Recording:
 
     # ----- hooks ---------------------------------------------------------------------------
     def _pre_hook(self, name: str, module: nn.Module, args: tuple):
-        # Inputs are kept before the module runs: a module that works in place (ReLU(inplace=True))
-        # would otherwise show its result as its input.
-        started = Record(name, type(module).__name__, 0, -1)
-        started._inputs = self._keep(started, tuple(args))
-        self._started.setdefault(name, []).append(started)
+        # The record starts before the module runs, so that its inputs are kept as they came in:
+        # a module working in place (ReLU(inplace=True)) would otherwise show its result as input.
+        rec = Record(name, type(module).__name__, call=-1, index=-1)
+        rec._inputs = self._keep(rec, tuple(args))
+        self._started.setdefault(name, []).append(rec)
         if not (self.backward and torch.is_grad_enabled()):
             return None
+        rec._grad_input = (None,) * len(args)
         in_place = bool(getattr(module, "inplace", False))
-        new_args = []
-        box: list[Record | None] = [None]  # the forward hook puts this call's record here
-        slots = []
+        new_args, changed = list(args), False
         for i, a in enumerate(args):
             if isinstance(a, torch.Tensor) and a.requires_grad:
                 # A view gives this module its own path in the graph, so the hook sees only the
-                # gradient flowing back through this module (not the other users of `a`).
-                # A module that writes into its input keeps the original: hooks on a view that
-                # is then modified in place never fire.
+                # gradient flowing back through this module, not that of other users of `a`.
+                # A module that writes into its input keeps the original: a hook on a view that
+                # is then modified in place never fires. Either way the hook is registered now,
+                # before the module runs; registered after an in-place op it would see the
+                # gradient of the modified tensor instead.
                 target = a if in_place else a.view_as(a)
-                slots.append(i)
-                new_args.append(target)
-                # registered now, before the module runs: a hook registered after an in-place
-                # op would see the gradient of the modified tensor instead
-                self._tensor_handles.append(target.register_hook(self._grad_setter(box, "_grad_input", i)))
-            else:
-                new_args.append(a)
-        self._pending.setdefault(name, []).append((len(args), box))
-        return tuple(new_args) if slots and not in_place else None
+                new_args[i], changed = target, changed or target is not a
+                self._tensor_handles.append(target.register_hook(self._grad_setter(rec, "_grad_input", i)))
+        return tuple(new_args) if changed else None
 
     def _forward_hook(self, name: str, module: nn.Module, args: tuple, output: Any):
-        call = self._calls.get(name, 0)
-        self._calls[name] = call + 1
         started = self._started.get(name)
         if started:
             rec = started.pop()
-            rec.call, rec.index = call, len(self.records)
-        else:
-            rec = Record(name, type(module).__name__, call, len(self.records))
+        else:  # the recording began in the middle of this module's forward
+            rec = Record(name, type(module).__name__, call=-1, index=-1)
             rec._inputs = self._keep(rec, tuple(args))
+        rec.call = self._calls.get(name, 0)
+        self._calls[name] = rec.call + 1
+        rec.index = len(self.records)
         rec._output = self._keep(rec, output)
         self.records.append(rec)
         if not self.backward:
             return
-        stack = self._pending.get(name)
-        n_args, box = stack.pop() if stack else (len(args), [None])
-        box[0] = rec
         if not torch.is_grad_enabled():
             rec._no_grad_reason = "the forward pass ran with gradients disabled (torch.no_grad / inference_mode)"
             return
@@ -309,15 +264,14 @@ class Recording:
         rec._grad_output = (None,) * len(outputs)
         for i, t in enumerate(outputs):
             if t.requires_grad:
-                self._tensor_handles.append(t.register_hook(self._grad_setter([rec], "_grad_output", i)))
-        rec._grad_input = (None,) * n_args
+                self._tensor_handles.append(t.register_hook(self._grad_setter(rec, "_grad_output", i)))
 
-    def _grad_setter(self, box: list, attr: str, i: int):
+    def _grad_setter(self, rec: Record, attr: str, i: int):
         def hook(grad):
-            rec = box[0]
-            if rec is None or getattr(rec, attr) is None:  # forward raised, or needed no grad
+            values = getattr(rec, attr)
+            if values is None:  # the forward pass needed no gradient for this slot
                 return
-            values = list(getattr(rec, attr))
+            values = list(values)
             # Gradients are always copied: autograd may hand the same buffer on as a leaf's
             # .grad, which later backward calls and zero_grad() change in place.
             values[i] = grad.detach().clone()
@@ -333,12 +287,11 @@ class Recording:
                 self._handles.append(module.register_forward_pre_hook(_bind(self._pre_hook, name)))
                 self._handles.append(module.register_forward_hook(_bind(self._forward_hook, name)))
             if not self.clone:
-                self._mode = _CopyOnWrite(self)
+                self._mode = CopyOnWrite(self._copy_before_write)
                 self._mode.__enter__()
         except BaseException:
             self._remove_hooks()
             raise
-        self._active = True
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -349,9 +302,7 @@ class Recording:
         finally:
             self._remove_hooks()
             self._watched.clear()
-            self._pending.clear()
             self._started.clear()
-            self._active = False
 
     def _remove_hooks(self) -> None:
         for handle in self._handles + self._tensor_handles:
