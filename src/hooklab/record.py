@@ -59,7 +59,7 @@ def _shape(value: Any) -> str:
     return str(shapes)
 
 
-@dataclass(repr=False)
+@dataclass(repr=False, slots=True)
 class Record:
     """What one call of one module saw. Tensors are detached; see the module docstring."""
 
@@ -180,20 +180,22 @@ class Recording:
     # ----- storing -------------------------------------------------------------------------
     def _keep(self, record: Record, value: Any) -> Any:
         """Detach (and, with clone=True, copy) every tensor in ``value``; watch the rest."""
+        # Fast paths for what modules almost always pass: one tensor, or a tuple of tensors.
+        if isinstance(value, torch.Tensor):
+            return self._keep_tensor(record, value)
+        if type(value) is tuple and all(isinstance(v, torch.Tensor) for v in value):
+            return tuple(self._keep_tensor(record, v) for v in value)
+        return tree_map(lambda v: self._keep_tensor(record, v) if isinstance(v, torch.Tensor) else v, value)
 
-        def keep(t):
-            if not isinstance(t, torch.Tensor):
-                return t
-            t = t.detach()
-            if self.clone:
-                return t.clone()
-            record._versions[id(t)] = t._version
-            key = storage_key(t)
-            if key is not None:
-                self._watched.setdefault(key, []).append(record)
-            return t
-
-        return tree_map(keep, value)
+    def _keep_tensor(self, record: Record, t: torch.Tensor) -> torch.Tensor:
+        t = t.detach()
+        if self.clone:
+            return t.clone()
+        record._versions[id(t)] = t._version
+        key = storage_key(t)
+        if key is not None:
+            self._watched.setdefault(key, []).append(record)
+        return t
 
     def _copy_before_write(self, tensor: torch.Tensor) -> None:
         key = storage_key(tensor)
@@ -284,8 +286,8 @@ class Recording:
     def __enter__(self) -> Recording:
         try:
             for name, module in self.modules.items():
-                self._handles.append(module.register_forward_pre_hook(_bind(self._pre_hook, name)))
-                self._handles.append(module.register_forward_hook(_bind(self._forward_hook, name)))
+                self._handles.append(module.register_forward_pre_hook(functools.partial(self._pre_hook, name)))
+                self._handles.append(module.register_forward_hook(functools.partial(self._forward_hook, name)))
             if not self.clone:
                 self._mode = CopyOnWrite(self._copy_before_write)
                 self._mode.__enter__()
@@ -309,13 +311,6 @@ class Recording:
             handle.remove()
         self._handles.clear()
         self._tensor_handles.clear()
-
-
-def _bind(method, name: str):
-    def hook(*args):
-        return method(name, *args)
-
-    return hook
 
 
 def record(
