@@ -113,3 +113,24 @@ def test_unsolved_stub_prints_not_solved_yet(capsys):
         check(id, stub)
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 4 and all(line.endswith("not solved yet") for line in lines)
+
+
+def test_01_1_rejects_a_hook_that_clamps_in_place():
+    result = outcome("01.1", lambda t, limit: t.register_hook(lambda g: g.clamp_(-limit, limit)))
+    assert not result.passed and "in place" in result.detail
+
+
+def test_01_2_says_when_a_post_hook_doubled_the_result_instead():
+    result = outcome("01.2", lambda node: node.register_hook(lambda gi, go: (gi[0] * 2,)))
+    assert not result.passed and "register_prehook" in result.detail
+
+
+def test_01_4_says_to_return_shapes_not_tensors():
+    def tensors(fn, x):
+        kept = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+            fn(x)
+        return kept
+
+    result = outcome("01.4", tensors)
+    assert not result.passed and "tuple(t.shape)" in result.detail

@@ -106,3 +106,19 @@ def test_02_4_rejects_a_hook_that_only_fills_missing_keywords():
         return module.register_forward_pre_hook(hook, with_kwargs=True)
 
     assert not CHECK["02.4"](fill_missing).passed
+
+
+def test_02_1_names_the_late_binding_bug():
+    def late_binding(model, x):
+        calls, handles = [], []
+        try:
+            for name, module in list(model.named_modules())[1:]:
+                handles.append(module.register_forward_hook(lambda m, a, o: calls.append(name)))  # noqa: B023
+            model(x)
+        finally:
+            for h in handles:
+                h.remove()
+        return calls
+
+    result = CHECK["02.1"](late_binding)
+    assert not result.passed and "name=name" in result.detail

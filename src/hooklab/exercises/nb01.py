@@ -17,18 +17,25 @@ def _removable(handle, what: str) -> Outcome | None:
 @exercise("01.1", "clamp a gradient with a tensor hook")
 def _clamp(clamp_grad) -> Outcome:
     """``clamp_grad(t, limit)`` registers a hook on ``t`` clamping its gradient to ``[-limit, limit]``
-    and returns the handle."""
+    and returns the handle. The hook must return a new tensor, not change ``grad`` in place."""
     t = torch.zeros(4, requires_grad=True)
+    u = torch.zeros(4, requires_grad=True)  # t + u hands the very same gradient tensor to t and u
     weights = torch.tensor([-3.0, 0.5, 2.0, -0.25])
     handle = clamp_grad(t, 1.0)
     bad = _removable(handle, "clamp_grad")
     if bad:
         return bad
     try:
-        (t * weights).sum().backward()
+        ((t + u) * weights).sum().backward()
     finally:
         handle.remove()
     clamped = t.grad.clone()
+    if not torch.equal(u.grad, weights):
+        return Outcome(
+            False,
+            f"u, which shares t's gradient, got {u.grad.tolist()} instead of {weights.tolist()}: "
+            "the hook changed grad in place; return a new tensor (grad.clamp(...), not grad.clamp_(...))",
+        )
     t.grad = None
     (t * weights).sum().backward()
     if not torch.equal(t.grad, weights):
@@ -45,18 +52,29 @@ def _node_prehook(double_into) -> Outcome:
     gradient flowing into it, and returns the handle."""
     a = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
     b = a.exp()
+    arrived = []  # what the node itself received: a post-hook's grad_outputs
+    watcher = b.grad_fn.register_hook(lambda grad_inputs, grad_outputs: arrived.append(grad_outputs[0].clone()))
     handle = double_into(b.grad_fn)
     bad = _removable(handle, "double_into")
-    if bad:
-        return bad
     try:
-        (b * torch.tensor([1.0, 2.0, 3.0])).sum().backward(retain_graph=True)
+        if bad:
+            return bad
+        try:
+            (b * torch.tensor([1.0, 2.0, 3.0])).sum().backward(retain_graph=True)
+        finally:
+            handle.remove()
     finally:
-        handle.remove()
+        watcher.remove()
     expected = 2 * a.detach().exp() * torch.tensor([1.0, 2.0, 3.0])
     outcome = compare_tensors(a.grad, expected)
     if not outcome.passed:
         return Outcome(False, f"a.grad is {a.grad.tolist()}, expected twice exp(a) * [1, 2, 3] ({outcome.detail})")
+    if not torch.equal(arrived[0], torch.tensor([2.0, 4.0, 6.0])):
+        return Outcome(
+            False,
+            "a.grad is doubled, but the node received the gradient unchanged: you doubled what it computed "
+            "(a post-hook); double what enters it with node.register_prehook",
+        )
     return Outcome(True, f"a.grad doubled by the node pre-hook ({outcome.detail})")
 
 
@@ -118,6 +136,9 @@ def _saved(saved_shapes) -> Outcome:
         with torch.autograd.graph.saved_tensors_hooks(lambda t, into=expected: into.append(tuple(t.shape)) or t, _same):
             fn(x)
         got = saved_shapes(fn, x.detach().clone().requires_grad_())
+        if got is None or any(isinstance(s, torch.Tensor) for s in got):
+            kind = "None" if got is None else "tensors"
+            return Outcome(False, f"for {label}: got {kind}; return a list of shapes, tuple(t.shape) for each saved t")
         got = [tuple(s) for s in got]
         if got != expected:
             return Outcome(False, f"for {label}: got {got}, autograd saved {expected}")

@@ -56,6 +56,12 @@ def _execution_order(execution_order) -> Outcome:
         return Outcome(True, f"{len(expected)} calls in the right order, no hook left behind")
     if sorted(got) == sorted(expected):
         return Outcome(False, "the right calls in the wrong order: a container's forward hook fires after its children")
+    if len(got) == len(expected) and len(set(got)) < len(set(expected)):
+        return Outcome(
+            False,
+            f"{len(got)} calls but only the names {sorted(set(got))}: each hook must keep its own name "
+            "(a lambda in a loop sees the loop variable's last value; pin it with name=name)",
+        )
     return Outcome(
         False, f"{len(got)} calls, expected {len(expected)} (containers count; a module called twice counts twice)"
     )
