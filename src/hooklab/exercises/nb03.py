@@ -56,10 +56,12 @@ def _clip(clip_grad_output) -> Outcome:
     if leftover_hooks(layer):
         return Outcome(False, "removing the returned handle left a hook behind: return the hook's handle")
     clipped = upstream.clamp(-0.5, 0.5)
-    failed = _first_failure(
-        ("weight.grad", compare_tensors(layer.weight.grad, clipped.T @ x.detach())),
-        ("input gradient", compare_tensors(x.grad, clipped @ layer.weight.detach())),
-    )
+    weight_ok = compare_tensors(layer.weight.grad, clipped.T @ x.detach())
+    if not weight_ok.passed and compare_tensors(layer.weight.grad, upstream.T @ x.detach()).passed:
+        return Outcome(False, f"weight.grad: {weight_ok.detail}; it is the unclipped weight gradient: "
+                              "the hook ran after the module's own backward")
+    input_ok = compare_tensors(x.grad, clipped @ layer.weight.detach())
+    failed = _first_failure(("weight.grad", weight_ok), ("input gradient", input_ok))
     return failed or Outcome(True, "both the weight gradient and the input gradient used the clipped grad_output")
 
 
@@ -80,4 +82,6 @@ def _in_place(conv_grad_outputs) -> Outcome:
     h2 = reference.conv2(reference.relu1(h1))
     g1, g2 = torch.autograd.grad(reference.relu2(h2).sum(), [h1, h2])
     failed = _first_failure(("conv1", compare_tensors(got["conv1"], g1)), ("conv2", compare_tensors(got["conv2"], g2)))
-    return failed or Outcome(True, "both gradients match autograd on the same network without in-place ReLUs")
+    if failed is not None:
+        return Outcome(False, f"{failed.detail} (expected dL/d(conv output), before the ReLU changes it in place)")
+    return Outcome(True, "both gradients match autograd on the same network without in-place ReLUs")
