@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from hooklab import verify as verify_mod
 from hooklab.backprop import sigmoid_backward
+from hooklab.backward_table import BACKWARD, UnsupportedLayerError
 from hooklab.models import DigitsCNN, SeedConvNet, SeedNet
-from hooklab.verify import BACKWARD, UnsupportedLayerError, compare, verify
+from hooklab.verify import compare, verify
 
 
 def test_compare_rows_say_exact_close_and_how_far():
@@ -65,8 +65,7 @@ def test_every_table_entry_has_a_case():
 
 
 def test_a_wrong_formula_shows_up_in_the_table(monkeypatch):
-    wrong = {**BACKWARD, nn.Sigmoid: lambda m, x, out, dout: (dout * out * (1 + out), {})}
-    monkeypatch.setattr(verify_mod, "BACKWARD", wrong)
+    monkeypatch.setitem(BACKWARD, nn.Sigmoid, lambda m, x, out, dout: (dout * out * (1 + out), {}))
     result = verify(SeedNet(), torch.tensor([[0.05, 0.1]]))
     bad = [r.name for r in result.rows if not r.close]
     assert bad == ["s1.grad_input", "s2.grad_input"] and not result.ok
@@ -76,6 +75,17 @@ def test_seed_net_matches_to_the_last_bit():
     result = verify(SeedNet(), torch.tensor([[0.05, 0.1]]))
     assert all(r.exact for r in result.rows) and len(result.rows) == 8
     assert sigmoid_backward(torch.tensor([0.5]), torch.tensor([1.0])).item() == 0.25
+
+
+def test_table_columns_line_up_for_any_name_and_shape_length():
+    model = nn.Sequential(nn.Conv2d(16, 32, 3, padding=1), nn.ReLU())
+    table = verify(model, torch.randn(12, 16, 10, 10)).table().splitlines()  # shape wider than 14
+    assert table[0].split() == ["tensor", "shape", "exact", "allclose", "max", "|diff|"]
+    for column in ("exact", "allclose", "max |diff|"):
+        start = table[0].index(column)
+        for line in table[1:]:  # each value starts where its header does, after a blank
+            assert line[start - 1] == " " and line[start] != " ", (column, line)
+    assert "(12, 16, 10, 10) " in table[1] and "0.grad_input " in table[1]
 
 
 def test_seed_conv_net_with_in_place_relus():

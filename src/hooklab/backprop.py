@@ -20,8 +20,8 @@ The local derivative of each layer, written next to its forward:
 * batch norm / layer norm: the normalised ``x̂`` and ``1/σ`` are recomputed from the input.
 * flatten: a reshape back; dropout: ``dout·mask/(1 − p)`` with the mask of that call.
 
-Losses are in ``hooklab.losses``; the table from layer type to function is in
-``hooklab.verify``.
+Losses are in ``hooklab.losses``; the table from layer type to function is
+``hooklab.backward_table.BACKWARD`` (used by ``hooklab.verify``).
 """
 
 from __future__ import annotations

@@ -5,15 +5,16 @@ backward=True)``, then, for every recorded layer call, recomputes ``grad_input``
 recorded input, output and ``grad_output`` with the functions of ``hooklab.backprop``, and each
 parameter's gradient (summed over calls). Every tensor gets one row of a ``cmp``-style table:
 
-    tensor                    shape          exact  allclose  max |diff|
-    conv1.grad_input          (1, 1, 3, 3)   True   True      0.0e+00
+    tensor             shape         exact  allclose  max |diff|
+    conv1.grad_input   (1, 1, 3, 3)  True   True      0.0e+00
 
 * reference for ``grad_input``: the recorder's value (autograd's gradient at that layer);
   for parameters and the loss: ``torch.autograd.grad`` (``.grad`` fields are left alone).
 * ``exact`` is ``torch.equal``; ``allclose`` is ``torch.allclose`` at the float32 tolerances
   of ``torch.testing.assert_close`` (``rtol=1.3e-6, atol=1e-5``). A manual formula that adds
   the same numbers in another order is close, not exact; the table says so.
-* A leaf layer whose type has no entry in ``BACKWARD`` (or an unsupported setting) raises
+* The formulas are looked up by layer type in ``hooklab.backward_table.BACKWARD``.
+  A leaf layer whose type has no entry there (or an unsupported setting) raises
   ``UnsupportedLayerError`` naming it, before anything runs. Parameters that no leaf layer
   owns are refused the same way. Operations written inside a ``forward`` between layers
   (``x + 1``, ``torch.flatten``) are not checked, but do not disturb the per-layer checks.
@@ -30,18 +31,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import backprop as bp
 from . import losses
+from .backward_table import BACKWARD, UnsupportedLayerError, check_supported
 from .layers import select_layers
 from .record import NoGradientError, record
 
-__all__ = ["BACKWARD", "Row", "UnsupportedLayerError", "Verification", "compare", "verify"]
+__all__ = ["Row", "UnsupportedLayerError", "Verification", "compare", "verify"]
 
 RTOL, ATOL = 1.3e-6, 1e-5
-
-
-class UnsupportedLayerError(TypeError):
-    """A layer (or a setting of it) that ``hooklab.backprop`` has no formula for."""
 
 
 @dataclass(frozen=True)
@@ -52,8 +49,9 @@ class Row:
     close: bool
     max_diff: float
 
-    def line(self, width: int = 26) -> str:
-        return (f"{self.name:<{width}} {self.shape!s:<14} {self.exact!s:<6} {self.close!s:<9} "
+    def line(self, width: int = 26, shape_width: int = 15) -> str:
+        """One table line; ``width`` and ``shape_width`` are the first two columns' widths."""
+        return (f"{self.name:<{width}} {self.shape!s:<{shape_width}} {self.exact!s:<6} {self.close!s:<9} "
                 f"{self.max_diff:.1e}")
 
 
@@ -77,100 +75,14 @@ class Verification:
         return all(r.close for r in self.rows)
 
     def table(self) -> str:
-        width = max([26] + [len(r.name) + 1 for r in self.rows])
-        head = f"{'tensor':<{width}} {'shape':<14} {'exact':<6} {'allclose':<9} max |diff|"
-        return "\n".join([head] + [r.line(width) for r in self.rows] + self.notes)
+        """The rows under a header, columns aligned, one space or more between them; notes last."""
+        width = max([len("tensor")] + [len(r.name) for r in self.rows]) + 1
+        shape_width = max([len("shape")] + [len(str(r.shape)) for r in self.rows]) + 1
+        head = f"{'tensor':<{width}} {'shape':<{shape_width}} {'exact':<6} {'allclose':<9} max |diff|"
+        return "\n".join([head] + [r.line(width, shape_width) for r in self.rows] + self.notes)
 
     def __str__(self) -> str:
         return self.table()
-
-
-# ----- the table: layer type -> (module, x, out, dout) -> (dx, {parameter name: grad}) ---------
-def _linear(m, x, out, dout):
-    dx, dw, db = bp.linear_backward(x, m.weight, dout, m.bias)
-    return dx, {"weight": dw, "bias": db}
-
-
-def _conv2d(m, x, out, dout):
-    if m.padding_mode != "zeros":
-        raise UnsupportedLayerError(f"padding_mode={m.padding_mode!r}")
-    padding = m.padding
-    if isinstance(padding, str):
-        total = [d * (k - 1) for d, k in zip(m.dilation, m.kernel_size, strict=True)]
-        if padding == "valid":
-            padding = 0
-        elif all(t % 2 == 0 for t in total):
-            padding = tuple(t // 2 for t in total)
-        else:
-            raise UnsupportedLayerError("padding='same' with uneven padding")
-    dx, dw, db = bp.conv2d_backward(x, m.weight, dout, m.bias, m.stride, padding, m.dilation, m.groups)
-    return dx, {"weight": dw, "bias": db}
-
-
-def _max_pool2d(m, x, out, dout):
-    if m.return_indices:
-        raise UnsupportedLayerError("return_indices=True")
-    return bp.max_pool2d_backward(x, dout, m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode), {}
-
-
-def _avg_pool2d(m, x, out, dout):
-    if m.ceil_mode:
-        raise UnsupportedLayerError("ceil_mode=True")
-    return bp.avg_pool2d_backward(x.shape, dout, m.kernel_size, m.stride, m.padding, m.count_include_pad,
-                                  m.divisor_override), {}
-
-
-def _batch_norm(m, x, out, dout):
-    batch_stats = m.training or m.running_mean is None
-    stats = (None, None) if batch_stats else (m.running_mean, m.running_var)
-    dx, dw, db = bp.batch_norm_backward(x, dout, m.weight, m.eps, *stats)
-    return dx, {"weight": dw, "bias": db}
-
-
-def _layer_norm(m, x, out, dout):
-    dx, dw, db = bp.layer_norm_backward(x, dout, m.normalized_shape, m.weight, m.bias, m.eps)
-    return dx, {"weight": dw, "bias": db}
-
-
-def _dropout(m, x, out, dout):
-    if not m.training or m.p == 0:
-        return dout, {}
-    if (x == 0).any():
-        raise ValueError("the mask can't be read where the input is 0: pass the replayed mask (see verify)")
-    return bp.dropout_backward(out != 0, dout, m.p), {}
-
-
-BACKWARD = {
-    nn.Linear: _linear,
-    nn.Sigmoid: lambda m, x, out, dout: (bp.sigmoid_backward(out, dout), {}),
-    nn.Tanh: lambda m, x, out, dout: (bp.tanh_backward(out, dout), {}),
-    nn.ReLU: lambda m, x, out, dout: (bp.relu_backward(out, dout), {}),
-    nn.LeakyReLU: lambda m, x, out, dout: (bp.leaky_relu_backward(out, dout, m.negative_slope), {}),
-    nn.Conv2d: _conv2d,
-    nn.MaxPool2d: _max_pool2d,
-    nn.AvgPool2d: _avg_pool2d,
-    nn.AdaptiveAvgPool2d: lambda m, x, out, dout: (bp.adaptive_avg_pool2d_backward(x.shape, dout), {}),
-    nn.BatchNorm1d: _batch_norm,
-    nn.BatchNorm2d: _batch_norm,
-    nn.LayerNorm: _layer_norm,
-    nn.Flatten: lambda m, x, out, dout: (bp.flatten_backward(x.shape, dout), {}),
-    nn.Dropout: _dropout,
-    nn.Identity: lambda m, x, out, dout: (dout, {}),
-}
-
-
-def _check_supported(model: nn.Module, layers: dict[str, nn.Module]) -> None:
-    problems = [f"{name!r} ({type(m).__name__})" for name, m in layers.items() if type(m) not in BACKWARD]
-    owned = {id(p) for m in layers.values() for p in m.parameters()}
-    stray = [n for n, p in model.named_parameters() if id(p) not in owned]
-    message = []
-    if problems:
-        supported = ", ".join(sorted(t.__name__ for t in BACKWARD))
-        message.append(f"no manual backward for layer {', '.join(problems)}; supported types: {supported}")
-    if stray:
-        message.append(f"parameters outside any leaf layer: {', '.join(stray)}")
-    if message:
-        raise UnsupportedLayerError("; ".join(message))
 
 
 def _dropout_noise(model, x, layers, seed) -> dict[tuple[str, int], torch.Tensor]:
@@ -199,7 +111,7 @@ def verify(model: nn.Module, x: torch.Tensor, *, target: torch.Tensor | None = N
     if loss not in (None, "mse", "cross_entropy"):
         raise ValueError(f"loss must be None, 'mse' or 'cross_entropy', not {loss!r}")
     layers = select_layers(model)
-    _check_supported(model, layers)
+    check_supported(model, layers)
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     buffers = {n: b.clone() for n, b in model.named_buffers()}
     x = x.detach().clone().requires_grad_(True)
@@ -217,7 +129,7 @@ def verify(model: nn.Module, x: torch.Tensor, *, target: torch.Tensor | None = N
                 value = F.mse_loss(out, target) if loss == "mse" else F.cross_entropy(out, target)
                 grads = torch.autograd.grad(value, wrt, allow_unused=True)
                 backward = losses.mse_backward if loss == "mse" else losses.softmax_cross_entropy_backward
-                rows.append(compare(f"{loss}: d output", backward(out.detach(), target), grads[0]))
+                rows.append(compare(f"{loss}: dL/d(output)", backward(out.detach(), target), grads[0]))
     finally:
         with torch.no_grad():
             for n, b in model.named_buffers():

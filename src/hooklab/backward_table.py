@@ -1,0 +1,110 @@
+"""The table from layer type to its hand-written backward (notebook 04), used by ``hooklab.verify``.
+
+``BACKWARD[type(module)](module, x, out, dout) -> (dx, {parameter name: gradient})``: each
+entry reads the layer's settings (stride, padding, eps, running statistics, ...) from
+``module`` and calls the matching function of ``hooklab.backprop`` with the layer's recorded
+input ``x``, output ``out`` and ``dout = dL/d(out)``. A parameter gradient is ``None`` where the
+layer has no such parameter. A setting the formulas do not cover raises
+``UnsupportedLayerError``. To support another layer type, add one entry here.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from . import backprop as bp
+
+__all__ = ["BACKWARD", "UnsupportedLayerError", "check_supported"]
+
+
+class UnsupportedLayerError(TypeError):
+    """A layer (or a setting of it) that ``hooklab.backprop`` has no formula for."""
+
+
+def _linear(m, x, out, dout):
+    dx, dw, db = bp.linear_backward(x, m.weight, dout, m.bias)
+    return dx, {"weight": dw, "bias": db}
+
+
+def _conv2d(m, x, out, dout):
+    if m.padding_mode != "zeros":
+        raise UnsupportedLayerError(f"padding_mode={m.padding_mode!r}")
+    padding = m.padding
+    if isinstance(padding, str):
+        total = [d * (k - 1) for d, k in zip(m.dilation, m.kernel_size, strict=True)]
+        if padding == "valid":
+            padding = 0
+        elif all(t % 2 == 0 for t in total):
+            padding = tuple(t // 2 for t in total)
+        else:
+            raise UnsupportedLayerError("padding='same' with uneven padding")
+    dx, dw, db = bp.conv2d_backward(x, m.weight, dout, m.bias, m.stride, padding, m.dilation, m.groups)
+    return dx, {"weight": dw, "bias": db}
+
+
+def _max_pool2d(m, x, out, dout):
+    if m.return_indices:
+        raise UnsupportedLayerError("return_indices=True")
+    return bp.max_pool2d_backward(x, dout, m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode), {}
+
+
+def _avg_pool2d(m, x, out, dout):
+    if m.ceil_mode:
+        raise UnsupportedLayerError("ceil_mode=True")
+    return bp.avg_pool2d_backward(x.shape, dout, m.kernel_size, m.stride, m.padding, m.count_include_pad,
+                                  m.divisor_override), {}
+
+
+def _batch_norm(m, x, out, dout):
+    batch_stats = m.training or m.running_mean is None
+    stats = (None, None) if batch_stats else (m.running_mean, m.running_var)
+    dx, dw, db = bp.batch_norm_backward(x, dout, m.weight, m.eps, *stats)
+    return dx, {"weight": dw, "bias": db}
+
+
+def _layer_norm(m, x, out, dout):
+    dx, dw, db = bp.layer_norm_backward(x, dout, m.normalized_shape, m.weight, m.bias, m.eps)
+    return dx, {"weight": dw, "bias": db}
+
+
+def _dropout(m, x, out, dout):
+    if not m.training or m.p == 0:
+        return dout, {}
+    if (x == 0).any():
+        raise ValueError("the mask can't be read where the input is 0: pass the replayed mask (see verify)")
+    return bp.dropout_backward(out != 0, dout, m.p), {}
+
+
+BACKWARD = {
+    nn.Linear: _linear,
+    nn.Sigmoid: lambda m, x, out, dout: (bp.sigmoid_backward(out, dout), {}),
+    nn.Tanh: lambda m, x, out, dout: (bp.tanh_backward(out, dout), {}),
+    nn.ReLU: lambda m, x, out, dout: (bp.relu_backward(out, dout), {}),
+    nn.LeakyReLU: lambda m, x, out, dout: (bp.leaky_relu_backward(out, dout, m.negative_slope), {}),
+    nn.Conv2d: _conv2d,
+    nn.MaxPool2d: _max_pool2d,
+    nn.AvgPool2d: _avg_pool2d,
+    nn.AdaptiveAvgPool2d: lambda m, x, out, dout: (bp.adaptive_avg_pool2d_backward(x.shape, dout), {}),
+    nn.BatchNorm1d: _batch_norm,
+    nn.BatchNorm2d: _batch_norm,
+    nn.LayerNorm: _layer_norm,
+    nn.Flatten: lambda m, x, out, dout: (bp.flatten_backward(x.shape, dout), {}),
+    nn.Dropout: _dropout,
+    nn.Identity: lambda m, x, out, dout: (dout, {}),
+}
+
+
+def check_supported(model: nn.Module, layers: dict[str, nn.Module]) -> None:
+    """Raise ``UnsupportedLayerError`` naming every layer in ``layers`` (name → leaf module) whose
+    type has no entry in ``BACKWARD``, and every parameter of ``model`` that no such layer owns."""
+    problems = [f"{name!r} ({type(m).__name__})" for name, m in layers.items() if type(m) not in BACKWARD]
+    owned = {id(p) for m in layers.values() for p in m.parameters()}
+    stray = [n for n, p in model.named_parameters() if id(p) not in owned]
+    message = []
+    if problems:
+        supported = ", ".join(sorted(t.__name__ for t in BACKWARD))
+        message.append(f"no manual backward for layer {', '.join(problems)}; supported types: {supported}")
+    if stray:
+        message.append(f"parameters outside any leaf layer: {', '.join(stray)}")
+    if message:
+        raise UnsupportedLayerError("; ".join(message))
