@@ -17,6 +17,8 @@ def test_05_1_guided_hook():
     assert not unchanged.passed and "did not change" in unchanged.detail
     assert not _check("05.1", lambda m, gi, go: (go[0].clamp(min=0),)).passed
     assert not _check("05.1", lambda m, gi, go: (gi[0].abs(),)).passed
+    bare = _check("05.1", lambda m, gi, go: gi[0].clamp(min=0))
+    assert not bare.passed and "tuple" in bare.detail
 
 
 def test_05_2_cam_map():
@@ -29,7 +31,7 @@ def test_05_2_cam_map():
     assert not _check("05.2", lambda a, g: (g * a).sum(0).relu()).passed
 
 
-def _dead(model, layer, x, remove=True):
+def _dead(model, layer, x, remove=True, images="all"):
     outputs = []
     handle = model.get_submodule(layer).register_forward_hook(lambda m, i, o: outputs.append(o.detach()))
     try:
@@ -38,7 +40,8 @@ def _dead(model, layer, x, remove=True):
         if remove:
             handle.remove()
     out = outputs[0]
-    return (out == 0).all(dim=3).all(dim=2).all(dim=0).nonzero().flatten().tolist()
+    per_image = (out == 0).all(dim=3).all(dim=2)
+    return getattr(per_image, images)(dim=0).nonzero().flatten().tolist()
 
 
 def test_05_3_dead_channels():
@@ -46,5 +49,7 @@ def test_05_3_dead_channels():
     leaky = _check("05.3", lambda m, layer, x: _dead(m, layer, x, remove=False))
     assert not leaky.passed and "left registered" in leaky.detail
     assert not _check("05.3", lambda m, layer, x: [2, 9]).passed
+    some_image = _check("05.3", lambda m, layer, x: _dead(m, layer, x, images="any"))
+    assert not some_image.passed and "every image" in some_image.detail
     # "zero somewhere" is not "dead"
     assert not _check("05.3", lambda m, layer, x: torch.arange(16).tolist()).passed

@@ -9,8 +9,9 @@ import pytest
 import torch
 import torchvision
 
+from hooklab.cam_widgets import GradCamPicker, draw_cam
 from hooklab.models import DigitsCNN
-from hooklab.widgets import GradCamPicker, LayerExplorer, describe_tensor
+from hooklab.widgets import LayerExplorer, describe_tensor
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +69,26 @@ def test_render_prints_and_returns_a_figure(explorer, capsys):
     assert capsys.readouterr().out.startswith("features.1 (ReLU) activation shape (16, 8, 8), channel 2 of 16")
     assert len(fig.axes) == 3  # channel, colour bar, tiles
     assert fig.axes[0].get_title() == "features.1\nactivation, channel 2"
+
+
+def test_tiles_and_frame(explorer):
+    """Activation tiles span 0..1; gradient tiles put 0 at 0.5 (white in RdBu_r); the red frame
+    sits on the chosen channel's tile, one pixel outside it."""
+    fig = explorer.figure("features.3", 10, "gradient")
+    tiles = fig.axes[1].images[0].get_array()
+    grad = explorer.gradients["features.3"]
+    row, col = divmod(10, 8)
+    tile = tiles[row * 9 : row * 9 + 8, col * 9 : col * 9 + 8]
+    expected = (grad[10] / grad[10].abs().max() + 1) / 2
+    assert torch.allclose(torch.as_tensor(tile.filled(float("nan"))), expected.double())
+    assert tiles.mask[8, :].all() and tiles.mask[:, 8].all()  # the gaps are masked (drawn grey)
+    (frame,) = fig.axes[1].patches
+    assert frame.get_xy() == (col * 9 - 1, row * 9 - 1) and frame.get_width() == 9
+    act = explorer.figure("features.3", 10).axes[1].images[0].get_array()
+    assert float(act.min()) == 0.0 and float(act.max()) == 1.0
+    conv = torch.nn.Conv2d(1, 9, 3, padding=1)  # 56×56 maps, as in a ResNet: the frame still fits its tile
+    big = LayerExplorer(conv, torch.rand(1, 1, 56, 56)).figure("", 8, "gradient").axes[1]
+    assert big.patches[0].get_xy() == (-1, 56) and big.images[0].get_array().shape == (113, 455)
 
 
 def test_bad_layer_channel_or_kind(explorer):
@@ -148,3 +169,17 @@ def test_grad_cam_picker_widget(model, x):
     assert panel.text.startswith("image 2: label 3")
     with pytest.raises(ValueError, match=r"\(N, 1, H, W\)"):
         GradCamPicker(model, x[:, 0], torch.tensor([1, 2, 3]), ["features.3"])
+
+
+def test_draw_cam_titles_the_maximum_and_outlines_the_image(x):
+    fig, ax = plt.subplots()
+    cam = torch.zeros(4, 4)
+    cam[1, 3] = 0.25
+    assert draw_cam(ax, x[0, 0], cam, "class 3") is fig
+    assert ax.get_title() == "class 3\nmax 0.25"
+    shown = ax.images[0]
+    assert shown.get_clim() == (0.0, 0.25) and shown.get_array().shape == (4, 4)
+    assert shown.get_extent() == [-0.5, 7.5, 7.5, -0.5]  # 4×4 blocks over the 8×8 image's pixels
+    assert len(ax.collections) == 1  # the outline of the image
+    draw_cam(ax, x[0, 0], torch.zeros(8, 8))  # an all-zero map: a valid colour range
+    assert ax.images[1].get_clim() == (0.0, 1.0)

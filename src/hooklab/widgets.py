@@ -1,4 +1,4 @@
-"""Explorers for notebook 05: sliders over a model's recorded activations, and a Grad-CAM picker.
+"""The layer explorer of notebook 05: sliders over a model's recorded activations and gradients.
 
 Each explorer is a plain object whose ``render(...)`` prints a few lines (name, shape,
 statistics) and returns a matplotlib figure; ``widget()`` is a thin ipywidgets wrapper that
@@ -11,9 +11,9 @@ browser needed.
   when the constructor returns; moving a slider only redraws. Its widget: a
   ``SelectionSlider`` "layer", an ``IntSlider`` "channel", ``ToggleButtons`` "show"
   (activation / gradient) and an ``Output`` holding the printed text and the figure.
-* ``GradCamPicker(model, images, labels)`` draws Grad-CAM, guided backprop and guided
-  Grad-CAM for a chosen layer, class and image (``hooklab.cam``; hooks live only inside each
-  render). Its widget: ``SelectionSlider`` "layer", ``IntSlider`` "class" and "image".
+
+The panel plumbing (``show_in_output``, ``describe_tensor``) is shared with the Grad-CAM picker
+in ``hooklab.cam_widgets``.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ import base64
 import io
 
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
 from torch import nn
 
-from .cam import GuidedBackprop, grad_cam, upsample
 from .plots import tile_channels
 from .record import record
 
-__all__ = ["GradCamPicker", "LayerExplorer", "describe_tensor", "figure_png", "show_in_output"]
+__all__ = ["LayerExplorer", "Panel", "describe_tensor", "figure_png", "show_in_output"]
 
 
 def _fmt(value: float) -> str:
@@ -64,8 +64,13 @@ def show_in_output(output, text: str, fig) -> None:
     )
 
 
-class _Panel:
-    """The widgets of one explorer; displays as its ``VBox``."""
+class Panel:
+    """The widgets of one explorer; displays as its ``VBox``.
+
+    ``controls`` (name -> widget) are stacked above ``output``; every change of a control's value
+    calls ``redraw(panel)``, once now and once per change (``redraws`` counts them). A control is
+    also an attribute: ``panel.layer`` is ``controls["layer"]``.
+    """
 
     def __init__(self, controls: dict, output, redraw):
         from ipywidgets import VBox
@@ -102,6 +107,26 @@ class _Panel:
         from IPython.display import display
 
         display(self.box)
+
+
+_TILES, _COLS = 64, 8  # the explorer tiles the first 64 channels, 8 per row, 1-pixel gaps
+
+
+def _tiles(maps: torch.Tensor, signed: bool) -> np.ndarray:
+    """The first 64 maps tiled 8 per row with 1-pixel NaN gaps (``plots.tile_channels``).
+
+    Unsigned: each map scaled min..max -> 0..1. Signed (gradients): each map divided by its
+    largest |value| and mapped -1..1 -> 0..1, so that zero is 0.5 in every tile.
+    """
+    grid = tile_channels(maps, channels=_TILES, ncols=_COLS, pad=1)
+    if signed:
+        bound = maps.abs().amax(dim=(1, 2), keepdim=True)
+        scaled = torch.where(bound > 0, maps / bound.clamp_min(1e-30), 0.0)[:_TILES]
+        h, w = maps.shape[1:]
+        for i, tile in enumerate(((scaled + 1) / 2).numpy()):
+            row, col = divmod(i, _COLS)
+            grid[row * (h + 1) : row * (h + 1) + h, col * (w + 1) : col * (w + 1) + w] = tile
+    return grid
 
 
 class LayerExplorer:
@@ -153,7 +178,12 @@ class LayerExplorer:
                 f"  layer:      {describe_tensor(maps)}")
 
     def figure(self, layer: str, channel: int = 0, kind: str = "activation", fig=None):
-        """The channel with a colour bar (left) and every channel tiled (right); returns the figure."""
+        """The channel with a colour bar (left) and every channel tiled (right); returns the figure.
+
+        Activations are drawn in viridis, each tile scaled to [0, 1]; gradients in RdBu_r
+        (red > 0 > blue), each tile divided by its largest |value|, so zero is white in every
+        tile and in the channel on the left.
+        """
         maps = self._get(layer, channel, kind)
         fig = fig or plt.figure(figsize=(9, 3.6))
         left, right = fig.subplots(1, 2, width_ratios=(1, 1.3))
@@ -167,14 +197,16 @@ class LayerExplorer:
         left.set_title(f"{layer}\n{kind}, channel {channel}", fontsize=10)
         key = (layer, kind)
         if key not in self._tiles:
-            self._tiles[key] = tile_channels(maps, channels=64, ncols=8)
-        right.imshow(self._tiles[key], cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
-        if channel < 64:
+            self._tiles[key] = _tiles(maps, signed=kind == "gradient")
+        cmap = plt.get_cmap("viridis" if kind == "activation" else "RdBu_r").with_extremes(bad="0.6")
+        right.imshow(self._tiles[key], cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
+        if channel < _TILES:
             h, w = maps.shape[1:]
-            row, col = divmod(channel, 8)
+            row, col = divmod(channel, _COLS)
             right.add_patch(plt.Rectangle((col * (w + 1) - 1, row * (h + 1) - 1), w + 1, h + 1,
                                           fill=False, edgecolor="red", linewidth=1.5))
-        right.set_title(f"{min(64, maps.shape[0])} of {maps.shape[0]} channels, each scaled to [0, 1]", fontsize=10)
+        scaling = "scaled to [0, 1]" if kind == "activation" else "divided by its max |value|"
+        right.set_title(f"{min(_TILES, maps.shape[0])} of {maps.shape[0]} channels, each {scaling}", fontsize=10)
         for ax in (left, right):
             ax.set_xticks([])
             ax.set_yticks([])
@@ -185,7 +217,7 @@ class LayerExplorer:
         print(self.describe(layer, channel, kind))
         return self.figure(layer, channel, kind)
 
-    def widget(self, layer: str | None = None) -> _Panel:
+    def widget(self, layer: str | None = None) -> Panel:
         """Sliders "layer" and "channel", toggle "show"; moving one redraws (no new forward pass)."""
         from ipywidgets import IntSlider, Layout, Output, SelectionSlider, ToggleButtons
 
@@ -199,7 +231,7 @@ class LayerExplorer:
                                   style={"description_width": "60px"}),
         }
 
-        def redraw(panel: _Panel) -> None:
+        def redraw(panel: Panel) -> None:
             name, channel = panel.layer.value, panel.channel
             top = self.activations[name].shape[0] - 1
             if channel.max != top:  # a new layer: fit the channel slider (this does not redraw)
@@ -210,80 +242,4 @@ class LayerExplorer:
             text = self.describe(name, channel.value, panel.kind.value)
             show_in_output(panel.output, text, self.figure(name, channel.value, panel.kind.value))
 
-        return _Panel(controls, Output(), redraw)
-
-
-class GradCamPicker:
-    """Grad-CAM, guided backprop and guided Grad-CAM of single-channel images (the digits)."""
-
-    def __init__(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor, layers: list[str]):
-        if images.dim() != 4 or images.shape[1] != 1:
-            raise ValueError(f"images must be (N, 1, H, W), got shape {tuple(images.shape)}")
-        self.model, self.images, self.labels, self.layers = model, images, labels, list(layers)
-        with torch.no_grad():
-            self.predicted = model(images).argmax(dim=1)
-
-    def compute(self, layer: str, target: int, index: int = 0) -> dict:
-        """Grad-CAM at ``layer`` (and upsampled), guided backprop and guided Grad-CAM for one image."""
-        x = self.images[index : index + 1]
-        result = grad_cam(self.model, x, layer, target)
-        with GuidedBackprop(self.model) as gb:
-            saliency = gb.saliency(x, target)[0, 0]
-        cam = upsample(result.maps, tuple(x.shape[-2:]))[0]
-        return {"result": result, "cam": cam, "saliency": saliency, "guided": saliency * cam}
-
-    def describe(self, layer: str, target: int, index: int, parts: dict) -> str:
-        r = parts["result"]
-        cam = r.maps[0]
-        row, col = divmod(int(cam.flatten().argmax()), cam.shape[1])
-        return (f"image {index}: label {int(self.labels[index])}, predicted {int(self.predicted[index])}; "
-                f"class {target} (score {r.scores[0]:.4f}) explained at {layer}\n"
-                f"  Grad-CAM {tuple(cam.shape)}: max {cam.max():.4f} at row {row}, col {col}; "
-                f"{(cam > 0).float().mean():.1%} of cells > 0; sum before ReLU {r.raw[0].sum():.4f}\n"
-                f"  guided Grad-CAM: {describe_tensor(parts['guided'])}")
-
-    def render(self, layer: str, target: int, index: int = 0):
-        """Print the numbers and return the four-panel figure the widget shows."""
-        parts = self.compute(layer, target, index)
-        print(self.describe(layer, target, index, parts))
-        return self.figure(layer, target, index, parts)
-
-    def figure(self, layer: str, target: int, index: int = 0, parts: dict | None = None, fig=None):
-        """Input, Grad-CAM over the input, guided backprop, guided Grad-CAM; returns the figure."""
-        parts = parts or self.compute(layer, target, index)
-        fig = fig or plt.figure(figsize=(9, 2.8))
-        axes = fig.subplots(1, 4)
-        image = self.images[index, 0].numpy()
-        axes[0].imshow(image, cmap="gray_r")
-        axes[0].set_title(f"image {index} (label {int(self.labels[index])})", fontsize=10)
-        axes[1].imshow(image, cmap="gray_r")
-        axes[1].imshow(parts["cam"].numpy(), cmap="inferno", alpha=0.6, vmin=0,
-                       vmax=float(parts["cam"].max()) or 1.0)
-        axes[1].set_title(f"Grad-CAM {layer}\nclass {target}", fontsize=10)
-        for ax, key, title in ((axes[2], "saliency", "guided backprop"), (axes[3], "guided", "guided Grad-CAM")):
-            bound = float(parts[key].abs().max()) or 1.0
-            ax.imshow(parts[key].numpy(), cmap="RdBu_r", vmin=-bound, vmax=bound)
-            ax.set_title(title, fontsize=10)
-        for ax in axes:
-            ax.set_xticks([])
-            ax.set_yticks([])
-        return fig
-
-    def widget(self) -> _Panel:
-        """Sliders "layer", "class" and "image"; each move recomputes (hooks live only meanwhile)."""
-        from ipywidgets import IntSlider, Layout, Output, SelectionSlider
-
-        wide = {"layout": Layout(width="560px"), "style": {"description_width": "60px"}}
-        controls = {
-            "layer": SelectionSlider(options=self.layers, value=self.layers[-1], description="layer", **wide),
-            "target": IntSlider(int(self.predicted[0]), 0, 9, description="class", **wide),
-            "index": IntSlider(0, 0, len(self.images) - 1, description="image", **wide),
-        }
-
-        def redraw(panel: _Panel) -> None:
-            layer, target, index = panel.layer.value, panel.target.value, panel.index.value
-            parts = self.compute(layer, target, index)
-            show_in_output(panel.output, self.describe(layer, target, index, parts),
-                           self.figure(layer, target, index, parts))
-
-        return _Panel(controls, Output(), redraw)
+        return Panel(controls, Output(), redraw)

@@ -30,6 +30,10 @@ def _guided_hook(hook) -> Outcome:
     returns the new ``grad_input``: only the positive part of what the ReLU passes back."""
     model = DigitsCNN(seed=5).eval()
     x = _images(7)
+    sample = torch.randn(2, 4)
+    returned = hook(nn.ReLU(), (sample,), (sample,))
+    if isinstance(returned, torch.Tensor):
+        return Outcome(False, "return a tuple with one tensor, (new_grad_input,), not a bare tensor")
     relus = [m for m in model.modules() if isinstance(m, nn.ReLU)]
     handles = [relu.register_full_backward_hook(hook) for relu in relus]
     try:
@@ -76,7 +80,7 @@ def _dead_channels(dead_channels) -> Outcome:
     model = DigitsCNN(seed=1).eval()
     with torch.no_grad():
         model.features[0].bias[[2, 9, 13]] = -50.0  # these channels never get past the ReLU
-    x = _images(3, n=5)
+    x = torch.cat([_images(3, n=4), torch.zeros(1, 1, 8, 8)])  # on the blank image more channels are zero
     try:
         got = dead_channels(model, "features.1", x)
     finally:
@@ -89,4 +93,6 @@ def _dead_channels(dead_channels) -> Outcome:
     expected = (out == 0).flatten(2).all(dim=2).all(dim=0).nonzero().flatten().tolist()
     if got == expected:
         return Outcome(True, f"channels {expected} of features.1 are dead; no hook left behind")
+    if got == (out == 0).flatten(2).all(dim=2).any(dim=0).nonzero().flatten().tolist():
+        return Outcome(False, "these channels are zero for at least one image; dead means zero for every image")
     return Outcome(False, f"got channels {got}; a dead channel is zero for every image and every position")

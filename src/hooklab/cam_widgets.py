@@ -1,0 +1,116 @@
+"""The Grad-CAM picker of notebook 05, and the one way the course draws a Grad-CAM map over an image.
+
+* ``draw_cam(ax, image, cam)``: the map at its own resolution over the image (``inferno``, from 0
+  to the map's maximum) with the digit's outline on top, so both stay readable at 8×8 pixels.
+* ``GradCamPicker(model, images, labels, layers)`` draws Grad-CAM, guided backprop and guided
+  Grad-CAM for a chosen layer, class and image (``hooklab.cam``; hooks live only inside each
+  ``compute``). ``render(...)`` prints the numbers and returns the figure; ``widget()`` is the
+  same code behind a ``SelectionSlider`` "layer" and ``IntSlider``\\ s "class" and "image"
+  (a ``hooklab.widgets.Panel``).
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import torch
+from torch import nn
+
+from .cam import GuidedBackprop, grad_cam, upsample
+from .widgets import Panel, describe_tensor, show_in_output
+
+__all__ = ["GradCamPicker", "draw_cam"]
+
+
+def draw_cam(ax, image: torch.Tensor, cam: torch.Tensor, title: str | None = None):
+    """Draw an ``(h, w)`` Grad-CAM map stretched over an ``(H, W)`` image, with the image's outline.
+
+    The map is drawn at its own resolution (a 4×4 map: 16 blocks over an 8×8 digit, no
+    interpolation), so its maximum is the one ``grad_cam`` returned. The colours run from 0
+    (black) to that maximum (pale yellow), printed in the title: compare maps by that number,
+    not by brightness. The cyan line is the image's contour at half its maximum. Returns the figure.
+    """
+    top = float(cam.max())
+    height, width = image.shape
+    ax.imshow(cam.numpy(), cmap="inferno", vmin=0, vmax=top or 1.0, interpolation="nearest",
+              extent=(-0.5, width - 0.5, height - 0.5, -0.5))
+    image = image.numpy()
+    ax.contour(image, levels=[0.5 * float(image.max())], colors="cyan", linewidths=1.2)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    if title is not None:
+        ax.set_title(f"{title}\nmax {top:.4g}", fontsize=9)
+    return ax.figure
+
+
+class GradCamPicker:
+    """Grad-CAM, guided backprop and guided Grad-CAM of single-channel images (the digits)."""
+
+    def __init__(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor, layers: list[str]):
+        if images.dim() != 4 or images.shape[1] != 1:
+            raise ValueError(f"images must be (N, 1, H, W), got shape {tuple(images.shape)}")
+        self.model, self.images, self.labels, self.layers = model, images, labels, list(layers)
+        with torch.no_grad():
+            self.predicted = model(images).argmax(dim=1)
+
+    def compute(self, layer: str, target: int, index: int = 0) -> dict:
+        """Grad-CAM at ``layer`` (and upsampled), guided backprop and guided Grad-CAM for one image."""
+        x = self.images[index : index + 1]
+        result = grad_cam(self.model, x, layer, target)
+        with GuidedBackprop(self.model) as gb:
+            saliency = gb.saliency(x, target)[0, 0]
+        cam = upsample(result.maps, tuple(x.shape[-2:]))[0]
+        return {"result": result, "cam": cam, "saliency": saliency, "guided": saliency * cam}
+
+    def describe(self, layer: str, target: int, index: int, parts: dict) -> str:
+        """Three lines: image, class and score; the Grad-CAM map's peak and sign; guided Grad-CAM."""
+        r = parts["result"]
+        cam = r.maps[0]
+        row, col = divmod(int(cam.flatten().argmax()), cam.shape[1])
+        return (f"image {index}: label {int(self.labels[index])}, predicted {int(self.predicted[index])}; "
+                f"class {target} (score {r.scores[0]:.4f}) explained at {layer}\n"
+                f"  Grad-CAM {tuple(cam.shape)}: max {cam.max():.4f} at row {row}, col {col}; "
+                f"{(cam > 0).float().mean():.1%} of cells > 0; sum before ReLU {r.raw[0].sum():.4f}\n"
+                f"  guided Grad-CAM: {describe_tensor(parts['guided'])}")
+
+    def render(self, layer: str, target: int, index: int = 0):
+        """Print the numbers and return the four-panel figure the widget shows."""
+        parts = self.compute(layer, target, index)
+        print(self.describe(layer, target, index, parts))
+        return self.figure(layer, target, index, parts)
+
+    def figure(self, layer: str, target: int, index: int = 0, parts: dict | None = None, fig=None):
+        """Input, Grad-CAM with the digit's outline, guided backprop, guided Grad-CAM; returns the figure."""
+        parts = parts or self.compute(layer, target, index)
+        fig = fig or plt.figure(figsize=(9, 2.9), layout="constrained")
+        axes = fig.subplots(1, 4)
+        image = self.images[index, 0]
+        axes[0].imshow(image.numpy(), cmap="gray_r")
+        axes[0].set_title(f"image {index}\nlabel {int(self.labels[index])}", fontsize=9)
+        draw_cam(axes[1], image, parts["result"].maps[0], f"Grad-CAM {layer}, class {target}")
+        for ax, key, title in ((axes[2], "saliency", "guided backprop"), (axes[3], "guided", "guided Grad-CAM")):
+            bound = float(parts[key].abs().max()) or 1.0
+            ax.imshow(parts[key].numpy(), cmap="RdBu_r", vmin=-bound, vmax=bound)
+            ax.set_title(f"{title}, class {target}\nred > 0 > blue", fontsize=9)
+        for ax in axes:
+            ax.set_xticks([])
+            ax.set_yticks([])
+        return fig
+
+    def widget(self) -> Panel:
+        """Sliders "layer", "class" and "image"; each move recomputes (hooks live only meanwhile)."""
+        from ipywidgets import IntSlider, Layout, Output, SelectionSlider
+
+        wide = {"layout": Layout(width="560px"), "style": {"description_width": "60px"}}
+        controls = {
+            "layer": SelectionSlider(options=self.layers, value=self.layers[-1], description="layer", **wide),
+            "target": IntSlider(int(self.predicted[0]), 0, 9, description="class", **wide),
+            "index": IntSlider(0, 0, len(self.images) - 1, description="image", **wide),
+        }
+
+        def redraw(panel: Panel) -> None:
+            layer, target, index = panel.layer.value, panel.target.value, panel.index.value
+            parts = self.compute(layer, target, index)
+            show_in_output(panel.output, self.describe(layer, target, index, parts),
+                           self.figure(layer, target, index, parts))
+
+        return Panel(controls, Output(), redraw)
