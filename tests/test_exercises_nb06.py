@@ -45,6 +45,15 @@ def test_06_1_rename():
     assert not CHECK["06.1"](upgrade_everything).passed
 
 
+def upgrade_returning_a_new_dict(module, state_dict, prefix, *rest):
+    return {key.replace(".W", ".weight").replace(".b", ".bias"): value for key, value in state_dict.items()}
+
+
+def test_06_1_a_returned_dict_is_explained():
+    outcome = CHECK["06.1"](upgrade_returning_a_new_dict)
+    assert not outcome.passed and "in place" in outcome.detail
+
+
 # ----- 06.2 -----------------------------------------------------------------------------------
 def clip(optimizer, args, kwargs):
     for group in optimizer.param_groups:
@@ -63,7 +72,8 @@ def clip_everything_to_one(optimizer, args, kwargs):
 
 def test_06_2_clip():
     assert CHECK["06.2"](clip).passed
-    assert not CHECK["06.2"](lambda optimizer, args, kwargs: None).passed
+    unclipped = CHECK["06.2"](lambda optimizer, args, kwargs: None)
+    assert not unclipped.passed and "to [-3, -4], not [-0.6, -0.8]" in unclipped.detail
     assert not CHECK["06.2"](clip_everything_to_one).passed
 
 
@@ -80,6 +90,8 @@ def test_06_3_swap():
     assert CHECK["06.3"](swap).passed
     assert not CHECK["06.3"](lambda module, name, submodule: None).passed
     assert not CHECK["06.3"](swap_everything).passed
+    the_class = CHECK["06.3"](lambda module, name, submodule: nn.GELU if isinstance(submodule, nn.ReLU) else None)
+    assert not the_class.passed and "GELU()" in the_class.detail
 
 
 # ----- 06.4 -----------------------------------------------------------------------------------

@@ -43,7 +43,12 @@ def _rename_keys(upgrade) -> Outcome:
     for key, value in source.state_dict().items():
         layer, name = key.split(".")
         old[f"{layer}.{'W' if name == 'weight' else 'b'}"] = value.clone()
-    handles = [model[0].register_load_state_dict_pre_hook(upgrade), model[2].register_load_state_dict_pre_hook(upgrade)]
+    returned = []
+
+    def watched(*args):
+        returned.append(upgrade(*args))
+
+    handles = [model[0].register_load_state_dict_pre_hook(watched), model[2].register_load_state_dict_pre_hook(watched)]
     try:
         try:
             model.load_state_dict(old)
@@ -51,7 +56,10 @@ def _rename_keys(upgrade) -> Outcome:
             raise
         except RuntimeError as error:
             lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-            return Outcome(False, f"loading the old checkpoint failed: {' '.join(lines[1:]) or error}")
+            hint = ""
+            if any(r is not None for r in returned):
+                hint = " (the hook's return value is ignored: rename the keys of state_dict in place)"
+            return Outcome(False, f"loading the old checkpoint failed: {' '.join(lines[1:]) or error}{hint}")
         for key, value in source.state_dict().items():
             if not torch.equal(model.state_dict()[key], value):
                 return Outcome(False, f"{key} was loaded with the wrong values")
@@ -82,7 +90,8 @@ def _clip_in_pre_hook(clip) -> Outcome:
     expected_small = torch.ones(3) - torch.tensor([0.2, -0.2, 0.1])
     if not torch.allclose(big.detach(), expected_big, atol=1e-6):
         return Outcome(
-            False, f"the large gradient was not clipped to norm 1: the step moved the weight to {big.tolist()}"
+            False, f"the large gradient (norm 5) was not clipped to norm 1: the step moved the weight from "
+            f"[0, 0] to [{big[0]:.4g}, {big[1]:.4g}], not [-0.6, -0.8]"
         )
     outcome = compare_tensors(small.detach(), expected_small)
     if not outcome.passed:
@@ -100,6 +109,9 @@ def _swap_relu(swap) -> Outcome:
             self.fc = nn.Linear(2, 2)
             self.act = nn.ReLU()
 
+    answer = swap(nn.Sequential(), "0", nn.ReLU())
+    if isinstance(answer, type):
+        return Outcome(False, f"return a module, {answer.__name__}(), not the class {answer.__name__}")
     with torch.random.fork_rng():
         handle = module_hooks.register_module_module_registration_hook(swap)
         try:
