@@ -1,11 +1,19 @@
 """Copy-on-write for recorded tensors: keep references, copy only what is about to be overwritten.
 
 ``hooklab.record`` stores detached *references* to activations (cheap) and enters a
-``CopyOnWrite`` guard while its ``with`` block runs. The guard sees every ATen operation;
-for operations whose schema says they write into an argument (``relu_``, ``add_`` from
-``out += identity``, ``out=`` variants, ...), it asks the owner to copy any recorded tensor
-sharing that argument's storage *before* the write happens. Operations that write nothing
-cost one dictionary lookup.
+``CopyOnWrite`` guard while its ``with`` block runs. The guard is a ``TorchFunctionMode``: it
+sees every call of a torch function or tensor method made from Python and, for the calls that
+write into a tensor, asks the owner to copy any recorded tensor sharing that memory *before*
+the write happens. A call writes into a tensor when it is
+
+* an in-place method or function, named with a trailing underscore (``relu_``, ``add_``, ``zero_``),
+* an augmented assignment or item assignment (``out += identity``, ``x[0] = 1``),
+* called with ``inplace=True`` (``F.relu(x, inplace=True)``, what ``nn.ReLU(inplace=True)`` does),
+* called with ``out=``.
+
+Writes the guard cannot see (inside C++ code, or by a custom autograd function) are still
+caught afterwards: a record checks the tensor's version counter when it is read and raises
+``StaleRecordError`` instead of returning overwritten values.
 """
 
 from __future__ import annotations
@@ -13,10 +21,28 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from torch.overrides import TorchFunctionMode
 
-__all__ = ["CopyOnWrite", "storage_key"]
+__all__ = ["CopyOnWrite", "storage_key", "writes_into"]
+
+_AUGMENTED = frozenset(
+    f"__i{op}__"
+    for op in (
+        "add",
+        "sub",
+        "mul",
+        "truediv",
+        "floordiv",
+        "mod",
+        "pow",
+        "and",
+        "or",
+        "xor",
+        "lshift",
+        "rshift",
+        "matmul",
+    )
+) | {"__setitem__"}
 
 
 def storage_key(tensor: torch.Tensor) -> int | None:
@@ -27,30 +53,43 @@ def storage_key(tensor: torch.Tensor) -> int | None:
         return None
 
 
-class CopyOnWrite(TorchDispatchMode):
-    """Call ``before_write(tensor)`` for every tensor an operation is about to write into."""
+def writes_into(func, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors a torch function call will write into (see the module docstring)."""
+    written = []
+    if kwargs:
+        out = kwargs.get("out")
+        if isinstance(out, torch.Tensor):
+            written.append(out)
+        elif isinstance(out, (tuple, list)):
+            written.extend(t for t in out if isinstance(t, torch.Tensor))
+        if kwargs.get("inplace") and args and isinstance(args[0], torch.Tensor):
+            written.append(args[0])
+    name = getattr(func, "__name__", "")
+    if (
+        args
+        and isinstance(args[0], torch.Tensor)
+        and ((name.endswith("_") and not name.endswith("__")) or name in _AUGMENTED)
+    ):
+        written.append(args[0])
+    return written
+
+
+class CopyOnWrite(TorchFunctionMode):
+    """Call ``before_write(tensor)`` for every tensor a torch call is about to write into."""
 
     def __init__(self, before_write: Callable[[torch.Tensor], None]):
         super().__init__()
         self.before_write = before_write
-        self._written: dict = {}  # op -> positions and names of the arguments it writes
+        self._in_place_by_name: dict = {}  # func -> does its name alone say it writes?
 
-    def _written_args(self, func) -> tuple:
-        written = self._written.get(func)
-        if written is None:
-            written = tuple(
-                (i, a.name)
-                for i, a in enumerate(func._schema.arguments)
-                if a.alias_info is not None and a.alias_info.is_write
-            )
-            self._written[func] = written
-        return written
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        for position, name in self._written_args(func):
-            value = args[position] if position < len(args) else kwargs.get(name)
-            for tensor in tree_flatten(value)[0]:
-                if isinstance(tensor, torch.Tensor):
-                    self.before_write(tensor)
+        in_place = self._in_place_by_name.get(func)
+        if in_place is None:
+            name = getattr(func, "__name__", "")
+            in_place = (name.endswith("_") and not name.endswith("__")) or name in _AUGMENTED
+            self._in_place_by_name[func] = in_place
+        if in_place or kwargs:  # the common case, a pure function without keywords, skips this
+            for tensor in writes_into(func, args, kwargs):
+                self.before_write(tensor)
         return func(*args, **kwargs)
