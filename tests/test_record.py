@@ -225,3 +225,37 @@ def test_an_in_place_module_records_the_input_it_received():
             model(x)
         torch.testing.assert_close(rec["1"].inputs[0], pre_activation, rtol=0, atol=0)
         torch.testing.assert_close(rec["1"].output, pre_activation.clamp(min=0), rtol=0, atol=0)
+
+
+def test_without_gradients_records_are_copies_shared_between_neighbours():
+    """Under no_grad nothing keeps activations alive: records copy at once, and a layer's input
+    that is the previous layer's unchanged output reuses that copy."""
+    model = mlp(inplace=True)
+    x = torch.randn(8, 3)
+    expected = model[0](x).detach()
+    with torch.no_grad(), record(model) as rec:
+        out = model(x)
+        out.mul_(0)  # no guard here: the records are copies, so this cannot reach them
+    torch.testing.assert_close(rec["0"].output, expected, rtol=0, atol=0)
+    torch.testing.assert_close(rec["1"].inputs[0], expected, rtol=0, atol=0)  # before the in-place ReLU
+    assert rec["2"].inputs[0] is rec["1"].output
+    assert rec["3"].output.abs().sum() > 0
+
+
+class AddOneInPlace(nn.Module):
+    """A custom module that writes into its input and has no `inplace` flag to say so."""
+
+    def forward(self, x):
+        return x.add_(1)
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+def test_a_custom_module_writing_into_its_input_records_the_input_it_received(grad):
+    model = nn.Sequential(nn.Linear(2, 2), AddOneInPlace())
+    x = torch.randn(3, 2)
+    with torch.set_grad_enabled(grad), record(model) as rec:
+        model(x)
+    before = model[0](x).detach()
+    torch.testing.assert_close(rec["1"].inputs[0], before, rtol=0, atol=0)
+    torch.testing.assert_close(rec["1"].output, before + 1, rtol=0, atol=0)
+    torch.testing.assert_close(rec["0"].output, before, rtol=0, atol=0)

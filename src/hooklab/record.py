@@ -10,14 +10,19 @@ Contract
 --------
 * One ``Record`` per module call, in execution order: a module called twice in one forward
   (torchvision's ResNet reuses each block's ReLU) has two records, ``call=0`` and ``call=1``.
-* Tensors in records are detached. They are *not* copied when stored: copying every activation
-  costs more than the hooks themselves. Instead, while the ``with`` block runs, a
-  copy-on-write guard watches every operation that writes into a tensor (``relu_``, ``+=``,
-  ``out=``...) and clones a recorded tensor just before it is overwritten. A record therefore
-  always holds the value the module really produced. After the block, a record whose tensor
-  was changed in place by your own code raises ``StaleRecordError`` instead of returning the
-  wrong numbers. ``clone=True`` copies everything at once instead (simple, slower; use it
-  under ``torch.compile``).
+* Tensors in records are detached, and a record always holds the value the module really
+  produced, even when a later in-place operation (``ReLU(inplace=True)``, ``out += identity``)
+  overwrites the module's output. How, depends on what the tensor is:
+  - a tensor that is part of the autograd graph (recording with gradients on) is kept by
+    reference: autograd keeps it alive anyway, so a copy would only cost time and memory. While
+    the ``with`` block runs, a copy-on-write guard (``hooklab.cow``) copies it just before an
+    operation writes into it;
+  - any other tensor (under ``torch.no_grad()``, or when the block started with gradients off)
+    is copied at once, while it is still in the cache; a layer's input that is the previous
+    layer's unchanged output reuses that copy.
+  After the block, a record whose tensor was changed in place by your own code raises
+  ``StaleRecordError`` instead of returning the wrong numbers. ``clone=True`` copies every
+  tensor at once (use it under ``torch.compile``).
 * ``backward=True`` records (copies of) ``grad_output`` (gradient w.r.t. each output) and ``grad_input``
   (gradient w.r.t. each positional input, ``None`` where the input needs no grad): the same
   tuples a full backward hook receives. They come from tensor hooks (notebook 03 explains
@@ -29,6 +34,7 @@ Contract
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,6 +136,7 @@ class Recording:
         self._calls: dict[str, int] = {}
         self._watched: dict[int, list[Record]] = {}
         self._started: dict[str, list[Record]] = {}  # records begun by a pre-hook, per layer
+        self._copies: dict[int, tuple] = {}  # id(original) -> (weak ref, version, copy)
         self._handles: list = []
         self._tensor_handles: list = []
         self._mode: CopyOnWrite | None = None
@@ -176,10 +183,11 @@ class Recording:
         self.records.clear()
         self._calls.clear()
         self._watched.clear()
+        self._copies.clear()
 
     # ----- storing -------------------------------------------------------------------------
     def _keep(self, record: Record, value: Any) -> Any:
-        """Detach (and, with clone=True, copy) every tensor in ``value``; watch the rest."""
+        """Every tensor in ``value`` detached, and copied or watched (see the module docstring)."""
         # Fast paths for what modules almost always pass: one tensor, or a tuple of tensors.
         if isinstance(value, torch.Tensor):
             return self._keep_tensor(record, value)
@@ -188,34 +196,57 @@ class Recording:
         return tree_map(lambda v: self._keep_tensor(record, v) if isinstance(v, torch.Tensor) else v, value)
 
     def _keep_tensor(self, record: Record, t: torch.Tensor) -> torch.Tensor:
+        if self.clone or self._mode is None or not t.requires_grad:
+            return self._copy_of(t)
         t = t.detach()
-        if self.clone:
-            return t.clone()
         record._versions[id(t)] = t._version
         key = storage_key(t)
         if key is not None:
             self._watched.setdefault(key, []).append(record)
         return t
 
+    def _copy_of(self, t: torch.Tensor) -> torch.Tensor:
+        """A detached copy of ``t``, the same copy again while ``t`` is unchanged."""
+        seen = self._copies.get(id(t))
+        if seen is not None and seen[0]() is t and seen[1] == t._version:
+            return seen[2]
+        copy = t.detach().clone()
+        self._copies[id(t)] = (weakref.ref(t), t._version, copy)
+        return copy
+
     def _copy_before_write(self, tensor: torch.Tensor) -> None:
+        """Called by the guard just before ``tensor`` is written into: copy what shares its memory."""
         key = storage_key(tensor)
         records = self._watched.pop(key, None) if key is not None else None
         for rec in records or ():
-            copy = functools.partial(self._clone_if_shares, key=key, record=rec)
             for attr in ("_inputs", "_output", "_grad_input", "_grad_output"):
-                setattr(rec, attr, tree_map(copy, getattr(rec, attr)))
+                value = getattr(rec, attr)
+                if value is not None:
+                    setattr(rec, attr, self._copy_shared(value, key, rec))
 
-    @staticmethod
-    def _clone_if_shares(t: Any, key: int, record: Record) -> Any:
-        if isinstance(t, torch.Tensor) and storage_key(t) == key:
-            record._versions.pop(id(t), None)
-            copy = t.clone()
-            record._versions[id(copy)] = copy._version
-            return copy
-        return t
+    def _copy_shared(self, value: Any, key: int, rec: Record) -> Any:
+        """``value`` with every tensor that lives in memory ``key`` replaced by a copy."""
+
+        def copy(t: Any) -> Any:
+            if not isinstance(t, torch.Tensor) or storage_key(t) != key:
+                return t
+            rec._versions.pop(id(t), None)
+            t = t.clone()
+            rec._versions[id(t)] = t._version
+            return t
+
+        if isinstance(value, torch.Tensor):
+            return copy(value)
+        if type(value) is tuple and all(v is None or isinstance(v, torch.Tensor) for v in value):
+            return tuple(copy(v) for v in value)
+        return tree_map(copy, value)
 
     # ----- hooks ---------------------------------------------------------------------------
     def _pre_hook(self, name: str, module: nn.Module, args: tuple):
+        with torch._C.DisableTorchFunction():  # the hook writes nothing: keep the guard out of it
+            return self._start_record(name, module, args)
+
+    def _start_record(self, name: str, module: nn.Module, args: tuple):
         # The record starts before the module runs, so that its inputs are kept as they came in:
         # a module working in place (ReLU(inplace=True)) would otherwise show its result as input.
         rec = Record(name, type(module).__name__, call=-1, index=-1)
@@ -239,11 +270,15 @@ class Recording:
                 self._tensor_handles.append(target.register_hook(self._grad_setter(rec, "_grad_input", i)))
         return tuple(new_args) if changed else None
 
-    def _forward_hook(self, name: str, module: nn.Module, args: tuple, output: Any):
+    def _forward_hook(self, name: str, module: nn.Module, args: tuple, output: Any) -> None:
+        with torch._C.DisableTorchFunction():
+            self._finish_record(name, module, args, output)
+
+    def _finish_record(self, name: str, module: nn.Module, args: tuple, output: Any) -> None:
         started = self._started.get(name)
         if started:
             rec = started.pop()
-        else:  # the recording began in the middle of this module's forward
+        else:  # no pre-hook on this module (see _needs_pre_hook), or it was added mid-forward
             rec = Record(name, type(module).__name__, call=-1, index=-1)
             rec._inputs = self._keep(rec, tuple(args))
         rec.call = self._calls.get(name, 0)
@@ -286,9 +321,10 @@ class Recording:
     def __enter__(self) -> Recording:
         try:
             for name, module in self.modules.items():
-                self._handles.append(module.register_forward_pre_hook(functools.partial(self._pre_hook, name)))
+                if self.backward or _needs_pre_hook(module):
+                    self._handles.append(module.register_forward_pre_hook(functools.partial(self._pre_hook, name)))
                 self._handles.append(module.register_forward_hook(functools.partial(self._forward_hook, name)))
-            if not self.clone:
+            if not self.clone and torch.is_grad_enabled():
                 self._mode = CopyOnWrite(self._copy_before_write)
                 self._mode.__enter__()
         except BaseException:
@@ -304,6 +340,7 @@ class Recording:
         finally:
             self._remove_hooks()
             self._watched.clear()
+            self._copies.clear()
             self._started.clear()
 
     def _remove_hooks(self) -> None:
@@ -311,6 +348,40 @@ class Recording:
             handle.remove()
         self._handles.clear()
         self._tensor_handles.clear()
+
+
+#: Layers that never write into their input: their inputs can be kept after they ran, which
+#: saves a pre-hook call each (recording is cheaper). Layers with an ``inplace`` flag are judged
+#: by it; any other module gets a pre-hook, so that its inputs are kept before it runs.
+_PURE_LAYERS = (
+    nn.modules.conv._ConvNd,
+    nn.Linear,
+    nn.Bilinear,
+    nn.modules.batchnorm._NormBase,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.modules.pooling._MaxPoolNd,
+    nn.modules.pooling._AvgPoolNd,
+    nn.modules.pooling._AdaptiveAvgPoolNd,
+    nn.modules.pooling._AdaptiveMaxPoolNd,
+    nn.Flatten,
+    nn.Unflatten,
+    nn.Embedding,
+    nn.Identity,
+    nn.Sigmoid,
+    nn.Tanh,
+    nn.GELU,
+    nn.Softmax,
+    nn.LogSoftmax,
+    nn.Upsample,
+)
+
+
+def _needs_pre_hook(module: nn.Module) -> bool:
+    """Whether the module's inputs must be kept before it runs (it may write into them)."""
+    if hasattr(module, "inplace"):
+        return bool(module.inplace)
+    return not isinstance(module, _PURE_LAYERS)
 
 
 def record(
@@ -327,6 +398,7 @@ def record(
         leaf module. An unknown name raises ``UnknownLayerError`` listing close matches.
     types: keep only modules of these types (e.g. ``nn.Conv2d``).
     backward: also record ``grad_input`` / ``grad_output``; run ``backward()`` inside the block.
-    clone: copy every tensor when it is recorded instead of copying only on overwrite.
+    clone: copy every tensor when it is recorded, also those autograd keeps alive (by default
+        those are kept by reference and copied only just before something overwrites them).
     """
     return Recording(model, select_layers(model, layers, types), backward=backward, clone=clone)
