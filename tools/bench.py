@@ -442,6 +442,32 @@ def first_line(path: Path, code_cell: int) -> str:
 
 
 # ----- report ----------------------------------------------------------------------------------
+def overhead_table(o: dict, allocator: str) -> list[str]:
+    out = [
+        f"**Recording overhead, {allocator}** ({o['setup']}; median over interleaved rounds of the ratio "
+        "to the bare pass in the same round; *wrong values*: recorded outputs that differ from what the module "
+        "produced)",
+        "",
+        "| variant | forward | ratio | forward+backward | ratio | wrong values (fwd / fwd+bwd) |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    fwd, both = o["forward"], o["forward+backward"]
+    for name in both:
+        f = fwd.get(name)
+        b = both[name]
+        fcols = f"{f['median_ms']:.1f} ms | {f['ratio']:.2f}×" if f else "— | —"
+        wrong = f"{f['wrong_values'] if f and 'wrong_values' in f else '—'} / {b.get('wrong_values', '—')}"
+        out.append(f"| {name} | {fcols} | {b['median_ms']:.1f} ms | {b['ratio']:.2f}× | {wrong} |")
+    tl = o.get("torchlens")
+    if tl and "skipped" in tl:
+        out.append(f"| torchlens | skipped: {tl['skipped'][:120]} | | | | |")
+    elif tl:
+        out.append(f"| torchlens {tl['version']} `trace` (every op) | {tl['median_ms']:.1f} ms | "
+                   f"{tl['ratio']:.2f}× | — | — | — |")  # fmt: skip
+    out.append("")
+    return out
+
+
 def markdown(report: dict) -> str:
     m = report["machine"]
     out = [
@@ -450,29 +476,12 @@ def markdown(report: dict) -> str:
         f"Python {m['python']}, {m['threads']} thread.",
         "",
     ]
-    if "overhead" in report:
-        o = report["overhead"]
-        out += [
-            f"**Recording overhead** ({o['setup']}; median over interleaved rounds of the ratio to the bare pass "
-            "in the same round; *wrong values*: recorded outputs that differ from what the module produced)",
-            "",
-            "| variant | forward | ratio | forward+backward | ratio | wrong values (fwd / fwd+bwd) |",
-            "|---|---:|---:|---:|---:|---|",
-        ]
-        fwd, both = o["forward"], o["forward+backward"]
-        for name in both:
-            f = fwd.get(name)
-            b = both[name]
-            fcols = f"{f['median_ms']:.1f} ms | {f['ratio']:.2f}×" if f else "— | —"
-            wrong = f"{f['wrong_values'] if f and 'wrong_values' in f else '—'} / {b.get('wrong_values', '—')}"
-            out.append(f"| {name} | {fcols} | {b['median_ms']:.1f} ms | {b['ratio']:.2f}× | {wrong} |")
-        tl = o["torchlens"]
-        if "skipped" in tl:
-            out.append(f"| torchlens | skipped: {tl['skipped'][:120]} | | | | |")
-        else:
-            out.append(f"| torchlens {tl['version']} `trace` (every op) | {tl['median_ms']:.1f} ms | "
-                       f"{tl['ratio']:.2f}× | — | — | — |")  # fmt: skip
-        out.append("")
+    for key, allocator in (
+        ("overhead_default_allocator", "glibc's default allocator settings"),
+        ("overhead", "freed memory kept for reuse, as `hooklab.setup()` does"),
+    ):
+        if key in report:
+            out += overhead_table(report[key], allocator)
     if "memory" in report:
         mem = report["memory"]
         growth = ", ".join(f"{k}: {v:+.1f} MB" for k, v in mem["rss_growth_mb"].items())
@@ -523,7 +532,13 @@ def main(argv: list[str] | None = None) -> int:
     report: dict = {"machine": machine()}
     print(f"machine: {report['machine']}", flush=True)
     if "overhead" in groups:
-        print("1/4 recording overhead (resnet18) ...", flush=True)
+        from hooklab.course import reuse_freed_memory
+
+        print("1/4 recording overhead (resnet18), glibc's default allocator settings ...", flush=True)
+        report["overhead_default_allocator"] = overhead(args.rounds, torchlens=False)
+        report["overhead_default_allocator"].pop("torchlens", None)
+        print("    ... and with freed memory kept for reuse, as hooklab.setup() does ...", flush=True)
+        reuse_freed_memory()
         report["overhead"] = overhead(args.rounds, torchlens=not args.no_torchlens)
     if "memory" in groups:
         print("2/4 memory over 200 recorded passes ...", flush=True)

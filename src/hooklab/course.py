@@ -3,11 +3,14 @@
 ``setup()`` makes a notebook repeatable to the last printed digit: one thread, fixed seeds,
 fixed print options, and a warnings policy under which a warning is shown every time, as one
 line ``Category: message`` without file paths (so a re-run cell prints the same thing and
-nothing depends on where the course was cloned).
+nothing depends on where the course was cloned). It also asks the C allocator to keep freed
+memory for reuse (``reuse_freed_memory``), which makes recording activations cheap.
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import importlib.metadata
 import platform
 import random
@@ -18,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["environment_report", "pinned_versions", "setup"]
+__all__ = ["environment_report", "pinned_versions", "reuse_freed_memory", "setup"]
 
 #: packages whose versions notebook 00 reports and checks against requirements.txt
 REPORTED = ("torch", "torchvision", "numpy", "matplotlib", "ipywidgets", "jupyterlab", "nbval")
@@ -28,8 +31,29 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
     print(f"{category.__name__}: {message}", file=file or sys.stderr)
 
 
+def reuse_freed_memory() -> bool:
+    """Ask glibc to keep freed memory in the process instead of handing it back to the OS.
+
+    Recording activations keeps many tensors alive at once; when the recording is dropped, glibc
+    returns that memory to the operating system, and the next recording pays again for every
+    page it touches (about 20 % of a resnet18 forward pass, measured by ``make bench``). With a
+    high mmap threshold and trim threshold, freed memory is reused by the next pass instead.
+    Returns False where this is not glibc (nothing changes there). Process-wide; cannot be undone.
+    """
+    if platform.system() != "Linux":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    return bool(mallopt(m_mmap_threshold, 32 * 2**20)) and bool(mallopt(m_trim_threshold, 512 * 2**20))
+
+
 def setup(seed: int = 0, threads: int = 1) -> None:
-    """Seed every generator, fix the thread count and the print and warnings policy."""
+    """Seed every generator, fix the thread count, the print and warnings policy, reuse freed memory."""
+    reuse_freed_memory()
     torch.set_num_threads(threads)
     random.seed(seed)
     np.random.seed(seed)
