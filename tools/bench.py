@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import ctypes.util
 import gc
 import io
 import json
@@ -295,6 +297,27 @@ def torchlens_overhead(rounds: int) -> dict:
 
 
 # ----- 2. memory -------------------------------------------------------------------------------
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]  # fmt: skip
+
+
+def memory_in_use() -> tuple[int, str]:
+    """Bytes malloc has handed out and not got back (glibc's mallinfo2), else resident memory.
+
+    Resident memory is blind once freed memory is kept for reuse (``hooklab.setup()`` does that):
+    a leak would then be served from memory the process already holds.
+    """
+    try:
+        mallinfo2 = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallinfo2
+    except (OSError, AttributeError):
+        return psutil.Process().memory_info().rss, "resident memory"
+    mallinfo2.restype = _MallInfo2
+    info = mallinfo2()
+    return info.uordblks + info.hblkhd, "memory allocated and in use (mallinfo2)"
+
+
 def memory(passes: int = 200) -> dict:
     from hooklab.data import digits
     from hooklab.models import DigitsCNN
@@ -304,7 +327,6 @@ def memory(passes: int = 200) -> dict:
     data = digits()
     x, y = data.x_train[:64], data.y_train[:64]
     loss_fn = nn.CrossEntropyLoss()
-    process = psutil.Process()
 
     def one_pass():
         with record(model, backward=True) as rec:
@@ -315,32 +337,33 @@ def memory(passes: int = 200) -> dict:
     for _ in range(10):  # warm-up: allocator pools, lazy imports
         one_pass()
     gc.collect()
-    start = process.memory_info().rss
+    start, metric = memory_in_use()
     samples = {}
     for i in range(1, passes + 1):
         records = one_pass()
         if i % 50 == 0:
             gc.collect()
-            samples[i] = round((process.memory_info().rss - start) / 2**20, 2)
+            samples[i] = round((memory_in_use()[0] - start) / 2**20, 2)
     gc.collect()
     live = sum(type(o) is Record for o in gc.get_objects())
 
     # control: the same passes keeping every recording alive must show growth, or the probe is blind
     kept = []
-    control_start = process.memory_info().rss
+    control_start = memory_in_use()[0]
     for _ in range(passes // 4):
         with record(model, backward=True) as rec:
             loss_fn(model(x), y).backward()
         kept.append(rec)
     gc.collect()
-    control = round((process.memory_info().rss - control_start) / 2**20, 2)
+    control = round((memory_in_use()[0] - control_start) / 2**20, 2)
     del kept
     return {
         "setup": f"DigitsCNN, batch 64, record(model, backward=True) around forward+backward; {records} records a pass",
         "passes": passes,
-        "rss_growth_mb": samples,
+        "metric": metric,
+        "growth_mb": samples,
         "live_records_after": live,
-        "control_keeping_recordings": {"passes": passes // 4, "rss_growth_mb": control},
+        "control_keeping_recordings": {"passes": passes // 4, "growth_mb": control},
     }
 
 
@@ -484,11 +507,11 @@ def markdown(report: dict) -> str:
             out += overhead_table(report[key], allocator)
     if "memory" in report:
         mem = report["memory"]
-        growth = ", ".join(f"{k}: {v:+.1f} MB" for k, v in mem["rss_growth_mb"].items())
+        growth = ", ".join(f"{k}: {v:+.1f} MB" for k, v in mem["growth_mb"].items())
         control = mem["control_keeping_recordings"]
-        out += [f"**Memory** ({mem['setup']}): resident memory growth after passes {growth}; "
+        out += [f"**Memory** ({mem['setup']}): growth of {mem.get('metric', 'resident memory')} after passes {growth}; "
                 f"records alive afterwards: {mem['live_records_after']}. Control, the same passes keeping every "
-                f"recording: {control['rss_growth_mb']:+.1f} MB after {control['passes']}.", ""]  # fmt: skip
+                f"recording: {control['growth_mb']:+.1f} MB after {control['passes']}.", ""]  # fmt: skip
     if "redraw" in report:
         out += [
             "**Widget redraw** (`LayerExplorer`; `render` = printed text + figure; widget = the slider's whole "
