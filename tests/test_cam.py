@@ -154,10 +154,44 @@ def test_grad_cam_errors(model, images):
 def test_grad_cam_repeated_calls_keep_no_stale_hooks(model, images):
     with GradCAM(model, "features.3") as cam:
         first = cam(images).maps
+        handles = len(cam._recording._tensor_handles)
         for _ in range(3):
             again = cam(images).maps
-        assert len(cam._tensor_handles) == 1
+        assert len(cam._recording) == 1, "only the last call's record is kept"
+        assert len(cam._recording._tensor_handles) == handles
     assert torch.equal(first, again)
+    assert not leftover_hooks(model)
+
+
+class _ReusedReLU(nn.Module):
+    """One ReLU called twice per forward, as in torchvision's BasicBlock."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        with torch.random.fork_rng():
+            torch.manual_seed(4)
+            self.conv1 = nn.Conv2d(1, 3, 3, padding=1)
+            self.conv2 = nn.Conv2d(3, 3, 3, padding=1)
+            self.fc = nn.Linear(3, 4)
+        self.relu = nn.ReLU()
+
+    def forward(self, x):
+        h = self.relu(self.conv1(x))
+        return self.fc(self.relu(2 * self.conv2(h) - 0.1).mean(dim=(2, 3)))
+
+
+def test_grad_cam_of_a_module_called_twice_pairs_the_last_call_with_its_own_gradient(images):
+    model = _ReusedReLU()
+    x = images.clone().requires_grad_(True)
+    first = model.relu(model.conv1(x))
+    last = model.relu(2 * model.conv2(first) - 0.1)
+    scores = model.fc(last.mean(dim=(2, 3)))
+    targets = scores.argmax(1)
+    g_first, g_last = torch.autograd.grad(scores.gather(1, targets[:, None]).sum(), [first, last])
+    assert not torch.allclose(g_first.mean(dim=(2, 3)), g_last.mean(dim=(2, 3)))  # the test can tell them apart
+    result = grad_cam(model, images, "relu")
+    assert torch.allclose(result.weights, g_last.mean(dim=(2, 3)), atol=1e-7)
+    assert torch.allclose(result.raw, (g_last.mean(dim=(2, 3), keepdim=True) * last).sum(1).detach(), atol=1e-6)
 
 
 def test_guided_grad_cam_is_saliency_times_upsampled_map(model, images):

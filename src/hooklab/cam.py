@@ -8,11 +8,12 @@ Notebook 05 builds each of these by hand first; this module is what it moves int
   gradient the ReLU passes back, so only positive evidence flows to the input. Full backward
   hooks refuse ReLUs that work in place, so ``inplace`` is switched off while the hooks live
   and restored afterwards. ``saliency(x, target)`` returns d score / d input.
-* ``GradCAM(model, layer)``: a context manager with one forward hook on ``layer`` that keeps
-  the layer's output and registers a tensor hook on it for the gradient (a tensor hook also
-  works where full backward hooks break, e.g. torchvision's ResNets). ``__call__(x, target)``
-  returns a ``CamResult``: ``relu(sum_k alpha_k A_k)`` with ``alpha_k`` the spatial mean of
-  d score / d A_k.
+* ``GradCAM(model, layer)``: a context manager that records ``layer`` with
+  ``hooklab.record(model, layer, backward=True)`` while its block runs: the layer's output and
+  the gradient with respect to it (tensor hooks, which also work where full backward hooks
+  break, e.g. torchvision's ResNets). ``__call__(x, target)`` returns a ``CamResult``:
+  ``relu(sum_k alpha_k A_k)`` with ``alpha_k`` the spatial mean of d score / d A_k. A layer
+  called more than once per forward pass (a ResNet block's ReLU) is explained at its last call.
 * ``guided_grad_cam``: guided backprop saliency times the Grad-CAM map upsampled to the input.
 
 Every handle is owned by the context manager that registered it and removed in ``__exit__``,
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .layers import get_layer
+from .record import Recording, record
 
 __all__ = ["CamResult", "GradCAM", "GuidedBackprop", "grad_cam", "guided_grad_cam", "upsample"]
 
@@ -100,52 +102,43 @@ class CamResult(NamedTuple):
 
 
 class GradCAM:
-    """``with GradCAM(model, "features.3") as cam: result = cam(x)``."""
+    """``with GradCAM(model, "features.3") as cam: result = cam(x)``; see the module docstring."""
 
     def __init__(self, model: nn.Module, layer: str):
         self.model, self.name = model, layer
-        self.layer = get_layer(model, layer)
-        self.activation: torch.Tensor | None = None
-        self.gradient: torch.Tensor | None = None
-        self._handles: list = []
-        self._tensor_handles: list = []
-
-    def _forward_hook(self, module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
-        self.activation = output.detach().clone()
-        if output.requires_grad:
-            self._tensor_handles.append(output.register_hook(self._keep_gradient))
-
-    def _keep_gradient(self, grad: torch.Tensor) -> None:
-        self.gradient = grad.detach().clone()
+        self.layer = get_layer(model, layer)  # an unknown name fails here, listing close matches
+        self._recording: Recording | None = None
 
     def __enter__(self) -> GradCAM:
-        self._handles.append(self.layer.register_forward_hook(self._forward_hook))
+        recording = record(self.model, self.name, backward=True)
+        self._recording = recording.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        for handle in self._handles + self._tensor_handles:
-            handle.remove()
-        self._handles.clear()
-        self._tensor_handles.clear()
+        recording, self._recording = self._recording, None
+        if recording is not None:
+            recording.__exit__(*exc)
 
     def __call__(self, x: torch.Tensor, target=None) -> CamResult:
-        if not self._handles:
+        if self._recording is None:
             raise RuntimeError("call the GradCAM inside `with GradCAM(model, layer) as cam:`")
-        self.activation = self.gradient = None
-        for handle in self._tensor_handles:  # last call's tensor hooks
-            handle.remove()
-        self._tensor_handles.clear()
+        self._recording.clear()  # the records (and tensor hooks) of the last call
         x = x.detach().requires_grad_(True)  # a gradient reaches the layer even if its weights are frozen
         scores = self.model(x)
         targets = _targets(scores, target)
         # autograd.grad instead of backward(): the parameters' .grad stay untouched
         torch.autograd.grad(_score(scores, targets), x)
-        if self.activation is None or self.activation.dim() != 4:
+        calls = self._recording.calls(self.name)
+        if not calls:
+            raise RuntimeError(f"layer {self.name!r} did not run in the forward pass")
+        last = calls[-1]  # its activation and the gradient that reached that same call
+        if not isinstance(last.output, torch.Tensor) or last.output.dim() != 4:
             raise ValueError(f"layer {self.name!r} must return an (N, C, H, W) tensor for Grad-CAM")
-        if self.gradient is None:
+        activation, gradient = last.output, last.grad_output[0]
+        if gradient is None:
             raise RuntimeError(f"no gradient reached layer {self.name!r}")
-        weights = self.gradient.mean(dim=(2, 3))
-        raw = (weights[:, :, None, None] * self.activation).sum(dim=1)
+        weights = gradient.mean(dim=(2, 3))
+        raw = (weights[:, :, None, None] * activation).sum(dim=1)
         chosen = scores.detach().flatten(1).gather(1, targets[:, None])[:, 0]
         return CamResult(raw.clamp(min=0), raw, weights, targets, chosen)
 
