@@ -64,6 +64,19 @@ def test_unknown_and_frozen_names_give_clear_errors():
     assert "0.bias" not in select_parameters(model)
 
 
+def test_unknown_names_are_matched_against_module_names_too():
+    class AutoEncoder(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder, self.decoder = nn.Linear(3, 2), nn.Linear(2, 3)
+
+    model = AutoEncoder()
+    with pytest.raises(UnknownParameterError, match=r"named 'encodr'; close matches: 'encoder',"):
+        param_hooks(model, print, params="encodr")
+    with pytest.raises(UnknownParameterError, match=r"its parameters and modules are 'encoder\.weight', "):
+        param_hooks(model, print, params="zzz")
+
+
 def test_hooks_are_removed_when_the_block_raises():
     model = mlp()
     with pytest.raises(ZeroDivisionError), param_hooks(model, lambda n, g: None):

@@ -10,7 +10,25 @@ from collections.abc import Iterable
 
 from torch import nn
 
-__all__ = ["UnknownLayerError", "get_layer", "layer_names", "leaf_names", "select_layers"]
+__all__ = ["UnknownLayerError", "get_layer", "layer_names", "leaf_names", "select_layers", "unknown_name_hint"]
+
+
+def _close_matches(name: str, names: list[str]) -> list[str]:
+    return difflib.get_close_matches(name, names, n=5, cutoff=0.5)
+
+
+def unknown_name_hint(name: str, names: list[str], kind: str = "layers") -> str:
+    """How an error about an unknown ``name`` ends: ``close matches: 'a', 'b'`` (up to five of
+    ``names``), or, when none is close, ``its <kind> are 'x', 'y', ... and N more`` (the first eight).
+
+    Every lookup by name in hooklab ends its error with this (layers, parameters, explorer labels).
+    """
+    candidates = _close_matches(name, names)
+    if candidates:
+        return "close matches: " + ", ".join(repr(c) for c in candidates)
+    shown = ", ".join(repr(n) for n in names[:8])
+    more = f" and {len(names) - 8} more" if len(names) > 8 else ""
+    return f"its {kind} are {shown}{more}"
 
 
 class UnknownLayerError(LookupError):
@@ -18,14 +36,8 @@ class UnknownLayerError(LookupError):
 
     def __init__(self, name: str, model: nn.Module, names: list[str]):
         self.name = name
-        self.candidates = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
-        if self.candidates:
-            hint = "close matches: " + ", ".join(repr(c) for c in self.candidates)
-        else:
-            shown = ", ".join(repr(n) for n in names[:8])
-            more = f" and {len(names) - 8} more" if len(names) > 8 else ""
-            hint = f"its layers are {shown}{more}"
-        super().__init__(f"{type(model).__name__} has no layer named {name!r}; {hint}")
+        self.candidates = _close_matches(name, names)
+        super().__init__(f"{type(model).__name__} has no layer named {name!r}; {unknown_name_hint(name, names)}")
 
     def __str__(self) -> str:  # LookupError would print the message with quotes around it
         return self.args[0]

@@ -25,12 +25,13 @@ Contract
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from .layers import unknown_name_hint
 
 __all__ = ["GradRow", "GradStats", "ParamHooks", "UnknownParameterError", "grad_stats", "param_hooks"]
 
@@ -39,8 +40,7 @@ class UnknownParameterError(LookupError):
     """A name that is neither a parameter nor a module of the model; lists the close matches."""
 
     def __init__(self, name: str, model: nn.Module, names: list[str]):
-        close = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
-        hint = "close matches: " + ", ".join(map(repr, close)) if close else f"it has {len(names)} parameters"
+        hint = unknown_name_hint(name, names, kind="parameters and modules")
         super().__init__(f"{type(model).__name__} has no parameter or module named {name!r}; {hint}")
 
     def __str__(self) -> str:
@@ -63,7 +63,7 @@ def select_parameters(model: nn.Module, params: Iterable[str] | str | None = Non
             prefix = f"{name}." if name else ""
             chosen.update((prefix + n, p) for n, p in modules[name].named_parameters())
         else:
-            raise UnknownParameterError(name, model, list(named))
+            raise UnknownParameterError(name, model, list(named) + [n for n in modules if n])
     frozen = [n for n, p in chosen.items() if not p.requires_grad]
     if frozen:
         raise ValueError(f"parameters that do not require grad never get a gradient hook call: {frozen}")
