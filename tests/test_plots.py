@@ -40,6 +40,15 @@ def test_constant_channel_is_zero_and_channels_limit_counts():
     assert np.array_equal(grid, np.zeros((2, 4)))
 
 
+def test_signed_tiles_put_zero_at_one_half():
+    maps = torch.stack([torch.tensor([[-2.0, 0.0], [1.0, 4.0]]), torch.zeros(2, 2), torch.full((2, 2), -3.0)])
+    grid = tile_channels(maps, ncols=3, pad=1, signed=True)
+    np.testing.assert_allclose(grid[:, 0:2], [[0.25, 0.5], [0.625, 1.0]])  # divided by 4, then (v + 1) / 2
+    np.testing.assert_allclose(grid[:, 3:5], 0.5)  # an all-zero map is 0.5, not NaN
+    np.testing.assert_allclose(grid[:, 6:8], 0.0)  # a constant negative map: -1 everywhere
+    assert np.isnan(grid[:, 2]).all() and np.isnan(grid[:, 5]).all()
+
+
 def test_default_gap_grows_with_the_tile_size():
     assert tile_channels(torch.rand(2, 4, 4), ncols=2).shape == (4, 9)  # at least 1 pixel
     assert tile_channels(torch.rand(2, 32, 32), ncols=2).shape == (32, 66)  # 32 // 16 = 2 pixels

@@ -10,6 +10,7 @@ import torch
 import torchvision
 
 from hooklab.cam_widgets import GradCamPicker, draw_cam
+from hooklab.layers import UnknownLayerError
 from hooklab.models import DigitsCNN
 from hooklab.widgets import LayerExplorer, describe_tensor
 
@@ -92,8 +93,12 @@ def test_tiles_and_frame(explorer):
 
 
 def test_bad_layer_channel_or_kind(explorer):
-    with pytest.raises(KeyError, match=r"features\.3"):
+    with pytest.raises(LookupError, match=r"close matches: 'features\.3'"):
         explorer.describe("features.33")
+    with pytest.raises(LookupError, match=r"its explorable layers are 'features\.0'"):
+        explorer.describe("fc")  # DigitsCNN has no such layer, and nothing is close to it
+    with pytest.raises(LookupError, match=r"close matches: 'features\.6'"):
+        explorer.widget("features.60")  # before any slider is built
     with pytest.raises(IndexError, match=r"0\.\.15"):
         explorer.describe("features.1", 16)
     with pytest.raises(ValueError, match="kind"):
@@ -169,6 +174,10 @@ def test_grad_cam_picker_widget(model, x):
     assert panel.text.startswith("image 2: label 3")
     with pytest.raises(ValueError, match=r"\(N, 1, H, W\)"):
         GradCamPicker(model, x[:, 0], torch.tensor([1, 2, 3]), ["features.3"])
+    with pytest.raises(UnknownLayerError, match=r"close matches: 'features\.6'"):
+        GradCamPicker(model, x, torch.tensor([1, 2, 3]), ["features.3", "features.66"])
+    with pytest.raises(ValueError, match="non-empty list"):
+        GradCamPicker(model, x, torch.tensor([1, 2, 3]), "features.3")
 
 
 def test_draw_cam_titles_the_maximum_and_outlines_the_image(x):

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from .cam import GuidedBackprop, grad_cam, upsample
+from .layers import get_layer
 from .widgets import Panel, describe_tensor, show_in_output
 
 __all__ = ["GradCamPicker", "draw_cam"]
@@ -48,6 +49,10 @@ class GradCamPicker:
     def __init__(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor, layers: list[str]):
         if images.dim() != 4 or images.shape[1] != 1:
             raise ValueError(f"images must be (N, 1, H, W), got shape {tuple(images.shape)}")
+        if isinstance(layers, str) or not layers:
+            raise ValueError(f"layers must be a non-empty list of layer names, not {layers!r}")
+        for name in layers:
+            get_layer(model, name)  # an unknown name fails now, listing close matches
         self.model, self.images, self.labels, self.layers = model, images, labels, list(layers)
         with torch.no_grad():
             self.predicted = model(images).argmax(dim=1)

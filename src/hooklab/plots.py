@@ -38,12 +38,16 @@ def _maps(value: Any, sample: int) -> torch.Tensor:
     return value.detach().cpu().float()
 
 
-def tile_channels(maps: torch.Tensor, channels: int | None = 64, ncols: int = 8, pad: int | None = None) -> np.ndarray:
+def tile_channels(
+    maps: torch.Tensor, channels: int | None = 64, ncols: int = 8, pad: int | None = None, signed: bool = False
+) -> np.ndarray:
     """Tile the first ``channels`` maps of a ``(C, H, W)`` tensor into one 2-D array.
 
-    Each map is scaled to [0, 1] on its own (a constant map becomes 0); the ``pad``-pixel gaps
-    between tiles (default: 1/16 of a tile's side, at least 1) and the unused tiles of the last
-    row are NaN, which ``imshow`` leaves blank.
+    Each map is scaled to [0, 1] on its own: from its minimum to its maximum (a constant map
+    becomes 0), or with ``signed=True`` (gradients) divided by its largest |value| and mapped
+    from [-1, 1] to [0, 1], so that zero is 0.5 in every tile. The ``pad``-pixel gaps between
+    tiles (default: 1/16 of a tile's side, at least 1) and the unused tiles of the last row are
+    NaN, which ``imshow`` leaves blank.
     """
     if maps.dim() != 3:
         raise ValueError(f"expected (C, H, W), got shape {tuple(maps.shape)}")
@@ -53,9 +57,13 @@ def tile_channels(maps: torch.Tensor, channels: int | None = 64, ncols: int = 8,
     if count < 1:
         raise ValueError("there are no channels to draw")
     maps = maps[:count].detach().cpu().double()
-    low = maps.amin(dim=(1, 2), keepdim=True)
-    span = maps.amax(dim=(1, 2), keepdim=True) - low
-    scaled = torch.where(span > 0, (maps - low) / span.clamp_min(1e-300), torch.zeros_like(maps)).numpy()
+    if signed:
+        bound = maps.abs().amax(dim=(1, 2), keepdim=True)
+        scaled = ((torch.where(bound > 0, maps / bound.clamp_min(1e-300), torch.zeros_like(maps)) + 1) / 2).numpy()
+    else:
+        low = maps.amin(dim=(1, 2), keepdim=True)
+        span = maps.amax(dim=(1, 2), keepdim=True) - low
+        scaled = torch.where(span > 0, (maps - low) / span.clamp_min(1e-300), torch.zeros_like(maps)).numpy()
     h, w = scaled.shape[1:]
     pad = max(1, min(h, w) // 16) if pad is None else pad
     ncols = min(ncols, count)

@@ -7,7 +7,8 @@ browser needed.
 
 * ``LayerExplorer(model, x)`` runs **one** forward and backward pass of ``x[:1]`` inside
   ``hooklab.record(..., backward=True)`` and keeps every recorded ``(N, C, H, W)`` output
-  with H × W > 1 and its gradient (d score of the predicted class / d output). The hooks are gone
+  with H × W > 1 and its gradient (d score / d output, for the class ``target``, by default
+  the predicted one). The hooks are gone
   when the constructor returns; moving a slider only redraws. Its widget: a
   ``SelectionSlider`` "layer", an ``IntSlider`` "channel", ``ToggleButtons`` "show"
   (activation / gradient) and an ``Output`` holding the printed text and the figure.
@@ -22,10 +23,10 @@ import base64
 import io
 
 import matplotlib.pyplot as plt
-import numpy as np
 import torch
 from torch import nn
 
+from .layers import unknown_name_hint
 from .plots import tile_channels
 from .record import record
 
@@ -112,23 +113,6 @@ class Panel:
 _TILES, _COLS = 64, 8  # the explorer tiles the first 64 channels, 8 per row, 1-pixel gaps
 
 
-def _tiles(maps: torch.Tensor, signed: bool) -> np.ndarray:
-    """The first 64 maps tiled 8 per row with 1-pixel NaN gaps (``plots.tile_channels``).
-
-    Unsigned: each map scaled min..max -> 0..1. Signed (gradients): each map divided by its
-    largest |value| and mapped -1..1 -> 0..1, so that zero is 0.5 in every tile.
-    """
-    grid = tile_channels(maps, channels=_TILES, ncols=_COLS, pad=1)
-    if signed:
-        bound = maps.abs().amax(dim=(1, 2), keepdim=True)
-        scaled = torch.where(bound > 0, maps / bound.clamp_min(1e-30), 0.0)[:_TILES]
-        h, w = maps.shape[1:]
-        for i, tile in enumerate(((scaled + 1) / 2).numpy()):
-            row, col = divmod(i, _COLS)
-            grid[row * (h + 1) : row * (h + 1) + h, col * (w + 1) : col * (w + 1) + w] = tile
-    return grid
-
-
 class LayerExplorer:
     """Activations and gradients of every recorded ``(N, C, H, W)`` layer for one input."""
 
@@ -160,10 +144,9 @@ class LayerExplorer:
         if kind not in ("activation", "gradient"):
             raise ValueError(f"kind must be 'activation' or 'gradient', not {kind!r}")
         if layer not in self.activations:
-            import difflib
-
-            close = difflib.get_close_matches(layer, self.layers, n=5, cutoff=0.5)
-            raise KeyError(f"no recorded layer {layer!r}; close matches: {close or self.layers[:8]}")
+            hint = unknown_name_hint(layer, self.layers, kind="explorable layers")
+            raise LookupError(f"{layer!r} is not one of this explorer's layers (recorded outputs of shape "
+                              f"(N, C, H, W) with H × W > 1); {hint}")
         maps = (self.activations if kind == "activation" else self.gradients)[layer]
         if not 0 <= channel < maps.shape[0]:
             raise IndexError(f"{layer} has channels 0..{maps.shape[0] - 1}, not {channel}")
@@ -197,7 +180,7 @@ class LayerExplorer:
         left.set_title(f"{layer}\n{kind}, channel {channel}", fontsize=10)
         key = (layer, kind)
         if key not in self._tiles:
-            self._tiles[key] = _tiles(maps, signed=kind == "gradient")
+            self._tiles[key] = tile_channels(maps, channels=_TILES, ncols=_COLS, pad=1, signed=kind == "gradient")
         cmap = plt.get_cmap("viridis" if kind == "activation" else "RdBu_r").with_extremes(bad="0.6")
         right.imshow(self._tiles[key], cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
         if channel < _TILES:
@@ -222,6 +205,7 @@ class LayerExplorer:
         from ipywidgets import IntSlider, Layout, Output, SelectionSlider, ToggleButtons
 
         layer = layer or self.layers[0]
+        self._get(layer, 0, "activation")  # an unknown layer fails here, listing close matches
         controls = {
             "layer": SelectionSlider(options=self.layers, value=layer, description="layer",
                                      layout=Layout(width="560px"), style={"description_width": "60px"}),
