@@ -101,13 +101,12 @@ def train_digits(
     lr: float = 5e-3,
     seed: int = 0,
     progress: bool = True,
-    on_step=None,
 ) -> nn.Module:
     """Train ``model`` (default: a new ``DigitsCNN``) with Adam; returns it in eval mode.
 
     Repeatable bit for bit for a fixed seed and thread count. ``progress`` shows a progress bar
-    in a notebook and prints one line per epoch. ``on_step(step, model, loss)`` is called after
-    every optimiser step (notebook 05 uses it to collect activation statistics).
+    in a notebook and prints one line per epoch. To watch training, wrap the call in
+    ``hooklab.stats.track_stats(model)`` (notebook 05 does).
     """
     model = DigitsCNN() if model is None else model
     data = digits() if data is None else data
@@ -130,8 +129,6 @@ def train_digits(
             optimizer.step()
             total += loss.item() * len(idx)
             step += 1
-            if on_step is not None:
-                on_step(step, model, loss.detach())
             if bar is not None:
                 bar.value = step
         if progress:

@@ -31,6 +31,7 @@ Contract
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from collections.abc import Iterable
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .layers import select_layers
+from .layers import get_layer, select_layers
 
 __all__ = ["LayerStats", "StatsTracker", "plot_colorful_dimension", "plot_mean_std", "track_stats"]
 
@@ -112,7 +113,7 @@ class StatsTracker:
     def __getitem__(self, name: str) -> LayerStats:
         """The activation statistics of layer ``name`` (gradients: ``tracker.gradients[name]``)."""
         if name not in self.activations:
-            select_layers(self.model, [name])  # raises UnknownLayerError with close matches
+            get_layer(self.model, name)  # raises UnknownLayerError with close matches
             raise KeyError(f"{name!r} is a layer of the model but was not chosen for tracking")
         return self.activations[name]
 
@@ -139,8 +140,7 @@ class StatsTracker:
         try:
             self._handles.append(self.model.register_forward_pre_hook(self._count_step))
             for name, module in self.modules.items():
-                hook = (lambda n: lambda m, a, o: self._forward_hook(n, m, a, o))(name)
-                self._handles.append(module.register_forward_hook(hook))
+                self._handles.append(module.register_forward_hook(functools.partial(self._forward_hook, name)))
         except BaseException:
             self._remove()
             raise
