@@ -149,6 +149,9 @@ def test_grad_cam_errors(model, images):
     with pytest.raises(KeyError), cam:
         raise KeyError("boom")
     assert not leftover_hooks(model)
+    with cam, pytest.raises(RuntimeError, match="already inside"), cam:
+        pass
+    assert not leftover_hooks(model)
 
 
 def test_grad_cam_repeated_calls_keep_no_stale_hooks(model, images):

@@ -110,6 +110,8 @@ class GradCAM:
         self._recording: Recording | None = None
 
     def __enter__(self) -> GradCAM:
+        if self._recording is not None:  # a second recording would outlive the inner block
+            raise RuntimeError("this GradCAM is already inside a `with` block")
         recording = record(self.model, self.name, backward=True)
         self._recording = recording.__enter__()
         return self
