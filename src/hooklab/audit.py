@@ -2,6 +2,7 @@
 
 The course's rule is that whatever registers a hook removes it. ``leftover_hooks`` is how the
 tests (after every test) and the notebooks (at the end of a section) check that rule.
+Introduced in notebook 00.
 """
 
 from __future__ import annotations
