@@ -80,5 +80,4 @@ def select_layers(
         return chosen
     if types is not None:
         return {n: m for n, m in model.named_modules() if isinstance(m, types)}
-    leaves = set(leaf_names(model))
-    return {n: m for n, m in model.named_modules() if n in leaves}
+    return {n: m for n, m in model.named_modules() if next(m.children(), None) is None}

@@ -243,6 +243,8 @@ class Recording:
 
     # ----- hooks ---------------------------------------------------------------------------
     def _pre_hook(self, name: str, module: nn.Module, args: tuple):
+        if self._mode is None:
+            return self._start_record(name, module, args)
         with torch._C.DisableTorchFunction():  # the hook writes nothing: keep the guard out of it
             return self._start_record(name, module, args)
 
@@ -271,6 +273,9 @@ class Recording:
         return tuple(new_args) if changed else None
 
     def _forward_hook(self, name: str, module: nn.Module, args: tuple, output: Any) -> None:
+        if self._mode is None:
+            self._finish_record(name, module, args, output)
+            return
         with torch._C.DisableTorchFunction():
             self._finish_record(name, module, args, output)
 
