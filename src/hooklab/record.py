@@ -36,7 +36,6 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,83 +44,10 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from .cow import CopyOnWrite, storage_key
 from .layers import select_layers
+from .records import NoGradientError, Record, StaleRecordError, shape_of
 
+# Record and the two errors are defined in hooklab.records and re-exported here.
 __all__ = ["NoGradientError", "Record", "Recording", "StaleRecordError", "record"]
-
-
-class StaleRecordError(RuntimeError):
-    """A recorded tensor was modified in place after the recording ended."""
-
-
-class NoGradientError(RuntimeError):
-    """A backward record was asked for but no gradient reached that module."""
-
-
-def _shape(value: Any) -> str:
-    leaves, _ = tree_flatten(value)
-    shapes = [tuple(t.shape) for t in leaves if isinstance(t, torch.Tensor)]
-    if len(shapes) == 1:
-        return str(shapes[0])
-    return str(shapes)
-
-
-@dataclass(repr=False, slots=True)
-class Record:
-    """What one call of one module saw. Tensors are detached; see the module docstring."""
-
-    name: str
-    module_type: str
-    call: int
-    index: int
-    _inputs: tuple = ()
-    _output: Any = None
-    _grad_input: tuple | None = None
-    _grad_output: tuple | None = None
-    _no_grad_reason: str | None = None
-    _got_grad: bool = False
-    _versions: dict = field(default_factory=dict)
-
-    def _checked(self, value: Any, what: str) -> Any:
-        for leaf in tree_flatten(value)[0]:
-            if isinstance(leaf, torch.Tensor) and leaf._version != self._versions.get(id(leaf), leaf._version):
-                raise StaleRecordError(
-                    f"the {what} recorded for {self.name!r} was modified in place after the recording "
-                    "ended, so it no longer holds what the module produced; record with clone=True, "
-                    "or clone the tensor before changing it"
-                )
-        return value
-
-    @property
-    def inputs(self) -> tuple:
-        return self._checked(self._inputs, "input")
-
-    @property
-    def output(self) -> Any:
-        return self._checked(self._output, "output")
-
-    @property
-    def grad_output(self) -> tuple:
-        if not self._got_grad:
-            raise NoGradientError(f"no gradient reached {self.name!r}: {self._why_no_grad()}")
-        return self._checked(self._grad_output, "grad_output")
-
-    @property
-    def grad_input(self) -> tuple:
-        if not self._got_grad:
-            raise NoGradientError(f"no gradient reached {self.name!r}: {self._why_no_grad()}")
-        return self._checked(self._grad_input, "grad_input")
-
-    def _why_no_grad(self) -> str:
-        if self._no_grad_reason:
-            return self._no_grad_reason
-        return (
-            "call backward() inside the `with record(..., backward=True)` block, after the forward pass "
-            "(if you did, this module's output does not contribute to what backward() started from)"
-        )
-
-    def __repr__(self) -> str:
-        call = f", call={self.call}" if self.call else ""
-        return f"Record({self.name!r}{call}, {self.module_type}, output {_shape(self._output)})"
 
 
 class Recording:
@@ -172,7 +98,7 @@ class Recording:
         width = max((len(r.name) for r in self.records), default=4)
         lines = [f"{'#':>3}  {'layer':<{width}}  call  {'type':<18} output shape"]
         for r in self.records:
-            lines.append(f"{r.index:>3}  {r.name:<{width}}  {r.call:>4}  {r.module_type:<18} {_shape(r._output)}")
+            lines.append(f"{r.index:>3}  {r.name:<{width}}  {r.call:>4}  {r.module_type:<18} {shape_of(r._output)}")
         return "\n".join(lines)
 
     def clear(self) -> None:
