@@ -227,19 +227,44 @@ def test_an_in_place_module_records_the_input_it_received():
         torch.testing.assert_close(rec["1"].output, pre_activation.clamp(min=0), rtol=0, atol=0)
 
 
-def test_without_gradients_records_are_copies_shared_between_neighbours():
-    """Under no_grad nothing keeps activations alive: records copy at once, and a layer's input
-    that is the previous layer's unchanged output reuses that copy."""
+def test_without_gradients_records_are_guarded_references_too():
+    """Under no_grad records keep references as well: a layer's input record is the previous
+    layer's output itself, and writes inside the block (the in-place ReLU, your own code) are
+    copied for just before they happen."""
     model = mlp(inplace=True)
     x = torch.randn(8, 3)
     expected = model[0](x).detach()
     with torch.no_grad(), record(model) as rec:
         out = model(x)
-        out.mul_(0)  # no guard here: the records are copies, so this cannot reach them
+        assert rec["2"].inputs[0] is rec["1"].output  # no copy: nothing wrote into it
+        out.mul_(0)  # the Tanh's output: the guard copies it first
     torch.testing.assert_close(rec["0"].output, expected, rtol=0, atol=0)
     torch.testing.assert_close(rec["1"].inputs[0], expected, rtol=0, atol=0)  # before the in-place ReLU
-    assert rec["2"].inputs[0] is rec["1"].output
+    assert rec["1"].inputs[0] is rec["0"].output  # one copy, shared by the two records
+    torch.testing.assert_close(rec["1"].output, expected.clamp(min=0), rtol=0, atol=0)
+    assert rec["3"].output.abs().sum() > 0 and out.abs().sum() == 0
+
+
+def test_under_inference_mode_records_are_copies():
+    """Inference tensors have no version counter, so they cannot be guarded: records copy them."""
+    model = mlp(inplace=True)
+    x = torch.randn(8, 3)
+    expected = model[0](x).detach()
+    with torch.inference_mode(), record(model) as rec:
+        out = model(x)
+        out.mul_(0)
+    torch.testing.assert_close(rec["0"].output, expected, rtol=0, atol=0)
+    torch.testing.assert_close(rec["1"].inputs[0], expected, rtol=0, atol=0)
     assert rec["3"].output.abs().sum() > 0
+
+
+def test_a_write_after_the_block_into_a_no_grad_record_is_reported():
+    model = nn.Sequential(nn.Linear(2, 2))
+    with torch.no_grad(), record(model) as rec:
+        out = model(torch.randn(1, 2))
+    out.add_(1)
+    with pytest.raises(StaleRecordError, match="modified in place after the recording ended"):
+        _ = rec["0"].output
 
 
 class AddOneInPlace(nn.Module):

@@ -80,13 +80,18 @@ def machine() -> dict:
 
 
 def interleaved(variants: dict, rounds: int, warmup: int = 2) -> dict:
-    """Time every variant once per round, in the same order; median ratio to ``bare`` per round."""
+    """Time every variant once per round, in the same order; median ratio to ``bare`` per round.
+
+    The time is the process's CPU time (user + system, so page faults count): torch runs on one
+    thread here, and CPU time leaves out the moments a shared machine gives the core to another
+    process, which wall time would add to whichever variant happened to be running.
+    """
     times = {name: [] for name in variants}
     for r in range(warmup + rounds):
         for name, run in variants.items():
-            start = time.perf_counter()
+            start = time.process_time()
             run()
-            elapsed = time.perf_counter() - start
+            elapsed = time.process_time() - start
             if r >= warmup:
                 times[name].append(elapsed)
     bare = times["bare"]
@@ -540,7 +545,7 @@ def markdown(report: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=20, help="timing rounds for the overhead group")
+    parser.add_argument("--rounds", type=int, default=30, help="timing rounds for the overhead group")
     parser.add_argument("--only", nargs="*", choices=["overhead", "memory", "redraw", "course"],
                         help="run only these groups")  # fmt: skip
     parser.add_argument("--no-torchlens", action="store_true", help="skip the throwaway torchlens venv")

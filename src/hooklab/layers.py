@@ -50,7 +50,7 @@ def layer_names(model: nn.Module) -> list[str]:
 
 def leaf_names(model: nn.Module) -> list[str]:
     """Names of the modules that have no children: the layers that do the work."""
-    return [name for name, m in model.named_modules() if next(m.children(), None) is None]
+    return [name for name, m in model.named_modules() if _is_leaf(m)]
 
 
 def get_layer(model: nn.Module, name: str) -> nn.Module:
@@ -80,4 +80,9 @@ def select_layers(
         return chosen
     if types is not None:
         return {n: m for n, m in model.named_modules() if isinstance(m, types)}
-    return {n: m for n, m in model.named_modules() if next(m.children(), None) is None}
+    return {n: m for n, m in model.named_modules() if _is_leaf(m)}
+
+
+def _is_leaf(module: nn.Module) -> bool:
+    # what `next(module.children(), None) is None` says, without building a generator per module
+    return not module._modules or all(child is None for child in module._modules.values())

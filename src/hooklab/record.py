@@ -12,17 +12,14 @@ Contract
   (torchvision's ResNet reuses each block's ReLU) has two records, ``call=0`` and ``call=1``.
 * Tensors in records are detached, and a record always holds the value the module really
   produced, even when a later in-place operation (``ReLU(inplace=True)``, ``out += identity``)
-  overwrites the module's output. How, depends on what the tensor is:
-  - a tensor that is part of the autograd graph (recording with gradients on) is kept by
-    reference: autograd keeps it alive anyway, so a copy would only cost time and memory. While
-    the ``with`` block runs, a copy-on-write guard (``hooklab.cow``) copies it just before an
-    operation writes into it;
-  - any other tensor (under ``torch.no_grad()``, or when the block started with gradients off)
-    is copied at once, while it is still in the cache; a layer's input that is the previous
-    layer's unchanged output reuses that copy.
-  After the block, a record whose tensor was changed in place by your own code raises
-  ``StaleRecordError`` instead of returning the wrong numbers. ``clone=True`` copies every
-  tensor at once (use it under ``torch.compile``).
+  overwrites the module's output. Records keep *references*, not copies: a recorder has to keep
+  every activation alive anyway, and most are never written again. While the ``with`` block
+  runs, a copy-on-write guard (``hooklab.cow``) copies a recorded tensor just before an operation
+  writes into it, once for every record holding it. After the block, a record whose tensor was
+  changed in place by your own code raises ``StaleRecordError`` instead of returning the wrong
+  numbers. Tensors made under ``torch.inference_mode()`` have no version counter to guard, so
+  they are copied at once; ``clone=True`` copies every tensor at once (use it under
+  ``torch.compile``).
 * ``backward=True`` records (copies of) ``grad_output`` (gradient w.r.t. each output) and ``grad_input``
   (gradient w.r.t. each positional input, ``None`` where the input needs no grad): the same
   tuples a full backward hook receives. They come from tensor hooks (notebook 03 explains
@@ -122,13 +119,17 @@ class Recording:
         return tree_map(lambda v: self._keep_tensor(record, v) if isinstance(v, torch.Tensor) else v, value)
 
     def _keep_tensor(self, record: Record, t: torch.Tensor) -> torch.Tensor:
-        if self.clone or self._mode is None or not t.requires_grad:
-            return self._copy_of(t)
-        t = t.detach()
+        if t.requires_grad:
+            t = t.detach()
+        elif t.is_inference():  # no version counter: neither the guard nor the check can work
+            return t.clone()
+        if self._mode is None:  # clone=True
+            t = self._copy_of(t)
+        else:
+            key = storage_key(t)
+            if key is not None:
+                self._watched.setdefault(key, []).append((record, t))
         record._versions[id(t)] = t._version
-        key = storage_key(t)
-        if key is not None:
-            self._watched.setdefault(key, []).append(record)
         return t
 
     def _copy_of(self, t: torch.Tensor) -> torch.Tensor:
@@ -141,31 +142,18 @@ class Recording:
         return copy
 
     def _copy_before_write(self, tensor: torch.Tensor) -> None:
-        """Called by the guard just before ``tensor`` is written into: copy what shares its memory."""
+        """Called by the guard just before ``tensor`` is written into: every recorded tensor sharing
+        its memory is replaced by a copy, one copy per view (``_view``) shared by every record
+        holding it (a ReLU's input record and the record of the layer before it, say)."""
         key = storage_key(tensor)
-        records = self._watched.pop(key, None) if key is not None else None
-        for rec in records or ():
-            for attr in ("_inputs", "_output", "_grad_input", "_grad_output"):
-                value = getattr(rec, attr)
-                if value is not None:
-                    setattr(rec, attr, self._copy_shared(value, key, rec))
-
-    def _copy_shared(self, value: Any, key: int, rec: Record) -> Any:
-        """``value`` with every tensor that lives in memory ``key`` replaced by a copy."""
-
-        def copy(t: Any) -> Any:
-            if not isinstance(t, torch.Tensor) or storage_key(t) != key:
-                return t
-            rec._versions.pop(id(t), None)
-            t = t.clone()
-            rec._versions[id(t)] = t._version
-            return t
-
-        if isinstance(value, torch.Tensor):
-            return copy(value)
-        if type(value) is tuple and all(v is None or isinstance(v, torch.Tensor) for v in value):
-            return tuple(copy(v) for v in value)
-        return tree_map(copy, value)
+        watched = self._watched.pop(key, None) if key is not None else None
+        copies: dict = {}
+        for rec, kept in watched or ():
+            view = _view(kept)
+            copy = copies.get(view)
+            if copy is None:
+                copy = copies[view] = kept.clone()
+            _replace(rec, kept, copy)
 
     # ----- hooks ---------------------------------------------------------------------------
     def _pre_hook(self, name: str, module: nn.Module, args: tuple):
@@ -173,6 +161,13 @@ class Recording:
             return self._start_record(name, module, args)
         with torch._C.DisableTorchFunction():  # the hook writes nothing: keep the guard out of it
             return self._start_record(name, module, args)
+
+    def _forward_hook(self, name: str, module: nn.Module, args: tuple, output: Any) -> None:
+        if self._mode is None:
+            self._finish_record(name, module, args, output)
+            return
+        with torch._C.DisableTorchFunction():
+            self._finish_record(name, module, args, output)
 
     def _start_record(self, name: str, module: nn.Module, args: tuple):
         # The record starts before the module runs, so that its inputs are kept as they came in:
@@ -197,13 +192,6 @@ class Recording:
                 new_args[i], changed = target, changed or target is not a
                 self._tensor_handles.append(target.register_hook(self._grad_setter(rec, "_grad_input", i)))
         return tuple(new_args) if changed else None
-
-    def _forward_hook(self, name: str, module: nn.Module, args: tuple, output: Any) -> None:
-        if self._mode is None:
-            self._finish_record(name, module, args, output)
-            return
-        with torch._C.DisableTorchFunction():
-            self._finish_record(name, module, args, output)
 
     def _finish_record(self, name: str, module: nn.Module, args: tuple, output: Any) -> None:
         started = self._started.get(name)
@@ -255,7 +243,7 @@ class Recording:
                 if self.backward or _needs_pre_hook(module):
                     self._handles.append(module.register_forward_pre_hook(functools.partial(self._pre_hook, name)))
                 self._handles.append(module.register_forward_hook(functools.partial(self._forward_hook, name)))
-            if not self.clone and torch.is_grad_enabled():
+            if not self.clone:
                 self._mode = CopyOnWrite(self._copy_before_write)
                 self._mode.__enter__()
         except BaseException:
@@ -266,7 +254,7 @@ class Recording:
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
             if self._mode is not None:
-                self._mode.__exit__(exc_type, exc, tb)
+                _remove_mode(self._mode)
                 self._mode = None
         finally:
             self._remove_hooks()
@@ -279,6 +267,24 @@ class Recording:
             handle.remove()
         self._handles.clear()
         self._tensor_handles.clear()
+
+
+def _top_mode():
+    """The innermost active torch function mode, or None."""
+    depth = torch._C._len_torch_function_stack()
+    return torch._C._get_function_stack_at(depth - 1) if depth else None
+
+
+def _remove_mode(mode) -> None:
+    """Take ``mode`` off the torch function mode stack, also when modes entered after it are still on."""
+    above = []
+    while torch._C._len_torch_function_stack():
+        top = torch._C._pop_torch_function_stack()
+        if top is mode:
+            break
+        above.append(top)
+    for other in reversed(above):
+        torch._C._push_on_torch_function_stack(other)
 
 
 #: Layers that never write into their input: their inputs can be kept after they ran, which
@@ -308,11 +314,42 @@ _PURE_LAYERS = (
 )
 
 
+def _is_pure(kind: type) -> bool:
+    pure = _PURE.get(kind)
+    if pure is None:
+        pure = _PURE[kind] = issubclass(kind, _PURE_LAYERS)
+    return pure
+
+
+_PURE: dict[type, bool] = {}
+
+
+def _view(t: torch.Tensor) -> tuple:
+    """Which part of its memory a tensor shows: tensors alive at the same time in the same memory
+    with equal views hold the same numbers."""
+    return (t.storage_offset(), t.shape, t.stride(), t.dtype)
+
+
+def _replace(rec: Record, old: torch.Tensor, new: torch.Tensor) -> None:
+    """Put ``new`` where ``rec`` holds ``old`` (its inputs or output: gradients are always copies)."""
+    rec._versions.pop(id(old), None)
+    rec._versions[id(new)] = new._version
+    for attr in ("_inputs", "_output"):
+        value = getattr(rec, attr)
+        if value is old:
+            setattr(rec, attr, new)
+        elif type(value) is tuple and all(v is None or isinstance(v, torch.Tensor) for v in value):
+            if any(v is old for v in value):
+                setattr(rec, attr, tuple(new if v is old else v for v in value))
+        elif value is not None and not isinstance(value, torch.Tensor):
+            setattr(rec, attr, tree_map(lambda v: new if v is old else v, value))
+
+
 def _needs_pre_hook(module: nn.Module) -> bool:
     """Whether the module's inputs must be kept before it runs (it may write into them)."""
-    if hasattr(module, "inplace"):
+    if "inplace" in module.__dict__:  # not hasattr: nn.Module's failing __getattr__ is slow
         return bool(module.inplace)
-    return not isinstance(module, _PURE_LAYERS)
+    return not _is_pure(type(module))
 
 
 def record(
@@ -329,7 +366,7 @@ def record(
         leaf module. An unknown name raises ``UnknownLayerError`` listing close matches.
     types: keep only modules of these types (e.g. ``nn.Conv2d``).
     backward: also record ``grad_input`` / ``grad_output``; run ``backward()`` inside the block.
-    clone: copy every tensor when it is recorded, also those autograd keeps alive (by default
-        those are kept by reference and copied only just before something overwrites them).
+    clone: copy every tensor when it is recorded (by default tensors are kept by reference and
+        copied only just before something overwrites them).
     """
     return Recording(model, select_layers(model, layers, types), backward=backward, clone=clone)

@@ -49,7 +49,8 @@ class Record:
 
     def _checked(self, value: Any, what: str) -> Any:
         for leaf in tree_flatten(value)[0]:
-            if isinstance(leaf, torch.Tensor) and leaf._version != self._versions.get(id(leaf), leaf._version):
+            expected = self._versions.get(id(leaf)) if isinstance(leaf, torch.Tensor) else None
+            if expected is not None and leaf._version != expected:
                 raise StaleRecordError(
                     f"the {what} recorded for {self.name!r} was modified in place after the recording "
                     "ended, so it no longer holds what the module produced; record with clone=True, "
