@@ -17,11 +17,13 @@ from hooklab.audit import leftover_hooks  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def no_hooks_left_behind():
-    """Every test must remove every hook it (or the code it calls) registered."""
+    """Every test must remove every hook it (or the code it calls) registered, and leave no torch
+    function mode (``record``'s copy-on-write guard is one) active."""
     assert leftover_hooks() == [], "hooks were already registered before this test"
     yield
     left = leftover_hooks()
     assert left == [], f"hooks left behind: {left}"
+    assert torch._C._len_torch_function_stack() == 0, "a torch function mode was left active"
 
 
 @pytest.fixture(autouse=True)

@@ -31,6 +31,7 @@ Contract
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -63,6 +64,7 @@ class Recording:
         self._handles: list = []
         self._tensor_handles: list = []
         self._mode: CopyOnWrite | None = None
+        self._open: list[tuple[nn.Module, bool]] = []  # module calls between pre-hook and forward hook
 
     # ----- reading -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -141,10 +143,11 @@ class Recording:
         self._copies[id(t)] = (weakref.ref(t), t._version, copy)
         return copy
 
-    def _copy_before_write(self, tensor: torch.Tensor) -> None:
+    def _copy_before_write(self, tensor: torch.Tensor) -> dict:
         """Called by the guard just before ``tensor`` is written into: every recorded tensor sharing
         its memory is replaced by a copy, one copy per view (``_view``) shared by every record
-        holding it (a ReLU's input record and the record of the layer before it, say)."""
+        holding it (a ReLU's input record and the record of the layer before it, say). Returns
+        the copies, by view."""
         key = storage_key(tensor)
         watched = self._watched.pop(key, None) if key is not None else None
         copies: dict = {}
@@ -154,31 +157,67 @@ class Recording:
             if copy is None:
                 copy = copies[view] = kept.clone()
             _replace(rec, kept, copy)
+        return copies
+
+    def _copy_for_write(self, rec: Record, t: torch.Tensor) -> torch.Tensor:
+        """The input of an in-place layer, copied just before the layer writes into it; earlier
+        records holding the same memory get copies too (the same copy where they hold the same view)."""
+        if t.is_inference():
+            return t.clone()
+        copy = self._copy_before_write(t).get(_view(t))
+        if copy is None:
+            copy = t.detach().clone()
+        rec._versions[id(copy)] = copy._version
+        return copy
 
     # ----- hooks ---------------------------------------------------------------------------
-    def _pre_hook(self, name: str, module: nn.Module, args: tuple):
-        if self._mode is None:
-            return self._start_record(name, module, args)
+    # Some of PyTorch's own layers (``_runs_unguarded``) run with the guard off: their pre-hook
+    # takes the guard off the mode stack and their forward hook (``always_call=True``: it runs
+    # also when the layer raises) puts it back. The guard would look at several torch calls
+    # inside each of them, and the only write they can make, an in-place layer's into its
+    # input, is copied for by the pre-hook.
+    def _pre_hook(self, name: str, unguarded: bool, start: bool, module: nn.Module, args: tuple):
+        suspended = unguarded and self._mode is not None and _top_mode() is self._mode
+        if suspended:
+            torch._C._pop_torch_function_stack()
+        self._open.append((module, suspended))
+        if not start:
+            return None
+        if self._mode is None or suspended:
+            return self._start_record(name, module, args, suspended)
         with torch._C.DisableTorchFunction():  # the hook writes nothing: keep the guard out of it
-            return self._start_record(name, module, args)
+            return self._start_record(name, module, args, suspended)
 
-    def _forward_hook(self, name: str, module: nn.Module, args: tuple, output: Any) -> None:
-        if self._mode is None:
-            self._finish_record(name, module, args, output)
-            return
-        with torch._C.DisableTorchFunction():
-            self._finish_record(name, module, args, output)
+    def _forward_hook(self, name: str, start: bool, module: nn.Module, args: tuple, output: Any) -> None:
+        suspended = False
+        if self._open and self._open[-1][0] is module:  # else: the module was running before the block
+            suspended = self._open.pop()[1]
+        try:
+            if output is None and sys.exc_info()[1] is not None:  # the module raised: no record
+                if start and self._started.get(name):
+                    self._started[name].pop()
+            elif self._mode is None or suspended:
+                self._finish_record(name, module, args, output)
+            else:
+                with torch._C.DisableTorchFunction():
+                    self._finish_record(name, module, args, output)
+        finally:
+            if suspended:
+                torch._C._push_on_torch_function_stack(self._mode)
 
-    def _start_record(self, name: str, module: nn.Module, args: tuple):
+    def _start_record(self, name: str, module: nn.Module, args: tuple, suspended: bool):
         # The record starts before the module runs, so that its inputs are kept as they came in:
         # a module working in place (ReLU(inplace=True)) would otherwise show its result as input.
         rec = Record(name, type(module).__name__, call=-1, index=-1)
-        rec._inputs = self._keep(rec, tuple(args))
+        in_place = bool(getattr(module, "inplace", False))
+        if in_place and suspended:  # the guard will not see the write: copy for it now
+            rec._inputs = tuple(self._copy_for_write(rec, a) if isinstance(a, torch.Tensor) else a for a in args)
+        else:
+            rec._inputs = self._keep(rec, tuple(args))
         self._started.setdefault(name, []).append(rec)
         if not (self.backward and torch.is_grad_enabled()):
             return None
         rec._grad_input = (None,) * len(args)
-        in_place = bool(getattr(module, "inplace", False))
         new_args, changed = list(args), False
         for i, a in enumerate(args):
             if isinstance(a, torch.Tensor) and a.requires_grad:
@@ -240,9 +279,13 @@ class Recording:
     def __enter__(self) -> Recording:
         try:
             for name, module in self.modules.items():
-                if self.backward or _needs_pre_hook(module):
-                    self._handles.append(module.register_forward_pre_hook(functools.partial(self._pre_hook, name)))
-                self._handles.append(module.register_forward_hook(functools.partial(self._forward_hook, name)))
+                unguarded = not self.clone and _runs_unguarded(module)
+                start = self.backward or _needs_pre_hook(module)
+                if unguarded or start:
+                    hook = functools.partial(self._pre_hook, name, unguarded, start)
+                    self._handles.append(module.register_forward_pre_hook(hook))
+                hook = functools.partial(self._forward_hook, name, start)
+                self._handles.append(module.register_forward_hook(hook, always_call=True))
             if not self.clone:
                 self._mode = CopyOnWrite(self._copy_before_write)
                 self._mode.__enter__()
@@ -261,6 +304,7 @@ class Recording:
             self._watched.clear()
             self._copies.clear()
             self._started.clear()
+            self._open.clear()
 
     def _remove_hooks(self) -> None:
         for handle in self._handles + self._tensor_handles:
@@ -312,6 +356,23 @@ _PURE_LAYERS = (
     nn.LogSoftmax,
     nn.Upsample,
 )
+
+
+def _runs_unguarded(module: nn.Module) -> bool:
+    """PyTorch's own normalization layers and layers with an ``inplace`` flag: they call torch
+    functions the guard is slowest to look at, and write into nothing but their own buffers and
+    (in place) their input."""
+    kind = type(module)
+    unguarded = _UNGUARDED.get(kind)
+    if unguarded is None:
+        unguarded = _UNGUARDED[kind] = kind.__module__.startswith("torch.nn.modules.") and (
+            "inplace" in module.__dict__ or issubclass(kind, _NORMS)
+        )
+    return unguarded
+
+
+_UNGUARDED: dict[type, bool] = {}
+_NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
 
 
 def _is_pure(kind: type) -> bool:
