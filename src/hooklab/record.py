@@ -116,8 +116,11 @@ class Recording:
         # Fast paths for what modules almost always pass: one tensor, or a tuple of tensors.
         if isinstance(value, torch.Tensor):
             return self._keep_tensor(record, value)
-        if type(value) is tuple and all(isinstance(v, torch.Tensor) for v in value):
-            return tuple(self._keep_tensor(record, v) for v in value)
+        if type(value) is tuple:
+            if len(value) == 1 and isinstance(value[0], torch.Tensor):
+                return (self._keep_tensor(record, value[0]),)
+            if all(isinstance(v, torch.Tensor) for v in value):
+                return tuple([self._keep_tensor(record, v) for v in value])
         return tree_map(lambda v: self._keep_tensor(record, v) if isinstance(v, torch.Tensor) else v, value)
 
     def _keep_tensor(self, record: Record, t: torch.Tensor) -> torch.Tensor:
@@ -128,7 +131,10 @@ class Recording:
         if self._mode is None:  # clone=True
             t = self._copy_of(t)
         else:
-            key = storage_key(t)
+            try:
+                key = t.untyped_storage().data_ptr()  # what cow.storage_key does, without the call
+            except (RuntimeError, NotImplementedError):
+                key = None
             if key is not None:
                 self._watched.setdefault(key, []).append((record, t))
         record._versions[id(t)] = t._version
@@ -211,7 +217,7 @@ class Recording:
         rec = Record(name, type(module).__name__, call=-1, index=-1)
         in_place = bool(getattr(module, "inplace", False))
         if in_place and suspended:  # the guard will not see the write: copy for it now
-            rec._inputs = tuple(self._copy_for_write(rec, a) if isinstance(a, torch.Tensor) else a for a in args)
+            rec._inputs = tuple([self._copy_for_write(rec, a) if isinstance(a, torch.Tensor) else a for a in args])
         else:
             rec._inputs = self._keep(rec, tuple(args))
         self._started.setdefault(name, []).append(rec)
