@@ -93,3 +93,32 @@ class CopyOnWrite(TorchFunctionMode):
             for tensor in writes_into(func, args, kwargs):
                 self.before_write(tensor)
         return func(*args, **kwargs)
+
+    # The guard can step aside while code it need not watch runs (``hooklab.record`` does that
+    # for layers whose only write it copies for itself).
+    def suspend(self) -> bool:
+        """Take the guard off the mode stack if it is the innermost mode; whether it did.
+
+        A mode entered after the guard stays in charge, so the guard stays on below it.
+        """
+        depth = torch._C._len_torch_function_stack()
+        if depth and torch._C._get_function_stack_at(depth - 1) is self:
+            torch._C._pop_torch_function_stack()
+            return True
+        return False
+
+    def resume(self) -> None:
+        """Put the guard back after ``suspend()`` returned True."""
+        torch._C._push_on_torch_function_stack(self)
+
+    def remove(self) -> None:
+        """End the guard: take it off the mode stack wherever it is (what ``__exit__`` does when it
+        is innermost); modes entered after it and still active stay on."""
+        above = []
+        while torch._C._len_torch_function_stack():
+            top = torch._C._pop_torch_function_stack()
+            if top is self:
+                break
+            above.append(top)
+        for other in reversed(above):
+            torch._C._push_on_torch_function_stack(other)

@@ -1,4 +1,5 @@
-"""Pick layers by name, with errors that say what names exist.
+"""Pick layers by name, with errors that say what names exist; and what ``hooklab.record`` knows
+about PyTorch's own layers (which never write into their input, which may run unguarded).
 
 Introduced in notebook 00; every recorder and explorer of the course uses it.
 """
@@ -86,3 +87,66 @@ def select_layers(
 def _is_leaf(module: nn.Module) -> bool:
     # what `next(module.children(), None) is None` says, without building a generator per module
     return not module._modules or all(child is None for child in module._modules.values())
+
+
+# ----- what hooklab.record knows about PyTorch's own layers --------------------------------------
+#: Layers that never write into their input: ``record`` can keep their inputs after they ran,
+#: which saves a pre-hook call each. Layers with an ``inplace`` flag are judged by it; any other
+#: module gets a pre-hook, so that its inputs are kept before it runs.
+PURE_LAYERS = (
+    nn.modules.conv._ConvNd,
+    nn.Linear,
+    nn.Bilinear,
+    nn.modules.batchnorm._NormBase,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.modules.pooling._MaxPoolNd,
+    nn.modules.pooling._AvgPoolNd,
+    nn.modules.pooling._AdaptiveAvgPoolNd,
+    nn.modules.pooling._AdaptiveMaxPoolNd,
+    nn.Flatten,
+    nn.Unflatten,
+    nn.Embedding,
+    nn.Identity,
+    nn.Sigmoid,
+    nn.Tanh,
+    nn.GELU,
+    nn.Softmax,
+    nn.LogSoftmax,
+    nn.Upsample,
+)
+
+
+def runs_unguarded(module: nn.Module) -> bool:
+    """PyTorch's own normalization layers and layers with an ``inplace`` flag: they call torch
+    functions the guard is slowest to look at, and write into nothing but their own buffers and
+    (in place) their input."""
+    kind = type(module)
+    unguarded = _UNGUARDED.get(kind)
+    if unguarded is None:
+        unguarded = _UNGUARDED[kind] = kind.__module__.startswith("torch.nn.modules.") and (
+            "inplace" in module.__dict__ or issubclass(kind, _NORMS)
+        )
+    return unguarded
+
+
+_UNGUARDED: dict[type, bool] = {}
+_NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
+
+
+def is_pure(kind: type) -> bool:
+    """Whether modules of this type are among (or derive from) ``PURE_LAYERS``."""
+    pure = _PURE.get(kind)
+    if pure is None:
+        pure = _PURE[kind] = issubclass(kind, PURE_LAYERS)
+    return pure
+
+
+_PURE: dict[type, bool] = {}
+
+
+def may_write_into_input(module: nn.Module) -> bool:
+    """Whether the module's inputs must be kept before it runs (it may write into them)."""
+    if "inplace" in module.__dict__:  # not hasattr: nn.Module's failing __getattr__ is slow
+        return bool(module.inplace)
+    return not is_pure(type(module))

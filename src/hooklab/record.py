@@ -15,7 +15,7 @@ Contract
   overwrites the module's output. Records keep *references*, not copies: a recorder has to keep
   every activation alive anyway, and most are never written again. While the ``with`` block
   runs, a copy-on-write guard (``hooklab.cow``) copies a recorded tensor just before an operation
-  writes into it, once for every record holding it. After the block, a record whose tensor was
+  writes into it, once for every record holding it (``hooklab.keep``). After the block, a record whose tensor was
   changed in place by your own code raises ``StaleRecordError`` instead of returning the wrong
   numbers. Tensors made under ``torch.inference_mode()`` have no version counter to guard, so
   they are copied at once; ``clone=True`` copies every tensor at once (use it under
@@ -32,16 +32,16 @@ from __future__ import annotations
 
 import functools
 import sys
-import weakref
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten
 
-from .cow import CopyOnWrite, storage_key
-from .layers import select_layers
+from .cow import CopyOnWrite
+from .keep import Keeper
+from .layers import may_write_into_input, runs_unguarded, select_layers
 from .records import NoGradientError, Record, StaleRecordError, shape_of
 
 # Record and the two errors are defined in hooklab.records and re-exported here.
@@ -58,9 +58,8 @@ class Recording:
         self.clone = clone
         self.records: list[Record] = []
         self._calls: dict[str, int] = {}
-        self._watched: dict[int, list[Record]] = {}
         self._started: dict[str, list[Record]] = {}  # records begun by a pre-hook, per layer
-        self._copies: dict[int, tuple] = {}  # id(original) -> (weak ref, version, copy)
+        self._keeper = Keeper(copy_at_once=clone)
         self._handles: list = []
         self._tensor_handles: list = []
         self._mode: CopyOnWrite | None = None
@@ -107,85 +106,16 @@ class Recording:
         self._tensor_handles.clear()
         self.records.clear()
         self._calls.clear()
-        self._watched.clear()
-        self._copies.clear()
-
-    # ----- storing -------------------------------------------------------------------------
-    def _keep(self, record: Record, value: Any) -> Any:
-        """Every tensor in ``value`` detached, and copied or watched (see the module docstring)."""
-        # Fast paths for what modules almost always pass: one tensor, or a tuple of tensors.
-        if isinstance(value, torch.Tensor):
-            return self._keep_tensor(record, value)
-        if type(value) is tuple:
-            if len(value) == 1 and isinstance(value[0], torch.Tensor):
-                return (self._keep_tensor(record, value[0]),)
-            if all(isinstance(v, torch.Tensor) for v in value):
-                return tuple([self._keep_tensor(record, v) for v in value])
-        return tree_map(lambda v: self._keep_tensor(record, v) if isinstance(v, torch.Tensor) else v, value)
-
-    def _keep_tensor(self, record: Record, t: torch.Tensor) -> torch.Tensor:
-        if t.requires_grad:
-            t = t.detach()
-        elif t.is_inference():  # no version counter: neither the guard nor the check can work
-            return t.clone()
-        if self._mode is None:  # clone=True
-            t = self._copy_of(t)
-        else:
-            try:
-                key = t.untyped_storage().data_ptr()  # what cow.storage_key does, without the call
-            except (RuntimeError, NotImplementedError):
-                key = None
-            if key is not None:
-                self._watched.setdefault(key, []).append((record, t))
-        record._versions[id(t)] = t._version
-        return t
-
-    def _copy_of(self, t: torch.Tensor) -> torch.Tensor:
-        """A detached copy of ``t``, the same copy again while ``t`` is unchanged."""
-        seen = self._copies.get(id(t))
-        if seen is not None and seen[0]() is t and seen[1] == t._version:
-            return seen[2]
-        copy = t.detach().clone()
-        self._copies[id(t)] = (weakref.ref(t), t._version, copy)
-        return copy
-
-    def _copy_before_write(self, tensor: torch.Tensor) -> dict:
-        """Called by the guard just before ``tensor`` is written into: every recorded tensor sharing
-        its memory is replaced by a copy, one copy per view (``_view``) shared by every record
-        holding it (a ReLU's input record and the record of the layer before it, say). Returns
-        the copies, by view."""
-        key = storage_key(tensor)
-        watched = self._watched.pop(key, None) if key is not None else None
-        copies: dict = {}
-        for rec, kept in watched or ():
-            view = _view(kept)
-            copy = copies.get(view)
-            if copy is None:
-                copy = copies[view] = kept.clone()
-            _replace(rec, kept, copy)
-        return copies
-
-    def _copy_for_write(self, rec: Record, t: torch.Tensor) -> torch.Tensor:
-        """The input of an in-place layer, copied just before the layer writes into it; earlier
-        records holding the same memory get copies too (the same copy where they hold the same view)."""
-        if t.is_inference():
-            return t.clone()
-        copy = self._copy_before_write(t).get(_view(t))
-        if copy is None:
-            copy = t.detach().clone()
-        rec._versions[id(copy)] = copy._version
-        return copy
+        self._keeper.clear()
 
     # ----- hooks ---------------------------------------------------------------------------
-    # Some of PyTorch's own layers (``_runs_unguarded``) run with the guard off: their pre-hook
+    # Some of PyTorch's own layers (``layers.runs_unguarded``) run with the guard off: their pre-hook
     # takes the guard off the mode stack and their forward hook (``always_call=True``: it runs
     # also when the layer raises) puts it back. The guard would look at several torch calls
     # inside each of them, and the only write they can make, an in-place layer's into its
     # input, is copied for by the pre-hook.
     def _pre_hook(self, name: str, unguarded: bool, start: bool, module: nn.Module, args: tuple):
-        suspended = unguarded and self._mode is not None and _top_mode() is self._mode
-        if suspended:
-            torch._C._pop_torch_function_stack()
+        suspended = unguarded and self._mode is not None and self._mode.suspend()
         self._open.append((module, suspended))
         if not start:
             return None
@@ -209,7 +139,7 @@ class Recording:
                     self._finish_record(name, module, args, output)
         finally:
             if suspended:
-                torch._C._push_on_torch_function_stack(self._mode)
+                self._mode.resume()
 
     def _start_record(self, name: str, module: nn.Module, args: tuple, suspended: bool):
         # The record starts before the module runs, so that its inputs are kept as they came in:
@@ -217,9 +147,10 @@ class Recording:
         rec = Record(name, type(module).__name__, call=-1, index=-1)
         in_place = bool(getattr(module, "inplace", False))
         if in_place and suspended:  # the guard will not see the write: copy for it now
-            rec._inputs = tuple([self._copy_for_write(rec, a) if isinstance(a, torch.Tensor) else a for a in args])
+            copy = self._keeper.copy_for_write
+            rec._inputs = tuple([copy(rec, a) if isinstance(a, torch.Tensor) else a for a in args])
         else:
-            rec._inputs = self._keep(rec, tuple(args))
+            rec._inputs = self._keeper.keep(rec, tuple(args))
         self._started.setdefault(name, []).append(rec)
         if not (self.backward and torch.is_grad_enabled()):
             return None
@@ -242,13 +173,13 @@ class Recording:
         started = self._started.get(name)
         if started:
             rec = started.pop()
-        else:  # no pre-hook on this module (see _needs_pre_hook), or it was added mid-forward
+        else:  # no pre-hook on this module (see may_write_into_input), or it was added mid-forward
             rec = Record(name, type(module).__name__, call=-1, index=-1)
-            rec._inputs = self._keep(rec, tuple(args))
+            rec._inputs = self._keeper.keep(rec, tuple(args))
         rec.call = self._calls.get(name, 0)
         self._calls[name] = rec.call + 1
         rec.index = len(self.records)
-        rec._output = self._keep(rec, output)
+        rec._output = self._keeper.keep(rec, output)
         self.records.append(rec)
         if not self.backward:
             return
@@ -285,15 +216,15 @@ class Recording:
     def __enter__(self) -> Recording:
         try:
             for name, module in self.modules.items():
-                unguarded = not self.clone and _runs_unguarded(module)
-                start = self.backward or _needs_pre_hook(module)
+                unguarded = not self.clone and runs_unguarded(module)
+                start = self.backward or may_write_into_input(module)
                 if unguarded or start:
                     hook = functools.partial(self._pre_hook, name, unguarded, start)
                     self._handles.append(module.register_forward_pre_hook(hook))
                 hook = functools.partial(self._forward_hook, name, start)
                 self._handles.append(module.register_forward_hook(hook, always_call=True))
             if not self.clone:
-                self._mode = CopyOnWrite(self._copy_before_write)
+                self._mode = CopyOnWrite(self._keeper.before_write)
                 self._mode.__enter__()
         except BaseException:
             self._remove_hooks()
@@ -303,12 +234,11 @@ class Recording:
     def __exit__(self, exc_type, exc, tb) -> None:
         try:
             if self._mode is not None:
-                _remove_mode(self._mode)
+                self._mode.remove()
                 self._mode = None
         finally:
             self._remove_hooks()
-            self._watched.clear()
-            self._copies.clear()
+            self._keeper.clear()
             self._started.clear()
             self._open.clear()
 
@@ -317,106 +247,6 @@ class Recording:
             handle.remove()
         self._handles.clear()
         self._tensor_handles.clear()
-
-
-def _top_mode():
-    """The innermost active torch function mode, or None."""
-    depth = torch._C._len_torch_function_stack()
-    return torch._C._get_function_stack_at(depth - 1) if depth else None
-
-
-def _remove_mode(mode) -> None:
-    """Take ``mode`` off the torch function mode stack, also when modes entered after it are still on."""
-    above = []
-    while torch._C._len_torch_function_stack():
-        top = torch._C._pop_torch_function_stack()
-        if top is mode:
-            break
-        above.append(top)
-    for other in reversed(above):
-        torch._C._push_on_torch_function_stack(other)
-
-
-#: Layers that never write into their input: their inputs can be kept after they ran, which
-#: saves a pre-hook call each (recording is cheaper). Layers with an ``inplace`` flag are judged
-#: by it; any other module gets a pre-hook, so that its inputs are kept before it runs.
-_PURE_LAYERS = (
-    nn.modules.conv._ConvNd,
-    nn.Linear,
-    nn.Bilinear,
-    nn.modules.batchnorm._NormBase,
-    nn.LayerNorm,
-    nn.GroupNorm,
-    nn.modules.pooling._MaxPoolNd,
-    nn.modules.pooling._AvgPoolNd,
-    nn.modules.pooling._AdaptiveAvgPoolNd,
-    nn.modules.pooling._AdaptiveMaxPoolNd,
-    nn.Flatten,
-    nn.Unflatten,
-    nn.Embedding,
-    nn.Identity,
-    nn.Sigmoid,
-    nn.Tanh,
-    nn.GELU,
-    nn.Softmax,
-    nn.LogSoftmax,
-    nn.Upsample,
-)
-
-
-def _runs_unguarded(module: nn.Module) -> bool:
-    """PyTorch's own normalization layers and layers with an ``inplace`` flag: they call torch
-    functions the guard is slowest to look at, and write into nothing but their own buffers and
-    (in place) their input."""
-    kind = type(module)
-    unguarded = _UNGUARDED.get(kind)
-    if unguarded is None:
-        unguarded = _UNGUARDED[kind] = kind.__module__.startswith("torch.nn.modules.") and (
-            "inplace" in module.__dict__ or issubclass(kind, _NORMS)
-        )
-    return unguarded
-
-
-_UNGUARDED: dict[type, bool] = {}
-_NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
-
-
-def _is_pure(kind: type) -> bool:
-    pure = _PURE.get(kind)
-    if pure is None:
-        pure = _PURE[kind] = issubclass(kind, _PURE_LAYERS)
-    return pure
-
-
-_PURE: dict[type, bool] = {}
-
-
-def _view(t: torch.Tensor) -> tuple:
-    """Which part of its memory a tensor shows: tensors alive at the same time in the same memory
-    with equal views hold the same numbers."""
-    return (t.storage_offset(), t.shape, t.stride(), t.dtype)
-
-
-def _replace(rec: Record, old: torch.Tensor, new: torch.Tensor) -> None:
-    """Put ``new`` where ``rec`` holds ``old`` (its inputs or output: gradients are always copies)."""
-    rec._versions.pop(id(old), None)
-    rec._versions[id(new)] = new._version
-    for attr in ("_inputs", "_output"):
-        value = getattr(rec, attr)
-        if value is old:
-            setattr(rec, attr, new)
-        elif type(value) is tuple and all(v is None or isinstance(v, torch.Tensor) for v in value):
-            if any(v is old for v in value):
-                setattr(rec, attr, tuple(new if v is old else v for v in value))
-        elif value is not None and not isinstance(value, torch.Tensor):
-            setattr(rec, attr, tree_map(lambda v: new if v is old else v, value))
-
-
-def _needs_pre_hook(module: nn.Module) -> bool:
-    """Whether the module's inputs must be kept before it runs (it may write into them)."""
-    if "inplace" in module.__dict__:  # not hasattr: nn.Module's failing __getattr__ is slow
-        return bool(module.inplace)
-    return not _is_pure(type(module))
 
 
 def record(
