@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn.modules import module as module_mod
 from torch.optim import optimizer as optimizer_mod
 
-__all__ = ["MODULE_HOOK_DICTS", "global_hooks", "leftover_hooks", "live_modules"]
+__all__ = ["MODULE_HOOK_DICTS", "clear_hooks", "global_hooks", "leftover_hooks", "live_modules"]
 
 #: the per-module dictionaries that nn.Module keeps its hooks in
 MODULE_HOOK_DICTS = (
@@ -90,3 +90,21 @@ def _parameter_hooks(modules) -> list[str]:
             if n:
                 found.append(f"{type(top).__name__} parameter {name}: {n} tensor hook(s)")
     return found
+
+
+#: bookkeeping dictionaries beside the hook dictionaries, keyed by the same handle ids
+_SIDE_DICTS = ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+
+
+def clear_hooks(*modules: nn.Module) -> list[str]:
+    """What ``leftover_hooks(*modules)`` reports; then every module hook on them and their
+    submodules is dropped. Exercise checkers call it on their own models, so that a student's
+    forgotten hook never stays behind (parameter and global hooks are only reported)."""
+    left = leftover_hooks(*modules)
+    for top in modules:
+        for m in top.modules():
+            for attr in MODULE_HOOK_DICTS + _SIDE_DICTS:
+                hooks = getattr(m, attr, None)
+                if hooks:
+                    hooks.clear()
+    return left

@@ -43,13 +43,12 @@ class SeedConvNet(nn.Module):
 
     def __init__(self, seed: int = 0, inplace: bool = True) -> None:
         super().__init__()
-        generator_state = torch.random.get_rng_state()
-        torch.manual_seed(seed)
-        self.conv1 = nn.Conv2d(1, 2, kernel_size=3)
-        self.relu1 = nn.ReLU(inplace=inplace)
-        self.conv2 = nn.Conv2d(2, 1, kernel_size=1)
-        self.relu2 = nn.ReLU(inplace=inplace)
-        torch.random.set_rng_state(generator_state)
+        with torch.random.fork_rng():  # weights from `seed`; the caller's random stream stays as it was
+            torch.manual_seed(seed)
+            self.conv1 = nn.Conv2d(1, 2, kernel_size=3)
+            self.relu1 = nn.ReLU(inplace=inplace)
+            self.conv2 = nn.Conv2d(2, 1, kernel_size=1)
+            self.relu2 = nn.ReLU(inplace=inplace)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.relu2(self.conv2(self.relu1(self.conv1(x))))
@@ -62,22 +61,21 @@ class DigitsCNN(nn.Module):
         super().__init__()
         if head not in ("gap", "flatten"):
             raise ValueError(f"head must be 'gap' or 'flatten', not {head!r}")
-        generator_state = torch.random.get_rng_state()
-        torch.manual_seed(seed)
-        self.features = nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1),
-            nn.ReLU(),
-            nn.Conv2d(16, 32, 3, padding=1),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1),
-            nn.ReLU(),
-        )
-        if head == "gap":
-            self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
-        else:
-            self.head = nn.Sequential(nn.Flatten(), nn.Linear(64 * 4 * 4, 10))
-        torch.random.set_rng_state(generator_state)
+        with torch.random.fork_rng():  # weights from `seed`; the caller's random stream stays as it was
+            torch.manual_seed(seed)
+            self.features = nn.Sequential(
+                nn.Conv2d(1, 16, 3, padding=1),
+                nn.ReLU(),
+                nn.Conv2d(16, 32, 3, padding=1),
+                nn.ReLU(),
+                nn.MaxPool2d(2),
+                nn.Conv2d(32, 64, 3, padding=1),
+                nn.ReLU(),
+            )
+            if head == "gap":
+                self.head = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+            else:
+                self.head = nn.Sequential(nn.Flatten(), nn.Linear(64 * 4 * 4, 10))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))

@@ -6,10 +6,15 @@ stable line: ``not solved yet`` while the answer still raises ``NotImplementedEr
 difference from the expected value. Each notebook's checkers live in ``nbNN.py`` beside this
 file and register themselves with ``@exercise``; solutions notebooks in
 ``notebooks/solutions/`` run the same checks on worked answers.
+
+A checker may seed torch's random generator to build its own models: ``@exercise`` runs it on a
+copy of the generator's state, so the student's random stream is the same after a check as
+before it.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import pkgutil
 from collections.abc import Callable
@@ -40,10 +45,21 @@ def exercise(id: str, title: str):
     def register(checker: Callable[[object], Outcome]) -> Callable[[object], Outcome]:
         if id in _REGISTRY:
             raise ValueError(f"exercise {id} is registered twice")
-        _REGISTRY[id] = Exercise(id, title, checker)
+        _REGISTRY[id] = Exercise(id, title, _on_own_random_stream(checker))
         return checker
 
     return register
+
+
+def _on_own_random_stream(checker: Callable[[object], Outcome]) -> Callable[[object], Outcome]:
+    @functools.wraps(checker)
+    def run(answer: object) -> Outcome:
+        import torch
+
+        with torch.random.fork_rng():
+            return checker(answer)
+
+    return run
 
 
 def exercises() -> dict[str, Exercise]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..audit import leftover_hooks
+from ..audit import clear_hooks
 from . import Outcome, exercise
 
 
@@ -18,13 +18,11 @@ def _count_calls(make_counter) -> Outcome:
     layer = nn.Linear(2, 2)
     answer = make_counter(layer)
     if not (isinstance(answer, tuple) and len(answer) == 2):
-        layer._forward_hooks.clear()
-        layer._forward_pre_hooks.clear()
+        clear_hooks(layer)
         return Outcome(False, f"return the pair (calls, handle), got {type(answer).__name__}")
     counts, handle = answer
     if not callable(getattr(handle, "remove", None)):
-        layer._forward_hooks.clear()
-        layer._forward_pre_hooks.clear()
+        clear_hooks(layer)
         kind = type(handle).__name__
         return Outcome(False, f"the second item must be the handle (something with .remove()), got {kind}")
     try:
@@ -53,9 +51,8 @@ def _run_with_hook(run_with_hook) -> Outcome:
     plain = layer(x).detach()
     try:
         got = run_with_hook(layer, lambda m, args, output: 10 * output, x)
-        left = leftover_hooks(layer)
     finally:
-        layer._forward_hooks.clear()  # never leave a student's hook on the checker's model
+        left = clear_hooks(layer)  # never leave a student's hook on the checker's model
     if not isinstance(got, torch.Tensor) or not torch.allclose(got.detach(), 10 * plain):
         return Outcome(False, "return module(x) as the hook made it (here, 10 times the plain output)")
     if left:
@@ -70,8 +67,7 @@ def _run_with_hook(run_with_hook) -> Outcome:
     except Exception as error:  # the student's code may raise something else
         return Outcome(False, f"the module's ValueError should reach the caller, got {type(error).__name__}")
     finally:
-        left = leftover_hooks(failing)
-        failing._forward_hooks.clear()
+        left = clear_hooks(failing)
     if left:
         return Outcome(False, "after forward raised, the hook was left on the module: remove it in finally (or with)")
     if not reached:
@@ -111,7 +107,7 @@ def _first_nan(first_nan_layer) -> Outcome:
     whose output contains a NaN, or ``None`` when no output does."""
     model = _OutOfOrder()
     got = first_nan_layer(model, torch.tensor([[2.0, 3.0]]))
-    left = leftover_hooks(model)
+    left = clear_hooks(model)
     if left:
         return Outcome(False, f"hooks were left registered: {left[0]} (use hooklab.record in a with block)")
     if got == "sqrt":

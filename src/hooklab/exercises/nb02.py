@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..audit import leftover_hooks
+from ..audit import clear_hooks
 from ..layers import layer_names
 from ..models import SeedConvNet
 from ..record import record
@@ -27,11 +27,8 @@ class _Block(nn.Module):
 
 
 def _order_model() -> nn.Module:
-    generator_state = torch.random.get_rng_state()
-    torch.manual_seed(2)
-    model = nn.Sequential(nn.Linear(3, 4), _Block(), nn.Sequential(nn.Linear(4, 2)))
-    torch.random.set_rng_state(generator_state)
-    return model
+    torch.manual_seed(2)  # on the checker's own random stream (see ``exercise``)
+    return nn.Sequential(nn.Linear(3, 4), _Block(), nn.Sequential(nn.Linear(4, 2)))
 
 
 @exercise("02.1", "every module call, in execution order")
@@ -42,10 +39,7 @@ def _execution_order(execution_order) -> Outcome:
     try:
         got = execution_order(model, x)
     finally:
-        left = leftover_hooks(model)
-        for m in model.modules():  # never leave a student's hook behind on the checker's model
-            m._forward_hooks.clear()
-            m._forward_pre_hooks.clear()
+        left = clear_hooks(model)  # never leave a student's hook behind on the checker's model
     if left:
         return Outcome(False, f"hooks were left registered: {left[0]} (remove them in a finally block)")
     with record(model, layers=layer_names(model)[1:]) as rec:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..audit import leftover_hooks
+from ..audit import clear_hooks
 from ..models import SeedConvNet
 from . import Outcome, compare_tensors, exercise
 
@@ -25,7 +25,7 @@ def _capture(capture) -> Outcome:
     conv = nn.Conv2d(2, 3, 3, padding=1)
     x = torch.randn(1, 2, 5, 5, requires_grad=True)
     grad_input, grad_output = capture(conv, x)
-    if leftover_hooks(conv):
+    if clear_hooks(conv):
         return Outcome(False, "a hook is still registered on the module: remove it before returning")
     if not (isinstance(grad_input, tuple) and isinstance(grad_output, tuple)):
         return Outcome(False, "return the two tuples the hook received: (grad_input, grad_output)")
@@ -53,7 +53,7 @@ def _clip(clip_grad_output) -> Outcome:
     finally:
         if handle is not None:
             handle.remove()
-    if leftover_hooks(layer):
+    if clear_hooks(layer):
         return Outcome(False, "removing the returned handle left a hook behind: return the hook's handle")
     clipped = upstream.clamp(-0.5, 0.5)
     weight_ok = compare_tensors(layer.weight.grad, clipped.T @ x.detach())
@@ -72,7 +72,7 @@ def _in_place(conv_grad_outputs) -> Outcome:
     model = SeedConvNet(seed=0, inplace=True)
     x = torch.randn(2, 1, 6, 6, generator=torch.Generator().manual_seed(5))
     got = conv_grad_outputs(model, x)
-    if leftover_hooks(model):
+    if clear_hooks(model):
         return Outcome(False, "hooks are still registered on the model: remove them before returning")
     if not isinstance(got, dict) or sorted(got) != ["conv1", "conv2"]:
         keys = sorted(got) if isinstance(got, dict) else type(got).__name__

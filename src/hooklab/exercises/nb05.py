@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..audit import leftover_hooks
+from ..audit import clear_hooks
 from ..cam import GuidedBackprop
 from ..models import DigitsCNN
 from . import Outcome, compare_tensors, exercise
@@ -13,15 +13,6 @@ from . import Outcome, compare_tensors, exercise
 
 def _images(seed: int, n: int = 3) -> torch.Tensor:
     return torch.rand(n, 1, 8, 8, generator=torch.Generator().manual_seed(seed))
-
-
-def _clear_hooks(model: nn.Module) -> list[str]:
-    """What the student's code left on ``model``; then remove it so the checker's model is clean."""
-    left = leftover_hooks(model)
-    for m in model.modules():
-        for attr in ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"):
-            getattr(m, attr).clear()
-    return left
 
 
 @exercise("05.1", "a guided-backprop ReLU hook")
@@ -84,7 +75,7 @@ def _dead_channels(dead_channels) -> Outcome:
     try:
         got = dead_channels(model, "features.1", x)
     finally:
-        left = _clear_hooks(model)
+        left = clear_hooks(model)
     if left:
         return Outcome(False, f"a hook was left registered ({left[0]}): remove it in a finally block")
     got = sorted(int(c) for c in got)

@@ -34,11 +34,10 @@ def _rename_keys(upgrade) -> Outcome:
     and ``bias`` in place, using ``prefix`` (the Linear's place in the model), and leaves every
     other key alone.
     """
-    with torch.random.fork_rng():  # the student's random stream stays as it was
-        torch.manual_seed(6)
-        model = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
-        source = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
-        fresh = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1)).state_dict()
+    torch.manual_seed(6)  # on the checker's own random stream (see ``exercise``)
+    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
+    source = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
+    fresh = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1)).state_dict()
     old = {}
     for key, value in source.state_dict().items():
         layer, name = key.split(".")
@@ -112,12 +111,11 @@ def _swap_relu(swap) -> Outcome:
     answer = swap(nn.Sequential(), "0", nn.ReLU())
     if isinstance(answer, type):
         return Outcome(False, f"return a module, {answer.__name__}(), not the class {answer.__name__}")
-    with torch.random.fork_rng():
-        handle = module_hooks.register_module_module_registration_hook(swap)
-        try:
-            model = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), Block(), nn.Sequential(nn.ReLU()))
-        finally:
-            handle.remove()
+    handle = module_hooks.register_module_module_registration_hook(swap)
+    try:
+        model = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), Block(), nn.Sequential(nn.ReLU()))
+    finally:
+        handle.remove()
     after = nn.Sequential(nn.ReLU())  # built after remove(): must stay a ReLU
     types = [type(m).__name__ for _, m in model.named_modules()]
     if types.count("ReLU"):
@@ -137,9 +135,8 @@ def _predict_order(prediction) -> Outcome:
     prediction = list(prediction)
     if sorted(prediction) != sorted(ORDER_KINDS):
         return Outcome(False, "list each kind of ORDER_KINDS exactly once")
-    with torch.random.fork_rng():
-        torch.manual_seed(6)
-        layer = nn.Linear(2, 1)
+    torch.manual_seed(6)
+    layer = nn.Linear(2, 1)
     firings = trace_firing_order(layer, torch.ones(1, 2, requires_grad=True))
     measured = list(dict.fromkeys(f.kind for f in firings if f.kind in ORDER_KINDS))
     for i, (got, real) in enumerate(zip(prediction, measured, strict=True)):

@@ -1,0 +1,37 @@
+"""What holds for every exercise of the course: how an unsolved one is reported, and that checking
+an answer leaves the student's random stream as it was."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from hooklab.exercises import check, exercises
+
+EXERCISES = exercises()
+#: the stub each notebook gives: a function raising NotImplementedError, or None for 06.4,
+#: whose answer is a list
+STUB_IS_NONE = {"06.4"}
+
+
+def stub(*args, **kwargs):
+    raise NotImplementedError
+
+
+@pytest.mark.parametrize("id", EXERCISES)
+def test_the_notebook_stub_prints_not_solved_yet(id, capsys):
+    check(id, None if id in STUB_IS_NONE else stub)
+    assert capsys.readouterr().out == f"Exercise {id} ({EXERCISES[id].title}): not solved yet\n"
+
+
+@pytest.mark.parametrize("id", EXERCISES)
+def test_checking_leaves_the_students_random_stream_as_it_was(id):
+    """Checkers seed the generator to build their models; the student's next draw must not change."""
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    with contextlib.suppress(Exception):
+        EXERCISES[id].checker(stub)
+    assert torch.equal(torch.rand(3), expected)
