@@ -136,6 +136,11 @@ def test_summary_and_plots():
     assert "1" in stats.summary("gradient")
     fig = plot_mean_std(stats, "gradient")
     assert len(fig.axes) == 2 and fig.axes[1].get_yscale() == "log"
+    (ax,) = plot_mean_std(stats, columns=("dead",)).axes  # any statistic, one panel each
+    names = list(stats.activations)
+    assert [line.get_label() for line in ax.get_lines()] == names
+    for line, name in zip(ax.get_lines(), names, strict=True):
+        assert line.get_ydata().tolist() == stats[name].column("dead").tolist()
     fig2 = plot_colorful_dimension(stats["1"])
     assert fig2.axes[0].get_images()[0].get_array().shape == (40, 4)
     plt.close("all")

@@ -217,29 +217,29 @@ def track_stats(
                         grad_range=grad_range, only_training=only_training, keep_last=keep_last)
 
 
-def plot_mean_std(tracker: StatsTracker, kind: str = "activation", axes=None, log: bool | None = None):
-    """Mean (left) and std (right) of every tracked layer against the step; returns the figure.
+def plot_mean_std(tracker: StatsTracker, kind: str = "activation", axes=None, columns=("mean", "std")):
+    """One panel per statistic in ``columns`` (default: mean, then std), every tracked layer
+    against the step, in one colour per layer; returns the figure.
 
-    axes: two matplotlib axes to draw on (default: a new 9×3.2 in figure). log: logarithmic
-    y axis for the std (default: on for gradients, whose sizes span decades).
+    axes: matplotlib axes to draw on, one per column (default: a new figure, 4.5 in wide per
+    panel). A std of gradients is drawn on a logarithmic axis: their sizes span decades.
     """
     import matplotlib.pyplot as plt
 
     table = tracker._table(kind)
     if axes is None:
-        fig, axes = plt.subplots(1, 2, figsize=(9, 3.2), layout="constrained")
+        _, axes = plt.subplots(1, len(columns), figsize=(4.5 * len(columns), 3.2), layout="constrained", squeeze=False)
+        axes = axes[0]
     fig = axes[0].figure
     colors = plt.get_cmap("viridis")(torch.linspace(0, 0.9, max(len(table), 1)).tolist())
-    for color, (name, st) in zip(colors, table.items(), strict=False):
-        steps = list(st.steps)
-        axes[0].plot(steps, st.column("mean").tolist(), color=color, label=name)
-        axes[1].plot(steps, st.column("std").tolist(), color=color, label=name)
-    for ax, what in zip(axes, ("mean", "std"), strict=True):
-        ax.set_title(f"{kind} {what} per layer")
+    for ax, column in zip(axes, columns, strict=True):
+        for color, (name, st) in zip(colors, table.items(), strict=False):
+            ax.plot(list(st.steps), st.column(column).tolist(), color=color, label=name)
+        ax.set_title(f"{kind} {column} per layer")
         ax.set_xlabel("step")
-    if log if log is not None else kind == "gradient":
-        axes[1].set_yscale("log")
-    axes[1].legend(fontsize="small", title="layer", loc="center left", bbox_to_anchor=(1.0, 0.5))
+        if column == "std" and kind == "gradient":
+            ax.set_yscale("log")
+    axes[-1].legend(fontsize="small", title="layer", loc="center left", bbox_to_anchor=(1.0, 0.5))
     return fig
 
 
