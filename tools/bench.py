@@ -107,25 +107,14 @@ def interleaved(variants: dict, rounds: int, warmup: int = 2) -> dict:
     }
 
 
-def leaf_calls_reference(model: nn.Module, run) -> dict:
-    """What every leaf module call really produced: forward hooks storing a copy, keyed (name, call)."""
-    from hooklab.layers import select_layers
-
-    found: dict = {}
-
-    def hook(name):
-        def store(module, args, output):
-            call = sum(1 for key in found if key[0] == name)
-            found[(name, call)] = output.detach().clone()
-
-        return store
-
-    handles = [m.register_forward_hook(hook(n)) for n, m in select_layers(model, None).items()]
-    try:
-        run()
-    finally:
-        for h in handles:
-            h.remove()
+def by_call(pairs: list) -> dict:
+    """``{(name, call): tensor}`` from ``(name, tensor)`` pairs stored in call order."""
+    calls: dict = {}
+    found = {}
+    for name, tensor in pairs:
+        call = calls.get(name, 0)
+        calls[name] = call + 1
+        found[(name, call)] = tensor
     return found
 
 
@@ -136,7 +125,7 @@ def count_wrong(got: dict, reference: dict) -> str:
 
 
 # ----- 1. recording overhead ---------------------------------------------------------------------
-def overhead(rounds: int, torchlens: bool) -> dict:
+def overhead(rounds: int) -> dict:
     from torchvision.models import resnet18
     from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
 
@@ -160,10 +149,13 @@ def overhead(rounds: int, torchlens: bool) -> dict:
     extractor = create_feature_extractor(model, return_nodes={n: n for n in node_key})
 
     def plain_hooks(copy: bool, store: list):
-        def hook(module, args, output):
-            store.append(output.detach().clone() if copy else output.detach())
+        def hook(name):
+            def keep(module, args, output):
+                store.append((name, output.detach().clone() if copy else output.detach()))
 
-        return [m.register_forward_hook(hook) for m in leaves.values()]
+            return keep
+
+        return [m.register_forward_hook(hook(n)) for n, m in leaves.items()]
 
     results = {}
     for mode in ("forward", "forward+backward"):
@@ -217,14 +209,14 @@ def overhead(rounds: int, torchlens: bool) -> dict:
             variants["hooklab.record(backward=True)"] = lambda: hooklab_record(backward=True)
         timing = interleaved(variants, rounds if not backward else max(5, rounds // 2))
 
-        # correctness: which returned values are not what the module produced
-        reference = leaf_calls_reference(model, bare)
-        order = list(reference)  # plain hooks store in call order, like the reference
+        # correctness: which returned values are not what the module produced (a copy taken
+        # the moment each module returned is the reference)
+        reference = by_call(plain(True))
         checks = {
             "hooklab.record": {(r.name, r.call): r.output for r in hooklab_record()},
             "hooklab.record(clone=True)": {(r.name, r.call): r.output for r in hooklab_record(clone=True)},
-            "plain hooks, .detach().clone()": dict(zip(order, plain(True), strict=True)),
-            "plain hooks, .detach() (no copy)": dict(zip(order, plain(False), strict=True)),
+            "plain hooks, .detach().clone()": reference,
+            "plain hooks, .detach() (no copy)": by_call(plain(False)),
             "create_feature_extractor": {node_key[k]: v.detach() for k, v in fx().items()},
         }
         if backward:
@@ -236,7 +228,6 @@ def overhead(rounds: int, torchlens: bool) -> dict:
         results[mode] = timing
     assert not leftover_hooks(model), "a benchmarked recorder left hooks behind"
 
-    results["torchlens"] = torchlens_overhead(rounds) if torchlens else {"skipped": "--no-torchlens"}
     results["setup"] = "resnet18(weights=None).eval(), input (1, 3, 224, 224), one thread"
     return results
 
@@ -337,7 +328,7 @@ def memory(passes: int = 200) -> dict:
         with record(model, backward=True) as rec:
             loss_fn(model(x), y).backward()
         model.zero_grad(set_to_none=True)
-        return len(rec)
+        return rec
 
     for _ in range(10):  # warm-up: allocator pools, lazy imports
         one_pass()
@@ -345,7 +336,7 @@ def memory(passes: int = 200) -> dict:
     start, metric = memory_in_use()
     samples = {}
     for i in range(1, passes + 1):
-        records = one_pass()
+        records = len(one_pass())
         if i % 50 == 0:
             gc.collect()
             samples[i] = round((memory_in_use()[0] - start) / 2**20, 2)
@@ -356,9 +347,7 @@ def memory(passes: int = 200) -> dict:
     kept = []
     control_start = memory_in_use()[0]
     for _ in range(passes // 4):
-        with record(model, backward=True) as rec:
-            loss_fn(model(x), y).backward()
-        kept.append(rec)
+        kept.append(one_pass())
     gc.collect()
     control = round((memory_in_use()[0] - control_start) / 2**20, 2)
     del kept
@@ -563,11 +552,13 @@ def main(argv: list[str] | None = None) -> int:
         from hooklab.course import reuse_freed_memory
 
         print("1/4 recording overhead (resnet18), glibc's default allocator settings ...", flush=True)
-        report["overhead_default_allocator"] = overhead(args.rounds, torchlens=False)
-        report["overhead_default_allocator"].pop("torchlens", None)
+        report["overhead_default_allocator"] = overhead(args.rounds)
         print("    ... and with freed memory kept for reuse, as hooklab.setup() does ...", flush=True)
         reuse_freed_memory()
-        report["overhead"] = overhead(args.rounds, torchlens=not args.no_torchlens)
+        report["overhead"] = overhead(args.rounds)
+        report["overhead"]["torchlens"] = (
+            {"skipped": "--no-torchlens"} if args.no_torchlens else torchlens_overhead(args.rounds)
+        )
     if "memory" in groups:
         print("2/4 memory over 200 recorded passes ...", flush=True)
         report["memory"] = memory()

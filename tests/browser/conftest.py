@@ -30,11 +30,8 @@ def lab_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def lab(lab_root, tmp_path_factory):
-    server = LabServer(lab_root, tmp_path_factory.mktemp("lab-home"))
-    try:
-        yield server.start()
-    finally:
-        server.stop()
+    with LabServer(lab_root, tmp_path_factory.mktemp("lab-home")) as server:  # stopped also on failure
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -42,7 +42,7 @@ def free_port() -> int:
 
 
 class LabServer:
-    """``with LabServer(root) as lab: lab.url("lab/tree/x.ipynb")`` — stopped on exit, also on error."""
+    """``with LabServer(root, home) as lab: lab.url("lab/tree/x.ipynb")`` — stopped on exit, also on error."""
 
     def __init__(self, root: Path, home: Path, startup_timeout: float = 90.0):
         self.root = Path(root)
