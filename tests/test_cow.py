@@ -94,7 +94,7 @@ IN_PLACE_LAYERS = {
 @pytest.mark.parametrize("make", IN_PLACE_LAYERS.values(), ids=IN_PLACE_LAYERS.keys())
 @pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
 def test_every_in_place_layer_leaves_the_records_before_it_intact(make, grad):
-    """In-place layers run with the guard off; their pre-hook copies what they will overwrite."""
+    """The guard sees every in-place layer's write, however the layer passes its flag."""
     model = nn.Sequential(nn.Linear(3, 6), make())
     x = torch.randn(5, 3)
     expected = model[0](x).detach()
@@ -111,7 +111,7 @@ def test_a_layer_that_raises_leaves_the_guard_on_for_the_rest_of_the_block():
     x = torch.randn(4, 3)
     with record(model) as rec:
         with pytest.raises(RuntimeError):
-            model[1](torch.randn(4, 5))  # runs with the guard off, and raises: wrong size
+            model[1](torch.randn(4, 5))  # raises: wrong size
         assert torch._C._len_torch_function_stack() == 1, "the guard must be back on"
         out = model(x)
         expected = out.detach().clone()

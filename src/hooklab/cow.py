@@ -18,6 +18,7 @@ caught afterwards: a record checks the tensor's version counter when it is read 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -53,6 +54,13 @@ def storage_key(tensor: torch.Tensor) -> int | None:
         return None
 
 
+@functools.cache
+def _writes_by_name(func) -> bool:
+    """Whether the function's name alone says it writes into its first argument."""
+    name = getattr(func, "__name__", "")
+    return (name.endswith("_") and not name.endswith("__")) or name in _AUGMENTED
+
+
 def writes_into(func, args: tuple, kwargs: dict) -> list[torch.Tensor]:
     """The tensors a torch function call will write into (see the module docstring)."""
     written = []
@@ -64,12 +72,7 @@ def writes_into(func, args: tuple, kwargs: dict) -> list[torch.Tensor]:
             written.extend(t for t in out if isinstance(t, torch.Tensor))
         if kwargs.get("inplace") and args and isinstance(args[0], torch.Tensor):
             written.append(args[0])
-    name = getattr(func, "__name__", "")
-    if (
-        args
-        and isinstance(args[0], torch.Tensor)
-        and ((name.endswith("_") and not name.endswith("__")) or name in _AUGMENTED)
-    ):
+    if args and isinstance(args[0], torch.Tensor) and _writes_by_name(func):
         written.append(args[0])
     return written
 
@@ -80,36 +83,13 @@ class CopyOnWrite(TorchFunctionMode):
     def __init__(self, before_write: Callable[[torch.Tensor], None]):
         super().__init__()
         self.before_write = before_write
-        self._in_place_by_name: dict = {}  # func -> does its name alone say it writes?
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        in_place = self._in_place_by_name.get(func)
-        if in_place is None:
-            name = getattr(func, "__name__", "")
-            in_place = (name.endswith("_") and not name.endswith("__")) or name in _AUGMENTED
-            self._in_place_by_name[func] = in_place
-        if in_place or kwargs:  # the common case, a pure function without keywords, skips this
+        if kwargs or _writes_by_name(func):  # the common case, a pure function without keywords, skips this
             for tensor in writes_into(func, args, kwargs):
                 self.before_write(tensor)
         return func(*args, **kwargs)
-
-    # The guard can step aside while code it need not watch runs (``hooklab.record`` does that
-    # for layers whose only write it copies for itself).
-    def suspend(self) -> bool:
-        """Take the guard off the mode stack if it is the innermost mode; whether it did.
-
-        A mode entered after the guard stays in charge, so the guard stays on below it.
-        """
-        depth = torch._C._len_torch_function_stack()
-        if depth and torch._C._get_function_stack_at(depth - 1) is self:
-            torch._C._pop_torch_function_stack()
-            return True
-        return False
-
-    def resume(self) -> None:
-        """Put the guard back after ``suspend()`` returned True."""
-        torch._C._push_on_torch_function_stack(self)
 
     def remove(self) -> None:
         """End the guard: take it off the mode stack wherever it is (what ``__exit__`` does when it

@@ -59,10 +59,7 @@ class Keeper:
         if self.copy_at_once:
             t = self._copy_of(t)
         else:
-            try:
-                key = t.untyped_storage().data_ptr()  # what storage_key does, without the call
-            except (RuntimeError, NotImplementedError):
-                key = None
+            key = storage_key(t)
             if key is not None:
                 self._watched.setdefault(key, []).append((record, t))
         record._versions[id(t)] = t._version
@@ -77,10 +74,10 @@ class Keeper:
         self._copies[id(t)] = (weakref.ref(t), t._version, copy)
         return copy
 
-    def before_write(self, tensor: torch.Tensor) -> dict:
+    def before_write(self, tensor: torch.Tensor) -> None:
         """Called just before ``tensor`` is written into: every kept tensor sharing its memory is
         replaced by a copy, one copy per view (``view_of``) shared by every record holding it (a
-        ReLU's input record and the record of the layer before it, say). Returns the copies, by view."""
+        ReLU's input record and the record of the layer before it, say)."""
         key = storage_key(tensor)
         watched = self._watched.pop(key, None) if key is not None else None
         copies: dict = {}
@@ -90,18 +87,6 @@ class Keeper:
             if copy is None:
                 copy = copies[view] = kept.clone()
             _replace(rec, kept, copy)
-        return copies
-
-    def copy_for_write(self, record: Record, t: torch.Tensor) -> torch.Tensor:
-        """The input of an in-place layer, copied just before the layer writes into it; earlier
-        records holding the same memory get copies too (the same copy where they hold the same view)."""
-        if t.is_inference():
-            return t.clone()
-        copy = self.before_write(t).get(view_of(t))
-        if copy is None:
-            copy = t.detach().clone()
-        record._versions[id(copy)] = copy._version
-        return copy
 
 
 def view_of(t: torch.Tensor) -> tuple:

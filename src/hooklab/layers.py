@@ -1,5 +1,5 @@
-"""Pick layers by name, with errors that say what names exist; and what ``hooklab.record`` knows
-about PyTorch's own layers (which never write into their input, which may run unguarded).
+"""Pick layers by name, with errors that say what names exist; and which of PyTorch's own layers
+never write into their input (what ``hooklab.record`` needs to know).
 
 Introduced in notebook 00; every recorder and explorer of the course uses it.
 """
@@ -115,23 +115,6 @@ PURE_LAYERS = (
     nn.LogSoftmax,
     nn.Upsample,
 )
-
-
-def runs_unguarded(module: nn.Module) -> bool:
-    """PyTorch's own normalization layers and layers with an ``inplace`` flag: they call torch
-    functions the guard is slowest to look at, and write into nothing but their own buffers and
-    (in place) their input."""
-    kind = type(module)
-    unguarded = _UNGUARDED.get(kind)
-    if unguarded is None:
-        unguarded = _UNGUARDED[kind] = kind.__module__.startswith("torch.nn.modules.") and (
-            "inplace" in module.__dict__ or issubclass(kind, _NORMS)
-        )
-    return unguarded
-
-
-_UNGUARDED: dict[type, bool] = {}
-_NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
 
 
 def is_pure(kind: type) -> bool:

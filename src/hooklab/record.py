@@ -31,7 +31,6 @@ Contract
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Iterable
 from typing import Any
 
@@ -41,7 +40,7 @@ from torch.utils._pytree import tree_flatten
 
 from .cow import CopyOnWrite
 from .keep import Keeper
-from .layers import may_write_into_input, runs_unguarded, select_layers
+from .layers import may_write_into_input, select_layers
 from .records import NoGradientError, Record, StaleRecordError, shape_of
 
 # Record and the two errors are defined in hooklab.records and re-exported here.
@@ -63,7 +62,6 @@ class Recording:
         self._handles: list = []
         self._tensor_handles: list = []
         self._mode: CopyOnWrite | None = None
-        self._open: list[tuple[nn.Module, bool]] = []  # module calls between pre-hook and forward hook
 
     # ----- reading -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -109,52 +107,29 @@ class Recording:
         self._keeper.clear()
 
     # ----- hooks ---------------------------------------------------------------------------
-    # Some of PyTorch's own layers (``layers.runs_unguarded``) run with the guard off: their pre-hook
-    # takes the guard off the mode stack and their forward hook (``always_call=True``: it runs
-    # also when the layer raises) puts it back. The guard would look at several torch calls
-    # inside each of them, and the only write they can make, an in-place layer's into its
-    # input, is copied for by the pre-hook.
-    def _pre_hook(self, name: str, unguarded: bool, start: bool, module: nn.Module, args: tuple):
-        suspended = unguarded and self._mode is not None and self._mode.suspend()
-        self._open.append((module, suspended))
-        if not start:
-            return None
-        if self._mode is None or suspended:
-            return self._start_record(name, module, args, suspended)
+    def _pre_hook(self, name: str, module: nn.Module, args: tuple):
+        if self._mode is None:
+            return self._start_record(name, module, args)
         with torch._C.DisableTorchFunction():  # the hook writes nothing: keep the guard out of it
-            return self._start_record(name, module, args, suspended)
+            return self._start_record(name, module, args)
 
-    def _forward_hook(self, name: str, start: bool, module: nn.Module, args: tuple, output: Any) -> None:
-        suspended = False
-        if self._open and self._open[-1][0] is module:  # else: the module was running before the block
-            suspended = self._open.pop()[1]
-        try:
-            if output is None and sys.exc_info()[1] is not None:  # the module raised: no record
-                if start and self._started.get(name):
-                    self._started[name].pop()
-            elif self._mode is None or suspended:
-                self._finish_record(name, module, args, output)
-            else:
-                with torch._C.DisableTorchFunction():
-                    self._finish_record(name, module, args, output)
-        finally:
-            if suspended:
-                self._mode.resume()
+    def _forward_hook(self, name: str, module: nn.Module, args: tuple, output: Any) -> None:
+        if self._mode is None:
+            self._finish_record(name, module, args, output)
+            return
+        with torch._C.DisableTorchFunction():
+            self._finish_record(name, module, args, output)
 
-    def _start_record(self, name: str, module: nn.Module, args: tuple, suspended: bool):
+    def _start_record(self, name: str, module: nn.Module, args: tuple):
         # The record starts before the module runs, so that its inputs are kept as they came in:
         # a module working in place (ReLU(inplace=True)) would otherwise show its result as input.
         rec = Record(name, type(module).__name__, call=-1, index=-1)
-        in_place = bool(getattr(module, "inplace", False))
-        if in_place and suspended:  # the guard will not see the write: copy for it now
-            copy = self._keeper.copy_for_write
-            rec._inputs = tuple([copy(rec, a) if isinstance(a, torch.Tensor) else a for a in args])
-        else:
-            rec._inputs = self._keeper.keep(rec, tuple(args))
+        rec._inputs = self._keeper.keep(rec, tuple(args))
         self._started.setdefault(name, []).append(rec)
         if not (self.backward and torch.is_grad_enabled()):
             return None
         rec._grad_input = (None,) * len(args)
+        in_place = bool(getattr(module, "inplace", False))
         new_args, changed = list(args), False
         for i, a in enumerate(args):
             if isinstance(a, torch.Tensor) and a.requires_grad:
@@ -216,13 +191,9 @@ class Recording:
     def __enter__(self) -> Recording:
         try:
             for name, module in self.modules.items():
-                unguarded = not self.clone and runs_unguarded(module)
-                start = self.backward or may_write_into_input(module)
-                if unguarded or start:
-                    hook = functools.partial(self._pre_hook, name, unguarded, start)
-                    self._handles.append(module.register_forward_pre_hook(hook))
-                hook = functools.partial(self._forward_hook, name, start)
-                self._handles.append(module.register_forward_hook(hook, always_call=True))
+                if self.backward or may_write_into_input(module):
+                    self._handles.append(module.register_forward_pre_hook(functools.partial(self._pre_hook, name)))
+                self._handles.append(module.register_forward_hook(functools.partial(self._forward_hook, name)))
             if not self.clone:
                 self._mode = CopyOnWrite(self._keeper.before_write)
                 self._mode.__enter__()
@@ -240,7 +211,6 @@ class Recording:
             self._remove_hooks()
             self._keeper.clear()
             self._started.clear()
-            self._open.clear()
 
     def _remove_hooks(self) -> None:
         for handle in self._handles + self._tensor_handles:
