@@ -31,6 +31,17 @@ def test_leftover_hooks_sees_module_parameter_and_global_hooks():
     assert leftover_hooks(model) == [] and global_hooks() == []
 
 
+def test_a_parameter_hook_is_reported_once_however_many_modules_hold_the_parameter():
+    inner = nn.Linear(2, 2)
+    outer = nn.Sequential(nn.Sequential(inner))
+    handle = inner.weight.register_hook(lambda g: g)
+    try:
+        found = [f for f in leftover_hooks(outer, outer[0], inner) if "tensor hook" in f]
+    finally:
+        handle.remove()
+    assert found == ["Sequential parameter 0.0.weight: 1 tensor hook(s)"]
+
+
 def test_fixture_would_catch_a_leak():
     """The autouse fixture relies on leftover_hooks() seeing every live module."""
     model = nn.Linear(1, 1)

@@ -82,8 +82,12 @@ def leftover_hooks(*modules: nn.Module) -> list[str]:
 def _parameter_hooks(modules) -> list[str]:
     """Tensor hooks (``register_hook``, ``register_post_accumulate_grad_hook``) on parameters."""
     found = []
+    seen: set[int] = set()  # a parameter is reached from every live module above it: report it once
     for top in modules:
         for name, p in top.named_parameters():
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
             hooks = getattr(p, "_backward_hooks", None)
             post = getattr(p, "_post_accumulate_grad_hooks", None)
             n = len(hooks or {}) + len(post or {})
