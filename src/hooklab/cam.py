@@ -31,7 +31,7 @@ from torch import nn
 from .layers import get_layer
 from .record import Recording, record
 
-__all__ = ["CamResult", "GradCAM", "GuidedBackprop", "grad_cam", "guided_grad_cam", "upsample"]
+__all__ = ["CamResult", "GradCAM", "GuidedBackprop", "grad_cam", "guided_grad_cam", "guided_grad_cam_parts", "upsample"]
 
 
 def _targets(scores: torch.Tensor, target) -> torch.Tensor:
@@ -158,7 +158,15 @@ def upsample(maps: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
 
 def guided_grad_cam(model: nn.Module, x: torch.Tensor, layer: str, target=None) -> torch.Tensor:
     """Guided backprop saliency (summed over colour channels) times the upsampled Grad-CAM map."""
+    return guided_grad_cam_parts(model, x, layer, target)["guided"]
+
+
+def guided_grad_cam_parts(model: nn.Module, x: torch.Tensor, layer: str, target=None) -> dict:
+    """What guided Grad-CAM is made of, for a batch: the Grad-CAM ``result``, its maps upsampled
+    to the input (``cam``), the guided-backprop ``saliency`` summed over colour channels, and their
+    product (``guided``)."""
     result = grad_cam(model, x, layer, target)
     with GuidedBackprop(model) as gb:
-        saliency = gb.saliency(x, result.targets)
-    return saliency.sum(dim=1) * upsample(result.maps, tuple(x.shape[-2:]))
+        saliency = gb.saliency(x, result.targets).sum(dim=1)
+    cam = upsample(result.maps, tuple(x.shape[-2:]))
+    return {"result": result, "cam": cam, "saliency": saliency, "guided": saliency * cam}

@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 import torch
 from torch import nn
 
-from .cam import GuidedBackprop, grad_cam, upsample
+from .cam import guided_grad_cam_parts
 from .layers import get_layer
 from .widgets import Panel, describe_tensor, show_in_output
 
@@ -59,12 +59,8 @@ class GradCamPicker:
 
     def compute(self, layer: str, target: int, index: int = 0) -> dict:
         """Grad-CAM at ``layer`` (and upsampled), guided backprop and guided Grad-CAM for one image."""
-        x = self.images[index : index + 1]
-        result = grad_cam(self.model, x, layer, target)
-        with GuidedBackprop(self.model) as gb:
-            saliency = gb.saliency(x, target)[0, 0]
-        cam = upsample(result.maps, tuple(x.shape[-2:]))[0]
-        return {"result": result, "cam": cam, "saliency": saliency, "guided": saliency * cam}
+        parts = guided_grad_cam_parts(self.model, self.images[index : index + 1], layer, target)
+        return {key: value if key == "result" else value[0] for key, value in parts.items()}
 
     def describe(self, layer: str, target: int, index: int, parts: dict) -> str:
         """Three lines: image, class and score; the Grad-CAM map's peak and sign; guided Grad-CAM."""
@@ -83,10 +79,9 @@ class GradCamPicker:
         print(self.describe(layer, target, index, parts))
         return self.figure(layer, target, index, parts)
 
-    def figure(self, layer: str, target: int, index: int = 0, parts: dict | None = None, fig=None):
+    def figure(self, layer: str, target: int, index: int, parts: dict):
         """Input, Grad-CAM with the digit's outline, guided backprop, guided Grad-CAM; returns the figure."""
-        parts = parts or self.compute(layer, target, index)
-        fig = fig or plt.figure(figsize=(9, 2.9), layout="constrained")
+        fig = plt.figure(figsize=(9, 2.9), layout="constrained")
         axes = fig.subplots(1, 4)
         image = self.images[index, 0]
         axes[0].imshow(image.numpy(), cmap="gray_r")

@@ -160,7 +160,7 @@ class LayerExplorer:
                 f"  channel {channel}: {describe_tensor(maps[channel])}\n"
                 f"  layer:      {describe_tensor(maps)}")
 
-    def figure(self, layer: str, channel: int = 0, kind: str = "activation", fig=None):
+    def figure(self, layer: str, channel: int = 0, kind: str = "activation"):
         """The channel with a colour bar (left) and every channel tiled (right); returns the figure.
 
         Activations are drawn in viridis, each tile scaled to [0, 1]; gradients in RdBu_r
@@ -168,7 +168,7 @@ class LayerExplorer:
         tile and in the channel on the left.
         """
         maps = self._get(layer, channel, kind)
-        fig = fig or plt.figure(figsize=(9, 3.6))
+        fig = plt.figure(figsize=(9, 3.6))
         left, right = fig.subplots(1, 2, width_ratios=(1, 1.3))
         image = maps[channel].numpy()
         if kind == "activation":
