@@ -175,10 +175,7 @@ class Recording:
 
     def _grad_setter(self, rec: Record, attr: str, i: int):
         def hook(grad):
-            values = getattr(rec, attr)
-            if values is None:  # the forward pass needed no gradient for this slot
-                return
-            values = list(values)
+            values = list(getattr(rec, attr))  # set before this hook was registered
             # Gradients are always copied: autograd may hand the same buffer on as a leaf's
             # .grad, which later backward calls and zero_grad() change in place.
             values[i] = grad.detach().clone()
