@@ -12,37 +12,71 @@ def run(id_, answer):
 
 
 # ----- 03.1 ------------------------------------------------------------------------------------
-def capture_right(module, x):
-    seen = {}
-    handle = module.register_full_backward_hook(lambda m, gi, go: seen.update(gi=gi, go=go))
+def gains_right(model, x):
+    gains, handles = {}, []
+
+    def keep(name):
+        def hook(module, grad_input, grad_output):
+            if grad_input[0] is not None:
+                gains[name] = (grad_input[0].norm() / grad_output[0].norm()).item()
+
+        return hook
+
     try:
-        module(x).sum().backward()
+        for name, module in model.named_children():
+            handles.append(module.register_full_backward_hook(keep(name)))
+        model(x).sum().backward()
     finally:
-        handle.remove()
-    return seen["gi"], seen["go"]
+        for h in handles:
+            h.remove()
+    return gains
 
 
-def capture_swapped(module, x):
-    grad_input, grad_output = capture_right(module, x)
-    return grad_output, grad_input
+def test_03_1_accepts_right_answer():
+    outcome = run("03.1", gains_right)
+    assert outcome.passed and "layer '2'" in outcome.detail, outcome.detail
 
 
-def capture_leaves_hook(module, x):
-    seen = {}
-    module.register_full_backward_hook(lambda m, gi, go: seen.update(gi=gi, go=go))
-    module(x).sum().backward()
-    return seen["gi"], seen["go"]
+def test_03_1_rejects_gains_upside_down():
+    outcome = run("03.1", lambda model, x: {name: 1 / g for name, g in gains_right(model, x).items()})
+    assert not outcome.passed and "upside down" in outcome.detail
 
 
-def test_03_1_accepts_right_rejects_swapped():
-    assert run("03.1", capture_right).passed
-    outcome = run("03.1", capture_swapped)
-    assert not outcome.passed and "grad_output[0]" in outcome.detail
+def test_03_1_rejects_forward_order():
+    outcome = run("03.1", lambda model, x: dict(reversed(gains_right(model, x).items())))
+    assert not outcome.passed and "order the hooks ran" in outcome.detail
 
 
-def test_03_1_rejects_a_hook_left_behind():
-    # the checker's module (and the hook left on it) is freed when the checker returns
-    outcome = run("03.1", capture_leaves_hook)
+def test_03_1_rejects_a_layer_without_input_gradient():
+    outcome = run("03.1", lambda model, x: {**gains_right(model, x), "0": 0.0})
+    assert not outcome.passed and "(None,)" in outcome.detail
+
+
+def test_03_1_rejects_a_wrong_gain():
+    outcome = run("03.1", lambda model, x: {**gains_right(model, x), "4": 1.0})
+    assert not outcome.passed and "layer '4'" in outcome.detail
+
+
+def test_03_1_explains_a_hook_that_returns_a_value():
+    def lambda_hooks(model, x):
+        handles = [m.register_full_backward_hook(lambda m, gi, go: (gi, go)) for m in model.children()]
+        try:
+            model(x).sum().backward()
+        finally:
+            for h in handles:
+                h.remove()
+
+    outcome = run("03.1", lambda_hooks)
+    assert not outcome.passed and "return None" in outcome.detail
+
+
+def test_03_1_rejects_hooks_left_behind():
+    def leaves_hooks(model, x):
+        for m in model.children():
+            m.register_full_backward_hook(lambda m, gi, go: None)
+        return gains_right(model, x)
+
+    outcome = run("03.1", leaves_hooks)
     assert not outcome.passed and "still registered" in outcome.detail
 
 
@@ -67,18 +101,21 @@ def test_03_2_rejects_no_clipping():
 
 
 # ----- 03.3 ------------------------------------------------------------------------------------
-def conv_grads_right(model, x):
+def relu_grads(model, x, hook_kind):
+    """Tensor hooks on each ReLU's input, registered in a forward pre-hook or (wrong) a forward hook."""
     grads, handles = {}, []
 
     def keep(name):
-        def forward_hook(module, args, output):
-            output.register_hook(lambda g: grads.__setitem__(name, g))
+        def register(module, args, *output):
+            handles.append(args[0].register_hook(lambda g: grads.__setitem__(name, g)))
 
-        return forward_hook
+        return register
 
     try:
-        for name in ("conv1", "conv2"):
-            handles.append(model.get_submodule(name).register_forward_hook(keep(name)))
+        for name in ("relu1", "relu2"):
+            module = model.get_submodule(name)
+            register = getattr(module, f"register_forward_{hook_kind}")
+            handles.append(register(keep(name)))
         model(x).sum().backward()
     finally:
         for h in handles:
@@ -86,37 +123,55 @@ def conv_grads_right(model, x):
     return grads
 
 
-def conv_grads_after_relu(model, x):
-    """Wrong: the gradient w.r.t. the ReLU outputs (hooks registered after the in-place op)."""
-    grads, handles = {}, []
-    try:
-        for conv, relu in (("conv1", "relu1"), ("conv2", "relu2")):
-            def hook(module, args, output, name=conv):
-                output.register_hook(lambda g: grads.__setitem__(name, g))  # returns None: output kept
-
-            handles.append(model.get_submodule(relu).register_forward_hook(hook))
-        model(x).sum().backward()
-    finally:
-        for h in handles:
-            h.remove()
-    return grads
+def test_03_3_accepts_pre_hooks_rejects_forward_hooks():
+    assert run("03.3", lambda model, x: relu_grads(model, x, "pre_hook")).passed
+    outcome = run("03.3", lambda model, x: relu_grads(model, x, "hook"))
+    assert not outcome.passed and "dL/d(ReLU output)" in outcome.detail and "pre-hook" in outcome.detail
 
 
-def test_03_3_accepts_right_rejects_after_relu():
-    assert run("03.3", conv_grads_right).passed
-    outcome = run("03.3", conv_grads_after_relu)
-    assert not outcome.passed and "before the ReLU" in outcome.detail
+def test_03_3_explains_a_pre_hook_that_returns_the_handle():
+    def lambda_pre_hooks(model, x):
+        grads, handles = {}, []
+        try:
+            for name in ("relu1", "relu2"):
+                handles.append(model.get_submodule(name).register_forward_pre_hook(
+                    lambda m, args, name=name: args[0].register_hook(lambda g: grads.__setitem__(name, g))))
+            model(x).sum().backward()
+        finally:
+            for h in handles:
+                h.remove()
+        return grads
+
+    outcome = run("03.3", lambda_pre_hooks)
+    assert not outcome.passed and "return None" in outcome.detail
+
+
+def test_03_3_explains_why_full_backward_hooks_fail():
+    def full_hooks(model, x):
+        grads, handles = {}, []
+        try:
+            for name in ("relu1", "relu2"):
+                handles.append(model.get_submodule(name).register_full_backward_hook(
+                    lambda m, gi, go, name=name: grads.__setitem__(name, gi[0])))
+            model(x).sum().backward()
+        finally:
+            for h in handles:
+                h.remove()
+        return grads
+
+    outcome = run("03.3", full_hooks)
+    assert not outcome.passed and "in place" in outcome.detail
 
 
 def test_03_3_rejects_wrong_keys():
-    outcome = run("03.3", lambda model, x: {"conv1": torch.zeros(1)})
+    outcome = run("03.3", lambda model, x: {"relu1": torch.zeros(1)})
     assert not outcome.passed and "keys" in outcome.detail
 
 
 def test_03_3_rejects_zeros_of_the_right_shape():
     def zeros(model, x):
-        right = conv_grads_right(model, x)
+        right = relu_grads(model, x, "pre_hook")
         return {name: torch.zeros_like(g) for name, g in right.items()}
 
     outcome = run("03.3", zeros)
-    assert not outcome.passed and "conv1" in outcome.detail
+    assert not outcome.passed and "relu1" in outcome.detail

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import warnings
+
 import torch
 from torch import nn
 
@@ -17,26 +20,72 @@ def _first_failure(*outcomes: tuple[str, Outcome]) -> Outcome | None:
     return None
 
 
-@exercise("03.1", "grad_input and grad_output of a full backward hook")
-def _capture(capture) -> Outcome:
-    """``capture(module, x)`` runs ``module(x).sum().backward()`` with a full backward hook on
-    ``module`` and returns ``(grad_input, grad_output)``, the two tuples the hook received."""
-    torch.manual_seed(3)
-    conv = nn.Conv2d(2, 3, 3, padding=1)
-    x = torch.randn(1, 2, 5, 5, requires_grad=True)
-    grad_input, grad_output = capture(conv, x)
-    if clear_hooks(conv):
-        return Outcome(False, "a hook is still registered on the module: remove it before returning")
-    if not (isinstance(grad_input, tuple) and isinstance(grad_output, tuple)):
-        return Outcome(False, "return the two tuples the hook received: (grad_input, grad_output)")
-    if len(grad_input) != 1 or len(grad_output) != 1:
-        return Outcome(False, f"expected one gradient in each tuple, got {len(grad_input)} and {len(grad_output)}")
-    (expected,) = torch.autograd.grad(conv(x).sum(), x)
-    failed = _first_failure(
-        ("grad_output[0]", compare_tensors(grad_output[0], torch.ones(1, 3, 5, 5))),
-        ("grad_input[0]", compare_tensors(grad_input[0], expected)),
+def _tanh_mlp(seed: int, loud: str) -> nn.Sequential:
+    """8 → 3 × (Linear(16) → Tanh) → Linear(4), layer ``loud``'s weights made 30 times larger."""
+    torch.manual_seed(seed)
+    model = nn.Sequential(
+        nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 4)
     )
-    return failed or Outcome(True, "grad_output is d(sum)/d(output) = ones, grad_input is d(sum)/d(input)")
+    with torch.no_grad():
+        model.get_submodule(loud).weight.mul_(30)
+    return model
+
+
+def _gains_by_autograd(model: nn.Sequential, x: torch.Tensor) -> dict[str, float]:
+    """|dL/d(input)| / |dL/d(output)| of every child but the first, output end first."""
+    values = [x]
+    for layer in model:
+        values.append(layer(values[-1]))
+    grads = torch.autograd.grad(values[-1].sum(), values[1:])  # grads[k] = dL/d(output of layer k)
+    names = [name for name, _ in model.named_children()]
+    return {names[k]: (grads[k - 1].norm() / grads[k].norm()).item() for k in reversed(range(1, len(names)))}
+
+
+def _hook_returned_a_value(error: RuntimeError) -> bool:
+    return "returned an invalid number of grad_input" in str(error)
+
+
+@exercise("03.1", "how much each layer scales the gradient")
+def _gains(gradient_gains) -> Outcome:
+    """``gradient_gains(model, x)`` puts a full backward hook on every child of ``model``, runs
+    ``model(x).sum().backward()`` and returns ``{name: |grad_input[0]| / |grad_output[0]|}`` in
+    the order the hooks ran, leaving out layers whose ``grad_input[0]`` is None."""
+    model = _tanh_mlp(seed=0, loud="2")
+    x = torch.randn(5, 8, generator=torch.Generator().manual_seed(1))  # needs no grad: layer 0 gets (None,)
+    try:
+        with warnings.catch_warnings():  # PyTorch warns that layer 0 gets (None,): the exercise says so already
+            warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
+            got = gradient_gains(model, x)
+    except RuntimeError as error:
+        if not _hook_returned_a_value(error):
+            raise
+        return Outcome(False, "your hook returned something, and a full backward hook's return value replaces "
+                              "grad_input; make it return None (a lambda returns whatever its expression gives)")
+    if clear_hooks(model):
+        return Outcome(False, "hooks are still registered on the model: remove them before returning")
+    expected = _gains_by_autograd(model, x)
+    if not isinstance(got, dict):
+        return Outcome(False, f"return a dict {{layer name: gain}}, not a {type(got).__name__}")
+    if "0" in got:
+        return Outcome(False, "leave out layer '0': its input needs no grad, so its grad_input is (None,)")
+    if sorted(got) != sorted(expected):
+        return Outcome(False, f"expected the layers {sorted(expected)}, got {sorted(got)}")
+    try:
+        values = {name: float(value) for name, value in got.items()}
+    except (TypeError, ValueError, RuntimeError):
+        return Outcome(False, "every gain should be one number (a float or a one-element tensor)")
+    if all(math.isclose(values[n] * expected[n], 1, rel_tol=1e-4) for n in expected):
+        return Outcome(False, "every gain is upside down: grad_input is the gradient the module sends on to "
+                              "earlier layers, so divide |grad_input[0]| by |grad_output[0]|")
+    for name, gain in expected.items():
+        if not math.isclose(values[name], gain, rel_tol=1e-4):
+            return Outcome(False, f"layer {name!r}: gain {values[name]:.4g}, expected {gain:.4g}")
+    if list(got) != list(expected):
+        return Outcome(False, f"the gains are right, but list them in the order the hooks ran: {list(expected)}, "
+                              f"not {list(got)} (backward reaches the last layer first)")
+    loudest = max(expected, key=expected.get)
+    return Outcome(True, f"every gain matches autograd; layer {loudest!r}, the one with 30× weights, "
+                         f"multiplies the gradient by {expected[loudest]:.1f}")
 
 
 @exercise("03.2", "a backward pre-hook that clips grad_output")
@@ -65,23 +114,48 @@ def _clip(clip_grad_output) -> Outcome:
     return failed or Outcome(True, "both the weight gradient and the input gradient used the clipped grad_output")
 
 
-@exercise("03.3", "grad_output of every conv in a network with in-place ReLUs")
-def _in_place(conv_grad_outputs) -> Outcome:
-    """``conv_grad_outputs(model, x)`` runs ``model(x).sum().backward()`` on a ``SeedConvNet``
-    (in-place ReLUs) and returns ``{name: gradient w.r.t. that Conv2d's output}``."""
+def _relu_grads(seed: int, x: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """(dL/d(ReLU input), dL/d(ReLU output)) of each ReLU of a SeedConvNet run without in-place ops."""
+    net = SeedConvNet(seed=seed, inplace=False)
+    h1 = net.conv1(x)
+    a1 = net.relu1(h1)
+    h2 = net.conv2(a1)
+    a2 = net.relu2(h2)
+    g_h1, g_a1, g_h2, g_a2 = torch.autograd.grad(a2.sum(), [h1, a1, h2, a2])
+    return {"relu1": (g_h1, g_a1), "relu2": (g_h2, g_a2)}
+
+
+@exercise("03.3", "dL/d(input) of in-place ReLUs, without full backward hooks")
+def _in_place(relu_grad_inputs) -> Outcome:
+    """``relu_grad_inputs(model, x)`` runs ``model(x).sum().backward()`` on a ``SeedConvNet``
+    (in-place ReLUs) and returns ``{name: gradient w.r.t. that ReLU's input}``."""
     model = SeedConvNet(seed=0, inplace=True)
     x = torch.randn(2, 1, 6, 6, generator=torch.Generator().manual_seed(5))
-    got = conv_grad_outputs(model, x)
+    try:
+        got = relu_grad_inputs(model, x)
+    except TypeError as error:
+        if "RemovableHandle" not in str(error):
+            raise
+        return Outcome(False, "a forward pre-hook that returns something replaces the module's input, and yours "
+                              "returned the tensor hook's handle; make the pre-hook return None")
+    except RuntimeError as error:
+        if "BackwardHookFunction is a view" not in str(error):
+            raise
+        return Outcome(False, "a full backward hook cannot be used on a module whose input or output is changed "
+                              "in place (section 5); use a forward pre-hook that registers a tensor hook")
     if clear_hooks(model):
         return Outcome(False, "hooks are still registered on the model: remove them before returning")
-    if not isinstance(got, dict) or sorted(got) != ["conv1", "conv2"]:
+    if not isinstance(got, dict) or sorted(got) != ["relu1", "relu2"]:
         keys = sorted(got) if isinstance(got, dict) else type(got).__name__
-        return Outcome(False, f"expected a dict with keys ['conv1', 'conv2'], got {keys}")
-    reference = SeedConvNet(seed=0, inplace=False)
-    h1 = reference.conv1(x)
-    h2 = reference.conv2(reference.relu1(h1))
-    g1, g2 = torch.autograd.grad(reference.relu2(h2).sum(), [h1, h2])
-    failed = _first_failure(("conv1", compare_tensors(got["conv1"], g1)), ("conv2", compare_tensors(got["conv2"], g2)))
-    if failed is not None:
-        return Outcome(False, f"{failed.detail} (expected dL/d(conv output), before the ReLU changes it in place)")
+        return Outcome(False, f"expected a dict with keys ['relu1', 'relu2'], got {keys}")
+    reference = _relu_grads(0, x)
+    for name, (grad_in, grad_out) in reference.items():
+        outcome = compare_tensors(got[name], grad_in)
+        if outcome.passed:
+            continue
+        if compare_tensors(got[name], grad_out).passed:
+            return Outcome(False, f"{name}: this is dL/d(ReLU output): the tensor hook was registered after the "
+                                  "in-place ReLU had overwritten its input; register it in a forward pre-hook, "
+                                  "before the ReLU runs")
+        return Outcome(False, f"{name}: {outcome.detail}")
     return Outcome(True, "both gradients match autograd on the same network without in-place ReLUs")
