@@ -12,6 +12,7 @@ import torchvision
 from hooklab.cam_widgets import GradCamPicker, draw_cam
 from hooklab.layers import UnknownLayerError
 from hooklab.models import DigitsCNN
+from hooklab.plots import draw_signed
 from hooklab.widgets import LayerExplorer, describe_tensor
 
 
@@ -184,11 +185,25 @@ def test_draw_cam_titles_the_maximum_and_outlines_the_image(x):
     fig, ax = plt.subplots()
     cam = torch.zeros(4, 4)
     cam[1, 3] = 0.25
-    assert draw_cam(ax, x[0, 0], cam, "class 3") is fig
+    assert draw_cam(x[0, 0], cam, "class 3", ax=ax) is fig
     assert ax.get_title() == "class 3\nmax 0.25"
     shown = ax.images[0]
     assert shown.get_clim() == (0.0, 0.25) and shown.get_array().shape == (4, 4)
     assert shown.get_extent() == [-0.5, 7.5, 7.5, -0.5]  # 4×4 blocks over the 8×8 image's pixels
     assert len(ax.collections) == 1  # the outline of the image
-    draw_cam(ax, x[0, 0], torch.zeros(8, 8))  # an all-zero map: a valid colour range
+    draw_cam(x[0, 0], torch.zeros(8, 8), ax=ax)  # an all-zero map: a valid colour range
     assert ax.images[1].get_clim() == (0.0, 1.0)
+    plt.close(fig)
+
+
+def test_draw_cam_and_draw_signed_make_their_own_figure_without_ax(x):
+    fig = draw_cam(x[0, 0], torch.ones(4, 4))
+    assert len(fig.axes) == 1 and fig.axes[0].get_title() == ""
+    plt.close(fig)
+    fig = draw_signed(torch.tensor([[-2.0, 1.0], [0.0, 0.5]]))
+    shown = fig.axes[0].images[0]
+    assert shown.get_clim() == (-2.0, 2.0) and shown.get_cmap().name == "RdBu_r"  # zero in the middle: white
+    plt.close(fig)
+    fig = draw_signed(torch.zeros(2, 2))  # all zero: a valid colour range
+    assert fig.axes[0].images[0].get_clim() == (-1.0, 1.0)
+    plt.close(fig)

@@ -1,6 +1,6 @@
 """The Grad-CAM picker of notebook 05, and the one way the course draws a Grad-CAM map over an image.
 
-* ``draw_cam(ax, image, cam)``: the map at its own resolution over the image (``inferno``, from 0
+* ``draw_cam(image, cam, title, ax=None)``: the map at its own resolution over the image (``inferno``, from 0
   to the map's maximum) with the digit's outline on top, so both stay readable at 8×8 pixels.
 * ``GradCamPicker(model, images, labels, layers)`` draws Grad-CAM, guided backprop and guided
   Grad-CAM for a chosen layer, class and image (``hooklab.cam``; hooks live only inside each
@@ -17,19 +17,23 @@ from torch import nn
 
 from .cam import guided_grad_cam_parts
 from .layers import get_layer
+from .plots import draw_signed
 from .widgets import Panel, describe_tensor, show_in_output
 
 __all__ = ["GradCamPicker", "draw_cam"]
 
 
-def draw_cam(ax, image: torch.Tensor, cam: torch.Tensor, title: str | None = None):
+def draw_cam(image: torch.Tensor, cam: torch.Tensor, title: str | None = None, ax=None):
     """Draw an ``(h, w)`` Grad-CAM map stretched over an ``(H, W)`` image, with the image's outline.
 
     The map is drawn at its own resolution (a 4×4 map: 16 blocks over an 8×8 digit, no
     interpolation), so its maximum is the one ``grad_cam`` returned. The colours run from 0
     (black) to that maximum (pale yellow), printed in the title: compare maps by that number,
-    not by brightness. The cyan line is the image's contour at half its maximum. Returns the figure.
+    not by brightness. The cyan line is the image's contour at half its maximum. ``ax``: the
+    ``Axes`` to draw on, a new 3×3-inch figure when None. Returns the figure.
     """
+    if ax is None:
+        _, ax = plt.subplots(figsize=(3, 3))
     top = float(cam.max())
     height, width = image.shape
     ax.imshow(cam.numpy(), cmap="inferno", vmin=0, vmax=top or 1.0, interpolation="nearest",
@@ -86,10 +90,9 @@ class GradCamPicker:
         image = self.images[index, 0]
         axes[0].imshow(image.numpy(), cmap="gray_r")
         axes[0].set_title(f"image {index}\nlabel {int(self.labels[index])}", fontsize=9)
-        draw_cam(axes[1], image, parts["result"].maps[0], f"Grad-CAM {layer}, class {target}")
+        draw_cam(image, parts["result"].maps[0], f"Grad-CAM {layer}, class {target}", ax=axes[1])
         for ax, key, title in ((axes[2], "saliency", "guided backprop"), (axes[3], "guided", "guided Grad-CAM")):
-            bound = float(parts[key].abs().max()) or 1.0
-            ax.imshow(parts[key].numpy(), cmap="RdBu_r", vmin=-bound, vmax=bound)
+            draw_signed(parts[key], ax=ax)
             ax.set_title(f"{title}, class {target}\nred > 0 > blue", fontsize=9)
         for ax in axes:
             ax.set_xticks([])

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["feature_grid", "tile_channels"]
+__all__ = ["draw_signed", "feature_grid", "tile_channels"]
 
 
 def _maps(value: Any, sample: int) -> torch.Tensor:
@@ -109,3 +109,15 @@ def feature_grid(
     ax.set_xticks([])
     ax.set_yticks([])
     return fig
+
+
+def draw_signed(values: torch.Tensor, ax=None, **imshow_kwargs):
+    """Draw a 2-D map of signed values (a gradient) with zero in white: ``RdBu_r`` from -max|value|
+    (blue) to +max|value| (red). Extra keywords go to ``imshow``. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(4, 4))
+    bound = float(values.abs().max()) or 1.0
+    ax.imshow(values.detach().cpu().numpy(), cmap="RdBu_r", vmin=-bound, vmax=bound, **imshow_kwargs)
+    return ax.figure

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from .layers import unknown_name_hint
-from .plots import tile_channels
+from .plots import draw_signed, tile_channels
 from .record import record
 
 __all__ = ["LayerExplorer", "Panel", "describe_tensor", "figure_png", "show_in_output"]
@@ -170,13 +170,11 @@ class LayerExplorer:
         maps = self._get(layer, channel, kind)
         fig = plt.figure(figsize=(9, 3.6))
         left, right = fig.subplots(1, 2, width_ratios=(1, 1.3))
-        image = maps[channel].numpy()
         if kind == "activation":
-            shown = left.imshow(image, cmap="viridis", interpolation="nearest")
+            left.imshow(maps[channel].numpy(), cmap="viridis", interpolation="nearest")
         else:
-            bound = float(maps[channel].abs().max()) or 1.0
-            shown = left.imshow(image, cmap="RdBu_r", vmin=-bound, vmax=bound, interpolation="nearest")
-        fig.colorbar(shown, ax=left, fraction=0.046, pad=0.04)
+            draw_signed(maps[channel], ax=left, interpolation="nearest")
+        fig.colorbar(left.images[-1], ax=left, fraction=0.046, pad=0.04)
         left.set_title(f"{layer}\n{kind}, channel {channel}", fontsize=10)
         key = (layer, kind)
         if key not in self._tiles:
