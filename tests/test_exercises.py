@@ -8,7 +8,7 @@ import contextlib
 import pytest
 import torch
 
-from hooklab.exercises import check, exercises
+from hooklab.exercises import check, exercises, grade
 
 EXERCISES = exercises()
 #: the stub each notebook gives: a function raising NotImplementedError, or None for 06.4,
@@ -35,3 +35,24 @@ def test_checking_leaves_the_students_random_stream_as_it_was(id):
     with contextlib.suppress(Exception):
         EXERCISES[id].checker(stub)
     assert torch.equal(torch.rand(3), expected)
+
+
+
+
+def test_grade_returns_the_outcome_that_check_prints(capsys):
+    def counter(module):
+        calls = []
+        return calls, module.register_forward_hook(lambda m, args, out: calls.append(1))
+
+    outcome = grade("00.1", counter)
+    check("00.1", counter)
+    assert outcome.passed and capsys.readouterr().out.endswith(f"passed — {outcome.detail}\n")
+    wrong = grade("00.1", lambda module: ([], None))
+    assert not wrong.passed and "handle" in wrong.detail
+
+
+def test_grade_lets_the_answers_exception_through_and_names_known_exercises():
+    with pytest.raises(NotImplementedError):
+        grade("00.1", stub)
+    with pytest.raises(KeyError, match=r"known: 00\.1, 00\.2"):
+        grade("99.1", stub)

@@ -5,11 +5,7 @@ from __future__ import annotations
 import torch
 
 from hooklab import record
-from hooklab.exercises import exercises
-
-
-def outcome(id: str, answer):
-    return exercises()[id].checker(answer)
+from hooklab.exercises import grade
 
 
 # ----- 00.1 -------------------------------------------------------------------------------------
@@ -19,14 +15,14 @@ def counter_right(module):
 
 
 def test_00_1_accepts_a_counting_hook():
-    assert outcome("00.1", counter_right).passed
+    assert grade("00.1", counter_right).passed
 
 
 def test_00_1_rejects_wrong_answers():
-    assert not outcome("00.1", lambda m: ([], m.register_forward_hook(lambda *a: None))).passed  # counts nothing
-    result = outcome("00.1", lambda m: counter_right(m)[0])  # forgot the handle
+    assert not grade("00.1", lambda m: ([], m.register_forward_hook(lambda *a: None))).passed  # counts nothing
+    result = grade("00.1", lambda m: counter_right(m)[0])  # forgot the handle
     assert not result.passed and "(calls, handle)" in result.detail
-    result = outcome("00.1", lambda m: ([], None))
+    result = grade("00.1", lambda m: ([], None))
     assert not result.passed and "handle" in result.detail
 
 
@@ -37,7 +33,7 @@ def run_right(module, hook, x):
 
 
 def test_00_2_accepts_a_handle_used_as_context_manager():
-    assert outcome("00.2", run_right).passed
+    assert grade("00.2", run_right).passed
 
 
 def test_00_2_rejects_wrong_answers():
@@ -66,7 +62,7 @@ def test_00_2_rejects_wrong_answers():
         (never_removes, "still registered"),
         (ignores_hook, "10 times"),
     ]:
-        result = outcome("00.2", wrong)
+        result = grade("00.2", wrong)
         assert not result.passed and words in result.detail, (wrong.__name__, result.detail)
 
 
@@ -78,7 +74,7 @@ def first_nan_right(model, x):
 
 
 def test_00_3_accepts_the_first_nan_in_execution_order():
-    assert outcome("00.3", first_nan_right).passed
+    assert grade("00.3", first_nan_right).passed
 
 
 def test_00_3_rejects_wrong_answers():
@@ -97,8 +93,8 @@ def test_00_3_rejects_wrong_answers():
     def never_none(model, x):
         return first_nan_right(model, x) or "log"
 
-    result = outcome("00.3", registration_order)
+    result = grade("00.3", registration_order)
     assert not result.passed and "execution order" in result.detail
-    assert not outcome("00.3", last_nan).passed
-    result = outcome("00.3", never_none)
+    assert not grade("00.3", last_nan).passed
+    result = grade("00.3", never_none)
     assert not result.passed and "None" in result.detail

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hooklab.exercises import exercises
-
-
-def outcome(id: str, answer):
-    return exercises()[id].checker(answer)
+from hooklab.exercises import grade
 
 
 # ----- 01.1 -------------------------------------------------------------------------------------
@@ -17,13 +13,13 @@ def clamp_right(t, limit):
 
 
 def test_01_1_accepts_a_clamping_hook():
-    assert outcome("01.1", clamp_right).passed
+    assert grade("01.1", clamp_right).passed
 
 
 def test_01_1_rejects_wrong_answers():
-    assert not outcome("01.1", lambda t, limit: t.register_hook(lambda g: g.clamp(min=-limit))).passed
-    assert not outcome("01.1", lambda t, limit: t.register_hook(lambda g: None)).passed
-    assert not outcome("01.1", lambda t, limit: None).passed  # no handle returned
+    assert not grade("01.1", lambda t, limit: t.register_hook(lambda g: g.clamp(min=-limit))).passed
+    assert not grade("01.1", lambda t, limit: t.register_hook(lambda g: None)).passed
+    assert not grade("01.1", lambda t, limit: None).passed  # no handle returned
     kept = []
 
     def no_remove(t, limit):
@@ -36,7 +32,7 @@ def test_01_1_rejects_wrong_answers():
         return Fake()
 
     try:
-        result = outcome("01.1", no_remove)
+        result = grade("01.1", no_remove)
     finally:
         for h in kept:
             h.remove()
@@ -45,14 +41,14 @@ def test_01_1_rejects_wrong_answers():
 
 # ----- 01.2 -------------------------------------------------------------------------------------
 def test_01_2_accepts_a_doubling_prehook():
-    assert outcome("01.2", lambda node: node.register_prehook(lambda go: (go[0] * 2,))).passed
+    assert grade("01.2", lambda node: node.register_prehook(lambda go: (go[0] * 2,))).passed
 
 
 def test_01_2_rejects_wrong_answers():
-    assert not outcome("01.2", lambda node: node.register_prehook(lambda go: (go[0] * 3,))).passed
-    assert not outcome("01.2", lambda node: node.register_prehook(lambda go: None)).passed
+    assert not grade("01.2", lambda node: node.register_prehook(lambda go: (go[0] * 3,))).passed
+    assert not grade("01.2", lambda node: node.register_prehook(lambda go: None)).passed
     # a post-hook replacing grad_inputs with twice grad_outputs skips exp's derivative
-    assert not outcome("01.2", lambda node: node.register_hook(lambda gi, go: (go[0] * 2,))).passed
+    assert not grade("01.2", lambda node: node.register_hook(lambda gi, go: (go[0] * 2,))).passed
 
 
 # ----- 01.3 -------------------------------------------------------------------------------------
@@ -66,7 +62,7 @@ def fuse_right(model, lr):
 
 
 def test_01_3_accepts_a_fused_sgd_step():
-    assert outcome("01.3", fuse_right).passed
+    assert grade("01.3", fuse_right).passed
 
 
 def test_01_3_rejects_wrong_answers():
@@ -84,7 +80,7 @@ def test_01_3_rejects_wrong_answers():
         return fuse_right(model, lr)[::2]
 
     for wrong in (keeps_grad, wrong_sign, only_weights):
-        assert not outcome("01.3", wrong).passed, wrong.__name__
+        assert not grade("01.3", wrong).passed, wrong.__name__
 
 
 # ----- 01.4 -------------------------------------------------------------------------------------
@@ -96,22 +92,22 @@ def saved_right(fn, x):
 
 
 def test_01_4_accepts_the_saved_shapes():
-    assert outcome("01.4", saved_right).passed
+    assert grade("01.4", saved_right).passed
 
 
 def test_01_4_rejects_wrong_answers():
-    assert not outcome("01.4", lambda fn, x: [tuple(x.shape)]).passed
-    assert not outcome("01.4", lambda fn, x: saved_right(fn, x)[::-1]).passed
-    assert not outcome("01.4", lambda fn, x: [*saved_right(fn, x), (1,)]).passed
+    assert not grade("01.4", lambda fn, x: [tuple(x.shape)]).passed
+    assert not grade("01.4", lambda fn, x: saved_right(fn, x)[::-1]).passed
+    assert not grade("01.4", lambda fn, x: [*saved_right(fn, x), (1,)]).passed
 
 
 def test_01_1_rejects_a_hook_that_clamps_in_place():
-    result = outcome("01.1", lambda t, limit: t.register_hook(lambda g: g.clamp_(-limit, limit)))
+    result = grade("01.1", lambda t, limit: t.register_hook(lambda g: g.clamp_(-limit, limit)))
     assert not result.passed and "in place" in result.detail
 
 
 def test_01_2_says_when_a_post_hook_doubled_the_result_instead():
-    result = outcome("01.2", lambda node: node.register_hook(lambda gi, go: (gi[0] * 2,)))
+    result = grade("01.2", lambda node: node.register_hook(lambda gi, go: (gi[0] * 2,)))
     assert not result.passed and "register_prehook" in result.detail
 
 
@@ -122,5 +118,5 @@ def test_01_4_says_to_return_shapes_not_tensors():
             fn(x)
         return kept
 
-    result = outcome("01.4", tensors)
+    result = grade("01.4", tensors)
     assert not result.passed and "tuple(t.shape)" in result.detail

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from hooklab.exercises import exercises
+from hooklab.exercises import exercises, grade
 
-CHECK = {id: ex.checker for id, ex in exercises().items() if id.startswith("02.")}
+IDS = sorted(id for id in exercises() if id.startswith("02."))
 
 
 def test_notebook_02_has_four_exercises():
-    assert sorted(CHECK) == ["02.1", "02.2", "02.3", "02.4"]
+    assert IDS == ["02.1", "02.2", "02.3", "02.4"]
 
 
 # ----- 02.1 -----------------------------------------------------------------------------------
@@ -50,25 +50,26 @@ def order_leaking(model, x):
 
 
 def test_02_1_accepts_hooks_on_every_submodule():
-    assert CHECK["02.1"](order_right).passed
+    assert grade("02.1", order_right).passed
 
 
 def test_02_1_rejects_leaves_only_registration_order_and_leaks():
-    assert not CHECK["02.1"](order_leaves_only).passed
-    wrong_order = CHECK["02.1"](order_from_named_modules)
+    assert not grade("02.1", order_leaves_only).passed
+    wrong_order = grade("02.1", order_from_named_modules)
     assert not wrong_order.passed
-    leaking = CHECK["02.1"](order_leaking)
+    leaking = grade("02.1", order_leaking)
     assert not leaking.passed and "left" in leaking.detail
 
 
 # ----- 02.2 -----------------------------------------------------------------------------------
 def test_02_2_accepts_clamp_and_rejects_detached_or_missing_handle():
-    assert CHECK["02.2"](lambda m, limit: m.register_forward_hook(lambda mod, a, out: out.clamp(-limit, limit))).passed
-    detached = CHECK["02.2"](
+    assert grade("02.2", lambda m, limit: m.register_forward_hook(lambda mod, a, out: out.clamp(-limit, limit))).passed
+    detached = grade(
+        "02.2",
         lambda m, limit: m.register_forward_hook(lambda mod, a, out: out.detach().clamp(-limit, limit))
     )
     assert not detached.passed
-    no_return = CHECK["02.2"](lambda m, limit: m.register_forward_hook(lambda mod, a, out: None))
+    no_return = grade("02.2", lambda m, limit: m.register_forward_hook(lambda mod, a, out: None))
     assert not no_return.passed
 
 
@@ -82,13 +83,13 @@ def keeper(copy):
 
 
 def test_02_3_accepts_a_detached_clone():
-    assert CHECK["02.3"](keeper(lambda t: t.detach().clone())).passed
+    assert grade("02.3", keeper(lambda t: t.detach().clone())).passed
 
 
 def test_02_3_rejects_plain_detach_and_graph_keeping():
-    overwritten = CHECK["02.3"](keeper(lambda t: t.detach()))
+    overwritten = grade("02.3", keeper(lambda t: t.detach()))
     assert not overwritten.passed and "in-place" in overwritten.detail
-    assert not CHECK["02.3"](keeper(lambda t: t.clone())).passed
+    assert not grade("02.3", keeper(lambda t: t.clone())).passed
 
 
 # ----- 02.4 -----------------------------------------------------------------------------------
@@ -97,7 +98,7 @@ def test_02_4_accepts_a_with_kwargs_pre_hook():
         hook = lambda m, args, kwargs: (args, {**kwargs, name: value})  # noqa: E731
         return module.register_forward_pre_hook(hook, with_kwargs=True)
 
-    assert CHECK["02.4"](force_keyword).passed
+    assert grade("02.4", force_keyword).passed
 
 
 def test_02_4_rejects_a_hook_that_only_fills_missing_keywords():
@@ -105,7 +106,7 @@ def test_02_4_rejects_a_hook_that_only_fills_missing_keywords():
         hook = lambda m, args, kwargs: (args, {name: value, **kwargs})  # noqa: E731
         return module.register_forward_pre_hook(hook, with_kwargs=True)
 
-    assert not CHECK["02.4"](fill_missing).passed
+    assert not grade("02.4", fill_missing).passed
 
 
 def test_02_1_names_the_late_binding_bug():
@@ -120,5 +121,5 @@ def test_02_1_names_the_late_binding_bug():
                 h.remove()
         return calls
 
-    result = CHECK["02.1"](late_binding)
+    result = grade("02.1", late_binding)
     assert not result.passed and "name=name" in result.detail

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hooklab.exercises import exercises
-
-
-def run(id_, answer):
-    return exercises()[id_].checker(answer)
+from hooklab.exercises import grade
 
 
 # ----- 03.1 ------------------------------------------------------------------------------------
@@ -33,27 +29,27 @@ def gains_right(model, x):
 
 
 def test_03_1_accepts_right_answer():
-    outcome = run("03.1", gains_right)
+    outcome = grade("03.1", gains_right)
     assert outcome.passed and "layer '2'" in outcome.detail, outcome.detail
 
 
 def test_03_1_rejects_gains_upside_down():
-    outcome = run("03.1", lambda model, x: {name: 1 / g for name, g in gains_right(model, x).items()})
+    outcome = grade("03.1", lambda model, x: {name: 1 / g for name, g in gains_right(model, x).items()})
     assert not outcome.passed and "upside down" in outcome.detail
 
 
 def test_03_1_rejects_forward_order():
-    outcome = run("03.1", lambda model, x: dict(reversed(gains_right(model, x).items())))
+    outcome = grade("03.1", lambda model, x: dict(reversed(gains_right(model, x).items())))
     assert not outcome.passed and "order the hooks ran" in outcome.detail
 
 
 def test_03_1_rejects_a_layer_without_input_gradient():
-    outcome = run("03.1", lambda model, x: {**gains_right(model, x), "0": 0.0})
+    outcome = grade("03.1", lambda model, x: {**gains_right(model, x), "0": 0.0})
     assert not outcome.passed and "(None,)" in outcome.detail
 
 
 def test_03_1_rejects_a_wrong_gain():
-    outcome = run("03.1", lambda model, x: {**gains_right(model, x), "4": 1.0})
+    outcome = grade("03.1", lambda model, x: {**gains_right(model, x), "4": 1.0})
     assert not outcome.passed and "layer '4'" in outcome.detail
 
 
@@ -66,7 +62,7 @@ def test_03_1_explains_a_hook_that_returns_a_value():
             for h in handles:
                 h.remove()
 
-    outcome = run("03.1", lambda_hooks)
+    outcome = grade("03.1", lambda_hooks)
     assert not outcome.passed and "return None" in outcome.detail
 
 
@@ -76,7 +72,7 @@ def test_03_1_rejects_hooks_left_behind():
             m.register_full_backward_hook(lambda m, gi, go: None)
         return gains_right(model, x)
 
-    outcome = run("03.1", leaves_hooks)
+    outcome = grade("03.1", leaves_hooks)
     assert not outcome.passed and "still registered" in outcome.detail
 
 
@@ -90,13 +86,13 @@ def clip_after(module, limit):  # a full backward hook returns grad_input: the w
 
 
 def test_03_2_accepts_pre_hook_rejects_post_hook():
-    assert run("03.2", clip_right).passed
-    outcome = run("03.2", clip_after)
+    assert grade("03.2", clip_right).passed
+    outcome = grade("03.2", clip_after)
     assert not outcome.passed and "weight.grad" in outcome.detail and "unclipped" in outcome.detail
 
 
 def test_03_2_rejects_no_clipping():
-    outcome = run("03.2", lambda module, limit: module.register_full_backward_pre_hook(lambda m, go: None))
+    outcome = grade("03.2", lambda module, limit: module.register_full_backward_pre_hook(lambda m, go: None))
     assert not outcome.passed
 
 
@@ -124,8 +120,8 @@ def relu_grads(model, x, hook_kind):
 
 
 def test_03_3_accepts_pre_hooks_rejects_forward_hooks():
-    assert run("03.3", lambda model, x: relu_grads(model, x, "pre_hook")).passed
-    outcome = run("03.3", lambda model, x: relu_grads(model, x, "hook"))
+    assert grade("03.3", lambda model, x: relu_grads(model, x, "pre_hook")).passed
+    outcome = grade("03.3", lambda model, x: relu_grads(model, x, "hook"))
     assert not outcome.passed and "dL/d(ReLU output)" in outcome.detail and "pre-hook" in outcome.detail
 
 
@@ -142,7 +138,7 @@ def test_03_3_explains_a_pre_hook_that_returns_the_handle():
                 h.remove()
         return grads
 
-    outcome = run("03.3", lambda_pre_hooks)
+    outcome = grade("03.3", lambda_pre_hooks)
     assert not outcome.passed and "return None" in outcome.detail
 
 
@@ -159,12 +155,12 @@ def test_03_3_explains_why_full_backward_hooks_fail():
                 h.remove()
         return grads
 
-    outcome = run("03.3", full_hooks)
+    outcome = grade("03.3", full_hooks)
     assert not outcome.passed and "in place" in outcome.detail
 
 
 def test_03_3_rejects_wrong_keys():
-    outcome = run("03.3", lambda model, x: {"relu1": torch.zeros(1)})
+    outcome = grade("03.3", lambda model, x: {"relu1": torch.zeros(1)})
     assert not outcome.passed and "keys" in outcome.detail
 
 
@@ -173,5 +169,5 @@ def test_03_3_rejects_zeros_of_the_right_shape():
         right = relu_grads(model, x, "pre_hook")
         return {name: torch.zeros_like(g) for name, g in right.items()}
 
-    outcome = run("03.3", zeros)
+    outcome = grade("03.3", zeros)
     assert not outcome.passed and "relu1" in outcome.detail

@@ -5,14 +5,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hooklab.exercises import exercises
+from hooklab.exercises import exercises, grade
 from hooklab.exercises.nb06 import ORDER_KINDS
 
-CHECK = {id: ex.checker for id, ex in exercises().items() if id.startswith("06.")}
+IDS = sorted(id for id in exercises() if id.startswith("06."))
 
 
 def test_notebook_06_has_four_exercises():
-    assert sorted(CHECK) == ["06.1", "06.2", "06.3", "06.4"]
+    assert IDS == ["06.1", "06.2", "06.3", "06.4"]
 
 
 # ----- 06.1 -----------------------------------------------------------------------------------
@@ -40,9 +40,9 @@ def upgrade_everything(module, state_dict, prefix, *rest):
 
 
 def test_06_1_rename():
-    assert CHECK["06.1"](upgrade).passed
-    assert not CHECK["06.1"](upgrade_ignoring_prefix).passed
-    assert not CHECK["06.1"](upgrade_everything).passed
+    assert grade("06.1", upgrade).passed
+    assert not grade("06.1", upgrade_ignoring_prefix).passed
+    assert not grade("06.1", upgrade_everything).passed
 
 
 def upgrade_returning_a_new_dict(module, state_dict, prefix, *rest):
@@ -50,7 +50,7 @@ def upgrade_returning_a_new_dict(module, state_dict, prefix, *rest):
 
 
 def test_06_1_a_returned_dict_is_explained():
-    outcome = CHECK["06.1"](upgrade_returning_a_new_dict)
+    outcome = grade("06.1", upgrade_returning_a_new_dict)
     assert not outcome.passed and "in place" in outcome.detail
 
 
@@ -71,10 +71,10 @@ def clip_everything_to_one(optimizer, args, kwargs):
 
 
 def test_06_2_clip():
-    assert CHECK["06.2"](clip).passed
-    unclipped = CHECK["06.2"](lambda optimizer, args, kwargs: None)
+    assert grade("06.2", clip).passed
+    unclipped = grade("06.2", lambda optimizer, args, kwargs: None)
     assert not unclipped.passed and "to [-3, -4], not [-0.6, -0.8]" in unclipped.detail
-    assert not CHECK["06.2"](clip_everything_to_one).passed
+    assert not grade("06.2", clip_everything_to_one).passed
 
 
 # ----- 06.3 -----------------------------------------------------------------------------------
@@ -87,10 +87,10 @@ def swap_everything(module, name, submodule):
 
 
 def test_06_3_swap():
-    assert CHECK["06.3"](swap).passed
-    assert not CHECK["06.3"](lambda module, name, submodule: None).passed
-    assert not CHECK["06.3"](swap_everything).passed
-    the_class = CHECK["06.3"](lambda module, name, submodule: nn.GELU if isinstance(submodule, nn.ReLU) else None)
+    assert grade("06.3", swap).passed
+    assert not grade("06.3", lambda module, name, submodule: None).passed
+    assert not grade("06.3", swap_everything).passed
+    the_class = grade("06.3", lambda module, name, submodule: nn.GELU if isinstance(submodule, nn.ReLU) else None)
     assert not the_class.passed and "GELU()" in the_class.detail
 
 
@@ -116,23 +116,23 @@ READ_FROM_SOURCE = [
 
 def test_06_4_predict():
     assert sorted(READ_FROM_SOURCE) == sorted(ORDER_KINDS)
-    assert CHECK["06.4"](READ_FROM_SOURCE).passed
+    assert grade("06.4", READ_FROM_SOURCE).passed
     swapped = list(READ_FROM_SOURCE)
     swapped[1], swapped[2] = swapped[2], swapped[1]
-    outcome = CHECK["06.4"](swapped)
+    outcome = grade("06.4", swapped)
     assert not outcome.passed and "position 2" in outcome.detail
-    assert not CHECK["06.4"](READ_FROM_SOURCE[:-1]).passed
-    assert not CHECK["06.4"](list(ORDER_KINDS)).passed  # the shuffled stub itself
+    assert not grade("06.4", READ_FROM_SOURCE[:-1]).passed
+    assert not grade("06.4", list(ORDER_KINDS)).passed  # the shuffled stub itself
 
 
 def test_checkers_leave_the_random_stream_alone():
     torch.manual_seed(0)
     state = torch.random.get_rng_state()
     for id, answer in (("06.1", upgrade), ("06.2", clip), ("06.3", swap), ("06.4", READ_FROM_SOURCE)):
-        assert CHECK[id](answer).passed
+        assert grade(id, answer).passed
     assert torch.equal(torch.random.get_rng_state(), state)
 
 
 def test_06_1_reports_the_failed_load():
-    outcome = CHECK["06.1"](lambda module, state_dict, prefix, *rest: None)
+    outcome = grade("06.1", lambda module, state_dict, prefix, *rest: None)
     assert not outcome.passed and "Missing key(s)" in outcome.detail

@@ -24,7 +24,10 @@ def unknown_name_hint(name: str, names: list[str], kind: str = "layers") -> str:
 
     Every lookup by name in hooklab ends its error with this (layers, parameters, explorer labels).
     """
-    candidates = _close_matches(name, names)
+    return _hint(_close_matches(name, names), names, kind)
+
+
+def _hint(candidates: list[str], names: list[str], kind: str) -> str:
     if candidates:
         return "close matches: " + ", ".join(repr(c) for c in candidates)
     shown = ", ".join(repr(n) for n in names[:8])
@@ -38,7 +41,8 @@ class UnknownLayerError(LookupError):
     def __init__(self, name: str, model: nn.Module, names: list[str]):
         self.name = name
         self.candidates = _close_matches(name, names)
-        super().__init__(f"{type(model).__name__} has no layer named {name!r}; {unknown_name_hint(name, names)}")
+        hint = _hint(self.candidates, names, "layers")
+        super().__init__(f"{type(model).__name__} has no layer named {name!r}; {hint}")
 
     def __str__(self) -> str:  # LookupError would print the message with quotes around it
         return self.args[0]

@@ -162,13 +162,13 @@ class GradStats(ParamHooks):
         self.rows.clear()
         self._calls.clear()
 
-    def table(self, rows: Iterable[GradRow] | None = None, fmt: str = "+11.4e") -> str:
-        """The rows (default: all) as aligned text, one line per gradient (``fmt``: 11 wide)."""
+    def table(self, rows: Iterable[GradRow] | None = None) -> str:
+        """The rows (default: all) as aligned text, one line per gradient, values as ``+1.2345e-03``."""
         rows = list(self.rows if rows is None else rows)
         width = max((len(r.name) for r in rows), default=9)
         lines = [f"{'parameter':<{width}}  " + "  ".join(f"{k:>11}" for k in self.stats)]
         for r in rows:
-            lines.append(f"{r.name:<{width}}  " + "  ".join(f"{r.values[k]:{fmt}}" for k in self.stats))
+            lines.append(f"{r.name:<{width}}  " + "  ".join(f"{r.values[k]:+11.4e}" for k in self.stats))
         return "\n".join(lines)
 
 

@@ -20,7 +20,7 @@ import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Exercise", "Outcome", "check", "compare_tensors", "exercise", "exercises"]
+__all__ = ["Exercise", "Outcome", "check", "compare_tensors", "exercise", "exercises", "grade"]
 
 
 @dataclass(frozen=True)
@@ -69,12 +69,24 @@ def exercises() -> dict[str, Exercise]:
     return dict(sorted(_REGISTRY.items()))
 
 
-def check(id: str, answer: object) -> None:
-    """Check ``answer`` for exercise ``id`` and print one line: not solved yet, passed or failed."""
+def _exercise(id: str) -> Exercise:
     known = exercises()
     if id not in known:
         raise KeyError(f"no exercise {id!r}; known: {', '.join(known)}")
-    ex = known[id]
+    return known[id]
+
+
+def grade(id: str, answer: object) -> Outcome:
+    """Run exercise ``id``'s checker on ``answer`` and return the ``Outcome`` (``check`` prints it).
+
+    For grading scripts and tests: an exception raised by the answer propagates unchanged.
+    """
+    return _exercise(id).checker(answer)
+
+
+def check(id: str, answer: object) -> None:
+    """Check ``answer`` for exercise ``id`` and print one line: not solved yet, passed or failed."""
+    ex = _exercise(id)
     if answer is None or answer is Ellipsis:
         print(f"Exercise {id} ({ex.title}): not solved yet")
         return
