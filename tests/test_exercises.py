@@ -56,3 +56,13 @@ def test_grade_lets_the_answers_exception_through_and_names_known_exercises():
         grade("00.1", stub)
     with pytest.raises(KeyError, match=r"known: 00\.1, 00\.2"):
         grade("99.1", stub)
+
+
+@pytest.mark.parametrize("id", EXERCISES)
+def test_a_global_hook_left_by_earlier_code_fails_the_check_by_name(id):
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, output: None)
+    try:
+        outcome = grade(id, stub)
+    finally:
+        handle.remove()
+    assert not outcome.passed and "_global_forward_hooks: 1" in outcome.detail

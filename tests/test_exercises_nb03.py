@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from hooklab.exercises import grade
@@ -74,6 +76,60 @@ def test_03_1_rejects_hooks_left_behind():
 
     outcome = grade("03.1", leaves_hooks)
     assert not outcome.passed and "still registered" in outcome.detail
+
+
+def test_03_1_explains_hooks_that_return_a_scalar_or_grad_output():
+    for returned in (lambda gi, go: gi[0].norm() / go[0].norm(), lambda gi, go: 1.0, lambda gi, go: go):
+        def answer(model, x, returned=returned):
+            handles = [m.register_full_backward_hook(lambda m, gi, go: returned(gi, go)) for m in model.children()]
+            try:
+                model(x).sum().backward()
+            finally:
+                for h in handles:
+                    h.remove()
+
+        outcome = grade("03.1", answer)
+        assert not outcome.passed and "return None" in outcome.detail, outcome.detail
+
+
+def test_03_1_rejects_hooks_left_behind_when_forward_raises():
+    def no_finally(model, x):
+        gains, handles = {}, []
+        for name, module in model.named_children():
+            def hook(module, gi, go, name=name):
+                if gi[0] is not None:
+                    gains[name] = (gi[0].norm() / go[0].norm()).item()
+
+            handles.append(module.register_full_backward_hook(hook))
+        model(x).sum().backward()
+        for h in handles:
+            h.remove()
+        return gains
+
+    outcome = grade("03.1", no_finally)
+    assert not outcome.passed and "finally" in outcome.detail
+
+
+def test_03_1_rejects_the_legacy_backward_hook():
+    def legacy(model, x):
+        gains, handles = {}, []
+        try:
+            for name, module in model.named_children():
+                def hook(module, gi, go, name=name):
+                    if gi[0] is not None:
+                        gains[name] = (gi[0].norm() / go[0].norm()).item()
+
+                handles.append(module.register_backward_hook(hook))
+            model(x).sum().backward()
+        finally:
+            for h in handles:
+                h.remove()
+        return gains
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # the deprecation warning of the student's own call
+        outcome = grade("03.1", legacy)
+    assert not outcome.passed and "deprecated" in outcome.detail
 
 
 # ----- 03.2 ------------------------------------------------------------------------------------
@@ -171,3 +227,43 @@ def test_03_3_rejects_zeros_of_the_right_shape():
 
     outcome = grade("03.3", zeros)
     assert not outcome.passed and "relu1" in outcome.detail
+
+
+def test_03_3_rejects_the_legacy_backward_hook():
+    def legacy(model, x):
+        grads, handles = {}, []
+        try:
+            for name in ("relu1", "relu2"):
+                handles.append(model.get_submodule(name).register_backward_hook(
+                    lambda m, gi, go, name=name: grads.__setitem__(name, gi[0])))
+            model(x).sum().backward()
+        finally:
+            for h in handles:
+                h.remove()
+        return grads
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        outcome = grade("03.3", legacy)
+    assert not outcome.passed and "deprecated" in outcome.detail
+
+
+def test_03_3_rejects_hooks_left_behind_when_forward_raises():
+    def no_finally(model, x):
+        grads, handles = {}, []
+
+        def keep(name):
+            def pre_hook(module, args):
+                handles.append(args[0].register_hook(lambda g: grads.__setitem__(name, g)))
+
+            return pre_hook
+
+        for name in ("relu1", "relu2"):
+            handles.append(model.get_submodule(name).register_forward_pre_hook(keep(name)))
+        model(x).sum().backward()
+        for h in handles:
+            h.remove()
+        return grads
+
+    outcome = grade("03.3", no_finally)
+    assert not outcome.passed and "finally" in outcome.detail

@@ -9,7 +9,8 @@ file and register themselves with ``@exercise``; solutions notebooks in
 
 A checker may seed torch's random generator to build its own models: ``@exercise`` runs it on a
 copy of the generator's state, so the student's random stream is the same after a check as
-before it.
+before it. A global hook left active by earlier code fails every check with a message naming it,
+instead of running inside the checker's models.
 """
 
 from __future__ import annotations
@@ -45,17 +46,26 @@ def exercise(id: str, title: str):
     def register(checker: Callable[[object], Outcome]) -> Callable[[object], Outcome]:
         if id in _REGISTRY:
             raise ValueError(f"exercise {id} is registered twice")
-        _REGISTRY[id] = Exercise(id, title, _on_own_random_stream(checker))
+        _REGISTRY[id] = Exercise(id, title, _guarded(checker))
         return checker
 
     return register
 
 
-def _on_own_random_stream(checker: Callable[[object], Outcome]) -> Callable[[object], Outcome]:
+def _guarded(checker: Callable[[object], Outcome]) -> Callable[[object], Outcome]:
+    """The checker run on its own copy of the random stream, and only when no global hook is left
+    from earlier code: such a hook would run inside the checker's models and spoil every verdict."""
+
     @functools.wraps(checker)
     def run(answer: object) -> Outcome:
         import torch
 
+        from ..audit import global_hooks
+
+        left = global_hooks()
+        if left:
+            return Outcome(False, f"a global hook registered by earlier code is still active ({'; '.join(left)}): "
+                                  "remove it with its handle's .remove(), then check again")
         with torch.random.fork_rng():
             return checker(answer)
 

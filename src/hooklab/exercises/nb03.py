@@ -41,8 +41,34 @@ def _gains_by_autograd(model: nn.Sequential, x: torch.Tensor) -> dict[str, float
     return {names[k]: (grads[k - 1].norm() / grads[k].norm()).item() for k in reversed(range(1, len(names)))}
 
 
-def _hook_returned_a_value(error: RuntimeError) -> bool:
-    return "returned an invalid number of grad_input" in str(error)
+_RETURNED_A_VALUE = (
+    "returned an invalid number of grad_input",  # a tuple of the wrong length
+    "has changed the size of value",  # grad_output (or another tensor) of the wrong shape
+    "len() of a 0-d tensor",  # a scalar tensor
+    "has no len()",  # a float, True, ...
+)
+
+_LEGACY = (
+    "register_backward_hook is deprecated (section 2): it hooks only the last autograd node of the "
+    "module's forward; use register_full_backward_hook"
+)
+
+
+def _used_legacy_hook(*modules: nn.Module) -> bool:
+    """Whether ``register_backward_hook`` was ever called on one of ``modules`` (the flag stays)."""
+    return any(getattr(m, "_is_full_backward_hook", None) is False for m in modules)
+
+
+def _hooks_removed_on_error(answer, model: nn.Module, bad_input: torch.Tensor) -> Outcome | None:
+    """Call ``answer`` with an input the model cannot take: it must raise and leave no hook behind."""
+    try:
+        answer(model, bad_input)
+    except Exception:  # expected: the input has the wrong shape
+        pass
+    if clear_hooks(model):
+        return Outcome(False, f"with an input of the wrong shape {tuple(bad_input.shape)}, the forward pass raised "
+                              "and your hooks stayed on the model: remove them in a `finally:` block")
+    return None
 
 
 @exercise("03.1", "how much each layer scales the gradient")
@@ -55,23 +81,26 @@ def _gains(gradient_gains) -> Outcome:
     try:
         with warnings.catch_warnings():  # PyTorch warns that layer 0 gets (None,): the exercise says so already
             warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
-            got = gradient_gains(model, x)
-    except RuntimeError as error:
-        if not _hook_returned_a_value(error):
+            got = gradient_gains(model, x.clone())
+    except (RuntimeError, TypeError) as error:
+        if not any(sign in str(error) for sign in _RETURNED_A_VALUE):
             raise
         return Outcome(False, "your hook returned something, and a full backward hook's return value replaces "
                               "grad_input; make it return None (a lambda returns whatever its expression gives)")
+    if _used_legacy_hook(*model.children()):
+        return Outcome(False, _LEGACY)
     if clear_hooks(model):
         return Outcome(False, "hooks are still registered on the model: remove them before returning")
     expected = _gains_by_autograd(model, x)
     if not isinstance(got, dict):
         return Outcome(False, f"return a dict {{layer name: gain}}, not a {type(got).__name__}")
     if "0" in got:
-        return Outcome(False, "leave out layer '0': its input needs no grad, so its grad_input is (None,)")
+        return Outcome(False, "leave out layer '0': its input needs no grad, so its grad_input is (None,) "
+                              "(use x as it is given)")
     if sorted(got) != sorted(expected):
         return Outcome(False, f"expected the layers {sorted(expected)}, got {sorted(got)}")
     try:
-        values = {name: float(value) for name, value in got.items()}
+        values = {name: float(v.detach() if isinstance(v, torch.Tensor) else v) for name, v in got.items()}
     except (TypeError, ValueError, RuntimeError):
         return Outcome(False, "every gain should be one number (a float or a one-element tensor)")
     if all(math.isclose(values[n] * expected[n], 1, rel_tol=1e-4) for n in expected):
@@ -83,6 +112,9 @@ def _gains(gradient_gains) -> Outcome:
     if list(got) != list(expected):
         return Outcome(False, f"the gains are right, but list them in the order the hooks ran: {list(expected)}, "
                               f"not {list(got)} (backward reaches the last layer first)")
+    failed = _hooks_removed_on_error(gradient_gains, model, torch.randn(5, 7))
+    if failed is not None:
+        return failed
     loudest = max(expected, key=expected.get)
     return Outcome(True, f"every gain matches autograd; layer {loudest!r}, the one with 30× weights, "
                          f"multiplies the gradient by {expected[loudest]:.1f}")
@@ -143,6 +175,8 @@ def _in_place(relu_grad_inputs) -> Outcome:
             raise
         return Outcome(False, "a full backward hook cannot be used on a module whose input or output is changed "
                               "in place (section 5); use a forward pre-hook that registers a tensor hook")
+    if _used_legacy_hook(model.relu1, model.relu2):
+        return Outcome(False, _LEGACY)
     if clear_hooks(model):
         return Outcome(False, "hooks are still registered on the model: remove them before returning")
     if not isinstance(got, dict) or sorted(got) != ["relu1", "relu2"]:
@@ -154,8 +188,12 @@ def _in_place(relu_grad_inputs) -> Outcome:
         if outcome.passed:
             continue
         if compare_tensors(got[name], grad_out).passed:
-            return Outcome(False, f"{name}: this is dL/d(ReLU output): the tensor hook was registered after the "
-                                  "in-place ReLU had overwritten its input; register it in a forward pre-hook, "
-                                  "before the ReLU runs")
+            return Outcome(False, f"{name}: this is dL/d(ReLU output): what caught the gradient followed the tensor "
+                                  "past the in-place ReLU (a tensor hook added after the ReLU ran, retain_grad, or "
+                                  "autograd.grad on the kept tensor); register a tensor hook in a forward "
+                                  "pre-hook, before the ReLU runs")
         return Outcome(False, f"{name}: {outcome.detail}")
+    failed = _hooks_removed_on_error(relu_grad_inputs, model, torch.randn(2, 3, 6, 6))
+    if failed is not None:
+        return failed
     return Outcome(True, "both gradients match autograd on the same network without in-place ReLUs")
