@@ -8,6 +8,7 @@ import contextlib
 import pytest
 import torch
 
+from hooklab.audit import clear_global_hooks, global_hooks
 from hooklab.exercises import check, exercises, grade
 
 EXERCISES = exercises()
@@ -66,3 +67,46 @@ def test_a_global_hook_left_by_earlier_code_fails_the_check_by_name(id):
     finally:
         handle.remove()
     assert not outcome.passed and "_global_forward_hooks: 1" in outcome.detail
+
+
+def counter_that_leaks(leak):
+    """A right answer to 00.1 that also leaves something global active."""
+
+    def make_counter(module):
+        leak()
+        calls = []
+        return calls, module.register_forward_hook(lambda m, args, out: calls.append(1))
+
+    return make_counter
+
+
+class PassThrough(torch.overrides.TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+LEAKS = {
+    "global hook": lambda: torch.nn.modules.module.register_module_forward_hook(lambda m, args, out: None),
+    "saved-tensor hooks": lambda: torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t).__enter__(),
+    "torch function mode": lambda: PassThrough().__enter__(),
+}
+
+
+@pytest.mark.parametrize("kind", LEAKS)
+def test_what_an_answer_leaves_global_is_removed_and_fails_it(kind):
+    outcome = grade("00.1", counter_that_leaks(LEAKS[kind]))
+    assert not outcome.passed and "your answer left something global active" in outcome.detail
+    assert global_hooks() == []
+    assert grade("00.1", counter_that_leaks(lambda: None)).passed  # the next check is not spoiled
+
+
+def test_clear_global_hooks_is_the_way_out_when_a_handle_is_lost():
+    LEAKS["global hook"]()
+    LEAKS["saved-tensor hooks"]()
+    assert "hooklab.audit.clear_global_hooks()" in grade("00.1", stub).detail
+    removed = clear_global_hooks()
+    assert removed == [
+        "torch.nn.modules.module._global_forward_hooks: 1",
+        "torch.autograd.graph.saved_tensors_hooks: 1 never exited",
+    ]
+    assert global_hooks() == []

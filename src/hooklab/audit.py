@@ -9,11 +9,21 @@ from __future__ import annotations
 
 import gc
 
+import torch
 from torch import nn
 from torch.nn.modules import module as module_mod
 from torch.optim import optimizer as optimizer_mod
 
-__all__ = ["MODULE_HOOK_DICTS", "clear_hooks", "global_hooks", "leftover_hooks", "live_modules"]
+__all__ = [
+    "MODULE_HOOK_DICTS",
+    "clear_global_hooks",
+    "clear_hooks",
+    "global_hooks",
+    "global_snapshot",
+    "leftover_hooks",
+    "live_modules",
+    "remove_added_globals",
+]
 
 #: the per-module dictionaries that nn.Module keeps its hooks in
 MODULE_HOOK_DICTS = (
@@ -41,15 +51,68 @@ _GLOBAL_DICTS = {
 }
 
 
-def global_hooks() -> list[str]:
-    """The global hook registries of torch that are not empty, as ``'name: count'`` lines."""
-    found = []
+def _registries():
     for owner, names in _GLOBAL_DICTS.items():
         for name in names:
             hooks = getattr(owner, name, None)
-            if hooks:
-                found.append(f"{owner.__name__}.{name}: {len(hooks)}")
+            if hooks is not None:
+                yield f"{owner.__name__}.{name}", hooks
+
+
+def _saved_tensors_hooks():
+    """The innermost active ``torch.autograd.graph.saved_tensors_hooks`` pair, or None."""
+    return torch._C._autograd._top_saved_tensors_default_hooks(True)
+
+
+def global_hooks() -> list[str]:
+    """What is active process-wide, as ``'name: count'`` lines: the non-empty global hook
+    registries of torch, default saved-tensor hooks, and torch function modes."""
+    found = [f"{label}: {len(hooks)}" for label, hooks in _registries() if hooks]
+    if _saved_tensors_hooks() is not None:
+        found.append("torch.autograd.graph.saved_tensors_hooks: active")
+    if torch._C._len_torch_function_stack():
+        found.append(f"torch function modes: {torch._C._len_torch_function_stack()}")
     return found
+
+
+def global_snapshot() -> dict:
+    """What ``remove_added_globals`` compares with: the hook ids of every global registry, the
+    innermost saved-tensor hooks and the depth of the torch function mode stack."""
+    return {
+        "registries": {label: set(hooks) for label, hooks in _registries()},
+        "saved": _saved_tensors_hooks(),
+        "modes": torch._C._len_torch_function_stack(),
+    }
+
+
+def remove_added_globals(before: dict) -> list[str]:
+    """Remove every global hook, saved-tensor hooks pair and torch function mode added since
+    ``before = global_snapshot()``; describe what was removed (an empty list: nothing)."""
+    removed = []
+    for label, hooks in _registries():
+        added = [key for key in hooks if key not in before["registries"].get(label, ())]
+        for key in added:
+            del hooks[key]
+        if added:
+            removed.append(f"{label}: {len(added)}")
+    popped = 0
+    while _saved_tensors_hooks() is not None and _saved_tensors_hooks() != before["saved"]:
+        torch._C._autograd._pop_saved_tensors_default_hooks()
+        popped += 1
+    if popped:
+        removed.append(f"torch.autograd.graph.saved_tensors_hooks: {popped} never exited")
+    modes = torch._C._len_torch_function_stack() - before["modes"]
+    for _ in range(max(modes, 0)):
+        torch._C._pop_torch_function_stack()
+    if modes > 0:
+        removed.append(f"torch function modes: {modes} never exited (a `with` block entered by hand?)")
+    return removed
+
+
+def clear_global_hooks() -> list[str]:
+    """Remove everything ``global_hooks()`` reports: the way out when a global hook's handle is
+    lost (restarting the kernel does the same). Returns what was removed."""
+    return remove_added_globals({"registries": {}, "saved": None, "modes": 0})
 
 
 def live_modules() -> list[nn.Module]:

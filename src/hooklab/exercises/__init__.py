@@ -9,8 +9,9 @@ file and register themselves with ``@exercise``; solutions notebooks in
 
 A checker may seed torch's random generator to build its own models: ``@exercise`` runs it on a
 copy of the generator's state, so the student's random stream is the same after a check as
-before it. A global hook left active by earlier code fails every check with a message naming it,
-instead of running inside the checker's models.
+before it. A global hook (or saved-tensor hooks, or a torch function mode) left active by earlier
+code fails every check with a message naming it, instead of running inside the checker's models;
+one the answer itself leaves active is removed and fails that answer.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Exercise", "Outcome", "check", "compare_tensors", "exercise", "exercises", "grade"]
+__all__ = ["Exercise", "Outcome", "check", "compare_tensors", "exercise", "exercises", "grade", "is_handle"]
 
 
 @dataclass(frozen=True)
@@ -53,21 +54,31 @@ def exercise(id: str, title: str):
 
 
 def _guarded(checker: Callable[[object], Outcome]) -> Callable[[object], Outcome]:
-    """The checker run on its own copy of the random stream, and only when no global hook is left
-    from earlier code: such a hook would run inside the checker's models and spoil every verdict."""
+    """The checker run on its own copy of the random stream, and only when nothing global is left
+    active by earlier code (it would run inside the checker's models and spoil the verdict).
+    Whatever global the answer itself leaves active is removed again and fails the answer."""
 
     @functools.wraps(checker)
     def run(answer: object) -> Outcome:
         import torch
 
-        from ..audit import global_hooks
+        from ..audit import global_hooks, global_snapshot, remove_added_globals
 
         left = global_hooks()
         if left:
-            return Outcome(False, f"a global hook registered by earlier code is still active ({'; '.join(left)}): "
-                                  "remove it with its handle's .remove(), then check again")
-        with torch.random.fork_rng():
-            return checker(answer)
+            return Outcome(False, f"something global from earlier code is still active ({'; '.join(left)}): "
+                                  "remove it with its handle's .remove() (or exit its with block); if the handle "
+                                  "is lost, hooklab.audit.clear_global_hooks() removes it, then check again")
+        before = global_snapshot()
+        try:
+            with torch.random.fork_rng():
+                outcome = checker(answer)
+        finally:
+            removed = remove_added_globals(before)
+        if removed:
+            return Outcome(False, f"your answer left something global active ({'; '.join(removed)}); the check "
+                                  "removed it: remove global hooks (and exit with blocks) in a finally block")
+        return outcome
 
     return run
 
@@ -110,6 +121,13 @@ def check(id: str, answer: object) -> None:
         return
     verdict = "passed" if outcome.passed else "failed"
     print(f"Exercise {id} ({ex.title}): {verdict} — {outcome.detail}")
+
+
+def is_handle(value: object) -> bool:
+    """Whether ``value`` is the handle a ``register_*`` call returns (a list has ``.remove`` too)."""
+    from torch.utils.hooks import RemovableHandle
+
+    return isinstance(value, RemovableHandle)
 
 
 def compare_tensors(got, expected, atol: float = 1e-6, rtol: float = 1e-5) -> Outcome:
