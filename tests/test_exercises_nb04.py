@@ -49,3 +49,36 @@ def test_checker_rejects_a_wrong_answer(id):
 def test_wrong_number_of_results_is_explained():
     outcome = grade("04.2", lambda x, w, dout: dout @ w)
     assert not outcome.passed and "returned 1 tensor(s), expected 3" in outcome.detail
+
+
+def test_an_answer_that_changes_its_input_in_place_is_told_so():
+    outcome = grade("04.1", lambda out, dout: dout.mul_(out).mul_(1 - out))  # right numbers, dout overwritten
+    assert not outcome.passed and "changed its input dout in place" in outcome.detail
+    outcome = grade("04.2", lambda x, w, dout: (dout.zero_() @ w, dout.T @ x, dout.sum(0)))
+    assert not outcome.passed and "in place" in outcome.detail
+
+
+def test_autograd_inside_the_answer_is_refused():
+    def with_autograd(x, w, dout):
+        x, w = x.requires_grad_(), w.requires_grad_()
+        F.conv2d(x, w).backward(dout)
+        return x.grad, w.grad
+
+    outcome = grade("04.4", with_autograd)
+    assert not outcome.passed and "without autograd" in outcome.detail
+
+
+def test_float32_results_get_a_dtype_hint():
+    outcome = grade("04.1", lambda out, dout: (dout * out * (1 - out)).float())
+    assert not outcome.passed and "float32" in outcome.detail and "float64" in outcome.detail
+
+
+@pytest.mark.parametrize("returned", [{"dx": 0}, [[1.0, 2.0]], "dx"])
+def test_a_result_that_is_not_tensors_names_its_type(returned):
+    outcome = grade("04.1", lambda out, dout: returned)
+    assert not outcome.passed and "return 1 tensor(s)" in outcome.detail
+
+
+def test_one_hot_without_num_classes_fails_when_the_last_class_is_not_a_target():
+    with pytest.raises(RuntimeError, match="size of tensor a"):  # check() prints it as "your code raised"
+        grade("04.5", lambda logits, target: (logits.softmax(1) - F.one_hot(target)) / len(target))

@@ -23,15 +23,42 @@ def _reference(fn, inputs, dout):
     return torch.autograd.grad(fn(*leaves), leaves, dout)
 
 
+def _by_hand(answer, names: list[str], *inputs: torch.Tensor):
+    """Call ``answer`` on copies of ``inputs`` with autograd off; returns ``(result, None)`` or
+    ``(None, Outcome)`` when the answer used autograd or changed one of its inputs in place."""
+    copies = [t.clone() for t in inputs]
+    try:
+        with torch.no_grad():
+            got = answer(*copies)
+    except RuntimeError as error:
+        if "does not require grad" not in str(error) and "does not have a grad_fn" not in str(error):
+            raise
+        return None, Outcome(False, "by hand means without autograd: compute the gradient from its formula "
+                                    "(autograd is switched off while your function runs)")
+    for name, original, copy in zip(names, inputs, copies, strict=True):
+        if not torch.equal(original, copy):
+            return None, Outcome(False, f"your function changed its input {name} in place: compute new tensors "
+                                        "instead (the caller still needs its inputs)")
+    return got, None
+
+
 def _judge(got, expected, names) -> Outcome:
-    got = got if isinstance(got, tuple | list) else (got,)
+    if isinstance(got, torch.Tensor):
+        got = (got,)
+    if not isinstance(got, tuple | list) or not all(isinstance(g, torch.Tensor) for g in got):
+        kind = type(got).__name__ if not isinstance(got, tuple | list) else "a sequence holding non-tensors"
+        return Outcome(False, f"return {len(expected)} tensor(s) ({', '.join(names)}), not {kind}")
     if len(got) != len(expected):
         return Outcome(False, f"returned {len(got)} tensor(s), expected {len(expected)}: ({', '.join(names)})")
     worst, worst_name = 0.0, names[0]
     for name, g, e in zip(names, got, expected, strict=True):
         outcome = compare_tensors(g, e, atol=1e-10, rtol=1e-8)
         if not outcome.passed:
-            return Outcome(False, f"{name}: {outcome.detail}")
+            hint = ""
+            if g.dtype != e.dtype and g.shape == e.shape:
+                hint = (f" (your {name} is {str(g.dtype).removeprefix('torch.')}, the inputs are float64: make new "
+                        "tensors with zeros_like(...) or dtype=x.dtype)")
+            return Outcome(False, f"{name}: {outcome.detail}{hint}")
         diff = (g.detach().double() - e).abs().max().item()
         if diff >= worst:
             worst, worst_name = diff, name
@@ -39,25 +66,34 @@ def _judge(got, expected, names) -> Outcome:
     return Outcome(True, f"{', '.join(names)} {verb} autograd; max |difference| {worst:.1e} (in {worst_name})")
 
 
+def _check(answer, fn, inputs: dict[str, torch.Tensor], answer_inputs: dict[str, torch.Tensor], dout,
+           names: list[str]) -> Outcome:
+    """Autograd's gradients of ``fn(*inputs)`` first, then the answer's from ``answer_inputs``."""
+    expected = _reference(fn, tuple(inputs.values()), dout)
+    got, failed = _by_hand(answer, list(answer_inputs), *answer_inputs.values())
+    return failed or _judge(got, expected, names)
+
+
 @exercise("04.1", "sigmoid backward")
 def _sigmoid(sigmoid_backward) -> Outcome:
     """``sigmoid_backward(out, dout) -> dx`` where ``out = sigmoid(x)``."""
     x, dout = _rand(4, 5, seed=1), _rand(4, 5, seed=2)
-    return _judge(sigmoid_backward(torch.sigmoid(x), dout), _reference(torch.sigmoid, (x,), dout), ["dx"])
+    return _check(sigmoid_backward, torch.sigmoid, {"x": x}, {"out": torch.sigmoid(x), "dout": dout}, dout, ["dx"])
 
 
 @exercise("04.2", "linear backward")
 def _linear(linear_backward) -> Outcome:
     """``linear_backward(x, w, dout) -> (dx, dw, db)`` for ``y = x @ w.T + b`` (bias shape ``[out]``)."""
     x, w, b, dout = _rand(6, 4, seed=3), _rand(3, 4, seed=4), _rand(3, seed=5), _rand(6, 3, seed=6)
-    return _judge(linear_backward(x, w, dout), _reference(F.linear, (x, w, b), dout), ["dx", "dw", "db"])
+    return _check(linear_backward, F.linear, {"x": x, "w": w, "b": b}, {"x": x, "w": w, "dout": dout}, dout,
+                  ["dx", "dw", "db"])
 
 
 @exercise("04.3", "ReLU backward from the output")
 def _relu(relu_backward) -> Outcome:
     """``relu_backward(out, dout) -> dx``: only the output is given, as after an in-place ReLU."""
     x, dout = _rand(5, 6, seed=7), _rand(5, 6, seed=8)
-    return _judge(relu_backward(F.relu(x), dout), _reference(F.relu, (x,), dout), ["dx"])
+    return _check(relu_backward, F.relu, {"x": x}, {"out": F.relu(x), "dout": dout}, dout, ["dx"])
 
 
 @exercise("04.4", "conv2d backward, stride 1, no padding")
@@ -65,12 +101,13 @@ def _conv(conv2d_backward) -> Outcome:
     """``conv2d_backward(x, w, dout) -> (dx, dw)`` for ``y = F.conv2d(x, w)`` (no bias)."""
     x, w = _rand(2, 3, 6, 5, seed=9), _rand(4, 3, 3, 2, seed=10)
     dout = _rand(2, 4, 4, 4, seed=11)
-    return _judge(conv2d_backward(x, w, dout), _reference(F.conv2d, (x, w), dout), ["dx", "dw"])
+    return _check(conv2d_backward, F.conv2d, {"x": x, "w": w}, {"x": x, "w": w, "dout": dout}, dout, ["dx", "dw"])
 
 
 @exercise("04.5", "softmax + cross-entropy backward")
 def _softmax_ce(ce_backward) -> Outcome:
     """``ce_backward(logits, target) -> dlogits`` for ``F.cross_entropy(logits, target)`` (mean over the batch)."""
-    logits, target = _rand(5, 4, seed=12) * 2, torch.tensor([3, 0, 1, 1, 2])
-    expected = _reference(lambda z: F.cross_entropy(z, target), (logits,), torch.tensor(1.0, dtype=D))
-    return _judge(ce_backward(logits, target), expected, ["dlogits"])
+    # class 3 of 4 is never a target: F.one_hot(target) without num_classes would give 3 columns
+    logits, target = _rand(5, 4, seed=12) * 2, torch.tensor([2, 0, 1, 1, 2])
+    return _check(ce_backward, lambda z: F.cross_entropy(z, target), {"logits": logits},
+                  {"logits": logits, "target": target}, torch.tensor(1.0, dtype=D), ["dlogits"])
