@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import torch
+from torch import nn
+
 from hooklab.exercises import exercises, grade
 
 IDS = sorted(id for id in exercises() if id.startswith("02."))
@@ -123,3 +126,150 @@ def test_02_1_names_the_late_binding_bug():
 
     result = grade("02.1", late_binding)
     assert not result.passed and "name=name" in result.detail
+
+
+# ----- review findings ------------------------------------------------------------------------
+def hook_every_submodule(name_of=lambda name, module: name, skip_root=True, give_back=True, safe=True):
+    def execution_order(model, x):
+        calls, handles = [], []
+
+        def run():
+            for name, module in model.named_modules():
+                if name or not skip_root:
+                    label = name_of(name, module)
+                    handles.append(module.register_forward_hook(lambda m, a, o, label=label: calls.append(label)))
+            model(x)
+
+        if safe:
+            try:
+                run()
+            finally:
+                for h in handles:
+                    h.remove()
+        else:
+            run()
+            for h in handles:
+                h.remove()
+        return calls if give_back else None
+
+    return execution_order
+
+
+def test_02_1_rejects_hooks_left_when_the_forward_raises():
+    result = grade("02.1", hook_every_submodule(safe=False))
+    assert not result.passed and "raised" in result.detail and "finally" in result.detail
+
+
+def test_02_1_says_what_is_wrong_with_the_names():
+    missing = grade("02.1", hook_every_submodule(give_back=False))
+    assert not missing.passed and "return the list of names" in missing.detail
+    root = grade("02.1", hook_every_submodule(skip_root=False))
+    assert not root.passed and "leave out the root" in root.detail
+    class_names = grade("02.1", hook_every_submodule(name_of=lambda name, module: type(module).__name__))
+    assert not class_names.passed and "named_modules()" in class_names.detail and "name=name" not in class_names.detail
+
+
+def clipping(hook):
+    return lambda module, limit: module.register_forward_hook(lambda m, a, out: hook(out, limit))
+
+
+def test_02_2_rejects_clips_outside_the_graph():
+    def through_data(out, limit):
+        out.data.clamp_(-limit, limit)
+
+    wrong_grad = grade("02.2", clipping(through_data))
+    assert not wrong_grad.passed and "gradient is wrong" in wrong_grad.detail
+    for copy in (
+        lambda out, limit: out.detach().clamp(-limit, limit).requires_grad_(),
+        lambda out, limit: torch.tensor(out.tolist(), requires_grad=True).clamp(-limit, limit),
+    ):
+        result = grade("02.2", clipping(copy))
+        assert not result.passed and "no gradient reached the weight" in result.detail
+
+
+def test_02_2_rejects_a_global_hook():
+    def clip_everything(module, limit):
+        return nn.modules.module.register_module_forward_hook(lambda m, a, out: out.clamp(-limit, limit))
+
+    result = grade("02.2", clip_everything)
+    assert not result.passed and "did not hook" in result.detail
+
+
+def test_02_2_rejects_an_in_place_clamp():
+    def in_place(out, limit):
+        out.clamp_(-limit, limit)
+
+    result = grade("02.2", clipping(in_place))
+    assert not result.passed and "in-place" in result.detail
+
+
+def test_02_2_needs_the_handle_and_a_returned_output():
+    layers = []
+
+    def gives_the_hook(module, limit):
+        layers.append(module)
+        hook = lambda m, a, out: out.clamp(-limit, limit)  # noqa: E731
+        module.register_forward_hook(hook)
+        return hook
+
+    result = grade("02.2", gives_the_hook)
+    assert not result.passed and "return the handle from register_forward_hook" in result.detail
+    assert not layers[0]._forward_hooks
+
+    def forgets_to_return(out, limit):
+        out = out.clamp(-limit, limit)
+
+    no_return = grade("02.2", clipping(forgets_to_return))
+    assert not no_return.passed and "must return the new output" in no_return.detail
+
+
+def test_02_3_checks_every_kept_tensor():
+    def second_kept_raw(module):
+        kept = []
+        return kept, module.register_forward_hook(lambda m, a, o: kept.append(o.detach().clone() if not kept else o))
+
+    result = grade("02.3", second_kept_raw)
+    assert not result.passed and "call 2" in result.detail
+
+    def halves_the_second(module):
+        kept = []
+        return kept, module.register_forward_hook(lambda m, a, o: kept.append(o.detach().clone() / (len(kept) + 1)))
+
+    halved = grade("02.3", halves_the_second)
+    assert not halved.passed and "call 2" in halved.detail
+
+
+def test_02_3_says_to_return_the_pair():
+    modules = []
+
+    def swapped(module):
+        modules.append(module)
+        kept = []
+        return module.register_forward_hook(lambda m, a, o: kept.append(o.detach().clone())), kept
+
+    def only_kept(module):
+        modules.append(module)
+        kept = []
+        module.register_forward_hook(lambda m, a, o: kept.append(o.detach().clone()))
+        return kept
+
+    for answer in (swapped, only_kept):
+        result = grade("02.3", answer)
+        assert not result.passed and "return the pair (kept, handle)" in result.detail
+    assert not any(m._forward_hooks for m in modules)
+
+
+def test_02_4_keeps_the_callers_other_keywords():
+    def drops_the_rest(module, name, value):
+        return module.register_forward_pre_hook(lambda m, args, kwargs: (args, {name: value}), with_kwargs=True)
+
+    result = grade("02.4", drops_the_rest)
+    assert not result.passed and "other keyword" in result.detail
+
+
+def test_02_4_says_to_register_with_kwargs():
+    def without_kwargs(module, name, value):
+        return module.register_forward_pre_hook(lambda m, args: (args, {name: value}))
+
+    result = grade("02.4", without_kwargs)
+    assert not result.passed and "with_kwargs=True" in result.detail

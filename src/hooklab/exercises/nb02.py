@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..audit import clear_hooks
 from ..layers import layer_names
 from ..models import SeedConvNet
 from ..record import record
-from . import Outcome, compare_tensors, exercise
+from . import Outcome, compare_tensors, exercise, is_handle
 
 
 class _Block(nn.Module):
@@ -45,9 +46,25 @@ def _execution_order(execution_order) -> Outcome:
     with record(model, layers=layer_names(model)[1:]) as rec:
         model(x)
     expected = [r.name for r in rec]
-    got = list(got) if got is not None else []
+    if not isinstance(got, list | tuple):
+        return Outcome(False, f"return the list of names (got {type(got).__name__})")
+    got = list(got)
+    if "" in got:
+        return Outcome(False, "leave out the root (name ''): hook only the submodules")
+    if not all(isinstance(name, str) for name in got) or not set(got) <= set(expected):
+        return Outcome(False, "use the names from named_modules(), like '1.fc'")
     if got == expected:
-        return Outcome(True, f"{len(expected)} calls in the right order, no hook left behind")
+        broken = nn.Sequential(nn.Linear(3, 4), nn.Linear(5, 2))  # its second layer gets the wrong width
+        try:
+            execution_order(broken, x)
+        except Exception:  # the forward is meant to raise; only the hooks left behind matter
+            pass
+        finally:
+            left = clear_hooks(broken)
+        if left:
+            return Outcome(False, f"hooks were left registered when the forward raised: {left[0]} "
+                                  "(remove them in a finally block)")
+        return Outcome(True, f"{len(expected)} calls in the right order, no hook left behind (also on an error)")
     if sorted(got) == sorted(expected):
         return Outcome(False, "the right calls in the wrong order: a container's forward hook fires after its children")
     if len(got) == len(expected) and len(set(got)) < len(set(expected)):
@@ -61,6 +78,27 @@ def _execution_order(execution_order) -> Outcome:
     )
 
 
+def _clipped_call(clip_output, module: nn.Module, x: torch.Tensor, limit: float, unhooked: nn.Module | None = None):
+    """``module(x)`` (and ``unhooked(x)``) with the answer's hook on ``module``: ``(outputs, None)``, or
+    ``(None, Outcome)`` when the answer did not return a handle."""
+    handle = clip_output(module, limit)
+    if not is_handle(handle):
+        clear_hooks(module)
+        return None, Outcome(False, f"return the handle from register_forward_hook (got {type(handle).__name__})")
+    try:
+        out = module(x)
+        other = unhooked(x).detach() if unhooked is not None else None
+    finally:
+        handle.remove()
+    return (out, other), None
+
+
+def _grad_of(output_fn, leaf: torch.Tensor) -> torch.Tensor:
+    leaf = leaf.detach().requires_grad_()
+    output_fn(leaf).sum().backward()
+    return leaf.grad
+
+
 @exercise("02.2", "clip a layer's output with a forward hook")
 def _clip_output(clip_output) -> Outcome:
     """``clip_output(module, limit)`` registers a forward hook clamping the output to [-limit, limit]."""
@@ -68,24 +106,61 @@ def _clip_output(clip_output) -> Outcome:
     with torch.no_grad():
         layer.weight.copy_(torch.tensor([[3.0, 0, 0], [-3.0, 0, 0], [0.1, 0, 0], [0, 2.0, -2.0]]))
         layer.bias.zero_()
+    other = nn.Linear(3, 4)
+    other.load_state_dict(layer.state_dict())
     x = torch.tensor([[1.0, 1.0, -1.0]])
     plain = layer(x).detach()
-    handle = clip_output(layer, 1.5)
-    try:
-        clipped = layer(x)
-    finally:
-        if handle is not None:
-            handle.remove()
-    if handle is None:
-        return Outcome(False, "return the handle that register_forward_hook gave you")
+    outputs, failed = _clipped_call(clip_output, layer, x, 1.5, unhooked=other)
+    if failed:
+        return failed
+    clipped, unhooked = outputs
+    if isinstance(clipped, torch.Tensor) and torch.equal(clipped.detach(), plain):
+        return Outcome(False, "the output is unchanged: your hook must return the new output")
     outcome = compare_tensors(clipped, plain.clamp(-1.5, 1.5))
     if not outcome.passed:
         return Outcome(False, f"the clipped output is wrong: {outcome.detail}")
+    if not torch.equal(unhooked, plain):
+        return Outcome(False, "a module you did not hook was clipped too: register the hook on the given module only")
     if not torch.equal(layer(x).detach(), plain):
         return Outcome(False, "after handle.remove() the layer must give its plain output again")
     if not clipped.requires_grad:
         return Outcome(False, "the clipped output lost its gradient: clamp the tensor itself, not .detach() of it")
-    return Outcome(True, "output clipped to [-1.5, 1.5], plain again after remove()")
+    clipped.sum().backward()
+    if layer.weight.grad is None:
+        return Outcome(False, "no gradient reached the weight: the clipped output must be computed from the "
+                              "layer's output (no .detach(), no new tensor from its values)")
+    expected = _grad_of(lambda w: F.linear(x, w, layer.bias.detach()).clamp(-1.5, 1.5), layer.weight)
+    outcome = compare_tensors(layer.weight.grad, expected)
+    if not outcome.passed:
+        return Outcome(False, f"the weight's gradient is wrong ({outcome.detail}): change the output with a "
+                              "tensor operation autograd sees, not through .data")
+    tanh = nn.Tanh()  # its backward needs its own output
+    t = torch.tensor([-2.0, -0.3, 0.2, 1.0], requires_grad=True)
+    outputs, failed = _clipped_call(clip_output, tanh, t, 0.5)
+    if failed:
+        return failed
+    clipped = outputs[0]
+    outcome = compare_tensors(clipped, torch.tanh(t).clamp(-0.5, 0.5))
+    if not outcome.passed:
+        return Outcome(False, f"the clipped output of a Tanh is wrong: {outcome.detail}")
+    try:
+        clipped.sum().backward()
+    except RuntimeError as exc:
+        if "inplace" not in str(exc):
+            raise
+        return Outcome(False, "backward through a clipped Tanh failed: clamp a new tensor and return it; "
+                              "an in-place change breaks the layer's backward")
+    outcome = compare_tensors(t.grad, _grad_of(lambda v: torch.tanh(v).clamp(-0.5, 0.5), t))
+    if not outcome.passed:
+        return Outcome(False, f"the gradient through a clipped Tanh is wrong: {outcome.detail}")
+    return Outcome(True, "clipped to [-1.5, 1.5] on that layer only, right gradients (Linear and Tanh), "
+                         "plain after remove()")
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, tuple):
+        return "(" + ", ".join(type(v).__name__ for v in value) + ")"
+    return type(value).__name__
 
 
 @exercise("02.3", "keep a layer's output, safe from in-place ops")
@@ -94,8 +169,14 @@ def _keep_output(keep_output) -> Outcome:
     model = SeedConvNet(seed=0, inplace=True)
     x = torch.linspace(-1, 1, 36).reshape(1, 1, 6, 6).requires_grad_()
     with torch.no_grad():
-        expected = model.conv1(x)
-    kept, handle = keep_output(model.conv1)
+        expected = [model.conv1(x), model.conv1(x * 2)]
+    result = keep_output(model.conv1)
+    pair = isinstance(result, tuple | list) and len(result) == 2
+    if not (pair and isinstance(result[0], list) and is_handle(result[1])):
+        clear_hooks(model)
+        return Outcome(False, f"return the pair (kept, handle): the list and the handle from register_forward_hook "
+                              f"(got {_kind(result)})")
+    kept, handle = result
     try:
         model(x).sum().backward()
         model(x * 2)
@@ -104,22 +185,24 @@ def _keep_output(keep_output) -> Outcome:
     model(x)  # after remove(): must not be kept
     if len(kept) != 2:
         return Outcome(False, f"kept {len(kept)} tensors for 2 calls before remove() (and 1 after)")
-    first = kept[0]
-    if not isinstance(first, torch.Tensor):
-        return Outcome(False, f"kept a {type(first).__name__}, expected a tensor")
-    if first.requires_grad or first.grad_fn is not None:
-        return Outcome(False, "the kept tensor is still in the autograd graph: detach it")
-    if (first >= 0).all() and (expected < 0).any():
-        return Outcome(False, "the kept output has no negative values: the in-place ReLU overwrote it (clone it)")
-    outcome = compare_tensors(first, expected)
-    if not outcome.passed:
-        return Outcome(False, f"the kept output differs from conv1(x): {outcome.detail}")
+    for call, (got, want) in enumerate(zip(kept, expected, strict=True), start=1):
+        if not isinstance(got, torch.Tensor):
+            return Outcome(False, f"kept a {type(got).__name__} for call {call}, expected a tensor")
+        if got.requires_grad or got.grad_fn is not None:
+            return Outcome(False, f"the tensor kept for call {call} is still in the autograd graph: detach it")
+        if (got >= 0).all() and (want < 0).any():
+            return Outcome(False, f"the tensor kept for call {call} has no negative values: "
+                                  "the in-place ReLU overwrote it (clone it)")
+        outcome = compare_tensors(got, want)
+        if not outcome.passed:
+            return Outcome(False, f"the tensor kept for call {call} differs from that call's conv1 output: "
+                                  f"{outcome.detail}")
     return Outcome(True, "2 detached copies holding the conv output before the in-place ReLU")
 
 
 class _Scale(nn.Module):
-    def forward(self, x: torch.Tensor, *, factor: float = 1.0) -> torch.Tensor:
-        return x * factor
+    def forward(self, x: torch.Tensor, *, factor: float = 1.0, offset: float = 0.0) -> torch.Tensor:
+        return x * factor + offset
 
 
 @exercise("02.4", "force a keyword argument with a with_kwargs pre-hook")
@@ -128,18 +211,27 @@ def _force_keyword(force_keyword) -> Outcome:
     module = _Scale()
     x = torch.tensor([1.0, -2.0])
     handle = force_keyword(module, "factor", 0.5)
+    if not is_handle(handle):
+        clear_hooks(module)
+        return Outcome(False, f"return the handle from register_forward_pre_hook (got {type(handle).__name__})")
+    if handle.id in module._forward_pre_hooks and handle.id not in module._forward_pre_hooks_with_kwargs:
+        handle.remove()
+        return Outcome(False, "register the pre-hook with with_kwargs=True: without it the hook gets no kwargs "
+                              "and cannot change them")
     try:
         given = module(x, factor=3.0)
         default = module(x)
+        other = module(x, factor=3.0, offset=10.0)
     finally:
-        if handle is not None:
-            handle.remove()
-    if handle is None:
-        return Outcome(False, "return the handle that register_forward_pre_hook gave you")
+        handle.remove()
     for what, got in (("a call with factor=3.0", given), ("a call without factor", default)):
         outcome = compare_tensors(got, x * 0.5)
         if not outcome.passed:
             return Outcome(False, f"{what} did not run with factor=0.5: {outcome.detail}")
+    outcome = compare_tensors(other, x * 0.5 + 10.0)
+    if not outcome.passed:
+        return Outcome(False, f"a call with factor=3.0, offset=10.0 did not run with factor=0.5, offset=10.0 "
+                              f"({outcome.detail}): keep the caller's other keyword arguments")
     if not torch.equal(module(x, factor=3.0), x * 3.0):
         return Outcome(False, "after handle.remove() the module must use the given factor again")
-    return Outcome(True, "factor=0.5 forced whether or not the caller passed it")
+    return Outcome(True, "factor=0.5 forced whether or not the caller passed it, other keywords kept")
