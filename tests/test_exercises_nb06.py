@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
+from torch.nn.modules import module as module_hooks
 
 from hooklab.exercises import exercises, grade
-from hooklab.exercises.nb06 import ORDER_KINDS
+from hooklab.exercises.nb06 import _FIRING_ORDER, ORDER_KINDS
+from hooklab.order import trace_firing_order
 
 IDS = sorted(id for id in exercises() if id.startswith("06."))
 
@@ -45,6 +48,40 @@ def test_06_1_rename():
     assert not grade("06.1", upgrade_everything).passed
 
 
+def upgrade_layers_0_and_2(module, state_dict, prefix, *rest):
+    """Works only while every Linear sits one level deep: the layer is read from the key, not from prefix."""
+    for key in list(state_dict):
+        layer, name = key.split(".", 1)
+        if name in ("W", "b"):
+            state_dict[f"{layer}.{'weight' if name == 'W' else 'bias'}"] = state_dict.pop(key)
+
+
+def test_06_1_a_hook_that_ignores_prefix_fails_on_the_nested_linear():
+    outcome = grade("06.1", upgrade_layers_0_and_2)
+    assert not outcome.passed and "'2.0.W'" in outcome.detail and "prefix" in outcome.detail
+
+
+def upgrade_by_replace(module, state_dict, prefix, *rest):
+    """Renames W and b, but str.replace also renames every other key that starts with prefix + "b"."""
+    for key in list(state_dict):
+        new = key.replace(prefix + "W", prefix + "weight").replace(prefix + "b", prefix + "bias")
+        state_dict[new] = state_dict.pop(key)
+
+
+def upgrade_and_drop_the_rest(module, state_dict, prefix, *rest):
+    """Keeps only the Linear's weight and bias."""
+    kept = {prefix + new: state_dict[prefix + old] for old, new in (("W", "weight"), ("b", "bias"))}
+    state_dict.clear()
+    state_dict.update(kept)
+
+
+def test_06_1_every_other_key_must_stay_as_it_is():
+    replaced = grade("06.1", upgrade_by_replace)
+    assert not replaced.passed and "'0.batches'" in replaced.detail and "every other key" in replaced.detail
+    dropped = grade("06.1", upgrade_and_drop_the_rest)
+    assert not dropped.passed and "removed '0.batches'" in dropped.detail
+
+
 def upgrade_returning_a_new_dict(module, state_dict, prefix, *rest):
     return {key.replace(".W", ".weight").replace(".b", ".bias"): value for key, value in state_dict.items()}
 
@@ -77,6 +114,49 @@ def test_06_2_clip():
     assert not grade("06.2", clip_everything_to_one).passed
 
 
+def clip_the_first_group(optimizer, args, kwargs):
+    for p in optimizer.param_groups[0]["params"]:
+        norm = p.grad.norm()
+        if norm > 1:
+            p.grad.div_(norm)
+
+
+def clip_without_checking_for_none(optimizer, args, kwargs):
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            norm = p.grad.norm()
+            if norm > 1:
+                p.grad.div_(norm)
+
+
+def test_06_2_every_group_and_a_missing_gradient():
+    first = grade("06.2", clip_the_first_group)
+    assert not first.passed and "second parameter group" in first.detail
+    crashed = grade("06.2", clip_without_checking_for_none)
+    assert not crashed.passed and ".grad is None" in crashed.detail
+
+
+def clip_returning_a_list(optimizer, args, kwargs):
+    clip(optimizer, args, kwargs)
+    return []
+
+
+def test_06_2_a_returned_value_is_explained_without_an_address():
+    outcome = grade("06.2", clip_returning_a_list)
+    assert not outcome.passed and "must return None (or (args, kwargs))" in outcome.detail
+    assert " at 0x" not in outcome.detail
+    assert grade("06.2", lambda optimizer, args, kwargs: clip(optimizer, args, kwargs) or (args, kwargs)).passed
+
+
+def clip_the_total_norm(optimizer, args, kwargs):
+    torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], 1.0)
+
+
+def test_06_2_clipping_the_total_norm_gets_a_hint():
+    outcome = grade("06.2", clip_the_total_norm)
+    assert not outcome.passed and "by its own norm, not the total norm" in outcome.detail
+
+
 # ----- 06.3 -----------------------------------------------------------------------------------
 def swap(module, name, submodule):
     return nn.GELU() if isinstance(submodule, nn.ReLU) else None
@@ -92,6 +172,40 @@ def test_06_3_swap():
     assert not grade("06.3", swap_everything).passed
     the_class = grade("06.3", lambda module, name, submodule: nn.GELU if isinstance(submodule, nn.ReLU) else None)
     assert not the_class.passed and "GELU()" in the_class.detail
+
+
+def swap_by_name(module, name, submodule):
+    return nn.GELU() if "ReLU" in type(submodule).__name__ else None
+
+
+def swap_in_place(module, name, submodule):
+    if isinstance(submodule, nn.ReLU):
+        submodule.__class__ = nn.GELU
+        submodule.approximate = "none"
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        (lambda m, n, s: nn.GELU() if isinstance(s, (nn.ReLU, nn.ReLU6, nn.LeakyReLU)) else None, "nn.LeakyReLU"),
+        (swap_by_name, "nn.LeakyReLU"),
+        (lambda m, n, s: nn.Sequential(nn.GELU()) if isinstance(s, nn.ReLU) else None, "returned a Sequential"),
+        (swap_in_place, "returned None"),
+        (lambda m, n, s: torch.nn.functional.gelu if isinstance(s, nn.ReLU) else None, "return a new nn.GELU()"),
+        (lambda m, n, s: "gelu" if isinstance(s, nn.ReLU) else None, "returned a str"),
+    ],
+)
+def test_06_3_swaps_only_a_relu_and_only_for_a_gelu(answer, expected):
+    outcome = grade("06.3", answer)
+    assert not outcome.passed and expected in outcome.detail
+
+
+SHARED = nn.GELU()
+
+
+def test_06_3_one_shared_gelu_is_counted_in_every_place():
+    outcome = grade("06.3", lambda module, name, submodule: SHARED if isinstance(submodule, nn.ReLU) else None)
+    assert outcome.passed, outcome.detail
 
 
 # ----- 06.4 -----------------------------------------------------------------------------------
@@ -120,9 +234,40 @@ def test_06_4_predict():
     swapped = list(READ_FROM_SOURCE)
     swapped[1], swapped[2] = swapped[2], swapped[1]
     outcome = grade("06.4", swapped)
-    assert not outcome.passed and "position 2" in outcome.detail
+    assert not outcome.passed and "10 of 12" in outcome.detail
     assert not grade("06.4", READ_FROM_SOURCE[:-1]).passed
     assert not grade("06.4", list(ORDER_KINDS)).passed  # the shuffled stub itself
+
+
+def test_06_4_the_expected_order_is_the_measured_one():
+    firings = trace_firing_order(nn.Linear(2, 1), torch.ones(1, 2, requires_grad=True))
+    assert [kind for kind in dict.fromkeys(f.kind for f in firings) if kind in ORDER_KINDS] == list(_FIRING_ORDER)
+
+
+def test_06_4_a_wrong_order_gets_a_hint_not_the_answer():
+    for wrong in (list(reversed(READ_FROM_SOURCE)), list(ORDER_KINDS), READ_FROM_SOURCE[1:] + READ_FROM_SOURCE[:1]):
+        outcome = grade("06.4", wrong)
+        assert not outcome.passed and "position" not in outcome.detail and "fires there" not in outcome.detail
+        assert "in the right place" in outcome.detail and "which of the two fires first" in outcome.detail
+
+
+def test_06_4_names_the_unknown_and_the_missing_kinds():
+    typo = ["global forward prehook", *READ_FROM_SOURCE[1:]]
+    outcome = grade("06.4", typo)
+    assert not outcome.passed
+    assert "not a kind: 'global forward prehook'" in outcome.detail
+    assert "missing: 'global forward pre-hook'" in outcome.detail
+    short = grade("06.4", READ_FROM_SOURCE[:-1])
+    assert "missing: 'backward hook'" in short.detail and "not a kind" not in short.detail
+    doubled = grade("06.4", [*READ_FROM_SOURCE[:-1], "forward hook"])
+    assert "listed twice: 'forward hook'" in doubled.detail
+    assert "not a str" in grade("06.4", "global forward pre-hook").detail
+
+
+def test_06_4_does_not_depend_on_the_kernels_global_backward_hook_state(monkeypatch):
+    """The legacy global backward hook, once registered, leaves this flag False for the whole process."""
+    monkeypatch.setattr(module_hooks, "_global_is_full_backward_hook", False)
+    assert grade("06.4", READ_FROM_SOURCE).passed
 
 
 def test_checkers_leave_the_random_stream_alone():

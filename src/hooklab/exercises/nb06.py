@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 from torch.nn.modules import module as module_hooks
 
-from ..order import trace_firing_order
 from . import Outcome, compare_tensors, exercise
 
 #: the kinds exercise 06.4 asks to put in order (one layer; parameter hooks left out)
@@ -25,6 +26,32 @@ ORDER_KINDS = (
     "global backward hook",
 )
 
+#: the order in which they first fire, for one Linear whose input requires grad (the tracer's
+#: measurement, repeated by the tests): a constant, so that the check works in any kernel, also
+#: in one where the legacy global backward hook was once registered (notebook 06, §3)
+_FIRING_ORDER = (
+    "global forward pre-hook",
+    "forward pre-hook (prepend)",
+    "forward pre-hook",
+    "global forward hook",
+    "forward hook",
+    "global backward pre-hook",
+    "backward pre-hook",
+    "tensor hook on output",
+    "Node pre-hook",
+    "Node hook",
+    "global backward hook",
+    "backward hook",
+)
+
+
+def _checkpoint_model() -> nn.Sequential:
+    """Two Linears, at ``0.`` and one level deeper at ``2.0.``, each with a ``batches`` buffer."""
+    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Sequential(nn.Linear(3, 1)))
+    for linear in (model[0], model[2][0]):
+        linear.register_buffer("batches", torch.zeros((), dtype=torch.long))
+    return model
+
 
 @exercise("06.1", "rename old checkpoint keys in a load_state_dict pre-hook")
 def _rename_keys(upgrade) -> Outcome:
@@ -35,41 +62,79 @@ def _rename_keys(upgrade) -> Outcome:
     other key alone.
     """
     torch.manual_seed(6)  # on the checker's own random stream (see ``exercise``)
-    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
-    source = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1))
-    fresh = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 1)).state_dict()
-    old = {}
+    model, source, fresh = _checkpoint_model(), _checkpoint_model(), _checkpoint_model().state_dict()
+    source[0].batches.fill_(7)
+    source[2][0].batches.fill_(9)
+    old, old_names = {}, {"weight": "W", "bias": "b"}
     for key, value in source.state_dict().items():
-        layer, name = key.split(".")
-        old[f"{layer}.{'W' if name == 'weight' else 'b'}"] = value.clone()
-    returned = []
+        place, _, name = key.rpartition(".")
+        old[f"{place}.{old_names.get(name, name)}"] = value.clone()
+    calls = []  # per call: prefix, returned value, other keys it touched, old keys it left
 
     def watched(*args):
-        returned.append(upgrade(*args))
+        state_dict, prefix = args[1], args[2]
+        own = {prefix + name for name in ("W", "b", "weight", "bias")}
+        others = {key: value for key, value in state_dict.items() if key not in own}
+        returned = upgrade(*args)
+        touched = sorted(
+            key for key in (set(others) | set(state_dict)) - own if state_dict.get(key) is not others.get(key)
+        )
+        left = [key for key in (prefix + "W", prefix + "b") if key in state_dict]
+        calls.append((prefix, returned, [(key, key in others, key in state_dict) for key in touched], left))
 
-    handles = [model[0].register_load_state_dict_pre_hook(watched), model[2].register_load_state_dict_pre_hook(watched)]
+    def touched_other_keys() -> Outcome | None:
+        for _, _, touched, _ in calls:
+            for key, before, after in touched:
+                verb = "replaced the value of" if before and after else "removed" if before else "added"
+                return Outcome(False, f"the hook {verb} {key!r}, which is not its Linear's W or b: leave every "
+                                      "other key as it is")
+        return None
+
+    handles = [
+        model[0].register_load_state_dict_pre_hook(watched),
+        model[2][0].register_load_state_dict_pre_hook(watched),
+    ]
     try:
         try:
             model.load_state_dict(old)
+            error = None
         except NotImplementedError:  # a subclass of RuntimeError: the stub, not a failed load
             raise
-        except RuntimeError as error:
+        except RuntimeError as caught:
+            error = caught
+        wrong = touched_other_keys()
+        if wrong is not None:
+            return wrong
+        if error is not None:
             lines = [line.strip() for line in str(error).splitlines() if line.strip()]
             hint = ""
-            if any(r is not None for r in returned):
+            if any(returned is not None for _, returned, _, _ in calls):
                 hint = " (the hook's return value is ignored: rename the keys of state_dict in place)"
+            else:
+                for prefix, _, _, left in calls:
+                    if left:
+                        hint = f" (the hook left {left[0]!r}: build every key from prefix, {prefix!r} for that Linear)"
+                        break
             return Outcome(False, f"loading the old checkpoint failed: {' '.join(lines[1:]) or error}{hint}")
         for key, value in source.state_dict().items():
             if not torch.equal(model.state_dict()[key], value):
                 return Outcome(False, f"{key} was loaded with the wrong values")
+        calls.clear()
         try:
             model.load_state_dict(fresh)
         except RuntimeError:
-            return Outcome(False, "a checkpoint with today's key names no longer loads")
+            return touched_other_keys() or Outcome(False, "a checkpoint with today's key names no longer loads")
+        wrong = touched_other_keys()
+        if wrong is not None:
+            return wrong
     finally:
         for handle in handles:
             handle.remove()
-    return Outcome(True, "old and new checkpoints both load, into both Linear layers")
+    return Outcome(True, "old and new checkpoints both load, into both Linear layers (at 0. and 2.0.), other keys kept")
+
+
+def _is_args_kwargs(value) -> bool:
+    return isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], tuple) and isinstance(value[1], dict)
 
 
 @exercise("06.2", "clip each gradient in an optimizer step pre-hook")
@@ -77,25 +142,65 @@ def _clip_in_pre_hook(clip) -> Outcome:
     """``clip(optimizer, args, kwargs)`` scales each parameter's gradient so its norm is at most 1."""
     big = nn.Parameter(torch.zeros(2))
     small = nn.Parameter(torch.ones(3))
+    idle = nn.Parameter(torch.ones(2))  # no gradient: .grad is None
+    wide = nn.Parameter(torch.zeros(4))
     big.grad = torch.tensor([3.0, 4.0])  # norm 5: must be scaled to norm 1
     small.grad = torch.tensor([0.2, -0.2, 0.1])  # norm 0.3: must stay as it is
-    optimizer = torch.optim.SGD([big, small], lr=1.0)
-    handle = optimizer.register_step_pre_hook(clip)
+    wide.grad = torch.tensor([0.0, 2.0, 0.0, 0.0])  # norm 2, in the second group: must be scaled to norm 1
+    optimizer = torch.optim.SGD([{"params": [big, small]}, {"params": [idle, wide]}], lr=1.0)
+    returned = []
+
+    def watched(optimizer, args, kwargs):
+        result = clip(optimizer, args, kwargs)
+        if result is None or _is_args_kwargs(result):
+            return result
+        returned.append(type(result).__name__)
+        return None
+
+    handle = optimizer.register_step_pre_hook(watched)
     try:
         optimizer.step()
+    except (AttributeError, TypeError) as error:
+        if "NoneType" not in str(error):
+            raise
+        return Outcome(False, "the hook failed on a parameter without a gradient (its .grad is None): skip such "
+                              "parameters")
     finally:
         handle.remove()
+    if returned:
+        return Outcome(False, f"the hook returned a {returned[0]}: a step pre-hook must return None (or (args, "
+                              "kwargs))")
     expected_big = torch.tensor([-0.6, -0.8])
     expected_small = torch.ones(3) - torch.tensor([0.2, -0.2, 0.1])
     if not torch.allclose(big.detach(), expected_big, atol=1e-6):
+        scale_big = big.detach().norm().item() / 5
+        scale_small = (torch.ones(3) - small.detach()).norm().item() / 0.3
+        hint = ""
+        if scale_big < 0.999 and abs(scale_big - scale_small) < 1e-4:
+            hint = ": clip each parameter by its own norm, not the total norm"
         return Outcome(
             False, f"the large gradient (norm 5) was not clipped to norm 1: the step moved the weight from "
-            f"[0, 0] to [{big[0]:.4g}, {big[1]:.4g}], not [-0.6, -0.8]"
+            f"[0, 0] to [{big[0]:.4g}, {big[1]:.4g}], not [-0.6, -0.8]{hint}"
         )
+    if not torch.allclose(wide.detach(), torch.tensor([0.0, -1.0, 0.0, 0.0]), atol=1e-6):
+        return Outcome(False, f"the large gradient (norm 2) in the second parameter group was not clipped to norm 1 "
+                              f"(the step moved that weight by {wide.detach().norm():.4g}): clip the parameters of "
+                              "every group in optimizer.param_groups")
     outcome = compare_tensors(small.detach(), expected_small)
     if not outcome.passed:
         return Outcome(False, f"a gradient already below norm 1 was changed ({outcome.detail})")
-    return Outcome(True, "gradient of norm 5 clipped to 1, gradient of norm 0.3 left alone")
+    if not torch.equal(idle.detach(), torch.ones(2)):
+        return Outcome(False, "a parameter without a gradient was moved by the step: leave it alone")
+    return Outcome(True, "gradients of norm 5 and 2 (in two parameter groups) clipped to 1; a gradient of norm 0.3 "
+                         "and a missing one left alone")
+
+
+def _describe(value) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, type):
+        return f"the class {value.__name__}"
+    return f"a {type(value).__name__}"
 
 
 @exercise("06.3", "swap every new ReLU for a GELU with a registration hook")
@@ -111,35 +216,61 @@ def _swap_relu(swap) -> Outcome:
     answer = swap(nn.Sequential(), "0", nn.ReLU())
     if isinstance(answer, type):
         return Outcome(False, f"return a module, {answer.__name__}(), not the class {answer.__name__}")
+    if not isinstance(answer, nn.GELU):
+        return Outcome(False, f"for an nn.ReLU the hook returned {_describe(answer)}: return a new nn.GELU() (a "
+                              "returned module replaces the one being registered)")
+    for other in (nn.LeakyReLU(), nn.ReLU6(), nn.Linear(2, 2), nn.GELU()):
+        answer = swap(nn.Sequential(), "0", other)
+        if answer is not None:
+            return Outcome(False, f"for an nn.{type(other).__name__} the hook returned {_describe(answer)}: swap "
+                                  "only nn.ReLU, and return None for every other module")
     handle = module_hooks.register_module_module_registration_hook(swap)
     try:
-        model = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), Block(), nn.Sequential(nn.ReLU()))
+        model = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), Block(), nn.Sequential(nn.ReLU()), nn.LeakyReLU(), nn.ReLU6())
     finally:
         handle.remove()
     after = nn.Sequential(nn.ReLU())  # built after remove(): must stay a ReLU
-    types = [type(m).__name__ for _, m in model.named_modules()]
+    types = [type(m).__name__ for _, m in model.named_modules(remove_duplicate=False)]
+    expected = ["Sequential", "Linear", "GELU", "Block", "Linear", "GELU", "Sequential", "GELU", "LeakyReLU", "ReLU6"]
     if types.count("ReLU"):
         return Outcome(False, f"{types.count('ReLU')} ReLU(s) were not swapped: {types}")
-    if types.count("GELU") != 3:
-        return Outcome(False, f"expected 3 GELU, found {types.count('GELU')}: {types}")
-    if types.count("Linear") != 2:
-        return Outcome(False, f"other modules must stay as they are: {types}")
+    if types != expected:
+        return Outcome(False, f"only the ReLUs may change: expected the modules {expected}, found {types}")
     if not isinstance(after[0], nn.ReLU):
         return Outcome(False, "a ReLU built after the hook was removed was swapped too")
-    return Outcome(True, "all 3 ReLUs (direct, as an attribute, nested) became GELU; nothing else changed")
+    return Outcome(True, "all 3 ReLUs (direct, as an attribute, nested) became GELU; LeakyReLU, ReLU6 and the rest "
+                         "unchanged")
+
+
+def _quoted(items) -> str:
+    return ", ".join(repr(item) if isinstance(item, str) else f"a {type(item).__name__}" for item in items)
 
 
 @exercise("06.4", "predict the firing order for one layer")
 def _predict_order(prediction) -> Outcome:
-    """``prediction`` lists the kinds of ``ORDER_KINDS`` in the order they first fire for one Linear."""
+    """``prediction`` lists the kinds of ``ORDER_KINDS`` in the order they first fire for one Linear.
+
+    A wrong order is told how many kinds are in the right place and one neighbouring pair that is
+    the wrong way round, never which kind belongs at a position.
+    """
+    n = len(ORDER_KINDS)
+    if not isinstance(prediction, (list, tuple)):
+        return Outcome(False, f"give a list of the {n} strings of ORDER_KINDS, not {_describe(prediction)}")
     prediction = list(prediction)
-    if sorted(prediction) != sorted(ORDER_KINDS):
-        return Outcome(False, "list each kind of ORDER_KINDS exactly once")
-    torch.manual_seed(6)
-    layer = nn.Linear(2, 1)
-    firings = trace_firing_order(layer, torch.ones(1, 2, requires_grad=True))
-    measured = list(dict.fromkeys(f.kind for f in firings if f.kind in ORDER_KINDS))
-    for i, (got, real) in enumerate(zip(prediction, measured, strict=True)):
-        if got != real:
-            return Outcome(False, f"position {i + 1}: you said {got!r}, but {real!r} fires there")
-    return Outcome(True, "all 12 kinds in the measured order")
+    unknown = [item for item in prediction if not isinstance(item, str) or item not in ORDER_KINDS]
+    missing = [kind for kind in ORDER_KINDS if kind not in prediction]
+    twice = [kind for kind in ORDER_KINDS if prediction.count(kind) > 1]
+    if unknown or missing or twice:
+        problems = [
+            f"{label}: {_quoted(items)}"
+            for label, items in (("not a kind", unknown), ("missing", missing), ("listed twice", twice))
+            if items
+        ]
+        return Outcome(False, f"list each kind of ORDER_KINDS exactly once ({'; '.join(problems)})")
+    if prediction == list(_FIRING_ORDER):
+        return Outcome(True, f"all {n} kinds in the order they fire")
+    right = sum(got == real for got, real in zip(prediction, _FIRING_ORDER, strict=True))
+    rank = {kind: i for i, kind in enumerate(_FIRING_ORDER)}
+    first, second = next((a, b) for a, b in itertools.pairwise(prediction) if rank[a] > rank[b])
+    return Outcome(False, f"{right} of {n} kinds in the right place; for example, you put {first!r} right before "
+                          f"{second!r}: which of the two fires first?")
