@@ -4,48 +4,196 @@ from __future__ import annotations
 
 import torch
 
+import hooklab
+from hooklab.cam import GuidedBackprop
 from hooklab.exercises import grade
 
 
-def test_05_1_guided_hook():
-    assert grade("05.1", lambda m, gi, go: (gi[0].clamp(min=0),)).passed
-    unchanged = grade("05.1", lambda m, gi, go: None)
-    assert not unchanged.passed and "did not change" in unchanged.detail
-    assert not grade("05.1", lambda m, gi, go: (go[0].clamp(min=0),)).passed
-    assert not grade("05.1", lambda m, gi, go: (gi[0].abs(),)).passed
-    bare = grade("05.1", lambda m, gi, go: gi[0].clamp(min=0))
-    assert not bare.passed and "tuple" in bare.detail
+def _failed(id, answer, *words):
+    outcome = grade(id, answer)
+    assert not outcome.passed, outcome.detail
+    for word in words:
+        assert word in outcome.detail, outcome.detail
+    return outcome
+
+
+def test_05_1_deconvnet_hook():
+    passed = grade("05.1", lambda m, gi, go: (go[0].clamp(min=0),))
+    assert passed.passed and "deconvnet gradients of 3 digits match" in passed.detail
+    assert grade("05.1", lambda m, gi, go: [torch.relu(go[0])]).passed
+    _failed("05.1", lambda m, gi, go: None, "returned None")
+    _failed("05.1", lambda m, gi, go: gi, "grad_input unchanged")
+    _failed("05.1", lambda m, gi, go: go, "negative gradient")
+    _failed("05.1", lambda m, gi, go: (gi[0].abs(),), "off by")
+    _failed("05.1", lambda m, gi, go: go[0].clamp(min=0), "tuple", "bare tensor")
+
+
+def test_05_1_the_guided_hook_shown_above_the_exercise_is_not_the_answer():
+    _failed("05.1", lambda m, gi, go: (gi[0].clamp(min=0),), "guided backprop's rule")
+    _failed("05.1", GuidedBackprop.hook, "guided backprop's rule")
+
+
+def test_05_1_a_hook_that_changes_its_arguments_in_place_fails():
+    def clamp_grad_input_in_place(module, grad_input, grad_output):
+        grad_input[0].clamp_(min=0)
+
+    def clamp_grad_output_in_place(module, grad_input, grad_output):
+        grad_output[0].clamp_(min=0)
+        return grad_output
+
+    _failed("05.1", clamp_grad_input_in_place, "changed grad_input in place")
+    _failed("05.1", clamp_grad_output_in_place, "changed grad_output in place")
+
+
+def test_05_1_wrong_return_values_get_a_message_instead_of_a_pytorch_error():
+    _failed("05.1", lambda m, gi, go: (None,), "one tensor", "its entry is None")
+    _failed("05.1", lambda m, gi, go: go[0].clamp(min=0).numpy(), "one tensor", "got ndarray")
+    _failed("05.1", lambda m, gi, go: 0, "one tensor", "got int")
+    _failed("05.1", lambda m, gi, go: (t.clamp(min=0) for t in go), "one tensor", "got generator")
+    _failed("05.1", lambda m, gi, go: (go[0].clamp(min=0), go[0]), "one input", "not 2 entries")
+    _failed("05.1", lambda m, gi, go: (go[0].clamp(min=0).double(),), "float64, expected float32")
+    _failed("05.1", lambda m, gi, go: (go[0].clamp(min=0).flatten(),), "shape (8,), expected (2, 4)")
+
+
+def test_05_1_the_hook_is_also_checked_on_a_model():
+    def only_on_the_sample(module, grad_input, grad_output):
+        return (grad_output[0].clamp(min=0),) if grad_output[0].dim() == 2 else None
+
+    _failed("05.1", only_on_the_sample, "did not change the gradient")
+
+
+def _grad_cam(a, g):
+    return (g.mean(dim=(1, 2))[:, None, None] * a).sum(0).relu()
 
 
 def test_05_2_cam_map():
-    def right(a, g):
-        return (g.mean(dim=(1, 2))[:, None, None] * a).sum(0).relu()
-
-    assert grade("05.2", right).passed
-    no_relu = grade("05.2", lambda a, g: (g.mean(dim=(1, 2))[:, None, None] * a).sum(0))
-    assert not no_relu.passed and "positive part" in no_relu.detail
+    assert grade("05.2", _grad_cam).passed
+    _failed("05.2", lambda a, g: (g.mean(dim=(1, 2))[:, None, None] * a).sum(0), "positive part")
     assert not grade("05.2", lambda a, g: (g * a).sum(0).relu()).passed
+    _failed("05.2", lambda a, g: _grad_cam(a, g).tolist(), "as a tensor, got list")
 
 
-def _dead(model, layer, x, remove=True, images="all"):
+def test_05_2_changing_the_inputs_in_place_fails():
+    def scale_activation_in_place(a, g):
+        return a.mul_(g.mean(dim=(1, 2))[:, None, None]).sum(0).relu()
+
+    def clear_gradient_afterwards(a, g):
+        cam = _grad_cam(a, g)
+        g.zero_()
+        return cam
+
+    _failed("05.2", scale_activation_in_place, "changed the activation in place")
+    _failed("05.2", clear_gradient_afterwards, "changed the gradient in place")
+    assert grade("05.2", lambda a, g: _grad_cam(a.clone(), g.clone())).passed
+
+
+def test_05_2_shape_and_normalisation_hints():
+    def keepdim(a, g):
+        return (g.mean(dim=(1, 2))[:, None, None] * a).sum(0, keepdim=True).relu()
+
+    def normalised(a, g):
+        cam = _grad_cam(a, g)
+        return cam / cam.max()
+
+    _failed("05.2", keepdim, "shape (1, 5, 4), expected (5, 4)", "channel dimension (dim 0)")
+    _failed("05.2", lambda a, g: (g.mean(dim=(1, 2))[:, None, None] * a).sum().relu(), "dim 0")
+    _failed("05.2", normalised, "unnormalised")
+
+
+def _dead(model, layer, x, remove=True, images="all", positions="all", grad=False, finally_=True, keep=None):
     outputs = []
     handle = model.get_submodule(layer).register_forward_hook(lambda m, i, o: outputs.append(o.detach()))
     try:
-        model(x)
-    finally:
-        if remove:
+        with torch.set_grad_enabled(grad):
+            model(x)
+    except Exception:
+        if finally_ and remove:
             handle.remove()
-    out = outputs[0]
-    per_image = (out == 0).all(dim=3).all(dim=2)
+        raise
+    if remove:
+        handle.remove()
+    out = outputs[0] if keep is None else outputs[0][keep]
+    per_image = getattr((out == 0).flatten(2), positions)(dim=2)
     return getattr(per_image, images)(dim=0).nonzero().flatten().tolist()
 
 
 def test_05_3_dead_channels():
-    assert grade("05.3", _dead).passed
-    leaky = grade("05.3", lambda m, layer, x: _dead(m, layer, x, remove=False))
-    assert not leaky.passed and "left registered" in leaky.detail
+    passed = grade("05.3", _dead)
+    assert passed.passed and "[2, 9, 10, 13]" in passed.detail
+    _failed("05.3", lambda m, layer, x: _dead(m, layer, x, remove=False), "left registered")
     assert not grade("05.3", lambda m, layer, x: [2, 9]).passed
-    some_image = grade("05.3", lambda m, layer, x: _dead(m, layer, x, images="any"))
-    assert not some_image.passed and "every image" in some_image.detail
-    # "zero somewhere" is not "dead"
+    _failed("05.3", lambda m, layer, x: _dead(m, layer, x, images="any"), "every image")
     assert not grade("05.3", lambda m, layer, x: torch.arange(16).tolist()).passed
+
+
+def test_05_3_accepts_hooklab_record_and_a_tensor_of_indices():
+    def with_record(model, layer, x):
+        with hooklab.record(model, [layer]) as rec, torch.no_grad():
+            model(x)
+        return (rec[layer].output == 0).flatten(2).all(dim=2).all(dim=0).nonzero()
+
+    assert grade("05.3", with_record).passed
+
+
+def test_05_3_the_hook_must_be_removed_when_the_forward_pass_raises():
+    _failed("05.3", lambda m, layer, x: _dead(m, layer, x, finally_=False), "when the forward pass raised")
+
+
+def test_05_3_every_image_counts():
+    _failed("05.3", lambda m, layer, x: _dead(m, layer, x, keep=slice(0, 1)), "first image")
+    _failed("05.3", lambda m, layer, x: _dead(m, layer, x, keep=slice(0, -1)), "got channels [2, 9, 10, 12, 13]")
+
+
+def test_05_3_one_forward_pass_without_gradients_with_a_forward_hook():
+    def twice(model, layer, x):
+        with torch.no_grad():
+            model(x)
+        return _dead(model, layer, x)
+
+    def in_two_halves(model, layer, x):
+        return sorted(set(_dead(model, layer, x[:3])) & set(_dead(model, layer, x[3:])))
+
+    def without_a_hook(model, layer, x):
+        with torch.no_grad():
+            model(x)
+            out = model.features[:2](x)
+        return (out == 0).flatten(2).all(dim=2).all(dim=0).nonzero().flatten().tolist()
+
+    _failed("05.3", lambda m, layer, x: _dead(m, layer, x, grad=True), "gradients enabled", "torch.no_grad()")
+    _failed("05.3", twice, "ran 2 times")
+    _failed("05.3", in_two_halves, "ran 2 times")
+    _failed("05.3", lambda m, layer, x: _dead(m, layer, x[:-1]), "whole batch")
+    _failed("05.3", lambda m, layer, x: _dead(m, "features.0", x), "no forward hook of yours was on the layer")
+    _failed("05.3", without_a_hook, "no forward hook of yours was on the layer")
+    _failed("05.3", lambda m, layer, x: (m.features[:2](x) == 0).flatten(2).all(2).all(0).nonzero(), "ran 0 times")
+
+
+def test_05_3_messages():
+    def no_return(model, layer, x):
+        _dead(model, layer, x)
+
+    def mask(model, layer, x):
+        outputs = []
+        handle = hooklab.get_layer(model, layer).register_forward_hook(lambda m, i, o: outputs.append(o))
+        try:
+            with torch.no_grad():
+                model(x)
+        finally:
+            handle.remove()
+        return (outputs[0] == 0).flatten(2).all(dim=2).all(dim=0)
+
+    def hook_returns_a_value(model, layer, x):
+        kept = {}
+        handle = hooklab.get_layer(model, layer).register_forward_hook(lambda m, a, o: kept.setdefault("z", o == 0))
+        try:
+            with torch.no_grad():
+                model(x)
+        finally:
+            handle.remove()
+        return kept["z"].flatten(2).all(dim=2).all(dim=0).nonzero().flatten().tolist()
+
+    _failed("05.3", no_return, "returned None")
+    _failed("05.3", lambda m, layer, x: _dead(m, layer, x, positions="any"), "zero at every position")
+    _failed("05.3", mask, "not a mask")
+    _failed("05.3", lambda m, layer, x: mask(m, layer, x).int().tolist(), "not a mask")
+    _failed("05.3", hook_returns_a_value, "return value replaces the layer's output")

@@ -1,12 +1,14 @@
-"""Exercises of notebook 05: a guided ReLU hook, a Grad-CAM map, dead channels found with a hook."""
+"""Exercises of notebook 05: a deconvnet ReLU hook, a Grad-CAM map, dead channels found with a hook."""
 
 from __future__ import annotations
+
+import contextlib
+import copy
 
 import torch
 from torch import nn
 
 from ..audit import clear_hooks
-from ..cam import GuidedBackprop
 from ..models import DigitsCNN
 from . import Outcome, compare_tensors, exercise
 
@@ -15,75 +17,237 @@ def _images(seed: int, n: int = 3) -> torch.Tensor:
     return torch.rand(n, 1, 8, 8, generator=torch.Generator().manual_seed(seed))
 
 
-@exercise("05.1", "a guided-backprop ReLU hook")
-def _guided_hook(hook) -> Outcome:
-    """``hook(module, grad_input, grad_output)`` is a full backward hook for ``nn.ReLU`` that
-    returns the new ``grad_input``: only the positive part of what the ReLU passes back."""
+class _DeconvReLU(torch.autograd.Function):
+    """ReLU forward; backward passes on the positive part of the incoming gradient, wherever the input was."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.clamp(min=0)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad.clamp(min=0)
+
+
+class _DeconvReLUModule(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _DeconvReLU.apply(x)
+
+
+def _input_gradient(model: nn.Module, x: torch.Tensor, target: int) -> torch.Tensor:
+    xg = x.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(model(xg)[:, target].sum(), xg)
+    return grad
+
+
+def _deconvnet_saliency(model: nn.Module, x: torch.Tensor, target: int) -> torch.Tensor:
+    """The deconvnet's input gradient without hooks: a copy of ``model`` whose ReLUs use ``_DeconvReLU``."""
+    deconv = copy.deepcopy(model)
+    for name, module in list(deconv.named_modules()):
+        if isinstance(module, nn.ReLU):
+            parent, _, child = name.rpartition(".")
+            setattr(deconv.get_submodule(parent), child, _DeconvReLUModule())
+    return _input_gradient(deconv, x, target)
+
+
+def _hook_result_problem(returned, like: torch.Tensor) -> str | None:
+    """What is wrong with ``returned`` as the new ``grad_input`` of a one-input module, or None."""
+    what = "return a tuple with one tensor, like grad_input"
+    if returned is None:
+        return f"your hook returned None, which leaves grad_input as it is: {what}, holding the new gradient"
+    if isinstance(returned, torch.Tensor):
+        return f"{what}, (new_grad_input,), not a bare tensor"
+    if not isinstance(returned, tuple | list):
+        return f"{what} (got {type(returned).__name__})"
+    if len(returned) != 1:
+        return f"{what} (nn.ReLU has one input), not {len(returned)} entries"
+    new = returned[0]
+    if not isinstance(new, torch.Tensor):
+        kind = "None" if new is None else f"a {type(new).__name__}"
+        return f"{what}: its entry is {kind}, not a tensor"
+    if new.shape != like.shape:
+        return (f"the new gradient has shape {tuple(new.shape)}, expected {tuple(like.shape)}, the shape of "
+                "grad_output[0]")
+    if new.dtype != like.dtype:
+        dtypes = [str(d).removeprefix("torch.") for d in (new.dtype, like.dtype)]
+        return f"the new gradient is {dtypes[0]}, expected {dtypes[1]}: keep the dtype of the gradients you receive"
+    return None
+
+
+@exercise("05.1", "a deconvnet ReLU hook")
+def _deconvnet_hook(hook) -> Outcome:
+    """``hook(module, grad_input, grad_output)`` is a full backward hook for ``nn.ReLU`` that returns
+    the new ``grad_input`` of the deconvnet rule: the positive part of ``grad_output``, wherever the
+    ReLU's input was; its arguments stay unchanged."""
+    relu_input = torch.tensor([[1.5, -0.5, 2.0, -1.0], [-2.0, 0.5, -0.3, 1.0]])
+    grad_output = torch.tensor([[0.7, 1.2, -0.4, -0.9], [0.3, -1.1, 0.8, 0.6]])
+    grad_input = grad_output * (relu_input > 0)  # what autograd's ReLU passes back
+    gi, go = grad_input.clone(), grad_output.clone()
+    returned = hook(nn.ReLU(), (gi,), (go,))
+    if not torch.equal(gi, grad_input) or not torch.equal(go, grad_output):
+        changed = "grad_input" if not torch.equal(gi, grad_input) else "grad_output"
+        return Outcome(False, f"your hook changed {changed} in place, which backward hooks must not do: "
+                              "compute a new tensor and return it in a tuple")
+    problem = _hook_result_problem(returned, grad_output)
+    if problem:
+        return Outcome(False, problem)
+    new = returned[0].detach()
+    expected = grad_output.clamp(min=0)
+    if not torch.allclose(new, expected):
+        if torch.allclose(new, grad_input.clamp(min=0)):
+            return Outcome(False, "that is guided backprop's rule (it keeps the positive part of grad_input, which "
+                                  "is zero where the ReLU was off); the deconvnet rule starts from grad_output")
+        if torch.allclose(new, grad_input):
+            return Outcome(False, "your hook returned grad_input unchanged: the gradient is the plain one")
+        if torch.allclose(new, grad_output):
+            return Outcome(False, "negative gradient still passes: keep only the positive part of grad_output")
+        diff = (new.double() - expected.double()).abs().max().item()
+        return Outcome(False, f"on a sample call the new gradient is off by up to {diff:.1e}: keep the positive "
+                              "part of grad_output and zero elsewhere")
     model = DigitsCNN(seed=5).eval()
     x = _images(7)
-    sample = torch.randn(2, 4)
-    returned = hook(nn.ReLU(), (sample,), (sample,))
-    if isinstance(returned, torch.Tensor):
-        return Outcome(False, "return a tuple with one tensor, (new_grad_input,), not a bare tensor")
     relus = [m for m in model.modules() if isinstance(m, nn.ReLU)]
     handles = [relu.register_full_backward_hook(hook) for relu in relus]
     try:
-        xg = x.clone().requires_grad_(True)
-        (got,) = torch.autograd.grad(model(xg)[:, 6].sum(), xg)
+        got = _input_gradient(model, x, 6)
     finally:
         for handle in handles:
             handle.remove()
-    with GuidedBackprop(model) as gb:
-        expected = gb.saliency(x, 6)
-    xg = x.clone().requires_grad_(True)
-    (plain,) = torch.autograd.grad(model(xg)[:, 6].sum(), xg)
+    expected = _deconvnet_saliency(model, x, 6)
+    plain = _input_gradient(model, x, 6)
     if torch.allclose(got, plain) and not torch.allclose(plain, expected):
-        return Outcome(False, "the gradient did not change: return a tuple holding the clamped grad_input[0]")
+        return Outcome(False, "registered on the ReLUs of a model, your hook did not change the gradient")
     outcome = compare_tensors(got, expected)
     if outcome.passed:
-        return Outcome(True, f"guided gradients of 3 digits match ({outcome.detail})")
-    return Outcome(False, f"guided gradients differ: {outcome.detail} (clamp grad_input[0] at 0, not grad_output)")
+        return Outcome(True, f"deconvnet gradients of 3 digits match ({outcome.detail})")
+    return Outcome(False, f"registered on the ReLUs of a model, deconvnet gradients differ: {outcome.detail}")
 
 
 @exercise("05.2", "a Grad-CAM map from an activation and its gradient")
 def _cam_map(cam_map) -> Outcome:
-    """``cam_map(activation, gradient)``: both ``(C, H, W)``; returns the ``(H, W)`` Grad-CAM map."""
+    """``cam_map(activation, gradient)``: both ``(C, H, W)``; returns the ``(H, W)`` Grad-CAM map
+    and leaves both inputs unchanged."""
     generator = torch.Generator().manual_seed(11)
     activation = torch.rand(6, 5, 4, generator=generator)
     gradient = torch.randn(6, 5, 4, generator=generator)
     weights = gradient.mean(dim=(1, 2))
-    expected = (weights[:, None, None] * activation).sum(dim=0).clamp(min=0)
-    got = cam_map(activation, gradient)
+    unclipped = (weights[:, None, None] * activation).sum(dim=0)
+    expected = unclipped.clamp(min=0)
+    a, g = activation.clone(), gradient.clone()
+    got = cam_map(a, g)
+    for name, original, passed in (("activation", activation, a), ("gradient", gradient, g)):
+        if not torch.equal(original, passed):
+            return Outcome(False, f"your function changed the {name} in place: don't modify the {name}, "
+                                  "compute new tensors (the caller still needs it)")
+    if not isinstance(got, torch.Tensor):
+        return Outcome(False, f"return the map as a tensor, got {type(got).__name__}")
+    if got.shape != expected.shape:
+        return Outcome(False, f"shape {tuple(got.shape)}, expected {tuple(expected.shape)}: the map is (H, W), so "
+                              "sum over the channel dimension (dim 0) only")
     outcome = compare_tensors(got, expected)
     if outcome.passed:
         return Outcome(True, f"the (5, 4) map matches ({outcome.detail})")
-    if isinstance(got, torch.Tensor) and got.shape == expected.shape:
-        unclipped = (weights[:, None, None] * activation).sum(dim=0)
-        if torch.allclose(got, unclipped, atol=1e-6):
-            return Outcome(False, "almost: Grad-CAM keeps only the positive part (ReLU of the weighted sum)")
+    if torch.allclose(got.detach().double(), unclipped.double(), atol=1e-6):
+        return Outcome(False, "almost: Grad-CAM keeps only the positive part (ReLU of the weighted sum)")
+    scaled = [expected / expected.max(), (expected - expected.min()) / (expected.max() - expected.min())]
+    if any(torch.allclose(got.detach().double(), s.double(), atol=1e-6) for s in scaled):
+        return Outcome(False, "almost: return the unnormalised map (scaling to a maximum of 1 is for display)")
     return Outcome(False, f"{outcome.detail}; weight channel k by the spatial mean of its gradient")
+
+
+def _channels(mask: torch.Tensor) -> list[int]:
+    return mask.nonzero().flatten().tolist()
 
 
 @exercise("05.3", "dead channels found with a forward hook")
 def _dead_channels(dead_channels) -> Outcome:
     """``dead_channels(model, layer, x)`` returns the sorted channel indices of layer ``layer`` whose
-    output is zero for every image of ``x`` and every position; no hook may be left behind."""
+    output is zero for every image of ``x`` and every position, read by a forward hook on that layer
+    during one forward pass without gradients; no hook may be left behind, even when the pass raises."""
     model = DigitsCNN(seed=1).eval()
     with torch.no_grad():
         model.features[0].bias[[2, 9, 13]] = -50.0  # these channels never get past the ReLU
-    x = torch.cat([_images(3, n=4), torch.zeros(1, 1, 8, 8)])  # on the blank image more channels are zero
-    try:
-        got = dead_channels(model, "features.1", x)
-    finally:
-        left = clear_hooks(model)
-    if left:
-        return Outcome(False, f"a hook was left registered ({left[0]}): remove it in a finally block")
-    got = sorted(int(c) for c in got)
+        model.features[0].bias[12] -= 1.05  # channel 12 gets past it on the bright last image only
+    blank, bright = torch.zeros(1, 1, 8, 8), torch.full((1, 1, 8, 8), 4.0)
+    x = torch.cat([blank, _images(3, n=4), bright])  # more channels are zero on the blank image
     with torch.no_grad():
         out = model.features[:2](x)  # the output of features.1, computed without hooks
-    expected = (out == 0).flatten(2).all(dim=2).all(dim=0).nonzero().flatten().tolist()
-    if got == expected:
-        return Outcome(True, f"channels {expected} of features.1 are dead; no hook left behind")
-    if got == (out == 0).flatten(2).all(dim=2).any(dim=0).nonzero().flatten().tolist():
-        return Outcome(False, "these channels are zero for at least one image; dead means zero for every image")
-    return Outcome(False, f"got channels {got}; a dead channel is zero for every image and every position")
+    layer, after = model.features[1], model.features[2]
+    calls, seen = [], {}
+
+    def before_model(module, args):
+        given = args[0] if args else None
+        whole = isinstance(given, torch.Tensor) and given.shape == x.shape and torch.equal(given, x)
+        calls.append((torch.is_grad_enabled(), whole, bool(set(layer._forward_hooks) - {layer_handle.id})))
+
+    def layer_output(module, args, output):
+        seen["output"] = output
+
+    def next_input(module, args):
+        given, output = args[0] if args else None, seen.get("output")
+        if not isinstance(output, torch.Tensor):
+            return
+        kept = isinstance(given, torch.Tensor) and given.dtype == output.dtype and given.shape == output.shape
+        seen["replaced"] = seen.get("replaced", False) or not (kept and torch.equal(given, output))
+
+    model_handle = model.register_forward_pre_hook(before_model)
+    layer_handle = layer.register_forward_hook(layer_output)
+    next_handle = after.register_forward_pre_hook(next_input)
+    replaced = ("a forward hook's return value replaces the layer's output, and yours changed it: "
+                "keep what you need in the hook and return nothing")
+    try:
+        got = dead_channels(model, "features.1", x)
+    except Exception:
+        if seen.get("replaced"):
+            return Outcome(False, replaced)
+        raise
+    finally:
+        for handle in (model_handle, layer_handle, next_handle):
+            handle.remove()
+        left = clear_hooks(model)
+    if seen.get("replaced"):
+        return Outcome(False, replaced)
+    if left:
+        return Outcome(False, f"a hook was left registered ({left[0]}): remove it in a finally block")
+    if len(calls) != 1:
+        return Outcome(False, f"the model ran {len(calls)} times: register a forward hook on the layer and call "
+                              "model(x) once")
+    grad_enabled, whole_batch, hooked = calls[0]
+    if grad_enabled:
+        return Outcome(False, "the forward pass ran with gradients enabled: run it under torch.no_grad(), the hook "
+                              "only reads the output")
+    if not whole_batch:
+        return Outcome(False, "run the model once on the whole batch x")
+    if not hooked:
+        return Outcome(False, "no forward hook of yours was on the layer while the model ran: register one on "
+                              "hooklab.get_layer(model, layer) and read the output there")
+    if got is None:
+        return Outcome(False, "dead_channels returned None: return the sorted channel indices")
+    if isinstance(got, torch.Tensor) and got.dtype == torch.bool:
+        return Outcome(False, "return channel indices, not a mask of which channels are dead")
+    try:
+        indices = [int(c) for c in got]
+    except (TypeError, ValueError, RuntimeError):
+        return Outcome(False, f"return a list of channel indices (ints), got {type(got).__name__}")
+    if len(indices) == out.shape[1] and set(indices) <= {0, 1}:
+        return Outcome(False, "return channel indices, not a mask of which channels are dead")
+    got = sorted(indices)
+    per_image = (out == 0).flatten(2).all(dim=2)
+    expected = _channels(per_image.all(dim=0))
+    if got != expected:
+        if got == _channels(per_image.any(dim=0)):
+            return Outcome(False, "these channels are zero for at least one image; dead means zero for every image")
+        if got == _channels(per_image[0]):
+            return Outcome(False, "these channels are zero for the first image; dead means zero for every image")
+        if got == _channels((out == 0).flatten(2).any(dim=2).all(dim=0)):
+            return Outcome(False, "these channels are zero somewhere in every image; dead means zero at every "
+                                  "position")
+        return Outcome(False, f"got channels {got}; a dead channel is zero for every image and every position")
+    with contextlib.suppress(Exception):
+        dead_channels(model, "features.1", torch.zeros(1, 3, 8, 8))  # 3 input channels: the model raises
+    left = clear_hooks(model)
+    if left:
+        return Outcome(False, f"when the forward pass raised, a hook was left registered ({left[0]}): remove it "
+                              "in a finally block")
+    return Outcome(True, f"channels {expected} of features.1 are dead; one pass without gradients; no hook left "
+                         "behind, also when the pass raised")
