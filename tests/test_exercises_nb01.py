@@ -120,3 +120,150 @@ def test_01_4_says_to_return_shapes_not_tensors():
 
     result = grade("01.4", tensors)
     assert not result.passed and "tuple(t.shape)" in result.detail
+
+
+# ----- 01.1: handles, a second limit, gradients that add up -------------------------------------
+def test_01_1_says_a_list_is_not_a_handle():
+    result = grade("01.1", lambda t, limit: [clamp_right(t, limit)])
+    assert not result.passed and "got list" in result.detail
+
+
+def test_01_1_rejects_a_hard_coded_limit():
+    result = grade("01.1", lambda t, limit: t.register_hook(lambda g: g.clamp(-1, 1)))
+    assert not result.passed and "limit 0.4" in result.detail
+
+
+def test_01_1_rejects_clamping_the_accumulated_grad():
+    def after_accumulation(t, limit):
+        def clamp(p):
+            p.grad.clamp_(-limit, limit)
+
+        return t.register_post_accumulate_grad_hook(clamp)
+
+    result = grade("01.1", after_accumulation)
+    assert not result.passed and "second backward without zeroing" in result.detail
+
+
+# ----- 01.2: the other branch, removal, the wrong node ------------------------------------------
+def test_01_2_accepts_a_prehook_that_passes_none_entries_on():
+    assert grade("01.2", lambda node: node.register_prehook(
+        lambda go: tuple(None if g is None else 2 * g for g in go))).passed
+
+
+def test_01_2_rejects_doubling_in_place():
+    def in_place(node):
+        def double(grad_outputs):
+            for g in grad_outputs:
+                g.mul_(2)
+
+        return node.register_prehook(double)
+
+    result = grade("01.2", in_place)
+    assert not result.passed and "other branch" in result.detail
+
+
+def test_01_2_checks_that_the_handle_removes_the_hook():
+    spare = torch.zeros(1, requires_grad=True)
+
+    def other_handle(node):
+        node.register_prehook(lambda go: tuple(2 * g for g in go))
+        return spare.register_hook(lambda g: g)
+
+    result = grade("01.2", other_handle)
+    assert not result.passed and "still doubled" in result.detail
+    result = grade("01.2", lambda node: [node.register_prehook(lambda go: tuple(2 * g for g in go))])
+    assert not result.passed and "got list" in result.detail
+
+
+def test_01_2_says_when_another_node_was_hooked():
+    result = grade("01.2", lambda node: node.next_functions[0][0].register_prehook(lambda go: tuple(2 * g for g in go)))
+    assert not result.passed and "hooked another node?" in result.detail
+
+
+# ----- 01.3: what is returned, a second learning rate, hooks left, no_grad, closures -------------
+def test_01_3_says_what_is_wrong_with_the_returned_handles():
+    def forgets_return(model, lr):
+        fuse_right(model, lr)
+
+    for wrong, words in [
+        (forgets_return, "missing return?"),
+        (lambda model, lr: fuse_right(model, lr)[0], "one handle"),
+        (lambda model, lr: [fuse_right(model, lr)], "nested list"),
+    ]:
+        result = grade("01.3", wrong)
+        assert not result.passed and words in result.detail, result.detail
+
+
+def test_01_3_rejects_a_hard_coded_learning_rate():
+    result = grade("01.3", lambda model, lr: fuse_right(model, 0.1))
+    assert not result.passed and "lr=0.05" in result.detail
+
+
+def test_01_3_rejects_extra_hooks_left_on_the_parameters():
+    def with_extra_hooks(model, lr):
+        for p in model.parameters():
+            p.register_hook(lambda g: None)
+        return fuse_right(model, lr)
+
+    result = grade("01.3", with_extra_hooks)
+    assert not result.passed and "tensor hook" in result.detail
+
+
+def test_01_3_wants_the_update_under_no_grad():
+    def without_no_grad(model, lr):
+        def step(p):
+            p.add_(p.grad, alpha=-lr)
+            p.grad = None
+
+        return [p.register_post_accumulate_grad_hook(step) for p in model.parameters()]
+
+    result = grade("01.3", without_no_grad)
+    assert not result.passed and "torch.no_grad()" in result.detail
+
+
+def test_01_3_hints_at_a_late_binding_closure():
+    def late_binding(model, lr):
+        handles = []
+        for p in model.parameters():
+
+            def step(_):
+                with torch.no_grad():
+                    p.add_(p.grad, alpha=-lr)  # noqa: B023 (the bug, on purpose)
+                p.grad = None  # noqa: B023
+
+            handles.append(p.register_post_accumulate_grad_hook(step))
+        return handles
+
+    result = grade("01.3", late_binding)
+    assert not result.passed and "loop variable" in result.detail
+
+
+# ----- 01.4: backward must still work; what is returned -----------------------------------------
+def test_01_4_runs_backward_through_what_the_hooks_saved():
+    def shapes_with(pack, unpack):
+        def saved_shapes(fn, x):
+            shapes = []
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(tuple(t.shape)) or pack(t), unpack):
+                fn(x)
+            return shapes
+
+        return saved_shapes
+
+    for pack, unpack in [(lambda t: None, lambda t: t), (lambda t: t, torch.zeros_like)]:
+        result = grade("01.4", shapes_with(pack, unpack))
+        assert not result.passed and "backward through what your hooks saved" in result.detail, result.detail
+
+
+def test_01_4_accepts_a_generator_and_says_when_items_are_not_shapes():
+    assert grade("01.4", lambda fn, x: (s for s in saved_right(fn, x))).passed
+
+    def numels(fn, x):
+        sizes = []
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
+            fn(x)
+        return sizes
+
+    result = grade("01.4", numels)
+    assert not result.passed and "holding int" in result.detail
+    result = grade("01.4", lambda fn, x: None)
+    assert not result.passed and "missing return?" in result.detail

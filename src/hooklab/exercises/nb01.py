@@ -2,80 +2,115 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterable
+
 import torch
 from torch import nn
 
-from . import Outcome, compare_tensors, exercise
+from ..audit import clear_hooks
+from . import Outcome, compare_tensors, exercise, is_handle
 
 
-def _removable(handle, what: str) -> Outcome | None:
-    if not callable(getattr(handle, "remove", None)):
-        return Outcome(False, f"{what} must return the handle (something with .remove()), got {type(handle).__name__}")
+def _kind(value: object) -> str:
+    return "None (missing return?)" if value is None else type(value).__name__
+
+
+def _not_a_handle(handle, what: str) -> Outcome | None:
+    if not is_handle(handle):
+        return Outcome(False, f"{what} must return the handle whose remove() takes your hook out, got {_kind(handle)}")
     return None
+
+
+def _rounded(t: object) -> list | None:
+    return [round(v, 4) for v in t.tolist()] if isinstance(t, torch.Tensor) else None
 
 
 @exercise("01.1", "clamp a gradient with a tensor hook")
 def _clamp(clamp_grad) -> Outcome:
     """``clamp_grad(t, limit)`` registers a hook on ``t`` clamping its gradient to ``[-limit, limit]``
     and returns the handle. The hook must return a new tensor, not change ``grad`` in place."""
-    t = torch.zeros(4, requires_grad=True)
-    u = torch.zeros(4, requires_grad=True)  # t + u hands the very same gradient tensor to t and u
     weights = torch.tensor([-3.0, 0.5, 2.0, -0.25])
-    handle = clamp_grad(t, 1.0)
-    bad = _removable(handle, "clamp_grad")
-    if bad:
-        return bad
-    try:
-        ((t + u) * weights).sum().backward()
-    finally:
-        handle.remove()
-    clamped = t.grad.clone()
-    if not torch.equal(u.grad, weights):
-        return Outcome(
-            False,
-            f"u, which shares t's gradient, got {u.grad.tolist()} instead of {weights.tolist()}: "
-            "the hook changed grad in place; return a new tensor (grad.clamp(...), not grad.clamp_(...))",
-        )
-    t.grad = None
-    (t * weights).sum().backward()
-    if not torch.equal(t.grad, weights):
-        return Outcome(False, "after handle.remove() the gradient is still changed: remove the hook with its handle")
-    outcome = compare_tensors(clamped, weights.clamp(-1.0, 1.0))
-    if not outcome.passed:
-        return Outcome(False, f"t.grad is {clamped.tolist()} for the gradient {weights.tolist()} and limit 1")
-    return Outcome(True, "gradient clamped while the hook was registered, untouched after remove()")
+    for limit in (1.0, 0.4):
+        t = torch.zeros(4, requires_grad=True)
+        u = torch.zeros(4, requires_grad=True)  # t + u hands the very same gradient tensor to t and u
+        handle = clamp_grad(t, limit)
+        bad = _not_a_handle(handle, "clamp_grad")
+        if bad:
+            return bad
+        try:
+            ((t + u) * weights).sum().backward()
+            once, u_once = (None if g is None else g.clone() for g in (t.grad, u.grad))
+            ((t + u) * weights).sum().backward()  # .grad not zeroed: the second gradient is added
+        finally:
+            handle.remove()
+        twice = t.grad
+        if not torch.equal(u_once, weights):
+            return Outcome(
+                False,
+                f"u, which shares t's gradient, got {u_once.tolist()} instead of {weights.tolist()}: "
+                "the hook changed grad in place; return a new tensor (grad.clamp(...), not grad.clamp_(...))",
+            )
+        clamped = weights.clamp(-limit, limit)
+        if not compare_tensors(once, clamped).passed:
+            got = once.tolist() if isinstance(once, torch.Tensor) else None
+            return Outcome(False, f"t.grad is {got} for the gradient {weights.tolist()} and limit {limit:g}")
+        if not compare_tensors(twice, 2 * clamped).passed:
+            return Outcome(False, f"after a second backward without zeroing, t.grad is {_rounded(twice)} instead of "
+                                  f"the sum of two clamped gradients: clamp each gradient as it arrives at t "
+                                  "(Tensor.register_hook), not the .grad it is added to")
+        t.grad = None
+        (t * weights).sum().backward()
+        if not torch.equal(t.grad, weights):
+            return Outcome(False, "after handle.remove() the gradient is still changed: return the hook's own handle")
+    return Outcome(True, "gradient clamped for two limits, also when it adds up, untouched after remove()")
 
 
 @exercise("01.2", "double the gradient entering a graph node")
 def _node_prehook(double_into) -> Outcome:
     """``double_into(node)`` registers a pre-hook on an autograd ``Node`` that doubles the
     gradient flowing into it, and returns the handle."""
+    w = torch.tensor([1.0, 2.0, 3.0])
     a = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
+    d = a.sin()  # made before b, so backward runs sin's node after exp's: both get the same gradient tensor
     b = a.exp()
-    arrived = []  # what the node itself received: a post-hook's grad_outputs
+    loss = ((b + d) * w).sum()
+    arrived = []  # what exp's node itself received: a post-hook's grad_outputs
     watcher = b.grad_fn.register_hook(lambda grad_inputs, grad_outputs: arrived.append(grad_outputs[0].clone()))
-    handle = double_into(b.grad_fn)
-    bad = _removable(handle, "double_into")
     try:
+        handle = double_into(b.grad_fn)
+        bad = _not_a_handle(handle, "double_into")
         if bad:
             return bad
-        try:
-            (b * torch.tensor([1.0, 2.0, 3.0])).sum().backward(retain_graph=True)
-        finally:
-            handle.remove()
+        loss.backward(retain_graph=True)
+        doubled = a.grad.clone()
+        handle.remove()
+        a.grad = None
+        loss.backward()
+        after = a.grad
     finally:
         watcher.remove()
-    expected = 2 * a.detach().exp() * torch.tensor([1.0, 2.0, 3.0])
-    outcome = compare_tensors(a.grad, expected)
+    through_exp, through_sin = a.detach().exp() * w, a.detach().cos() * w
+    expected = 2 * through_exp + through_sin
+    into_node = bool(arrived) and torch.equal(arrived[0], 2 * w)
+    outcome = compare_tensors(doubled, expected)
     if not outcome.passed:
-        return Outcome(False, f"a.grad is {a.grad.tolist()}, expected twice exp(a) * [1, 2, 3] ({outcome.detail})")
-    if not torch.equal(arrived[0], torch.tensor([2.0, 4.0, 6.0])):
+        if into_node and compare_tensors(doubled, 2 * (through_exp + through_sin)).passed:
+            return Outcome(False, "the gradient through sin(a), the other branch, was doubled too: the hook changed "
+                                  "the gradients it received in place; return new tensors instead")
+        where = "" if into_node else "; the gradient arriving at exp's node was not doubled (hooked another node?)"
+        return Outcome(False, f"a.grad is {_rounded(doubled)}, expected the gradient through exp(a) doubled and the "
+                              f"one through sin(a) unchanged ({outcome.detail}){where}")
+    if not into_node:
         return Outcome(
             False,
-            "a.grad is doubled, but the node received the gradient unchanged: you doubled what it computed "
-            "(a post-hook); double what enters it with node.register_prehook",
+            "a.grad is right, but the gradient arriving at the node was not doubled: you doubled what it computed "
+            "(a post-hook) or hooked another node; double what enters this node with node.register_prehook",
         )
-    return Outcome(True, f"a.grad doubled by the node pre-hook ({outcome.detail})")
+    if not compare_tensors(after, through_exp + through_sin).passed:
+        return Outcome(False, "after handle.remove() the gradient is still doubled: return the handle of the "
+                              "pre-hook you registered")
+    return Outcome(True, f"the gradient into exp's node doubled, the other branch untouched ({outcome.detail})")
 
 
 def _small_model() -> nn.Module:
@@ -83,45 +118,92 @@ def _small_model() -> nn.Module:
     return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
 
 
+def _handles_of(handles) -> list | Outcome:
+    """The answer to 01.3 as a list of handles, or the Outcome saying what is wrong with it."""
+    if is_handle(handles):
+        return Outcome(False, "fuse_sgd returned one handle: return a list of handles, one per parameter")
+    if not isinstance(handles, Iterable) or isinstance(handles, str | torch.Tensor):
+        return Outcome(False, f"fuse_sgd must return a list of handles, one per parameter, got {_kind(handles)}")
+    handles = list(handles)
+    bad = next((h for h in handles if not is_handle(h)), None)
+    if bad is not None or None in handles:
+        nested = " (a nested list? return one flat list)" if isinstance(bad, list | tuple) else ""
+        return Outcome(False, f"fuse_sgd must return a list of handles, found {_kind(bad)} in it{nested}")
+    return handles
+
+
 @exercise("01.3", "an SGD step fused into backward")
 def _fused_sgd(fuse_sgd) -> Outcome:
     """``fuse_sgd(model, lr)`` registers post-accumulate-grad hooks that update each parameter
-    with ``p -= lr * p.grad`` and then free ``p.grad``; returns the list of handles."""
+    with ``p -= lr * p.grad`` and then free ``p.grad``; returns the list of handles. The second
+    case runs ``backward(create_graph=True)``, whose hooks run with gradient recording on."""
     x = torch.linspace(-1, 1, 15).reshape(5, 3)
-    reference, model = _small_model(), _small_model()
-    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
-    reference(x).pow(2).sum().backward()
-    optimizer.step()
-    handles = fuse_sgd(model, 0.1)
-    try:
-        handles = list(handles)
-        bad = next((_removable(h, "fuse_sgd") for h in handles if _removable(h, "fuse_sgd")), None)
-        if bad:
-            return bad
-        if len(handles) != len(list(model.parameters())):
-            return Outcome(False, f"{len(handles)} handles for {len(list(model.parameters()))} parameters")
-        model(x).pow(2).sum().backward()
-    finally:
-        for h in handles:
-            if callable(getattr(h, "remove", None)):
+    for lr, create_graph in ((0.1, False), (0.05, True)):
+        reference, model = _small_model(), _small_model()
+        optimizer = torch.optim.SGD(reference.parameters(), lr=lr)
+        reference(x).pow(2).sum().backward()
+        optimizer.step()
+        handles = _handles_of(fuse_sgd(model, lr))
+        if isinstance(handles, Outcome):
+            return handles
+        n = len(list(model.parameters()))
+        if len(handles) != n:
+            return Outcome(False, f"{len(handles)} handles for {n} parameters")
+        try:
+            with warnings.catch_warnings():  # create_graph=True warns about the graph kept by .grad
+                warnings.filterwarnings("ignore", message="Using backward.. with create_graph=True")
+                model(x).pow(2).sum().backward(create_graph=create_graph)
+        except TypeError as error:
+            if "NoneType" not in str(error):
+                raise
+            return Outcome(False, "a hook read a .grad that is None: use the parameter the hook receives (a hook "
+                                  "made in a loop that uses the loop variable sees only its last value)")
+        except RuntimeError as error:
+            if "leaf Variable that requires grad" not in str(error):
+                raise
+            return Outcome(False, "with backward(create_graph=True), updating p in place raised 'a leaf Variable "
+                                  "that requires grad is being used in an in-place operation': do the update "
+                                  "under torch.no_grad()")
+        finally:
+            for h in handles:
                 h.remove()
-    for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
-        outcome = compare_tensors(p.detach(), q.detach())
-        if not outcome.passed:
-            return Outcome(False, f"parameter {name} differs from torch.optim.SGD's step ({outcome.detail})")
-        if p.grad is not None:
-            return Outcome(False, f"{name}.grad is still kept: set p.grad = None after the step to free it")
-    return Outcome(True, "same parameters as torch.optim.SGD, and no .grad kept")
+        left = clear_hooks(model)
+        if left:
+            return Outcome(False, f"after removing your handles, hooks were still there ({left[0]}): register "
+                                  "only the update hooks, and return every handle")
+        for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+            outcome = compare_tensors(p.detach(), q.detach())
+            if not outcome.passed:
+                return Outcome(False, f"with lr={lr}, parameter {name} differs from torch.optim.SGD's step "
+                                      f"({outcome.detail})")
+            if p.grad is not None:
+                return Outcome(False, f"{name}.grad is still kept: set p.grad = None after the step to free it")
+    return Outcome(True, "same parameters as torch.optim.SGD for two learning rates, and no .grad kept")
 
 
 def _same(t):
     return t
 
 
+def _shapes_of(got, label: str) -> list | Outcome:
+    """The answer to 01.4 as a list of tuples, or the Outcome saying what is wrong with it."""
+    advice = "return a list of shapes, tuple(t.shape) for each saved t"
+    if got is None or not isinstance(got, Iterable) or isinstance(got, str | torch.Tensor):
+        return Outcome(False, f"for {label}: got {_kind(got)}; {advice}")
+    got = list(got)
+    if any(isinstance(s, torch.Tensor) for s in got):
+        return Outcome(False, f"for {label}: got tensors; {advice}")
+    bad = next((s for s in got if not (isinstance(s, tuple | list) and all(isinstance(n, int) for n in s))), None)
+    if bad is not None:
+        return Outcome(False, f"for {label}: got a list holding {_kind(bad)}; {advice}")
+    return [tuple(s) for s in got]
+
+
 @exercise("01.4", "list what autograd saves for backward")
 def _saved(saved_shapes) -> Outcome:
     """``saved_shapes(fn, x)`` runs ``fn(x)`` and returns the shapes (tuples) of the tensors
-    autograd saved for backward, in the order they were saved."""
+    autograd saved for backward, in the order they were saved. Backward through what the answer's
+    hooks saved must give the same gradient as without them."""
     cases = {
         "x.exp().sin().sum()": lambda x: x.exp().sin().sum(),
         "x @ x.T": lambda x: x @ x.T,
@@ -131,12 +213,29 @@ def _saved(saved_shapes) -> Outcome:
         x = torch.linspace(-1, 1, 6).reshape(2, 3).requires_grad_()
         expected: list[tuple] = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t, into=expected: into.append(tuple(t.shape)) or t, _same):
-            fn(x)
-        got = saved_shapes(fn, x.detach().clone().requires_grad_())
-        if got is None or any(isinstance(s, torch.Tensor) for s in got):
-            kind = "None" if got is None else "tensors"
-            return Outcome(False, f"for {label}: got {kind}; return a list of shapes, tuple(t.shape) for each saved t")
-        got = [tuple(s) for s in got]
+            out = fn(x)
+        (plain,) = torch.autograd.grad(out, x, torch.ones_like(out))
+        runs = []
+
+        def watched(inp, fn=fn, runs=runs):
+            out = fn(inp)
+            runs.append((inp, out))
+            return out
+
+        got = _shapes_of(saved_shapes(watched, x.detach().clone().requires_grad_()), label)
+        if isinstance(got, Outcome):
+            return got
         if got != expected:
             return Outcome(False, f"for {label}: got {got}, autograd saved {expected}")
-    return Outcome(True, f"right shapes for {len(cases)} functions")
+        for inp, out in runs:
+            if not (isinstance(out, torch.Tensor) and out.requires_grad and inp.requires_grad):
+                continue
+            try:
+                (grad,) = torch.autograd.grad(out, inp, torch.ones_like(out))
+            except (RuntimeError, TypeError) as error:
+                return Outcome(False, f"for {label}: backward through what your hooks saved raised "
+                                      f"{type(error).__name__}: unpack must give back the very tensor pack received")
+            if not compare_tensors(grad, plain).passed:
+                return Outcome(False, f"for {label}: backward through what your hooks saved gives another gradient: "
+                                      "unpack must give back the very tensor pack received")
+    return Outcome(True, f"right shapes for {len(cases)} functions, and backward still works")
