@@ -126,6 +126,9 @@ def leftover_hooks(*modules: nn.Module) -> list[str]:
 
     With no argument, every live module is checked. An empty list means nothing was left.
     """
+    for module in modules:
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"leftover_hooks looks at nn.Module objects, not {type(module).__name__}")
     targets = modules or tuple(live_modules())
     found = []
     seen: set[int] = set()

@@ -9,11 +9,14 @@ the write happens. A call writes into a tensor when it is
 * an in-place method or function, named with a trailing underscore (``relu_``, ``add_``, ``zero_``),
 * an augmented assignment or item assignment (``out += identity``, ``x[0] = 1``),
 * called with ``inplace=True`` (``F.relu(x, inplace=True)``, what ``nn.ReLU(inplace=True)`` does),
-* called with ``out=``.
+* called with ``out=``,
+* a ``_foreach_*_`` function writing into a list of tensors (what optimizers use).
 
 Writes the guard cannot see (inside C++ code, or by a custom autograd function) are still
 caught afterwards: a record checks the tensor's version counter when it is read and raises
-``StaleRecordError`` instead of returning overwritten values.
+``StaleRecordError`` instead of returning overwritten values. Writes that bypass the version
+counter as well, through ``tensor.data`` or a NumPy view (``t.numpy()[:] = 0``), are seen by
+neither: a record then returns the changed values.
 """
 
 from __future__ import annotations
@@ -72,8 +75,11 @@ def writes_into(func, args: tuple, kwargs: dict) -> list[torch.Tensor]:
             written.extend(t for t in out if isinstance(t, torch.Tensor))
         if kwargs.get("inplace") and args and isinstance(args[0], torch.Tensor):
             written.append(args[0])
-    if args and isinstance(args[0], torch.Tensor) and _writes_by_name(func):
-        written.append(args[0])
+    if args and _writes_by_name(func):
+        if isinstance(args[0], torch.Tensor):
+            written.append(args[0])
+        elif isinstance(args[0], list | tuple):  # torch._foreach_mul_([a, b], 2.0), what optimizers use
+            written.extend(t for t in args[0] if isinstance(t, torch.Tensor))
     return written
 
 
@@ -85,6 +91,7 @@ class CopyOnWrite(TorchFunctionMode):
         self.before_write = before_write
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        __tracebackhide__ = True  # IPython and pytest leave this frame out of tracebacks: the error is the model's
         kwargs = kwargs or {}
         if kwargs or _writes_by_name(func):  # the common case, a pure function without keywords, skips this
             for tensor in writes_into(func, args, kwargs):

@@ -8,9 +8,9 @@ shared by all of them. Each record also notes the version number of every tensor
 that a write nobody saw (after the block, or from C++ code) makes the record raise
 ``StaleRecordError`` instead of returning other numbers.
 
-Two kinds of tensor are copied at once instead: every tensor when ``copy_at_once=True``
-(``record(..., clone=True)``), and tensors made under ``torch.inference_mode()``, which have no
-version number to check.
+Three kinds of tensor are copied at once instead: every tensor when ``copy_at_once=True``
+(``record(..., clone=True)``), sparse tensors (no storage to watch), and tensors made under
+``torch.inference_mode()``, which have no version number to check.
 """
 
 from __future__ import annotations
@@ -54,10 +54,16 @@ class Keeper:
     def keep_tensor(self, record: Record, t: torch.Tensor) -> torch.Tensor:
         if t.requires_grad:
             t = t.detach()
-        elif t.is_inference():  # no version counter: neither the guard nor the check can work
-            return t.clone()
-        if self.copy_at_once:
+        if t.is_inference():  # no version counter: neither the guard nor the check can work
+            t = t.clone()
+            record._private.add(id(t))
+            return t
+        if t.layout != torch.strided:  # sparse: no storage for the guard to watch
+            t = t.clone()
+            record._private.add(id(t))
+        elif self.copy_at_once:
             t = self._copy_of(t)
+            record._private.add(id(t))
         else:
             key = storage_key(t)
             if key is not None:
@@ -96,15 +102,19 @@ def view_of(t: torch.Tensor) -> tuple:
 
 
 def _replace(rec: Record, old: torch.Tensor, new: torch.Tensor) -> None:
-    """Put ``new`` where ``rec`` holds ``old`` (its inputs or output: gradients are always copies)."""
+    """Put ``new`` where ``rec`` holds ``old`` (its inputs, keyword inputs or output: gradients are
+    always copies)."""
     rec._versions.pop(id(old), None)
     rec._versions[id(new)] = new._version
-    for attr in ("_inputs", "_output"):
+    rec._private.add(id(new))
+    for attr in ("_inputs", "_kwargs", "_output"):
         value = getattr(rec, attr)
         if value is old:
             setattr(rec, attr, new)
+            rec._output_written = rec._output_written or attr == "_output"
         elif type(value) is tuple and all(v is None or isinstance(v, torch.Tensor) for v in value):
             if any(v is old for v in value):
                 setattr(rec, attr, tuple(new if v is old else v for v in value))
-        elif value is not None and not isinstance(value, torch.Tensor):
+        elif value is not None and not isinstance(value, torch.Tensor) and (value or attr != "_kwargs"):
             setattr(rec, attr, tree_map(lambda v: new if v is old else v, value))
+            rec._output_written = rec._output_written or attr == "_output"

@@ -58,8 +58,15 @@ def leaf_names(model: nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if _is_leaf(m)]
 
 
+def _check_name(name: object) -> None:
+    if not isinstance(name, str):
+        hint = f"; did you mean {str(name)!r}?" if isinstance(name, int) else ""
+        raise TypeError(f"layer names are strings such as 'features.0', not {name!r} ({type(name).__name__}){hint}")
+
+
 def get_layer(model: nn.Module, name: str) -> nn.Module:
     """``model.get_submodule(name)`` with an error listing close matches for a wrong name."""
+    _check_name(name)
     try:
         return model.get_submodule(name)
     except AttributeError:
@@ -74,18 +81,44 @@ def select_layers(
     """Choose modules: by names, by type, or (neither given) every leaf module.
 
     Returns ``{name: module}`` in ``named_modules()`` order for types and leaves, and in the
-    given order for names.
+    given order for names. A choice that selects nothing raises ``ValueError`` saying why.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
+    if types is not None:
+        kinds = types if isinstance(types, tuple) else (types,)
+        if not kinds or not all(isinstance(k, type) and issubclass(k, nn.Module) for k in kinds):
+            raise TypeError(f"types must be module classes such as nn.Linear (or a tuple of them), not {types!r}")
     if isinstance(layers, str):
         layers = [layers]
     if layers is not None:
+        if not isinstance(layers, Iterable):
+            _check_name(layers)
+        layers = list(layers)
+        for name in layers:
+            _check_name(name)
+        if not layers:
+            raise ValueError("no layer names given: pass some names, or layers=None for every leaf module")
         chosen = {name: get_layer(model, name) for name in layers}
         if types is not None:
-            chosen = {n: m for n, m in chosen.items() if isinstance(m, types)}
+            dropped = {n: m for n, m in chosen.items() if not isinstance(m, types)}
+            if dropped:
+                name, module = next(iter(dropped.items()))
+                raise ValueError(f"{name!r} is a {type(module).__name__}, not one of types={_type_names(types)}")
         return chosen
     if types is not None:
-        return {n: m for n, m in model.named_modules() if isinstance(m, types)}
+        chosen = {n: m for n, m in model.named_modules() if isinstance(m, types)}
+        if not chosen:
+            present = sorted({type(m).__name__ for m in model.modules()})
+            raise ValueError(f"types={_type_names(types)} matches no module of {type(model).__name__}; "
+                             f"its module types are {', '.join(present)}")
+        return chosen
     return {n: m for n, m in model.named_modules() if _is_leaf(m)}
+
+
+def _type_names(types: type | tuple[type, ...]) -> str:
+    kinds = types if isinstance(types, tuple) else (types,)
+    return ", ".join(k.__name__ for k in kinds)
 
 
 def _is_leaf(module: nn.Module) -> bool:

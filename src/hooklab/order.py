@@ -154,7 +154,14 @@ def trace_firing_order(
             handles.append(all_done)
         output = model(*inputs)
         phase[0] = "backward"
-        (loss(output) if loss is not None else output.sum()).backward()
+        if loss is None and not isinstance(output, torch.Tensor):
+            raise TypeError(f"the model returned a {type(output).__name__}, not a tensor: pass loss=, a function "
+                            "from the output to the scalar that backward() starts from")
+        target = loss(output) if loss is not None else output.sum()
+        if not target.requires_grad:
+            raise RuntimeError("nothing to run backward through: no parameter or input of the model requires "
+                               "grad (call requires_grad_() on an input, or unfreeze a parameter)")
+        target.backward()
     finally:
         for handle in handles:
             handle.remove()

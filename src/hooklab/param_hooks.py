@@ -76,6 +76,8 @@ class ParamHooks:
     def __init__(self, model: nn.Module, hook: Callable, params=None, when: str = "grad"):
         if when not in ("grad", "accumulated"):
             raise ValueError(f"when must be 'grad' or 'accumulated', not {when!r}")
+        if not callable(hook):
+            raise TypeError(f"hook must be a function called as hook(name, grad), not {type(hook).__name__}")
         self.model = model
         self.hook = hook
         self.when = when
@@ -92,9 +94,9 @@ class ParamHooks:
         try:
             for name, p in self.params.items():
                 if self.when == "grad":
-                    handle = p.register_hook(_bind(self.hook, name))
+                    handle = p.register_hook(_bind(self.hook, name, p))
                 else:
-                    handle = p.register_post_accumulate_grad_hook(_bind(self.hook, name))
+                    handle = p.register_post_accumulate_grad_hook(_bind_accumulated(self.hook, name))
                 self.handles.append(handle)
         except BaseException:
             self.remove()
@@ -114,10 +116,22 @@ class ParamHooks:
         self.remove()
 
 
-def _bind(hook: Callable, name: str) -> Callable:
+def _bind(hook: Callable, name: str, param: torch.Tensor) -> Callable:
     # a function per parameter, so each hook knows its name (no late-binding closure bug)
-    def bound(value):
-        return hook(name, value)
+    def bound(grad):
+        new = hook(name, grad)
+        if new is not None and not (isinstance(new, torch.Tensor) and new.shape == grad.shape):
+            got = f"shape {tuple(new.shape)}" if isinstance(new, torch.Tensor) else type(new).__name__
+            raise TypeError(f"the hook for parameter {name!r} returned {got}; return None or a tensor of the "
+                            f"gradient's shape {tuple(grad.shape)}")
+        return new
+
+    return bound
+
+
+def _bind_accumulated(hook: Callable, name: str) -> Callable:
+    def bound(param):
+        hook(name, param)  # its return value is ignored, as documented
 
     return bound
 

@@ -25,7 +25,15 @@ Contract
   tuples a full backward hook receives. They come from tensor hooks (notebook 03 explains
   why): full backward hooks break on modules whose output is later modified in place, such
   as every block of a torchvision ResNet. Run ``backward()`` inside the ``with`` block.
-* Every hook is removed when the block ends, also when it raises.
+* Every hook is removed when the block ends, also when it raises. A ``Recording`` is entered once.
+* Keyword arguments of a call are kept in ``Record.kwargs``; ``grad_input`` covers positional
+  tensor arguments only, and says so (``NoGradientError``) when tensors that need grad came as
+  keywords or inside a list or dict.
+* Worth knowing: with several ``backward()`` calls in one block, each record keeps the gradients
+  of the last one. A module shared by two models is recorded whenever either calls it. A
+  forward hook of your own that replaces a module's output is seen by the record if it was
+  registered before the ``with`` block, and not if it was registered inside it (hooks run in
+  the order they were registered).
 """
 
 from __future__ import annotations
@@ -79,6 +87,8 @@ class Recording:
         """Every record of one layer, in call order."""
         if name not in self.modules:
             select_layers(self.model, [name])  # raises UnknownLayerError with close matches
+            if f"_orig_mod.{name}" in self.modules:
+                raise KeyError(f"this is a torch.compile'd model: its layer {name!r} is recorded as '_orig_mod.{name}'")
             raise KeyError(f"{name!r} is a layer of the model but was not chosen for recording")
         return [r for r in self.records if r.name == name]
 
@@ -107,28 +117,31 @@ class Recording:
         self._keeper.clear()
 
     # ----- hooks ---------------------------------------------------------------------------
-    def _pre_hook(self, name: str, module: nn.Module, args: tuple):
+    def _pre_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict):
         if self._mode is None:
-            return self._start_record(name, module, args)
+            return self._start_record(name, module, args, kwargs)
         with torch._C.DisableTorchFunction():  # the hook writes nothing: keep the guard out of it
-            return self._start_record(name, module, args)
+            return self._start_record(name, module, args, kwargs)
 
-    def _forward_hook(self, name: str, module: nn.Module, args: tuple, output: Any) -> None:
+    def _forward_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         if self._mode is None:
-            self._finish_record(name, module, args, output)
+            self._finish_record(name, module, args, kwargs, output)
             return
         with torch._C.DisableTorchFunction():
-            self._finish_record(name, module, args, output)
+            self._finish_record(name, module, args, kwargs, output)
 
-    def _start_record(self, name: str, module: nn.Module, args: tuple):
+    def _start_record(self, name: str, module: nn.Module, args: tuple, kwargs: dict):
         # The record starts before the module runs, so that its inputs are kept as they came in:
         # a module working in place (ReLU(inplace=True)) would otherwise show its result as input.
         rec = Record(name, type(module).__name__, call=-1, index=-1)
         rec._inputs = self._keeper.keep(rec, tuple(args))
+        if kwargs:
+            rec._kwargs = self._keeper.keep(rec, kwargs)
         self._started.setdefault(name, []).append(rec)
         if not (self.backward and torch.is_grad_enabled()):
             return None
         rec._grad_input = (None,) * len(args)
+        rec._grad_input_note = _hidden_inputs_note(name, args, kwargs)
         in_place = bool(getattr(module, "inplace", False))
         new_args, changed = list(args), False
         for i, a in enumerate(args):
@@ -140,34 +153,46 @@ class Recording:
                 # before the module runs; registered after an in-place op it would see the
                 # gradient of the modified tensor instead.
                 target = a if in_place else a.view_as(a)
-                new_args[i], changed = target, changed or target is not a
+                if target is not a:
+                    new_args[i], changed = target, True
+                    rec._input_views.append((target, target._version))
                 self._tensor_handles.append(target.register_hook(self._grad_setter(rec, "_grad_input", i)))
-        return tuple(new_args) if changed else None
+        return (tuple(new_args), kwargs) if changed else None
 
-    def _finish_record(self, name: str, module: nn.Module, args: tuple, output: Any) -> None:
+    def _finish_record(self, name: str, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         started = self._started.get(name)
         if started:
             rec = started.pop()
         else:  # no pre-hook on this module (see may_write_into_input), or it was added mid-forward
             rec = Record(name, type(module).__name__, call=-1, index=-1)
             rec._inputs = self._keeper.keep(rec, tuple(args))
+            if kwargs:
+                rec._kwargs = self._keeper.keep(rec, kwargs)
         rec.call = self._calls.get(name, 0)
         self._calls[name] = rec.call + 1
         rec.index = len(self.records)
         rec._output = self._keeper.keep(rec, output)
         self.records.append(rec)
         if not self.backward:
+            rec._no_grad_reason = _NOT_ASKED
             return
         if not torch.is_grad_enabled():
             rec._no_grad_reason = "the forward pass ran with gradients disabled (torch.no_grad / inference_mode)"
             return
+        for view, version in rec._input_views:
+            if view._version != version:
+                rec._grad_input_note = (
+                    f"{name!r} ({type(module).__name__}) wrote into its input in place, so the gradient w.r.t. "
+                    "its input cannot be observed; give the module an attribute inplace=True (record then "
+                    "hooks its real input) or make it compute a new tensor"
+                )
+        rec._input_views = []
         outputs = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
         if not any(t.requires_grad for t in outputs):
-            rec._no_grad_reason = (
-                "its output does not require grad: no parameter or input before it requires grad "
-                "(call requires_grad_() on the input, or unfreeze a parameter)"
-            )
+            rec._no_grad_reason = _why_output_needs_no_grad(output, outputs)
             return
+        if len(outputs) == 1 and outputs[0]._is_view():
+            rec._output_was_view = True
         rec._grad_output = (None,) * len(outputs)
         for i, t in enumerate(outputs):
             if t.requires_grad:
@@ -186,11 +211,16 @@ class Recording:
 
     # ----- context manager -----------------------------------------------------------------
     def __enter__(self) -> Recording:
+        if self._handles:
+            raise RuntimeError("this recording is already inside a `with` block; call record(...) again for a "
+                               "second recording")
         try:
             for name, module in self.modules.items():
                 if self.backward or may_write_into_input(module):
-                    self._handles.append(module.register_forward_pre_hook(functools.partial(self._pre_hook, name)))
-                self._handles.append(module.register_forward_hook(functools.partial(self._forward_hook, name)))
+                    pre_hook = functools.partial(self._pre_hook, name)
+                    self._handles.append(module.register_forward_pre_hook(pre_hook, with_kwargs=True))
+                hook = functools.partial(self._forward_hook, name)
+                self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
             if not self.clone:
                 self._mode = CopyOnWrite(self._keeper.before_write)
                 self._mode.__enter__()
@@ -200,6 +230,10 @@ class Recording:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        if isinstance(exc, RuntimeError) and self.backward and "does not require grad" in str(exc):
+            reasons = {r._no_grad_reason for r in self.records if r._no_grad_reason}
+            if reasons:
+                exc.add_note(f"hooklab.record: the recorded modules got no gradient: {'; '.join(sorted(reasons))}")
         try:
             if self._mode is not None:
                 self._mode.remove()
@@ -214,6 +248,31 @@ class Recording:
             handle.remove()
         self._handles.clear()
         self._tensor_handles.clear()
+
+
+_NOT_ASKED = "this recording was made without backward=True: use record(..., backward=True) to record gradients"
+
+
+def _hidden_inputs_note(name: str, args: tuple, kwargs: dict) -> str | None:
+    """Why ``grad_input`` cannot hold every input gradient: tensors that need grad came inside a
+    list or dict, or as keyword arguments (``grad_input`` has one entry per positional tensor)."""
+    nested = [a for a in args if not isinstance(a, torch.Tensor) and isinstance(a, list | tuple | dict)]
+    for where, values in (("inside a list or dict", nested), ("as keyword arguments", [kwargs] if kwargs else [])):
+        if any(isinstance(t, torch.Tensor) and t.requires_grad for t in tree_flatten(values)[0]):
+            return (f"{name!r} received tensors that need grad {where}; grad_input holds gradients only for "
+                    "positional tensor arguments (record the layer that produces those tensors instead)")
+    return None
+
+
+def _why_output_needs_no_grad(output: Any, tensors: list[torch.Tensor]) -> str:
+    if not tensors:
+        return f"its output ({type(output).__name__}) holds no tensor, so no gradient can reach it"
+    if not any(t.is_floating_point() or t.is_complex() for t in tensors):
+        return f"its output ({tensors[0].dtype} tensor) carries no gradient: only floating-point tensors do"
+    return (
+        "its output does not require grad: no parameter or input before it requires grad "
+        "(call requires_grad_() on the input, or unfreeze a parameter)"
+    )
 
 
 def record(

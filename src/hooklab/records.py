@@ -15,7 +15,7 @@ __all__ = ["NoGradientError", "Record", "StaleRecordError", "shape_of"]
 
 
 class StaleRecordError(RuntimeError):
-    """A recorded tensor was modified in place after the recording ended."""
+    """A recorded tensor was modified in place where the copy-on-write guard could not see it."""
 
 
 class NoGradientError(RuntimeError):
@@ -43,24 +43,42 @@ class Record:
     _output: Any = None
     _grad_input: tuple | None = None
     _grad_output: tuple | None = None
+    _kwargs: dict = field(default_factory=dict)
     _no_grad_reason: str | None = None
+    _grad_input_note: str | None = None  # why grad_input cannot be trusted (set while recording)
     _got_grad: bool = False
     _versions: dict = field(default_factory=dict)
+    _private: set = field(default_factory=set)  # ids of tensors that are the record's own copies
+    _input_views: list = field(default_factory=list)  # (view given to the module, its version)
+    _output_was_view: bool = False
+    _output_written: bool = False  # the module's output was written into later (a copy was kept)
 
     def _checked(self, value: Any, what: str) -> Any:
         for leaf in tree_flatten(value)[0]:
             expected = self._versions.get(id(leaf)) if isinstance(leaf, torch.Tensor) else None
             if expected is not None and leaf._version != expected:
+                if id(leaf) in self._private:
+                    raise StaleRecordError(
+                        f"the {what} recorded for {self.name!r} is the record's own copy, and it was changed in "
+                        f"place after the record returned it; clone it before changing it "
+                        f"(rec[{self.name!r}].{what}.clone())"
+                    )
+                verb = "received" if what in ("input", "kwargs") else "produced"
                 raise StaleRecordError(
-                    f"the {what} recorded for {self.name!r} was modified in place after the recording "
-                    "ended, so it no longer holds what the module produced; record with clone=True, "
-                    "or clone the tensor before changing it"
+                    f"the {what} recorded for {self.name!r} was modified in place by an operation the "
+                    f"copy-on-write guard could not see (during or after the recording), so it no longer holds "
+                    f"what the module {verb}; record with clone=True, or clone the tensor before changing it"
                 )
         return value
 
     @property
     def inputs(self) -> tuple:
         return self._checked(self._inputs, "input")
+
+    @property
+    def kwargs(self) -> dict:
+        """The keyword arguments of the call (tensors kept like ``inputs``); ``{}`` for none."""
+        return self._checked(self._kwargs, "kwargs")
 
     @property
     def output(self) -> Any:
@@ -76,11 +94,19 @@ class Record:
     def grad_input(self) -> tuple:
         if not self._got_grad:
             raise NoGradientError(f"no gradient reached {self.name!r}: {self._why_no_grad()}")
+        if self._grad_input_note:
+            raise NoGradientError(self._grad_input_note)
         return self._checked(self._grad_input, "grad_input")
 
     def _why_no_grad(self) -> str:
         if self._no_grad_reason:
             return self._no_grad_reason
+        if self._output_was_view and self._output_written:
+            return (
+                f"its output is a view of its input, and a later operation modified that view in place "
+                f"(an in-place layer after {self.name!r}?); PyTorch never calls hooks on such a view: "
+                "make the next layer work out of place (inplace=False)"
+            )
         return (
             "call backward() inside the `with record(..., backward=True)` block, after the forward pass "
             "(if you did, this module's output does not contribute to what backward() started from)"
