@@ -17,7 +17,15 @@ Notebook 05 builds each of these by hand first; this module is what it moves int
 * ``guided_grad_cam``: guided backprop saliency times the Grad-CAM map upsampled to the input.
 
 Every handle is owned by the context manager that registered it and removed in ``__exit__``,
-also when the body raises. ``target=None`` means "the predicted class" of each image.
+also when the body raises. ``target=None`` means "the predicted class" of each image; an int is
+one class for every image, a list or tensor one class per image.
+
+Inputs are checked before any work: ``x`` an ``(N, C, H, W)`` floating-point batch of the model's
+dtype and device, the model in eval mode (a BatchNorm or Dropout in train mode raises: it would
+change its running statistics or drop other units on each pass), class indices in range. The
+gradients are computed also under ``torch.no_grad()`` (not under ``torch.inference_mode()``,
+which raises). Grad-CAM inside ``with GuidedBackprop(model):`` raises: its gradients would be
+the guided ones.
 """
 
 from __future__ import annotations
@@ -28,24 +36,26 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .checks import check_inputs, class_scores, targets_for, wanted_targets
 from .layers import get_layer
-from .record import Recording, record
+from .record import NoGradientError, Recording, record
 
 __all__ = ["CamResult", "GradCAM", "GuidedBackprop", "grad_cam", "guided_grad_cam", "guided_grad_cam_parts", "upsample"]
 
 
-def _targets(scores: torch.Tensor, target) -> torch.Tensor:
-    """Class index per image: ``None`` -> argmax; an int -> the same class for every image."""
-    scores = scores.flatten(1)
-    if target is None:
-        return scores.argmax(dim=1)
-    target = torch.as_tensor(target, dtype=torch.long)
-    return target.expand(scores.shape[0]) if target.dim() == 0 else target
+def check_gradients(model: nn.Module, what: str) -> None:
+    """Raise if no gradient can be computed now, or if guided backprop would replace the plain one."""
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError(f"{what} needs gradients; call it outside torch.inference_mode()")
+    if any(getattr(hook, "__func__", None) is GuidedBackprop._counting_hook
+           for m in model.modules() if isinstance(m, nn.ReLU) for hook in m._backward_hooks.values()):
+        raise RuntimeError(f"{what} inside `with GuidedBackprop(model):` would use guided gradients; "
+                           "call it outside that block")
 
 
 def _score(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Sum over the batch of each image's own target score: one backward gives every image's gradient."""
-    return scores.flatten(1).gather(1, targets[:, None]).sum()
+    return scores.gather(1, targets[:, None]).sum()
 
 
 class GuidedBackprop:
@@ -58,18 +68,25 @@ class GuidedBackprop:
             raise ValueError(f"{type(model).__name__} has no nn.ReLU module: guided backprop needs them")
         self._handles: list = []
         self._inplace: list[bool] = []
+        self._fired = 0
 
     @staticmethod
     def hook(module: nn.Module, grad_input: tuple, grad_output: tuple) -> tuple:
         """Full backward hook: keep only the positive part of the gradient the ReLU passes back."""
         return (grad_input[0].clamp(min=0),)
 
+    def _counting_hook(self, module: nn.Module, grad_input: tuple, grad_output: tuple) -> tuple:
+        self._fired += 1
+        return self.hook(module, grad_input, grad_output)
+
     def __enter__(self) -> GuidedBackprop:
+        if self._handles:  # the inner block's exit would remove the outer block's hooks
+            raise RuntimeError("this GuidedBackprop is already inside a `with` block")
         try:
             for relu in self.relus:
                 self._inplace.append(relu.inplace)
                 relu.inplace = False  # full backward hooks raise on modules that modify their input
-                self._handles.append(relu.register_full_backward_hook(self.hook))
+                self._handles.append(relu.register_full_backward_hook(self._counting_hook))
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -84,12 +101,25 @@ class GuidedBackprop:
         self._inplace.clear()
 
     def saliency(self, x: torch.Tensor, target=None) -> torch.Tensor:
-        """d (target score) / d x with guided ReLUs, same shape as ``x``; ``x`` is not changed."""
+        """d (target score) / d x with guided ReLUs, same shape as ``x``; ``x`` is not changed.
+
+        Only ``nn.ReLU`` modules are guided: a model that calls ``torch.relu`` for some of its
+        ReLUs gets the plain gradient through those (one that never runs an ``nn.ReLU`` raises).
+        """
         if not self._handles:
             raise RuntimeError("use saliency() inside `with GuidedBackprop(model) as gb:`")
+        check_inputs(self.model, x, "guided backprop")
+        if torch.is_inference_mode_enabled():
+            raise RuntimeError("guided backprop needs gradients; call it outside torch.inference_mode()")
+        wanted = wanted_targets(target, len(x))
         x = x.detach().clone().requires_grad_(True)
-        scores = self.model(x)
-        (grad,) = torch.autograd.grad(_score(scores, _targets(scores, target)), x)
+        self._fired = 0
+        with torch.enable_grad():
+            scores = class_scores(self.model(x), len(x))
+            (grad,) = torch.autograd.grad(_score(scores, targets_for(scores, wanted)), x)
+        if not self._fired:
+            raise ValueError(f"no nn.ReLU ran in the forward pass of {type(self.model).__name__} on the way to the "
+                             "score (does it call torch.relu or F.relu?): this would be the plain gradient")
         return grad
 
 
@@ -106,7 +136,7 @@ class GradCAM:
 
     def __init__(self, model: nn.Module, layer: str):
         self.model, self.name = model, layer
-        self.layer = get_layer(model, layer)  # an unknown name fails here, listing close matches
+        self.layer = get_layer(model, layer)  # a wrong name or type fails here, listing close matches
         self._recording: Recording | None = None
 
     def __enter__(self) -> GradCAM:
@@ -124,24 +154,33 @@ class GradCAM:
     def __call__(self, x: torch.Tensor, target=None) -> CamResult:
         if self._recording is None:
             raise RuntimeError("call the GradCAM inside `with GradCAM(model, layer) as cam:`")
+        check_inputs(self.model, x, "Grad-CAM")
+        check_gradients(self.model, "Grad-CAM")
+        wanted = wanted_targets(target, len(x))
         self._recording.clear()  # the records (and tensor hooks) of the last call
-        x = x.detach().requires_grad_(True)  # a gradient reaches the layer even if its weights are frozen
-        scores = self.model(x)
-        targets = _targets(scores, target)
-        # autograd.grad instead of backward(): the parameters' .grad stay untouched
-        torch.autograd.grad(_score(scores, targets), x)
+        x = x.detach().clone().requires_grad_(True)  # a gradient reaches the layer even if its weights are frozen
+        with torch.enable_grad():
+            scores = class_scores(self.model(x), len(x))
+            targets = targets_for(scores, wanted)
+            # autograd.grad instead of backward(): the parameters' .grad stay untouched
+            torch.autograd.grad(_score(scores, targets), x)
         calls = self._recording.calls(self.name)
         if not calls:
             raise RuntimeError(f"layer {self.name!r} did not run in the forward pass")
         last = calls[-1]  # its activation and the gradient that reached that same call
         if not isinstance(last.output, torch.Tensor) or last.output.dim() != 4:
             raise ValueError(f"layer {self.name!r} must return an (N, C, H, W) tensor for Grad-CAM")
-        activation, gradient = last.output, last.grad_output[0]
-        if gradient is None:
-            raise RuntimeError(f"no gradient reached layer {self.name!r}")
+        try:
+            gradient = last.grad_output[0]
+        except NoGradientError:
+            classes = sorted(set(targets.tolist()))
+            which = f"class {classes[0]}" if len(classes) == 1 else "classes " + ", ".join(map(str, classes))
+            raise NoGradientError(f"layer {self.name!r} does not contribute to the score of {which}: "
+                                  "no gradient reaches it; pick a layer the scores depend on") from None
+        activation = last.output
         weights = gradient.mean(dim=(2, 3))
         raw = (weights[:, :, None, None] * activation).sum(dim=1)
-        chosen = scores.detach().flatten(1).gather(1, targets[:, None])[:, 0]
+        chosen = scores.detach().gather(1, targets[:, None])[:, 0]
         return CamResult(raw.clamp(min=0), raw, weights, targets, chosen)
 
 

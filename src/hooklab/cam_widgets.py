@@ -6,18 +6,24 @@
   Grad-CAM for a chosen layer, class and image (``hooklab.cam``; hooks live only inside each
   ``compute``). ``render(...)`` prints the numbers and returns the figure; ``widget()`` is the
   same code behind a ``SelectionSlider`` "layer" and ``IntSlider``\\ s "class" and "image"
-  (a ``hooklab.widgets.Panel``).
+  (a ``hooklab.widgets.Panel``). The constructor runs one forward pass: it checks the images,
+  the labels (one per image) and that every layer returns an ``(N, C, H, W)`` tensor, and
+  counts the class scores (the range of the "class" slider). As in ``hooklab.widgets``,
+  ``figure`` is not tracked by pyplot and ``render`` returns a pyplot figure.
 """
 
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import torch
+from matplotlib.figure import Figure
 from torch import nn
 
 from .cam import guided_grad_cam_parts
+from .checks import check_index, check_inputs, class_scores, drawn
 from .layers import get_layer
 from .plots import draw_signed
+from .record import record
 from .widgets import Panel, describe_tensor, show_in_output
 
 __all__ = ["GradCamPicker", "draw_cam"]
@@ -32,8 +38,23 @@ def draw_cam(image: torch.Tensor, cam: torch.Tensor, title: str | None = None, a
     not by brightness. The cyan line is the image's contour at half its maximum. ``ax``: the
     ``Axes`` to draw on, a new 3×3-inch figure when None. Returns the figure.
     """
-    if ax is None:
-        _, ax = plt.subplots(figsize=(3, 3))
+    image, cam = _plane(image, "an (H, W) image", "image[0]"), _plane(cam, "an (h, w) map", "result.maps[0]")
+    if ax is not None:
+        _draw_cam(ax, image, cam, title)
+        return ax.figure
+    ax = plt.subplots(figsize=(3, 3))[1]
+    return drawn(ax.figure, lambda fig: _draw_cam(ax, image, cam, title))
+
+
+def _plane(value, what: str, fix: str) -> torch.Tensor:
+    value = torch.as_tensor(value).detach().cpu()
+    if value.dim() != 2:
+        hint = f": use {fix}" if value.dim() == 3 and len(value) == 1 else ""
+        raise ValueError(f"draw_cam expects {what}; got {tuple(value.shape)}{hint}")
+    return value
+
+
+def _draw_cam(ax, image: torch.Tensor, cam: torch.Tensor, title: str | None) -> None:
     top = float(cam.max())
     height, width = image.shape
     ax.imshow(cam.numpy(), cmap="inferno", vmin=0, vmax=top or 1.0, interpolation="nearest",
@@ -44,31 +65,50 @@ def draw_cam(image: torch.Tensor, cam: torch.Tensor, title: str | None = None, a
     ax.set_yticks([])
     if title is not None:
         ax.set_title(f"{title}\nmax {top:.4g}", fontsize=9)
-    return ax.figure
 
 
 class GradCamPicker:
     """Grad-CAM, guided backprop and guided Grad-CAM of single-channel images (the digits)."""
 
     def __init__(self, model: nn.Module, images: torch.Tensor, labels: torch.Tensor, layers: list[str]):
-        if images.dim() != 4 or images.shape[1] != 1:
-            raise ValueError(f"images must be (N, 1, H, W), got shape {tuple(images.shape)}")
+        if not isinstance(images, torch.Tensor) or images.dim() != 4 or images.shape[1] != 1:
+            raise ValueError(f"images must be (N, 1, H, W), got shape {tuple(getattr(images, 'shape', ()))}")
+        check_inputs(model, images, "GradCamPicker")
+        try:
+            count = len(labels)
+        except TypeError:
+            count = None
+        if count != len(images):
+            got = repr(labels) if count is None else f"{count} labels"
+            raise ValueError(f"labels must hold one class label per image: got {got} for {len(images)} images")
         if isinstance(layers, str) or not layers:
             raise ValueError(f"layers must be a non-empty list of layer names, not {layers!r}")
         for name in layers:
             get_layer(model, name)  # an unknown name fails now, listing close matches
         self.model, self.images, self.labels, self.layers = model, images, labels, list(layers)
-        with torch.no_grad():
-            self.predicted = model(images).argmax(dim=1)
+        with record(model, self.layers) as rec, torch.no_grad():
+            scores = class_scores(model(images), len(images))
+        for name in self.layers:
+            output = rec.calls(name)[-1].output if rec.calls(name) else None
+            if not isinstance(output, torch.Tensor) or output.dim() != 4:
+                got = f"shape {tuple(output.shape)}" if isinstance(output, torch.Tensor) else "no tensor"
+                raise ValueError(f"layer {name!r} returns {got}; Grad-CAM needs a layer that returns an "
+                                 "(N, C, H, W) tensor, such as a convolution")
+        self.classes = scores.shape[1]  # the "class" slider's range
+        self.predicted = scores.argmax(dim=1)
+
+    def _index(self, index: int) -> int:
+        return check_index(index, len(self.images), "index", "images")
 
     def compute(self, layer: str, target: int, index: int = 0) -> dict:
         """Grad-CAM at ``layer`` (and upsampled), guided backprop and guided Grad-CAM for one image."""
+        index = self._index(index)
         parts = guided_grad_cam_parts(self.model, self.images[index : index + 1], layer, target)
         return {key: value if key == "result" else value[0] for key, value in parts.items()}
 
     def describe(self, layer: str, target: int, index: int, parts: dict) -> str:
         """Three lines: image, class and score; the Grad-CAM map's peak and sign; guided Grad-CAM."""
-        r = parts["result"]
+        r, index = parts["result"], self._index(index)
         cam = r.maps[0]
         row, col = divmod(int(cam.flatten().argmax()), cam.shape[1])
         return (f"image {index}: label {int(self.labels[index])}, predicted {int(self.predicted[index])}; "
@@ -78,14 +118,20 @@ class GradCamPicker:
                 f"  guided Grad-CAM: {describe_tensor(parts['guided'])}")
 
     def render(self, layer: str, target: int, index: int = 0):
-        """Print the numbers and return the four-panel figure the widget shows."""
+        """Print the numbers and return the four-panel figure the widget shows, as a pyplot figure."""
         parts = self.compute(layer, target, index)
         print(self.describe(layer, target, index, parts))
-        return self.figure(layer, target, index, parts)
+        fig = plt.figure(figsize=(9, 2.9), layout="constrained")
+        return drawn(fig, lambda fig: self._draw(fig, layer, target, self._index(index), parts))
 
     def figure(self, layer: str, target: int, index: int, parts: dict):
-        """Input, Grad-CAM with the digit's outline, guided backprop, guided Grad-CAM; returns the figure."""
-        fig = plt.figure(figsize=(9, 2.9), layout="constrained")
+        """Input, Grad-CAM with the digit's outline, guided backprop, guided Grad-CAM; returns the figure
+        (not tracked by pyplot)."""
+        index = self._index(index)
+        fig = Figure(figsize=(9, 2.9), layout="constrained")
+        return drawn(fig, lambda fig: self._draw(fig, layer, target, index, parts))
+
+    def _draw(self, fig, layer: str, target: int, index: int, parts: dict) -> None:
         axes = fig.subplots(1, 4)
         image = self.images[index, 0]
         axes[0].imshow(image.numpy(), cmap="gray_r")
@@ -97,7 +143,6 @@ class GradCamPicker:
         for ax in axes:
             ax.set_xticks([])
             ax.set_yticks([])
-        return fig
 
     def widget(self) -> Panel:
         """Sliders "layer", "class" and "image"; each move recomputes (hooks live only meanwhile)."""
@@ -106,7 +151,7 @@ class GradCamPicker:
         wide = {"layout": Layout(width="560px"), "style": {"description_width": "60px"}}
         controls = {
             "layer": SelectionSlider(options=self.layers, value=self.layers[-1], description="layer", **wide),
-            "target": IntSlider(int(self.predicted[0]), 0, 9, description="class", **wide),
+            "target": IntSlider(int(self.predicted[0]), 0, self.classes - 1, description="class", **wide),
             "index": IntSlider(0, 0, len(self.images) - 1, description="image", **wide),
         }
 

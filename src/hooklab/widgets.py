@@ -11,7 +11,16 @@ browser needed.
   the predicted one). The hooks are gone
   when the constructor returns; moving a slider only redraws. Its widget: a
   ``SelectionSlider`` "layer", an ``IntSlider`` "channel", ``ToggleButtons`` "show"
-  (activation / gradient) and an ``Output`` holding the printed text and the figure.
+  (activation / gradient) and an ``Output`` holding the printed text and the figure. Its input
+  is checked as ``hooklab.cam`` checks Grad-CAM's (a batch of the model's dtype, the model in
+  eval mode, an int ``target`` in range). A layer that does not contribute to the score gets a
+  zero gradient, and ``describe`` says so.
+
+``figure(...)`` returns a figure that pyplot does not track (nothing to close; a notebook shows
+it once when a cell ends with it). ``render(...)`` returns a pyplot figure, so that
+``plt.show()`` displays it, as notebook 05 does after each ``render``: in a script, close it with
+``plt.close(fig)`` (or ``plt.show()``), and in a notebook end the cell with ``plt.show()`` or a
+``;``, or the figure is shown twice.
 
 The panel plumbing (``show_in_output``, ``describe_tensor``) is shared with the Grad-CAM picker
 in ``hooklab.cam_widgets``.
@@ -24,11 +33,15 @@ import io
 
 import matplotlib.pyplot as plt
 import torch
+from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 from torch import nn
 
+from .cam import check_gradients
+from .checks import check_index, check_inputs, class_scores, drawn, targets_for, wanted_targets
 from .layers import unknown_name_hint
 from .plots import draw_signed, tile_channels
-from .record import record
+from .record import NoGradientError, record
 
 __all__ = ["LayerExplorer", "Panel", "describe_tensor", "figure_png", "show_in_output"]
 
@@ -117,19 +130,27 @@ class LayerExplorer:
     """Activations and gradients of every recorded ``(N, C, H, W)`` layer for one input."""
 
     def __init__(self, model: nn.Module, x: torch.Tensor, layers=None, *, types=None, target: int | None = None):
+        check_inputs(model, x, "LayerExplorer")
+        check_gradients(model, "LayerExplorer")
+        wanted = wanted_targets(target, 1)
         x = x[:1].detach().clone().requires_grad_(True)
-        with record(model, layers, types=types, backward=True) as rec:
-            scores = model(x).flatten(1)
-            self.target = int(scores[0].argmax()) if target is None else target
+        with record(model, layers, types=types, backward=True) as rec, torch.enable_grad():
+            scores = class_scores(model(x), 1)
+            self.target = int(targets_for(scores, wanted)[0])
             torch.autograd.grad(scores[0, self.target], x)  # parameters' .grad stay untouched
         self.activations: dict[str, torch.Tensor] = {}
         self.gradients: dict[str, torch.Tensor] = {}
         self.types: dict[str, str] = {}
+        self.no_gradient: set[str] = set()  # layers the score does not depend on: their gradient is zero
         for r in rec:
             if isinstance(r.output, torch.Tensor) and r.output.dim() == 4 and r.output[0, 0].numel() > 1:
                 label = r.name if r.call == 0 else f"{r.name} (call {r.call})"
                 self.activations[label] = r.output[0]
-                self.gradients[label] = r.grad_output[0][0]
+                try:
+                    self.gradients[label] = r.grad_output[0][0]
+                except NoGradientError:
+                    self.gradients[label] = torch.zeros_like(r.output[0])
+                    self.no_gradient.add(label)
                 self.types[label] = r.module_type
         if not self.activations:
             raise ValueError("no recorded layer returned an (N, C, H, W) tensor with H × W > 1")
@@ -140,35 +161,40 @@ class LayerExplorer:
         """Layer labels in execution order (a second call of a module: ``"name (call 1)"``)."""
         return list(self.activations)
 
-    def _get(self, layer: str, channel: int, kind: str) -> torch.Tensor:
+    def _get(self, layer: str, channel: int, kind: str) -> tuple[torch.Tensor, int]:
         if kind not in ("activation", "gradient"):
             raise ValueError(f"kind must be 'activation' or 'gradient', not {kind!r}")
+        if not isinstance(layer, str):
+            raise TypeError(f"layer must be one of this explorer's layer names (a str), not {layer!r}")
         if layer not in self.activations:
             hint = unknown_name_hint(layer, self.layers, kind="explorable layers")
             raise LookupError(f"{layer!r} is not one of this explorer's layers (recorded outputs of shape "
                               f"(N, C, H, W) with H × W > 1); {hint}")
         maps = (self.activations if kind == "activation" else self.gradients)[layer]
-        if not 0 <= channel < maps.shape[0]:
-            raise IndexError(f"{layer} has channels 0..{maps.shape[0] - 1}, not {channel}")
-        return maps
+        return maps, check_index(channel, maps.shape[0], "channel", f"channels in {layer}")
 
     def describe(self, layer: str, channel: int = 0, kind: str = "activation") -> str:
         """Three lines: name, type and shape; the channel's statistics; the whole layer's."""
-        maps = self._get(layer, channel, kind)
+        maps, channel = self._get(layer, channel, kind)
         head = f"{layer} ({self.types[layer]}) {kind} shape {tuple(maps.shape)}"
+        if kind == "gradient" and layer in self.no_gradient:
+            head += f" (zero: the score of class {self.target} does not depend on this layer)"
         return (f"{head}, channel {channel} of {maps.shape[0]}\n"
                 f"  channel {channel}: {describe_tensor(maps[channel])}\n"
                 f"  layer:      {describe_tensor(maps)}")
 
     def figure(self, layer: str, channel: int = 0, kind: str = "activation"):
-        """The channel with a colour bar (left) and every channel tiled (right); returns the figure.
+        """The channel with a colour bar (left) and every channel tiled (right); returns the figure
+        (not tracked by pyplot: see the module docstring).
 
         Activations are drawn in viridis, each tile scaled to [0, 1]; gradients in RdBu_r
         (red > 0 > blue), each tile divided by its largest |value|, so zero is white in every
         tile and in the channel on the left.
         """
-        maps = self._get(layer, channel, kind)
-        fig = plt.figure(figsize=(9, 3.6))
+        maps, channel = self._get(layer, channel, kind)
+        return drawn(Figure(figsize=(9, 3.6)), lambda fig: self._draw(fig, layer, maps, channel, kind))
+
+    def _draw(self, fig, layer: str, maps: torch.Tensor, channel: int, kind: str) -> None:
         left, right = fig.subplots(1, 2, width_ratios=(1, 1.3))
         if kind == "activation":
             left.imshow(maps[channel].numpy(), cmap="viridis", interpolation="nearest")
@@ -184,19 +210,20 @@ class LayerExplorer:
         if channel < _TILES:
             h, w = maps.shape[1:]
             row, col = divmod(channel, _COLS)
-            right.add_patch(plt.Rectangle((col * (w + 1) - 1, row * (h + 1) - 1), w + 1, h + 1,
-                                          fill=False, edgecolor="red", linewidth=1.5))
+            right.add_patch(Rectangle((col * (w + 1) - 1, row * (h + 1) - 1), w + 1, h + 1,
+                                      fill=False, edgecolor="red", linewidth=1.5))
         scaling = "scaled to [0, 1]" if kind == "activation" else "divided by its max |value|"
         right.set_title(f"{min(_TILES, maps.shape[0])} of {maps.shape[0]} channels, each {scaling}", fontsize=10)
         for ax in (left, right):
             ax.set_xticks([])
             ax.set_yticks([])
-        return fig
 
     def render(self, layer: str, channel: int = 0, kind: str = "activation"):
-        """Print ``describe(...)`` and return ``figure(...)``: what the widget shows, without it."""
+        """Print ``describe(...)`` and return what ``figure(...)`` draws, as a pyplot figure: ``plt.show()``
+        displays it (and ``plt.close(fig)`` closes it)."""
         print(self.describe(layer, channel, kind))
-        return self.figure(layer, channel, kind)
+        maps, channel = self._get(layer, channel, kind)
+        return drawn(plt.figure(figsize=(9, 3.6)), lambda fig: self._draw(fig, layer, maps, channel, kind))
 
     def widget(self, layer: str | None = None) -> Panel:
         """Sliders "layer" and "channel", toggle "show"; moving one redraws (no new forward pass)."""
