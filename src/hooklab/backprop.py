@@ -20,6 +20,9 @@ The local derivative of each layer, written next to its forward:
 * batch norm / layer norm: the normalised ``x̂`` and ``1/σ`` are recomputed from the input.
 * flatten: a reshape back; dropout: ``dout·mask/(1 − p)`` with the mask of that call.
 
+Every function checks that ``dout`` has the shape of the forward output (a smaller ``dout``
+would otherwise broadcast into a wrong answer) and raises ``ValueError`` naming both shapes.
+
 Losses are in ``hooklab.losses``; the table from layer type to function is
 ``hooklab.backward_table.BACKWARD`` (used by ``hooklab.verify``).
 """
@@ -28,6 +31,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from . import backprop_shapes as shapes
 
 __all__ = [
     "adaptive_avg_pool2d_backward",
@@ -46,12 +51,9 @@ __all__ = [
 ]
 
 
-def _pair(v) -> tuple[int, int]:
-    return (v, v) if isinstance(v, int) else tuple(v)
-
-
 def linear_backward(x, w, dout, b=None):
     """``y = x @ w.T + b`` → ``(dx, dw, db)``; ``db`` is None without a bias."""
+    shapes.check_linear(x, w, dout)
     x2, d2 = x.reshape(-1, x.shape[-1]), dout.reshape(-1, dout.shape[-1])
     dx = dout @ w
     dw = d2.T @ x2
@@ -62,21 +64,25 @@ def linear_backward(x, w, dout, b=None):
 def sigmoid_backward(out, dout):
     """``out = sigmoid(x)`` → ``dx = dout * out * (1 - out)``, multiplied in PyTorch's order
     (``dout * (1 - out) * out``) so that float32 results agree to the last bit."""
+    shapes.check_dout("sigmoid_backward", dout, out.shape)
     return dout * (1 - out) * out
 
 
 def tanh_backward(out, dout):
     """``out = tanh(x)`` → ``dx = dout * (1 - out²)``."""
+    shapes.check_dout("tanh_backward", dout, out.shape)
     return dout * (1 - out * out)
 
 
 def relu_backward(out, dout):
     """``out = relu(x)`` → ``dout`` where ``out > 0``, else 0 (works for in-place ReLU)."""
+    shapes.check_dout("relu_backward", dout, out.shape)
     return dout * (out > 0)
 
 
 def leaky_relu_backward(out, dout, negative_slope=0.01):
     """``out = leaky_relu(x)`` → ``dout`` where ``out > 0``, else ``negative_slope * dout``."""
+    shapes.check_dout("leaky_relu_backward", dout, out.shape)
     return torch.where(out > 0, dout, dout * negative_slope)
 
 
@@ -88,7 +94,8 @@ def conv2d_backward(x, w, dout, b=None, stride=1, padding=0, dilation=1, groups=
     backward is a linear layer's; ``F.fold`` adds each patch's gradient back into place
     (overlapping patches add up, padding is dropped).
     """
-    kernel, stride, padding, dilation = w.shape[-2:], _pair(stride), _pair(padding), _pair(dilation)
+    kernel, stride, dilation = w.shape[-2:], shapes.pair(stride), shapes.pair(dilation)
+    padding = shapes.check_conv2d(x, w, dout, stride, padding, dilation, groups)
     n = x.shape[0]
     out_ch, l_out = w.shape[0], dout.shape[-2] * dout.shape[-1]
     cols = F.unfold(x, kernel, dilation=dilation, padding=padding, stride=stride)  # (N, C*kh*kw, L)
@@ -110,6 +117,7 @@ def max_pool2d_backward(x, dout, kernel_size, stride=None, padding=0, dilation=1
     """
     stride = kernel_size if stride is None else stride
     _, idx = F.max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode, return_indices=True)
+    shapes.check_dout("max_pool2d_backward", dout, idx.shape)
     dx = torch.zeros_like(x).flatten(2)
     dx.scatter_add_(2, idx.flatten(2), dout.flatten(2))
     return dx.reshape(x.shape)
@@ -119,10 +127,12 @@ def avg_pool2d_backward(x_shape, dout, kernel_size, stride=None, padding=0, coun
                         divisor_override=None):
     """``y = avg_pool2d(x, ...)`` (``ceil_mode=False``) → ``dx``: ``dout / window size`` to every input
     of the window. The divisor counts padding only if ``count_include_pad``."""
-    kernel = _pair(kernel_size)
-    stride = kernel if stride is None else _pair(stride)
-    padding = _pair(padding)
+    kernel = shapes.pair(kernel_size)
+    stride = kernel if stride is None else shapes.pair(stride)
+    padding = shapes.pair(padding)
     h, w = x_shape[-2:]
+    size = [shapes.pooled_size(n, k, s, p) for n, k, s, p in zip((h, w), kernel, stride, padding, strict=True)]
+    shapes.check_dout("avg_pool2d_backward", dout, (*x_shape[:-2], *size))
     l_out = dout.shape[-2] * dout.shape[-1]
     if divisor_override:
         divisor = torch.full((l_out,), float(divisor_override), dtype=dout.dtype)
@@ -149,7 +159,8 @@ def _adaptive_matrix(size_in: int, size_out: int, dtype) -> torch.Tensor:
 
 def adaptive_avg_pool2d_backward(x_shape, dout):
     """``y = adaptive_avg_pool2d(x, size)`` → ``dx = A_hᵀ · dout · A_w`` (the pooling is
-    ``A_h · x · A_wᵀ`` with one averaging matrix per axis)."""
+    ``A_h · x · A_wᵀ`` with one averaging matrix per axis). The output size is read from ``dout``."""
+    shapes.check_dout("adaptive_avg_pool2d_backward", dout, (*x_shape[:-2], *dout.shape[-2:]))
     a_h = _adaptive_matrix(x_shape[-2], dout.shape[-2], dout.dtype)
     a_w = _adaptive_matrix(x_shape[-1], dout.shape[-1], dout.dtype)
     return a_h.T @ dout @ a_w
@@ -162,6 +173,7 @@ def batch_norm_backward(x, dout, weight=None, eps=1e-5, running_mean=None, runni
     ``dx = w/σ · (dout − mean(dout) − x̂·mean(dout·x̂))`` with means over every dim but 1.
     Eval mode (running stats given): a fixed affine map, ``dx = dout·w/σ_running``.
     """
+    shapes.check_dout("batch_norm_backward", dout, x.shape)
     dims = [d for d in range(x.dim()) if d != 1]
     shape = [1, -1] + [1] * (x.dim() - 2)
     if running_mean is None:
@@ -183,6 +195,7 @@ def batch_norm_backward(x, dout, weight=None, eps=1e-5, running_mean=None, runni
 def layer_norm_backward(x, dout, normalized_shape, weight=None, bias=None, eps=1e-5):
     """Layer norm over the last ``len(normalized_shape)`` dims → ``(dx, dweight, dbias)``;
     the same formula as batch norm in train mode, with the means taken over those dims."""
+    normalized_shape = shapes.check_layer_norm(x, dout, normalized_shape)
     dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
     lead = tuple(range(x.dim() - len(normalized_shape)))
     mean, var = x.mean(dims, keepdim=True), x.var(dims, unbiased=False, keepdim=True)
@@ -197,6 +210,7 @@ def layer_norm_backward(x, dout, normalized_shape, weight=None, bias=None, eps=1
 
 def flatten_backward(x_shape, dout):
     """``y = x.flatten(...)`` → ``dout`` reshaped to the input's shape."""
+    shapes.check_flatten(x_shape, dout)
     return dout.reshape(x_shape)
 
 
@@ -206,5 +220,6 @@ def dropout_backward(mask, dout, p):
 
     The mask is not an input of the layer: read it from the recorded call (``out != 0`` where
     ``x != 0``; ambiguous where ``x == 0``) or replay the call's random numbers, as
-    ``hooklab.verify`` does."""
+    ``hooklab.verify`` does. ``p`` is in [0, 1] (with ``p = 1`` every element is dropped)."""
+    shapes.check_dropout(mask, dout, p)
     return dout * (mask / (1 - p)) if p < 1 else torch.zeros_like(dout)

@@ -5,7 +5,9 @@ entry reads the layer's settings (stride, padding, eps, running statistics, ...)
 ``module`` and calls the matching function of ``hooklab.backprop`` with the layer's recorded
 input ``x``, output ``out`` and ``dout = dL/d(out)``. A parameter gradient is ``None`` where the
 layer has no such parameter. A setting the formulas do not cover raises
-``UnsupportedLayerError``. To support another layer type, add one entry here.
+``UnsupportedLayerError``; ``SETTINGS`` checks those from the module alone, so that
+``check_supported`` refuses them before anything runs. To support another layer type, add one
+entry here (and one to ``SETTINGS`` if some of its settings have no formula).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from torch import nn
 
 from . import backprop as bp
 
-__all__ = ["BACKWARD", "UnsupportedLayerError", "check_supported"]
+__all__ = ["BACKWARD", "SETTINGS", "UnsupportedLayerError", "check_supported"]
 
 
 class UnsupportedLayerError(TypeError):
@@ -26,7 +28,8 @@ def _linear(m, x, out, dout):
     return dx, {"weight": dw, "bias": db}
 
 
-def _conv2d(m, x, out, dout):
+def _conv2d_padding(m):
+    """The explicit padding of a Conv2d; raises for the settings the formula does not cover."""
     if m.padding_mode != "zeros":
         raise UnsupportedLayerError(f"padding_mode={m.padding_mode!r}")
     padding = m.padding
@@ -38,19 +41,31 @@ def _conv2d(m, x, out, dout):
             padding = tuple(t // 2 for t in total)
         else:
             raise UnsupportedLayerError("padding='same' with uneven padding")
-    dx, dw, db = bp.conv2d_backward(x, m.weight, dout, m.bias, m.stride, padding, m.dilation, m.groups)
+    return padding
+
+
+def _conv2d(m, x, out, dout):
+    dx, dw, db = bp.conv2d_backward(x, m.weight, dout, m.bias, m.stride, _conv2d_padding(m), m.dilation, m.groups)
     return dx, {"weight": dw, "bias": db}
 
 
-def _max_pool2d(m, x, out, dout):
+def _max_pool2d_settings(m):
     if m.return_indices:
         raise UnsupportedLayerError("return_indices=True")
+
+
+def _avg_pool2d_settings(m):
+    if m.ceil_mode:
+        raise UnsupportedLayerError("ceil_mode=True")
+
+
+def _max_pool2d(m, x, out, dout):
+    _max_pool2d_settings(m)
     return bp.max_pool2d_backward(x, dout, m.kernel_size, m.stride, m.padding, m.dilation, m.ceil_mode), {}
 
 
 def _avg_pool2d(m, x, out, dout):
-    if m.ceil_mode:
-        raise UnsupportedLayerError("ceil_mode=True")
+    _avg_pool2d_settings(m)
     return bp.avg_pool2d_backward(x.shape, dout, m.kernel_size, m.stride, m.padding, m.count_include_pad,
                                   m.divisor_override), {}
 
@@ -94,16 +109,28 @@ BACKWARD = {
 }
 
 
+#: per layer type, a check that raises ``UnsupportedLayerError`` for a setting without a formula
+SETTINGS = {nn.Conv2d: _conv2d_padding, nn.MaxPool2d: _max_pool2d_settings, nn.AvgPool2d: _avg_pool2d_settings}
+
+
 def check_supported(model: nn.Module, layers: dict[str, nn.Module]) -> None:
     """Raise ``UnsupportedLayerError`` naming every layer in ``layers`` (name → leaf module) whose
-    type has no entry in ``BACKWARD``, and every parameter of ``model`` that no such layer owns."""
+    type has no entry in ``BACKWARD`` or whose settings it does not cover (``SETTINGS``), and every
+    parameter of ``model`` that no such layer owns; nothing needs to run for this."""
     problems = [f"{name!r} ({type(m).__name__})" for name, m in layers.items() if type(m) not in BACKWARD]
+    settings = []
+    for name, m in layers.items():
+        try:
+            SETTINGS.get(type(m), lambda m: None)(m)
+        except UnsupportedLayerError as e:
+            settings.append(f"layer {name!r} ({type(m).__name__}): {e}")
     owned = {id(p) for m in layers.values() for p in m.parameters()}
     stray = [n for n, p in model.named_parameters() if id(p) not in owned]
     message = []
     if problems:
         supported = ", ".join(sorted(t.__name__ for t in BACKWARD))
         message.append(f"no manual backward for layer {', '.join(problems)}; supported types: {supported}")
+    message.extend(settings)
     if stray:
         message.append(f"parameters outside any leaf layer: {', '.join(stray)}")
     if message:

@@ -7,6 +7,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import NamedTuple
 
 import numpy as np
@@ -17,6 +19,7 @@ __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "Digits", "digits", "photo", "to_dis
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+DIGITS, CLASSES = 1797, 10  # scikit-learn's digits: images and classes
 
 
 class Digits(NamedTuple):
@@ -27,7 +30,12 @@ class Digits(NamedTuple):
 
 
 def digits(test_fraction: float = 0.25, seed: int = 0) -> Digits:
-    """scikit-learn's digits as tensors, split into train and test with a fixed, stratified seed."""
+    """scikit-learn's digits as tensors, split into train and test with a fixed, stratified seed.
+
+    test_fraction: the share of the 1,797 digits in the test set, leaving at least 10 (one per
+    class) on each side; seed: a whole number from 0 to 2**32 - 1.
+    """
+    _check_split(test_fraction, seed)
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -39,6 +47,20 @@ def digits(test_fraction: float = 0.25, seed: int = 0) -> Digits:
     return Digits(
         torch.from_numpy(x_tr), torch.from_numpy(y_tr).long(), torch.from_numpy(x_te), torch.from_numpy(y_te).long()
     )
+
+
+def _check_split(test_fraction: float, seed: int) -> None:
+    if isinstance(test_fraction, bool) or not isinstance(test_fraction, numbers.Real):
+        raise TypeError(f"test_fraction must be a number between 0 and 1, not {test_fraction!r}")
+    n_test = math.ceil(test_fraction * DIGITS) if 0 < test_fraction < 1 else 0
+    if not CLASSES <= n_test <= DIGITS - CLASSES:
+        low, high = CLASSES / DIGITS, 1 - CLASSES / DIGITS
+        raise ValueError(f"test_fraction must leave at least {CLASSES} of the {DIGITS} digits (one per class) on each "
+                         f"side of the split: between {low:.4f} and {high:.4f}, not {test_fraction}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be a whole number from 0 to 2**32 - 1, not {seed!r}")
+    if not 0 <= seed < 2**32:
+        raise ValueError(f"seed must be a whole number from 0 to 2**32 - 1, not {seed}")
 
 
 def photo(name: str = "chelsea", size: int = 224) -> torch.Tensor:

@@ -55,12 +55,17 @@ class SeedConvNet(nn.Module):
 
 
 class DigitsCNN(nn.Module):
-    """conv16–ReLU–conv32–ReLU–maxpool–conv64–ReLU–head, for (N, 1, 8, 8) digits."""
+    """conv16–ReLU–conv32–ReLU–maxpool–conv64–ReLU–head, for (N, 1, 8, 8) digits.
+
+    The input must be a batch of one-channel images (the ``"flatten"`` head: 8×8 ones); another
+    shape raises ``ValueError`` at once, not from deep inside a layer.
+    """
 
     def __init__(self, head: str = "gap", seed: int = 0) -> None:
         super().__init__()
         if head not in ("gap", "flatten"):
             raise ValueError(f"head must be 'gap' or 'flatten', not {head!r}")
+        self.input_size = None if head == "gap" else (8, 8)  # the spatial size the head needs
         with torch.random.fork_rng():  # weights from `seed`; the caller's random stream stays as it was
             torch.manual_seed(seed)
             self.features = nn.Sequential(
@@ -78,12 +83,24 @@ class DigitsCNN(nn.Module):
                 self.head = nn.Sequential(nn.Flatten(), nn.Linear(64 * 4 * 4, 10))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(x, torch.Tensor) and (x.dim() != 4 or x.shape[1] != 1 or
+                                            (self.input_size is not None and x.shape[2:] != self.input_size)):
+            _bad_input(x)
         return self.head(self.features(x))
+
+
+def _bad_input(x: torch.Tensor) -> None:
+    shape = tuple(x.shape)
+    hint = ": add a batch dimension with x[None]" if x.dim() == 3 and shape[0] == 1 else ""
+    hint = ": add batch and channel dimensions with x[None, None]" if x.dim() == 2 else hint
+    raise ValueError(f"DigitsCNN expects (N, 1, 8, 8), got {shape}{hint}")
 
 
 @torch.no_grad()
 def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     """Fraction of ``x`` that ``model`` classifies as ``y`` (model switched to eval and back)."""
+    if len(x) != len(y) or not len(y):
+        raise ValueError(f"accuracy needs as many labels as images, at least one: got {len(x)} images, {len(y)} labels")
     was_training = model.training
     model.eval()
     correct = (model(x).argmax(dim=1) == y).sum().item()
@@ -106,8 +123,15 @@ def train_digits(
     in a notebook and prints one line per epoch. To watch training, wrap the call in
     ``hooklab.stats.track_stats(model)`` (notebook 05 does).
     """
+    for name, value, low in (("epochs", epochs, 0), ("batch_size", batch_size, 1)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be a whole number >= {low}, not {value!r}")
+        if value < low:
+            raise ValueError(f"{name} must be a whole number >= {low}, not {value}")
     model = DigitsCNN() if model is None else model
     data = digits() if data is None else data
+    if not len(data.y_train):
+        raise ValueError("data holds no training images: pass a Digits with at least one")
     generator = torch.Generator().manual_seed(seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
     loss_fn = nn.CrossEntropyLoss()

@@ -12,86 +12,40 @@ notebook 05 (activation statistics, the "colorful dimension" plot):
 Contract
 --------
 * Each chosen module gets a forward hook that reduces its output **at once** to a few numbers
-  (mean, std, fraction of zero elements, fraction of dead units) and a fixed-bin histogram.
-  No activation or gradient tensor is kept, so memory does not depend on batch or layer size;
-  ``keep_last=N`` also caps the number of steps kept (older steps are dropped).
+  (mean, std, fraction of zero elements, fraction of dead units, fraction of NaN / inf elements)
+  and a fixed-bin histogram (``hooklab.layer_stats.LayerStats``). No activation or gradient
+  tensor is kept, so memory does not depend on batch or layer size; ``keep_last=N`` also caps
+  the number of steps kept (older steps are dropped).
 * A step is one call of ``model`` itself (a forward pre-hook on the model counts them).
   With ``only_training=True`` (default) calls made in ``eval()`` mode are ignored, so an
-  evaluation pass between epochs does not add rows.
+  evaluation pass between epochs does not add rows (the summary says so when nothing else ran).
 * ``grads=True`` also summarises ``grad_output`` (the gradient w.r.t. each module's output)
   with a tensor hook that the forward hook registers on the output: unlike a full backward
   hook, this keeps working when a later module modifies the output in place (notebook 03).
 * Histograms: activations bin ``|x|`` linearly over ``act_range``; gradients bin
   ``log10 |g|`` over ``grad_range``. Values outside a range are clamped into its first or last
-  bin (zeros land in a gradient histogram's first bin), so each row sums to the element count.
+  bin (zeros land in a gradient histogram's first bin), so each row sums to the number of
+  finite elements: NaN and inf are left out of the histogram and counted in ``nonfinite``.
 * "dead unit": a channel (dim 1 of an ``(N, C, ...)`` tensor; a feature of an ``(N, F)``
   tensor) whose values are all zero over the whole batch. "zero": fraction of zero elements.
-* Every hook is removed when the ``with`` block ends, also when it raises.
+* Every hook is removed when the ``with`` block ends, also when it raises. A tracker is used
+  in one ``with`` block at a time (entering it again inside its block raises).
+* The plots are in ``hooklab.stats_plots`` and importable from here.
 """
 
 from __future__ import annotations
 
 import functools
-import math
-from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from .layers import get_layer, select_layers
+from .layer_stats import COLUMNS, LayerStats, LayerTable, check_settings, why_no_grad
+from .layers import select_layers
+from .stats_plots import plot_colorful_dimension, plot_mean_std
 
-__all__ = ["LayerStats", "StatsTracker", "plot_colorful_dimension", "plot_mean_std", "track_stats"]
-
-#: the scalar statistics kept per step, in this order
-COLUMNS = ("mean", "std", "zero", "dead")
-
-
-@dataclass
-class LayerStats:
-    """The summaries of one layer's activations (``kind="activation"``) or gradients."""
-
-    name: str
-    kind: str
-    bins: int
-    hist_range: tuple[float, float]
-    keep_last: int | None = None
-    steps: deque = field(init=False)
-    values: deque = field(init=False)  # one (mean, std, zero, dead) tuple per row
-    hists: deque = field(init=False)  # one float32 tensor of `bins` counts per row
-
-    def __post_init__(self) -> None:
-        self.steps, self.values, self.hists = (deque(maxlen=self.keep_last) for _ in range(3))
-
-    def __len__(self) -> int:
-        return len(self.steps)
-
-    def add(self, step: int, t: torch.Tensor) -> None:
-        """Reduce ``t`` to one row of statistics (called from the hooks)."""
-        t = t.detach().float()
-        zero = t == 0
-        units = zero.reshape(t.shape[0], t.shape[1], -1) if t.dim() >= 2 else zero.reshape(1, -1, 1)
-        dead = units.all(dim=2).all(dim=0).float().mean()
-        row = torch.stack([t.mean(), t.std() if t.numel() > 1 else t.new_zeros(()), zero.float().mean(), dead])
-        lo, hi = self.hist_range
-        values = t.abs() if self.kind == "activation" else t.abs().log10()
-        hist = torch.histc(values.clamp(lo, hi).nan_to_num(lo), bins=self.bins, min=lo, max=hi)
-        self.steps.append(step)
-        self.values.append(tuple(row.tolist()))
-        self.hists.append(hist)
-
-    def column(self, name: str) -> torch.Tensor:
-        """One statistic (``"mean"``, ``"std"``, ``"zero"`` or ``"dead"``) for every row."""
-        if name not in COLUMNS:
-            raise KeyError(f"unknown statistic {name!r}; choose one of {', '.join(COLUMNS)}")
-        return torch.tensor([v[COLUMNS.index(name)] for v in self.values])
-
-    def hist_image(self) -> torch.Tensor:
-        """The histograms as a ``(bins, rows)`` tensor: one column per step (bin 0 at row 0)."""
-        if not self.hists:
-            return torch.zeros(self.bins, 0)
-        return torch.stack(list(self.hists), dim=1)
+__all__ = ["COLUMNS", "LayerStats", "StatsTracker", "plot_colorful_dimension", "plot_mean_std", "track_stats"]
 
 
 class StatsTracker:
@@ -105,16 +59,17 @@ class StatsTracker:
         self.grads = grads
         self.only_training = only_training
         self.step = 0  # number of counted calls of the model so far
-        self.activations = {n: LayerStats(n, "activation", bins, act_range, keep_last) for n in modules}
-        self.gradients = {n: LayerStats(n, "gradient", bins, grad_range, keep_last) for n in modules} if grads else {}
+        self.skipped = 0  # calls not counted: made in eval mode with only_training=True
+        self.activations = LayerTable({n: LayerStats(n, "activation", bins, act_range, keep_last) for n in modules},
+                                      model)
+        grad_stats = {n: LayerStats(n, "gradient", bins, grad_range, keep_last) for n in modules} if grads else {}
+        untracked = "" if grads else "gradients were not tracked: track_stats(..., grads=True) records gradients"
+        self.gradients = LayerTable(grad_stats, model, untracked)
         self._handles: list = []
         self._tensor_handles: list = []
 
     def __getitem__(self, name: str) -> LayerStats:
         """The activation statistics of layer ``name`` (gradients: ``tracker.gradients[name]``)."""
-        if name not in self.activations:
-            get_layer(self.model, name)  # raises UnknownLayerError with close matches
-            raise KeyError(f"{name!r} is a layer of the model but was not chosen for tracking")
         return self.activations[name]
 
     # ----- hooks ---------------------------------------------------------------------------
@@ -126,17 +81,25 @@ class StatsTracker:
             self.step += 1
             # tensor hooks whose graph is gone (backward done) are dropped: memory stays flat
             self._tensor_handles = [h for h in self._tensor_handles if h.hooks_dict_ref() is not None]
+        else:
+            self.skipped += 1
 
     def _forward_hook(self, name: str, module: nn.Module, args: tuple, output) -> None:
         if not (self._counting() and isinstance(output, torch.Tensor)):
             return
         step = self.step
         self.activations[name].add(step, output)
-        if self.grads and output.requires_grad and torch.is_grad_enabled():
+        if self.grads:
             target = self.gradients[name]
-            self._tensor_handles.append(output.register_hook(lambda g: target.add(step, g)))
+            if output.requires_grad and torch.is_grad_enabled():
+                self._tensor_handles.append(output.register_hook(lambda g: target.add(step, g)))
+            elif not target.note:
+                target.note = why_no_grad(output)
 
     def __enter__(self) -> StatsTracker:
+        if self._handles:
+            raise RuntimeError("this tracker is already inside a with block; call track_stats(...) again for a "
+                               "second one")
         try:
             self._handles.append(self.model.register_forward_pre_hook(self._count_step))
             for name, module in self.modules.items():
@@ -157,20 +120,41 @@ class StatsTracker:
 
     # ----- reading -------------------------------------------------------------------------
     def summary(self, kind: str = "activation") -> str:
-        """A plain-text table: per layer, rows kept, mean and std (first → last row), dead units."""
+        """A plain-text table: per layer, rows kept, mean and std (first → last row), dead units.
+
+        Layers without rows are followed by a line that says why, where the tracker knows; a layer
+        with NaN or inf values says in how many rows."""
         table = self._table(kind)
         width = max([len(n) for n in table] + [5])
         lines = [f"{'layer':<{width}}  rows  {'mean first → last':>21}  {'std first → last':>21}  dead (last)"]
+        empty: dict[str, list[str]] = {}
         for name, st in table.items():
             if not len(st):
                 lines.append(f"{name:<{width}}  {0:>4}  (no {kind} seen)")
+                empty.setdefault(self._why_empty(name, kind), []).append(name)
                 continue
             mean, std = st.column("mean"), st.column("std")
+            bad = sum(1 for f in st.nonfinite if f)
             lines.append(
                 f"{name:<{width}}  {len(st):>4}  {_num(mean[0]):>9} → {_num(mean[-1]):>9}  "
                 f"{_num(std[0]):>9} → {_num(std[-1]):>9}  {st.column('dead')[-1]:>10.1%}"
+                + (f"  NaN/inf in {bad} row{'s' if bad > 1 else ''}" if bad else "")
             )
+        for reason, names in empty.items():
+            where = "any layer" if len(names) == len(table) else ", ".join(names)
+            lines.append(f"no {kind} seen in {where}: {reason}")
         return "\n".join(lines)
+
+    def _why_empty(self, name: str, kind: str) -> str:
+        if self.step == 0 and self.skipped:
+            times = "once" if self.skipped == 1 else f"{self.skipped} times"
+            return (f"the model ran {times}, in eval mode, and only_training=True counts training calls only: "
+                    "call model.train(), or use track_stats(..., only_training=False)")
+        if self.step == 0:
+            return "the model was not called inside the with block"
+        if kind == "gradient" and len(self.activations[name]):
+            return self.gradients[name].note or "call backward() inside the with block"
+        return "the layer did not run while the model was training, or its output is not a tensor"
 
     def _table(self, kind: str) -> dict[str, LayerStats]:
         if kind == "activation":
@@ -202,62 +186,13 @@ def track_stats(
 ) -> StatsTracker:
     """Collect per-layer, per-step statistics while the ``with`` block runs.
 
-    layers / types: which modules, as in ``hooklab.record`` (default: every leaf module).
+    layers / types: which modules, as in ``hooklab.record`` (default: every leaf module); a choice
+        that selects nothing raises ``ValueError``.
     grads: also summarise ``grad_output`` of each module (run ``backward()`` inside the block).
     bins, act_range, grad_range: the fixed histogram bins (``|x|`` and ``log10 |g|``).
     only_training: count only calls made while ``model.training`` is True.
-    keep_last: keep only the last N rows per layer (default: all; each row is ~bins+4 numbers).
+    keep_last: keep only the last N >= 1 rows per layer (default: all; each row is ~bins+5 numbers).
     """
-    if bins < 1:
-        raise ValueError(f"bins must be at least 1, not {bins}")
-    for label, (lo, hi) in (("act_range", act_range), ("grad_range", grad_range)):
-        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-            raise ValueError(f"{label} must be two finite numbers (low, high) with low < high, not {(lo, hi)}")
+    bins, act_range, grad_range, keep_last = check_settings(bins, act_range, grad_range, keep_last)
     return StatsTracker(model, select_layers(model, layers, types), grads=grads, bins=bins, act_range=act_range,
                         grad_range=grad_range, only_training=only_training, keep_last=keep_last)
-
-
-def plot_mean_std(tracker: StatsTracker, kind: str = "activation", axes=None, columns=("mean", "std")):
-    """One panel per statistic in ``columns`` (default: mean, then std), every tracked layer
-    against the step, in one colour per layer; returns the figure.
-
-    axes: matplotlib axes to draw on, one per column (default: a new figure, 4.5 in wide per
-    panel). A std of gradients is drawn on a logarithmic axis: their sizes span decades.
-    """
-    import matplotlib.pyplot as plt
-
-    table = tracker._table(kind)
-    if axes is None:
-        _, axes = plt.subplots(1, len(columns), figsize=(4.5 * len(columns), 3.2), layout="constrained", squeeze=False)
-        axes = axes[0]
-    fig = axes[0].figure
-    colors = plt.get_cmap("viridis")(torch.linspace(0, 0.9, max(len(table), 1)).tolist())
-    for ax, column in zip(axes, columns, strict=True):
-        for color, (name, st) in zip(colors, table.items(), strict=False):
-            ax.plot(list(st.steps), st.column(column).tolist(), color=color, label=name)
-        ax.set_title(f"{kind} {column} per layer")
-        ax.set_xlabel("step")
-        if column == "std" and kind == "gradient":
-            ax.set_yscale("log")
-    axes[-1].legend(fontsize="small", title="layer", loc="center left", bbox_to_anchor=(1.0, 0.5))
-    return fig
-
-
-def plot_colorful_dimension(stats: LayerStats, ax=None):
-    """The histogram of every step as one image column (log(1 + count)); returns the figure.
-
-    Bright rows near the bottom of an activation plot mean many values near zero.
-    """
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(8, 3), layout="constrained")
-    image = stats.hist_image().log1p()
-    steps = list(stats.steps) or [0]
-    lo, hi = stats.hist_range
-    ax.imshow(image.numpy(), origin="lower", aspect="auto", cmap="viridis",
-              extent=(steps[0] - 0.5, steps[-1] + 0.5, lo, hi))
-    ax.set_title(f"{stats.name}: histogram of {'|x|' if stats.kind == 'activation' else 'log10 |grad|'} per step")
-    ax.set_xlabel("step")
-    ax.set_ylabel("|x|" if stats.kind == "activation" else "log10 |grad|")
-    return ax.figure

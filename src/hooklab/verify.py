@@ -15,7 +15,9 @@ parameter's gradient (summed over calls). Every tensor gets one row of a ``cmp``
   the same numbers in another order is close, not exact; the table says so.
 * The formulas are looked up by layer type in ``hooklab.backward_table.BACKWARD``.
   A leaf layer whose type has no entry there (or an unsupported setting) raises
-  ``UnsupportedLayerError`` naming it, before anything runs. Parameters that no leaf layer
+  ``UnsupportedLayerError`` naming it, before anything runs. Bad arguments (a loss without
+  target, a target without loss, ``grad`` with a loss, NaN or inf in the input) raise
+  ``ValueError`` or ``TypeError``, also before anything runs. Parameters that no leaf layer
   owns are refused the same way. Operations written inside a ``forward`` between layers
   (``x + 1``, ``torch.flatten``) are not checked, but do not disturb the per-layer checks.
 * Dropout's mask is recovered by replaying the forward with the same seed and each Dropout's
@@ -56,7 +58,16 @@ class Row:
 
 
 def compare(name: str, manual: torch.Tensor, reference: torch.Tensor) -> Row:
-    """makemore's ``cmp``: is ``manual`` exactly / closely equal to ``reference``, and how far off?"""
+    """makemore's ``cmp``: is ``manual`` exactly / closely equal to ``reference``, and how far off?
+
+    Both must be tensors of the same shape and dtype (compare float32 with float32: a float64
+    formula compared with a float32 gradient would measure the rounding of float32)."""
+    for label, t in (("manual", manual), ("reference", reference)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: {label} must be a tensor, not {type(t).__name__}")
+    if manual.dtype != reference.dtype:
+        raise TypeError(f"{name}: manual dtype {manual.dtype} != reference {reference.dtype}: compute both in the "
+                        f"same dtype (convert one with .to({reference.dtype}))")
     if manual.shape != reference.shape:
         raise ValueError(f"{name}: manual shape {tuple(manual.shape)} != reference {tuple(reference.shape)}")
     diff = (manual - reference).abs().max().item() if manual.numel() else 0.0
@@ -101,15 +112,54 @@ def _dropout_noise(model, x, layers, seed) -> dict[tuple[str, int], torch.Tensor
     return {(r.name, r.call): r.output for r in rec}
 
 
+def _check_arguments(model, x, target, loss, grad, seed) -> None:
+    """Every argument of ``verify`` that can be judged before anything runs."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected an nn.Module, got {type(model).__name__}")
+    if loss not in (None, "mse", "cross_entropy"):
+        raise ValueError(f"loss must be None, 'mse' or 'cross_entropy', not {loss!r}")
+    if loss is not None and target is None:
+        what = "a tensor shaped like the output" if loss == "mse" else "class indices, one per row of the output"
+        raise ValueError(f"loss={loss!r} needs target=... ({what})")
+    if loss is None and target is not None:
+        raise ValueError("target is only used by a loss: pass loss='mse' or loss='cross_entropy' with it, or drop it")
+    if loss is not None and grad is not None:
+        raise ValueError("grad is where the backward starts when loss=None; with a loss the backward starts from "
+                         "the loss: pass grad or loss, not both")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int (it seeds the dropout masks), not {seed!r}")
+    for label, t in (("x", x), ("target", target), ("grad", grad)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{label} must be a tensor, not {type(t).__name__}")
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{label} contains NaN or inf values: every gradient would be NaN, whatever the formulas")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor (verify needs its gradient), not {x.dtype}: use x.float()")
+    dtype = next((p.dtype for p in model.parameters()), x.dtype)
+    if x.dtype != dtype:
+        raise TypeError(f"x is {x.dtype} but the model's parameters are {dtype}: convert x with x.to({dtype})")
+
+
+def _check_output(out, target, loss, grad) -> None:
+    if grad is not None and grad.shape != out.shape:
+        raise ValueError(f"grad has shape {tuple(grad.shape)} but the model's output has shape {tuple(out.shape)}: "
+                         "grad is dL/d(output), one number per output element")
+    if loss == "mse" and target.shape != out.shape:
+        raise ValueError(f"target has shape {tuple(target.shape)} but the model's output has shape "
+                         f"{tuple(out.shape)}: loss='mse' compares them element by element")
+
+
 def verify(model: nn.Module, x: torch.Tensor, *, target: torch.Tensor | None = None, loss: str | None = None,
            grad: torch.Tensor | None = None, seed: int = 0) -> Verification:
     """Verify every leaf layer of ``model`` on input ``x``; see the module docstring.
 
-    loss: ``None`` (backward from ``grad``, default all ones), ``"mse"`` or ``"cross_entropy"``
-        (with ``target``); the loss's gradient is checked too.
+    loss: ``None`` (backward from ``grad``, default all ones, shaped like the output), ``"mse"``
+        or ``"cross_entropy"`` (with ``target``, and without ``grad``); the loss's gradient is
+        checked too. Inputs with NaN or inf are refused: the table could only blame a formula.
     """
-    if loss not in (None, "mse", "cross_entropy"):
-        raise ValueError(f"loss must be None, 'mse' or 'cross_entropy', not {loss!r}")
+    _check_arguments(model, x, target, loss, grad, seed)
     layers = select_layers(model)
     check_supported(model, layers)
     params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -121,6 +171,7 @@ def verify(model: nn.Module, x: torch.Tensor, *, target: torch.Tensor | None = N
         with torch.random.fork_rng(), record(model, backward=True) as rec:
             torch.manual_seed(seed)
             out = model(x)
+            _check_output(out, target, loss, grad)
             wrt = [out, x, *(p for _, p in params)]
             if loss is None:
                 start = torch.ones_like(out) if grad is None else grad
@@ -130,6 +181,11 @@ def verify(model: nn.Module, x: torch.Tensor, *, target: torch.Tensor | None = N
                 grads = torch.autograd.grad(value, wrt, allow_unused=True)
                 backward = losses.mse_backward if loss == "mse" else losses.softmax_cross_entropy_backward
                 rows.append(compare(f"{loss}: dL/d(output)", backward(out.detach(), target), grads[0]))
+    except ValueError as e:
+        if "more than 1 value per channel" in str(e):
+            raise ValueError("batch norm in training mode needs more than one value per channel to compute batch "
+                             "statistics: verify with a batch of 2 or more, or call model.eval() first") from e
+        raise
     finally:
         with torch.no_grad():
             for n, b in model.named_buffers():

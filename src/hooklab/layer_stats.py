@@ -1,0 +1,143 @@
+"""One layer's summaries in ``hooklab.stats``: the rows of statistics and histograms, one per step.
+
+Each row reduces one activation (or gradient) tensor at once to a few numbers (mean, std, fraction
+of zero elements, fraction of dead units, fraction of non-finite elements) and a fixed-bin
+histogram; no tensor is kept. See ``hooklab.stats`` for how the rows are collected. Also here:
+``LayerTable`` (the per-layer dicts, with errors that say why a name is missing) and the checks
+of ``track_stats``'s settings.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from .layers import get_layer
+
+__all__ = ["COLUMNS", "LayerStats", "LayerTable", "check_settings", "why_no_grad"]
+
+#: the scalar statistics of a row: ``values`` holds the first four in this order, ``nonfinite`` the last
+COLUMNS = ("mean", "std", "zero", "dead", "nonfinite")
+
+
+@dataclass
+class LayerStats:
+    """The summaries of one layer's activations (``kind="activation"``) or gradients.
+
+    ``nonfinite`` is the fraction of NaN or ±inf elements of each row: mean and std are then NaN
+    or inf too, and the histogram counts only the finite elements. ``note`` says why no row was
+    added where the tracker knows (for gradients: why the output needed none).
+    """
+
+    name: str
+    kind: str
+    bins: int
+    hist_range: tuple[float, float]
+    keep_last: int | None = None
+    note: str = ""
+    steps: deque = field(init=False)
+    values: deque = field(init=False)  # one (mean, std, zero, dead) tuple per row
+    hists: deque = field(init=False)  # one float32 tensor of `bins` counts per row
+    nonfinite: deque = field(init=False)  # one fraction of NaN / inf elements per row
+
+    def __post_init__(self) -> None:
+        self.steps, self.values, self.hists, self.nonfinite = (deque(maxlen=self.keep_last) for _ in range(4))
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def add(self, step: int, t: torch.Tensor) -> None:
+        """Reduce ``t`` to one row of statistics (called from the hooks)."""
+        t = t.detach().float()
+        zero = t == 0
+        units = zero.reshape(t.shape[0], t.shape[1], -1) if t.dim() >= 2 else zero.reshape(1, -1, 1)
+        dead = units.all(dim=2).all(dim=0).float().mean()
+        row = torch.stack([t.mean(), t.std() if t.numel() > 1 else t.new_zeros(()), zero.float().mean(), dead])
+        values = tuple(row.tolist())
+        nonfinite = 0.0
+        if not math.isfinite(values[0]):  # a NaN or inf element makes the mean non-finite
+            finite = t.isfinite()
+            nonfinite = 1.0 - finite.float().mean().item()
+            t = t[finite]  # the histogram counts the finite elements only
+        lo, hi = self.hist_range
+        magnitudes = t.abs() if self.kind == "activation" else t.abs().log10()
+        hist = torch.histc(magnitudes.clamp(lo, hi), bins=self.bins, min=lo, max=hi)
+        self.steps.append(step)
+        self.values.append(values)
+        self.hists.append(hist)
+        self.nonfinite.append(nonfinite)
+
+    def column(self, name: str) -> torch.Tensor:
+        """One statistic (``"mean"``, ``"std"``, ``"zero"``, ``"dead"`` or ``"nonfinite"``) for every row."""
+        if name not in COLUMNS:
+            raise KeyError(f"unknown statistic {name!r}; choose one of {', '.join(COLUMNS)}")
+        if name == "nonfinite":
+            return torch.tensor(list(self.nonfinite))
+        return torch.tensor([v[COLUMNS.index(name)] for v in self.values])
+
+    def hist_image(self) -> torch.Tensor:
+        """The histograms as a ``(bins, rows)`` tensor: one column per step (bin 0 at row 0)."""
+        if not self.hists:
+            return torch.zeros(self.bins, 0)
+        return torch.stack(list(self.hists), dim=1)
+
+
+class LayerTable(dict):
+    """``{layer name: LayerStats}``; a missing name raises an error that says why it is missing:
+    ``untracked`` when given (this kind was not tracked), else the close matches of an unknown
+    layer, or that the layer was not chosen."""
+
+    def __init__(self, items: dict, model: nn.Module, untracked: str = ""):
+        super().__init__(items)
+        self._model = model
+        self._untracked = untracked
+
+    def __missing__(self, name):
+        if self._untracked:
+            raise KeyError(self._untracked)
+        get_layer(self._model, name)  # raises UnknownLayerError with close matches
+        raise KeyError(f"{name!r} is a layer of the model but was not chosen for tracking")
+
+
+def why_no_grad(output: torch.Tensor) -> str:
+    """Why a module's output gets no gradient (the note of an empty gradient row)."""
+    if not torch.is_grad_enabled():
+        return "the forward pass ran with gradients disabled (torch.no_grad / inference_mode)"
+    if not (output.is_floating_point() or output.is_complex()):
+        return f"the output ({output.dtype}) carries no gradient: only floating-point tensors do"
+    return ("the output does not require grad: no parameter or input before the layer requires grad "
+            "(call requires_grad_() on the input, or unfreeze a parameter)")
+
+
+def _whole(label: str, value, low: int, none_ok: bool = False) -> int | None:
+    """``value`` as an int >= ``low`` (or None where allowed), else a clear error."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{label} must be a whole number such as 40{' (or None)' if none_ok else ''}, not {value!r}")
+    if value < low:
+        raise ValueError(f"{label} must be at least {low}{' (or None to keep every step)' if none_ok else ''}, "
+                         f"not {value}")
+    return int(value)
+
+
+def _range(label: str, value) -> tuple[float, float]:
+    try:
+        lo, hi = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{label} must be two numbers (low, high), not {value!r}") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise ValueError(f"{label} must be two finite numbers (low, high) with low < high, not {(lo, hi)}")
+    return lo, hi
+
+
+def check_settings(bins, act_range, grad_range, keep_last) -> tuple:
+    """``track_stats``'s histogram and row settings, checked (clear errors) and normalised."""
+    bins = _whole("bins", bins, 1)
+    keep_last = _whole("keep_last", keep_last, 1, none_ok=True)
+    return bins, _range("act_range", act_range), _range("grad_range", grad_range), keep_last
