@@ -49,7 +49,15 @@ from torch.utils._pytree import tree_flatten
 from .cow import CopyOnWrite
 from .keep import Keeper
 from .layers import may_write_into_input, select_layers
-from .records import NoGradientError, Record, StaleRecordError, shape_of
+from .records import (
+    NOT_ASKED,
+    NoGradientError,
+    Record,
+    StaleRecordError,
+    hidden_inputs_note,
+    shape_of,
+    why_no_grad_output,
+)
 
 # Record and the two errors are defined in hooklab.records and re-exported here.
 __all__ = ["NoGradientError", "Record", "Recording", "StaleRecordError", "record"]
@@ -141,7 +149,7 @@ class Recording:
         if not (self.backward and torch.is_grad_enabled()):
             return None
         rec._grad_input = (None,) * len(args)
-        rec._grad_input_note = _hidden_inputs_note(name, args, kwargs)
+        rec._grad_input_note = hidden_inputs_note(name, args, kwargs)
         in_place = bool(getattr(module, "inplace", False))
         new_args, changed = list(args), False
         for i, a in enumerate(args):
@@ -174,7 +182,7 @@ class Recording:
         rec._output = self._keeper.keep(rec, output)
         self.records.append(rec)
         if not self.backward:
-            rec._no_grad_reason = _NOT_ASKED
+            rec._no_grad_reason = NOT_ASKED
             return
         if not torch.is_grad_enabled():
             rec._no_grad_reason = "the forward pass ran with gradients disabled (torch.no_grad / inference_mode)"
@@ -189,7 +197,7 @@ class Recording:
         rec._input_views = []
         outputs = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
         if not any(t.requires_grad for t in outputs):
-            rec._no_grad_reason = _why_output_needs_no_grad(output, outputs)
+            rec._no_grad_reason = why_no_grad_output(output, outputs)
             return
         if len(outputs) == 1 and outputs[0]._is_view():
             rec._output_was_view = True
@@ -248,31 +256,6 @@ class Recording:
             handle.remove()
         self._handles.clear()
         self._tensor_handles.clear()
-
-
-_NOT_ASKED = "this recording was made without backward=True: use record(..., backward=True) to record gradients"
-
-
-def _hidden_inputs_note(name: str, args: tuple, kwargs: dict) -> str | None:
-    """Why ``grad_input`` cannot hold every input gradient: tensors that need grad came inside a
-    list or dict, or as keyword arguments (``grad_input`` has one entry per positional tensor)."""
-    nested = [a for a in args if not isinstance(a, torch.Tensor) and isinstance(a, list | tuple | dict)]
-    for where, values in (("inside a list or dict", nested), ("as keyword arguments", [kwargs] if kwargs else [])):
-        if any(isinstance(t, torch.Tensor) and t.requires_grad for t in tree_flatten(values)[0]):
-            return (f"{name!r} received tensors that need grad {where}; grad_input holds gradients only for "
-                    "positional tensor arguments (record the layer that produces those tensors instead)")
-    return None
-
-
-def _why_output_needs_no_grad(output: Any, tensors: list[torch.Tensor]) -> str:
-    if not tensors:
-        return f"its output ({type(output).__name__}) holds no tensor, so no gradient can reach it"
-    if not any(t.is_floating_point() or t.is_complex() for t in tensors):
-        return f"its output ({tensors[0].dtype} tensor) carries no gradient: only floating-point tensors do"
-    return (
-        "its output does not require grad: no parameter or input before it requires grad "
-        "(call requires_grad_() on the input, or unfreeze a parameter)"
-    )
 
 
 def record(

@@ -11,7 +11,15 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["NoGradientError", "Record", "StaleRecordError", "shape_of"]
+__all__ = [
+    "NOT_ASKED",
+    "NoGradientError",
+    "Record",
+    "StaleRecordError",
+    "hidden_inputs_note",
+    "shape_of",
+    "why_no_grad_output",
+]
 
 
 class StaleRecordError(RuntimeError):
@@ -115,3 +123,31 @@ class Record:
     def __repr__(self) -> str:
         call = f", call={self.call}" if self.call else ""
         return f"Record({self.name!r}{call}, {self.module_type}, output {shape_of(self._output)})"
+
+
+# ----- why a record has no (trustworthy) gradient: set by hooklab.record while recording --------
+NOT_ASKED = "this recording was made without backward=True: use record(..., backward=True) to record gradients"
+
+
+def hidden_inputs_note(name: str, args: tuple, kwargs: dict) -> str | None:
+    """Why ``grad_input`` cannot hold every input gradient: tensors that need grad came inside a
+    list or dict, or as keyword arguments (``grad_input`` has one entry per positional tensor)."""
+    nested = [a for a in args if not isinstance(a, torch.Tensor) and isinstance(a, list | tuple | dict)]
+    for where, values in (("inside a list or dict", nested), ("as keyword arguments", [kwargs] if kwargs else [])):
+        if any(isinstance(t, torch.Tensor) and t.requires_grad for t in tree_flatten(values)[0]):
+            return (
+                f"{name!r} received tensors that need grad {where}; grad_input holds gradients only for "
+                "positional tensor arguments (record the layer that produces those tensors instead)"
+            )
+    return None
+
+
+def why_no_grad_output(output: Any, tensors: list[torch.Tensor]) -> str:
+    if not tensors:
+        return f"its output ({type(output).__name__}) holds no tensor, so no gradient can reach it"
+    if not any(t.is_floating_point() or t.is_complex() for t in tensors):
+        return f"its output ({tensors[0].dtype} tensor) carries no gradient: only floating-point tensors do"
+    return (
+        "its output does not require grad: no parameter or input before it requires grad "
+        "(call requires_grad_() on the input, or unfreeze a parameter)"
+    )
