@@ -1,18 +1,62 @@
-"""Shared test set-up: no plotting window, one thread, and no hook left behind by any test."""
+"""Shared test set-up: no plotting window, one thread, and no hook left behind by any test.
+
+The leak check after each test looks at every module and tensor that has ever had a hook
+registered (the registration methods are wrapped to note them) and at torch's global
+registries: that is cheap. A walk over every live object, which also finds hooks put into a
+module's dictionaries by hand, runs once at the end of each test file.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
+import weakref
 
 import matplotlib
 import pytest
 import torch
+from torch import nn
 
 matplotlib.use("Agg")
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from hooklab.audit import leftover_hooks  # noqa: E402
+from hooklab.audit import MODULE_HOOK_DICTS, global_hooks, leftover_hooks  # noqa: E402
+
+# by id, values held weakly (a WeakSet would compare tensors with ==)
+_HOOKED_MODULES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_HOOKED_TENSORS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _noting(method, seen: weakref.WeakValueDictionary):
+    @functools.wraps(method)
+    def register(self, *args, **kwargs):
+        seen[id(self)] = self
+        return method(self, *args, **kwargs)
+
+    return register
+
+
+_MODULE_REGISTRATIONS = [
+    name for name in dir(nn.Module) if "register" in name and "hook" in name and callable(getattr(nn.Module, name))
+]
+for _name in _MODULE_REGISTRATIONS:
+    setattr(nn.Module, _name, _noting(getattr(nn.Module, _name), _HOOKED_MODULES))
+for _name in ("register_hook", "register_post_accumulate_grad_hook"):
+    setattr(torch.Tensor, _name, _noting(getattr(torch.Tensor, _name), _HOOKED_TENSORS))
+
+
+def hooks_left_on_noted_objects() -> list[str]:
+    """The cheap check: hooks on every module or tensor that ever had one registered, and globals."""
+    found = []
+    for module in list(_HOOKED_MODULES.values()):
+        for attr in MODULE_HOOK_DICTS:
+            if getattr(module, attr, None):
+                found.append(f"{type(module).__name__}: {len(getattr(module, attr))} in {attr}")
+    for tensor in list(_HOOKED_TENSORS.values()):
+        if isinstance(tensor, nn.Parameter) and (tensor._backward_hooks or tensor._post_accumulate_grad_hooks):
+            found.append(f"a parameter of shape {tuple(tensor.shape)} has tensor hooks")
+    return found + global_hooks()
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -20,13 +64,19 @@ def no_hooks_at_the_start():
     assert leftover_hooks() == [], "hooks were registered before the first test"
 
 
-@pytest.fixture(autouse=True)
-def no_hooks_left_behind(no_hooks_at_the_start):
-    """Every test must remove every hook it (or the code it calls) registered, and leave no torch
-    function mode (``record``'s copy-on-write guard is one) active. (Checked after each test only:
-    the check walks every live object, and the test before has already been checked.)"""
+@pytest.fixture(autouse=True, scope="module")
+def no_hooks_left_in_the_file(no_hooks_at_the_start):
+    """The full walk over every live module, once per test file."""
     yield
-    left = leftover_hooks()
+    assert leftover_hooks() == [], "a test of this file left hooks behind"
+
+
+@pytest.fixture(autouse=True)
+def no_hooks_left_behind(no_hooks_left_in_the_file):
+    """Every test must remove every hook it (or the code it calls) registered, and leave no torch
+    function mode (``record``'s copy-on-write guard is one) active."""
+    yield
+    left = hooks_left_on_noted_objects()
     assert left == [], f"hooks left behind: {left}"
     assert torch._C._len_torch_function_stack() == 0, "a torch function mode was left active"
 

@@ -43,12 +43,19 @@ def test_a_parameter_hook_is_reported_once_however_many_modules_hold_the_paramet
 
 
 def test_fixture_would_catch_a_leak():
-    """The autouse fixture relies on leftover_hooks() seeing every live module."""
+    """The per-test check sees a hook on any module or parameter hooked through the API, and the
+    per-file walk (leftover_hooks) sees every live module."""
+    from conftest import hooks_left_on_noted_objects
+
     model = nn.Linear(1, 1)
     handle = model.register_forward_pre_hook(lambda *a: None)
+    tensor_handle = model.weight.register_post_accumulate_grad_hook(lambda p: None)
     assert any("Linear" in f for f in leftover_hooks())
+    assert any("Linear: 1 in _forward_pre_hooks" in f for f in hooks_left_on_noted_objects())
+    assert any("parameter of shape (1, 1)" in f for f in hooks_left_on_noted_objects())
     handle.remove()
-    assert leftover_hooks() == []
+    tensor_handle.remove()
+    assert leftover_hooks() == [] and hooks_left_on_noted_objects() == []
 
 
 @pytest.mark.parametrize("bad", ["fc3", "features.9"])
