@@ -9,25 +9,52 @@ import torch
 from hooklab.exercises import grade
 
 
-# ----- 03.1 ------------------------------------------------------------------------------------
-def gains_right(model, x):
-    gains, handles = {}, []
+def answer_with(attach, names=None, cleanup_in_finally=True):
+    """An answer to 03.1 or 03.3: ``attach(module, name, found, handles)`` hooks each chosen child
+    (default: every child) and returns the handle; then ``model(x).sum().backward()`` runs, every
+    handle is removed (in a ``finally``, unless told otherwise) and ``found`` is returned."""
 
-    def keep(name):
-        def hook(module, grad_input, grad_output):
+    def answer(model, x):
+        found, handles = {}, []
+
+        def run():
+            for name in names or [n for n, _ in model.named_children()]:
+                handles.append(attach(model.get_submodule(name), name, found, handles))
+            model(x).sum().backward()
+
+        if cleanup_in_finally:
+            try:
+                run()
+            finally:
+                for h in handles:
+                    h.remove()
+        else:
+            run()
+            for h in handles:
+                h.remove()
+        return found
+
+    return answer
+
+
+# ----- 03.1 ------------------------------------------------------------------------------------
+def gain_hook(register="register_full_backward_hook", returned=None):
+    """Attach a backward hook keeping |grad_input[0]| / |grad_output[0]|, or returning ``returned(gi, go)``."""
+
+    def attach(module, name, gains, handles):
+        def hook(m, grad_input, grad_output):
+            if returned is not None:
+                return returned(grad_input, grad_output)
             if grad_input[0] is not None:
                 gains[name] = (grad_input[0].norm() / grad_output[0].norm()).item()
+            return None
 
-        return hook
+        return getattr(module, register)(hook)
 
-    try:
-        for name, module in model.named_children():
-            handles.append(module.register_full_backward_hook(keep(name)))
-        model(x).sum().backward()
-    finally:
-        for h in handles:
-            h.remove()
-    return gains
+    return attach
+
+
+gains_right = answer_with(gain_hook())
 
 
 def test_03_1_accepts_right_answer():
@@ -55,17 +82,16 @@ def test_03_1_rejects_a_wrong_gain():
     assert not outcome.passed and "layer '4'" in outcome.detail
 
 
-def test_03_1_explains_a_hook_that_returns_a_value():
-    def lambda_hooks(model, x):
-        handles = [m.register_full_backward_hook(lambda m, gi, go: (gi, go)) for m in model.children()]
-        try:
-            model(x).sum().backward()
-        finally:
-            for h in handles:
-                h.remove()
-
-    outcome = grade("03.1", lambda_hooks)
-    assert not outcome.passed and "return None" in outcome.detail
+def test_03_1_explains_hooks_that_return_a_value():
+    returns = (
+        lambda gi, go: (gi, go),
+        lambda gi, go: gi[0].norm() / go[0].norm(),
+        lambda gi, go: 1.0,
+        lambda gi, go: go,
+    )
+    for returned in returns:
+        outcome = grade("03.1", answer_with(gain_hook(returned=returned)))
+        assert not outcome.passed and "return None" in outcome.detail, outcome.detail
 
 
 def test_03_1_rejects_hooks_left_behind():
@@ -78,57 +104,15 @@ def test_03_1_rejects_hooks_left_behind():
     assert not outcome.passed and "still registered" in outcome.detail
 
 
-def test_03_1_explains_hooks_that_return_a_scalar_or_grad_output():
-    for returned in (lambda gi, go: gi[0].norm() / go[0].norm(), lambda gi, go: 1.0, lambda gi, go: go):
-        def answer(model, x, returned=returned):
-            handles = [m.register_full_backward_hook(lambda m, gi, go: returned(gi, go)) for m in model.children()]
-            try:
-                model(x).sum().backward()
-            finally:
-                for h in handles:
-                    h.remove()
-
-        outcome = grade("03.1", answer)
-        assert not outcome.passed and "return None" in outcome.detail, outcome.detail
-
-
 def test_03_1_rejects_hooks_left_behind_when_forward_raises():
-    def no_finally(model, x):
-        gains, handles = {}, []
-        for name, module in model.named_children():
-            def hook(module, gi, go, name=name):
-                if gi[0] is not None:
-                    gains[name] = (gi[0].norm() / go[0].norm()).item()
-
-            handles.append(module.register_full_backward_hook(hook))
-        model(x).sum().backward()
-        for h in handles:
-            h.remove()
-        return gains
-
-    outcome = grade("03.1", no_finally)
+    outcome = grade("03.1", answer_with(gain_hook(), cleanup_in_finally=False))
     assert not outcome.passed and "finally" in outcome.detail
 
 
 def test_03_1_rejects_the_legacy_backward_hook():
-    def legacy(model, x):
-        gains, handles = {}, []
-        try:
-            for name, module in model.named_children():
-                def hook(module, gi, go, name=name):
-                    if gi[0] is not None:
-                        gains[name] = (gi[0].norm() / go[0].norm()).item()
-
-                handles.append(module.register_backward_hook(hook))
-            model(x).sum().backward()
-        finally:
-            for h in handles:
-                h.remove()
-        return gains
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # the deprecation warning of the student's own call
-        outcome = grade("03.1", legacy)
+        outcome = grade("03.1", answer_with(gain_hook("register_backward_hook")))
     assert not outcome.passed and "deprecated" in outcome.detail
 
 
@@ -153,65 +137,50 @@ def test_03_2_rejects_no_clipping():
 
 
 # ----- 03.3 ------------------------------------------------------------------------------------
-def relu_grads(model, x, hook_kind):
-    """Tensor hooks on each ReLU's input, registered in a forward pre-hook or (wrong) a forward hook."""
-    grads, handles = {}, []
+RELUS = ("relu1", "relu2")
 
-    def keep(name):
-        def register(module, args, *output):
+
+def input_grad_hook(kind="pre_hook", as_lambda=False):
+    """Attach a forward pre-hook (or, wrong, a forward hook) that puts a tensor hook on the input;
+    ``as_lambda``: a pre-hook lambda that returns the tensor hook's handle."""
+
+    def attach(module, name, grads, handles):
+        if as_lambda:
+            return module.register_forward_pre_hook(
+                lambda m, args: args[0].register_hook(lambda g: grads.__setitem__(name, g))
+            )
+
+        def register(m, args, *output):
             handles.append(args[0].register_hook(lambda g: grads.__setitem__(name, g)))
 
-        return register
+        return getattr(module, f"register_forward_{kind}")(register)
 
-    try:
-        for name in ("relu1", "relu2"):
-            module = model.get_submodule(name)
-            register = getattr(module, f"register_forward_{hook_kind}")
-            handles.append(register(keep(name)))
-        model(x).sum().backward()
-    finally:
-        for h in handles:
-            h.remove()
-    return grads
+    return attach
+
+
+def grad_input_hook(register):
+    """Attach a backward hook of the given kind that keeps grad_input[0]."""
+    return lambda module, name, grads, handles: getattr(module, register)(
+        lambda m, gi, go: grads.__setitem__(name, gi[0])
+    )
+
+
+relu_grads_right = answer_with(input_grad_hook(), names=RELUS)
 
 
 def test_03_3_accepts_pre_hooks_rejects_forward_hooks():
-    assert grade("03.3", lambda model, x: relu_grads(model, x, "pre_hook")).passed
-    outcome = grade("03.3", lambda model, x: relu_grads(model, x, "hook"))
+    assert grade("03.3", relu_grads_right).passed
+    outcome = grade("03.3", answer_with(input_grad_hook("hook"), names=RELUS))
     assert not outcome.passed and "dL/d(ReLU output)" in outcome.detail and "pre-hook" in outcome.detail
 
 
 def test_03_3_explains_a_pre_hook_that_returns_the_handle():
-    def lambda_pre_hooks(model, x):
-        grads, handles = {}, []
-        try:
-            for name in ("relu1", "relu2"):
-                handles.append(model.get_submodule(name).register_forward_pre_hook(
-                    lambda m, args, name=name: args[0].register_hook(lambda g: grads.__setitem__(name, g))))
-            model(x).sum().backward()
-        finally:
-            for h in handles:
-                h.remove()
-        return grads
-
-    outcome = grade("03.3", lambda_pre_hooks)
+    outcome = grade("03.3", answer_with(input_grad_hook(as_lambda=True), names=RELUS))
     assert not outcome.passed and "return None" in outcome.detail
 
 
 def test_03_3_explains_why_full_backward_hooks_fail():
-    def full_hooks(model, x):
-        grads, handles = {}, []
-        try:
-            for name in ("relu1", "relu2"):
-                handles.append(model.get_submodule(name).register_full_backward_hook(
-                    lambda m, gi, go, name=name: grads.__setitem__(name, gi[0])))
-            model(x).sum().backward()
-        finally:
-            for h in handles:
-                h.remove()
-        return grads
-
-    outcome = grade("03.3", full_hooks)
+    outcome = grade("03.3", answer_with(grad_input_hook("register_full_backward_hook"), names=RELUS))
     assert not outcome.passed and "in place" in outcome.detail
 
 
@@ -221,49 +190,19 @@ def test_03_3_rejects_wrong_keys():
 
 
 def test_03_3_rejects_zeros_of_the_right_shape():
-    def zeros(model, x):
-        right = relu_grads(model, x, "pre_hook")
-        return {name: torch.zeros_like(g) for name, g in right.items()}
-
-    outcome = grade("03.3", zeros)
+    outcome = grade(
+        "03.3", lambda model, x: {name: torch.zeros_like(g) for name, g in relu_grads_right(model, x).items()}
+    )
     assert not outcome.passed and "relu1" in outcome.detail
 
 
 def test_03_3_rejects_the_legacy_backward_hook():
-    def legacy(model, x):
-        grads, handles = {}, []
-        try:
-            for name in ("relu1", "relu2"):
-                handles.append(model.get_submodule(name).register_backward_hook(
-                    lambda m, gi, go, name=name: grads.__setitem__(name, gi[0])))
-            model(x).sum().backward()
-        finally:
-            for h in handles:
-                h.remove()
-        return grads
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        outcome = grade("03.3", legacy)
+        outcome = grade("03.3", answer_with(grad_input_hook("register_backward_hook"), names=RELUS))
     assert not outcome.passed and "deprecated" in outcome.detail
 
 
 def test_03_3_rejects_hooks_left_behind_when_forward_raises():
-    def no_finally(model, x):
-        grads, handles = {}, []
-
-        def keep(name):
-            def pre_hook(module, args):
-                handles.append(args[0].register_hook(lambda g: grads.__setitem__(name, g)))
-
-            return pre_hook
-
-        for name in ("relu1", "relu2"):
-            handles.append(model.get_submodule(name).register_forward_pre_hook(keep(name)))
-        model(x).sum().backward()
-        for h in handles:
-            h.remove()
-        return grads
-
-    outcome = grade("03.3", no_finally)
+    outcome = grade("03.3", answer_with(input_grad_hook(), names=RELUS, cleanup_in_finally=False))
     assert not outcome.passed and "finally" in outcome.detail
