@@ -32,6 +32,19 @@ def no_open_figures():
     plt.close("all")
 
 
+def every_entry_point_raises(model, images, layer, error, message):
+    """Grad-CAM, guided Grad-CAM, the explorer and guided backprop all refuse ``images`` alike."""
+    for call in (
+        lambda: grad_cam(model, images, layer),
+        lambda: guided_grad_cam(model, images, layer),
+        lambda: LayerExplorer(model, images),
+    ):
+        with pytest.raises(error, match=message):
+            call()
+    with GuidedBackprop(model) as gb, pytest.raises(error, match=message):
+        gb.saliency(images)
+
+
 class _SideBranch(nn.Module):
     """A convolution whose output the score never uses."""
 
@@ -133,15 +146,7 @@ def test_4_picker_class_slider_follows_the_number_of_class_scores(x):
     (lambda x: x[0, 0].tolist(), TypeError, "got list"),
 ])
 def test_5_image_shape_and_dtype_are_checked_at_every_entry_point(model, x, images, error, message):
-    bad = images(x)
-    with pytest.raises(error, match=message):
-        grad_cam(model, bad, "features.6")
-    with pytest.raises(error, match=message):
-        guided_grad_cam(model, bad, "features.6")
-    with pytest.raises(error, match=message):
-        LayerExplorer(model, bad)
-    with GuidedBackprop(model) as gb, pytest.raises(error, match=message):
-        gb.saliency(bad)
+    every_entry_point_raises(model, images(x), "features.6", error, message)
 
 
 def test_6_gradients_are_computed_under_no_grad_and_refused_under_inference_mode(model, x):
@@ -214,12 +219,7 @@ class _Returns(nn.Module):
 def test_10_the_model_must_return_class_scores(x, kind, got):
     model = _Returns(kind).eval()
     message = rf"must return an \(N, classes\) tensor of scores; for \d images it {got}"
-    with pytest.raises(ValueError, match=message):
-        grad_cam(model, x, "conv")
-    with pytest.raises(ValueError, match=message):
-        LayerExplorer(model, x)
-    with GuidedBackprop(model) as gb, pytest.raises(ValueError, match=message):
-        gb.saliency(x)
+    every_entry_point_raises(model, x, "conv", ValueError, message)
 
 
 def test_11_picker_checks_its_arguments_when_built(model, x):
