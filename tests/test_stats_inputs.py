@@ -103,7 +103,7 @@ def test_missing_gradients_give_the_reason():
     model.requires_grad_(False)
     with track_stats(model, grads=True) as stats:
         model(torch.randn(2, 4)).sum()
-    assert "no parameter or input before the layer requires grad" in stats.summary("gradient")
+    assert "no parameter or input before it requires grad" in stats.summary("gradient")
     model.requires_grad_(True)
     with track_stats(model, grads=True) as stats:
         model(torch.randn(2, 4)).sum()  # no backward()

@@ -21,7 +21,6 @@ from torch import nn
 
 from .cam import guided_grad_cam_parts
 from .checks import check_index, check_inputs, class_scores, drawn
-from .layers import get_layer
 from .plots import draw_signed
 from .record import record
 from .widgets import Panel, describe_tensor, show_in_output
@@ -83,8 +82,6 @@ class GradCamPicker:
             raise ValueError(f"labels must hold one class label per image: got {got} for {len(images)} images")
         if isinstance(layers, str) or not layers:
             raise ValueError(f"layers must be a non-empty list of layer names, not {layers!r}")
-        for name in layers:
-            get_layer(model, name)  # an unknown name fails now, listing close matches
         self.model, self.images, self.labels, self.layers = model, images, labels, list(layers)
         with record(model, self.layers) as rec, torch.no_grad():
             scores = class_scores(model(images), len(images))

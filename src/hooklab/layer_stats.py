@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from .layers import get_layer
+from .records import why_no_grad_output
 
 __all__ = ["COLUMNS", "LayerStats", "LayerTable", "check_settings", "why_no_grad"]
 
@@ -106,12 +107,7 @@ class LayerTable(dict):
 
 def why_no_grad(output: torch.Tensor) -> str:
     """Why a module's output gets no gradient (the note of an empty gradient row)."""
-    if not torch.is_grad_enabled():
-        return "the forward pass ran with gradients disabled (torch.no_grad / inference_mode)"
-    if not (output.is_floating_point() or output.is_complex()):
-        return f"the output ({output.dtype}) carries no gradient: only floating-point tensors do"
-    return ("the output does not require grad: no parameter or input before the layer requires grad "
-            "(call requires_grad_() on the input, or unfreeze a parameter)")
+    return why_no_grad_output(output, [output])
 
 
 def _whole(label: str, value, low: int, none_ok: bool = False) -> int | None:

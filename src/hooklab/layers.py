@@ -7,6 +7,7 @@ Introduced in notebook 00; every recorder and explorer of the course uses it.
 from __future__ import annotations
 
 import difflib
+import functools
 from collections.abc import Iterable
 
 from torch import nn
@@ -154,15 +155,10 @@ PURE_LAYERS = (
 )
 
 
+@functools.cache
 def is_pure(kind: type) -> bool:
     """Whether modules of this type are among (or derive from) ``PURE_LAYERS``."""
-    pure = _PURE.get(kind)
-    if pure is None:
-        pure = _PURE[kind] = issubclass(kind, PURE_LAYERS)
-    return pure
-
-
-_PURE: dict[type, bool] = {}
+    return issubclass(kind, PURE_LAYERS)
 
 
 def may_write_into_input(module: nn.Module) -> bool:

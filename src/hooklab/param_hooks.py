@@ -94,7 +94,7 @@ class ParamHooks:
         try:
             for name, p in self.params.items():
                 if self.when == "grad":
-                    handle = p.register_hook(_bind(self.hook, name, p))
+                    handle = p.register_hook(_bind(self.hook, name))
                 else:
                     handle = p.register_post_accumulate_grad_hook(_bind_accumulated(self.hook, name))
                 self.handles.append(handle)
@@ -116,7 +116,7 @@ class ParamHooks:
         self.remove()
 
 
-def _bind(hook: Callable, name: str, param: torch.Tensor) -> Callable:
+def _bind(hook: Callable, name: str) -> Callable:
     # a function per parameter, so each hook knows its name (no late-binding closure bug)
     def bound(grad):
         new = hook(name, grad)

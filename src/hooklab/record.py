@@ -50,6 +50,7 @@ from .cow import CopyOnWrite
 from .keep import Keeper
 from .layers import may_write_into_input, select_layers
 from .records import (
+    GRAD_MODE_OFF,
     NOT_ASKED,
     NoGradientError,
     Record,
@@ -126,25 +127,28 @@ class Recording:
 
     # ----- hooks ---------------------------------------------------------------------------
     def _pre_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict):
-        if self._mode is None:
-            return self._start_record(name, module, args, kwargs)
-        with torch._C.DisableTorchFunction():  # the hook writes nothing: keep the guard out of it
-            return self._start_record(name, module, args, kwargs)
+        return self._unguarded(self._start_record, name, module, args, kwargs)
 
     def _forward_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        if self._mode is None:
-            self._finish_record(name, module, args, kwargs, output)
-            return
-        with torch._C.DisableTorchFunction():
-            self._finish_record(name, module, args, kwargs, output)
+        self._unguarded(self._finish_record, name, module, args, kwargs, output)
 
-    def _start_record(self, name: str, module: nn.Module, args: tuple, kwargs: dict):
-        # The record starts before the module runs, so that its inputs are kept as they came in:
-        # a module working in place (ReLU(inplace=True)) would otherwise show its result as input.
+    def _unguarded(self, step, *args):
+        if self._mode is None:
+            return step(*args)
+        with torch._C.DisableTorchFunction():  # the hooks write nothing: keep the guard out of them
+            return step(*args)
+
+    def _new_record(self, name: str, module: nn.Module, args: tuple, kwargs: dict) -> Record:
         rec = Record(name, type(module).__name__, call=-1, index=-1)
         rec._inputs = self._keeper.keep(rec, tuple(args))
         if kwargs:
             rec._kwargs = self._keeper.keep(rec, kwargs)
+        return rec
+
+    def _start_record(self, name: str, module: nn.Module, args: tuple, kwargs: dict):
+        # The record starts before the module runs, so that its inputs are kept as they came in:
+        # a module working in place (ReLU(inplace=True)) would otherwise show its result as input.
+        rec = self._new_record(name, module, args, kwargs)
         self._started.setdefault(name, []).append(rec)
         if not (self.backward and torch.is_grad_enabled()):
             return None
@@ -172,10 +176,7 @@ class Recording:
         if started:
             rec = started.pop()
         else:  # no pre-hook on this module (see may_write_into_input), or it was added mid-forward
-            rec = Record(name, type(module).__name__, call=-1, index=-1)
-            rec._inputs = self._keeper.keep(rec, tuple(args))
-            if kwargs:
-                rec._kwargs = self._keeper.keep(rec, kwargs)
+            rec = self._new_record(name, module, args, kwargs)
         rec.call = self._calls.get(name, 0)
         self._calls[name] = rec.call + 1
         rec.index = len(self.records)
@@ -185,7 +186,7 @@ class Recording:
             rec._no_grad_reason = NOT_ASKED
             return
         if not torch.is_grad_enabled():
-            rec._no_grad_reason = "the forward pass ran with gradients disabled (torch.no_grad / inference_mode)"
+            rec._no_grad_reason = GRAD_MODE_OFF
             return
         for view, version in rec._input_views:
             if view._version != version:

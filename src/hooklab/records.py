@@ -12,6 +12,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 __all__ = [
+    "GRAD_MODE_OFF",
     "NOT_ASKED",
     "NoGradientError",
     "Record",
@@ -142,7 +143,13 @@ def hidden_inputs_note(name: str, args: tuple, kwargs: dict) -> str | None:
     return None
 
 
+GRAD_MODE_OFF = "the forward pass ran with gradients disabled (torch.no_grad / inference_mode)"
+
+
 def why_no_grad_output(output: Any, tensors: list[torch.Tensor]) -> str:
+    """Why no gradient can reach a module whose output (its tensors: ``tensors``) needs no grad."""
+    if not torch.is_grad_enabled():
+        return GRAD_MODE_OFF
     if not tensors:
         return f"its output ({type(output).__name__}) holds no tensor, so no gradient can reach it"
     if not any(t.is_floating_point() or t.is_complex() for t in tensors):

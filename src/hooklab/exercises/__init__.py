@@ -62,19 +62,18 @@ def _guarded(checker: Callable[[object], Outcome]) -> Callable[[object], Outcome
     def run(answer: object) -> Outcome:
         import torch
 
-        from ..audit import global_hooks, global_snapshot, remove_added_globals
+        from ..audit import clear_global_hooks, global_hooks
 
         left = global_hooks()
         if left:
             return Outcome(False, f"something global from earlier code is still active ({'; '.join(left)}): "
                                   "remove it with its handle's .remove() (or exit its with block); if the handle "
                                   "is lost, hooklab.audit.clear_global_hooks() removes it, then check again")
-        before = global_snapshot()
         try:
             with torch.random.fork_rng():
                 outcome = checker(answer)
         finally:
-            removed = remove_added_globals(before)
+            removed = clear_global_hooks()  # nothing was active before: all of it is the answer's
         if removed:
             return Outcome(False, f"your answer left something global active ({'; '.join(removed)}); the check "
                                   "removed it: remove global hooks (and exit with blocks) in a finally block")
