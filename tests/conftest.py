@@ -18,6 +18,8 @@ import torch
 from torch import nn
 
 matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -74,11 +76,18 @@ def no_hooks_left_in_the_file(no_hooks_at_the_start):
 @pytest.fixture(autouse=True)
 def no_hooks_left_behind(no_hooks_left_in_the_file):
     """Every test must remove every hook it (or the code it calls) registered, and leave no torch
-    function mode (``record``'s copy-on-write guard is one) active."""
+    function mode (``record``'s copy-on-write guard is one) active: ``global_hooks`` reports those."""
     yield
     left = hooks_left_on_noted_objects()
     assert left == [], f"hooks left behind: {left}"
-    assert torch._C._len_torch_function_stack() == 0, "a torch function mode was left active"
+
+
+@pytest.fixture(autouse=True)
+def no_open_figures():
+    """Every test starts and ends with no pyplot figure open."""
+    plt.close("all")
+    yield
+    plt.close("all")
 
 
 @pytest.fixture(autouse=True)

@@ -25,13 +25,6 @@ def x():
     return torch.rand(4, 1, 8, 8, generator=torch.Generator().manual_seed(4))
 
 
-@pytest.fixture(autouse=True)
-def no_open_figures():
-    plt.close("all")
-    yield
-    plt.close("all")
-
-
 def every_entry_point_raises(model, images, layer, error, message):
     """Grad-CAM, guided Grad-CAM, the explorer and guided backprop all refuse ``images`` alike."""
     for call in (

@@ -38,8 +38,6 @@ def test_checking_leaves_the_students_random_stream_as_it_was(id):
     assert torch.equal(torch.rand(3), expected)
 
 
-
-
 def test_grade_returns_the_outcome_that_check_prints(capsys):
     def counter(module):
         calls = []

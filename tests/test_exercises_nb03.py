@@ -206,3 +206,11 @@ def test_03_3_rejects_the_legacy_backward_hook():
 def test_03_3_rejects_hooks_left_behind_when_forward_raises():
     outcome = grade("03.3", answer_with(input_grad_hook(), names=RELUS, cleanup_in_finally=False))
     assert not outcome.passed and "finally" in outcome.detail
+
+
+def test_03_2_says_when_no_handle_was_returned():
+    for returned in (True, None):
+        outcome = grade(
+            "03.2", lambda module, limit, r=returned: module.register_full_backward_pre_hook(lambda m, go: None) and r
+        )
+        assert not outcome.passed and "must return the handle" in outcome.detail, outcome.detail

@@ -14,12 +14,6 @@ from hooklab import record
 from hooklab.plots import feature_grid, tile_channels
 
 
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
-
-
 def test_tiles_are_scaled_per_channel_and_placed_row_by_row():
     maps = torch.stack([torch.arange(6.0).reshape(2, 3) * (k + 1) - k for k in range(5)])  # (5, 2, 3)
     grid = tile_channels(maps, channels=None, ncols=2, pad=1)

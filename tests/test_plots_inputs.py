@@ -12,13 +12,6 @@ from hooklab.plots import draw_signed, feature_grid, tile_channels
 NAN = float("nan")
 
 
-@pytest.fixture(autouse=True)
-def close_figures():
-    plt.close("all")
-    yield
-    plt.close("all")
-
-
 @pytest.mark.parametrize("signed", [False, True])
 def test_non_finite_values_stay_blank_and_do_not_set_the_scale(signed):
     maps = torch.stack([torch.full((2, 2), NAN), torch.tensor([[NAN, 0.0], [float("inf"), 2.0]])])

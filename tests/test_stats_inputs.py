@@ -17,13 +17,6 @@ def small_net() -> nn.Sequential:
     return nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 3))
 
 
-@pytest.fixture(autouse=True)
-def close_figures():
-    plt.close("all")
-    yield
-    plt.close("all")
-
-
 def test_entering_the_same_tracker_twice_raises_and_keeps_the_counts():
     model = small_net()
     x = torch.randn(2, 4)

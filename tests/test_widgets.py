@@ -31,12 +31,6 @@ def explorer(model, x):
     return LayerExplorer(model, x)
 
 
-@pytest.fixture(autouse=True)
-def close_figures():
-    yield
-    plt.close("all")
-
-
 def test_layers_and_values_match_a_hand_split_forward_pass(explorer, model, x):
     # head.0 (global average pool) gives 1×1 maps and is left out
     assert explorer.layers == [f"features.{i}" for i in range(7)]

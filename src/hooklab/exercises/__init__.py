@@ -22,7 +22,18 @@ import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Exercise", "Outcome", "check", "compare_tensors", "exercise", "exercises", "grade", "is_handle"]
+__all__ = [
+    "Exercise",
+    "Outcome",
+    "check",
+    "compare_tensors",
+    "exercise",
+    "exercises",
+    "grade",
+    "hooks_left_when_raising",
+    "is_handle",
+    "not_a_handle",
+]
 
 
 @dataclass(frozen=True)
@@ -127,6 +138,35 @@ def is_handle(value: object) -> bool:
     from torch.utils.hooks import RemovableHandle
 
     return isinstance(value, RemovableHandle)
+
+
+def not_a_handle(value: object, what: str, *modules) -> Outcome | None:
+    """A failed Outcome when ``what`` returned something other than a hook handle (whatever it
+    registered on ``modules`` is dropped), else None."""
+    if is_handle(value):
+        return None
+    if modules:
+        from ..audit import clear_hooks
+
+        clear_hooks(*modules)
+    kind = "None (missing return?)" if value is None else type(value).__name__
+    return Outcome(False, f"{what} must return the handle whose remove() takes your hook out, got {kind}")
+
+
+def hooks_left_when_raising(call: Callable[[], object], *modules) -> Outcome | None:
+    """Run ``call()``, which makes the answer run a forward pass that raises, and fail if a hook was
+    then left on ``modules`` (it is dropped): hooks belong in a ``finally`` block."""
+    from ..audit import clear_hooks
+
+    try:
+        call()
+    except Exception:  # expected: the point is what the answer leaves behind
+        pass
+    left = clear_hooks(*modules)
+    if left:
+        return Outcome(False, f"when the forward pass raised, your hook stayed registered ({left[0]}): remove "
+                              "hooks in a `finally:` block")
+    return None
 
 
 def compare_tensors(got, expected, atol: float = 1e-6, rtol: float = 1e-5) -> Outcome:

@@ -9,17 +9,11 @@ import torch
 from torch import nn
 
 from ..audit import clear_hooks
-from . import Outcome, compare_tensors, exercise, is_handle
+from . import Outcome, compare_tensors, exercise, is_handle, not_a_handle
 
 
 def _kind(value: object) -> str:
     return "None (missing return?)" if value is None else type(value).__name__
-
-
-def _not_a_handle(handle, what: str) -> Outcome | None:
-    if not is_handle(handle):
-        return Outcome(False, f"{what} must return the handle whose remove() takes your hook out, got {_kind(handle)}")
-    return None
 
 
 def _rounded(t: object) -> list | None:
@@ -35,7 +29,7 @@ def _clamp(clamp_grad) -> Outcome:
         t = torch.zeros(4, requires_grad=True)
         u = torch.zeros(4, requires_grad=True)  # t + u hands the very same gradient tensor to t and u
         handle = clamp_grad(t, limit)
-        bad = _not_a_handle(handle, "clamp_grad")
+        bad = not_a_handle(handle, "clamp_grad")
         if bad:
             return bad
         try:
@@ -79,7 +73,7 @@ def _node_prehook(double_into) -> Outcome:
     watcher = b.grad_fn.register_hook(lambda grad_inputs, grad_outputs: arrived.append(grad_outputs[0].clone()))
     try:
         handle = double_into(b.grad_fn)
-        bad = _not_a_handle(handle, "double_into")
+        bad = not_a_handle(handle, "double_into")
         if bad:
             return bad
         loss.backward(retain_graph=True)

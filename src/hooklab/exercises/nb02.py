@@ -10,7 +10,7 @@ from ..audit import clear_hooks
 from ..layers import layer_names
 from ..models import SeedConvNet
 from ..record import record
-from . import Outcome, compare_tensors, exercise, is_handle
+from . import Outcome, compare_tensors, exercise, hooks_left_when_raising, is_handle
 
 
 class _Block(nn.Module):
@@ -55,15 +55,9 @@ def _execution_order(execution_order) -> Outcome:
         return Outcome(False, "use the names from named_modules(), like '1.fc'")
     if got == expected:
         broken = nn.Sequential(nn.Linear(3, 4), nn.Linear(5, 2))  # its second layer gets the wrong width
-        try:
-            execution_order(broken, x)
-        except Exception:  # the forward is meant to raise; only the hooks left behind matter
-            pass
-        finally:
-            left = clear_hooks(broken)
-        if left:
-            return Outcome(False, f"hooks were left registered when the forward raised: {left[0]} "
-                                  "(remove them in a finally block)")
+        failed = hooks_left_when_raising(lambda: execution_order(broken, x), broken)
+        if failed:
+            return failed
         return Outcome(True, f"{len(expected)} calls in the right order, no hook left behind (also on an error)")
     if sorted(got) == sorted(expected):
         return Outcome(False, "the right calls in the wrong order: a container's forward hook fires after its children")

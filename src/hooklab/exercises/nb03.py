@@ -10,7 +10,7 @@ from torch import nn
 
 from ..audit import clear_hooks
 from ..models import SeedConvNet
-from . import Outcome, compare_tensors, exercise
+from . import Outcome, compare_tensors, exercise, hooks_left_when_raising, not_a_handle
 
 
 def _first_failure(*outcomes: tuple[str, Outcome]) -> Outcome | None:
@@ -59,18 +59,6 @@ def _used_legacy_hook(*modules: nn.Module) -> bool:
     return any(getattr(m, "_is_full_backward_hook", None) is False for m in modules)
 
 
-def _hooks_removed_on_error(answer, model: nn.Module, bad_input: torch.Tensor) -> Outcome | None:
-    """Call ``answer`` with an input the model cannot take: it must raise and leave no hook behind."""
-    try:
-        answer(model, bad_input)
-    except Exception:  # expected: the input has the wrong shape
-        pass
-    if clear_hooks(model):
-        return Outcome(False, f"with an input of the wrong shape {tuple(bad_input.shape)}, the forward pass raised "
-                              "and your hooks stayed on the model: remove them in a `finally:` block")
-    return None
-
-
 @exercise("03.1", "how much each layer scales the gradient")
 def _gains(gradient_gains) -> Outcome:
     """``gradient_gains(model, x)`` puts a full backward hook on every child of ``model``, runs
@@ -112,7 +100,7 @@ def _gains(gradient_gains) -> Outcome:
     if list(got) != list(expected):
         return Outcome(False, f"the gains are right, but list them in the order the hooks ran: {list(expected)}, "
                               f"not {list(got)} (backward reaches the last layer first)")
-    failed = _hooks_removed_on_error(gradient_gains, model, torch.randn(5, 7))
+    failed = hooks_left_when_raising(lambda: gradient_gains(model, torch.randn(5, 7)), model)
     if failed is not None:
         return failed
     loudest = max(expected, key=expected.get)
@@ -129,11 +117,13 @@ def _clip(clip_grad_output) -> Outcome:
     x = torch.randn(4, 3, requires_grad=True)
     upstream = torch.tensor([[5.0, -0.1], [-3.0, 0.2], [0.4, 9.0], [-0.3, -7.0]])
     handle = clip_grad_output(layer, 0.5)
+    failed = not_a_handle(handle, "clip_grad_output", layer)
+    if failed:
+        return failed
     try:
         layer(x).backward(upstream)
     finally:
-        if handle is not None:
-            handle.remove()
+        handle.remove()
     if clear_hooks(layer):
         return Outcome(False, "removing the returned handle left a hook behind: return the hook's handle")
     clipped = upstream.clamp(-0.5, 0.5)
@@ -193,7 +183,7 @@ def _in_place(relu_grad_inputs) -> Outcome:
                                   "autograd.grad on the kept tensor); register a tensor hook in a forward "
                                   "pre-hook, before the ReLU runs")
         return Outcome(False, f"{name}: {outcome.detail}")
-    failed = _hooks_removed_on_error(relu_grad_inputs, model, torch.randn(2, 3, 6, 6))
+    failed = hooks_left_when_raising(lambda: relu_grad_inputs(model, torch.randn(2, 3, 6, 6)), model)
     if failed is not None:
         return failed
     return Outcome(True, "both gradients match autograd on the same network without in-place ReLUs")

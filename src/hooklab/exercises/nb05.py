@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
 
 import torch
@@ -10,7 +9,7 @@ from torch import nn
 
 from ..audit import clear_hooks
 from ..models import DigitsCNN
-from . import Outcome, compare_tensors, exercise
+from . import Outcome, compare_tensors, exercise, hooks_left_when_raising
 
 
 def _images(seed: int, n: int = 3) -> torch.Tensor:
@@ -243,11 +242,10 @@ def _dead_channels(dead_channels) -> Outcome:
             return Outcome(False, "these channels are zero somewhere in every image; dead means zero at every "
                                   "position")
         return Outcome(False, f"got channels {got}; a dead channel is zero for every image and every position")
-    with contextlib.suppress(Exception):
-        dead_channels(model, "features.1", torch.zeros(1, 3, 8, 8))  # 3 input channels: the model raises
-    left = clear_hooks(model)
-    if left:
-        return Outcome(False, f"when the forward pass raised, a hook was left registered ({left[0]}): remove it "
-                              "in a finally block")
+    failed = hooks_left_when_raising(  # 3 input channels: the model raises
+        lambda: dead_channels(model, "features.1", torch.zeros(1, 3, 8, 8)), model
+    )
+    if failed:
+        return failed
     return Outcome(True, f"channels {expected} of features.1 are dead; one pass without gradients; no hook left "
                          "behind, also when the pass raised")
