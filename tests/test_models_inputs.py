@@ -46,7 +46,7 @@ def test_flatten_head_needs_8x8_and_gap_head_takes_other_sizes():
 
 def test_training_and_accuracy_refuse_empty_or_zero_sized_input():
     model = DigitsCNN()
-    with pytest.raises(ValueError, match="batch_size must be a whole number >= 1, not 0"):
+    with pytest.raises(ValueError, match="batch_size must be at least 1, not 0"):
         train_digits(model, batch_size=0, progress=False)
     with pytest.raises(TypeError, match="epochs must be a whole number"):
         train_digits(model, epochs=1.5, progress=False)

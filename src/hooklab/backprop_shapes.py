@@ -11,8 +11,17 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["check_conv2d", "check_dout", "check_dropout", "check_flatten", "check_layer_norm", "check_linear",
-           "pair", "pooled_size"]
+__all__ = [
+    "check_conv2d",
+    "check_dout",
+    "check_dropout",
+    "check_flatten",
+    "check_layer_norm",
+    "check_linear",
+    "pair",
+    "pooled_size",
+    "same_padding",
+]
 
 
 def pair(v) -> tuple[int, int]:
@@ -37,6 +46,12 @@ def check_linear(x, w, dout) -> None:
     check_dout("linear_backward", dout, (*x.shape[:-1], w.shape[0]))
 
 
+def same_padding(kernel, dilation) -> tuple[int, ...] | None:
+    """The padding of ``padding="same"`` per side, or None when it would be uneven (even kernels)."""
+    total = [d * (k - 1) for d, k in zip(dilation, kernel, strict=True)]
+    return None if any(t % 2 for t in total) else tuple(t // 2 for t in total)
+
+
 def check_conv2d(x, w, dout, stride, padding, dilation, groups) -> tuple[int, int]:
     """Check the shapes of a conv; returns ``padding`` as two ints (``"valid"``: 0, ``"same"``: the
     padding that keeps the size, refused when it is uneven)."""
@@ -44,11 +59,10 @@ def check_conv2d(x, w, dout, stride, padding, dilation, groups) -> tuple[int, in
     if padding == "valid":
         padding = 0
     elif padding == "same":
-        total = [d * (k - 1) for d, k in zip(dilation, kernel, strict=True)]
-        if any(t % 2 for t in total):
+        padding = same_padding(kernel, pair(dilation))
+        if padding is None:
             raise ValueError("conv2d_backward: padding='same' with an even kernel pads unevenly (more on one side); "
                              "pad the input with F.pad and pass padding=0")
-        padding = (total[0] // 2, total[1] // 2)
     elif isinstance(padding, str):
         raise ValueError(f"conv2d_backward: padding must be an int, a pair, 'valid' or 'same', not {padding!r}")
     padding = pair(padding)

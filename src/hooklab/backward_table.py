@@ -15,6 +15,7 @@ from __future__ import annotations
 from torch import nn
 
 from . import backprop as bp
+from .backprop_shapes import same_padding
 
 __all__ = ["BACKWARD", "SETTINGS", "UnsupportedLayerError", "check_supported"]
 
@@ -33,13 +34,11 @@ def _conv2d_padding(m):
     if m.padding_mode != "zeros":
         raise UnsupportedLayerError(f"padding_mode={m.padding_mode!r}")
     padding = m.padding
-    if isinstance(padding, str):
-        total = [d * (k - 1) for d, k in zip(m.dilation, m.kernel_size, strict=True)]
-        if padding == "valid":
-            padding = 0
-        elif all(t % 2 == 0 for t in total):
-            padding = tuple(t // 2 for t in total)
-        else:
+    if padding == "valid":
+        return 0
+    if padding == "same":
+        padding = same_padding(m.kernel_size, m.dilation)
+        if padding is None:
             raise UnsupportedLayerError("padding='same' with uneven padding")
     return padding
 

@@ -43,10 +43,15 @@ from .record import NoGradientError, Recording, record
 __all__ = ["CamResult", "GradCAM", "GuidedBackprop", "grad_cam", "guided_grad_cam", "guided_grad_cam_parts", "upsample"]
 
 
-def check_gradients(model: nn.Module, what: str) -> None:
-    """Raise if no gradient can be computed now, or if guided backprop would replace the plain one."""
+def check_grad_mode(what: str) -> None:
+    """Raise if no gradient can be computed now (``no_grad`` is fine: the tools enable gradients)."""
     if torch.is_inference_mode_enabled():
         raise RuntimeError(f"{what} needs gradients; call it outside torch.inference_mode()")
+
+
+def check_gradients(model: nn.Module, what: str) -> None:
+    """``check_grad_mode``, and raise if guided backprop would replace the plain gradient."""
+    check_grad_mode(what)
     if any(getattr(hook, "__func__", None) is GuidedBackprop._counting_hook
            for m in model.modules() if isinstance(m, nn.ReLU) for hook in m._backward_hooks.values()):
         raise RuntimeError(f"{what} inside `with GuidedBackprop(model):` would use guided gradients; "
@@ -109,8 +114,7 @@ class GuidedBackprop:
         if not self._handles:
             raise RuntimeError("use saliency() inside `with GuidedBackprop(model) as gb:`")
         check_inputs(self.model, x, "guided backprop")
-        if torch.is_inference_mode_enabled():
-            raise RuntimeError("guided backprop needs gradients; call it outside torch.inference_mode()")
+        check_grad_mode("guided backprop")
         wanted = wanted_targets(target, len(x))
         x = x.detach().clone().requires_grad_(True)
         self._fired = 0

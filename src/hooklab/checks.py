@@ -5,19 +5,20 @@ message saying what to do instead of an error from deep inside torch or matplotl
   dtype and device, and no BatchNorm or Dropout of the model in train mode.
 * ``class_scores``, ``wanted_targets``, ``targets_for``: the model's output as ``(N, classes)``
   scores and the class index per image (``None``: the predicted class), each checked.
-* ``check_index``: an int in range (a channel, an image); ``drawn``: draw on a figure and close it
+* ``check_index``: an int in range (a channel, an image); ``whole_number``: a count or size
+  setting; ``drawn``: draw on a figure and close it
   (if pyplot made it) when drawing fails.
 """
 
 from __future__ import annotations
 
+import numbers
 import operator
 
-import matplotlib.pyplot as plt
 import torch
 from torch import nn
 
-__all__ = ["check_index", "check_inputs", "class_scores", "drawn", "targets_for", "wanted_targets"]
+__all__ = ["check_index", "check_inputs", "class_scores", "drawn", "targets_for", "wanted_targets", "whole_number"]
 
 
 _TRAIN_MODE = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
@@ -86,6 +87,8 @@ def targets_for(scores: torch.Tensor, wanted: torch.Tensor | None) -> torch.Tens
 
 def drawn(fig, draw):
     """``draw(fig)`` and return ``fig``; a pyplot figure is closed if drawing fails."""
+    import matplotlib.pyplot as plt
+
     try:
         draw(fig)
     except BaseException:
@@ -105,3 +108,14 @@ def check_index(value, count: int, what: str, items: str) -> int:
     if not 0 <= index < count:
         raise IndexError(f"{what} {index} is out of range for {count} {items} (0..{count - 1})")
     return index
+
+
+def whole_number(label: str, value, low: int, none_ok: bool = False) -> int | None:
+    """``value`` as an int >= ``low`` (or None where allowed), else a TypeError / ValueError."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{label} must be a whole number{' or None' if none_ok else ''}, not {value!r}")
+    if value < low:
+        raise ValueError(f"{label} must be at least {low}{' (or None)' if none_ok else ''}, not {value}")
+    return int(value)

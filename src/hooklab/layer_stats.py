@@ -10,13 +10,13 @@ of ``track_stats``'s settings.
 from __future__ import annotations
 
 import math
-import numbers
 from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from .checks import whole_number
 from .layers import get_layer
 from .records import why_no_grad_output
 
@@ -110,18 +110,6 @@ def why_no_grad(output: torch.Tensor) -> str:
     return why_no_grad_output(output, [output])
 
 
-def _whole(label: str, value, low: int, none_ok: bool = False) -> int | None:
-    """``value`` as an int >= ``low`` (or None where allowed), else a clear error."""
-    if value is None and none_ok:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{label} must be a whole number such as 40{' (or None)' if none_ok else ''}, not {value!r}")
-    if value < low:
-        raise ValueError(f"{label} must be at least {low}{' (or None to keep every step)' if none_ok else ''}, "
-                         f"not {value}")
-    return int(value)
-
-
 def _range(label: str, value) -> tuple[float, float]:
     try:
         lo, hi = (float(v) for v in value)
@@ -134,6 +122,6 @@ def _range(label: str, value) -> tuple[float, float]:
 
 def check_settings(bins, act_range, grad_range, keep_last) -> tuple:
     """``track_stats``'s histogram and row settings, checked (clear errors) and normalised."""
-    bins = _whole("bins", bins, 1)
-    keep_last = _whole("keep_last", keep_last, 1, none_ok=True)
+    bins = whole_number("bins", bins, 1)
+    keep_last = whole_number("keep_last", keep_last, 1, none_ok=True)
     return bins, _range("act_range", act_range), _range("grad_range", grad_range), keep_last

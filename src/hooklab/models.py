@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .checks import whole_number
 from .data import Digits, digits
 
 __all__ = ["DigitsCNN", "SeedConvNet", "SeedNet", "accuracy", "train_digits"]
@@ -123,11 +124,8 @@ def train_digits(
     in a notebook and prints one line per epoch. To watch training, wrap the call in
     ``hooklab.stats.track_stats(model)`` (notebook 05 does).
     """
-    for name, value, low in (("epochs", epochs, 0), ("batch_size", batch_size, 1)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be a whole number >= {low}, not {value!r}")
-        if value < low:
-            raise ValueError(f"{name} must be a whole number >= {low}, not {value}")
+    whole_number("epochs", epochs, 0)
+    whole_number("batch_size", batch_size, 1)
     model = DigitsCNN() if model is None else model
     data = digits() if data is None else data
     if not len(data.y_train):

@@ -21,6 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .checks import whole_number
+
 __all__ = ["draw_signed", "feature_grid", "tile_channels"]
 
 
@@ -41,17 +43,6 @@ def _maps(value: Any, sample: int) -> torch.Tensor:
     return value.detach().cpu().float()
 
 
-def _count(label: str, value, low: int, none_ok: bool = False) -> int | None:
-    """``value`` as an int >= ``low`` (or None where allowed), else a clear error."""
-    if value is None and none_ok:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{label} must be a whole number{' or None' if none_ok else ''}, not {value!r}")
-    if value < low:
-        raise ValueError(f"{label} must be at least {low}{' (or None)' if none_ok else ''}, not {value}")
-    return int(value)
-
-
 def tile_channels(
     maps: torch.Tensor, channels: int | None = 64, ncols: int = 8, pad: int | None = None, signed: bool = False
 ) -> np.ndarray:
@@ -70,9 +61,9 @@ def tile_channels(
         raise ValueError(f"expected (C, H, W), got shape {tuple(maps.shape)}")
     if 0 in maps.shape[1:]:
         raise ValueError(f"the maps are empty ({maps.shape[1]}×{maps.shape[2]} pixels): there is nothing to draw")
-    channels = _count("channels", channels, 1, none_ok=True)
-    ncols = _count("ncols", ncols, 1)
-    pad = _count("pad", pad, 0, none_ok=True)
+    channels = whole_number("channels", channels, 1, none_ok=True)
+    ncols = whole_number("ncols", ncols, 1)
+    pad = whole_number("pad", pad, 0, none_ok=True)
     count = maps.shape[0] if channels is None else min(channels, maps.shape[0])
     if count < 1:
         raise ValueError("the maps have no channels (C = 0): there is nothing to draw")
