@@ -15,16 +15,40 @@ def test_notebook_02_has_four_exercises():
 
 
 # ----- 02.1 -----------------------------------------------------------------------------------
-def order_right(model, x):
-    calls, handles = [], []
-    try:
-        for name, module in list(model.named_modules())[1:]:
-            handles.append(module.register_forward_hook(lambda m, a, o, name=name: calls.append(name)))
-        model(x)
-    finally:
-        for h in handles:
-            h.remove()
-    return calls
+def hook_every_submodule(
+    name_of=lambda name, module: name, skip_root=True, give_back=True, cleanup_in_finally=True, late_binding=False
+):
+    """An answer to 02.1: a forward hook on every submodule appends its name (variations: wrong)."""
+    def execution_order(model, x):
+        calls, handles = [], []
+
+        def run():
+            for name, module in model.named_modules():
+                if name or not skip_root:
+                    label = name_of(name, module)
+                    if late_binding:  # the bug the exercise warns about: every hook sees the last label
+                        hook = lambda m, a, o: calls.append(label)  # noqa: B023, E731
+                    else:
+                        hook = lambda m, a, o, label=label: calls.append(label)  # noqa: E731
+                    handles.append(module.register_forward_hook(hook))
+            model(x)
+
+        if cleanup_in_finally:
+            try:
+                run()
+            finally:
+                for h in handles:
+                    h.remove()
+        else:
+            run()
+            for h in handles:
+                h.remove()
+        return calls if give_back else None
+
+    return execution_order
+
+
+order_right = hook_every_submodule()
 
 
 def order_leaves_only(model, x):
@@ -113,50 +137,13 @@ def test_02_4_rejects_a_hook_that_only_fills_missing_keywords():
 
 
 def test_02_1_names_the_late_binding_bug():
-    def late_binding(model, x):
-        calls, handles = [], []
-        try:
-            for name, module in list(model.named_modules())[1:]:
-                handles.append(module.register_forward_hook(lambda m, a, o: calls.append(name)))  # noqa: B023
-            model(x)
-        finally:
-            for h in handles:
-                h.remove()
-        return calls
-
-    result = grade("02.1", late_binding)
+    result = grade("02.1", hook_every_submodule(late_binding=True))
     assert not result.passed and "name=name" in result.detail
 
 
 # ----- review findings ------------------------------------------------------------------------
-def hook_every_submodule(name_of=lambda name, module: name, skip_root=True, give_back=True, safe=True):
-    def execution_order(model, x):
-        calls, handles = [], []
-
-        def run():
-            for name, module in model.named_modules():
-                if name or not skip_root:
-                    label = name_of(name, module)
-                    handles.append(module.register_forward_hook(lambda m, a, o, label=label: calls.append(label)))
-            model(x)
-
-        if safe:
-            try:
-                run()
-            finally:
-                for h in handles:
-                    h.remove()
-        else:
-            run()
-            for h in handles:
-                h.remove()
-        return calls if give_back else None
-
-    return execution_order
-
-
 def test_02_1_rejects_hooks_left_when_the_forward_raises():
-    result = grade("02.1", hook_every_submodule(safe=False))
+    result = grade("02.1", hook_every_submodule(cleanup_in_finally=False))
     assert not result.passed and "raised" in result.detail and "finally" in result.detail
 
 

@@ -32,6 +32,7 @@ __all__ = [
     "grade",
     "hooks_left_when_raising",
     "is_handle",
+    "kind_of",
     "not_a_handle",
 ]
 
@@ -140,6 +141,11 @@ def is_handle(value: object) -> bool:
     return isinstance(value, RemovableHandle)
 
 
+def kind_of(value: object) -> str:
+    """What an answer returned, for a failure message (None hints at a missing return)."""
+    return "None (missing return?)" if value is None else type(value).__name__
+
+
 def not_a_handle(value: object, what: str, *modules) -> Outcome | None:
     """A failed Outcome when ``what`` returned something other than a hook handle (whatever it
     registered on ``modules`` is dropped), else None."""
@@ -149,8 +155,7 @@ def not_a_handle(value: object, what: str, *modules) -> Outcome | None:
         from ..audit import clear_hooks
 
         clear_hooks(*modules)
-    kind = "None (missing return?)" if value is None else type(value).__name__
-    return Outcome(False, f"{what} must return the handle whose remove() takes your hook out, got {kind}")
+    return Outcome(False, f"{what} must return the handle whose remove() takes your hook out, got {kind_of(value)}")
 
 
 def hooks_left_when_raising(call: Callable[[], object], *modules) -> Outcome | None:

@@ -7,11 +7,7 @@ from torch import nn
 
 from ..audit import clear_hooks
 from ..record import Recording
-from . import Outcome, exercise, is_handle
-
-
-def _kind(value: object) -> str:
-    return "None (missing return?)" if value is None else type(value).__name__
+from . import Outcome, exercise, is_handle, kind_of
 
 
 @exercise("00.1", "a forward hook that counts calls")
@@ -26,15 +22,15 @@ def _count_calls(make_counter) -> Outcome:
     try:
         answer = make_counter(layer)
         if not (isinstance(answer, tuple | list) and len(answer) == 2):
-            return Outcome(False, f"return the pair (calls, handle), got {_kind(answer)}")
+            return Outcome(False, f"return the pair (calls, handle), got {kind_of(answer)}")
         counts, handle = answer
         if is_handle(counts) and not is_handle(handle):
             return Outcome(False, "the pair is the wrong way round: return (calls, handle), the list first")
         if not is_handle(handle):
-            kind = _kind(handle)
+            kind = kind_of(handle)
             return Outcome(False, f"the second item must be the handle whose remove() takes your hook out, got {kind}")
         if not isinstance(counts, list):
-            return Outcome(False, f"the first item must be the list the hook appends to, got {_kind(counts)}")
+            return Outcome(False, f"the first item must be the list the hook appends to, got {kind_of(counts)}")
         try:
             outputs = [layer(x) for _ in range(3)]
         finally:
@@ -44,7 +40,7 @@ def _count_calls(make_counter) -> Outcome:
         left = clear_hooks(layer)  # never leave a student's hook on the checker's model
     changed = [out for out in outputs if not (isinstance(out, torch.Tensor) and torch.equal(out, plain))]
     if changed:
-        kind = _kind(changed[0])
+        kind = kind_of(changed[0])
         article = "an" if kind[0] in "aeiouAEIOU" else "a"
         got = "other values" if isinstance(changed[0], torch.Tensor) else f"{article} {kind}"
         return Outcome(False, f"with your hook the layer returned {got} instead of its own output: a hook that "

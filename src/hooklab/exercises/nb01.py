@@ -9,11 +9,7 @@ import torch
 from torch import nn
 
 from ..audit import clear_hooks
-from . import Outcome, compare_tensors, exercise, is_handle, not_a_handle
-
-
-def _kind(value: object) -> str:
-    return "None (missing return?)" if value is None else type(value).__name__
+from . import Outcome, compare_tensors, exercise, is_handle, kind_of, not_a_handle
 
 
 def _rounded(t: object) -> list | None:
@@ -117,12 +113,12 @@ def _handles_of(handles) -> list | Outcome:
     if is_handle(handles):
         return Outcome(False, "fuse_sgd returned one handle: return a list of handles, one per parameter")
     if not isinstance(handles, Iterable) or isinstance(handles, str | torch.Tensor):
-        return Outcome(False, f"fuse_sgd must return a list of handles, one per parameter, got {_kind(handles)}")
+        return Outcome(False, f"fuse_sgd must return a list of handles, one per parameter, got {kind_of(handles)}")
     handles = list(handles)
     bad = next((h for h in handles if not is_handle(h)), None)
     if bad is not None or None in handles:
         nested = " (a nested list? return one flat list)" if isinstance(bad, list | tuple) else ""
-        return Outcome(False, f"fuse_sgd must return a list of handles, found {_kind(bad)} in it{nested}")
+        return Outcome(False, f"fuse_sgd must return a list of handles, found {kind_of(bad)} in it{nested}")
     return handles
 
 
@@ -183,13 +179,13 @@ def _shapes_of(got, label: str) -> list | Outcome:
     """The answer to 01.4 as a list of tuples, or the Outcome saying what is wrong with it."""
     advice = "return a list of shapes, tuple(t.shape) for each saved t"
     if got is None or not isinstance(got, Iterable) or isinstance(got, str | torch.Tensor):
-        return Outcome(False, f"for {label}: got {_kind(got)}; {advice}")
+        return Outcome(False, f"for {label}: got {kind_of(got)}; {advice}")
     got = list(got)
     if any(isinstance(s, torch.Tensor) for s in got):
         return Outcome(False, f"for {label}: got tensors; {advice}")
     bad = next((s for s in got if not (isinstance(s, tuple | list) and all(isinstance(n, int) for n in s))), None)
     if bad is not None:
-        return Outcome(False, f"for {label}: got a list holding {_kind(bad)}; {advice}")
+        return Outcome(False, f"for {label}: got a list holding {kind_of(bad)}; {advice}")
     return [tuple(s) for s in got]
 
 
