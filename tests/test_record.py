@@ -9,6 +9,7 @@ from torch import nn
 
 from hooklab import NoGradientError, StaleRecordError, UnknownLayerError, record
 from hooklab.audit import leftover_hooks
+from hooklab.record import open_recordings
 
 
 def mlp(inplace: bool = True) -> nn.Sequential:
@@ -181,6 +182,24 @@ def test_hooks_removed_on_normal_exit_and_on_error():
             model(torch.randn(1, 3))
             raise ValueError("boom")
     assert leftover_hooks(model) == []
+
+
+def test_open_recordings_finds_blocks_entered_by_hand_until_they_exit():
+    model, other = mlp(), mlp()
+    first, second = record(model), record(model, ["0"])
+    assert open_recordings(model) == []
+    first.__enter__()
+    second.__enter__()
+    plain = model[2].register_forward_hook(lambda *args: None)  # not a recording: not reported
+    try:
+        found = open_recordings(model)
+        assert len(found) == 2 and found[0] is first and found[1] is second
+        assert open_recordings(other) == []
+    finally:
+        plain.remove()
+        second.__exit__(None, None, None)
+        first.__exit__(None, None, None)
+    assert open_recordings(model) == []
 
 
 def test_repeated_forwards_are_all_recorded_and_clear_forgets_them():

@@ -61,7 +61,7 @@ from .records import (
 )
 
 # Record and the two errors are defined in hooklab.records and re-exported here.
-__all__ = ["NoGradientError", "Record", "Recording", "StaleRecordError", "record"]
+__all__ = ["NoGradientError", "Record", "Recording", "StaleRecordError", "open_recordings", "record"]
 
 
 class Recording:
@@ -277,3 +277,16 @@ def record(
         copied only just before something overwrites them).
     """
     return Recording(model, select_layers(model, layers, types), backward=backward, clone=clone)
+
+
+def open_recordings(model: nn.Module) -> list[Recording]:
+    """The ``record`` blocks whose hooks are on ``model``'s modules: entered and not exited yet
+    (a notebook cell that called ``__enter__`` by hand, say). Exit them with ``__exit__(None, None, None)``."""
+    found: list[Recording] = []
+    for module in model.modules():
+        for hooks in (module._forward_pre_hooks, module._forward_hooks):
+            for fn in hooks.values():
+                owner = getattr(getattr(fn, "func", None), "__self__", None)  # our hooks are partials of methods
+                if isinstance(owner, Recording) and all(owner is not r for r in found):
+                    found.append(owner)
+    return found

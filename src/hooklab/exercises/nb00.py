@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from ..audit import clear_hooks
-from ..record import Recording
+from ..record import open_recordings
 from . import Outcome, exercise, is_handle, kind_of
 
 
@@ -210,21 +210,9 @@ class _OutOfOrder(nn.Module):
         return self.sqrt(self.scale(self.log(self.linear(x))))  # log of a negative number is NaN
 
 
-def _unexited_recordings(model: nn.Module) -> list[Recording]:
-    """The ``hooklab.record`` blocks whose hooks are still on ``model``: entered, never exited."""
-    found: list[Recording] = []
-    for m in model.modules():
-        for hooks in (m._forward_pre_hooks, m._forward_hooks):
-            for fn in hooks.values():
-                owner = getattr(getattr(fn, "func", None), "__self__", None)
-                if isinstance(owner, Recording) and all(owner is not r for r in found):
-                    found.append(owner)
-    return found
-
-
 def _left_behind(model: nn.Module) -> Outcome | None:
     """Exit every record block the answer left open, drop every other hook; say what was left."""
-    unexited = _unexited_recordings(model)
+    unexited = open_recordings(model)
     for recording in reversed(unexited):
         recording.__exit__(None, None, None)
     left = clear_hooks(model)
