@@ -9,9 +9,15 @@ STAMP := $(VENV)/.hooklab-installed
 NB ?= notebooks
 
 # The same kernel environment for saving (make notebooks), checking (make test) and studying
-# (make lab): one thread, warnings decided by each notebook's setup cell.
+# (make lab): one thread, warnings decided by each notebook's setup cell, and the AVX2 kernels
+# of PyTorch, oneDNN and MKL on every x86-64 CPU that has AVX2: with AVX-512 kernels (or without
+# SIMD) float sums are added up in another order, and printed digits would differ by machine.
 export OMP_NUM_THREADS := 1
 export MKL_NUM_THREADS := 1
+export ATEN_CPU_CAPABILITY := avx2
+export ONEDNN_MAX_CPU_ISA := AVX2
+export MKL_ENABLE_INSTRUCTIONS := AVX2
+export MKL_CBWR := AVX2
 export PYTHONHASHSEED := 0
 export PYDEVD_DISABLE_FILE_VALIDATION := 1
 unexport PYTHONWARNINGS

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import weakref
+from pathlib import Path
 
 import matplotlib
 import pytest
@@ -20,8 +21,24 @@ from torch import nn
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+
+def course_environment() -> dict[str, str]:
+    """The kernel environment the Makefile exports (its ``export NAME := value`` lines): one
+    thread, the AVX2 kernels, a fixed hash seed."""
+    makefile = Path(__file__).resolve().parents[1] / "Makefile"
+    found = {}
+    for line in makefile.read_text().splitlines():
+        if line.startswith("export ") and ":=" in line:
+            name, value = line.removeprefix("export ").split(":=", 1)
+            found[name.strip()] = value.strip()
+    return found
+
+
+# Kernels that tests start (nbval, JupyterLab) get the environment `make` gives them, also when
+# pytest runs outside make. This process has imported torch already and keeps its own.
+os.environ.update(course_environment())
+os.environ.pop("PYTHONWARNINGS", None)
 torch.set_num_threads(1)
-os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from hooklab.audit import MODULE_HOOK_DICTS, global_hooks, leftover_hooks  # noqa: E402
 

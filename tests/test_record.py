@@ -231,6 +231,11 @@ def test_summary_lists_each_call():
     lines = rec.summary().splitlines()
     assert len(lines) == 5
     assert lines[1].split() == ["0", "0", "0", "Linear", "(2,", "5)"]
+    # every column starts where its header does, also with names shorter than "layer"
+    header, row = lines[0], lines[1]
+    assert row.index("Linear") == header.index("type")
+    assert row.index("(2, 5)") == header.index("output shape")
+    assert row[: header.index("call") + len("call")].endswith("0")  # the call number ends under "call"
 
 
 def test_an_in_place_module_records_the_input_it_received():

@@ -110,7 +110,7 @@ class Recording:
 
     def summary(self) -> str:
         """One line per record: position, name, call, type, output shape."""
-        width = max((len(r.name) for r in self.records), default=4)
+        width = max([len("layer"), *(len(r.name) for r in self.records)])
         lines = [f"{'#':>3}  {'layer':<{width}}  call  {'type':<18} output shape"]
         for r in self.records:
             lines.append(f"{r.index:>3}  {r.name:<{width}}  {r.call:>4}  {r.module_type:<18} {shape_of(r._output)}")

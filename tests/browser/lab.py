@@ -83,8 +83,7 @@ class LabServer:
             path = self.home / name
             path.mkdir(parents=True, exist_ok=True)
             env[var] = str(path)
-        # the course's kernel environment (as in the Makefile): one thread, fixed hash seed
-        env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0", PYDEVD_DISABLE_FILE_VALIDATION="1")
+        # os.environ already holds the course's kernel environment (tests/conftest.py sets it)
         env.pop("PYTHONWARNINGS", None)
         env.pop("JUPYTER_TOKEN", None)
         for name, values in LAB_SETTINGS.items():
