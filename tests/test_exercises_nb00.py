@@ -29,11 +29,24 @@ def test_00_1_rejects_wrong_answers():
 # ----- 00.2 -------------------------------------------------------------------------------------
 def run_right(module, hook, x):
     with module.register_forward_hook(hook):
-        return module(x)
+        output = module(x)
+    return output, len(module._forward_hooks)
 
 
 def test_00_2_accepts_a_handle_used_as_context_manager():
     assert grade("00.2", run_right).passed
+
+
+def test_00_2_accepts_try_finally_and_a_list():
+    def with_finally(module, hook, x):
+        handle = module.register_forward_hook(hook)
+        try:
+            output = module(x)
+        finally:
+            handle.remove()
+        return [output, len(module._forward_hooks)]
+
+    assert grade("00.2", with_finally).passed
 
 
 def test_00_2_rejects_wrong_answers():
@@ -41,7 +54,7 @@ def test_00_2_rejects_wrong_answers():
         handle = module.register_forward_hook(hook)
         out = module(x)
         handle.remove()
-        return out
+        return out, len(module._forward_hooks)
 
     def swallows(module, hook, x):
         try:
@@ -51,16 +64,45 @@ def test_00_2_rejects_wrong_answers():
 
     def never_removes(module, hook, x):
         module.register_forward_hook(hook)
-        return module(x)
+        return module(x), len(module._forward_hooks)
 
     def ignores_hook(module, hook, x):
-        return module(x)
+        return module(x), len(module._forward_hooks)
 
     for wrong, words in [
         (happy_path_only, "finally"),
         (swallows, "swallowed"),
         (never_removes, "still registered"),
         (ignores_hook, "10 times"),
+    ]:
+        result = grade("00.2", wrong)
+        assert not result.passed and words in result.detail, (wrong.__name__, result.detail)
+
+
+def test_00_2_wants_the_pair_and_the_hooks_counted_after_removal():
+    def output_only(module, hook, x):
+        return run_right(module, hook, x)[0]
+
+    def counted_too_early(module, hook, x):
+        with module.register_forward_hook(hook):
+            return module(x), len(module._forward_hooks)
+
+    def counts_pre_hooks_too(module, hook, x):
+        output, forward = run_right(module, hook, x)
+        return output, forward + len(module._forward_pre_hooks)
+
+    def hard_coded(module, hook, x):
+        return run_right(module, hook, x)[0], 1
+
+    def not_a_number(module, hook, x):
+        return run_right(module, hook, x)[0], list(module._forward_hooks)
+
+    for wrong, words in [
+        (output_only, "return the pair (output, hooks_left), got Tensor"),
+        (counted_too_early, "count after removing it"),
+        (counts_pre_hooks_too, "not pre-hooks"),
+        (hard_coded, "you returned 1"),
+        (not_a_number, "(an int), got list"),
     ]:
         result = grade("00.2", wrong)
         assert not result.passed and words in result.detail, (wrong.__name__, result.detail)
@@ -167,7 +209,7 @@ def test_00_2_rejects_cleanup_for_some_errors_only():
             handle.remove()
             raise
         handle.remove()
-        return out
+        return out, len(module._forward_hooks)
 
     def not_on_stop(module, hook, x):
         handle = module.register_forward_hook(hook)
@@ -177,7 +219,7 @@ def test_00_2_rejects_cleanup_for_some_errors_only():
             handle.remove()
             raise
         handle.remove()
-        return out
+        return out, len(module._forward_hooks)
 
     def swallows_errors(module, hook, x):
         try:

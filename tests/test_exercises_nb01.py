@@ -2,41 +2,137 @@
 
 from __future__ import annotations
 
+import fnmatch
+
 import torch
 
 from hooklab.exercises import grade
 
 
 # ----- 01.1 -------------------------------------------------------------------------------------
-def clamp_right(t, limit):
-    return t.register_hook(lambda g: g.clamp(-limit, limit))
+def clamp_matching_with(count=lambda g, limit: int((g.abs() > limit).sum()),
+                        clamp=lambda g, limit: g.clamp(-limit, limit), matches=fnmatch.fnmatch):
+    """A right answer to 01.1, or a wrong one with one of its parts replaced."""
+
+    def clamp_matching(model, pattern, limit):
+        clamped, handles = {}, []
+        for name, p in model.named_parameters():
+            if matches(name, pattern):
+                clamped[name] = 0
+
+                def hook(grad, name=name):
+                    clamped[name] += count(grad, limit)
+                    return clamp(grad, limit)
+
+                handles.append(p.register_hook(hook))
+        return handles, clamped
+
+    return clamp_matching
 
 
-def test_01_1_accepts_a_clamping_hook():
-    assert grade("01.1", clamp_right).passed
+def test_01_1_accepts_a_clamping_and_counting_hook_per_matching_parameter():
+    assert grade("01.1", clamp_matching_with()).passed
 
 
-def test_01_1_rejects_wrong_answers():
-    assert not grade("01.1", lambda t, limit: t.register_hook(lambda g: g.clamp(min=-limit))).passed
-    assert not grade("01.1", lambda t, limit: t.register_hook(lambda g: None)).passed
-    assert not grade("01.1", lambda t, limit: None).passed  # no handle returned
+def test_01_1_rejects_wrong_clamps():
+    for clamp, words in [
+        (lambda g, limit: g.clamp(min=-limit), "instead of the clamped gradient"),
+        (lambda g, limit: None, "instead of the clamped gradient"),
+        (lambda g, limit: g.clamp(-1, 1), "limit 0.5"),
+        (lambda g, limit: g.clamp_(-limit, limit), "in place"),
+    ]:
+        result = grade("01.1", clamp_matching_with(clamp=clamp))
+        assert not result.passed and words in result.detail, result.detail
+
+
+def test_01_1_rejects_hooks_on_parameters_the_pattern_does_not_name():
+    result = grade("01.1", clamp_matching_with(matches=lambda name, pattern: True))
+    assert not result.passed and "handles for" in result.detail
+    result = grade("01.1", clamp_matching_with(matches=lambda name, pattern: pattern in name))  # not a pattern
+    assert not result.passed and "0 handles for 2 matching parameters" in result.detail
+
+
+def test_01_1_rejects_wrong_counts():
+    def late_binding(model, pattern, limit):
+        clamped, handles = {}, []
+        for name, p in model.named_parameters():
+            if fnmatch.fnmatch(name, pattern):
+                clamped[name] = 0
+
+                def hook(grad):
+                    clamped[name] += int((grad.abs() > limit).sum())  # noqa: B023 (the bug, on purpose)
+                    return grad.clamp(-limit, limit)
+
+                handles.append(p.register_hook(hook))
+        return handles, clamped
+
+    def only_the_last(model, pattern, limit):
+        handles, _ = clamp_matching_with(count=lambda g, limit: 0)(model, pattern, limit)
+        return handles, {}
+
+    for wrong, words in [
+        (late_binding, "name=name"),
+        (clamp_matching_with(count=lambda g, limit: int((g.abs() >= 0).sum())), "entries were outside"),
+        (only_the_last, "clamped has the keys []"),
+        (lambda model, pattern, limit: (clamp_matching_with()(model, pattern, limit)[0], 3), "got int"),
+    ]:
+        result = grade("01.1", wrong)
+        assert not result.passed and words in result.detail, (result.detail, words)
+
+
+def test_01_1_rejects_clamping_the_accumulated_grad():
+    def after_accumulation(model, pattern, limit):
+        clamped, handles = {}, []
+        for name, p in model.named_parameters():
+            if fnmatch.fnmatch(name, pattern):
+                clamped[name] = 0
+
+                def clamp(p, name=name):
+                    clamped[name] += int((p.grad.abs() > limit).sum())
+                    p.grad.clamp_(-limit, limit)
+
+                handles.append(p.register_post_accumulate_grad_hook(clamp))
+        return handles, clamped
+
+    result = grade("01.1", after_accumulation)
+    assert not result.passed and "second backward without zeroing" in result.detail
+
+
+def test_01_1_says_what_is_wrong_with_the_returned_pair():
+    right = clamp_matching_with()
     kept = []
 
-    def no_remove(t, limit):
-        kept.append(t.register_hook(lambda g: g.clamp(-limit, limit)))
+    def fake_handles(model, pattern, limit):
+        handles, clamped = right(model, pattern, limit)
+        kept.extend(handles)
 
         class Fake:
             def remove(self):
                 pass
 
-        return Fake()
+        return [Fake() for _ in handles], clamped
 
     try:
-        result = grade("01.1", no_remove)
+        for wrong, words in [
+            (lambda model, pattern, limit: right(model, pattern, limit)[0], "got only handles"),
+            (lambda model, pattern, limit: (None, {}), "list of handles"),
+            (fake_handles, "found Fake in it"),
+        ]:
+            result = grade("01.1", wrong)
+            assert not result.passed and words in result.detail, (result.detail, words)
     finally:
         for h in kept:
             h.remove()
-    assert not result.passed and "remove" in result.detail
+
+
+def test_01_1_checks_that_the_handles_remove_the_hooks():
+    def other_handles(model, pattern, limit):
+        handles, clamped = clamp_matching_with()(model, pattern, limit)
+        spare = torch.zeros(1, requires_grad=True)
+        return [spare.register_hook(lambda g: g) for _ in handles], clamped
+
+    result = grade("01.1", other_handles)
+    assert not result.passed and "after removing your handles" in result.detail
 
 
 # ----- 01.2 -------------------------------------------------------------------------------------
@@ -101,11 +197,6 @@ def test_01_4_rejects_wrong_answers():
     assert not grade("01.4", lambda fn, x: [*saved_right(fn, x), (1,)]).passed
 
 
-def test_01_1_rejects_a_hook_that_clamps_in_place():
-    result = grade("01.1", lambda t, limit: t.register_hook(lambda g: g.clamp_(-limit, limit)))
-    assert not result.passed and "in place" in result.detail
-
-
 def test_01_2_says_when_a_post_hook_doubled_the_result_instead():
     result = grade("01.2", lambda node: node.register_hook(lambda gi, go: (gi[0] * 2,)))
     assert not result.passed and "register_prehook" in result.detail
@@ -120,28 +211,6 @@ def test_01_4_says_to_return_shapes_not_tensors():
 
     result = grade("01.4", tensors)
     assert not result.passed and "tuple(t.shape)" in result.detail
-
-
-# ----- 01.1: handles, a second limit, gradients that add up -------------------------------------
-def test_01_1_says_a_list_is_not_a_handle():
-    result = grade("01.1", lambda t, limit: [clamp_right(t, limit)])
-    assert not result.passed and "got list" in result.detail
-
-
-def test_01_1_rejects_a_hard_coded_limit():
-    result = grade("01.1", lambda t, limit: t.register_hook(lambda g: g.clamp(-1, 1)))
-    assert not result.passed and "limit 0.4" in result.detail
-
-
-def test_01_1_rejects_clamping_the_accumulated_grad():
-    def after_accumulation(t, limit):
-        def clamp(p):
-            p.grad.clamp_(-limit, limit)
-
-        return t.register_post_accumulate_grad_hook(clamp)
-
-    result = grade("01.1", after_accumulation)
-    assert not result.passed and "second backward without zeroing" in result.detail
 
 
 # ----- 01.2: the other branch, removal, the wrong node ------------------------------------------

@@ -88,63 +88,89 @@ class _Fails(nn.Module):
         raise self.error("forward failed on purpose")
 
 
-def _foreign_hooks(module: nn.Module) -> list:
-    """Hooks the checker registers before the answer runs: the answer must leave them alone."""
-    return [
-        module.register_forward_pre_hook(lambda m, args: None),
-        module.register_forward_hook(lambda m, args, output: None),
-    ]
+def _foreign_hooks(module: nn.Module, forward: int = 1) -> list:
+    """Hooks the checker registers before the answer runs (two pre-hooks, ``forward`` forward hooks):
+    the answer must leave them alone."""
+    pre = [module.register_forward_pre_hook(lambda m, args: None) for _ in range(2)]
+    return pre + [module.register_forward_hook(lambda m, args, output: None) for _ in range(forward)]
 
 
 def _foreign_gone(module: nn.Module, handles: list) -> bool:
-    pre, post = handles
-    gone = pre.id not in module._forward_pre_hooks or post.id not in module._forward_hooks
+    gone = any(h.id not in module._forward_pre_hooks and h.id not in module._forward_hooks for h in handles)
     for h in handles:
         h.remove()
     return gone
 
 
+def _hooks_left_outcome(hooks_left: object, others: int) -> Outcome | None:
+    """A failed Outcome unless ``hooks_left`` is ``others``, the checker's own forward hooks."""
+    if isinstance(hooks_left, bool) or not isinstance(hooks_left, int):
+        return Outcome(False, f"the second item must be the number of forward hooks left on the module (an int), "
+                              f"got {kind_of(hooks_left)}")
+    if hooks_left == others:
+        return None
+    if hooks_left in (others + 1, others + 3):
+        mistake = "counted while your hook was still registered: count after removing it"
+        if hooks_left == others + 3:
+            mistake += ", and count only forward hooks (module._forward_hooks), not pre-hooks"
+    elif hooks_left == others + 2:
+        mistake = "count only forward hooks (module._forward_hooks), not pre-hooks"
+    else:
+        mistake = "count the forward hooks the module still has after your hook is removed"
+    return Outcome(False, f"the module had {others} forward hook(s) of other code; you returned {hooks_left}: "
+                          f"{mistake}")
+
+
 @exercise("00.2", "a hook that is removed even when forward raises")
 def _run_with_hook(run_with_hook) -> Outcome:
-    """``run_with_hook(module, hook, x)`` registers ``hook`` as a forward hook, returns
-    ``module(x)`` and removes the hook afterwards, also when ``module(x)`` raises."""
-    layer = _Counted()
+    """``run_with_hook(module, hook, x)`` registers ``hook`` as a forward hook, runs ``module(x)``,
+    removes the hook, also when ``module(x)`` raises, and returns ``(output, hooks_left)``: the
+    output and the number of forward hooks still on the module after the answer's hook is gone."""
     x = torch.ones(1, 2)
-    plain = layer(x).detach()
-    layer.calls = 0
-    seen: list[tuple[int, bool]] = []  # per hook call: its arguments fit a forward hook, the module called it
+    for others in (1, 2):  # forward hooks other code registered on the module before the answer runs
+        layer = _Counted()
+        plain = layer(x).detach()
+        layer.calls = 0
+        seen: list[tuple[int, bool]] = []  # per hook call: its arguments fit a forward hook, the module called it
 
-    def hook(*args):
-        fits = len(args) == 3 and isinstance(args[2], torch.Tensor)
-        seen.append((len(args) if not fits else 0, layer.running))
-        return 10 * args[2] if fits else None
+        def hook(*args, seen=seen, layer=layer):
+            fits = len(args) == 3 and isinstance(args[2], torch.Tensor)
+            seen.append((len(args) if not fits else 0, layer.running))
+            return 10 * args[2] if fits else None
 
-    foreign = _foreign_hooks(layer)
-    try:
-        got = run_with_hook(layer, hook, x)
-    finally:
-        gone = _foreign_gone(layer, foreign)
-        left = clear_hooks(layer)  # never leave a student's hook on the checker's model
-    wrong = next((n for n, _ in seen if n), None)
-    if wrong is not None:
-        kind = "a pre-hook" if wrong == 2 else "a pre-hook, or with with_kwargs=True"
-        return Outcome(False, f"the hook was called with {wrong} arguments, not (module, args, output): registered "
-                              f"as {kind}? register it with register_forward_hook(hook)")
-    if gone:
-        return Outcome(False, "a hook your code did not register was removed from the module: remove only your "
-                              "own hook, with its handle")
-    if any(not running for _, running in seen):
-        return Outcome(False, "your code called the hook itself: register it on the module and let module(x) "
-                              "call it")
-    if layer.calls != 1:
-        return Outcome(False, f"the module ran {layer.calls} times for one call of run_with_hook: run module(x) "
-                              "once, with the hook registered")
-    if not isinstance(got, torch.Tensor) or not torch.allclose(got.detach(), 10 * plain):
-        return Outcome(False, "return module(x) as the hook made it (here, 10 times the plain output)")
-    if len(seen) != 1:
-        return Outcome(False, f"the hook ran {len(seen)} times for one module call: register it once")
-    if left:
-        return Outcome(False, "the hook is still registered after the call: remove it with its handle")
+        foreign = _foreign_hooks(layer, forward=others)
+        try:
+            answer = run_with_hook(layer, hook, x)
+        finally:
+            gone = _foreign_gone(layer, foreign)
+            left = clear_hooks(layer)  # never leave a student's hook on the checker's model
+        wrong = next((n for n, _ in seen if n), None)
+        if wrong is not None:
+            kind = "a pre-hook" if wrong == 2 else "a pre-hook, or with with_kwargs=True"
+            return Outcome(False, f"the hook was called with {wrong} arguments, not (module, args, output): "
+                                  f"registered as {kind}? register it with register_forward_hook(hook)")
+        if gone:
+            return Outcome(False, "a hook your code did not register was removed from the module: remove only "
+                                  "your own hook, with its handle")
+        if any(not running for _, running in seen):
+            return Outcome(False, "your code called the hook itself: register it on the module and let module(x) "
+                                  "call it")
+        if layer.calls != 1:
+            return Outcome(False, f"the module ran {layer.calls} times for one call of run_with_hook: run "
+                                  "module(x) once, with the hook registered")
+        if isinstance(answer, torch.Tensor) or not (isinstance(answer, tuple | list) and len(answer) == 2):
+            return Outcome(False, f"return the pair (output, hooks_left), got {kind_of(answer)}")
+        got, hooks_left = answer
+        if not isinstance(got, torch.Tensor) or not torch.allclose(got.detach(), 10 * plain):
+            return Outcome(False, "the first item must be module(x) as the hook made it (here, 10 times the plain "
+                                  "output)")
+        if len(seen) != 1:
+            return Outcome(False, f"the hook ran {len(seen)} times for one module call: register it once")
+        if left:
+            return Outcome(False, "the hook is still registered after the call: remove it with its handle")
+        counted = _hooks_left_outcome(hooks_left, others)
+        if counted:
+            return counted
 
     for error, what in [
         (ValueError, "a ValueError"),
@@ -173,7 +199,8 @@ def _run_with_hook(run_with_hook) -> Outcome:
         if not reached:
             return Outcome(False, f"the module raised {what} and your code swallowed it: let it reach the caller "
                                   "(try/finally, no except)")
-    return Outcome(True, "hook called by the module once, removed after the call and after errors, errors passed on")
+    return Outcome(True, "hook called by the module once and removed, other hooks counted and left alone, "
+                         "errors passed on with the hook removed")
 
 
 class _Log(nn.Module):

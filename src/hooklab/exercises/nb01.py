@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import warnings
 from collections.abc import Iterable
 
@@ -16,44 +17,109 @@ def _rounded(t: object) -> list | None:
     return [round(v, 4) for v in t.tolist()] if isinstance(t, torch.Tensor) else None
 
 
-@exercise("01.1", "clamp a gradient with a tensor hook")
-def _clamp(clamp_grad) -> Outcome:
-    """``clamp_grad(t, limit)`` registers a hook on ``t`` clamping its gradient to ``[-limit, limit]``
-    and returns the handle. The hook must return a new tensor, not change ``grad`` in place."""
-    weights = torch.tensor([-3.0, 0.5, 2.0, -0.25])
-    for limit in (1.0, 0.4):
-        t = torch.zeros(4, requires_grad=True)
-        u = torch.zeros(4, requires_grad=True)  # t + u hands the very same gradient tensor to t and u
-        handle = clamp_grad(t, limit)
-        bad = not_a_handle(handle, "clamp_grad")
-        if bad:
-            return bad
+def _clamp_model() -> nn.Module:
+    torch.manual_seed(3)  # on the checker's own random stream (see ``exercise``)
+    return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+
+
+def _clamp_loss(model: nn.Module) -> torch.Tensor:
+    x = torch.linspace(-2, 2, 12).reshape(4, 3)
+    return (model(x) * torch.tensor([3.0, -2.0])).sum()
+
+
+def _clamp_handles(answer: object, n: int) -> tuple[list, object] | Outcome:
+    """The answer to 01.1 as (handles, clamped), or the Outcome saying what is wrong with it."""
+    if not (isinstance(answer, tuple | list) and len(answer) == 2):
+        return Outcome(False, f"return the pair (handles, clamped), got {kind_of(answer)}")
+    if all(is_handle(h) for h in answer):
+        return Outcome(False, "return the pair (handles, clamped), got only handles")
+    handles, clamped = answer
+    if is_handle(handles) or not isinstance(handles, Iterable) or isinstance(handles, str | torch.Tensor):
+        return Outcome(False, f"the first item must be a list of handles, one per matching parameter, got "
+                              f"{kind_of(handles)}")
+    handles = list(handles)
+    bad = next((h for h in handles if not is_handle(h)), None)
+    if bad is not None or None in handles:
+        return Outcome(False, f"the first item must be a list of handles, found {kind_of(bad)} in it")
+    if len(handles) != n:
+        return Outcome(False, f"{len(handles)} handles for {n} matching parameters: one hook per parameter whose "
+                              "name matches the pattern")
+    return handles, clamped
+
+
+@exercise("01.1", "clamp the gradients of the parameters a pattern names")
+def _clamp(clamp_matching) -> Outcome:
+    """``clamp_matching(model, pattern, limit)`` registers, on each parameter whose name matches the
+    shell-style ``pattern``, a hook clamping its gradient to ``[-limit, limit]`` and counting the
+    entries it clamped; returns ``(handles, clamped)`` with ``clamped[name]`` the running count.
+    The hook must return a new tensor, not change ``grad`` in place."""
+    for pattern, limit in (("*.weight", 0.5), ("2.*", 1.5)):
+        model = _clamp_model()
+        _clamp_loss(model).backward()
+        plain = {n: q.grad.clone() for n, q in model.named_parameters()}
+        model.zero_grad(set_to_none=True)
+        matching = [n for n in plain if fnmatch.fnmatchcase(n, pattern)]
+        outside = {n: int((plain[n].abs() > limit).sum()) for n in matching}
+
+        watched = []  # registered before the answer's hooks: each incoming gradient and a copy of it
+        watchers = [q.register_hook(lambda g, into=watched: into.append((g, g.clone()))) for q in model.parameters()]
+        handles = _clamp_handles(clamp_matching(model, pattern, limit), len(matching))
+        if isinstance(handles, Outcome):
+            for h in watchers:
+                h.remove()
+            return handles
+        handles, clamped = handles
         try:
-            ((t + u) * weights).sum().backward()
-            once, u_once = (None if g is None else g.clone() for g in (t.grad, u.grad))
-            ((t + u) * weights).sum().backward()  # .grad not zeroed: the second gradient is added
+            _clamp_loss(model).backward()
+            once = {n: q.grad.clone() for n, q in model.named_parameters()}
+            counts_once = dict(clamped) if isinstance(clamped, dict) else clamped
+            _clamp_loss(model).backward()  # .grad not zeroed: the second gradient is added
+        except KeyError as error:
+            return Outcome(False, f"a hook raised KeyError: {error}: each hook must count under its own parameter's "
+                                  "name (a hook made in a loop sees the loop variable's last value unless you bind "
+                                  "it with name=name)")
         finally:
-            handle.remove()
-        twice = t.grad
-        if not torch.equal(u_once, weights):
-            return Outcome(
-                False,
-                f"u, which shares t's gradient, got {u_once.tolist()} instead of {weights.tolist()}: "
-                "the hook changed grad in place; return a new tensor (grad.clamp(...), not grad.clamp_(...))",
-            )
-        clamped = weights.clamp(-limit, limit)
-        if not compare_tensors(once, clamped).passed:
-            got = once.tolist() if isinstance(once, torch.Tensor) else None
-            return Outcome(False, f"t.grad is {got} for the gradient {weights.tolist()} and limit {limit:g}")
-        if not compare_tensors(twice, 2 * clamped).passed:
-            return Outcome(False, f"after a second backward without zeroing, t.grad is {_rounded(twice)} instead of "
-                                  f"the sum of two clamped gradients: clamp each gradient as it arrives at t "
-                                  "(Tensor.register_hook), not the .grad it is added to")
-        t.grad = None
-        (t * weights).sum().backward()
-        if not torch.equal(t.grad, weights):
-            return Outcome(False, "after handle.remove() the gradient is still changed: return the hook's own handle")
-    return Outcome(True, "gradient clamped for two limits, also when it adds up, untouched after remove()")
+            for h in watchers:
+                h.remove()
+            for h in handles:
+                h.remove()
+        twice = {n: q.grad.clone() for n, q in model.named_parameters()}
+        if any(not torch.equal(g, copy) for g, copy in watched):
+            return Outcome(False, "the gradient your hook received was changed: the hook changed grad in place; "
+                                  "return a new tensor (grad.clamp(...), not grad.clamp_(...))")
+        for name in plain:
+            expected = plain[name].clamp(-limit, limit) if name in matching else plain[name]
+            if not compare_tensors(once[name], expected).passed:
+                if name not in matching:
+                    return Outcome(False, f"with pattern {pattern!r}, {name}'s gradient was changed, but the name "
+                                          "does not match: hook only the parameters fnmatch matches")
+                return Outcome(False, f"with pattern {pattern!r} and limit {limit:g}, {name}.grad is "
+                                      f"{_rounded(once[name].flatten()[:4])}... instead of the clamped gradient")
+            if not compare_tensors(twice[name], 2 * expected).passed:
+                return Outcome(False, f"after a second backward without zeroing, {name}.grad is not the sum of two "
+                                      "clamped gradients: clamp each gradient as it arrives (register_hook), not "
+                                      "the .grad it is added to")
+        if not isinstance(counts_once, dict):
+            return Outcome(False, f"the second item must be a dict from parameter name to a count, got "
+                                  f"{kind_of(counts_once)}")
+        if sorted(counts_once) != sorted(matching):
+            return Outcome(False, f"with pattern {pattern!r}, clamped has the keys {sorted(counts_once)}, expected "
+                                  f"the matching names {sorted(matching)} (each one starting at 0)")
+        if counts_once != outside:
+            late = len(matching) > 1 and counts_once[matching[-1]] == sum(outside.values())
+            hint = " (every hook counted under the loop's last name? bind it with name=name)" if late else ""
+            return Outcome(False, f"with pattern {pattern!r} and limit {limit:g}, after one backward clamped is "
+                                  f"{counts_once}, but {outside} entries were outside the limits{hint}")
+        if clamped != {n: 2 * k for n, k in outside.items()}:
+            return Outcome(False, "after a second backward the counts did not add up: add each backward's count "
+                                  "to clamped[name]")
+        model.zero_grad(set_to_none=True)
+        _clamp_loss(model).backward()
+        if any(not torch.equal(q.grad, plain[n]) for n, q in model.named_parameters()):
+            return Outcome(False, "after removing your handles a gradient is still changed: return the handle of "
+                                  "every hook you registered")
+    return Outcome(True, "only the matching parameters clamped, for two patterns and limits, clamped entries "
+                         "counted per name, untouched after remove()")
 
 
 @exercise("01.2", "double the gradient entering a graph node")
