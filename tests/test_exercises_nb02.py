@@ -16,21 +16,46 @@ def test_notebook_02_has_four_exercises():
 
 # ----- 02.1 -----------------------------------------------------------------------------------
 def hook_every_submodule(
-    name_of=lambda name, module: name, skip_root=True, give_back=True, cleanup_in_finally=True, late_binding=False
+    name_of=lambda name, module: name,
+    skip_root=True,
+    give_back=True,
+    cleanup_in_finally=True,
+    late_binding=False,
+    count_down=True,
+    when="start",
 ):
-    """An answer to 02.1: a forward hook on every submodule appends its name (variations: wrong)."""
-    def execution_order(model, x):
-        calls, handles = [], []
+    """An answer to 02.1: a pre-hook lists each call with its depth and counts one level up, a forward
+    hook counts one level down (variations: wrong)."""
+    def call_tree(model, x):
+        calls, handles, depth = [], [], [0]
+
+        def enter(label):
+            def hook(m, args):
+                if when == "start":
+                    calls.append((depth[0], label))
+                depth[0] += 1
+
+            return hook
+
+        def leave(label):
+            def hook(m, args, out):
+                if count_down:
+                    depth[0] -= 1
+                if when == "end":
+                    calls.append((depth[0], label))
+
+            return hook
 
         def run():
             for name, module in model.named_modules():
                 if name or not skip_root:
                     label = name_of(name, module)
                     if late_binding:  # the bug the exercise warns about: every hook sees the last label
-                        hook = lambda m, a, o: calls.append(label)  # noqa: B023, E731
+                        pre = lambda m, args: enter(label)(m, args)  # noqa: B023, E731
                     else:
-                        hook = lambda m, a, o, label=label: calls.append(label)  # noqa: E731
-                    handles.append(module.register_forward_hook(hook))
+                        pre = enter(label)
+                    handles.append(module.register_forward_pre_hook(pre))
+                    handles.append(module.register_forward_hook(leave(label)))
             model(x)
 
         if cleanup_in_finally:
@@ -45,17 +70,18 @@ def hook_every_submodule(
                 h.remove()
         return calls if give_back else None
 
-    return execution_order
+    return call_tree
 
 
-order_right = hook_every_submodule()
+tree_right = hook_every_submodule()
 
 
-def order_leaves_only(model, x):
+def names_in_finishing_order(model, x):
+    """Notebook 02's walk of resnet18, unchanged: names only, in the order the calls end."""
     calls, handles = [], []
     try:
         for name, module in model.named_modules():
-            if next(module.children(), None) is None:
+            if name:
                 handles.append(module.register_forward_hook(lambda m, a, o, name=name: calls.append(name)))
         model(x)
     finally:
@@ -64,28 +90,37 @@ def order_leaves_only(model, x):
     return calls
 
 
-def order_from_named_modules(model, x):
-    return [name for name, _ in model.named_modules()][1:]
+def tree_from_named_modules(model, x):
+    return [(name.count("."), name) for name, _ in model.named_modules()][1:]
 
 
-def order_leaking(model, x):
+def tree_leaking(model, x):
     calls = []
     for name, module in list(model.named_modules())[1:]:
-        module.register_forward_hook(lambda m, a, o, name=name: calls.append(name))
+        module.register_forward_pre_hook(lambda m, a, name=name: calls.append((name.count("."), name)))
     model(x)
     return calls
 
 
-def test_02_1_accepts_hooks_on_every_submodule():
-    assert grade("02.1", order_right).passed
+def test_02_1_accepts_pre_and_forward_hooks_counting_the_depth():
+    result = grade("02.1", tree_right)
+    assert result.passed, result.detail
 
 
-def test_02_1_rejects_leaves_only_registration_order_and_leaks():
-    assert not grade("02.1", order_leaves_only).passed
-    wrong_order = grade("02.1", order_from_named_modules)
-    assert not wrong_order.passed
-    leaking = grade("02.1", order_leaking)
+def test_02_1_rejects_the_notebooks_walk_registration_order_and_leaks():
+    names_only = grade("02.1", names_in_finishing_order)
+    assert not names_only.passed and "(depth, name)" in names_only.detail
+    registration = grade("02.1", tree_from_named_modules)
+    assert not registration.passed and "calls" in registration.detail  # a module called twice is listed once
+    leaking = grade("02.1", tree_leaking)
     assert not leaking.passed and "left" in leaking.detail
+
+
+def test_02_1_says_when_a_call_must_be_listed_and_how_to_count():
+    at_the_end = grade("02.1", hook_every_submodule(when="end"))
+    assert not at_the_end.passed and "pre-hook" in at_the_end.detail and "wrong order" in at_the_end.detail
+    never_down = grade("02.1", hook_every_submodule(count_down=False))
+    assert not never_down.passed and "depth" in never_down.detail and "one level down" in never_down.detail
 
 
 # ----- 02.2 -----------------------------------------------------------------------------------
@@ -101,39 +136,66 @@ def test_02_2_accepts_clamp_and_rejects_detached_or_missing_handle():
 
 
 # ----- 02.3 -----------------------------------------------------------------------------------
-def keeper(copy):
-    def keep_output(module):
+def keeper(copy, pre=True):
+    def keep_input(module):
         kept = []
-        return kept, module.register_forward_hook(lambda m, a, out: kept.append(copy(out)))
+        if pre:
+            return kept, module.register_forward_pre_hook(lambda m, args: kept.append(copy(args[0])))
+        return kept, module.register_forward_hook(lambda m, args, out: kept.append(copy(args[0])))
 
-    return keep_output
-
-
-def test_02_3_accepts_a_detached_clone():
-    assert grade("02.3", keeper(lambda t: t.detach().clone())).passed
+    return keep_input
 
 
-def test_02_3_rejects_plain_detach_and_graph_keeping():
-    overwritten = grade("02.3", keeper(lambda t: t.detach()))
-    assert not overwritten.passed and "in-place" in overwritten.detail
-    assert not grade("02.3", keeper(lambda t: t.clone())).passed
+def test_02_3_accepts_a_detached_clone_from_a_pre_hook():
+    result = grade("02.3", keeper(lambda t: t.detach().clone()))
+    assert result.passed, result.detail
+
+
+def test_02_3_rejects_forward_hooks_plain_detach_and_graph_keeping():
+    too_late = grade("02.3", keeper(lambda t: t.detach().clone(), pre=False))
+    assert not too_late.passed and "pre-hook" in too_late.detail
+    shared = grade("02.3", keeper(lambda t: t.detach()))
+    assert not shared.passed and "clone" in shared.detail
+    in_graph = grade("02.3", keeper(lambda t: t.clone()))
+    assert not in_graph.passed and "detach" in in_graph.detail
+
+
+def test_02_3_rejects_the_output_instead_of_the_input():
+    def keeps_output(module):
+        kept = []
+        return kept, module.register_forward_hook(lambda m, args, out: kept.append(out.detach().clone()))
+
+    result = grade("02.3", keeps_output)
+    assert not result.passed and "pre-hook" in result.detail
 
 
 # ----- 02.4 -----------------------------------------------------------------------------------
-def test_02_4_accepts_a_with_kwargs_pre_hook():
-    def force_keyword(module, name, value):
-        hook = lambda m, args, kwargs: (args, {**kwargs, name: value})  # noqa: E731
-        return module.register_forward_pre_hook(hook, with_kwargs=True)
-
-    assert grade("02.4", force_keyword).passed
-
-
-def test_02_4_rejects_a_hook_that_only_fills_missing_keywords():
-    def fill_missing(module, name, value):
+def test_02_4_accepts_a_pre_hook_filling_in_a_missing_keyword():
+    def default_keyword(module, name, value):
         hook = lambda m, args, kwargs: (args, {name: value, **kwargs})  # noqa: E731
         return module.register_forward_pre_hook(hook, with_kwargs=True)
 
-    assert not grade("02.4", fill_missing).passed
+    result = grade("02.4", default_keyword)
+    assert result.passed, result.detail
+
+    def only_when_missing(module, name, value):
+        def hook(m, args, kwargs):
+            if name not in kwargs:
+                return args, {**kwargs, name: value}
+            return None
+
+        return module.register_forward_pre_hook(hook, with_kwargs=True)
+
+    assert grade("02.4", only_when_missing).passed
+
+
+def test_02_4_rejects_a_hook_that_always_forces_the_keyword():
+    def force_keyword(module, name, value):  # notebook 02's third pre-hook
+        hook = lambda m, args, kwargs: (args, {**kwargs, name: value})  # noqa: E731
+        return module.register_forward_pre_hook(hook, with_kwargs=True)
+
+    result = grade("02.4", force_keyword)
+    assert not result.passed and "only when the caller left it out" in result.detail
 
 
 def test_02_1_names_the_late_binding_bug():
@@ -149,7 +211,7 @@ def test_02_1_rejects_hooks_left_when_the_forward_raises():
 
 def test_02_1_says_what_is_wrong_with_the_names():
     missing = grade("02.1", hook_every_submodule(give_back=False))
-    assert not missing.passed and "return the list of names" in missing.detail
+    assert not missing.passed and "return the list of (depth, name) pairs" in missing.detail
     root = grade("02.1", hook_every_submodule(skip_root=False))
     assert not root.passed and "leave out the root" in root.detail
     class_names = grade("02.1", hook_every_submodule(name_of=lambda name, module: type(module).__name__))
@@ -213,14 +275,16 @@ def test_02_2_needs_the_handle_and_a_returned_output():
 def test_02_3_checks_every_kept_tensor():
     def second_kept_raw(module):
         kept = []
-        return kept, module.register_forward_hook(lambda m, a, o: kept.append(o.detach().clone() if not kept else o))
+        return kept, module.register_forward_pre_hook(
+            lambda m, a: kept.append(a[0].detach().clone() if not kept else a[0].detach())
+        )
 
     result = grade("02.3", second_kept_raw)
     assert not result.passed and "call 2" in result.detail
 
     def halves_the_second(module):
         kept = []
-        return kept, module.register_forward_hook(lambda m, a, o: kept.append(o.detach().clone() / (len(kept) + 1)))
+        return kept, module.register_forward_pre_hook(lambda m, a: kept.append(a[0].detach().clone() / (len(kept) + 1)))
 
     halved = grade("02.3", halves_the_second)
     assert not halved.passed and "call 2" in halved.detail
@@ -232,18 +296,18 @@ def test_02_3_says_to_return_the_pair():
     def swapped(module):
         modules.append(module)
         kept = []
-        return module.register_forward_hook(lambda m, a, o: kept.append(o.detach().clone())), kept
+        return module.register_forward_pre_hook(lambda m, a: kept.append(a[0].detach().clone())), kept
 
     def only_kept(module):
         modules.append(module)
         kept = []
-        module.register_forward_hook(lambda m, a, o: kept.append(o.detach().clone()))
+        module.register_forward_pre_hook(lambda m, a: kept.append(a[0].detach().clone()))
         return kept
 
     for answer in (swapped, only_kept):
         result = grade("02.3", answer)
         assert not result.passed and "return the pair (kept, handle)" in result.detail
-    assert not any(m._forward_hooks for m in modules)
+    assert not any(m._forward_pre_hooks for m in modules)
 
 
 def test_02_4_keeps_the_callers_other_keywords():
@@ -251,6 +315,14 @@ def test_02_4_keeps_the_callers_other_keywords():
         return module.register_forward_pre_hook(lambda m, args, kwargs: (args, {name: value}), with_kwargs=True)
 
     result = grade("02.4", drops_the_rest)
+    assert not result.passed and "factor=3.0" in result.detail  # the caller's factor was dropped too
+
+    def drops_the_others(module, name, value):
+        return module.register_forward_pre_hook(
+            lambda m, args, kwargs: (args, {name: kwargs.get(name, value)}), with_kwargs=True
+        )
+
+    result = grade("02.4", drops_the_others)
     assert not result.passed and "other keyword" in result.detail
 
 

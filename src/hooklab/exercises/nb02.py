@@ -7,9 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..audit import clear_hooks
-from ..layers import layer_names
 from ..models import SeedConvNet
-from ..record import record
 from . import Outcome, compare_tensors, exercise, hooks_left_when_raising, is_handle
 
 
@@ -32,44 +30,85 @@ def _order_model() -> nn.Module:
     return nn.Sequential(nn.Linear(3, 4), _Block(), nn.Sequential(nn.Linear(4, 2)))
 
 
-@exercise("02.1", "every module call, in execution order")
-def _execution_order(execution_order) -> Outcome:
-    """``execution_order(model, x)`` returns the name of every submodule (not the root), once per call."""
+def _call_tree(model: nn.Module, x: torch.Tensor) -> list[tuple[int, str]]:
+    """The checker's own answer to 02.1: ``(depth, name)`` per call, in the order the calls start."""
+    calls, handles, depth = [], [], [0]
+
+    def enter(name: str):
+        def hook(module, args):
+            calls.append((depth[0], name))
+            depth[0] += 1
+
+        return hook
+
+    def leave(module, args, output):
+        depth[0] -= 1
+
+    try:
+        for name, module in model.named_modules():
+            if name:
+                handles.append(module.register_forward_pre_hook(enter(name)))
+                handles.append(module.register_forward_hook(leave))
+        model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return calls
+
+
+def _is_pair(item: object) -> bool:
+    return isinstance(item, tuple | list) and len(item) == 2 and isinstance(item[0], int) and isinstance(item[1], str)
+
+
+@exercise("02.1", "every module call, in order, with its depth")
+def _call_tree_checker(call_tree) -> Outcome:
+    """``call_tree(model, x)`` returns ``(depth, name)`` for every submodule call (not the root), in the
+    order the calls start; depth counts the hooked calls still running when it starts."""
     model = _order_model()
     x = torch.ones(2, 3)
     try:
-        got = execution_order(model, x)
+        got = call_tree(model, x)
     finally:
         left = clear_hooks(model)  # never leave a student's hook behind on the checker's model
     if left:
         return Outcome(False, f"hooks were left registered: {left[0]} (remove them in a finally block)")
-    with record(model, layers=layer_names(model)[1:]) as rec:
-        model(x)
-    expected = [r.name for r in rec]
+    expected = _call_tree(model, x)
     if not isinstance(got, list | tuple):
-        return Outcome(False, f"return the list of names (got {type(got).__name__})")
-    got = list(got)
-    if "" in got:
+        return Outcome(False, f"return the list of (depth, name) pairs (got {type(got).__name__})")
+    got = [tuple(item) if isinstance(item, list) else item for item in got]
+    if not all(_is_pair(item) for item in got):
+        example = next(item for item in got if not _is_pair(item))
+        return Outcome(False, f"return one (depth, name) pair per call, like (1, '1.fc') (got {example!r})")
+    names = [name for _, name in got]
+    want_names = [name for _, name in expected]
+    if "" in names:
         return Outcome(False, "leave out the root (name ''): hook only the submodules")
-    if not all(isinstance(name, str) for name in got) or not set(got) <= set(expected):
+    if not set(names) <= set(want_names):
         return Outcome(False, "use the names from named_modules(), like '1.fc'")
-    if got == expected:
-        broken = nn.Sequential(nn.Linear(3, 4), nn.Linear(5, 2))  # its second layer gets the wrong width
-        failed = hooks_left_when_raising(lambda: execution_order(broken, x), broken)
-        if failed:
-            return failed
-        return Outcome(True, f"{len(expected)} calls in the right order, no hook left behind (also on an error)")
-    if sorted(got) == sorted(expected):
-        return Outcome(False, "the right calls in the wrong order: a container's forward hook fires after its children")
-    if len(got) == len(expected) and len(set(got)) < len(set(expected)):
+    if len(got) == len(expected) and len(set(names)) < len(set(want_names)):
         return Outcome(
             False,
-            f"{len(got)} calls but only the names {sorted(set(got))}: each hook must keep its own name "
+            f"{len(got)} calls but only the names {sorted(set(names))}: each hook must keep its own name "
             "(a lambda in a loop sees the loop variable's last value; pin it with name=name)",
         )
-    return Outcome(
-        False, f"{len(got)} calls, expected {len(expected)} (containers count; a module called twice counts twice)"
-    )
+    if sorted(names) != sorted(want_names):
+        return Outcome(
+            False, f"{len(got)} calls, expected {len(expected)} (containers count; a module called twice counts twice)"
+        )
+    if names != want_names:
+        return Outcome(False, "the right calls in the wrong order: list a call when it starts (in a forward "
+                              "pre-hook), not when it ends: a container starts before its children")
+    if got != expected:
+        wrong = next(g for g, e in zip(got, expected, strict=True) if g != e)
+        right = next(depth for depth, name in expected if name == wrong[1])
+        return Outcome(False, f"the right calls in the right order, but {wrong[1]!r} got depth {wrong[0]} "
+                              f"instead of {right}: count one level up in a pre-hook and one level down in a "
+                              "forward hook, when the module returns")
+    broken = nn.Sequential(nn.Linear(3, 4), nn.Linear(5, 2))  # its second layer gets the wrong width
+    failed = hooks_left_when_raising(lambda: call_tree(broken, x), broken)
+    if failed:
+        return failed
+    return Outcome(True, f"{len(expected)} calls in order with their depths, no hook left behind (also on an error)")
 
 
 def _clipped_call(clip_output, module: nn.Module, x: torch.Tensor, limit: float, unhooked: nn.Module | None = None):
@@ -157,20 +196,21 @@ def _kind(value: object) -> str:
     return type(value).__name__
 
 
-@exercise("02.3", "keep a layer's output, safe from in-place ops")
-def _keep_output(keep_output) -> Outcome:
-    """``keep_output(module)`` returns ``(kept, handle)``; ``kept`` gets one tensor per call."""
+@exercise("02.3", "keep the input of an in-place module")
+def _keep_input(keep_input) -> Outcome:
+    """``keep_input(module)`` returns ``(kept, handle)``; ``kept`` gets one copy of the first input per call."""
     model = SeedConvNet(seed=0, inplace=True)
     x = torch.linspace(-1, 1, 36).reshape(1, 1, 6, 6).requires_grad_()
     with torch.no_grad():
-        expected = [model.conv1(x), model.conv1(x * 2)]
-    result = keep_output(model.conv1)
+        expected = [model.conv1(x), model.conv1(x * 2)]  # what relu1 receives, before it overwrites it
+    result = keep_input(model.relu1)
     pair = isinstance(result, tuple | list) and len(result) == 2
     if not (pair and isinstance(result[0], list) and is_handle(result[1])):
         clear_hooks(model)
-        return Outcome(False, f"return the pair (kept, handle): the list and the handle from register_forward_hook "
+        return Outcome(False, f"return the pair (kept, handle): the list and the handle of your hook "
                               f"(got {_kind(result)})")
     kept, handle = result
+    after_forward = handle.id in model.relu1._forward_hooks
     try:
         model(x).sum().backward()
         model(x * 2)
@@ -181,17 +221,21 @@ def _keep_output(keep_output) -> Outcome:
         return Outcome(False, f"kept {len(kept)} tensors for 2 calls before remove() (and 1 after)")
     for call, (got, want) in enumerate(zip(kept, expected, strict=True), start=1):
         if not isinstance(got, torch.Tensor):
-            return Outcome(False, f"kept a {type(got).__name__} for call {call}, expected a tensor")
+            return Outcome(False, f"kept a {type(got).__name__} for call {call}, expected a tensor (args[0])")
         if got.requires_grad or got.grad_fn is not None:
             return Outcome(False, f"the tensor kept for call {call} is still in the autograd graph: detach it")
-        if (got >= 0).all() and (want < 0).any():
-            return Outcome(False, f"the tensor kept for call {call} has no negative values: "
-                                  "the in-place ReLU overwrote it (clone it)")
+        if got.shape == want.shape and (got >= 0).all() and (want < 0).any():
+            if after_forward:
+                return Outcome(False, f"the tensor kept for call {call} has no negative values: a forward hook "
+                                      "runs after the in-place ReLU has overwritten its input; keep it in a "
+                                      "forward pre-hook")
+            return Outcome(False, f"the tensor kept for call {call} has no negative values: it shares memory "
+                                  "with the input the in-place ReLU overwrites (clone it)")
         outcome = compare_tensors(got, want)
         if not outcome.passed:
-            return Outcome(False, f"the tensor kept for call {call} differs from that call's conv1 output: "
+            return Outcome(False, f"the tensor kept for call {call} differs from that call's input: "
                                   f"{outcome.detail}")
-    return Outcome(True, "2 detached copies holding the conv output before the in-place ReLU")
+    return Outcome(True, "2 detached copies holding the ReLU's input before it was overwritten")
 
 
 class _Scale(nn.Module):
@@ -199,12 +243,13 @@ class _Scale(nn.Module):
         return x * factor + offset
 
 
-@exercise("02.4", "force a keyword argument with a with_kwargs pre-hook")
-def _force_keyword(force_keyword) -> Outcome:
-    """``force_keyword(module, name, value)`` makes every call run with ``name=value``; returns the handle."""
+@exercise("02.4", "a default for a keyword argument, from a with_kwargs pre-hook")
+def _default_keyword(default_keyword) -> Outcome:
+    """``default_keyword(module, name, value)``: calls without ``name`` run with ``name=value``, calls that
+    pass ``name`` keep the caller's value; returns the handle."""
     module = _Scale()
     x = torch.tensor([1.0, -2.0])
-    handle = force_keyword(module, "factor", 0.5)
+    handle = default_keyword(module, "factor", 0.5)
     if not is_handle(handle):
         clear_hooks(module)
         return Outcome(False, f"return the handle from register_forward_pre_hook (got {type(handle).__name__})")
@@ -213,19 +258,24 @@ def _force_keyword(force_keyword) -> Outcome:
         return Outcome(False, "register the pre-hook with with_kwargs=True: without it the hook gets no kwargs "
                               "and cannot change them")
     try:
-        given = module(x, factor=3.0)
         default = module(x)
-        other = module(x, factor=3.0, offset=10.0)
+        given = module(x, factor=3.0)
+        other = module(x, offset=10.0)
     finally:
         handle.remove()
-    for what, got in (("a call with factor=3.0", given), ("a call without factor", default)):
-        outcome = compare_tensors(got, x * 0.5)
-        if not outcome.passed:
-            return Outcome(False, f"{what} did not run with factor=0.5: {outcome.detail}")
+    outcome = compare_tensors(default, x * 0.5)
+    if not outcome.passed:
+        return Outcome(False, f"a call without factor did not run with factor=0.5: {outcome.detail}")
+    if torch.equal(given, x * 0.5):
+        return Outcome(False, "a call with factor=3.0 ran with factor=0.5: fill in the keyword only when the "
+                              "caller left it out (the caller's own value wins)")
+    outcome = compare_tensors(given, x * 3.0)
+    if not outcome.passed:
+        return Outcome(False, f"a call with factor=3.0 must keep factor=3.0: {outcome.detail}")
     outcome = compare_tensors(other, x * 0.5 + 10.0)
     if not outcome.passed:
-        return Outcome(False, f"a call with factor=3.0, offset=10.0 did not run with factor=0.5, offset=10.0 "
+        return Outcome(False, f"a call with offset=10.0 did not run with factor=0.5, offset=10.0 "
                               f"({outcome.detail}): keep the caller's other keyword arguments")
-    if not torch.equal(module(x, factor=3.0), x * 3.0):
-        return Outcome(False, "after handle.remove() the module must use the given factor again")
-    return Outcome(True, "factor=0.5 forced whether or not the caller passed it, other keywords kept")
+    if not torch.equal(module(x), x):
+        return Outcome(False, "after handle.remove() the module must use its own default (factor=1.0) again")
+    return Outcome(True, "factor=0.5 filled in when missing, the caller's factor kept, other keywords kept")
