@@ -117,18 +117,78 @@ def test_03_1_rejects_the_legacy_backward_hook():
 
 
 # ----- 03.2 ------------------------------------------------------------------------------------
-def clip_right(module, limit):
-    return module.register_full_backward_pre_hook(lambda m, go: tuple(g.clamp(-limit, limit) for g in go))
+def per_sample(factor):
+    """A backward pre-hook answer that multiplies sample n of grad_output[0] by factor(norms, max_norm)[n]."""
+
+    def answer(module, max_norm):
+        def hook(m, grad_output):
+            g = grad_output[0]
+            norms = g.flatten(1).norm(dim=1)
+            return (g * factor(norms, max_norm).view(-1, *[1] * (g.dim() - 1)),)
+
+        return module.register_full_backward_pre_hook(hook)
+
+    return answer
 
 
-def clip_after(module, limit):  # a full backward hook returns grad_input: the weight gradient is not clipped
-    return module.register_full_backward_hook(lambda m, gi, go: tuple(g.clamp(-limit, limit) for g in gi))
+clip_right = per_sample(lambda norms, limit: (limit / norms).clamp(max=1))
 
 
-def test_03_2_accepts_pre_hook_rejects_post_hook():
-    assert grade("03.2", clip_right).passed
+def test_03_2_accepts_per_sample_clipping():
+    outcome = grade("03.2", clip_right)
+    assert outcome.passed, outcome.detail
+
+
+def test_03_2_rejects_a_full_backward_hook():  # it returns grad_input: the weight gradient is not clipped
+    def clip_after(module, limit):
+        def hook(m, grad_input, grad_output):
+            g = grad_input[0]
+            return (g * (limit / g.flatten(1).norm(dim=1)).clamp(max=1).view(-1, *[1] * (g.dim() - 1)),)
+
+        return module.register_full_backward_hook(hook)
+
     outcome = grade("03.2", clip_after)
-    assert not outcome.passed and "weight.grad" in outcome.detail and "unclipped" in outcome.detail
+    assert not outcome.passed and "weight.grad" in outcome.detail and "unclipped" in outcome.detail, outcome.detail
+
+
+def test_03_2_explains_the_legacy_backward_hook():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # the deprecation warning of the student's own call
+        outcome = grade("03.2", lambda module, limit: module.register_backward_hook(lambda m, gi, go: None))
+    assert not outcome.passed and "deprecated" in outcome.detail and "ran after" not in outcome.detail, outcome.detail
+
+
+def test_03_2_rejects_clamping_each_element():
+    answer = lambda module, limit: module.register_full_backward_pre_hook(  # noqa: E731
+        lambda m, go: tuple(g.clamp(-limit, limit) for g in go)
+    )
+    outcome = grade("03.2", answer)
+    assert not outcome.passed and "each element" in outcome.detail, outcome.detail
+
+
+def test_03_2_rejects_one_factor_for_the_batch():
+    answer = lambda module, limit: module.register_full_backward_pre_hook(  # noqa: E731
+        lambda m, go: (go[0] * min(1.0, limit / go[0].norm().item()),)
+    )
+    outcome = grade("03.2", answer)
+    assert not outcome.passed and "one factor" in outcome.detail, outcome.detail
+
+
+def test_03_2_rejects_scaling_samples_within_the_limit():
+    outcome = grade("03.2", per_sample(lambda norms, limit: limit / norms))
+    assert not outcome.passed and "unchanged" in outcome.detail, outcome.detail
+
+
+def test_03_2_rejects_clipping_each_row_of_a_sequence():
+    def per_row(module, limit):
+        return module.register_full_backward_pre_hook(
+            lambda m, go: (go[0] * (limit / go[0].norm(dim=-1, keepdim=True)).clamp(max=1),)
+        )
+
+    outcome = grade("03.2", per_row)
+    assert not outcome.passed and "(2, 3, 3)" in outcome.detail and "all of its elements" in outcome.detail, (
+        outcome.detail
+    )
 
 
 def test_03_2_rejects_no_clipping():

@@ -108,32 +108,82 @@ def _gains(gradient_gains) -> Outcome:
                          f"multiplies the gradient by {expected[loudest]:.1f}")
 
 
-@exercise("03.2", "a backward pre-hook that clips grad_output")
+def _per_sample(g: torch.Tensor, factor) -> torch.Tensor:
+    """``g`` with sample ``n`` (``g[n]``, all its elements) multiplied by ``factor(norms)[n]``."""
+    norms = g.flatten(1).norm(dim=1)
+    return g * factor(norms).view(-1, *[1] * (g.dim() - 1))
+
+
+def _clip_cases() -> list[tuple[float, torch.Tensor, torch.Tensor]]:
+    """(max_norm, input, grad_output arriving at the layer): a batch of vectors, in which two
+    samples are within the limit, and a batch of 3-token sequences, whose first sample has every
+    row within the limit but not as a whole."""
+    g = torch.Generator().manual_seed(4)
+    vectors = torch.tensor([[5.0, -0.1], [-3.0, 0.2], [0.3, -0.4], [0.4, 9.0], [0.6, 0.0]])
+    rows = torch.randn(2, 3, 2, generator=g)
+    tokens = torch.stack([rows[0] / rows[0].norm(dim=-1, keepdim=True) * 0.4,  # rows 0.4, sample 0.69
+                          rows[1] / rows[1].norm() * 0.2])  # sample 0.2
+    return [(1.0, torch.randn(5, 3, generator=g), vectors), (0.5, torch.randn(2, 3, 3, generator=g), tokens)]
+
+
+_CLIP_MISTAKES = (  # (what was done instead, transform of grad_output, message); "per row" first:
+    # on the token batch it equals "unclipped", and only an answer right on the vector batch gets there
+    ("per row", lambda g, m: g * (m / g.norm(dim=-1, keepdim=True)).clamp(max=1),
+     "each row of a (batch, tokens, features) gradient was clipped on its own; a sample is grad_output[0][n] "
+     "with all its tokens: take the norm over all of its elements"),
+    ("unclipped", lambda g, m: g, "it is the unclipped weight gradient: nothing changed grad_output before the "
+                                  "module's own backward used it (a hook that runs after it is too late, and a "
+                                  "hook's changes count only when it returns them)"),
+    ("clamped", lambda g, m: g.clamp(-m, m), "each element was clamped on its own; scale each sample's gradient "
+                                             "as a whole, so its direction stays the same"),
+    ("one factor", lambda g, m: g * min(1.0, m / g.norm().item()), "the whole batch was scaled by one factor; "
+                                                                    "each sample needs its own"),
+    ("normalized", lambda g, m: _per_sample(g, lambda n: m / n), "samples whose norm was already at most max_norm "
+                                                                 "were scaled too: they must stay unchanged"),
+)
+
+
+def _linear_grads(layer: nn.Linear, x: torch.Tensor, used: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight.grad, x.grad) of ``layer(x)`` when its backward starts from ``used``."""
+    return used.flatten(0, -2).T @ x.detach().flatten(0, -2), used @ layer.weight.detach()
+
+
+@exercise("03.2", "clip each sample's grad_output before the layer's backward")
 def _clip(clip_grad_output) -> Outcome:
-    """``clip_grad_output(module, limit)`` registers a full backward pre-hook that clamps every
-    element of ``grad_output`` to ``[-limit, limit]`` and returns its handle."""
-    torch.manual_seed(4)
-    layer = nn.Linear(3, 2)
-    x = torch.randn(4, 3, requires_grad=True)
-    upstream = torch.tensor([[5.0, -0.1], [-3.0, 0.2], [0.4, 9.0], [-0.3, -7.0]])
-    handle = clip_grad_output(layer, 0.5)
-    failed = not_a_handle(handle, "clip_grad_output", layer)
-    if failed:
-        return failed
-    try:
-        layer(x).backward(upstream)
-    finally:
-        handle.remove()
-    if clear_hooks(layer):
-        return Outcome(False, "removing the returned handle left a hook behind: return the hook's handle")
-    clipped = upstream.clamp(-0.5, 0.5)
-    weight_ok = compare_tensors(layer.weight.grad, clipped.T @ x.detach())
-    if not weight_ok.passed and compare_tensors(layer.weight.grad, upstream.T @ x.detach()).passed:
-        return Outcome(False, f"weight.grad: {weight_ok.detail}; it is the unclipped weight gradient: "
-                              "the hook ran after the module's own backward")
-    input_ok = compare_tensors(x.grad, clipped @ layer.weight.detach())
-    failed = _first_failure(("weight.grad", weight_ok), ("input gradient", input_ok))
-    return failed or Outcome(True, "both the weight gradient and the input gradient used the clipped grad_output")
+    """``clip_grad_output(module, max_norm)`` registers a full backward pre-hook that rescales each
+    sample ``grad_output[0][n]`` to an L2 norm of at most ``max_norm`` and returns its handle."""
+    for max_norm, x, upstream in _clip_cases():
+        torch.manual_seed(4)
+        layer = nn.Linear(3, 2)
+        x = x.clone().requires_grad_()
+        handle = clip_grad_output(layer, max_norm)
+        failed = not_a_handle(handle, "clip_grad_output", layer)
+        if failed:
+            return failed
+        try:
+            layer(x).backward(upstream.clone())
+        except RuntimeError:
+            if not _used_legacy_hook(layer):
+                raise
+        finally:
+            handle.remove()
+        if _used_legacy_hook(layer):
+            return Outcome(False, _LEGACY)
+        if clear_hooks(layer):
+            return Outcome(False, "removing the returned handle left a hook behind: return the hook's handle")
+        shape = f"a batch of shape {tuple(x.shape)}"
+        clipped = _per_sample(upstream, lambda norms, m=max_norm: (m / norms).clamp(max=1))
+        expected_w, expected_x = _linear_grads(layer, x, clipped)
+        weight_ok = compare_tensors(layer.weight.grad, expected_w)
+        if not weight_ok.passed:
+            for _, transform, message in _CLIP_MISTAKES:
+                if compare_tensors(layer.weight.grad, _linear_grads(layer, x, transform(upstream, max_norm))[0]).passed:
+                    return Outcome(False, f"{shape}: weight.grad: {weight_ok.detail}; {message}")
+        failed = _first_failure(("weight.grad", weight_ok), ("input gradient", compare_tensors(x.grad, expected_x)))
+        if failed:
+            return Outcome(False, f"{shape}: {failed.detail}")
+    return Outcome(True, "on both batches, the weight gradient and the input gradient used grad_output "
+                         "clipped sample by sample")
 
 
 def _relu_grads(seed: int, x: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
