@@ -24,6 +24,26 @@ def test_compare_rows_say_exact_close_and_how_far():
         compare("d", t[:1], t)
 
 
+def test_float64_is_compared_at_float64_tolerances():
+    t = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    assert compare("rounding", t + 1e-15, t).close
+    wrong = compare("wrong at 1e-6", t + 1e-6, t)  # accepted at float32's tolerances, not at float64's
+    assert not wrong.close and wrong.diff_text == "1.0e-06"
+    assert compare("float32", t.float() + 1e-6, t.float()).close
+
+
+def test_rounding_sized_differences_are_printed_as_a_bound():
+    t = torch.tensor([1.0, 2.0])
+    assert compare("a", t.clone(), t).diff_text == "0"
+    near = compare("b", t + 1e-7, t)  # the digits of such a difference change with the CPU
+    assert near.diff_text == "< 1e-05" and near.line().endswith(" < 1e-05")
+    assert compare("c", t.double() + 1e-9, t.double()).diff_text == "< 1e-07"  # float64's atol
+    big = torch.tensor([1e3, 2e3])
+    relative = compare("d", big + 1e-3, big)  # close by rtol, above atol: printed as it is
+    assert relative.close and relative.diff_text == f"{relative.max_diff:.1e}"
+    assert compare("e", t + 0.1, t).diff_text == "1.0e-01"
+
+
 # One small model per supported layer type (the last test checks that none is missing).
 CASES = {
     nn.Linear: (lambda: nn.Sequential(nn.Linear(4, 3)), (5, 4)),

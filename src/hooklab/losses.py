@@ -6,8 +6,10 @@ backward hook on the last layer receives as ``grad_output``).
 
 * MSE, ``mean((pred − target)²)``: ``dpred = 2·(pred − target)/n`` (``n`` elements; ``sum``
   reduction drops the ``/n``).
-* softmax + cross-entropy on logits ``z``: ``dz = (softmax(z) − onehot(target))/N`` for a
-  batch of ``N`` (``target`` may also be class probabilities, as ``F.cross_entropy`` allows).
+* softmax + cross-entropy on logits ``z`` with target probabilities ``y`` (one-hot rows for
+  class indices): ``dz = (softmax(z)·Σy − y)/N`` for a batch of ``N``, where ``Σy`` sums each
+  row of ``y``. ``F.cross_entropy`` accepts any probabilities; when each row sums to 1 (class
+  indices, proper distributions) this is the familiar ``(softmax(z) − y)/N``.
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ def softmax_cross_entropy(logits, target, reduction="mean"):
 
 def softmax_cross_entropy_backward(logits, target, dloss=1.0, reduction="mean"):
     """Gradient of ``softmax_cross_entropy`` with respect to the logits:
-    ``(softmax − target probabilities)``, divided by the batch size for ``mean``."""
+    ``softmax·Σy − y`` for target probabilities ``y`` (``softmax − y`` when each row of ``y`` sums
+    to 1, as for class indices), divided by the batch size for ``mean``."""
     _check_reduction(reduction)
     probs = _target_probs(logits, target)
     d = (logits.softmax(dim=1) * probs.sum(dim=1, keepdim=True) - probs) * dloss

@@ -3,16 +3,23 @@
 ``verify(model, x, ...)`` runs one forward and backward inside ``hooklab.record(model,
 backward=True)``, then, for every recorded layer call, recomputes ``grad_input`` from the
 recorded input, output and ``grad_output`` with the functions of ``hooklab.backprop``, and each
-parameter's gradient (summed over calls). Every tensor gets one row of a ``cmp``-style table:
+parameter's gradient (summed over calls). Every tensor gets one row of a table like the ``cmp``
+helper of Karpathy's makemore lecture "Becoming a backprop ninja":
 
     tensor             shape         exact  allclose  max |diff|
-    conv1.grad_input   (1, 1, 3, 3)  True   True      0.0e+00
+    conv1.grad_input   (1, 1, 3, 3)  True   True      0
+    conv1.weight.grad  (2, 1, 3, 3)  False  True      < 1e-05
 
 * reference for ``grad_input``: the recorder's value (autograd's gradient at that layer);
   for parameters and the loss: ``torch.autograd.grad`` (``.grad`` fields are left alone).
-* ``exact`` is ``torch.equal``; ``allclose`` is ``torch.allclose`` at the float32 tolerances
-  of ``torch.testing.assert_close`` (``rtol=1.3e-6, atol=1e-5``). A manual formula that adds
-  the same numbers in another order is close, not exact; the table says so.
+* ``exact`` is ``torch.equal``; ``allclose`` is ``torch.allclose`` at the tolerances that
+  ``torch.testing.assert_close`` uses for the dtype (float32: ``rtol=1.3e-6, atol=1e-5``;
+  float64: ``rtol=1e-7, atol=1e-7``). A manual formula that adds the same numbers in another
+  order is close, not exact; the table says so.
+* ``max |diff|`` is printed as ``0`` when exact and as the bound ``< atol`` when close and
+  smaller than ``atol``: the digits of such a difference are float rounding, and they change
+  with the CPU's instruction set (AVX-512, AVX2, SSE kernels add in different orders). Any
+  other difference is printed as it is; ``Row.max_diff`` always holds the exact value.
 * The formulas are looked up by layer type in ``hooklab.backward_table.BACKWARD``.
   A leaf layer whose type has no entry there (or an unsupported setting) raises
   ``UnsupportedLayerError`` naming it, before anything runs. Bad arguments (a loss without
@@ -38,9 +45,20 @@ from .backward_table import BACKWARD, UnsupportedLayerError, check_supported
 from .layers import select_layers
 from .record import NoGradientError, record
 
-__all__ = ["Row", "UnsupportedLayerError", "Verification", "compare", "verify"]
+__all__ = ["TOLERANCES", "Row", "UnsupportedLayerError", "Verification", "compare", "tolerances", "verify"]
 
-RTOL, ATOL = 1.3e-6, 1e-5
+# (rtol, atol) of torch.testing.assert_close, by dtype; other dtypes are compared exactly
+TOLERANCES = {
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+    torch.float32: (1.3e-6, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+}
+
+
+def tolerances(dtype: torch.dtype) -> tuple[float, float]:
+    """``(rtol, atol)`` for comparing tensors of ``dtype``."""
+    return TOLERANCES.get(dtype, (0.0, 0.0))
 
 
 @dataclass(frozen=True)
@@ -50,18 +68,29 @@ class Row:
     exact: bool
     close: bool
     max_diff: float
+    atol: float = TOLERANCES[torch.float32][1]
+
+    @property
+    def diff_text(self) -> str:
+        """``max_diff`` as printed: ``0`` if exact, ``< atol`` for rounding-sized differences, else the value."""
+        if self.exact:
+            return "0"
+        if self.close and self.max_diff < self.atol:
+            return f"< {self.atol:.0e}"
+        return f"{self.max_diff:.1e}"
 
     def line(self, width: int = 26, shape_width: int = 15) -> str:
         """One table line; ``width`` and ``shape_width`` are the first two columns' widths."""
         return (f"{self.name:<{width}} {self.shape!s:<{shape_width}} {self.exact!s:<6} {self.close!s:<9} "
-                f"{self.max_diff:.1e}")
+                f"{self.diff_text}")
 
 
 def compare(name: str, manual: torch.Tensor, reference: torch.Tensor) -> Row:
-    """makemore's ``cmp``: is ``manual`` exactly / closely equal to ``reference``, and how far off?
+    """Like makemore's ``cmp``: is ``manual`` exactly / closely equal to ``reference``, and how far off?
 
     Both must be tensors of the same shape and dtype (compare float32 with float32: a float64
-    formula compared with a float32 gradient would measure the rounding of float32)."""
+    formula compared with a float32 gradient would measure the rounding of float32). The
+    tolerances are those of the dtype (``tolerances``)."""
     for label, t in (("manual", manual), ("reference", reference)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: {label} must be a tensor, not {type(t).__name__}")
@@ -71,8 +100,9 @@ def compare(name: str, manual: torch.Tensor, reference: torch.Tensor) -> Row:
     if manual.shape != reference.shape:
         raise ValueError(f"{name}: manual shape {tuple(manual.shape)} != reference {tuple(reference.shape)}")
     diff = (manual - reference).abs().max().item() if manual.numel() else 0.0
+    rtol, atol = tolerances(reference.dtype)
     return Row(name, tuple(reference.shape), torch.equal(manual, reference),
-               torch.allclose(manual, reference, rtol=RTOL, atol=ATOL), diff)
+               torch.allclose(manual, reference, rtol=rtol, atol=atol), diff, atol)
 
 
 @dataclass

@@ -1,10 +1,14 @@
 """Exercises of notebook 04: write the backward pass of five layers by hand.
 
 Each checker calls the student's function on fixed random float64 tensors and compares every
-returned gradient with autograd's; the detail names the worst tensor and its largest difference.
+returned gradient with autograd's. A passing answer's largest difference is printed as the bound
+``< 1e-12`` when it is that small: its digits are float64 rounding, and they change with the
+CPU's instruction set.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -12,6 +16,7 @@ import torch.nn.functional as F
 from . import Outcome, compare_tensors, exercise
 
 D = torch.float64
+SHOWN_AS_BOUND = 1e-12  # passing differences below this are rounding: printed as "< 1e-12"
 
 
 def _rand(*shape, seed):
@@ -24,9 +29,10 @@ def _reference(fn, inputs, dout):
 
 
 def _by_hand(answer, names: list[str], *inputs: torch.Tensor):
-    """Call ``answer`` on copies of ``inputs`` with autograd off; returns ``(result, None)`` or
-    ``(None, Outcome)`` when the answer used autograd or changed one of its inputs in place."""
-    copies = [t.clone() for t in inputs]
+    """Call ``answer`` on copies of ``inputs`` (tensors are cloned, numbers passed as they are) with
+    autograd off; returns ``(result, None)`` or ``(None, Outcome)`` when the answer used autograd
+    or changed one of its inputs in place."""
+    copies = [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
     try:
         with torch.no_grad():
             got = answer(*copies)
@@ -36,7 +42,7 @@ def _by_hand(answer, names: list[str], *inputs: torch.Tensor):
         return None, Outcome(False, "by hand means without autograd: compute the gradient from its formula "
                                     "(autograd is switched off while your function runs)")
     for name, original, copy in zip(names, inputs, copies, strict=True):
-        if not torch.equal(original, copy):
+        if isinstance(original, torch.Tensor) and not torch.equal(original, copy):
             return None, Outcome(False, f"your function changed its input {name} in place: compute new tensors "
                                         "instead (the caller still needs its inputs)")
     return got, None
@@ -58,11 +64,16 @@ def _judge(got, expected, names) -> Outcome:
             if g.dtype != e.dtype and g.shape == e.shape:
                 hint = (f" (your {name} is {str(g.dtype).removeprefix('torch.')}, the inputs are float64: make new "
                         "tensors with zeros_like(...) or dtype=x.dtype)")
+            elif g.shape == e.shape and (g.detach().double() - e).abs().max().item() < 1e-5:
+                hint = (" (off by about float32 rounding: part of your computation ran in float32; an integer "
+                        "tensor times a Python float is float32, so convert it to the inputs' dtype first)")
             return Outcome(False, f"{name}: {outcome.detail}{hint}")
         diff = (g.detach().double() - e).abs().max().item()
         if diff >= worst:
             worst, worst_name = diff, name
     verb = "matches" if len(names) == 1 else "match"
+    if worst < SHOWN_AS_BOUND:
+        return Outcome(True, f"{', '.join(names)} {verb} autograd; max |difference| < {SHOWN_AS_BOUND:.0e}")
     return Outcome(True, f"{', '.join(names)} {verb} autograd; max |difference| {worst:.1e} (in {worst_name})")
 
 
@@ -81,10 +92,11 @@ def _sigmoid(sigmoid_backward) -> Outcome:
     return _check(sigmoid_backward, torch.sigmoid, {"x": x}, {"out": torch.sigmoid(x), "dout": dout}, dout)
 
 
-@exercise("04.2", "linear backward")
+@exercise("04.2", "linear backward on a batch of sequences")
 def _linear(linear_backward) -> Outcome:
-    """``linear_backward(x, w, dout) -> (dx, dw, db)`` for ``y = x @ w.T + b`` (bias shape ``[out]``)."""
-    x, w, b, dout = _rand(6, 4, seed=3), _rand(3, 4, seed=4), _rand(3, seed=5), _rand(6, 3, seed=6)
+    """``linear_backward(x, w, dout) -> (dx, dw, db)`` for ``y = x @ w.T + b`` with ``x`` of shape
+    ``(B, T, in)`` (bias shape ``[out]``)."""
+    x, w, b, dout = _rand(2, 5, 4, seed=3), _rand(3, 4, seed=4), _rand(3, seed=5), _rand(2, 5, 3, seed=6)
     return _check(linear_backward, F.linear, {"x": x, "w": w, "b": b}, {"x": x, "w": w, "dout": dout}, dout)
 
 
@@ -103,10 +115,24 @@ def _conv(conv2d_backward) -> Outcome:
     return _check(conv2d_backward, F.conv2d, {"x": x, "w": w}, {"x": x, "w": w, "dout": dout}, dout)
 
 
-@exercise("04.5", "softmax + cross-entropy backward")
+@exercise("04.5", "cross-entropy with label smoothing, backward")
 def _softmax_ce(ce_backward) -> Outcome:
-    """``ce_backward(logits, target) -> dlogits`` for ``F.cross_entropy(logits, target)`` (mean over the batch)."""
-    # class 3 of 4 is never a target: F.one_hot(target) without num_classes would give 3 columns
+    """``ce_backward(logits, target, smoothing) -> dlogits`` for
+    ``F.cross_entropy(logits, target, label_smoothing=smoothing)`` (mean over the batch)."""
+    # class 3 of 4 is never a target: F.one_hot(target) without num_classes gives 3 columns
     logits, target = _rand(5, 4, seed=12) * 2, torch.tensor([2, 0, 1, 1, 2])
-    return _check(ce_backward, lambda z: F.cross_entropy(z, target), {"logits": logits},
-                  {"logits": logits, "target": target}, torch.tensor(1.0, dtype=D))
+    for smoothing in (0.2, 0.0):
+        try:
+            outcome = _check(ce_backward, partial(F.cross_entropy, target=target, label_smoothing=smoothing),
+                             {"logits": logits}, {"logits": logits, "target": target, "smoothing": smoothing},
+                             torch.tensor(1.0, dtype=D))
+        except RuntimeError as error:
+            columns = int(target.max()) + 1
+            if f"size of tensor a ({logits.shape[1]})" not in str(error) or f"({columns})" not in str(error):
+                raise
+            return Outcome(False, f"your code raised RuntimeError: {error}. The targets here never include class "
+                                  f"{logits.shape[1] - 1}, and F.one_hot infers the number of classes from the "
+                                  "largest target: pass num_classes=logits.shape[1]")
+        if not outcome.passed:
+            return Outcome(False, f"with smoothing={smoothing}: {outcome.detail}")
+    return Outcome(True, f"with smoothing 0.2 and 0: {outcome.detail}")
