@@ -62,42 +62,64 @@ def test_05_1_the_hook_is_also_checked_on_a_model():
     _failed("05.1", only_on_the_sample, "did not change the gradient")
 
 
-def _grad_cam(a, g):
-    return (g.mean(dim=(1, 2))[:, None, None] * a).sum(0).relu()
+def _layer_cam(a, g):
+    return (g.clamp(min=0) * a).sum(dim=1).clamp(min=0)
 
 
-def test_05_2_cam_map():
-    assert grade("05.2", _grad_cam).passed
-    _failed("05.2", lambda a, g: (g.mean(dim=(1, 2))[:, None, None] * a).sum(0), "positive part")
-    assert not grade("05.2", lambda a, g: (g * a).sum(0).relu()).passed
-    _failed("05.2", lambda a, g: _grad_cam(a, g).tolist(), "as a tensor, got list")
+def test_05_2_layer_cam():
+    passed = grade("05.2", _layer_cam)
+    assert passed.passed and "(3, 5, 4) and (1, 3, 3)" in passed.detail
+    assert grade("05.2", lambda a, g: torch.relu((torch.relu(g) * a).sum(1))).passed
+    _failed("05.2", lambda a, g: _layer_cam(a, g).tolist(), "as a tensor, got list")
+    _failed("05.2", lambda a, g: (g.abs() * a).sum(1).clamp(min=0), "max |difference|", "its own gradient")
+
+
+def test_05_2_the_grad_cam_shown_in_the_notebook_is_not_the_answer():
+    def grad_cam_maps(a, g):  # the last lines of the notebook's grad_cam_by_hand
+        return (g.mean(dim=(2, 3), keepdim=True) * a).sum(dim=1).clamp(min=0)
+
+    _failed("05.2", grad_cam_maps, "that is Grad-CAM", "its own position")
+
+
+def test_05_2_each_relu_in_its_place():
+    _failed("05.2", lambda a, g: (g * a).sum(1).clamp(min=0), "positive part of its gradient")
+    _failed("05.2", lambda a, g: (g.clamp(min=0) * a).sum(1), "after summing")
+    _failed("05.2", lambda a, g: (g.clamp(min=0) * a.clamp(min=0)).sum(1).clamp(min=0), "keep their sign")
 
 
 def test_05_2_changing_the_inputs_in_place_fails():
-    def scale_activation_in_place(a, g):
-        return a.mul_(g.mean(dim=(1, 2))[:, None, None]).sum(0).relu()
+    def scale_activations_in_place(a, g):
+        return a.mul_(g.clamp(min=0)).sum(1).clamp(min=0)
 
-    def clear_gradient_afterwards(a, g):
-        cam = _grad_cam(a, g)
+    def clear_gradients_afterwards(a, g):
+        maps = _layer_cam(a, g)
         g.zero_()
-        return cam
+        return maps
 
-    _failed("05.2", scale_activation_in_place, "changed the activation in place")
-    _failed("05.2", clear_gradient_afterwards, "changed the gradient in place")
-    assert grade("05.2", lambda a, g: _grad_cam(a.clone(), g.clone())).passed
+    _failed("05.2", scale_activations_in_place, "changed the activations in place")
+    _failed("05.2", clear_gradients_afterwards, "changed the gradients in place")
+    assert grade("05.2", lambda a, g: _layer_cam(a.clone(), g.clone())).passed
 
 
 def test_05_2_shape_and_normalisation_hints():
     def keepdim(a, g):
-        return (g.mean(dim=(1, 2))[:, None, None] * a).sum(0, keepdim=True).relu()
+        return (g.clamp(min=0) * a).sum(1, keepdim=True).clamp(min=0)
 
     def normalised(a, g):
-        cam = _grad_cam(a, g)
-        return cam / cam.max()
+        maps = _layer_cam(a, g)
+        return maps / maps.flatten(1).amax(dim=1)[:, None, None]
 
-    _failed("05.2", keepdim, "shape (1, 5, 4), expected (5, 4)", "channel dimension (dim 0)")
-    _failed("05.2", lambda a, g: (g.mean(dim=(1, 2))[:, None, None] * a).sum().relu(), "dim 0")
-    _failed("05.2", normalised, "unnormalised")
+    _failed("05.2", keepdim, "shape (3, 1, 5, 4), expected (3, 5, 4)", "channel dimension (dim 1)")
+    _failed("05.2", lambda a, g: _layer_cam(a, g)[0], "one map per image")
+    _failed("05.2", lambda a, g: (g.clamp(min=0) * a).sum(0).clamp(min=0), "dim 1")
+    _failed("05.2", normalised, "as they are")
+
+
+def test_05_2_tries_a_second_batch():
+    def only_three_images(a, g):
+        return _layer_cam(a, g) if len(a) == 3 else torch.zeros(a.shape[0], *a.shape[2:])
+
+    _failed("05.2", only_three_images, "(1, 2, 3, 3)")
 
 
 def _dead(model, layer, x, remove=True, images="all", positions="all", grad=False, finally_=True, keep=None):

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
 from torch.nn.modules import module as module_hooks
 
+from hooklab.audit import clear_global_hooks, clear_hooks
 from hooklab.exercises import exercises, grade
 from hooklab.exercises.nb06 import _FIRING_ORDER, ORDER_KINDS
-from hooklab.order import trace_firing_order
 
 IDS = sorted(id for id in exercises() if id.startswith("06."))
 
@@ -209,71 +212,90 @@ def test_06_3_one_shared_gelu_is_counted_in_every_place():
 
 
 # ----- 06.4 -----------------------------------------------------------------------------------
-# The order read from torch's Module._call_impl (global hooks before the module's own, prepended
-# pre-hook first) and from BackwardHook (pre-hooks when grad_output is ready, the output's own
-# tensor hook and grad_fn after them, full backward hooks when grad_input is ready).
-READ_FROM_SOURCE = [
-    "global forward pre-hook",
-    "forward pre-hook (prepend)",
-    "forward pre-hook",
-    "global forward hook",
-    "forward hook",
-    "global backward pre-hook",
-    "backward pre-hook",
-    "tensor hook on output",
-    "Node pre-hook",
-    "Node hook",
-    "global backward hook",
-    "backward hook",
-]
+# The expected order, as torch's Module._call_impl and BackwardHook give it (global hooks before
+# the module's own; each prepend=True puts a hook in front of the module's own, so the last
+# prepended runs first; backward pre-hooks when grad_output is ready, the inner output's tensor
+# hook after them, full backward hooks when grad_input is ready). The first test measures it.
+FIRING = list(_FIRING_ORDER)
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "06_hook_api_tour.ipynb"
+
+
+def _exercise_code() -> str:
+    """The registration code that the text of exercise 06.4 shows."""
+    for cell in json.loads(NOTEBOOK.read_text())["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "markdown" and "### Exercise 06.4" in source:
+            return source.split("```python\n", 1)[1].split("```", 1)[0]
+    pytest.fail("notebook 06 has no exercise 06.4")
+
+
+def test_06_4_the_expected_order_is_measured_from_the_code_the_exercise_shows():
+    fired = []
+
+    def hook_named(letter):
+        (label,) = [kind for kind in ORDER_KINDS if kind.removesuffix(" (prepend)").endswith(f" {letter}")]
+        return lambda *args: fired.append(label)
+
+    names = {letter: hook_named(letter) for letter in "ABCEFGHIJ"}
+
+    def d(module, args, output):
+        fired.append("forward hook D")
+        output.register_hook(names["J"])
+
+    layer = nn.Linear(2, 1)
+    namespace = {**names, "D": d, "layer": layer, "module_hooks": module_hooks, "torch": torch}
+    try:
+        exec(_exercise_code(), namespace)
+    finally:
+        clear_hooks(layer)
+        clear_global_hooks()
+    assert fired == FIRING
+    assert sorted(ORDER_KINDS) == sorted(_FIRING_ORDER)
 
 
 def test_06_4_predict():
-    assert sorted(READ_FROM_SOURCE) == sorted(ORDER_KINDS)
-    assert grade("06.4", READ_FROM_SOURCE).passed
-    swapped = list(READ_FROM_SOURCE)
-    swapped[1], swapped[2] = swapped[2], swapped[1]
+    assert grade("06.4", FIRING).passed
+    swapped = list(FIRING)
+    swapped[0], swapped[1] = swapped[1], swapped[0]  # the prepended pre-hooks in registration order
     outcome = grade("06.4", swapped)
-    assert not outcome.passed and "10 of 12" in outcome.detail
-    assert not grade("06.4", READ_FROM_SOURCE[:-1]).passed
+    assert not outcome.passed and "8 of 10" in outcome.detail
+    local_first = list(FIRING)
+    local_first[3:6] = ["forward hook F (prepend)", "forward hook D", "global forward hook E"]
+    assert not grade("06.4", local_first).passed
+    assert not grade("06.4", FIRING[:-1]).passed
     assert not grade("06.4", list(ORDER_KINDS)).passed  # the shuffled stub itself
 
 
-def test_06_4_the_expected_order_is_the_measured_one():
-    firings = trace_firing_order(nn.Linear(2, 1), torch.ones(1, 2, requires_grad=True))
-    assert [kind for kind in dict.fromkeys(f.kind for f in firings) if kind in ORDER_KINDS] == list(_FIRING_ORDER)
-
-
 def test_06_4_a_wrong_order_gets_a_hint_not_the_answer():
-    for wrong in (list(reversed(READ_FROM_SOURCE)), list(ORDER_KINDS), READ_FROM_SOURCE[1:] + READ_FROM_SOURCE[:1]):
+    for wrong in (list(reversed(FIRING)), list(ORDER_KINDS), FIRING[1:] + FIRING[:1]):
         outcome = grade("06.4", wrong)
         assert not outcome.passed and "position" not in outcome.detail and "fires there" not in outcome.detail
         assert "in the right place" in outcome.detail and "which of the two fires first" in outcome.detail
 
 
-def test_06_4_names_the_unknown_and_the_missing_kinds():
-    typo = ["global forward prehook", *READ_FROM_SOURCE[1:]]
+def test_06_4_names_the_unknown_and_the_missing_hooks():
+    typo = ["pre-hook C", *FIRING[1:]]
     outcome = grade("06.4", typo)
     assert not outcome.passed
-    assert "not a kind: 'global forward prehook'" in outcome.detail
-    assert "missing: 'global forward pre-hook'" in outcome.detail
-    short = grade("06.4", READ_FROM_SOURCE[:-1])
-    assert "missing: 'backward hook'" in short.detail and "not a kind" not in short.detail
-    doubled = grade("06.4", [*READ_FROM_SOURCE[:-1], "forward hook"])
-    assert "listed twice: 'forward hook'" in doubled.detail
-    assert "not a str" in grade("06.4", "global forward pre-hook").detail
+    assert "not a hook of the list: 'pre-hook C'" in outcome.detail
+    assert "missing: 'pre-hook C (prepend)'" in outcome.detail
+    short = grade("06.4", FIRING[:-1])
+    assert "missing: 'backward hook G'" in short.detail and "not a hook" not in short.detail
+    doubled = grade("06.4", [*FIRING[:-1], "forward hook D"])
+    assert "listed twice: 'forward hook D'" in doubled.detail
+    assert "not a str" in grade("06.4", "pre-hook A").detail
 
 
 def test_06_4_does_not_depend_on_the_kernels_global_backward_hook_state(monkeypatch):
     """The legacy global backward hook, once registered, leaves this flag False for the whole process."""
     monkeypatch.setattr(module_hooks, "_global_is_full_backward_hook", False)
-    assert grade("06.4", READ_FROM_SOURCE).passed
+    assert grade("06.4", FIRING).passed
 
 
 def test_checkers_leave_the_random_stream_alone():
     torch.manual_seed(0)
     state = torch.random.get_rng_state()
-    for id, answer in (("06.1", upgrade), ("06.2", clip), ("06.3", swap), ("06.4", READ_FROM_SOURCE)):
+    for id, answer in (("06.1", upgrade), ("06.2", clip), ("06.3", swap), ("06.4", FIRING)):
         assert grade(id, answer).passed
     assert torch.equal(torch.random.get_rng_state(), state)
 

@@ -5,7 +5,8 @@
 * ``SeedConvNet``: conv 3×3 → ReLU(inplace) → conv 1×1 → ReLU(inplace), seeded.
 * ``DigitsCNN``: a small CNN for 8×8 digits; ``head="gap"`` (global average pooling, the
   default) or ``head="flatten"`` (the cautionary Grad-CAM example of notebook 05).
-* ``train_digits``: trains a ``DigitsCNN`` in seconds, bit-for-bit repeatable on one thread.
+* ``train_digits``: trains a ``DigitsCNN`` in seconds, bit-for-bit repeatable on one thread with
+  the same PyTorch version and CPU instruction set (``make`` pins the AVX2 kernels).
 """
 
 from __future__ import annotations
@@ -120,7 +121,8 @@ def train_digits(
 ) -> nn.Module:
     """Train ``model`` (default: a new ``DigitsCNN``) with Adam; returns it in eval mode.
 
-    Repeatable bit for bit for a fixed seed and thread count. ``progress`` shows a progress bar
+    Repeatable bit for bit for a fixed seed and thread count, on the same PyTorch version and CPU
+    instruction set (other kernels may add up floats in another order). ``progress`` shows a progress bar
     in a notebook and prints one line per epoch. To watch training, wrap the call in
     ``hooklab.stats.track_stats(model)`` (notebook 05 does).
     """

@@ -55,7 +55,7 @@ from .layers import select_layers
 __all__ = ["KINDS", "Firing", "format_order", "plot_order", "trace_firing_order"]
 
 #: every kind of hook the tracer registers, in the order they first fire for one layer (the chart's
-#: order; exercise 06.4's answer is read from it, and a test measures it again)
+#: order; a test measures it again)
 KINDS = (
     "global forward pre-hook",
     "forward pre-hook (prepend)",

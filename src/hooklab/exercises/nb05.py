@@ -1,4 +1,4 @@
-"""Exercises of notebook 05: a deconvnet ReLU hook, a Grad-CAM map, dead channels found with a hook."""
+"""Exercises of notebook 05: a deconvnet ReLU hook, a Layer-CAM map, dead channels found with a hook."""
 
 from __future__ import annotations
 
@@ -122,36 +122,71 @@ def _deconvnet_hook(hook) -> Outcome:
     return Outcome(False, f"registered on the ReLUs of a model, deconvnet gradients differ: {outcome.detail}")
 
 
-@exercise("05.2", "a Grad-CAM map from an activation and its gradient")
-def _cam_map(cam_map) -> Outcome:
-    """``cam_map(activation, gradient)``: both ``(C, H, W)``; returns the ``(H, W)`` Grad-CAM map
-    and leaves both inputs unchanged."""
+def _layer_cam_maps(activations: torch.Tensor, gradients: torch.Tensor) -> torch.Tensor:
+    return (gradients.clamp(min=0) * activations).sum(dim=1).clamp(min=0)
+
+
+def _layer_cam_hint(got: torch.Tensor, activations: torch.Tensor, gradients: torch.Tensor) -> str | None:
+    """What a near miss computed, or None."""
+    got = got.detach().double()
+    a, g = activations.double(), gradients.double()
+    near = [
+        ((g.mean(dim=(2, 3), keepdim=True) * a).sum(dim=1).clamp(min=0),
+         "that is Grad-CAM, one weight per channel (its gradient's spatial mean): Layer-CAM weights every "
+         "activation by the positive part of its own gradient, at its own position"),
+        ((g * a).sum(dim=1).clamp(min=0),
+         "almost: weight each activation by the positive part of its gradient (relu of G), not by the gradient"),
+        ((g.clamp(min=0) * a).sum(dim=1),
+         "almost: the map is the positive part of the channel sum (a ReLU after summing)"),
+        ((g.clamp(min=0) * a.clamp(min=0)).sum(dim=1).clamp(min=0),
+         "the activations keep their sign: only the gradient is clipped before weighting, then the sum"),
+    ]
+    for value, hint in near:
+        if got.shape == value.shape and torch.allclose(got, value, atol=1e-6):
+            return hint
+    expected = _layer_cam_maps(a, g)
+    peak = expected.flatten(1).amax(dim=1)[:, None, None]
+    low = expected.flatten(1).amin(dim=1)[:, None, None]
+    for scaled in (expected / peak, (expected - low) / (peak - low), expected / expected.max()):
+        if got.shape == scaled.shape and torch.allclose(got, scaled, atol=1e-6):
+            return "almost: return the maps as they are (scaling to a maximum of 1 is for display)"
+    return None
+
+
+@exercise("05.2", "a Layer-CAM map that keeps the position")
+def _layer_cam(layer_cam) -> Outcome:
+    """``layer_cam(activations, gradients)``: both ``(N, C, H, W)``; returns the ``(N, H, W)`` maps
+    ``relu(sum_k relu(G_k) * A_k)`` and leaves both inputs unchanged."""
     generator = torch.Generator().manual_seed(11)
-    activation = torch.rand(6, 5, 4, generator=generator)
-    gradient = torch.randn(6, 5, 4, generator=generator)
-    weights = gradient.mean(dim=(1, 2))
-    unclipped = (weights[:, None, None] * activation).sum(dim=0)
-    expected = unclipped.clamp(min=0)
-    a, g = activation.clone(), gradient.clone()
-    got = cam_map(a, g)
-    for name, original, passed in (("activation", activation, a), ("gradient", gradient, g)):
-        if not torch.equal(original, passed):
-            return Outcome(False, f"your function changed the {name} in place: don't modify the {name}, "
-                                  "compute new tensors (the caller still needs it)")
-    if not isinstance(got, torch.Tensor):
-        return Outcome(False, f"return the map as a tensor, got {type(got).__name__}")
-    if got.shape != expected.shape:
-        return Outcome(False, f"shape {tuple(got.shape)}, expected {tuple(expected.shape)}: the map is (H, W), so "
-                              "sum over the channel dimension (dim 0) only")
-    outcome = compare_tensors(got, expected)
-    if outcome.passed:
-        return Outcome(True, f"the (5, 4) map matches ({outcome.detail})")
-    if torch.allclose(got.detach().double(), unclipped.double(), atol=1e-6):
-        return Outcome(False, "almost: Grad-CAM keeps only the positive part (ReLU of the weighted sum)")
-    scaled = [expected / expected.max(), (expected - expected.min()) / (expected.max() - expected.min())]
-    if any(torch.allclose(got.detach().double(), s.double(), atol=1e-6) for s in scaled):
-        return Outcome(False, "almost: return the unnormalised map (scaling to a maximum of 1 is for display)")
-    return Outcome(False, f"{outcome.detail}; weight channel k by the spatial mean of its gradient")
+    details = []
+    for shape in ((3, 6, 5, 4), (1, 2, 3, 3)):
+        activations = torch.rand(*shape, generator=generator) * 1.5 - 0.5  # both signs, as before a ReLU
+        gradients = torch.randn(*shape, generator=generator)
+        expected = _layer_cam_maps(activations, gradients)
+        a, g = activations.clone(), gradients.clone()
+        got = layer_cam(a, g)
+        for name, original, passed in (("activations", activations, a), ("gradients", gradients, g)):
+            if not torch.equal(original, passed):
+                return Outcome(False, f"your function changed the {name} in place: don't modify them, compute "
+                                      "new tensors (the caller still needs them)")
+        if not isinstance(got, torch.Tensor):
+            return Outcome(False, f"return the maps as a tensor, got {type(got).__name__}")
+        where = f"for a batch of shape {shape}"
+        if got.shape != expected.shape:
+            hint = "one (H, W) map per image: sum over the channel dimension (dim 1) only"
+            if got.shape == expected.shape[1:]:
+                hint = "return one map per image of the batch, (N, H, W); " + hint.split(": ", 1)[1]
+            return Outcome(False, f"{where} the result has shape {tuple(got.shape)}, expected "
+                                  f"{tuple(expected.shape)}: {hint}")
+        outcome = compare_tensors(got, expected)
+        if not outcome.passed:
+            hint = _layer_cam_hint(got, activations, gradients) or (
+                f"{outcome.detail}; weight each activation by the positive part of its own gradient, sum over "
+                "channels, keep the positive part"
+            )
+            return Outcome(False, f"{where}: {hint}")
+        details.append(tuple(expected.shape))
+    return Outcome(True, f"maps of shapes {details[0]} and {details[1]} match")
 
 
 def _channels(mask: torch.Tensor) -> list[int]:

@@ -8,30 +8,36 @@ import torch
 from torch import nn
 from torch.nn.modules import module as module_hooks
 
-from ..order import KINDS
 from . import Outcome, compare_tensors, exercise
 
-#: the kinds exercise 06.4 asks to put in order (one layer; parameter hooks left out)
+#: the hooks of exercise 06.4, shuffled: one nn.Linear carries them, registered as the notebook shows
 ORDER_KINDS = (
-    "backward hook",
-    "Node pre-hook",
-    "forward hook",
-    "global backward pre-hook",
-    "forward pre-hook",
-    "tensor hook on output",
-    "global forward hook",
-    "backward pre-hook",
-    "Node hook",
-    "global forward pre-hook",
-    "forward pre-hook (prepend)",
-    "global backward hook",
+    "backward hook G",
+    "pre-hook B (prepend)",
+    "forward hook D",
+    "tensor hook J",
+    "global forward hook E",
+    "backward pre-hook I (prepend)",
+    "pre-hook A",
+    "forward hook F (prepend)",
+    "backward pre-hook H",
+    "pre-hook C (prepend)",
 )
 
-#: the order in which they first fire, for one Linear whose input requires grad: the tracer's
-#: chart lists its kinds in that order (a test measures it again). A constant, so that the check
-#: works in any kernel, also in one where the legacy global backward hook was once registered
-#: (notebook 06, §3)
-_FIRING_ORDER = tuple(kind for kind in KINDS if kind in ORDER_KINDS)
+#: the order in which they fire. A constant, so that the check registers no hook and works in any
+#: kernel; a test runs the registration code of the notebook's exercise text and measures it again
+_FIRING_ORDER = (
+    "pre-hook C (prepend)",
+    "pre-hook B (prepend)",
+    "pre-hook A",
+    "global forward hook E",
+    "forward hook F (prepend)",
+    "forward hook D",
+    "backward pre-hook I (prepend)",
+    "backward pre-hook H",
+    "tensor hook J",
+    "backward hook G",
+)
 
 
 def _checkpoint_model() -> nn.Sequential:
@@ -237,10 +243,10 @@ def _quoted(items) -> str:
 
 @exercise("06.4", "predict the firing order for one layer")
 def _predict_order(prediction) -> Outcome:
-    """``prediction`` lists the kinds of ``ORDER_KINDS`` in the order they first fire for one Linear.
+    """``prediction`` lists the hooks of ``ORDER_KINDS`` in the order they fire on the exercise's Linear.
 
-    A wrong order is told how many kinds are in the right place and one neighbouring pair that is
-    the wrong way round, never which kind belongs at a position.
+    A wrong order is told how many hooks are in the right place and one neighbouring pair that is
+    the wrong way round, never which hook belongs at a position.
     """
     n = len(ORDER_KINDS)
     if not isinstance(prediction, (list, tuple)):
@@ -252,14 +258,14 @@ def _predict_order(prediction) -> Outcome:
     if unknown or missing or twice:
         problems = [
             f"{label}: {_quoted(items)}"
-            for label, items in (("not a kind", unknown), ("missing", missing), ("listed twice", twice))
+            for label, items in (("not a hook of the list", unknown), ("missing", missing), ("listed twice", twice))
             if items
         ]
-        return Outcome(False, f"list each kind of ORDER_KINDS exactly once ({'; '.join(problems)})")
+        return Outcome(False, f"list each hook of ORDER_KINDS exactly once ({'; '.join(problems)})")
     if prediction == list(_FIRING_ORDER):
-        return Outcome(True, f"all {n} kinds in the order they fire")
+        return Outcome(True, f"all {n} hooks in the order they fire")
     right = sum(got == real for got, real in zip(prediction, _FIRING_ORDER, strict=True))
     rank = {kind: i for i, kind in enumerate(_FIRING_ORDER)}
     first, second = next((a, b) for a, b in itertools.pairwise(prediction) if rank[a] > rank[b])
-    return Outcome(False, f"{right} of {n} kinds in the right place; for example, you put {first!r} right before "
+    return Outcome(False, f"{right} of {n} hooks in the right place; for example, you put {first!r} right before "
                           f"{second!r}: which of the two fires first?")
