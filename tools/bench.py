@@ -74,6 +74,7 @@ def machine() -> dict:
         "logical_cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)),
         "threads": torch.get_num_threads(),
+        "cpu_kernels": torch.backends.cpu.get_cpu_capability(),  # AVX2 under make: the Makefile pins it
         "torch": torch.__version__,
         "torchvision": torchvision.__version__,
         "python": platform.python_version(),
@@ -504,7 +505,7 @@ def markdown(report: dict) -> str:
     out = [
         f"Measured {m['date']} on {m['cpu']} ({m['usable_cores']} usable cores, shared; load average "
         f"{m['load_average_at_start'][0]} at start), torch {m['torch']}, torchvision {m['torchvision']}, "
-        f"Python {m['python']}, {m['threads']} thread.",
+        f"Python {m['python']}, {m['threads']} thread, {m.get('cpu_kernels', 'unrecorded')} CPU kernels.",
         "",
     ]
     for key, allocator in (
