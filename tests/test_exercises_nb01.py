@@ -6,7 +6,8 @@ import fnmatch
 
 import torch
 
-from hooklab.exercises import grade
+from hooklab.audit import global_hooks
+from hooklab.exercises import check, grade
 
 
 # ----- 01.1 -------------------------------------------------------------------------------------
@@ -179,38 +180,9 @@ def test_01_3_rejects_wrong_answers():
         assert not grade("01.3", wrong).passed, wrong.__name__
 
 
-# ----- 01.4 -------------------------------------------------------------------------------------
-def saved_right(fn, x):
-    shapes = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(tuple(t.shape)) or t, lambda t: t):
-        fn(x)
-    return shapes
-
-
-def test_01_4_accepts_the_saved_shapes():
-    assert grade("01.4", saved_right).passed
-
-
-def test_01_4_rejects_wrong_answers():
-    assert not grade("01.4", lambda fn, x: [tuple(x.shape)]).passed
-    assert not grade("01.4", lambda fn, x: saved_right(fn, x)[::-1]).passed
-    assert not grade("01.4", lambda fn, x: [*saved_right(fn, x), (1,)]).passed
-
-
 def test_01_2_says_when_a_post_hook_doubled_the_result_instead():
     result = grade("01.2", lambda node: node.register_hook(lambda gi, go: (gi[0] * 2,)))
     assert not result.passed and "register_prehook" in result.detail
-
-
-def test_01_4_says_to_return_shapes_not_tensors():
-    def tensors(fn, x):
-        kept = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
-            fn(x)
-        return kept
-
-    result = grade("01.4", tensors)
-    assert not result.passed and "tuple(t.shape)" in result.detail
 
 
 # ----- 01.2: the other branch, removal, the wrong node ------------------------------------------
@@ -307,32 +279,120 @@ def test_01_3_hints_at_a_late_binding_closure():
     assert not result.passed and "loop variable" in result.detail
 
 
-# ----- 01.4: backward must still work; what is returned -----------------------------------------
-def test_01_4_runs_backward_through_what_the_hooks_saved():
-    def shapes_with(pack, unpack):
-        def saved_shapes(fn, x):
-            shapes = []
-            with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(tuple(t.shape)) or pack(t), unpack):
-                fn(x)
-            return shapes
+# ----- 01.4 -------------------------------------------------------------------------------------
+def storage_of(t):
+    return t.untyped_storage().data_ptr()
 
-        return saved_shapes
+
+def saved_bytes_with(where=storage_of, size=lambda t: t.untyped_storage().nbytes(),
+                     skip=lambda t, x: storage_of(t) == storage_of(x), once=True):
+    """A right answer to 01.4, or a wrong one with one of its parts replaced."""
+
+    def saved_bytes(fn, x):
+        sizes, every = {}, []
+
+        def pack(t):
+            if not skip(t, x):
+                sizes[where(t)] = size(t)
+                every.append(size(t))
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            fn(x)
+        return sum(sizes.values()) if once else sum(every)
+
+    return saved_bytes
+
+
+def test_01_4_accepts_the_bytes_of_each_saved_storage_once():
+    assert grade("01.4", saved_bytes_with()).passed
+
+
+def test_01_4_accepts_a_set_of_storages():
+    def with_a_set(fn, x):
+        storages = set()
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: storages.add(t.untyped_storage()) or t, lambda t: t):
+            fn(x)
+        storages.discard(x.untyped_storage())
+        return sum(s.nbytes() for s in storages)
+
+    assert grade("01.4", with_a_set).passed
+
+
+def test_01_4_rejects_wrong_counts_with_the_trap_they_fell_into():
+    own_size = lambda t: t.numel() * t.element_size()  # noqa: E731
+    for answer, words in [
+        (saved_bytes_with(once=False), "count each storage once"),
+        (saved_bytes_with(skip=lambda t, x: False), "leave x's storage out"),
+        (saved_bytes_with(skip=lambda t, x: t is x), "leave x's storage out"),
+        (saved_bytes_with(skip=lambda t, x: t.data_ptr() == x.data_ptr()), "its storage is x's"),
+        (saved_bytes_with(where=lambda t: t.data_ptr()), "not data pointers"),
+        (saved_bytes_with(size=own_size), "not only the elements it shows"),
+        (saved_bytes_with(where=lambda t: t.data_ptr(), size=own_size,
+                          skip=lambda t, x: t.data_ptr() == x.data_ptr()), "not only the elements it shows"),
+        (lambda fn, x: (fn(x), 0)[1], "fewer bytes than the saved tensors keep alive"),
+    ]:
+        result = grade("01.4", answer)
+        assert not result.passed and words in result.detail, result.detail
+
+
+def test_01_4_tries_a_second_shape_of_x():
+    def hard_coded(fn, x):
+        right = saved_bytes_with()(fn, x)
+        return right if x.shape == (2, 3) else 24
+
+    result = grade("01.4", hard_coded)
+    assert not result.passed and "shape (4, 5)" in result.detail, result.detail
+
+
+def test_01_4_runs_backward_through_what_the_hooks_saved():
+    def packing(pack, unpack):
+        def saved_bytes(fn, x):
+            sizes = {}
+
+            def note(t):
+                sizes[storage_of(t)] = t.untyped_storage().nbytes()
+                return pack(t)
+
+            with torch.autograd.graph.saved_tensors_hooks(note, unpack):
+                fn(x)
+            sizes.pop(storage_of(x), None)
+            return sum(sizes.values())
+
+        return saved_bytes
 
     for pack, unpack in [(lambda t: None, lambda t: t), (lambda t: t, torch.zeros_like)]:
-        result = grade("01.4", shapes_with(pack, unpack))
+        result = grade("01.4", packing(pack, unpack))
         assert not result.passed and "backward through what your hooks saved" in result.detail, result.detail
 
 
-def test_01_4_accepts_a_generator_and_says_when_items_are_not_shapes():
-    assert grade("01.4", lambda fn, x: (s for s in saved_right(fn, x))).passed
+def test_01_4_wants_no_hooks_left_when_fn_raises():
+    def entered_by_hand(fn, x):
+        hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
+        hooks.__enter__()
+        total = saved_bytes_with()(fn, x)
+        hooks.__exit__(None, None, None)
+        return total
 
-    def numels(fn, x):
-        sizes = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel()) or t, lambda t: t):
-            fn(x)
-        return sizes
+    result = grade("01.4", entered_by_hand)
+    assert not result.passed and "when fn raised, your saved-tensor hooks stayed active" in result.detail
+    assert global_hooks() == []
 
-    result = grade("01.4", numels)
-    assert not result.passed and "holding int" in result.detail
-    result = grade("01.4", lambda fn, x: None)
-    assert not result.passed and "missing return?" in result.detail
+
+def test_01_4_says_what_is_wrong_with_the_returned_value():
+    for answer, words in [
+        (lambda fn, x: None, "missing return?"),
+        (lambda fn, x: float(saved_bytes_with()(fn, x)), "got float"),
+        (lambda fn, x: torch.tensor(saved_bytes_with()(fn, x)), "got Tensor"),
+        (lambda fn, x: 0, "fn was never called"),
+    ]:
+        result = grade("01.4", answer)
+        assert not result.passed and words in result.detail, result.detail
+
+
+def test_01_4_stub_is_not_solved_yet(capsys):
+    def saved_bytes(fn, x):
+        raise NotImplementedError
+
+    check("01.4", saved_bytes)
+    assert capsys.readouterr().out.endswith("): not solved yet\n")

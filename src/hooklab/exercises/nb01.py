@@ -9,7 +9,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from ..audit import clear_hooks
+from ..audit import clear_global_hooks, clear_hooks
 from . import Outcome, compare_tensors, exercise, is_handle, kind_of, not_a_handle
 
 
@@ -237,61 +237,120 @@ def _fused_sgd(fuse_sgd) -> Outcome:
     return Outcome(True, "same parameters as torch.optim.SGD for two learning rates, and no .grad kept")
 
 
-def _same(t):
-    return t
+def _saved_storages(fn, x: torch.Tensor) -> tuple[int, set[int]]:
+    """What the tensors autograd saves while running ``fn(x)`` keep alive beyond ``x`` (the size of
+    each storage they use, counted once, ``x``'s own storage left out), and the totals an answer
+    gets when it counts each saved view's own size instead of its storage's."""
+    saved: list[tuple[int, int, int, int]] = []  # storage address and size, data address, own size
+
+    def note(t):
+        storage = t.untyped_storage()
+        saved.append((storage.data_ptr(), storage.nbytes(), t.data_ptr(), t.numel() * t.element_size()))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(note, lambda t: t):
+        out = fn(x)
+    del out
+    base = x.untyped_storage().data_ptr()
+    kept = [s for s in saved if s[0] != base]
+    right = sum({where: size for where, size, _, _ in kept}.values())
+    first, last = {}, {}
+    for where, _, _, own_size in kept:
+        first.setdefault(where, own_size)
+        last[where] = own_size
+    by_data = {data: own_size for _, _, data, own_size in saved if data != x.data_ptr()}
+    own = {sum(first.values()), sum(last.values()), sum(by_data.values())} - {right}
+    return right, own
 
 
-def _shapes_of(got, label: str) -> list | Outcome:
-    """The answer to 01.4 as a list of tuples, or the Outcome saying what is wrong with it."""
-    advice = "return a list of shapes, tuple(t.shape) for each saved t"
-    if got is None or not isinstance(got, Iterable) or isinstance(got, str | torch.Tensor):
-        return Outcome(False, f"for {label}: got {kind_of(got)}; {advice}")
-    got = list(got)
-    if any(isinstance(s, torch.Tensor) for s in got):
-        return Outcome(False, f"for {label}: got tensors; {advice}")
-    bad = next((s for s in got if not (isinstance(s, tuple | list) and all(isinstance(n, int) for n in s))), None)
-    if bad is not None:
-        return Outcome(False, f"for {label}: got a list holding {kind_of(bad)}; {advice}")
-    return [tuple(s) for s in got]
+_WHOLE_STORAGE = ("a saved view keeps all of the storage it lives in alive, not only the elements it shows: "
+                  "count the storage's size (t.untyped_storage().nbytes()), not t.numel() * t.element_size()")
+
+#: the functions 01.4 tries, each with the trap it sets
+_SAVED_CASES = {
+    "x.exp().sin().sum()": (
+        lambda x: x.exp().sin().sum(),
+        "exp saves its result and sin saves the same tensor as its input (section 9): count each storage "
+        "once, however many times it is saved",
+    ),
+    "x @ x.T": (
+        lambda x: x @ x.T,
+        "matmul saves x and x.T, both in x's own storage, which the caller keeps anyway: leave x's storage out",
+    ),
+    "x[:, 1:].sin().sum()": (
+        lambda x: x[:, 1:].sin().sum(),
+        "sin saves x[:, 1:], a view of x whose first element lies one element into x's memory, so its "
+        "t.data_ptr() is not x.data_ptr(), yet its storage is x's: compare storages "
+        "(t.untyped_storage().data_ptr()), not t.data_ptr()",
+    ),
+    "x.exp()[:, 1:].pow(2).sum()": (
+        lambda x: x.exp()[:, 1:].pow(2).sum(),
+        "pow saves y[:, 1:], a view into exp's saved result y: it starts at another t.data_ptr() but lives in "
+        "the same storage, so count storages (t.untyped_storage().data_ptr()), not data pointers",
+    ),
+    "(2 * x)[:, 1:].cos().sum()": (
+        lambda x: (2 * x)[:, 1:].cos().sum(),
+        f"cos saves a view of 2 * x; {_WHOLE_STORAGE}",
+    ),
+}
 
 
-@exercise("01.4", "list what autograd saves for backward")
-def _saved(saved_shapes) -> Outcome:
-    """``saved_shapes(fn, x)`` runs ``fn(x)`` and returns the shapes (tuples) of the tensors
-    autograd saved for backward, in the order they were saved. Backward through what the answer's
-    hooks saved must give the same gradient as without them."""
-    cases = {
-        "x.exp().sin().sum()": lambda x: x.exp().sin().sum(),
-        "x @ x.T": lambda x: x @ x.T,
-        "relu(x).mean()": lambda x: torch.relu(x).mean(),
-    }
-    for label, fn in cases.items():
-        x = torch.linspace(-1, 1, 6).reshape(2, 3).requires_grad_()
-        expected: list[tuple] = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t, into=expected: into.append(tuple(t.shape)) or t, _same):
+def _fails_then_raises(x):
+    x.exp().sin()  # something is saved before the error
+    raise ValueError("a forward pass that fails on purpose")
+
+
+@exercise("01.4", "count the memory autograd keeps for backward")
+def _saved(saved_bytes) -> Outcome:
+    """``saved_bytes(fn, x)`` runs ``fn(x)`` under saved-tensor hooks and returns how many bytes the
+    saved tensors keep alive beyond ``x``: each storage once (views share their base's), its whole
+    size, ``x``'s own storage not counted. Backward through what the answer's hooks saved must
+    give the same gradient as without them, and no hooks may stay active when ``fn`` raises."""
+    for shape in ((2, 3), (4, 5)):
+        for label, (fn, trap) in _SAVED_CASES.items():
+            x = torch.linspace(-1, 1, shape[0] * shape[1]).reshape(shape).requires_grad_()
+            expected, own_sizes = _saved_storages(fn, x)
             out = fn(x)
-        (plain,) = torch.autograd.grad(out, x, torch.ones_like(out))
-        runs = []
+            (plain,) = torch.autograd.grad(out, x, torch.ones_like(out))
+            runs = []
 
-        def watched(inp, fn=fn, runs=runs):
-            out = fn(inp)
-            runs.append((inp, out))
-            return out
+            def watched(inp, fn=fn, runs=runs):
+                out = fn(inp)
+                runs.append((inp, out))
+                return out
 
-        got = _shapes_of(saved_shapes(watched, x.detach().clone().requires_grad_()), label)
-        if isinstance(got, Outcome):
-            return got
-        if got != expected:
-            return Outcome(False, f"for {label}: got {got}, autograd saved {expected}")
-        for inp, out in runs:
-            if not (isinstance(out, torch.Tensor) and out.requires_grad and inp.requires_grad):
-                continue
-            try:
-                (grad,) = torch.autograd.grad(out, inp, torch.ones_like(out))
-            except (RuntimeError, TypeError) as error:
-                return Outcome(False, f"for {label}: backward through what your hooks saved raised "
-                                      f"{type(error).__name__}: unpack must give back the very tensor pack received")
-            if not compare_tensors(grad, plain).passed:
-                return Outcome(False, f"for {label}: backward through what your hooks saved gives another gradient: "
-                                      "unpack must give back the very tensor pack received")
-    return Outcome(True, f"right shapes for {len(cases)} functions, and backward still works")
+            got = saved_bytes(watched, x.detach().clone().requires_grad_())
+            if isinstance(got, bool) or not isinstance(got, int):
+                return Outcome(False, f"for {label}: got {kind_of(got)}; return the number of bytes as an int")
+            if not runs:
+                return Outcome(False, f"for {label}: fn was never called; run fn(x) under your hooks")
+            if got != expected:
+                if got in own_sizes:
+                    trap = _WHOLE_STORAGE
+                elif got < expected:
+                    trap = ("that is fewer bytes than the saved tensors keep alive: note every tensor pack "
+                            "receives, and add up the size of each storage once")
+                return Outcome(False, f"for {label} with x of shape {shape}: got {got} bytes; {trap}")
+            for inp, out in runs:
+                if not (isinstance(out, torch.Tensor) and out.requires_grad and inp.requires_grad):
+                    continue
+                try:
+                    (grad,) = torch.autograd.grad(out, inp, torch.ones_like(out))
+                except (RuntimeError, TypeError) as error:
+                    return Outcome(False, f"for {label}: backward through what your hooks saved raised "
+                                          f"{type(error).__name__}: pack must return the tensor it receives "
+                                          "(unpack gets it back for backward)")
+                if not compare_tensors(grad, plain).passed:
+                    return Outcome(False, f"for {label}: backward through what your hooks saved gives another "
+                                          "gradient: unpack must give back the very tensor pack received")
+    try:
+        saved_bytes(_fails_then_raises, torch.ones(2, 3, requires_grad=True))
+    except ValueError:
+        pass  # the error should come through: the point is what is left active
+    left = clear_global_hooks()
+    if left:
+        return Outcome(False, f"when fn raised, your saved-tensor hooks stayed active ({'; '.join(left)}): every "
+                              "later operation would go through them; use them as a `with` block, which exits "
+                              "also when fn raises")
+    return Outcome(True, f"right byte counts for {len(_SAVED_CASES)} functions on two shapes of x, backward still "
+                         "works, and no hooks left when fn raises")
