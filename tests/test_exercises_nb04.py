@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from hooklab import backprop as bp
-from hooklab.exercises import grade
+from hooklab.exercises import check, grade
 from hooklab.losses import softmax_cross_entropy_backward
 
 
@@ -25,23 +25,47 @@ def smoothed(target, smoothing, classes=4):
     return (1 - smoothing) * F.one_hot(target, classes).double() + smoothing / classes
 
 
+def softmax_backward(out, dout):
+    return out * (dout - (dout * out).sum(-1, keepdim=True))
+
+
+def softmax_backward_by_jacobian(out, dout):  # the same through the full (..., n, n) Jacobian
+    jacobian = out[..., :, None] * (torch.eye(out.shape[-1], dtype=out.dtype) - out[..., None, :])
+    return torch.einsum("...i,...ij->...j", dout, jacobian)
+
+
+def elu_backward(out, dout, alpha):
+    return torch.where(out > 0, dout, dout * (out + alpha))
+
+
 CORRECT = {
-    "04.1": bp.sigmoid_backward,
+    "04.1": softmax_backward,
     "04.2": linear_on_sequences,
-    "04.3": bp.relu_backward,
+    "04.3": elu_backward,
     "04.4": conv_no_bias,
     "04.5": lambda logits, target, s: softmax_cross_entropy_backward(logits, smoothed(target, s)),
 }
 
 WRONG = {
-    "04.1": lambda out, dout: dout * out * (1 + out),  # sign slip
+    "04.1": lambda out, dout: dout * out * (1 - out),  # the sigmoid's diagonal: misses the other outputs of a row
     "04.2": lambda x, w, dout: (dout @ w, dout.mT @ x, dout.sum((0, 1))),  # dw per sequence: (B, out, in)
-    "04.3": lambda out, dout: dout * (out >= 0),  # lets the gradient through where the input was negative
+    "04.3": lambda out, dout, alpha: dout * (out > 0),  # ReLU's: no gradient where the input was negative
     "04.4": lambda x, w, dout: (F.conv_transpose2d(dout, w), torch.zeros_like(w)),  # dw missing
     "04.5": lambda logits, target, s: logits.softmax(1) - smoothed(target, s),  # forgot the 1/N of the mean
 }
 
 WRONG_TOO = [  # more wrong answers, each with a part of the message that must explain it
+    ("04.1", lambda out, dout: out * (dout - (dout * out).sum(-1)),  # the row sum broadcasts along columns
+     "with x of shape (4, 4): dx: max |difference| 4.2e-01 (your row sums were added along the wrong dimension"),
+    ("04.1", lambda out, dout: out * (dout - (dout * out).sum(1, keepdim=True)),  # right on 2-D inputs only
+     "with x of shape (2, 3, 5): dx: max |difference|"),
+    ("04.1", lambda out, dout: out * (dout - (dout * out).sum()), "with x of shape (4, 4)"),  # one sum for all rows
+    ("04.1", lambda out, dout: out[..., :, None] * (torch.eye(4, dtype=out.dtype) - out[..., None, :]),
+     "with x of shape (4, 4): dx: shape (4, 4, 4), expected (4, 4)"),  # the Jacobian, never multiplied by dout
+    ("04.3", lambda out, dout, alpha: torch.where(out > 0, dout, dout * (out + 1)), "with alpha=0.5"),  # alpha=1 only
+    ("04.3", lambda out, dout, alpha: torch.where(out > 0, dout, dout * alpha * out.exp()),  # out taken for x
+     "with alpha=1.0"),
+    ("04.3", lambda out, dout, alpha: elu_backward(out, dout, alpha).float(), "your dx is float32"),
     ("04.2", lambda x, w, dout: (dout @ w, (dout.mT @ x).sum(0), dout.sum(0)), "db: shape (5, 3), expected (3,)"),
     ("04.5", lambda logits, target, s: softmax_cross_entropy_backward(logits, target), "with smoothing=0.2"),
     ("04.5", lambda logits, target, s: (logits.softmax(1) - ((1 - s) * F.one_hot(target, 4) + s / 4)) / len(target),
@@ -68,10 +92,52 @@ def test_checker_explains_more_wrong_answers(id, answer, message):
     assert not outcome.passed and message in outcome.detail, outcome.detail
 
 
+@pytest.mark.parametrize(("id", "answer"), [
+    ("04.1", softmax_backward_by_jacobian),
+    ("04.3", lambda out, dout, alpha: torch.where(out > 0, dout, dout * alpha * torch.log1p(out / alpha).exp())),
+])
+def test_other_right_answers_pass(id, answer):  # the Jacobian spelled out; x recovered from out first
+    outcome = grade(id, answer)
+    assert outcome.passed, outcome.detail
+
+
+def softmax_stub(out, dout):  # the notebook's stubs, with their arguments
+    raise NotImplementedError
+
+
+def elu_stub(out, dout, alpha):
+    raise NotImplementedError
+
+
+@pytest.mark.parametrize(("id", "stub", "title"), [("04.1", softmax_stub, "softmax backward from the output"),
+                                                   ("04.3", elu_stub, "ELU backward from the output")])
+def test_the_notebook_stubs_print_not_solved_yet(id, stub, title, capsys):
+    check(id, stub)
+    assert capsys.readouterr().out == f"Exercise {id} ({title}): not solved yet\n"
+
+
 def test_a_passing_difference_is_printed_as_a_bound_when_it_is_rounding():
-    assert grade("04.1", bp.sigmoid_backward).detail == "dx matches autograd; max |difference| < 1e-12"
-    off = grade("04.1", lambda out, dout: dout * out * (1 - out) + 5e-11)  # within tolerance, above the bound
-    assert off.passed and off.detail.endswith("max |difference| 5.0e-11 (in dx)")
+    assert grade("04.2", linear_on_sequences).detail == "dx, dw, db match autograd; max |difference| < 1e-12"
+    off = grade("04.2", lambda x, w, dout: (*linear_on_sequences(x, w, dout)[:2], dout.sum((0, 1)) + 5e-11))
+    assert off.passed and off.detail.endswith("max |difference| 5.0e-11 (in db)")  # within tolerance, above the bound
+
+
+def test_several_inputs_are_all_tried_and_the_largest_difference_is_printed():
+    assert grade("04.1", softmax_backward).detail == ("with x of shapes (4, 4) and (2, 3, 5): dx matches autograd; "
+                                                      "max |difference| < 1e-12")
+    assert grade("04.3", elu_backward).detail == "with alpha 1.0 and 0.5: dx matches autograd; max |difference| < 1e-12"
+
+    def off_most_on_the_first(out, dout, alpha):  # within tolerance, above the bound
+        return elu_backward(out, dout, alpha) + (5e-11 if alpha == 1.0 else 2e-11)
+
+    off = grade("04.3", off_most_on_the_first)
+    assert off.passed and off.detail == "with alpha 1.0 and 0.5: dx matches autograd; max |difference| 5.0e-11 (in dx)"
+
+
+def test_the_checked_elu_outputs_have_both_signs():
+    """Otherwise ReLU's backward or one that ignores alpha could pass."""
+    assert not grade("04.3", lambda out, dout, alpha: dout).passed  # the identity: all outputs positive
+    assert not grade("04.3", lambda out, dout, alpha: dout * (out + alpha)).passed  # all negative
 
 
 def test_wrong_number_of_results_is_explained():
@@ -80,7 +146,7 @@ def test_wrong_number_of_results_is_explained():
 
 
 def test_an_answer_that_changes_its_input_in_place_is_told_so():
-    outcome = grade("04.1", lambda out, dout: dout.mul_(out).mul_(1 - out))  # right numbers, dout overwritten
+    outcome = grade("04.1", lambda out, dout: out * dout.sub_((dout * out).sum(-1, keepdim=True)))  # right numbers
     assert not outcome.passed and "changed its input dout in place" in outcome.detail
     outcome = grade("04.2", lambda x, w, dout: (dout.zero_() @ w, *linear_on_sequences(x, w, dout)[1:]))
     assert not outcome.passed and "in place" in outcome.detail
@@ -97,7 +163,7 @@ def test_autograd_inside_the_answer_is_refused():
 
 
 def test_float32_results_get_a_dtype_hint():
-    outcome = grade("04.1", lambda out, dout: (dout * out * (1 - out)).float())
+    outcome = grade("04.1", lambda out, dout: softmax_backward(out, dout).float())
     assert not outcome.passed and "float32" in outcome.detail and "float64" in outcome.detail
 
 

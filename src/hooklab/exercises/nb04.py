@@ -1,13 +1,14 @@
 """Exercises of notebook 04: write the backward pass of five layers by hand.
 
 Each checker calls the student's function on fixed random float64 tensors and compares every
-returned gradient with autograd's. A passing answer's largest difference is printed as the bound
-``< 1e-12`` when it is that small: its digits are float64 rounding, and they change with the
-CPU's instruction set.
+returned gradient with autograd's. A passing answer's largest difference (over every input the
+checker tries) is printed as the bound ``< 1e-12`` when it is that small: its digits are float64
+rounding, and they change with the CPU's instruction set.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 
 import torch
@@ -48,7 +49,11 @@ def _by_hand(answer, names: list[str], *inputs: torch.Tensor):
     return got, None
 
 
-def _judge(got, expected, names) -> Outcome:
+Trap = tuple[tuple[torch.Tensor, ...], str]  # a known wrong result, and what to say when an answer gives it
+
+
+def _compare(got, expected, names, traps: Sequence[Trap] = ()) -> Outcome | tuple[float, str]:
+    """A failed Outcome, or the largest difference from ``expected`` and the gradient it is in."""
     if isinstance(got, torch.Tensor):
         got = (got,)
     if not isinstance(got, tuple | list) or not all(isinstance(g, torch.Tensor) for g in got):
@@ -67,29 +72,70 @@ def _judge(got, expected, names) -> Outcome:
             elif g.shape == e.shape and (g.detach().double() - e).abs().max().item() < 1e-5:
                 hint = (" (off by about float32 rounding: part of your computation ran in float32; an integer "
                         "tensor times a Python float is float32, so convert it to the inputs' dtype first)")
+            else:
+                hint = next((f" ({why})" for wrong, why in traps
+                             if all(w.shape == t.shape and torch.allclose(t.detach().double(), w)
+                                    for w, t in zip(wrong, got, strict=True))), "")
             return Outcome(False, f"{name}: {outcome.detail}{hint}")
         diff = (g.detach().double() - e).abs().max().item()
         if diff >= worst:
             worst, worst_name = diff, name
+    return worst, worst_name
+
+
+def _verdict(names, worst: float, worst_name: str, prefix: str = "") -> Outcome:
     verb = "matches" if len(names) == 1 else "match"
     if worst < SHOWN_AS_BOUND:
-        return Outcome(True, f"{', '.join(names)} {verb} autograd; max |difference| < {SHOWN_AS_BOUND:.0e}")
-    return Outcome(True, f"{', '.join(names)} {verb} autograd; max |difference| {worst:.1e} (in {worst_name})")
+        return Outcome(True, f"{prefix}{', '.join(names)} {verb} autograd; max |difference| < {SHOWN_AS_BOUND:.0e}")
+    return Outcome(True, f"{prefix}{', '.join(names)} {verb} autograd; max |difference| {worst:.1e} (in {worst_name})")
 
 
-def _check(answer, fn, inputs: dict[str, torch.Tensor], answer_inputs: dict[str, torch.Tensor], dout) -> Outcome:
+def _run(answer, fn, inputs: dict[str, torch.Tensor], answer_inputs: dict, dout, traps: Sequence[Trap] = ()):
     """Autograd's gradients of ``fn(*inputs)`` first, then the answer's from ``answer_inputs``; the
-    answer returns one gradient per input, named ``d<input>``."""
+    answer returns one gradient per input, named ``d<input>``. A failed Outcome, or what
+    ``_compare`` found."""
     expected = _reference(fn, tuple(inputs.values()), dout)
     got, failed = _by_hand(answer, list(answer_inputs), *answer_inputs.values())
-    return failed or _judge(got, expected, [f"d{name}" for name in inputs])
+    return failed or _compare(got, expected, [f"d{name}" for name in inputs], traps)
 
 
-@exercise("04.1", "sigmoid backward")
-def _sigmoid(sigmoid_backward) -> Outcome:
-    """``sigmoid_backward(out, dout) -> dx`` where ``out = sigmoid(x)``."""
-    x, dout = _rand(4, 5, seed=1), _rand(4, 5, seed=2)
-    return _check(sigmoid_backward, torch.sigmoid, {"x": x}, {"out": torch.sigmoid(x), "dout": dout}, dout)
+def _check(answer, fn, inputs: dict[str, torch.Tensor], answer_inputs: dict, dout) -> Outcome:
+    compared = _run(answer, fn, inputs, answer_inputs, dout)
+    return compared if isinstance(compared, Outcome) else _verdict([f"d{name}" for name in inputs], *compared)
+
+
+def _check_cases(answer, cases, passed_prefix: str) -> Outcome:
+    """``_run`` on several cases ``(label, fn, inputs, answer_inputs, dout, traps)`` in turn: fails with
+    the first case that fails (``with <label>: ...``), passes with the largest difference of all."""
+    worst, worst_name = 0.0, ""
+    for label, fn, inputs, answer_inputs, dout, traps in cases:
+        compared = _run(answer, fn, inputs, answer_inputs, dout, traps)
+        if isinstance(compared, Outcome):
+            return Outcome(False, f"with {label}: {compared.detail}")
+        if compared[0] >= worst:
+            worst, worst_name = compared
+    return _verdict([f"d{name}" for name in inputs], worst, worst_name, prefix=passed_prefix)
+
+
+def _softmax_cases():
+    """A square input first: there a row sum that lost its dimension broadcasts without an error."""
+    for shape, seed in (((4, 4), 1), ((2, 3, 5), 13)):
+        x, dout = _rand(*shape, seed=seed) * 2, _rand(*shape, seed=seed + 1)
+        out = x.softmax(dim=-1)
+        traps = []
+        if shape[0] == shape[-1]:
+            traps.append(((out * (dout - (dout * out).sum(-1)),),
+                          "your row sums were added along the wrong dimension: a sum over the last dimension "
+                          f"drops it, and the {tuple(shape[:-1])} result then lines up with the columns; "
+                          "keepdim=True keeps one sum per row"))
+        yield f"x of shape {shape}", partial(torch.softmax, dim=-1), {"x": x}, {"out": out, "dout": dout}, dout, traps
+
+
+@exercise("04.1", "softmax backward from the output")
+def _softmax(softmax_backward) -> Outcome:
+    """``softmax_backward(out, dout) -> dx`` where ``out = x.softmax(dim=-1)``, for any incoming
+    ``dout`` (no loss after it); tried on a (4, 4) and a (2, 3, 5) input."""
+    return _check_cases(softmax_backward, _softmax_cases(), "with x of shapes (4, 4) and (2, 3, 5): ")
 
 
 @exercise("04.2", "linear backward on a batch of sequences")
@@ -100,11 +146,14 @@ def _linear(linear_backward) -> Outcome:
     return _check(linear_backward, F.linear, {"x": x, "w": w, "b": b}, {"x": x, "w": w, "dout": dout}, dout)
 
 
-@exercise("04.3", "ReLU backward from the output")
-def _relu(relu_backward) -> Outcome:
-    """``relu_backward(out, dout) -> dx``: only the output is given, as after an in-place ReLU."""
-    x, dout = _rand(5, 6, seed=7), _rand(5, 6, seed=8)
-    return _check(relu_backward, F.relu, {"x": x}, {"out": F.relu(x), "dout": dout}, dout)
+@exercise("04.3", "ELU backward from the output")
+def _elu(elu_backward) -> Outcome:
+    """``elu_backward(out, dout, alpha) -> dx`` where ``out = F.elu(x, alpha)``: only the output is
+    given, as after an in-place ELU; tried with alpha 1 and 0.5."""
+    x, dout = _rand(5, 6, seed=7) * 2, _rand(5, 6, seed=8)
+    cases = [(f"alpha={alpha}", partial(F.elu, alpha=alpha), {"x": x},
+              {"out": F.elu(x, alpha), "dout": dout, "alpha": alpha}, dout, []) for alpha in (1.0, 0.5)]
+    return _check_cases(elu_backward, cases, "with alpha 1.0 and 0.5: ")
 
 
 @exercise("04.4", "conv2d backward, stride 1, no padding")
