@@ -136,37 +136,107 @@ def test_02_2_accepts_clamp_and_rejects_detached_or_missing_handle():
 
 
 # ----- 02.3 -----------------------------------------------------------------------------------
-def keeper(copy, pre=True):
-    def keep_input(module):
-        kept = []
+def pairing(copy=lambda t: t.detach().clone(), pre=True, copy_out=None):
+    """An answer to 02.3: a pre-hook keeps the input (or, wrong, the forward hook does), the forward hook
+    pairs it with the output."""
+    copy_out = copy_out or copy
+
+    def keep_calls(module):
+        kept, pending = [], []
+        handles = []
         if pre:
-            return kept, module.register_forward_pre_hook(lambda m, args: kept.append(copy(args[0])))
-        return kept, module.register_forward_hook(lambda m, args, out: kept.append(copy(args[0])))
+            handles.append(module.register_forward_pre_hook(lambda m, args: pending.append(copy(args[0]))))
 
-    return keep_input
+        def after(m, args, out):
+            kept.append((pending.pop() if pre else copy(args[0]), copy_out(out)))
+
+        handles.append(module.register_forward_hook(after))
+        return kept, handles
+
+    return keep_calls
 
 
-def test_02_3_accepts_a_detached_clone_from_a_pre_hook():
-    result = grade("02.3", keeper(lambda t: t.detach().clone()))
+def test_02_3_accepts_a_pre_hook_and_a_forward_hook_working_together():
+    result = grade("02.3", pairing())
+    assert result.passed, result.detail
+
+    def with_a_slot(module):  # one slot instead of a stack: fine, the ReLU never calls itself
+        kept, slot = [], {}
+        return kept, (
+            module.register_forward_pre_hook(lambda m, a: slot.update(x=a[0].clone().detach())),
+            module.register_forward_hook(lambda m, a, out: kept.append((slot.pop("x"), out.detach().clone()))),
+        )
+
+    result = grade("02.3", with_a_slot)
     assert result.passed, result.detail
 
 
 def test_02_3_rejects_forward_hooks_plain_detach_and_graph_keeping():
-    too_late = grade("02.3", keeper(lambda t: t.detach().clone(), pre=False))
-    assert not too_late.passed and "pre-hook" in too_late.detail
-    shared = grade("02.3", keeper(lambda t: t.detach()))
+    too_late = grade("02.3", pairing(pre=False))
+    assert not too_late.passed and "pre-hook" in too_late.detail and "call 1" in too_late.detail
+    shared = grade("02.3", pairing(copy=lambda t: t.detach(), copy_out=lambda t: t.detach().clone()))
     assert not shared.passed and "clone" in shared.detail
-    in_graph = grade("02.3", keeper(lambda t: t.clone()))
+    in_graph = grade("02.3", pairing(copy=lambda t: t.clone()))
     assert not in_graph.passed and "detach" in in_graph.detail
 
 
-def test_02_3_rejects_the_output_instead_of_the_input():
-    def keeps_output(module):
+def test_02_3_rejects_the_last_release_answer_and_wrong_pairs():
+    def input_only(module):  # the answer to the earlier 02.3: one tensor per call, no output
         kept = []
-        return kept, module.register_forward_hook(lambda m, args, out: kept.append(out.detach().clone()))
+        return kept, [module.register_forward_pre_hook(lambda m, args: kept.append(args[0].detach().clone()))]
 
-    result = grade("02.3", keeps_output)
-    assert not result.passed and "pre-hook" in result.detail
+    result = grade("02.3", input_only)
+    assert not result.passed and "(input, output) pair" in result.detail, result.detail
+
+    def output_twice(module):
+        kept = []
+        hook = lambda m, a, out: kept.append((out.detach().clone(), out.detach().clone()))  # noqa: E731
+        return kept, [module.register_forward_hook(hook)]
+
+    result = grade("02.3", output_twice)
+    assert not result.passed and "input kept for call 1" in result.detail, result.detail
+
+
+def test_02_3_checks_every_call():
+    def first_kept_twice(module):
+        kept, first = [], []
+
+        def before(m, args):
+            first.append(args[0].detach().clone())
+
+        def after(m, args, out):
+            kept.append((first[0], out.detach().clone()))
+
+        return kept, [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
+
+    result = grade("02.3", first_kept_twice)
+    assert not result.passed and "call 2" in result.detail and "input" in result.detail, result.detail
+
+
+def test_02_3_says_to_return_the_pair_and_every_handle():
+    modules = []
+
+    def swapped(module):
+        modules.append(module)
+        kept, handles = pairing()(module)
+        return handles, kept
+
+    def one_handle(module):
+        modules.append(module)
+        kept, handles = pairing()(module)
+        return kept, handles[0]
+
+    for answer in (swapped, one_handle):
+        result = grade("02.3", answer)
+        assert not result.passed and "return the pair (kept, handles)" in result.detail, result.detail
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in modules)
+
+    def forgets_one(module):
+        kept, handles = pairing()(module)
+        return kept, handles[1:]
+
+    result = grade("02.3", forgets_one)
+    assert not result.passed and "every hook" in result.detail, result.detail
 
 
 # ----- 02.4 -----------------------------------------------------------------------------------
@@ -272,44 +342,6 @@ def test_02_2_needs_the_handle_and_a_returned_output():
     assert not no_return.passed and "must return the new output" in no_return.detail
 
 
-def test_02_3_checks_every_kept_tensor():
-    def second_kept_raw(module):
-        kept = []
-        return kept, module.register_forward_pre_hook(
-            lambda m, a: kept.append(a[0].detach().clone() if not kept else a[0].detach())
-        )
-
-    result = grade("02.3", second_kept_raw)
-    assert not result.passed and "call 2" in result.detail
-
-    def halves_the_second(module):
-        kept = []
-        return kept, module.register_forward_pre_hook(lambda m, a: kept.append(a[0].detach().clone() / (len(kept) + 1)))
-
-    halved = grade("02.3", halves_the_second)
-    assert not halved.passed and "call 2" in halved.detail
-
-
-def test_02_3_says_to_return_the_pair():
-    modules = []
-
-    def swapped(module):
-        modules.append(module)
-        kept = []
-        return module.register_forward_pre_hook(lambda m, a: kept.append(a[0].detach().clone())), kept
-
-    def only_kept(module):
-        modules.append(module)
-        kept = []
-        module.register_forward_pre_hook(lambda m, a: kept.append(a[0].detach().clone()))
-        return kept
-
-    for answer in (swapped, only_kept):
-        result = grade("02.3", answer)
-        assert not result.passed and "return the pair (kept, handle)" in result.detail
-    assert not any(m._forward_pre_hooks for m in modules)
-
-
 def test_02_4_keeps_the_callers_other_keywords():
     def drops_the_rest(module, name, value):
         return module.register_forward_pre_hook(lambda m, args, kwargs: (args, {name: value}), with_kwargs=True)
@@ -332,3 +364,78 @@ def test_02_4_says_to_register_with_kwargs():
 
     result = grade("02.4", without_kwargs)
     assert not result.passed and "with_kwargs=True" in result.detail
+
+
+def tree_from_dots(model, x):
+    """Pre-hooks only, the depth read from the dots of the name: right only while every module is called
+    by its parent."""
+    calls, handles = [], []
+    try:
+        for name, module in model.named_modules():
+            if name:
+                record = lambda m, a, name=name: calls.append((name.count("."), name))  # noqa: E731
+                handles.append(module.register_forward_pre_hook(record))
+        model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return calls
+
+
+def tree_with_a_stack(model, x):
+    """A correct answer: the names of the calls still running, on a stack."""
+    calls, running, handles = [], [], []
+
+    def enter(name):
+        def hook(m, args):
+            calls.append((len(running), name))
+            running.append(name)
+
+        return hook
+
+    try:
+        for name, module in model.named_modules():
+            if name:
+                handles.append(module.register_forward_pre_hook(enter(name)))
+                handles.append(module.register_forward_hook(lambda m, a, o: running.pop() and None))
+        model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return calls
+
+
+def tree_with_nonlocal(model, x):
+    """A correct answer: an int counter changed through ``nonlocal``."""
+    calls, handles, depth = [], [], 0
+
+    def enter(m, args, name):
+        nonlocal depth
+        calls.append((depth, name))
+        depth += 1
+
+    def leave(m, args, out):
+        nonlocal depth
+        depth -= 1
+
+    try:
+        for name, module in model.named_modules():
+            if name:
+                handles.append(module.register_forward_pre_hook(lambda m, a, name=name: enter(m, a, name)))
+                handles.append(module.register_forward_hook(leave))
+        model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return calls
+
+
+def test_02_1_rejects_depths_read_from_the_names():
+    result = grade("02.1", tree_from_dots)
+    assert not result.passed and "dots" in result.detail and "depth 2" in result.detail, result.detail
+
+
+def test_02_1_accepts_a_stack_and_a_nonlocal_counter():
+    for answer in (tree_with_a_stack, tree_with_nonlocal):
+        result = grade("02.1", answer)
+        assert result.passed, result.detail

@@ -274,3 +274,55 @@ def test_03_2_says_when_no_handle_was_returned():
             "03.2", lambda module, limit, r=returned: module.register_full_backward_pre_hook(lambda m, go: None) and r
         )
         assert not outcome.passed and "must return the handle" in outcome.detail, outcome.detail
+
+
+def test_legacy_hook_advice_fits_each_exercise():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        gains = grade("03.1", answer_with(gain_hook("register_backward_hook")))
+        clip = grade("03.2", lambda module, limit: module.register_backward_hook(lambda m, gi, go: None))
+        relus = grade("03.3", answer_with(grad_input_hook("register_backward_hook"), names=RELUS))
+    assert "use register_full_backward_hook" in gains.detail, gains.detail
+    assert "register_full_backward_pre_hook" in clip.detail and "use register_full_backward_hook" not in clip.detail
+    assert "tensor hook" in relus.detail and "use register_full_backward_hook" not in relus.detail, relus.detail
+
+
+def test_03_2_accepts_an_in_place_change_and_explains_a_reassigned_name():
+    def in_place(module, limit):
+        def hook(m, grad_output):
+            g = grad_output[0]
+            g.mul_((limit / g.flatten(1).norm(dim=1)).clamp(max=1).view(-1, *[1] * (g.dim() - 1)))
+
+        return module.register_full_backward_pre_hook(hook)
+
+    outcome = grade("03.2", in_place)
+    assert outcome.passed, outcome.detail
+
+    def reassigns(module, limit):
+        def hook(m, grad_output):
+            grad_output = (grad_output[0] * 0.5,)  # a new local name, never returned
+
+        return module.register_full_backward_pre_hook(hook)
+
+    outcome = grade("03.2", reassigns)
+    assert not outcome.passed and "return the new tuple" in outcome.detail, outcome.detail
+
+
+def norm_over(dim):
+    return lambda module, limit: module.register_full_backward_pre_hook(
+        lambda m, go: (go[0] * (limit / go[0].norm(dim=dim, keepdim=True)).clamp(max=1),)
+    )
+
+
+def test_03_2_names_a_norm_over_the_wrong_axis():
+    batch = grade("03.2", norm_over(0))
+    assert not batch.passed and "dim=0" in batch.detail and "(5, 3)" in batch.detail, batch.detail
+    tokens = grade("03.2", norm_over(1))  # right for 2-D gradients, wrong for (batch, tokens, features)
+    assert not tokens.passed and "tokens axis" in tokens.detail and "(2, 3, 3)" in tokens.detail, tokens.detail
+
+
+def test_03_2_explains_a_bare_tensor_returned():
+    outcome = grade("03.2", lambda module, limit: module.register_full_backward_pre_hook(
+        lambda m, go: go[0] * (limit / go[0].flatten(1).norm(dim=1)).clamp(max=1).view(-1, *[1] * (go[0].dim() - 1))
+    ))
+    assert not outcome.passed and "(new_grad,)" in outcome.detail and "raised" not in outcome.detail, outcome.detail

@@ -7,18 +7,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..audit import clear_hooks
-from ..models import SeedConvNet
 from . import Outcome, compare_tensors, exercise, hooks_left_when_raising, is_handle
 
 
 class _Block(nn.Module):
-    """A small residual block that calls its ReLU twice, like torchvision's BasicBlock."""
+    """A small residual block that calls its ReLU twice, like torchvision's BasicBlock, and uses a
+    borrowed activation ``act`` inside ``extra``."""
 
-    def __init__(self) -> None:
+    def __init__(self, act: nn.Module) -> None:
         super().__init__()
         self.fc = nn.Linear(4, 4)
         self.relu = nn.ReLU()
-        self.extra = nn.Sequential(nn.Linear(4, 4), nn.Tanh())
+        self.extra = nn.Sequential(nn.Linear(4, 4), act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.relu(self.fc(x))
@@ -26,8 +26,11 @@ class _Block(nn.Module):
 
 
 def _order_model() -> nn.Module:
+    """Calls ``1`` (a Tanh) at depth 0, then again at depth 2 inside ``2.extra``: ``named_modules()`` lists
+    it once, as ``1``, so a depth read from the dots of a name is wrong there."""
     torch.manual_seed(2)  # on the checker's own random stream (see ``exercise``)
-    return nn.Sequential(nn.Linear(3, 4), _Block(), nn.Sequential(nn.Linear(4, 2)))
+    act = nn.Tanh()
+    return nn.Sequential(nn.Linear(3, 4), act, _Block(act), nn.Sequential(nn.Linear(4, 2)))
 
 
 def _call_tree(model: nn.Module, x: torch.Tensor) -> list[tuple[int, str]]:
@@ -99,9 +102,13 @@ def _call_tree_checker(call_tree) -> Outcome:
         return Outcome(False, "the right calls in the wrong order: list a call when it starts (in a forward "
                               "pre-hook), not when it ends: a container starts before its children")
     if got != expected:
-        wrong = next(g for g, e in zip(got, expected, strict=True) if g != e)
-        right = next(depth for depth, name in expected if name == wrong[1])
-        return Outcome(False, f"the right calls in the right order, but {wrong[1]!r} got depth {wrong[0]} "
+        call, wrong, right = next((i, g[0], e[0]) for i, (g, e) in enumerate(zip(got, expected, strict=True)) if g != e)
+        name = expected[call][1]
+        if all(depth == label.count(".") for depth, label in got):
+            return Outcome(False, f"the depths are the dots in each name, but call {call + 1} ({name!r}) runs inside "
+                                  f"other calls at depth {right}: a module can be called from anywhere in a "
+                                  "forward, not only by its parent; count the calls still running, with the hooks")
+        return Outcome(False, f"the right calls in the right order, but call {call + 1} ({name!r}) got depth {wrong} "
                               f"instead of {right}: count one level up in a pre-hook and one level down in a "
                               "forward hook, when the module returns")
     broken = nn.Sequential(nn.Linear(3, 4), nn.Linear(5, 2))  # its second layer gets the wrong width
@@ -196,46 +203,79 @@ def _kind(value: object) -> str:
     return type(value).__name__
 
 
-@exercise("02.3", "keep the input of an in-place module")
-def _keep_input(keep_input) -> Outcome:
-    """``keep_input(module)`` returns ``(kept, handle)``; ``kept`` gets one copy of the first input per call."""
-    model = SeedConvNet(seed=0, inplace=True)
-    x = torch.linspace(-1, 1, 36).reshape(1, 1, 6, 6).requires_grad_()
+class _InPlaceBlock(nn.Module):
+    """A residual block whose in-place ReLU runs twice per forward, like torchvision's BasicBlock."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(4, 4)
+        self.fc2 = nn.Linear(4, 4)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.relu(self.fc1(x))
+        return self.relu(self.fc2(out) + x)
+
+
+def _relu_calls(block: _InPlaceBlock, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(input, output) of both ReLU calls of ``block(x)``, computed without in-place ops."""
     with torch.no_grad():
-        expected = [model.conv1(x), model.conv1(x * 2)]  # what relu1 receives, before it overwrites it
-    result = keep_input(model.relu1)
+        first = block.fc1(x)
+        second = block.fc2(first.relu()) + x
+    return [(first, first.relu()), (second, second.relu())]
+
+
+@exercise("02.3", "keep each call's input and output of an in-place module")
+def _keep_calls(keep_calls) -> Outcome:
+    """``keep_calls(module)`` returns ``(kept, handles)``; ``kept`` gets one ``(input, output)`` pair of
+    detached copies per call, the input as it was before the call."""
+    torch.manual_seed(3)  # on the checker's own random stream (see ``exercise``)
+    block = _InPlaceBlock()
+    x = torch.linspace(-2, 2, 12).reshape(3, 4).requires_grad_()
+    expected = _relu_calls(block, x) + _relu_calls(block, x * 2)
+    result = keep_calls(block.relu)
     pair = isinstance(result, tuple | list) and len(result) == 2
-    if not (pair and isinstance(result[0], list) and is_handle(result[1])):
-        clear_hooks(model)
-        return Outcome(False, f"return the pair (kept, handle): the list and the handle of your hook "
+    if not (pair and isinstance(result[0], list) and isinstance(result[1], tuple | list) and result[1]
+            and all(is_handle(h) for h in result[1])):
+        clear_hooks(block)
+        return Outcome(False, f"return the pair (kept, handles): the list and a list of your hooks' handles "
                               f"(got {_kind(result)})")
-    kept, handle = result
-    after_forward = handle.id in model.relu1._forward_hooks
+    kept, handles = result
+    pre_hooked = any(h.id in block.relu._forward_pre_hooks for h in handles)
     try:
-        model(x).sum().backward()
-        model(x * 2)
+        block(x).sum().backward()
+        block(x * 2)
     finally:
-        handle.remove()
-    model(x)  # after remove(): must not be kept
-    if len(kept) != 2:
-        return Outcome(False, f"kept {len(kept)} tensors for 2 calls before remove() (and 1 after)")
-    for call, (got, want) in enumerate(zip(kept, expected, strict=True), start=1):
-        if not isinstance(got, torch.Tensor):
-            return Outcome(False, f"kept a {type(got).__name__} for call {call}, expected a tensor (args[0])")
-        if got.requires_grad or got.grad_fn is not None:
-            return Outcome(False, f"the tensor kept for call {call} is still in the autograd graph: detach it")
-        if got.shape == want.shape and (got >= 0).all() and (want < 0).any():
-            if after_forward:
-                return Outcome(False, f"the tensor kept for call {call} has no negative values: a forward hook "
-                                      "runs after the in-place ReLU has overwritten its input; keep it in a "
-                                      "forward pre-hook")
-            return Outcome(False, f"the tensor kept for call {call} has no negative values: it shares memory "
-                                  "with the input the in-place ReLU overwrites (clone it)")
-        outcome = compare_tensors(got, want)
+        for handle in handles:
+            handle.remove()
+    if clear_hooks(block):
+        return Outcome(False, "removing the returned handles left a hook behind: return the handle of every hook")
+    block(x)  # after remove(): nothing may be kept
+    if len(kept) != 4:
+        return Outcome(False, f"kept {len(kept)} entries for 4 calls (2 forwards, the ReLU runs twice in each; "
+                              "none after remove()): one (input, output) pair per call")
+    for call, (got, (want_in, want_out)) in enumerate(zip(kept, expected, strict=True), start=1):
+        if not (isinstance(got, tuple | list) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
+            return Outcome(False, f"kept {_kind(got)} for call {call}: keep one (input, output) pair of tensors")
+        for what, tensor in zip(("input", "output"), got, strict=True):
+            if tensor.requires_grad or tensor.grad_fn is not None:
+                return Outcome(False, f"the {what} kept for call {call} is still in the autograd graph: detach it")
+        got_in, got_out = got
+        if got_in.shape == want_in.shape and (got_in >= 0).all() and (want_in < 0).any():
+            if not pre_hooked:
+                return Outcome(False, f"the input kept for call {call} has no negative values: a forward hook runs "
+                                      "after the in-place ReLU has overwritten it; copy the input in a forward "
+                                      "pre-hook and pair it with the output in the forward hook")
+            return Outcome(False, f"the input kept for call {call} has no negative values: it shares memory with "
+                                  "the input the in-place ReLU overwrites (clone it)")
+        outcome = compare_tensors(got_in, want_in)
         if not outcome.passed:
-            return Outcome(False, f"the tensor kept for call {call} differs from that call's input: "
+            return Outcome(False, f"the input kept for call {call} differs from that call's input: {outcome.detail}")
+        outcome = compare_tensors(got_out, want_out)
+        if not outcome.passed:
+            return Outcome(False, f"the output kept for call {call} differs from that call's output: "
                                   f"{outcome.detail}")
-    return Outcome(True, "2 detached copies holding the ReLU's input before it was overwritten")
+    return Outcome(True, "4 calls, each with its input from before the in-place ReLU and its output, all detached")
 
 
 class _Scale(nn.Module):

@@ -48,9 +48,16 @@ _RETURNED_A_VALUE = (
     "has no len()",  # a float, True, ...
 )
 
-_LEGACY = (
-    "register_backward_hook is deprecated (section 2): it hooks only the last autograd node of the "
-    "module's forward; use register_full_backward_hook"
+_DEPRECATED = (
+    "register_backward_hook is deprecated (section 2): it hooks only the last autograd node of the module's forward"
+)
+_LEGACY = f"{_DEPRECATED}; use register_full_backward_hook"
+_LEGACY_CLIP = (
+    f"{_DEPRECATED}, after that node's own backward; to change grad_output before the module uses it, "
+    "use register_full_backward_pre_hook"
+)
+_LEGACY_IN_PLACE = (
+    f"{_DEPRECATED}; on in-place ReLUs use a forward pre-hook that registers a tensor hook on the input"
 )
 
 
@@ -126,14 +133,22 @@ def _clip_cases() -> list[tuple[float, torch.Tensor, torch.Tensor]]:
     return [(1.0, torch.randn(5, 3, generator=g), vectors), (0.5, torch.randn(2, 3, 3, generator=g), tokens)]
 
 
-_CLIP_MISTAKES = (  # (what was done instead, transform of grad_output, message); "per row" first:
-    # on the token batch it equals "unclipped", and only an answer right on the vector batch gets there
+_CLIP_MISTAKES = (  # (what was done instead, transform of grad_output, message); "per row" and "over dim 1"
+    # first: on the token batch they may equal "unclipped", and only an answer right on the vector batch gets there
     ("per row", lambda g, m: g * (m / g.norm(dim=-1, keepdim=True)).clamp(max=1),
      "each row of a (batch, tokens, features) gradient was clipped on its own; a sample is grad_output[0][n] "
      "with all its tokens: take the norm over all of its elements"),
+    ("over dim 1", lambda g, m: g * (m / g.norm(dim=1, keepdim=True)).clamp(max=1),
+     "the norm was taken over dim=1 only: on a (batch, tokens, features) gradient that is the tokens axis, so "
+     "each feature got its own factor; a sample is grad_output[0][n] with all its elements: g.flatten(1) puts "
+     "them in one row"),
+    ("over the batch", lambda g, m: g * (m / g.norm(dim=0, keepdim=True)).clamp(max=1),
+     "the norm was taken over dim=0, the batch axis, so it mixes the samples; take one norm per sample, over "
+     "all of grad_output[0][n]'s elements"),
     ("unclipped", lambda g, m: g, "it is the unclipped weight gradient: nothing changed grad_output before the "
-                                  "module's own backward used it (a hook that runs after it is too late, and a "
-                                  "hook's changes count only when it returns them)"),
+                                  "module's own backward used it (a hook that runs after it is too late, and "
+                                  "reassigning a local name inside the hook changes nothing: return the new "
+                                  "tuple)"),
     ("clamped", lambda g, m: g.clamp(-m, m), "each element was clamped on its own; scale each sample's gradient "
                                              "as a whole, so its direction stays the same"),
     ("one factor", lambda g, m: g * min(1.0, m / g.norm().item()), "the whole batch was scaled by one factor; "
@@ -162,13 +177,17 @@ def _clip(clip_grad_output) -> Outcome:
             return failed
         try:
             layer(x).backward(upstream.clone())
-        except RuntimeError:
+        except RuntimeError as error:
+            if "returned an invalid number of grad_output" in str(error):
+                return Outcome(False, "the pre-hook returned something that is not a one-element tuple: its return "
+                                      "value replaces the whole grad_output tuple, so return (new_grad,), not the "
+                                      "bare tensor (PyTorch counted its rows as entries)")
             if not _used_legacy_hook(layer):
                 raise
         finally:
             handle.remove()
         if _used_legacy_hook(layer):
-            return Outcome(False, _LEGACY)
+            return Outcome(False, _LEGACY_CLIP)
         if clear_hooks(layer):
             return Outcome(False, "removing the returned handle left a hook behind: return the hook's handle")
         shape = f"a batch of shape {tuple(x.shape)}"
@@ -216,7 +235,7 @@ def _in_place(relu_grad_inputs) -> Outcome:
         return Outcome(False, "a full backward hook cannot be used on a module whose input or output is changed "
                               "in place (section 5); use a forward pre-hook that registers a tensor hook")
     if _used_legacy_hook(model.relu1, model.relu2):
-        return Outcome(False, _LEGACY)
+        return Outcome(False, _LEGACY_IN_PLACE)
     if clear_hooks(model):
         return Outcome(False, "hooks are still registered on the model: remove them before returning")
     if not isinstance(got, dict) or sorted(got) != ["relu1", "relu2"]:
