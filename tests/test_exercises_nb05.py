@@ -81,6 +81,11 @@ def test_05_2_the_grad_cam_shown_in_the_notebook_is_not_the_answer():
     _failed("05.2", grad_cam_maps, "that is Grad-CAM", "its own position")
 
 
+def test_05_2_a_mean_over_channels_is_told_to_sum():
+    _failed("05.2", lambda a, g: (g.clamp(min=0) * a).mean(1).clamp(min=0), "sum over channels, not mean")
+    _failed("05.2", lambda a, g: torch.relu((torch.relu(g) * a).mean(dim=1)), "sum over channels, not mean")
+
+
 def test_05_2_each_relu_in_its_place():
     _failed("05.2", lambda a, g: (g * a).sum(1).clamp(min=0), "positive part of its gradient")
     _failed("05.2", lambda a, g: (g.clamp(min=0) * a).sum(1), "after summing")

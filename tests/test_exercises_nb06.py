@@ -286,6 +286,20 @@ def test_06_4_names_the_unknown_and_the_missing_hooks():
     assert "not a str" in grade("06.4", "pre-hook A").detail
 
 
+def test_06_4_letters_or_another_case_are_told_to_use_the_full_strings():
+    letters = [kind.removesuffix(" (prepend)")[-1] for kind in FIRING]
+    assert "".join(letters) == "CBAEFDIHJG"
+    for answer in (letters, [letter.lower() for letter in letters], [*FIRING[:3], *letters[3:]]):
+        outcome = grade("06.4", answer)
+        assert not outcome.passed and "full strings of ORDER_KINDS, e.g. 'pre-hook A'" in outcome.detail
+        assert "missing" not in outcome.detail and "not a hook of the list" not in outcome.detail
+    lower = grade("06.4", [kind.lower() for kind in FIRING])
+    assert not lower.passed and "exactly as they are written" in lower.detail and "missing" not in lower.detail
+    assert "'pre-hook C (prepend)', not 'pre-hook c (prepend)'" in lower.detail
+    spaced = grade("06.4", [*FIRING[:-1], "Backward hook  G"])
+    assert not spaced.passed and "'backward hook G', not 'Backward hook  G'" in spaced.detail
+
+
 def test_06_4_does_not_depend_on_the_kernels_global_backward_hook_state(monkeypatch):
     """The legacy global backward hook, once registered, leaves this flag False for the whole process."""
     monkeypatch.setattr(module_hooks, "_global_is_full_backward_hook", False)

@@ -19,7 +19,7 @@ How a call is recognised in a notebook: the code cells of every notebook under `
 (solutions included) are parsed with ``ast`` (IPython ``%``/``!`` lines are dropped). A call
 counts when it is written as a call: ``x.register_forward_hook(...)`` (an attribute call, any
 receiver) or ``register_module_forward_hook(...)`` (a bare name, after ``from ... import``).
-Mentions in comments, strings, markdown or an attribute without a call do not count. Two
+Mentions in comments, strings, markdown or an attribute without a call do not count. Some
 names are shared by two owners, and the receiver decides which one is meant:
 * ``register_hook``: ``Node.register_hook`` when the receiver mentions ``grad_fn`` or
   ``next_functions`` (``y.grad_fn.register_hook(...)``), or is a variable the notebook assigns
@@ -27,6 +27,9 @@ names are shared by two owners, and the receiver decides which one is meant:
 * the four state-dict hooks: ``Optimizer.*`` when the receiver's text contains ``optim``
   (``optimizer.…``, ``torch.optim.SGD(...).…``) or is a variable assigned from a call of an
   optimizer class (``sgd = SGD(params)``); otherwise ``Module.*``.
+* ``register_comm_hook``: ``DistributedDataParallel``'s or ``FullyShardedDataParallel``'s when the
+  receiver is a variable assigned from a call of that class (or of ``DDP`` / ``FSDP``); neither
+  for any other receiver.
 """
 
 from __future__ import annotations
@@ -53,14 +56,9 @@ HOOK_NAME = re.compile(r"^register_\w*hook")
 
 #: APIs the course does not call, each with the reason. Keep it short.
 EXCLUDED = {
-    "torch.nn.parallel.DistributedDataParallel.register_comm_hook": (
-        "a distributed communication hook: it replaces the all-reduce of gradients between "
-        "processes, so it needs a process group of several workers; the course runs in one "
-        "process on one CPU (notebook 06's reference table says where to read about it)"
-    ),
     "torch.distributed.fsdp.FullyShardedDataParallel.register_comm_hook": (
-        "the same communication hook for fully sharded training: it needs several processes "
-        "sharing one model, which a one-process course cannot show"
+        "the communication hook of fully sharded training: FSDP refuses to start without an "
+        "accelerator device, and the course runs on the CPU (notebook 06 shows its error)"
     ),
 }
 
@@ -129,12 +127,16 @@ while _pending:
         _pending.append(sub)
 
 
+#: the distributed wrappers, by class name and the short names notebooks import them as
+_WRAPPERS = {"DistributedDataParallel": "ddp", "DDP": "ddp", "FullyShardedDataParallel": "fsdp", "FSDP": "fsdp"}
+
+
 def _owner_kind(label: str) -> str:
     if label.endswith(".Node"):
         return "node"
     if label.endswith(".Optimizer"):
         return "optimizer"
-    return "default"
+    return _WRAPPERS.get(label.rsplit(".", 1)[-1], "default")
 
 
 def _root_name(expr: ast.expr) -> str | None:
@@ -152,6 +154,8 @@ def _value_kinds(value: ast.expr) -> set[str]:
         callee = ast.unparse(value.func)
         if "optim" in callee.lower() or callee.rsplit(".", 1)[-1] in _OPTIMIZER_CLASSES:
             kinds.add("optimizer")
+        if callee.rsplit(".", 1)[-1] in _WRAPPERS:
+            kinds.add(_WRAPPERS[callee.rsplit(".", 1)[-1]])
     return kinds
 
 
@@ -300,6 +304,11 @@ def test_the_receiver_decides_between_owners(apis):
     assert _calls("sgd = SGD(model.parameters(), lr=0.1)\nsgd.register_load_state_dict_post_hook(f)", apis) == {
         "torch.optim.Optimizer.register_load_state_dict_post_hook"
     }
+    ddp = "DDP = torch.nn.parallel.DistributedDataParallel\nwrapped = DDP(model)\nwrapped.register_comm_hook(None, f)"
+    assert _calls(ddp, apis) == {"torch.nn.parallel.DistributedDataParallel.register_comm_hook"}
+    fsdp = "sharded = FullyShardedDataParallel(model)\nsharded.register_comm_hook(None, f)"
+    assert _calls(fsdp, apis) == {"torch.distributed.fsdp.FullyShardedDataParallel.register_comm_hook"}
+    assert _calls("unknown.register_comm_hook(None, f)", apis) == set()  # no owner guessed
 
 
 # ----- the course ---------------------------------------------------------------------------------

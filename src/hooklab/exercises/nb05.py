@@ -138,6 +138,8 @@ def _layer_cam_hint(got: torch.Tensor, activations: torch.Tensor, gradients: tor
          "almost: weight each activation by the positive part of its gradient (relu of G), not by the gradient"),
         ((g.clamp(min=0) * a).sum(dim=1),
          "almost: the map is the positive part of the channel sum (a ReLU after summing)"),
+        ((g.clamp(min=0) * a).mean(dim=1).clamp(min=0),
+         "almost: sum over channels, not mean (a mean divides every map by the number of channels)"),
         ((g.clamp(min=0) * a.clamp(min=0)).sum(dim=1).clamp(min=0),
          "the activations keep their sign: only the gradient is clipped before weighting, then the sum"),
     ]

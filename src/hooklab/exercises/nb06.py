@@ -253,6 +253,15 @@ def _predict_order(prediction) -> Outcome:
         return Outcome(False, f"give a list of the {n} strings of ORDER_KINDS, not {_describe(prediction)}")
     prediction = list(prediction)
     unknown = [item for item in prediction if not isinstance(item, str) or item not in ORDER_KINDS]
+    letters = {kind.removesuffix(" (prepend)")[-1] for kind in ORDER_KINDS}
+    if any(isinstance(item, str) and item.strip().upper() in letters for item in unknown):
+        return Outcome(False, "use the full strings of ORDER_KINDS, e.g. 'pre-hook A', not letters alone")
+    by_case = {" ".join(kind.casefold().split()): kind for kind in ORDER_KINDS}
+    near = [(item, by_case[" ".join(item.casefold().split())]) for item in unknown
+            if isinstance(item, str) and " ".join(item.casefold().split()) in by_case]
+    if near:
+        return Outcome(False, f"use the strings of ORDER_KINDS exactly as they are written (case and spaces count), "
+                              f"e.g. {near[0][1]!r}, not {near[0][0]!r}")
     missing = [kind for kind in ORDER_KINDS if kind not in prediction]
     twice = [kind for kind in ORDER_KINDS if prediction.count(kind) > 1]
     if unknown or missing or twice:
