@@ -106,3 +106,45 @@ def test_nbval_fails_when_one_printed_digit_changes(tmp_path):
     assert result.returncode != 0
     assert re.search(r"^1 failed, \d+ passed", result.stdout, re.M), result.stdout[-2000:]
     assert changed in result.stdout
+
+
+def _run_notebooks_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "tools" / "run_notebooks.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_saving_merges_stream_chunks_and_gives_widgets_steady_ids():
+    import nbformat
+
+    steady = _run_notebooks_module().steady
+    view = "application/vnd.jupyter.widget-view+json"
+
+    def notebook(random_id: str):
+        out = nbformat.v4
+        cell = out.new_code_cell(
+            "print(1)",
+            outputs=[
+                out.new_output("stream", name="stdout", text="a\n"),
+                out.new_output("stream", name="stdout", text="b\n"),
+                out.new_output("stream", name="stderr", text="warning\n"),
+                out.new_output("stream", name="stdout", text="c\n"),
+                out.new_output("display_data", data={view: {"model_id": random_id}, "text/plain": "w"}),
+            ],
+        )
+        return out.new_notebook(cells=[out.new_markdown_cell("x"), cell])
+
+    first, second = notebook("1b8a"), notebook("6a2d")
+    steady(first, "00_start_here.ipynb")
+    steady(second, "00_start_here.ipynb")
+    outputs = first.cells[1].outputs
+    assert [(o.output_type, o.get("name"), o.get("text")) for o in outputs[:3]] == [
+        ("stream", "stdout", "a\nb\n"), ("stream", "stderr", "warning\n"), ("stream", "stdout", "c\n")
+    ]  # fmt: skip
+    assert outputs[3].data[view]["model_id"] == second.cells[1].outputs[3].data[view]["model_id"] != "1b8a"
+    other = notebook("1b8a")
+    steady(other, "05_explorers.ipynb")
+    assert other.cells[1].outputs[3].data[view]["model_id"] != outputs[3].data[view]["model_id"]

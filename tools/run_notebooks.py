@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import nbformat
@@ -31,8 +32,36 @@ def run(path: Path, timeout: int) -> float:
     client.execute()
     elapsed = time.perf_counter() - start
     nb.metadata.pop("widgets", None)  # widget state has random model ids; nbval ignores it anyway
+    steady(nb, path.name)
     nbformat.write(nb, path)
     return elapsed
+
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def steady(nb, name: str) -> None:
+    """Make a re-run with the same results save the same file, so that `git diff` after
+    `make notebooks` shows only real changes: a cell's consecutive chunks of one stream (split
+    wherever the kernel happened to flush) become one output, and widget views get an id made
+    from the notebook's name and the output's place instead of a random one (their state is not
+    saved, so nothing else refers to it)."""
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        merged = []
+        for output in cell.outputs:
+            last = merged[-1] if merged else None
+            if output.output_type == "stream" and last is not None and last.output_type == "stream" \
+                    and last.name == output.name:  # fmt: skip
+                last.text += output.text
+            else:
+                merged.append(output)
+        cell.outputs = merged
+        for place, output in enumerate(merged):
+            view = output.get("data", {}).get(WIDGET_VIEW)
+            if view is not None:
+                view["model_id"] = uuid.uuid5(uuid.NAMESPACE_URL, f"hooklab/{name}/{index}/{place}").hex
 
 
 def main(argv: list[str] | None = None) -> int:
