@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import matplotlib.pyplot as plt
 import pytest
 import torch
@@ -9,7 +11,7 @@ from torch import nn
 
 from hooklab.audit import leftover_hooks
 from hooklab.layers import UnknownLayerError
-from hooklab.stats import plot_colorful_dimension, plot_mean_std, track_stats
+from hooklab.stats import _num, plot_colorful_dimension, plot_mean_std, track_stats
 
 
 def small_net() -> nn.Sequential:
@@ -156,3 +158,21 @@ def test_gradient_histogram_puts_zeros_in_first_bin():
         out.backward(torch.tensor([[0.0, 0.5]] * 3))
     hist = stats.gradients["0"].hists[0]
     assert hist.tolist() == [3.0, 0.0, 0.0, 3.0]  # three zeros, three 0.5 (log10 = -0.30)
+
+
+def test_a_mean_that_cancels_exactly_prints_as_about_zero():
+    """The gradient at a cross-entropy's logits sums to zero over the classes, so its mean is
+    rounding noise; a mean that is merely small is printed as a number."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 5))
+    with track_stats(model, grads=True) as stats:
+        nn.functional.cross_entropy(model(torch.randn(16, 4)), torch.randint(0, 5, (16,))).backward()
+    logits = stats.gradients["2"]
+    mean, std = logits.column("mean")[0], logits.column("std")[0]
+    assert abs(mean) < 1e-6 * std  # the premise: exact cancellation up to rounding
+    lines = {line.split()[0]: line for line in stats.summary("gradient").splitlines()[1:]}
+    assert re.search(r"≈0 → +≈0", lines["2"])
+    assert "≈0" not in lines["0"]
+    first_layer = stats.gradients["0"].column("mean")[0]
+    assert f"{_num(first_layer)} →" in lines["0"]  # small, but not cancelling: printed
+

@@ -121,12 +121,13 @@ class StatsTracker:
     # ----- reading -------------------------------------------------------------------------
     def summary(self, kind: str = "activation") -> str:
         """A plain-text table: per layer, rows kept, mean and std (first → last row), dead units.
+        A mean below a millionth of its std prints as ``≈0`` (rounding noise).
 
         Layers without rows are followed by a line that says why, where the tracker knows; a layer
         with NaN or inf values says in how many rows."""
         table = self._table(kind)
         width = max([len(n) for n in table] + [5])
-        lines = [f"{'layer':<{width}}  rows  {'mean first → last':>21}  {'std first → last':>21}  dead (last)"]
+        lines = [f"{'layer':<{width}}  rows  {'mean first → last':>23}  {'std first → last':>23}  dead (last)"]
         empty: dict[str, list[str]] = {}
         for name, st in table.items():
             if not len(st):
@@ -136,8 +137,8 @@ class StatsTracker:
             mean, std = st.column("mean"), st.column("std")
             bad = sum(1 for f in st.nonfinite if f)
             lines.append(
-                f"{name:<{width}}  {len(st):>4}  {_num(mean[0]):>9} → {_num(mean[-1]):>9}  "
-                f"{_num(std[0]):>9} → {_num(std[-1]):>9}  {st.column('dead')[-1]:>10.1%}"
+                f"{name:<{width}}  {len(st):>4}  {_mean(mean[0], std[0]):>10} → {_mean(mean[-1], std[-1]):>10}  "
+                f"{_num(std[0]):>10} → {_num(std[-1]):>10}  {st.column('dead')[-1]:>10.1%}"
                 + (f"  NaN/inf in {bad} row{'s' if bad > 1 else ''}" if bad else "")
             )
         for reason, names in empty.items():
@@ -164,6 +165,13 @@ class StatsTracker:
                 raise ValueError("gradients were not tracked: use track_stats(..., grads=True)")
             return self.gradients
         raise ValueError(f"kind must be 'activation' or 'gradient', not {kind!r}")
+
+
+def _mean(mean: float, std: float) -> str:
+    """A row's mean, or ``≈0`` when it is below a millionth of the row's std: then it is the
+    rounding left of a sum that cancels exactly (the gradient at the logits of a softmax
+    cross-entropy sums to zero over the classes), and its digits change with the CPU's kernels."""
+    return "≈0" if abs(float(mean)) < 1e-6 * abs(float(std)) else _num(mean)
 
 
 def _num(x: torch.Tensor | float) -> str:
