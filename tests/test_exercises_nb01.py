@@ -35,6 +35,17 @@ def test_01_1_accepts_a_clamping_and_counting_hook_per_matching_parameter():
     assert grade("01.1", clamp_matching_with()).passed
 
 
+def test_01_1_accepts_counts_kept_as_tensors():
+    # clamped[name] becomes a 0-d tensor that the second backward's += changes in place
+    assert grade("01.1", clamp_matching_with(count=lambda g, limit: (g.abs() > limit).sum())).passed
+
+
+def test_01_1_rejects_a_substring_test_with_a_hint_to_use_fnmatch():
+    substring = clamp_matching_with(matches=lambda name, pattern: pattern.strip("*") in name)
+    result = grade("01.1", substring)
+    assert not result.passed and "'?.bias'" in result.detail and "fnmatch.fnmatch" in result.detail, result.detail
+
+
 def test_01_1_rejects_wrong_clamps():
     for clamp, words in [
         (lambda g, limit: g.clamp(min=-limit), "instead of the clamped gradient"),
@@ -79,6 +90,9 @@ def test_01_1_rejects_wrong_counts():
     ]:
         result = grade("01.1", wrong)
         assert not result.passed and words in result.detail, (result.detail, words)
+    # doubled counts: the last name's count equals the total, but the others are not 0, so no late binding
+    result = grade("01.1", clamp_matching_with(count=lambda g, limit: 2 * int((g.abs() > limit).sum())))
+    assert not result.passed and "entries were outside" in result.detail and "name=name" not in result.detail
 
 
 def test_01_1_rejects_clamping_the_accumulated_grad():

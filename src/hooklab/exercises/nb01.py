@@ -27,7 +27,16 @@ def _clamp_loss(model: nn.Module) -> torch.Tensor:
     return (model(x) * torch.tensor([3.0, -2.0])).sum()
 
 
-def _clamp_handles(answer: object, n: int) -> tuple[list, object] | Outcome:
+def _counts(clamped: object) -> object:
+    """A snapshot of the answer's counts: a count kept as a tensor is read now, since a later
+    ``clamped[name] += ...`` may change that tensor in place."""
+    if not isinstance(clamped, dict):
+        return clamped
+    return {k: (v.item() if v.numel() == 1 else v.tolist()) if isinstance(v, torch.Tensor) else v
+            for k, v in clamped.items()}
+
+
+def _clamp_handles(answer: object, n: int, pattern: str) -> tuple[list, object] | Outcome:
     """The answer to 01.1 as (handles, clamped), or the Outcome saying what is wrong with it."""
     if not (isinstance(answer, tuple | list) and len(answer) == 2):
         return Outcome(False, f"return the pair (handles, clamped), got {kind_of(answer)}")
@@ -42,8 +51,9 @@ def _clamp_handles(answer: object, n: int) -> tuple[list, object] | Outcome:
     if bad is not None or None in handles:
         return Outcome(False, f"the first item must be a list of handles, found {kind_of(bad)} in it")
     if len(handles) != n:
-        return Outcome(False, f"{len(handles)} handles for {n} matching parameters: one hook per parameter whose "
-                              "name matches the pattern")
+        return Outcome(False, f"{len(handles)} handles for {n} matching parameters with pattern {pattern!r}: one "
+                              "hook per parameter whose name matches it; test names with fnmatch.fnmatch(name, "
+                              "pattern), a shell-style match ('?' is any one character), not a substring test")
     return handles, clamped
 
 
@@ -53,7 +63,7 @@ def _clamp(clamp_matching) -> Outcome:
     shell-style ``pattern``, a hook clamping its gradient to ``[-limit, limit]`` and counting the
     entries it clamped; returns ``(handles, clamped)`` with ``clamped[name]`` the running count.
     The hook must return a new tensor, not change ``grad`` in place."""
-    for pattern, limit in (("*.weight", 0.5), ("2.*", 1.5)):
+    for pattern, limit in (("*.weight", 0.5), ("2.*", 1.5), ("?.bias", 2.0)):
         model = _clamp_model()
         _clamp_loss(model).backward()
         plain = {n: q.grad.clone() for n, q in model.named_parameters()}
@@ -63,7 +73,7 @@ def _clamp(clamp_matching) -> Outcome:
 
         watched = []  # registered before the answer's hooks: each incoming gradient and a copy of it
         watchers = [q.register_hook(lambda g, into=watched: into.append((g, g.clone()))) for q in model.parameters()]
-        handles = _clamp_handles(clamp_matching(model, pattern, limit), len(matching))
+        handles = _clamp_handles(clamp_matching(model, pattern, limit), len(matching), pattern)
         if isinstance(handles, Outcome):
             for h in watchers:
                 h.remove()
@@ -72,7 +82,7 @@ def _clamp(clamp_matching) -> Outcome:
         try:
             _clamp_loss(model).backward()
             once = {n: q.grad.clone() for n, q in model.named_parameters()}
-            counts_once = dict(clamped) if isinstance(clamped, dict) else clamped
+            counts_once = _counts(clamped)
             _clamp_loss(model).backward()  # .grad not zeroed: the second gradient is added
         except KeyError as error:
             return Outcome(False, f"a hook raised KeyError: {error}: each hook must count under its own parameter's "
@@ -106,11 +116,12 @@ def _clamp(clamp_matching) -> Outcome:
             return Outcome(False, f"with pattern {pattern!r}, clamped has the keys {sorted(counts_once)}, expected "
                                   f"the matching names {sorted(matching)} (each one starting at 0)")
         if counts_once != outside:
-            late = len(matching) > 1 and counts_once[matching[-1]] == sum(outside.values())
+            late = (len(matching) > 1 and counts_once[matching[-1]] == sum(outside.values())
+                    and all(counts_once[n] == 0 for n in matching[:-1]))
             hint = " (every hook counted under the loop's last name? bind it with name=name)" if late else ""
             return Outcome(False, f"with pattern {pattern!r} and limit {limit:g}, after one backward clamped is "
                                   f"{counts_once}, but {outside} entries were outside the limits{hint}")
-        if clamped != {n: 2 * k for n, k in outside.items()}:
+        if _counts(clamped) != {n: 2 * k for n, k in outside.items()}:
             return Outcome(False, "after a second backward the counts did not add up: add each backward's count "
                                   "to clamped[name]")
         model.zero_grad(set_to_none=True)
@@ -118,7 +129,7 @@ def _clamp(clamp_matching) -> Outcome:
         if any(not torch.equal(q.grad, plain[n]) for n, q in model.named_parameters()):
             return Outcome(False, "after removing your handles a gradient is still changed: return the handle of "
                                   "every hook you registered")
-    return Outcome(True, "only the matching parameters clamped, for two patterns and limits, clamped entries "
+    return Outcome(True, "only the matching parameters clamped, for three patterns and limits, clamped entries "
                          "counted per name, untouched after remove()")
 
 
