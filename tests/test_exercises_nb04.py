@@ -58,7 +58,8 @@ WRONG_TOO = [  # more wrong answers, each with a part of the message that must e
     ("04.1", lambda out, dout: out * (dout - (dout * out).sum(-1)),  # the row sum broadcasts along columns
      "with x of shape (4, 4): dx: max |difference| 4.2e-01 (your row sums were added along the wrong dimension"),
     ("04.1", lambda out, dout: out * (dout - (dout * out).sum(1, keepdim=True)),  # right on 2-D inputs only
-     "with x of shape (2, 3, 5): dx: max |difference|"),
+     "with x of shape (2, 3, 5): dx: max |difference| 2.9e-01 (sum over the last dimension (dim=-1), where softmax "
+     "normalises)"),
     ("04.1", lambda out, dout: out * (dout - (dout * out).sum()), "with x of shape (4, 4)"),  # one sum for all rows
     ("04.1", lambda out, dout: out[..., :, None] * (torch.eye(4, dtype=out.dtype) - out[..., None, :]),
      "with x of shape (4, 4): dx: shape (4, 4, 4), expected (4, 4)"),  # the Jacobian, never multiplied by dout
@@ -95,10 +96,93 @@ def test_checker_explains_more_wrong_answers(id, answer, message):
 @pytest.mark.parametrize(("id", "answer"), [
     ("04.1", softmax_backward_by_jacobian),
     ("04.3", lambda out, dout, alpha: torch.where(out > 0, dout, dout * alpha * torch.log1p(out / alpha).exp())),
+    ("04.2", lambda x, w, dout: (dout @ w, torch.einsum("bto,bti->oi", dout, x), dout.sum((0, 1)))),
+    ("04.2", lambda x, w, dout: linear_by_loop(x, w, dout)),
+    ("04.3", lambda out, dout, alpha: dout * ((out > 0).double() + (out <= 0).double() * (out + alpha))),  # masks
 ])
-def test_other_right_answers_pass(id, answer):  # the Jacobian spelled out; x recovered from out first
+def test_other_right_answers_pass(id, answer):  # Jacobian, x recovered, einsum, loop, float64 masks
     outcome = grade(id, answer)
     assert outcome.passed, outcome.detail
+
+
+def linear_by_loop(x, w, dout):  # one sequence at a time, into zero-filled gradients
+    dx, dw, db = torch.zeros_like(x), torch.zeros_like(w), torch.zeros(w.shape[0], dtype=x.dtype)
+    for b in range(x.shape[0]):
+        dx[b] = dout[b] @ w
+        dw += dout[b].T @ x[b]
+        db += dout[b].sum(0)
+    return dx, dw, db
+
+
+def softmax_by_autograd(out, dout):  # x recovered from out (up to a constant per row), then autograd
+    with torch.enable_grad():
+        x = out.log().requires_grad_()
+        return torch.autograd.grad(x.softmax(-1), x, dout)[0]
+
+
+def linear_by_autograd(x, w, dout):
+    with torch.enable_grad():
+        x, w = x.requires_grad_(), w.requires_grad_()
+        b = torch.zeros(w.shape[0], dtype=x.dtype, requires_grad=True)
+        return torch.autograd.grad(F.linear(x, w, b), (x, w, b), dout)
+
+
+def elu_by_autograd(out, dout, alpha):
+    with torch.enable_grad():
+        x = torch.where(out > 0, out, torch.log1p(out / alpha)).requires_grad_()
+        return torch.autograd.grad(F.elu(x, alpha), x, dout)[0]
+
+
+def linear_by_backward_call(x, w, dout):  # .backward() with grad mode on: no backward-named operator runs
+    with torch.enable_grad():
+        x, w = x.requires_grad_(), w.requires_grad_()
+        b = torch.zeros(w.shape[0], dtype=x.dtype, requires_grad=True)
+        F.linear(x, w, b).backward(dout)
+        return x.grad, w.grad, b.grad
+
+
+SHORTCUTS = [  # autograd or PyTorch's own backward operator, each with the name the message must give
+    ("04.1", softmax_by_autograd, "a backward op (aten._softmax_backward_data)"),
+    ("04.1", lambda out, dout: torch.func.vjp(lambda x: x.softmax(-1), out.log())[1](dout)[0],
+     "a backward op (aten._softmax_backward_data)"),
+    ("04.1", lambda out, dout: torch._softmax_backward_data(dout, out, -1, out.dtype),
+     "a backward op (aten._softmax_backward_data)"),
+    ("04.2", linear_by_autograd, "autograd (linear on a tensor that requires grad)"),
+    ("04.2", linear_by_backward_call, "autograd (linear on a tensor that requires grad)"),
+    ("04.3", elu_by_autograd, "a backward op (aten.elu_backward)"),
+    ("04.3", lambda out, dout, alpha: torch.ops.aten.elu_backward(dout, alpha, 1, 1, True, out),
+     "a backward op (aten.elu_backward)"),
+]
+
+
+@pytest.mark.parametrize(("id", "answer", "called"), SHORTCUTS)
+def test_autograd_and_backward_ops_fail_with_their_name(id, answer, called):
+    outcome = grade(id, answer)
+    assert not outcome.passed, outcome.detail
+    assert outcome.detail.endswith(f"write the formula yourself: your answer called {called}"), outcome.detail
+
+
+def modes_active():
+    return (len(torch.overrides._get_current_function_mode_stack()),
+            len(torch.utils._python_dispatch._get_current_dispatch_mode_stack()))
+
+
+def test_the_watch_on_the_answer_ends_with_it():
+    def raises(out, dout):
+        raise ValueError("a bug")
+
+    assert modes_active() == (0, 0)
+    assert not grade("04.1", SHORTCUTS[0][1]).passed and modes_active() == (0, 0)
+    with pytest.raises(ValueError, match="a bug"):
+        grade("04.1", raises)
+    assert modes_active() == (0, 0)
+    assert grade("04.1", softmax_backward).passed and modes_active() == (0, 0)
+
+
+def test_a_linear_answer_with_the_first_shape_written_in_fails(capsys):
+    check("04.2", lambda x, w, dout: (dout @ w, dout.reshape(10, 3).T @ x.reshape(10, 4), dout.reshape(10, 3).sum(0)))
+    assert capsys.readouterr().out.startswith("Exercise 04.2 (linear backward on a batch of sequences): failed — "
+                                              "your code raised RuntimeError: shape '[10, 3]' is invalid")
 
 
 def softmax_stub(out, dout):  # the notebook's stubs, with their arguments
@@ -117,7 +201,8 @@ def test_the_notebook_stubs_print_not_solved_yet(id, stub, title, capsys):
 
 
 def test_a_passing_difference_is_printed_as_a_bound_when_it_is_rounding():
-    assert grade("04.2", linear_on_sequences).detail == "dx, dw, db match autograd; max |difference| < 1e-12"
+    assert grade("04.2", linear_on_sequences).detail == ("with x of shapes (2, 5, 4) and (3, 1, 4): dx, dw, db match "
+                                                         "autograd; max |difference| < 1e-12")
     off = grade("04.2", lambda x, w, dout: (*linear_on_sequences(x, w, dout)[:2], dout.sum((0, 1)) + 5e-11))
     assert off.passed and off.detail.endswith("max |difference| 5.0e-11 (in db)")  # within tolerance, above the bound
 
@@ -159,7 +244,11 @@ def test_autograd_inside_the_answer_is_refused():
         return x.grad, w.grad
 
     outcome = grade("04.4", with_autograd)
-    assert not outcome.passed and "without autograd" in outcome.detail
+    assert not outcome.passed
+    assert outcome.detail == ("write the formula yourself: your answer called autograd (conv2d on a tensor that "
+                              "requires grad)")
+    outcome = grade("04.1", lambda out, dout: (out * dout).sum().backward())  # nothing requires grad: autograd's error
+    assert not outcome.passed and "by hand means without autograd" in outcome.detail
 
 
 def test_float32_results_get_a_dtype_hint():

@@ -1,6 +1,7 @@
 """Exercises of notebook 04: write the backward pass of five layers by hand.
 
-Each checker calls the student's function on fixed random float64 tensors and compares every
+Each checker calls the student's function on fixed random float64 tensors, with autograd off and
+failing an answer that reaches autograd or a backward operator anyway, and compares every
 returned gradient with autograd's. A passing answer's largest difference (over every input the
 checker tries) is printed as the bound ``< 1e-12`` when it is that small: its digits are float64
 rounding, and they change with the CPU's instruction set.
@@ -13,6 +14,9 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from . import Outcome, compare_tensors, exercise
 
@@ -29,19 +33,54 @@ def _reference(fn, inputs, dout):
     return torch.autograd.grad(fn(*leaves), leaves, dout)
 
 
+class _Shortcuts(TorchFunctionMode):
+    """Notes the first torch function called on a tensor that requires grad (autograd at work)."""
+
+    def __init__(self):
+        super().__init__()
+        self.found: str | None = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.found is None and getattr(func, "__name__", "") != "__get__" and any(  # reading .shape is fine
+                isinstance(t, torch.Tensor) and t.requires_grad for t in tree_leaves((args, kwargs))):
+            self.found = f"autograd ({getattr(func, '__name__', str(func))} on a tensor that requires grad)"
+        return func(*args, **kwargs)
+
+
+class _BackwardOps(TorchDispatchMode):
+    """Notes the first ATen operator with "backward" in its name: PyTorch's own gradient formula."""
+
+    def __init__(self):
+        super().__init__()
+        self.found: str | None = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.found is None and "backward" in str(func.overloadpacket):
+            self.found = f"a backward op ({func.overloadpacket})"
+        return func(*args, **(kwargs or {}))
+
+
 def _by_hand(answer, names: list[str], *inputs: torch.Tensor):
     """Call ``answer`` on copies of ``inputs`` (tensors are cloned, numbers passed as they are) with
-    autograd off; returns ``(result, None)`` or ``(None, Outcome)`` when the answer used autograd
-    or changed one of its inputs in place."""
+    autograd off, watching for autograd and PyTorch's backward operators; returns ``(result, None)``
+    or ``(None, Outcome)`` when the answer used either or changed one of its inputs in place."""
     copies = [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
+    autograd, backward_ops = _Shortcuts(), _BackwardOps()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), autograd, backward_ops:
             got = answer(*copies)
     except RuntimeError as error:
-        if "does not require grad" not in str(error) and "does not have a grad_fn" not in str(error):
+        if backward_ops.found or autograd.found:
+            got = None  # the shortcut explains the error
+        elif "does not require grad" in str(error) or "does not have a grad_fn" in str(error):
+            return None, Outcome(False, "by hand means without autograd: compute the gradient from its formula "
+                                        "(autograd is switched off while your function runs)")
+        else:
             raise
-        return None, Outcome(False, "by hand means without autograd: compute the gradient from its formula "
-                                    "(autograd is switched off while your function runs)")
+    found = backward_ops.found or autograd.found
+    if found:
+        return None, Outcome(False, f"write the formula yourself: your answer called {found}")
     for name, original, copy in zip(names, inputs, copies, strict=True):
         if isinstance(original, torch.Tensor) and not torch.equal(original, copy):
             return None, Outcome(False, f"your function changed its input {name} in place: compute new tensors "
@@ -128,6 +167,9 @@ def _softmax_cases():
                           "your row sums were added along the wrong dimension: a sum over the last dimension "
                           f"drops it, and the {tuple(shape[:-1])} result then lines up with the columns; "
                           "keepdim=True keeps one sum per row"))
+        traps += [((out * (dout - (dout * out).sum(dim, keepdim=True)),),
+                   "sum over the last dimension (dim=-1), where softmax normalises")
+                  for dim in range(len(shape) - 1)]
         yield f"x of shape {shape}", partial(torch.softmax, dim=-1), {"x": x}, {"out": out, "dout": dout}, dout, traps
 
 
@@ -138,12 +180,21 @@ def _softmax(softmax_backward) -> Outcome:
     return _check_cases(softmax_backward, _softmax_cases(), "with x of shapes (4, 4) and (2, 3, 5): ")
 
 
+def _linear_cases():
+    """Two (B, T, in) shapes, so that an answer with B·T or a size written in does not pass."""
+    for (batch, steps, n_in, n_out), seed in (((2, 5, 4, 3), 3), ((3, 1, 4, 2), 20)):
+        x, w = _rand(batch, steps, n_in, seed=seed), _rand(n_out, n_in, seed=seed + 1)
+        b, dout = _rand(n_out, seed=seed + 2), _rand(batch, steps, n_out, seed=seed + 3)
+        yield (f"x of shape {tuple(x.shape)}", F.linear, {"x": x, "w": w, "b": b}, {"x": x, "w": w, "dout": dout},
+               dout, [])
+
+
 @exercise("04.2", "linear backward on a batch of sequences")
 def _linear(linear_backward) -> Outcome:
     """``linear_backward(x, w, dout) -> (dx, dw, db)`` for ``y = x @ w.T + b`` with ``x`` of shape
-    ``(B, T, in)`` (bias shape ``[out]``)."""
-    x, w, b, dout = _rand(2, 5, 4, seed=3), _rand(3, 4, seed=4), _rand(3, seed=5), _rand(2, 5, 3, seed=6)
-    return _check(linear_backward, F.linear, {"x": x, "w": w, "b": b}, {"x": x, "w": w, "dout": dout}, dout)
+    ``(B, T, in)`` (bias shape ``[out]``); tried on x of shape (2, 5, 4) with 3 outputs, then
+    (3, 1, 4) with 2."""
+    return _check_cases(linear_backward, _linear_cases(), "with x of shapes (2, 5, 4) and (3, 1, 4): ")
 
 
 @exercise("04.3", "ELU backward from the output")
