@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hooklab.audit import clear_global_hooks, global_hooks
-from hooklab.exercises import check, exercises, grade
+from hooklab.exercises import Outcome, check, exercises, grade, hint_for
 
 EXERCISES = exercises()
 #: the stub each notebook gives: a function raising NotImplementedError, or None for 06.4,
@@ -108,3 +108,13 @@ def test_clear_global_hooks_is_the_way_out_when_a_handle_is_lost():
         "torch.autograd.graph.saved_tensors_hooks: 1 never exited",
     ]
     assert global_hooks() == []
+
+
+def test_hint_for_turns_a_known_error_into_a_hint_and_raises_any_other():
+    hints = {"NoneType": "a .grad was None", "in-place": "clone first"}
+    outcome = hint_for(TypeError("unsupported operand type(s) for +: 'NoneType' and 'int'"), hints)
+    assert outcome == Outcome(False, "a .grad was None")
+    unknown = ValueError("something else")
+    with pytest.raises(ValueError, match="something else") as raised:
+        hint_for(unknown, hints)
+    assert raised.value is unknown

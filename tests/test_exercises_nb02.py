@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from answers import run_then_remove
 from torch import nn
 
 from hooklab.exercises import exercises, grade
@@ -58,16 +59,7 @@ def hook_every_submodule(
                     handles.append(module.register_forward_hook(leave(label)))
             model(x)
 
-        if cleanup_in_finally:
-            try:
-                run()
-            finally:
-                for h in handles:
-                    h.remove()
-        else:
-            run()
-            for h in handles:
-                h.remove()
+        run_then_remove(run, handles, in_finally=cleanup_in_finally)
         return calls if give_back else None
 
     return call_tree

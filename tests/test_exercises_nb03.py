@@ -5,6 +5,7 @@ from __future__ import annotations
 import warnings
 
 import torch
+from answers import run_then_remove
 
 from hooklab.exercises import grade
 
@@ -22,16 +23,7 @@ def answer_with(attach, names=None, cleanup_in_finally=True):
                 handles.append(attach(model.get_submodule(name), name, found, handles))
             model(x).sum().backward()
 
-        if cleanup_in_finally:
-            try:
-                run()
-            finally:
-                for h in handles:
-                    h.remove()
-        else:
-            run()
-            for h in handles:
-                h.remove()
+        run_then_remove(run, handles, in_finally=cleanup_in_finally)
         return found
 
     return answer

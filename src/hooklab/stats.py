@@ -45,7 +45,15 @@ from .layer_stats import COLUMNS, LayerStats, LayerTable, check_settings, why_no
 from .layers import select_layers
 from .stats_plots import plot_colorful_dimension, plot_mean_std
 
-__all__ = ["COLUMNS", "LayerStats", "StatsTracker", "plot_colorful_dimension", "plot_mean_std", "track_stats"]
+__all__ = [
+    "COLUMNS",
+    "LayerStats",
+    "StatsTracker",
+    "plot_colorful_dimension",
+    "plot_mean_std",
+    "rounding_noise",
+    "track_stats",
+]
 
 
 class StatsTracker:
@@ -167,11 +175,16 @@ class StatsTracker:
         raise ValueError(f"kind must be 'activation' or 'gradient', not {kind!r}")
 
 
+def rounding_noise(mean: float, std: float) -> bool:
+    """Whether a mean is below a millionth of its std: then it is the rounding left of a sum that
+    cancels exactly (the gradient at the logits of a softmax cross-entropy sums to zero over the
+    classes, batch norm in training mode gives each channel mean zero), sign included, and its
+    digits change with the CPU's kernels. Tables print it as ``≈0``."""
+    return abs(float(mean)) < 1e-6 * abs(float(std))
+
+
 def _mean(mean: float, std: float) -> str:
-    """A row's mean, or ``≈0`` when it is below a millionth of the row's std: then it is the
-    rounding left of a sum that cancels exactly (the gradient at the logits of a softmax
-    cross-entropy sums to zero over the classes), and its digits change with the CPU's kernels."""
-    return "≈0" if abs(float(mean)) < 1e-6 * abs(float(std)) else _num(mean)
+    return "≈0" if rounding_noise(mean, std) else _num(mean)
 
 
 def _num(x: torch.Tensor | float) -> str:

@@ -30,6 +30,7 @@ __all__ = [
     "exercise",
     "exercises",
     "grade",
+    "hint_for",
     "hooks_left_when_raising",
     "is_handle",
     "kind_of",
@@ -132,6 +133,16 @@ def check(id: str, answer: object) -> None:
         return
     verdict = "passed" if outcome.passed else "failed"
     print(f"Exercise {id} ({ex.title}): {verdict} — {outcome.detail}")
+
+
+def hint_for(error: Exception, hints: dict[str, str]) -> Outcome:
+    """A failed Outcome with the hint for a known error: the first of ``hints`` whose key is part
+    of the error's message. Any other error is raised again (``check`` then reports it as the
+    answer's own). Call it in an ``except`` block."""
+    for part, hint in hints.items():
+        if part in str(error):
+            return Outcome(False, hint)
+    raise error
 
 
 def is_handle(value: object) -> bool:

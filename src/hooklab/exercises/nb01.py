@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from ..audit import clear_global_hooks, clear_hooks
-from . import Outcome, compare_tensors, exercise, is_handle, kind_of, not_a_handle
+from . import Outcome, compare_tensors, exercise, hint_for, is_handle, kind_of, not_a_handle
 
 
 def _rounded(t: object) -> list | None:
@@ -220,17 +220,14 @@ def _fused_sgd(fuse_sgd) -> Outcome:
             with warnings.catch_warnings():  # create_graph=True warns about the graph kept by .grad
                 warnings.filterwarnings("ignore", message="Using backward.. with create_graph=True")
                 model(x).pow(2).sum().backward(create_graph=create_graph)
-        except TypeError as error:
-            if "NoneType" not in str(error):
-                raise
-            return Outcome(False, "a hook read a .grad that is None: use the parameter the hook receives (a hook "
-                                  "made in a loop that uses the loop variable sees only its last value)")
-        except RuntimeError as error:
-            if "leaf Variable that requires grad" not in str(error):
-                raise
-            return Outcome(False, "with backward(create_graph=True), updating p in place raised 'a leaf Variable "
-                                  "that requires grad is being used in an in-place operation': do the update "
-                                  "under torch.no_grad()")
+        except (TypeError, RuntimeError) as error:
+            return hint_for(error, {
+                "NoneType": "a hook read a .grad that is None: use the parameter the hook receives (a hook made in a "
+                            "loop that uses the loop variable sees only its last value)",
+                "leaf Variable that requires grad": "with backward(create_graph=True), updating p in place raised 'a "
+                    "leaf Variable that requires grad is being used in an in-place operation': do the update under "
+                    "torch.no_grad()",
+            })  # fmt: skip
         finally:
             for h in handles:
                 h.remove()

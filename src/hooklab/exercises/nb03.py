@@ -10,7 +10,7 @@ from torch import nn
 
 from ..audit import clear_hooks
 from ..models import SeedConvNet
-from . import Outcome, compare_tensors, exercise, hooks_left_when_raising, not_a_handle
+from . import Outcome, compare_tensors, exercise, hint_for, hooks_left_when_raising, not_a_handle
 
 
 def _first_failure(*outcomes: tuple[str, Outcome]) -> Outcome | None:
@@ -224,16 +224,13 @@ def _in_place(relu_grad_inputs) -> Outcome:
     x = torch.randn(2, 1, 6, 6, generator=torch.Generator().manual_seed(5))
     try:
         got = relu_grad_inputs(model, x)
-    except TypeError as error:
-        if "RemovableHandle" not in str(error):
-            raise
-        return Outcome(False, "a forward pre-hook that returns something replaces the module's input, and yours "
-                              "returned the tensor hook's handle; make the pre-hook return None")
-    except RuntimeError as error:
-        if "BackwardHookFunction is a view" not in str(error):
-            raise
-        return Outcome(False, "a full backward hook cannot be used on a module whose input or output is changed "
-                              "in place (section 5); use a forward pre-hook that registers a tensor hook")
+    except (TypeError, RuntimeError) as error:
+        return hint_for(error, {
+            "RemovableHandle": "a forward pre-hook that returns something replaces the module's input, and yours "
+                               "returned the tensor hook's handle; make the pre-hook return None",
+            "BackwardHookFunction is a view": "a full backward hook cannot be used on a module whose input or output "
+                "is changed in place (section 5); use a forward pre-hook that registers a tensor hook",
+        })  # fmt: skip
     if _used_legacy_hook(model.relu1, model.relu2):
         return Outcome(False, _LEGACY_IN_PLACE)
     if clear_hooks(model):
