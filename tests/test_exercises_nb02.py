@@ -324,7 +324,7 @@ def test_02_2_needs_the_handle_and_a_returned_output():
         return hook
 
     result = grade("02.2", gives_the_hook)
-    assert not result.passed and "return the handle from register_forward_hook" in result.detail
+    assert not result.passed and "clip_output must return the handle" in result.detail
     assert not layers[0]._forward_hooks
 
     def forgets_to_return(out, limit):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from answers import run_then_remove
 
 import hooklab
 from hooklab.cam import GuidedBackprop
@@ -130,15 +131,12 @@ def test_05_2_tries_a_second_batch():
 def _dead(model, layer, x, remove=True, images="all", positions="all", grad=False, finally_=True, keep=None):
     outputs = []
     handle = model.get_submodule(layer).register_forward_hook(lambda m, i, o: outputs.append(o.detach()))
-    try:
+
+    def run():
         with torch.set_grad_enabled(grad):
             model(x)
-    except Exception:
-        if finally_ and remove:
-            handle.remove()
-        raise
-    if remove:
-        handle.remove()
+
+    run_then_remove(run, [handle] if remove else [], in_finally=finally_)
     out = outputs[0] if keep is None else outputs[0][keep]
     per_image = getattr((out == 0).flatten(2), positions)(dim=2)
     return getattr(per_image, images)(dim=0).nonzero().flatten().tolist()

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..audit import clear_hooks
-from . import Outcome, compare_tensors, exercise, hooks_left_when_raising, is_handle
+from . import Outcome, compare_tensors, exercise, hint_for, hooks_left_when_raising, is_handle, not_a_handle
 
 
 class _Block(nn.Module):
@@ -122,9 +122,9 @@ def _clipped_call(clip_output, module: nn.Module, x: torch.Tensor, limit: float,
     """``module(x)`` (and ``unhooked(x)``) with the answer's hook on ``module``: ``(outputs, None)``, or
     ``(None, Outcome)`` when the answer did not return a handle."""
     handle = clip_output(module, limit)
-    if not is_handle(handle):
-        clear_hooks(module)
-        return None, Outcome(False, f"return the handle from register_forward_hook (got {type(handle).__name__})")
+    failed = not_a_handle(handle, "clip_output", module)
+    if failed:
+        return None, failed
     try:
         out = module(x)
         other = unhooked(x).detach() if unhooked is not None else None
@@ -186,10 +186,8 @@ def _clip_output(clip_output) -> Outcome:
     try:
         clipped.sum().backward()
     except RuntimeError as exc:
-        if "inplace" not in str(exc):
-            raise
-        return Outcome(False, "backward through a clipped Tanh failed: clamp a new tensor and return it; "
-                              "an in-place change breaks the layer's backward")
+        return hint_for(exc, {"inplace": "backward through a clipped Tanh failed: clamp a new tensor and return "
+                                         "it; an in-place change breaks the layer's backward"})
     outcome = compare_tensors(t.grad, _grad_of(lambda v: torch.tanh(v).clamp(-0.5, 0.5), t))
     if not outcome.passed:
         return Outcome(False, f"the gradient through a clipped Tanh is wrong: {outcome.detail}")
@@ -290,9 +288,9 @@ def _default_keyword(default_keyword) -> Outcome:
     module = _Scale()
     x = torch.tensor([1.0, -2.0])
     handle = default_keyword(module, "factor", 0.5)
-    if not is_handle(handle):
-        clear_hooks(module)
-        return Outcome(False, f"return the handle from register_forward_pre_hook (got {type(handle).__name__})")
+    failed = not_a_handle(handle, "default_keyword", module)
+    if failed:
+        return failed
     if handle.id in module._forward_pre_hooks and handle.id not in module._forward_pre_hooks_with_kwargs:
         handle.remove()
         return Outcome(False, "register the pre-hook with with_kwargs=True: without it the hook gets no kwargs "

@@ -78,10 +78,9 @@ def _gains(gradient_gains) -> Outcome:
             warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
             got = gradient_gains(model, x.clone())
     except (RuntimeError, TypeError) as error:
-        if not any(sign in str(error) for sign in _RETURNED_A_VALUE):
-            raise
-        return Outcome(False, "your hook returned something, and a full backward hook's return value replaces "
-                              "grad_input; make it return None (a lambda returns whatever its expression gives)")
+        return hint_for(error, dict.fromkeys(_RETURNED_A_VALUE, "your hook returned something, and a full backward "
+            "hook's return value replaces grad_input; make it return None (a lambda returns whatever its "
+            "expression gives)"))  # fmt: skip
     if _used_legacy_hook(*model.children()):
         return Outcome(False, _LEGACY)
     if clear_hooks(model):

@@ -18,7 +18,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from . import Outcome, compare_tensors, exercise
+from . import Outcome, compare_tensors, exercise, hint_for
 
 D = torch.float64
 SHOWN_AS_BOUND = 1e-12  # passing differences below this are rounding: printed as "< 1e-12"
@@ -73,11 +73,10 @@ def _by_hand(answer, names: list[str], *inputs: torch.Tensor):
     except RuntimeError as error:
         if backward_ops.found or autograd.found:
             got = None  # the shortcut explains the error
-        elif "does not require grad" in str(error) or "does not have a grad_fn" in str(error):
-            return None, Outcome(False, "by hand means without autograd: compute the gradient from its formula "
-                                        "(autograd is switched off while your function runs)")
         else:
-            raise
+            return None, hint_for(error, dict.fromkeys(("does not require grad", "does not have a grad_fn"),
+                "by hand means without autograd: compute the gradient from its formula (autograd is switched off "
+                "while your function runs)"))  # fmt: skip
     found = backward_ops.found or autograd.found
     if found:
         return None, Outcome(False, f"write the formula yourself: your answer called {found}")
