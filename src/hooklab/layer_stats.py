@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -26,13 +27,24 @@ __all__ = ["COLUMNS", "LayerStats", "LayerTable", "check_settings", "why_no_grad
 COLUMNS = ("mean", "std", "zero", "dead", "nonfinite")
 
 
+class _Row(NamedTuple):
+    """One step's summary: everything ``LayerStats.add`` computes from one tensor."""
+
+    step: int
+    values: tuple[float, float, float, float]  # mean, std, zero, dead
+    hist: torch.Tensor  # float32, `bins` counts
+    nonfinite: float  # fraction of NaN / inf elements
+
+
 @dataclass
 class LayerStats:
     """The summaries of one layer's activations (``kind="activation"``) or gradients.
 
     ``nonfinite`` is the fraction of NaN or ±inf elements of each row: mean and std are then NaN
     or inf too, and the histogram counts only the finite elements. ``note`` says why no row was
-    added where the tracker knows (for gradients: why the output needed none).
+    added where the tracker knows (for gradients: why the output needed none). ``steps``,
+    ``values``, ``hists`` and ``nonfinite`` are read-only tuples with one entry per row, all read
+    from one deque of rows, so they always line up.
     """
 
     name: str
@@ -41,16 +53,34 @@ class LayerStats:
     hist_range: tuple[float, float]
     keep_last: int | None = None
     note: str = ""
-    steps: deque = field(init=False)
-    values: deque = field(init=False)  # one (mean, std, zero, dead) tuple per row
-    hists: deque = field(init=False)  # one float32 tensor of `bins` counts per row
-    nonfinite: deque = field(init=False)  # one fraction of NaN / inf elements per row
+    # one _Row per step, the oldest dropped beyond keep_last: a step's numbers stay together
+    _rows: deque = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.steps, self.values, self.hists, self.nonfinite = (deque(maxlen=self.keep_last) for _ in range(4))
+        self._rows = deque(maxlen=self.keep_last)
 
     def __len__(self) -> int:
-        return len(self.steps)
+        return len(self._rows)
+
+    @property
+    def steps(self) -> tuple[int, ...]:
+        """The step of each row."""
+        return tuple(r.step for r in self._rows)
+
+    @property
+    def values(self) -> tuple[tuple[float, float, float, float], ...]:
+        """One ``(mean, std, zero, dead)`` tuple per row."""
+        return tuple(r.values for r in self._rows)
+
+    @property
+    def hists(self) -> tuple[torch.Tensor, ...]:
+        """One float32 tensor of ``bins`` counts per row."""
+        return tuple(r.hist for r in self._rows)
+
+    @property
+    def nonfinite(self) -> tuple[float, ...]:
+        """The fraction of NaN / inf elements of each row."""
+        return tuple(r.nonfinite for r in self._rows)
 
     def add(self, step: int, t: torch.Tensor) -> None:
         """Reduce ``t`` to one row of statistics (called from the hooks)."""
@@ -68,24 +98,22 @@ class LayerStats:
         lo, hi = self.hist_range
         magnitudes = t.abs() if self.kind == "activation" else t.abs().log10()
         hist = torch.histc(magnitudes.clamp(lo, hi), bins=self.bins, min=lo, max=hi)
-        self.steps.append(step)
-        self.values.append(values)
-        self.hists.append(hist)
-        self.nonfinite.append(nonfinite)
+        self._rows.append(_Row(step, values, hist, nonfinite))
 
     def column(self, name: str) -> torch.Tensor:
         """One statistic (``"mean"``, ``"std"``, ``"zero"``, ``"dead"`` or ``"nonfinite"``) for every row."""
         if name not in COLUMNS:
             raise KeyError(f"unknown statistic {name!r}; choose one of {', '.join(COLUMNS)}")
         if name == "nonfinite":
-            return torch.tensor(list(self.nonfinite))
-        return torch.tensor([v[COLUMNS.index(name)] for v in self.values])
+            return torch.tensor([r.nonfinite for r in self._rows])
+        i = COLUMNS.index(name)
+        return torch.tensor([r.values[i] for r in self._rows])
 
     def hist_image(self) -> torch.Tensor:
         """The histograms as a ``(bins, rows)`` tensor: one column per step (bin 0 at row 0)."""
-        if not self.hists:
+        if not self._rows:
             return torch.zeros(self.bins, 0)
-        return torch.stack(list(self.hists), dim=1)
+        return torch.stack([r.hist for r in self._rows], dim=1)
 
 
 class LayerTable(dict):
