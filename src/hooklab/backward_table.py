@@ -6,8 +6,9 @@ entry reads the layer's settings (stride, padding, eps, running statistics, ...)
 input ``x``, output ``out`` and ``dout = dL/d(out)``. A parameter gradient is ``None`` where the
 layer has no such parameter. A setting the formulas do not cover raises
 ``UnsupportedLayerError``; ``SETTINGS`` checks those from the module alone, so that
-``check_supported`` refuses them before anything runs. To support another layer type, add one
-entry here (and one to ``SETTINGS`` if some of its settings have no formula).
+``check_supported`` refuses them before anything runs (the entries check them again: they can be
+called on their own). To support another layer type, add one entry here (and one to ``SETTINGS``
+if some of its settings have no formula).
 """
 
 from __future__ import annotations
@@ -29,22 +30,18 @@ def _linear(m, x, out, dout):
     return dx, {"weight": dw, "bias": db}
 
 
-def _conv2d_padding(m):
-    """The explicit padding of a Conv2d; raises for the settings the formula does not cover."""
+def _conv2d_settings(m):
+    """Raise for the Conv2d settings the formula does not cover (``conv2d_backward`` resolves
+    ``padding="valid"`` and ``"same"`` itself)."""
     if m.padding_mode != "zeros":
         raise UnsupportedLayerError(f"padding_mode={m.padding_mode!r}")
-    padding = m.padding
-    if padding == "valid":
-        return 0
-    if padding == "same":
-        padding = same_padding(m.kernel_size, m.dilation)
-        if padding is None:
-            raise UnsupportedLayerError("padding='same' with uneven padding")
-    return padding
+    if m.padding == "same" and same_padding(m.kernel_size, m.dilation) is None:
+        raise UnsupportedLayerError("padding='same' with uneven padding")
 
 
 def _conv2d(m, x, out, dout):
-    dx, dw, db = bp.conv2d_backward(x, m.weight, dout, m.bias, m.stride, _conv2d_padding(m), m.dilation, m.groups)
+    _conv2d_settings(m)
+    dx, dw, db = bp.conv2d_backward(x, m.weight, dout, m.bias, m.stride, m.padding, m.dilation, m.groups)
     return dx, {"weight": dw, "bias": db}
 
 
@@ -109,7 +106,7 @@ BACKWARD = {
 
 
 #: per layer type, a check that raises ``UnsupportedLayerError`` for a setting without a formula
-SETTINGS = {nn.Conv2d: _conv2d_padding, nn.MaxPool2d: _max_pool2d_settings, nn.AvgPool2d: _avg_pool2d_settings}
+SETTINGS = {nn.Conv2d: _conv2d_settings, nn.MaxPool2d: _max_pool2d_settings, nn.AvgPool2d: _avg_pool2d_settings}
 
 
 def check_supported(model: nn.Module, layers: dict[str, nn.Module]) -> None:
