@@ -1,9 +1,11 @@
 """Shared test set-up: no plotting window, one thread, and no hook left behind by any test.
 
-The leak check after each test looks at every module and tensor that has ever had a hook
-registered (the registration methods are wrapped to note them) and at torch's global
-registries: that is cheap. A walk over every live object, which also finds hooks put into a
-module's dictionaries by hand, runs once at the end of each test file.
+The leak check after each test runs ``hooklab.audit.leftover_hooks`` on every module that has
+ever had a hook registered (the registration methods are wrapped to note them; their submodules,
+their parameters' tensor hooks and torch's global registries are checked with them) and looks
+for tensor hooks on every parameter that ever had one: that is cheap. ``leftover_hooks`` over
+every live module, which also finds hooks put into a module's dictionaries by hand, runs once at
+the end of each test file.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ os.environ.update(course_environment())
 os.environ.pop("PYTHONWARNINGS", None)
 torch.set_num_threads(1)
 
-from hooklab.audit import MODULE_HOOK_DICTS, global_hooks, leftover_hooks  # noqa: E402
+from hooklab.audit import global_hooks, leftover_hooks  # noqa: E402
 
 # by id, values held weakly (a WeakSet would compare tensors with ==)
 _HOOKED_MODULES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
@@ -66,16 +68,14 @@ for _name in ("register_hook", "register_post_accumulate_grad_hook"):
 
 
 def hooks_left_on_noted_objects() -> list[str]:
-    """The cheap check: hooks on every module or tensor that ever had one registered, and globals."""
-    found = []
-    for module in list(_HOOKED_MODULES.values()):
-        for attr in MODULE_HOOK_DICTS:
-            if getattr(module, attr, None):
-                found.append(f"{type(module).__name__}: {len(getattr(module, attr))} in {attr}")
-    for tensor in list(_HOOKED_TENSORS.values()):
+    """The cheap check: hooks on every module or parameter that ever had one registered, and globals."""
+    modules = list(_HOOKED_MODULES.values())
+    # leftover_hooks() without arguments would walk every live module: with none noted, globals only
+    found = leftover_hooks(*modules) if modules else global_hooks()
+    for tensor in list(_HOOKED_TENSORS.values()):  # also parameters of modules that were never noted
         if isinstance(tensor, nn.Parameter) and (tensor._backward_hooks or tensor._post_accumulate_grad_hooks):
             found.append(f"a parameter of shape {tuple(tensor.shape)} has tensor hooks")
-    return found + global_hooks()
+    return found
 
 
 @pytest.fixture(autouse=True, scope="session")
