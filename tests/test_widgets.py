@@ -67,6 +67,31 @@ def test_render_prints_and_returns_a_figure(explorer, capsys):
     assert fig.axes[0].get_title() == "features.1\nactivation, channel 2"
 
 
+def test_render_and_figure_share_one_drawing_and_close_it_when_drawing_fails(explorer, model, x, monkeypatch, capsys):
+    picker = GradCamPicker(model, x, torch.tensor([1, 2, 3]), ["features.6"])
+    parts = picker.compute("features.6", 3, 0)
+    calls = {
+        "render": (lambda: explorer.render("features.1", 2), lambda: picker.render("features.6", 3, 0)),
+        "figure": (lambda: explorer.figure("features.1", 2), lambda: picker.figure("features.6", 3, 0, parts)),
+    }
+    for kind, tracked in (("render", True), ("figure", False)):
+        for call in calls[kind]:
+            fig = call()
+            assert (plt.get_fignums() == [fig.number]) if tracked else (plt.get_fignums() == [])
+            plt.close(fig)
+
+    def broken(*args):
+        raise RuntimeError("drawing failed")
+
+    for obj in (explorer, picker):
+        monkeypatch.setattr(obj, "_draw", broken)
+    for call in (*calls["render"], *calls["figure"]):
+        with pytest.raises(RuntimeError, match="drawing failed"):
+            call()
+        assert plt.get_fignums() == []  # hooklab.checks.drawn closed the pyplot figure
+    capsys.readouterr()
+
+
 def test_tiles_and_frame(explorer):
     """Activation tiles span 0..1; gradient tiles put 0 at 0.5 (white in RdBu_r); the red frame
     sits on the chosen channel's tile, one pixel outside it."""

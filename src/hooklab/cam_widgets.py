@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import torch
-from matplotlib.figure import Figure
 from torch import nn
 
 from .cam import guided_grad_cam_parts
 from .checks import check_index, check_inputs, class_scores, drawn
 from .plots import draw_signed
 from .record import record
-from .widgets import Panel, describe_tensor, show_in_output
+from .widgets import Panel, _new_figure, describe_tensor, show_in_output
 
 __all__ = ["GradCamPicker", "draw_cam"]
 
@@ -118,15 +117,17 @@ class GradCamPicker:
         """Print the numbers and return the four-panel figure the widget shows, as a pyplot figure."""
         parts = self.compute(layer, target, index)
         print(self.describe(layer, target, index, parts))
-        fig = plt.figure(figsize=(9, 2.9), layout="constrained")
-        return drawn(fig, lambda fig: self._draw(fig, layer, target, self._index(index), parts))
+        return self._figure(True, layer, target, index, parts)
 
     def figure(self, layer: str, target: int, index: int, parts: dict):
         """Input, Grad-CAM with the digit's outline, guided backprop, guided Grad-CAM; returns the figure
         (not tracked by pyplot)."""
+        return self._figure(False, layer, target, index, parts)
+
+    def _figure(self, pyplot: bool, layer: str, target: int, index: int, parts: dict):
         index = self._index(index)
-        fig = Figure(figsize=(9, 2.9), layout="constrained")
-        return drawn(fig, lambda fig: self._draw(fig, layer, target, index, parts))
+        return _new_figure(pyplot, lambda fig: self._draw(fig, layer, target, index, parts),
+                           figsize=(9, 2.9), layout="constrained")
 
     def _draw(self, fig, layer: str, target: int, index: int, parts: dict) -> None:
         axes = fig.subplots(1, 4)

@@ -64,6 +64,13 @@ def figure_png(fig) -> str:
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
+def _new_figure(pyplot: bool, draw, **kwargs):
+    """``draw(fig)`` on a new figure of ``kwargs`` and return it: a pyplot figure for ``render``
+    (``plt.show()`` displays it), else a bare ``Figure`` pyplot does not track, for ``figure``. A
+    pyplot figure is closed if drawing fails (``hooklab.checks.drawn``)."""
+    return drawn((plt.figure if pyplot else Figure)(**kwargs), draw)
+
+
 def show_in_output(output, text: str, fig) -> None:
     """Replace what an ``ipywidgets.Output`` shows: ``text`` as stdout, then the figure as an image.
 
@@ -191,8 +198,11 @@ class LayerExplorer:
         (red > 0 > blue), each tile divided by its largest |value|, so zero is white in every
         tile and in the channel on the left.
         """
+        return self._figure(False, layer, channel, kind)
+
+    def _figure(self, pyplot: bool, layer: str, channel: int, kind: str):
         maps, channel = self._get(layer, channel, kind)
-        return drawn(Figure(figsize=(9, 3.6)), lambda fig: self._draw(fig, layer, maps, channel, kind))
+        return _new_figure(pyplot, lambda fig: self._draw(fig, layer, maps, channel, kind), figsize=(9, 3.6))
 
     def _draw(self, fig, layer: str, maps: torch.Tensor, channel: int, kind: str) -> None:
         left, right = fig.subplots(1, 2, width_ratios=(1, 1.3))
@@ -222,8 +232,7 @@ class LayerExplorer:
         """Print ``describe(...)`` and return what ``figure(...)`` draws, as a pyplot figure: ``plt.show()``
         displays it (and ``plt.close(fig)`` closes it)."""
         print(self.describe(layer, channel, kind))
-        maps, channel = self._get(layer, channel, kind)
-        return drawn(plt.figure(figsize=(9, 3.6)), lambda fig: self._draw(fig, layer, maps, channel, kind))
+        return self._figure(True, layer, channel, kind)
 
     def widget(self, layer: str | None = None) -> Panel:
         """Sliders "layer" and "channel", toggle "show"; moving one redraws (no new forward pass)."""
