@@ -2,23 +2,33 @@
 
 from __future__ import annotations
 
+import json
+import re
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from hooklab import backprop as bp
-from hooklab.exercises import check, grade
+from hooklab import losses
+from hooklab.exercises import check, grade, nb04
 from hooklab.losses import softmax_cross_entropy_backward
 
+SOLUTIONS = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "04_backprop_by_hand_solutions.ipynb"
 
-def conv_no_bias(x, w, dout):
-    dx, dw, _ = bp.conv2d_backward(x, w, dout)
+
+def conv_by_unfold(x, w, dout):  # each output position is a dot product of w with one patch of x
+    kernel, d = w.shape[-2:], dout.flatten(2)  # d: (N, out, L)
+    dw = torch.einsum("nol,nkl->ok", d, F.unfold(x, kernel)).reshape(w.shape)  # patches: (N, C·kh·kw, L)
+    dx = F.fold(torch.einsum("ok,nol->nkl", w.flatten(1), d), x.shape[-2:], kernel)  # patches added back
     return dx, dw
 
 
 def linear_on_sequences(x, w, dout):
-    dx, dw, db = bp.linear_backward(x.flatten(0, 1), w, dout.flatten(0, 1), torch.zeros(w.shape[0], dtype=w.dtype))
-    return dx.reshape(x.shape), dw, db
+    rows_x, rows_dout = x.reshape(-1, x.shape[-1]), dout.reshape(-1, dout.shape[-1])
+    return dout @ w, rows_dout.T @ rows_x, rows_dout.sum(0)
 
 
 def smoothed(target, smoothing, classes=4):
@@ -42,8 +52,8 @@ CORRECT = {
     "04.1": softmax_backward,
     "04.2": linear_on_sequences,
     "04.3": elu_backward,
-    "04.4": conv_no_bias,
-    "04.5": lambda logits, target, s: softmax_cross_entropy_backward(logits, smoothed(target, s)),
+    "04.4": conv_by_unfold,
+    "04.5": lambda logits, target, s: (logits.softmax(1) - smoothed(target, s)) / len(target),
 }
 
 WRONG = {
@@ -68,7 +78,8 @@ WRONG_TOO = [  # more wrong answers, each with a part of the message that must e
      "with alpha=1.0"),
     ("04.3", lambda out, dout, alpha: elu_backward(out, dout, alpha).float(), "your dx is float32"),
     ("04.2", lambda x, w, dout: (dout @ w, (dout.mT @ x).sum(0), dout.sum(0)), "db: shape (5, 3), expected (3,)"),
-    ("04.5", lambda logits, target, s: softmax_cross_entropy_backward(logits, target), "with smoothing=0.2"),
+    ("04.5", lambda logits, target, s: (logits.softmax(1) - smoothed(target, 0.0)) / len(target),  # no smoothing
+     "with smoothing=0.2"),
     ("04.5", lambda logits, target, s: (logits.softmax(1) - ((1 - s) * F.one_hot(target, 4) + s / 4)) / len(target),
      "float32 rounding"),  # one_hot times a Python float is float32
 ]
@@ -272,3 +283,122 @@ def test_one_hot_without_num_classes_is_explained():
 def test_other_errors_of_the_answer_still_propagate():
     with pytest.raises(RuntimeError, match="size of tensor a"):  # check() prints it as "your code raised"
         grade("04.5", lambda logits, target, s: logits.softmax(1) - torch.ones(5, 2, dtype=logits.dtype))
+
+
+def worked_answers() -> dict:
+    """Each exercise's worked answer from the solutions notebook, by id: its cells run without
+    their check() line."""
+    namespace, answers = {"torch": torch, "F": F}, {}
+    for cell in json.loads(SOLUTIONS.read_text())["cells"]:
+        lines = "".join(cell["source"]).splitlines()
+        checks = [re.fullmatch(r'check\("(04\.\d)", (\w+)\)', line) for line in lines]
+        if cell["cell_type"] == "code" and any(checks):
+            exec("\n".join(line for line, found in zip(lines, checks, strict=True) if not found), namespace)
+            answers.update((found[1], namespace[found[2]]) for found in checks if found)
+    return answers
+
+
+def test_the_worked_answers_of_the_solutions_notebook_pass():
+    answers = worked_answers()
+    assert list(answers) == ["04.1", "04.2", "04.3", "04.4", "04.5"]
+    for id, answer in answers.items():
+        outcome = grade(id, answer)
+        assert outcome.passed, f"{id}: {outcome.detail}"
+
+
+def softmax_by_the_loss(out, dout):  # softmax·Σy − y with y = −dout·out and log(out) as logits is the softmax backward
+    rows = out.log().reshape(-1, out.shape[-1]), (-dout * out).reshape(-1, out.shape[-1])
+    return softmax_cross_entropy_backward(*rows, reduction="sum").reshape(out.shape)
+
+
+COURSE_SHORTCUTS = [  # the course's own formulas, each with the function the message must name
+    ("04.5", lambda logits, target, s: softmax_cross_entropy_backward(logits, smoothed(target, s)),
+     "hooklab.losses.softmax_cross_entropy_backward"),
+    ("04.5", lambda logits, target, s: losses.softmax_cross_entropy_backward(logits, smoothed(target, s), 1 / 5, "sum"),
+     "hooklab.losses.softmax_cross_entropy_backward"),
+    ("04.1", softmax_by_the_loss, "hooklab.losses.softmax_cross_entropy_backward"),
+    ("04.2", lambda x, w, dout: bp.linear_backward(x, w, dout, torch.zeros(w.shape[0], dtype=w.dtype)),
+     "hooklab.backprop.linear_backward"),
+    ("04.4", lambda x, w, dout: bp.conv2d_backward(x, w, dout)[:2], "hooklab.backprop.conv2d_backward"),
+]
+
+
+@pytest.mark.parametrize(("id", "answer", "called"), COURSE_SHORTCUTS)
+def test_the_course_own_formulas_fail_with_a_hint(id, answer, called):
+    outcome = grade(id, answer)
+    assert not outcome.passed, outcome.detail
+    assert outcome.detail.endswith(f"write the formula yourself: your answer called {called}, the course's own "
+                                   "answer (writing it is the exercise)"), outcome.detail
+
+
+@pytest.mark.parametrize(("id", "answer", "called"), COURSE_SHORTCUTS)
+def test_the_course_shortcuts_are_right_but_for_the_watch(id, answer, called, monkeypatch):
+    """So the watch is what fails them (the gap it closes)."""
+    monkeypatch.setattr(nb04, "COURSE_ANSWERS", ())
+    outcome = grade(id, answer)
+    assert outcome.passed, outcome.detail
+
+
+def test_a_course_formula_that_raises_still_gets_the_hint():
+    outcome = grade("04.5", lambda logits, target, s: softmax_cross_entropy_backward(logits, F.one_hot(target)))
+    assert not outcome.passed  # F.one_hot gives 3 columns: the course function raised a RuntimeError
+    assert "your answer called hooklab.losses.softmax_cross_entropy_backward" in outcome.detail, outcome.detail
+
+
+def ce_by_scatter(logits, target, smoothing):  # log_softmax, smoothed target built with scatter_add_
+    n, classes = logits.shape
+    y = torch.full_like(logits, smoothing / classes)
+    y.scatter_add_(1, target[:, None], torch.full((n, 1), 1 - smoothing, dtype=logits.dtype))
+    return (logits.log_softmax(dim=1).exp() - y) / n
+
+
+def ce_by_exp(logits, target, smoothing):  # softmax written out, one-hot rows taken from an identity matrix
+    e = (logits - logits.amax(dim=1, keepdim=True)).exp()
+    y = (1 - smoothing) * torch.eye(logits.shape[1], dtype=logits.dtype)[target] + smoothing / logits.shape[1]
+    return (e / e.sum(dim=1, keepdim=True) - y) / len(target)
+
+
+def ce_by_index(logits, target, smoothing):  # F.softmax, then the target's entry of each row lowered in place
+    n, classes = logits.shape
+    d = F.softmax(logits, dim=1) - smoothing / classes
+    d[torch.arange(n), target] -= 1 - smoothing
+    return d / n
+
+
+def ce_by_the_general_formula(logits, target, smoothing):  # p·Σy − y, as if the rows of y need not sum to 1
+    y = (1 - smoothing) * F.one_hot(target, logits.shape[1]).to(logits.dtype) + smoothing / logits.shape[1]
+    return (logits.softmax(dim=-1) * y.sum(dim=1, keepdim=True) - y) / logits.shape[0]
+
+
+@pytest.mark.parametrize("answer", [ce_by_scatter, ce_by_exp, ce_by_index, ce_by_the_general_formula])
+def test_other_right_label_smoothing_answers_pass(answer):
+    outcome = grade("04.5", answer)
+    assert outcome.passed, outcome.detail
+
+
+def test_a_conv_answer_by_unfold_and_fold_passes():  # the ops hooklab.backprop uses, written by the student
+    assert grade("04.4", conv_by_unfold).passed
+
+
+def test_no_watch_is_left_after_a_check():
+    def watched():
+        return (modes_active(), sys.getprofile(), sys.gettrace(), losses.softmax_cross_entropy_backward,
+                bp.linear_backward, bp.conv2d_backward, nb04.COURSE_ANSWERS)
+
+    def course_then_a_bug(logits, target, s):
+        raise ValueError(f"a bug after {softmax_cross_entropy_backward(logits, target).shape}")
+
+    def a_bug(logits, target, s):
+        raise ValueError("a bug")
+
+    before = watched()
+    assert before[0] == (0, 0) and before[3] is softmax_cross_entropy_backward
+    assert not grade("04.5", COURSE_SHORTCUTS[0][1]).passed and watched() == before  # failed
+    assert not grade("04.5", course_then_a_bug).passed and watched() == before  # failed, the answer raised
+    with pytest.raises(ValueError, match="a bug"):
+        grade("04.5", a_bug)
+    assert watched() == before
+    assert grade("04.5", ce_by_index).passed and watched() == before  # passed
+    logits, target = torch.randn(3, 4, dtype=torch.float64), torch.tensor([0, 3, 1])
+    assert torch.allclose(softmax_cross_entropy_backward(logits, target),  # the course's function, outside a check
+                          (logits.softmax(1) - F.one_hot(target, 4).double()) / 3)

@@ -1,14 +1,16 @@
 """Exercises of notebook 04: write the backward pass of five layers by hand.
 
 Each checker calls the student's function on fixed random float64 tensors, with autograd off and
-failing an answer that reaches autograd or a backward operator anyway, and compares every
-returned gradient with autograd's. A passing answer's largest difference (over every input the
-checker tries) is printed as the bound ``< 1e-12`` when it is that small: its digits are float64
-rounding, and they change with the CPU's instruction set.
+failing an answer that reaches autograd, a backward operator or the course's own formulas
+(``hooklab.backprop``, ``hooklab.losses``) anyway, and compares every returned gradient with
+autograd's. A passing answer's largest difference (over every input the checker tries) is printed
+as the bound ``< 1e-12`` when it is that small: its digits are float64 rounding, and they change
+with the CPU's instruction set.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from functools import partial
 
@@ -61,23 +63,50 @@ class _BackwardOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+COURSE_ANSWERS = ("hooklab.backprop", "hooklab.losses")  # the course's own backward formulas
+
+
+class _CourseAnswers(TorchDispatchMode):
+    """Notes the first function of ``COURSE_ANSWERS`` that runs an operator: the frames of the
+    call stack are read, so a function imported under another name is found too."""
+
+    def __init__(self):
+        super().__init__()
+        self.found: str | None = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.found is None:
+            frame, outermost = sys._getframe(1), None
+            while frame is not None and frame.f_code is not _by_hand.__code__:  # the answer's frames only
+                module = frame.f_globals.get("__name__")
+                if module in COURSE_ANSWERS:
+                    outermost = f"{module}.{frame.f_code.co_qualname}"
+                frame = frame.f_back
+            if outermost:
+                self.found = f"{outermost}, the course's own answer (writing it is the exercise)"
+        return func(*args, **(kwargs or {}))
+
+
 def _by_hand(answer, names: list[str], *inputs: torch.Tensor):
     """Call ``answer`` on copies of ``inputs`` (tensors are cloned, numbers passed as they are) with
-    autograd off, watching for autograd and PyTorch's backward operators; returns ``(result, None)``
-    or ``(None, Outcome)`` when the answer used either or changed one of its inputs in place."""
+    autograd off, watching for autograd, PyTorch's backward operators and the course's own formulas;
+    returns ``(result, None)`` or ``(None, Outcome)`` when the answer used one of them or changed one
+    of its inputs in place."""
     copies = [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
-    autograd, backward_ops = _Shortcuts(), _BackwardOps()
+    autograd, backward_ops, course = _Shortcuts(), _BackwardOps(), _CourseAnswers()
     try:
-        with torch.no_grad(), autograd, backward_ops:
+        with torch.no_grad(), autograd, backward_ops, course:
             got = answer(*copies)
-    except RuntimeError as error:
-        if backward_ops.found or autograd.found:
+    except Exception as error:
+        if course.found or backward_ops.found or autograd.found:
             got = None  # the shortcut explains the error
-        else:
+        elif isinstance(error, RuntimeError):
             return None, hint_for(error, dict.fromkeys(("does not require grad", "does not have a grad_fn"),
                 "by hand means without autograd: compute the gradient from its formula (autograd is switched off "
                 "while your function runs)"))  # fmt: skip
-    found = backward_ops.found or autograd.found
+        else:
+            raise
+    found = course.found or backward_ops.found or autograd.found
     if found:
         return None, Outcome(False, f"write the formula yourself: your answer called {found}")
     for name, original, copy in zip(names, inputs, copies, strict=True):
