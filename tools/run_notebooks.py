@@ -7,29 +7,34 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import nbformat
 from nbclient import NotebookClient
+from traitlets.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def execute(nb, path: Path, timeout: int, **options) -> None:
+    """Run ``nb`` (read from ``path``) top to bottom in a fresh python3 kernel started in the
+    notebook's folder, in this process's environment. The kernel talks over local sockets in a
+    temporary folder (not TCP, which makes it print a warning about unencrypted traffic)."""
+    with tempfile.TemporaryDirectory(prefix="hooklab-kernel-") as sockets:
+        ipc = Config({"KernelManager": {"transport": "ipc", "ip": str(Path(sockets) / "kernel")}})
+        NotebookClient(nb, timeout=timeout, kernel_name="python3", config=ipc,
+                       resources={"metadata": {"path": str(path.parent)}}, **options).execute()  # fmt: skip
 
 
 def run(path: Path, timeout: int) -> float:
     nb = nbformat.read(path, as_version=4)
     for cell in nb.cells:  # outputs and counts: the client replaces them in every cell it runs
         cell.metadata.pop("execution", None)
-    client = NotebookClient(
-        nb,
-        timeout=timeout,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(path.parent)}},
-        record_timing=False,
-    )
     start = time.perf_counter()
-    client.execute()
+    execute(nb, path, timeout, record_timing=False)
     elapsed = time.perf_counter() - start
     nb.metadata.pop("widgets", None)  # widget state has random model ids; nbval ignores it anyway
     steady(nb, path.name)
