@@ -25,7 +25,7 @@ unexport PYTHONWARNINGS
 NBVAL := $(BIN)/python -m pytest -p no:cacheprovider --nbval --nbval-current-env \
 	--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300
 
-.PHONY: help env lab test lint unit nbval browser notebooks check bench clean
+.PHONY: help env lab test lint unit nbval browser notebooks check grade bench clean
 
 help:
 	@echo "make lab        build the environment if needed and open JupyterLab on the course"
@@ -33,6 +33,7 @@ help:
 	@echo "make check NB=notebooks/01_tensor_hooks.ipynb   strict nbval on one notebook"
 	@echo "make notebooks [NB=path.ipynb]   re-execute notebooks in a fresh kernel and save them"
 	@echo "make browser    JupyterLab in Debian's Chromium: Run All, move the sliders (screenshots in artifacts/)"
+	@echo "make grade NB=\"a.ipynb b.ipynb\"   run students' notebooks and report each exercise's verdict"
 	@echo "make bench      recording overhead, memory, widget redraw and notebook times (artifacts/bench.json)"
 
 env: $(STAMP)
@@ -68,6 +69,10 @@ check: $(STAMP)
 
 notebooks: $(STAMP)
 	$(BIN)/python tools/run_notebooks.py $(filter %.ipynb,$(NB))
+
+grade: $(STAMP)
+	@test "$(origin NB)" != file || { echo 'usage: make grade NB="students/ a.ipynb ..." [GRADE_ARGS="--json grades.json"]'; exit 2; }
+	$(BIN)/python tools/grade.py $(NB) $(GRADE_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python tools/bench.py $(BENCH_ARGS)

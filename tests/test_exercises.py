@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hooklab.audit import clear_global_hooks, global_hooks
-from hooklab.exercises import Outcome, check, exercises, grade, hint_for
+from hooklab.exercises import Outcome, check, checked, exercises, grade, hint_for
 
 EXERCISES = exercises()
 #: the stub each notebook gives: a function raising NotImplementedError, or None for 06.4,
@@ -48,6 +48,28 @@ def test_grade_returns_the_outcome_that_check_prints(capsys):
     assert outcome.passed and capsys.readouterr().out.endswith(f"passed — {outcome.detail}\n")
     wrong = grade("00.1", lambda module: ([], None))
     assert not wrong.passed and "handle" in wrong.detail
+
+
+def test_checked_keeps_the_last_verdict_of_each_check(capsys):
+    """What `make grade` collects from a student's kernel: the last check of each exercise wins,
+    with the detail `check` printed; `grade` (for scripts) leaves it alone."""
+    def counter(module):
+        calls = []
+        return calls, module.register_forward_hook(lambda m, args, out: calls.append(1))
+
+    check("00.1", lambda module: ([], None))
+    assert checked()["00.1"] == ("failed", grade("00.1", lambda module: ([], None)).detail)
+    check("00.1", counter)
+    check("00.2", stub)
+    check("00.3", lambda model, x: 1 / 0)
+    printed = capsys.readouterr().out.splitlines()
+    verdicts = checked()
+    assert verdicts["00.1"] == ("passed", grade("00.1", counter).detail)
+    assert verdicts["00.2"] == ("not solved yet", "")
+    assert verdicts["00.3"] == ("failed", "your code raised ZeroDivisionError: division by zero")
+    assert printed[-1].endswith("failed — your code raised ZeroDivisionError: division by zero")
+    grade("00.1", lambda module: ([], None))
+    assert checked()["00.1"][0] == "passed"
 
 
 def test_grade_lets_the_answers_exception_through_and_names_known_exercises():

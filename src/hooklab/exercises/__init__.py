@@ -26,6 +26,7 @@ __all__ = [
     "Exercise",
     "Outcome",
     "check",
+    "checked",
     "compare_tensors",
     "exercise",
     "exercises",
@@ -117,22 +118,33 @@ def grade(id: str, answer: object) -> Outcome:
     return _exercise(id).checker(answer)
 
 
+_CHECKED: dict[str, tuple[str, str]] = {}  # id -> (verdict, detail) of the last check() in this process
+
+
 def check(id: str, answer: object) -> None:
     """Check ``answer`` for exercise ``id`` and print one line: not solved yet, passed or failed."""
     ex = _exercise(id)
+    verdict, detail = _verdict(ex, answer)
+    _CHECKED[id] = (verdict, detail)
+    print(f"Exercise {id} ({ex.title}): {verdict}" + ("" if verdict == "not solved yet" else f" — {detail}"))
+
+
+def _verdict(ex: Exercise, answer: object) -> tuple[str, str]:
     if answer is None or answer is Ellipsis:
-        print(f"Exercise {id} ({ex.title}): not solved yet")
-        return
+        return "not solved yet", ""
     try:
         outcome = ex.checker(answer)
     except NotImplementedError:
-        print(f"Exercise {id} ({ex.title}): not solved yet")
-        return
+        return "not solved yet", ""
     except Exception as exc:  # a student's bug: say what it was, don't drown them in a traceback
-        print(f"Exercise {id} ({ex.title}): failed — your code raised {type(exc).__name__}: {exc}")
-        return
-    verdict = "passed" if outcome.passed else "failed"
-    print(f"Exercise {id} ({ex.title}): {verdict} — {outcome.detail}")
+        return "failed", f"your code raised {type(exc).__name__}: {exc}"
+    return ("passed" if outcome.passed else "failed"), outcome.detail
+
+
+def checked() -> dict[str, tuple[str, str]]:
+    """The verdict and detail of the last ``check`` of each exercise in this process, by id: what
+    ``make grade`` collects from a student's notebook."""
+    return dict(sorted(_CHECKED.items()))
 
 
 def hint_for(error: Exception, hints: dict[str, str]) -> Outcome:
