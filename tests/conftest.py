@@ -93,7 +93,7 @@ def no_hooks_left_in_the_file(no_hooks_at_the_start):
 @pytest.fixture(autouse=True)
 def no_hooks_left_behind(no_hooks_left_in_the_file):
     """Every test must remove every hook it (or the code it calls) registered, and leave no torch
-    function mode (``record``'s copy-on-write guard is one) active: ``global_hooks`` reports those."""
+    function mode or saved-tensor hooks active: ``global_hooks`` reports those."""
     yield
     left = hooks_left_on_noted_objects()
     assert left == [], f"hooks left behind: {left}"

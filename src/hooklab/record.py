@@ -11,15 +11,12 @@ Contract
 * One ``Record`` per module call, in execution order: a module called twice in one forward
   (torchvision's ResNet reuses each block's ReLU) has two records, ``call=0`` and ``call=1``.
 * Tensors in records are detached, and a record always holds the value the module really
-  produced, even when a later in-place operation (``ReLU(inplace=True)``, ``out += identity``)
-  overwrites the module's output. Records keep *references*, not copies: a recorder has to keep
-  every activation alive anyway, and most are never written again. While the ``with`` block
-  runs, a copy-on-write guard (``hooklab.cow``) copies a recorded tensor just before an operation
-  writes into it, once for every record holding it (``hooklab.keep``). After the block, a record whose tensor was
-  changed in place by your own code raises ``StaleRecordError`` instead of returning the wrong
-  numbers. Tensors made under ``torch.inference_mode()`` have no version counter to guard, so
-  they are copied at once; ``clone=True`` copies every tensor at once (use it under
-  ``torch.compile``).
+  produced, even when a later in-place operation (``ReLU(inplace=True)``, ``out += identity``,
+  your own code, during the block or after it) overwrites the module's output. Records hold
+  *lazy copies* (``hooklab.keep``): they share the module's memory until something writes into
+  it, and only then is that memory copied, once. A record whose own tensor you change in place
+  raises ``StaleRecordError`` instead of returning other numbers. ``clone=True`` copies every
+  tensor at once (use it under ``torch.compile``).
 * ``backward=True`` records (copies of) ``grad_output`` (gradient w.r.t. each output) and ``grad_input``
   (gradient w.r.t. each positional input, ``None`` where the input needs no grad): the same
   tuples a full backward hook receives. They come from tensor hooks (notebook 03 explains
@@ -46,7 +43,6 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
 
-from .cow import CopyOnWrite
 from .keep import Keeper
 from .layers import may_write_into_input, select_layers
 from .records import (
@@ -78,7 +74,6 @@ class Recording:
         self._keeper = Keeper(copy_at_once=clone)
         self._handles: list = []
         self._tensor_handles: list = []
-        self._mode: CopyOnWrite | None = None
 
     # ----- reading -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -126,18 +121,6 @@ class Recording:
         self._keeper.clear()
 
     # ----- hooks ---------------------------------------------------------------------------
-    def _pre_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict):
-        return self._unguarded(self._start_record, name, module, args, kwargs)
-
-    def _forward_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        self._unguarded(self._finish_record, name, module, args, kwargs, output)
-
-    def _unguarded(self, step, *args):
-        if self._mode is None:
-            return step(*args)
-        with torch._C.DisableTorchFunction():  # the hooks write nothing: keep the guard out of them
-            return step(*args)
-
     def _new_record(self, name: str, module: nn.Module, args: tuple, kwargs: dict) -> Record:
         rec = Record(name, type(module).__name__, call=-1, index=-1)
         rec._inputs = self._keeper.keep(rec, tuple(args))
@@ -145,7 +128,7 @@ class Recording:
             rec._kwargs = self._keeper.keep(rec, kwargs)
         return rec
 
-    def _start_record(self, name: str, module: nn.Module, args: tuple, kwargs: dict):
+    def _pre_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict):
         # The record starts before the module runs, so that its inputs are kept as they came in:
         # a module working in place (ReLU(inplace=True)) would otherwise show its result as input.
         rec = self._new_record(name, module, args, kwargs)
@@ -171,7 +154,7 @@ class Recording:
                 self._tensor_handles.append(target.register_hook(self._grad_setter(rec, "_grad_input", i)))
         return (tuple(new_args), kwargs) if changed else None
 
-    def _finish_record(self, name: str, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+    def _forward_hook(self, name: str, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         started = self._started.get(name)
         if started:
             rec = started.pop()
@@ -200,8 +183,8 @@ class Recording:
         if not any(t.requires_grad for t in outputs):
             rec._no_grad_reason = why_no_grad_output(output, outputs)
             return
-        if len(outputs) == 1 and outputs[0]._is_view():
-            rec._output_was_view = True
+        if len(outputs) == 1 and outputs[0]._is_view():  # noted for why_no_grad: see Record._why_no_grad
+            rec._output_view = (outputs[0].detach(), outputs[0]._version)  # detach shares the version
         rec._grad_output = (None,) * len(outputs)
         for i, t in enumerate(outputs):
             if t.requires_grad:
@@ -230,9 +213,6 @@ class Recording:
                     self._handles.append(module.register_forward_pre_hook(pre_hook, with_kwargs=True))
                 hook = functools.partial(self._forward_hook, name)
                 self._handles.append(module.register_forward_hook(hook, with_kwargs=True))
-            if not self.clone:
-                self._mode = CopyOnWrite(self._keeper.before_write)
-                self._mode.__enter__()
         except BaseException:
             self._remove_hooks()
             raise
@@ -243,14 +223,9 @@ class Recording:
             reasons = {r._no_grad_reason for r in self.records if r._no_grad_reason}
             if reasons:
                 exc.add_note(f"hooklab.record: the recorded modules got no gradient: {'; '.join(sorted(reasons))}")
-        try:
-            if self._mode is not None:
-                self._mode.remove()
-                self._mode = None
-        finally:
-            self._remove_hooks()
-            self._keeper.clear()
-            self._started.clear()
+        self._remove_hooks()
+        self._keeper.clear()
+        self._started.clear()
 
     def _remove_hooks(self) -> None:
         for handle in self._handles + self._tensor_handles:
@@ -273,8 +248,8 @@ def record(
         leaf module. An unknown name raises ``UnknownLayerError`` listing close matches.
     types: keep only modules of these types (e.g. ``nn.Conv2d``).
     backward: also record ``grad_input`` / ``grad_output``; run ``backward()`` inside the block.
-    clone: copy every tensor when it is recorded (by default tensors are kept by reference and
-        copied only just before something overwrites them).
+    clone: copy every tensor when it is recorded (by default records hold lazy copies, which
+        share memory with the model's tensors until something writes into it).
     """
     return Recording(model, select_layers(model, layers, types), backward=backward, clone=clone)
 

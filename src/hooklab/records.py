@@ -24,7 +24,7 @@ __all__ = [
 
 
 class StaleRecordError(RuntimeError):
-    """A recorded tensor was modified in place where the copy-on-write guard could not see it."""
+    """A record's own tensor was changed in place after the record returned it."""
 
 
 class NoGradientError(RuntimeError):
@@ -56,27 +56,19 @@ class Record:
     _no_grad_reason: str | None = None
     _grad_input_note: str | None = None  # why grad_input cannot be trusted (set while recording)
     _got_grad: bool = False
-    _versions: dict = field(default_factory=dict)
-    _private: set = field(default_factory=set)  # ids of tensors that are the record's own copies
+    _versions: dict = field(default_factory=dict)  # id of each kept tensor -> its version when kept
     _input_views: list = field(default_factory=list)  # (view given to the module, its version)
-    _output_was_view: bool = False
-    _output_written: bool = False  # the module's output was written into later (a copy was kept)
+    _output_view: tuple | None = None  # (the module's output, its version) when it is a view
 
     def _checked(self, value: Any, what: str) -> Any:
         for leaf in tree_flatten(value)[0]:
             expected = self._versions.get(id(leaf)) if isinstance(leaf, torch.Tensor) else None
             if expected is not None and leaf._version != expected:
-                if id(leaf) in self._private:
-                    raise StaleRecordError(
-                        f"the {what} recorded for {self.name!r} is the record's own copy, and it was changed in "
-                        f"place after the record returned it; clone it before changing it "
-                        f"(rec[{self.name!r}].{what}.clone())"
-                    )
                 verb = "received" if what in ("input", "kwargs") else "produced"
                 raise StaleRecordError(
-                    f"the {what} recorded for {self.name!r} was modified in place by an operation the "
-                    f"copy-on-write guard could not see (during or after the recording), so it no longer holds "
-                    f"what the module {verb}; record with clone=True, or clone the tensor before changing it"
+                    f"the {what} recorded for {self.name!r} was changed in place after the record returned it, "
+                    f"so it no longer holds what the module {verb}; clone it before changing it "
+                    f"(rec[{self.name!r}].{what}.clone())"
                 )
         return value
 
@@ -110,7 +102,7 @@ class Record:
     def _why_no_grad(self) -> str:
         if self._no_grad_reason:
             return self._no_grad_reason
-        if self._output_was_view and self._output_written:
+        if self._output_view is not None and self._output_view[0]._version != self._output_view[1]:
             return (
                 f"its output is a view of its input, and a later operation modified that view in place "
                 f"(an in-place layer after {self.name!r}?); PyTorch never calls hooks on such a view: "

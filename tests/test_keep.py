@@ -1,0 +1,145 @@
+"""hooklab.keep: records hold lazy copies that keep what the module produced, whatever writes
+into the model's tensors later and however it writes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hooklab import record
+from hooklab.keep import LAZY_COPIES
+
+
+def address(t: torch.Tensor) -> int:
+    """Where a tensor's numbers are, without asking for write access (``data_ptr()`` would, and a
+    lazy copy answers that by copying)."""
+    return torch._C._data_address(t)
+
+
+def test_this_pytorch_makes_lazy_copies_that_copy_on_the_first_write():
+    """The private PyTorch function hooklab.keep relies on: if an upgrade changes it, this fails
+    (and records fall back to copies made at once when it is gone)."""
+    assert LAZY_COPIES
+    a = torch.randn(1000)
+    b = torch._lazy_clone(a)
+    assert address(a) == address(b), "a lazy copy shares the memory"
+    expected = a.clone()
+    a.mul_(0)
+    assert address(a) != address(b), "the first write gives the writer memory of its own"
+    assert torch.equal(b, expected) and a.abs().sum() == 0
+
+
+class MulZeroInPlace(torch.autograd.Function):
+    """A custom autograd function writing into its input from inside."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.mark_dirty(x)
+        return x.mul_(0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 0
+
+
+OVERWRITES = {
+    "method_": lambda t: t.mul_(0),
+    "+=": lambda t: t.__iadd__(100),
+    "setitem": lambda t: t.__setitem__(0, 42.0),
+    "inplace=True": lambda t: F.relu(t, inplace=True),
+    "out=": lambda t: torch.mul(t, 0, out=t),
+    "view": lambda t: t[:1].zero_(),
+    "aten op": lambda t: torch.ops.aten.mul_.Tensor(t, torch.tensor(0.0)),  # no Python function at all
+    "foreach": lambda t: torch._foreach_mul_([t], 0.0),  # what optimizers do
+    ".data": lambda t: t.data.mul_(0),  # no version bump either
+    "numpy": lambda t: t.numpy().__setitem__(slice(None), 0.0),
+    "autograd.Function": lambda t: MulZeroInPlace.apply(t),
+}
+
+
+@pytest.mark.parametrize("after_the_block", [False, True], ids=["inside", "after"])
+@pytest.mark.parametrize("overwrite", OVERWRITES.values(), ids=OVERWRITES.keys())
+def test_records_keep_the_value_the_module_produced(overwrite, after_the_block):
+    model = nn.Linear(3, 3)
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        expected = model(x)
+        with record(model) as rec:
+            out = model(x)
+            if not after_the_block:
+                overwrite(out)
+        if after_the_block:
+            overwrite(out)
+    assert not torch.equal(out, expected), "the overwrite must really change the output"
+    torch.testing.assert_close(rec[""].output, expected, rtol=0, atol=0)
+
+
+IN_PLACE_LAYERS = {
+    "ReLU": lambda: nn.ReLU(inplace=True),
+    "LeakyReLU": lambda: nn.LeakyReLU(0.1, inplace=True),
+    "ReLU6": lambda: nn.ReLU6(inplace=True),
+    "ELU": lambda: nn.ELU(inplace=True),
+    "SiLU": lambda: nn.SiLU(inplace=True),
+    "Hardswish": lambda: nn.Hardswish(inplace=True),
+    "Threshold": lambda: nn.Threshold(0.1, 20.0, inplace=True),
+    "Dropout": lambda: nn.Dropout(0.5, inplace=True).train(),
+}
+
+
+@pytest.mark.parametrize("make", IN_PLACE_LAYERS.values(), ids=IN_PLACE_LAYERS.keys())
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+def test_every_in_place_layer_leaves_the_records_before_it_intact(make, grad):
+    model = nn.Sequential(nn.Linear(3, 6), make())
+    x = torch.randn(5, 3)
+    expected = model[0](x).detach()
+    with torch.set_grad_enabled(grad), record(model) as rec:
+        out = model(x)
+    assert not torch.equal(out.detach(), expected), "the layer must really write into its input"
+    torch.testing.assert_close(rec["0"].output, expected, rtol=0, atol=0)
+    torch.testing.assert_close(rec["1"].inputs[0], expected, rtol=0, atol=0)
+    torch.testing.assert_close(rec["1"].output, out.detach(), rtol=0, atol=0)
+
+
+def test_records_share_memory_until_a_write_and_then_one_copy_is_made():
+    model = nn.Sequential(nn.Linear(3, 6), nn.ReLU(), nn.Linear(6, 2))
+    x = torch.randn(4, 3)
+    with torch.no_grad(), record(model) as rec:
+        out = model(x)
+    hidden = rec["0"].output
+    # the first Linear's output is the ReLU's input: two records, one block of memory, no copy
+    assert address(rec["1"].inputs[0]) == address(hidden)
+    assert address(rec["2"].output) == address(out)
+    out.zero_()  # the model's tensor gets new memory; the record keeps the old
+    assert address(rec["2"].output) != address(out) and rec["2"].output.abs().sum() > 0
+
+
+def test_a_layer_that_raises_leaves_recording_working_for_the_rest_of_the_block():
+    model = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3).eval(), nn.ReLU(inplace=True))
+    x = torch.randn(4, 3)
+    with record(model) as rec:
+        with pytest.raises(RuntimeError):
+            model[1](torch.randn(4, 5))  # raises: wrong size
+        out = model(x)
+        expected = out.detach().clone()
+        with torch.no_grad():
+            out.mul_(0)
+    assert [r.name for r in rec] == ["0", "1", "2"], "the failed call leaves no record"
+    torch.testing.assert_close(rec["2"].output, expected, rtol=0, atol=0)
+
+
+def test_without_lazy_copies_records_are_copied_at_once(monkeypatch):
+    """What a PyTorch without torch._lazy_clone gets: the same records, each its own copy."""
+    monkeypatch.setattr("hooklab.keep.LAZY_COPIES", False)
+    model = nn.Sequential(nn.Linear(3, 6), nn.ReLU(inplace=True))
+    x = torch.randn(4, 3)
+    with torch.no_grad():
+        expected = model[0](x)
+        with record(model) as rec:
+            out = model(x)
+            out.zero_()
+    torch.testing.assert_close(rec["0"].output, expected, rtol=0, atol=0)
+    torch.testing.assert_close(rec["1"].inputs[0], expected, rtol=0, atol=0)
+    assert not torch._C._is_cow_tensor(rec["0"].output)
+    assert address(rec["1"].output) != address(out)
