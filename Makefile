@@ -35,6 +35,11 @@ help:
 	@echo "make browser    JupyterLab in Debian's Chromium: Run All, move the sliders (screenshots in artifacts/)"
 	@echo "make grade NB=\"a.ipynb b.ipynb\"   run students' notebooks and report each exercise's verdict"
 	@echo "make bench      recording overhead, memory, widget redraw and notebook times (artifacts/bench.json)"
+	@echo "make env        create .venv with the pinned packages (reinstalled only when requirements.txt or pyproject.toml change)"
+	@echo "make lint       ruff check on src, tests, tools and notebooks"
+	@echo "make unit       the unit tests (pytest tests, without the browser test)"
+	@echo "make nbval      strict nbval on every notebook under notebooks/ (saved outputs must match a fresh run)"
+	@echo "make clean      delete .venv, the pytest and ruff caches and artifacts/"
 
 env: $(STAMP)
 

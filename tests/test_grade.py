@@ -1,5 +1,10 @@
 """``make grade`` (tools/grade.py): a student's notebook is run in a fresh kernel and every
-exercise of that notebook gets a verdict, including the ones whose check never ran."""
+exercise of that notebook gets a verdict, including the ones whose check never ran; a notebook
+that loops forever, kills its kernel or sabotages the collection does not stop the batch.
+
+Each notebook run starts a kernel (a few seconds), so the cases are batched into two grade.main
+calls: one with the default timeout, one with a short timeout whose notebooks import nothing heavy
+(importing torch alone can take longer than 5 s on a busy machine)."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import sys
 from pathlib import Path
 
 import nbformat
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -24,25 +30,111 @@ STUDENT = [
     # 00.3: the cell was deleted
 ]
 
+# Notebook 01, which checks an exercise of notebook 00, then sabotages what the collection could use
+# and calls a check of its own.
+SABOTEUR = [
+    "from hooklab.exercises import check",
+    "def run_with_hook(module, hook, x):\n    raise NotImplementedError\n\ncheck('00.2', run_with_hook)",
+    "print = lambda *args, **kwargs: None\njson = _json = _ex = str = repr = None",
+    "def check(id, answer):\n    pass\n\ncheck('01.1', lambda *args: None)",
+]
 
-def test_a_student_notebook_and_the_worked_answers_are_graded(tmp_path, capsys):
-    student = tmp_path / "00_start_here.ipynb"
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in STUDENT])
-    nbformat.write(nb, student)
+UNNUMBERED = [
+    "from hooklab.exercises import check",
+    "def run_with_hook(module, hook, x):\n    raise NotImplementedError\n\ncheck('00.2', run_with_hook)",
+    "x_undefined_name + 1",
+]
+
+
+def write(path: Path, cells: list[str], markdown_first: bool = False) -> Path:
+    cells = [nbformat.v4.new_code_cell(src) for src in cells]
+    if markdown_first:
+        cells.insert(0, nbformat.v4.new_markdown_cell("# Exercises\nRun every cell."))
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), path)
+    return path
+
+
+def test_students_notebooks_and_the_worked_answers_are_graded(tmp_path, capsys):
+    student = write(tmp_path / "00_start_here.ipynb", STUDENT)
     before = student.read_text()
     answers = ROOT / "notebooks" / "solutions" / "00_start_here_solutions.ipynb"
+    saboteur = write(tmp_path / "anna_01_tensor_hooks.ipynb", SABOTEUR)
+    unnumbered = write(tmp_path / "homework.ipynb", UNNUMBERED)
     out = tmp_path / "grades.json"
 
-    assert grade.main([str(student), str(answers), "--json", str(out)]) == 0
+    assert grade.main([str(p) for p in (student, answers, saboteur, unnumbered)] + ["--json", str(out)]) == 0
 
     printed = capsys.readouterr().out
     results = json.loads(out.read_text())
+    # every exercise of the notebook, checked or not
     verdicts = {id: r["verdict"] for id, r in results[str(student)]["exercises"].items()}
     assert verdicts == {"00.1": "failed", "00.2": "not solved yet", "00.3": "not checked"}
     assert results[str(student)]["passed"] == 0
-    assert results[str(student)]["errors"] == ["cell 3: ValueError: a typo in the student notebook"]
+    assert results[str(student)]["problems"] == [
+        "error in cell 3 (raise ValueError('a typo in the student notebook')): ValueError: a typo in the student "
+        "notebook"
+    ]
     assert f"{student}: 0 of 3 passed" in printed
-    assert "its check(...) line did not run" in printed
+    assert "no verdict recorded: the check(...) line did not run" in printed
     assert results[str(answers)]["passed"] == 3, results[str(answers)]
-    assert results[str(answers)]["errors"] == []
+    assert results[str(answers)]["problems"] == []
     assert student.read_text() == before  # the student's file is not changed
+
+    # a rebound print (and json, str, repr) does not stop the collection; the number is found
+    # anywhere in the name; another notebook's exercise is listed apart, with its title, and is
+    # not counted; a check of the student's own records nothing
+    sab = results[str(saboteur)]
+    assert sab["graded"] and sab["number"] == "01"
+    assert set(sab["exercises"]) == {"01.1", "01.2", "01.3", "01.4"}
+    assert sab["exercises"]["01.1"]["verdict"] == "not checked"
+    assert "something other than hooklab's check" in sab["exercises"]["01.1"]["detail"]
+    assert sab["also_checked"] == {"00.2": {"title": grade_title("00.2"), "verdict": "not solved yet", "detail": ""}}
+    assert f"{saboteur}: 0 of 4 passed" in printed
+    assert f"also checked: 00.2 ({grade_title('00.2')}) not solved yet" in printed
+
+    # no number in the name: only what was checked, and a note saying so
+    un = results[str(unnumbered)]
+    assert un["number"] is None and list(un["exercises"]) == ["00.2"]
+    assert f"{unnumbered}: 0 of 1 passed" in printed
+    assert "no notebook number (like 04_) found in the file name" in printed
+    assert un["problems"] == [
+        "error in cell 3 (x_undefined_name + 1): NameError: name 'x_undefined_name' is not defined"
+    ]
+
+
+def grade_title(id: str) -> str:
+    from hooklab.exercises import exercises
+
+    return exercises()[id].title
+
+
+def test_a_timeout_or_a_dead_kernel_does_not_stop_the_batch(tmp_path, capsys):
+    looping = write(tmp_path / "00_loop.ipynb", ["while True:\n    pass", "raise ValueError('ran after the loop')"],
+                    markdown_first=True)  # fmt: skip
+    dying = write(tmp_path / "00_dies.ipynb", ["x = 1", "import os; os._exit(1)", "y = 2"])
+    last = write(tmp_path / "00_last.ipynb", ["x = 1"])
+    out = tmp_path / "grades.json"
+
+    status = grade.main([str(looping), str(dying), str(last), "--timeout", "5", "--json", str(out)])
+
+    printed = capsys.readouterr().out
+    results = json.loads(out.read_text())
+    assert status == 1  # one notebook could not be graded
+    # the looping cell is interrupted (cells counted from 1, markdown included) and the run goes on
+    loop = results[str(looping)]
+    assert loop["graded"] and loop["of"] == 3
+    assert loop["problems"] == ["timed out in cell 2 (while True:) after 5 s (the kernel was interrupted)",
+                                "error in cell 3 (raise ValueError('ran after the loop')): ValueError: ran after "
+                                "the loop"]  # fmt: skip
+    assert results[str(dying)] == {"graded": False, "why": "the kernel died in cell 2 (import os; os._exit(1))",
+                                   "problems": []}  # fmt: skip
+    assert f"{dying}: not graded — the kernel died in cell 2 (import os; os._exit(1))" in printed
+    assert results[str(last)]["graded"] and f"{last}: 0 of 3 passed" in printed
+
+
+@pytest.mark.parametrize(("name", "number"), [
+    ("04_backprop_by_hand.ipynb", "04"), ("anna_04_backprop.ipynb", "04"), ("hw-03-anna.ipynb", "03"),
+    ("2024_05_explorers.ipynb", "05"), ("homework.ipynb", None), ("99_extra.ipynb", None), ("v1_2.ipynb", None),
+])  # fmt: skip
+def test_the_notebook_number_is_found_anywhere_in_the_name(name, number):
+    assert grade.number_of(Path(name), {"00", "01", "02", "03", "04", "05", "06"}) == number

@@ -3,10 +3,26 @@ folder of them: ``make grade NB=students/``).
 
 Each notebook is run top to bottom in a fresh kernel, in the course's environment, on a copy in
 memory: the student's file is not changed. A cell that raises does not stop the run (the next
-cells may still reach their checks). Then, for every exercise of that notebook (``04.1``–``04.5``
-for a file named ``04_…``), the report gives the verdict of its last ``check(...)``: passed,
-failed (with the checker's reason), not solved yet, or not checked (the ``check`` line never ran:
-it was deleted, or its cell failed before reaching it). ``--json FILE`` writes the same as JSON.
+cells may still reach their checks), and neither does a cell that runs longer than ``--timeout``
+seconds (``GRADE_ARGS="--timeout 60"``; default 300): the kernel is interrupted and the next cell
+runs. Then, for every exercise of that notebook (``04.1``–``04.5`` for a file whose name holds
+``04_`` or ``04-``, e.g. ``anna_04_backprop.ipynb``), the report gives the verdict of its last
+``check(...)``: passed, failed (with the checker's reason), not solved yet, or not checked (no
+verdict was recorded: the ``check`` line did not run, or the student's ``check`` is not
+hooklab's). "N of M passed" counts this notebook's exercises only; exercises of other notebooks
+checked in it are listed after them ("also checked"). When no notebook number is found in the
+file name, only the exercises the notebook checked are listed, with a note saying so.
+
+Then come the cells that raised or timed out. Cells are counted from 1 at the top of the notebook,
+markdown cells included (JupyterLab shows no numbers), and each is also named by the first
+non-empty line of its source, e.g. ``cell 12 (x_undefined_name + 1)``.
+
+A notebook cannot be graded when its kernel dies (``os._exit``, a crash), when a timed-out cell
+does not stop on the interrupt (the next cell then times out too, and the run is given up), or
+when the verdicts cannot be collected at the end: the report says which cell and the batch goes
+on with the next notebook. ``--json FILE`` writes the same as JSON, rewritten after every
+notebook. The exit status is 0 when every notebook was graded (whatever its verdicts), 1 when at
+least one could not be graded, 2 for a usage error.
 
 The student's code runs with your permissions, in the same process as the checks: grade on a
 machine or account you do not mind it touching, and treat a verdict as feedback, not as proof
@@ -16,72 +32,176 @@ machine or account you do not mind it touching, and treat a verdict as feedback,
 from __future__ import annotations
 
 import argparse
+import ast
 import json
+import os
 import re
 import sys
 from pathlib import Path
 
 import nbformat
+from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from run_notebooks import execute  # tools/, beside this file
 
-MARK = "hooklab-grade:"
-COLLECT = f"import json as _json, hooklab.exercises as _ex\nprint({MARK!r}, _json.dumps(_ex.checked()))"
+# Appended as the notebook's last cell. Its last expression, the verdicts as a JSON string, comes
+# back as the cell's execute_result (its repr as text/plain): no print and no other builtin (a
+# student may rebind them), only private names bound by import statements. hooklab is not imported
+# when the notebook did not import it (nothing was checked then; importing torch could take longer
+# than a short --timeout).
+COLLECT = (
+    "import json as _hooklab_grade_json, sys as _hooklab_grade_sys\n"
+    "_hooklab_grade_json.dumps(_hooklab_grade_sys.modules['hooklab.exercises'].checked()\n"
+    "                          if 'hooklab.exercises' in _hooklab_grade_sys.modules else {})"
+)
+TIMEOUT = "hooklab-grade-timeout"  # ename of the reply nbclient gives a cell it interrupted
+NOT_CHECKED = (
+    "not checked",
+    "no verdict recorded: the check(...) line did not run, or it called something other than hooklab's check",
+)
 
 
-def run(path: Path, timeout: int) -> tuple[dict, list[str]]:
-    """The verdicts of the notebook's checks, and one line per cell that raised."""
-    nb = nbformat.read(path, as_version=4)
+class NotGraded(Exception):
+    """The notebook's verdicts could not be collected; the message says why."""
+
+
+def where(nb, index: int) -> str:
+    """``cell N (first non-empty source line)``, N counting every cell from 1, markdown included."""
+    line = next((s.strip() for s in nb.cells[index].source.splitlines() if s.strip()), "")
+    line = line if len(line) <= 60 else line[:59] + "…"
+    return f"cell {index + 1} ({line})"
+
+
+class Watch:
+    """nbclient hooks: which cell is running, which timed out; gives up when a timed-out cell was
+    still running after the interrupt (the next cell then times out too)."""
+
+    def __init__(self, nb) -> None:
+        self.nb = nb
+        self.running: int | None = None
+        self.previous: int | None = None  # the code cell run before the current one
+        self.timed_out: list[int] = []
+
+    def on_execute(self, cell, cell_index: int) -> None:
+        self.previous, self.running = self.running, cell_index
+
+    def on_error(self, cell, cell_index: int, execute_reply: dict) -> None:
+        if execute_reply.get("content", {}).get("ename") != TIMEOUT:
+            return
+        self.timed_out.append(cell_index)
+        if self.previous is not None and self.previous in self.timed_out:
+            raise NotGraded(
+                f"{where(self.nb, self.previous)} timed out and was still running after the interrupt "
+                "(the next cell timed out too): the run was given up"
+            )
+
+
+def run(path: Path, timeout: int) -> tuple[dict | None, list[str], str | None]:
+    """The verdicts of the notebook's checks, one line per cell that raised or timed out, and why
+    the verdicts could not be collected (then None instead of them), if so."""
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except Exception as exc:  # not JSON, not a notebook, unreadable
+        return None, [], f"could not be read: {type(exc).__name__}: {exc}".splitlines()[0][:250]
     nb.cells.append(nbformat.v4.new_code_cell(COLLECT))
-    execute(nb, path, timeout, allow_errors=True)
-    errors = []
-    for number, cell in enumerate(nb.cells[:-1], start=1):
+    last = len(nb.cells) - 1
+    watch = Watch(nb)
+    why = None
+    try:
+        execute(nb, path, timeout, allow_errors=True, interrupt_on_timeout=True,
+                error_on_timeout={"ename": TIMEOUT, "evalue": f"timed out after {timeout} s", "traceback": []},
+                on_cell_execute=watch.on_execute, on_cell_error=watch.on_error)  # fmt: skip
+    except NotGraded as given_up:
+        why = str(given_up)
+    except DeadKernelError:
+        why = "the kernel died " + ("while collecting the verdicts" if watch.running == last else
+                                    f"in {where(nb, watch.running)}" if watch.running is not None else
+                                    "before the first cell ran")  # fmt: skip
+    except CellTimeoutError as exc:  # not expected with interrupt_on_timeout, but never stop the batch
+        cell = f" in {where(nb, watch.running)}" if watch.running is not None else ""
+        why = f"timed out{cell} ({str(exc).splitlines()[0]})"
+    except Exception as exc:  # e.g. a kernel that fails to start (a module in the student's folder shadowing one)
+        why = f"could not be run: {type(exc).__name__}: {exc}".splitlines()[0][:250]
+    problems = []
+    for index, cell in enumerate(nb.cells[:last]):
+        if index in watch.timed_out:
+            problems.append(f"timed out in {where(nb, index)} after {timeout} s (the kernel was interrupted)")
+            continue
         for out in cell.get("outputs", []):
             if out.output_type == "error" and "raises-exception" not in cell.metadata.get("tags", []):
-                errors.append(f"cell {number}: {out.ename}: {out.evalue}".splitlines()[0][:200])
-    outputs = nb.cells[-1].get("outputs", [])
-    found = [line for out in outputs if out.output_type == "stream" for line in out.text.splitlines()
-             if line.startswith(MARK)]  # fmt: skip
-    if not found:
-        failed = next((f"{o.ename}: {o.evalue}" for o in outputs if o.output_type == "error"), "no output")
-        raise RuntimeError(f"{path}: the verdicts could not be collected ({failed})")
-    return json.loads(found[-1][len(MARK):]), errors
+                problems.append(f"error in {where(nb, index)}: {out.ename}: {out.evalue}".splitlines()[0][:250])
+    if why is None:
+        try:
+            return collected(nb.cells[last]), problems, None
+        except NotGraded as failed:
+            why = str(failed)
+    return None, problems, why
 
 
-def expected(path: Path) -> dict[str, str]:
-    """The exercises of a notebook, by id (title as value), from its number; all of them if the
-    name does not start with one."""
+def collected(cell) -> dict:
+    """The verdicts from the collection cell's result: the ``repr`` of their JSON string."""
+    for out in cell.get("outputs", []):
+        if out.output_type == "execute_result" and "text/plain" in out.get("data", {}):
+            try:
+                verdicts = json.loads(ast.literal_eval(out.data["text/plain"]))
+                return {id: tuple(v) for id, v in verdicts.items()}
+            except (ValueError, SyntaxError, TypeError, AttributeError) as exc:
+                raise NotGraded(f"the verdicts could not be collected (unreadable result: {exc})") from None
+    failed = next((f"{o.ename}: {o.evalue}" for o in cell.get("outputs", []) if o.output_type == "error"), "no result")
+    raise NotGraded(f"the verdicts could not be collected ({failed})".splitlines()[0][:250])
+
+
+def number_of(path: Path, numbers: set[str]) -> str | None:
+    """The notebook number in the file name: two digits followed by ``_`` or ``-``, anywhere in the
+    name (``04_…``, ``anna_04_…``, ``hw-04-…``), the first that is a course notebook's."""
+    return next((n for n in re.findall(r"(?<!\d)(\d\d)[_-]", path.name) if n in numbers), None)
+
+
+def report(path: Path, verdicts: dict, problems: list[str]) -> tuple[list[str], dict]:
     from hooklab.exercises import exercises
 
-    known = {id: ex.title for id, ex in exercises().items()}
-    number = re.match(r"(\d\d)_", path.name)
-    return {id: t for id, t in known.items() if number is None or id.startswith(number.group(1) + ".")}
-
-
-def report(path: Path, verdicts: dict, errors: list[str]) -> tuple[list[str], dict]:
-    wanted = expected(path)
-    rows = {}
-    for id, title in wanted.items():
-        verdict, detail = verdicts.get(id, ("not checked", "its check(...) line did not run"))
-        rows[id] = {"title": title, "verdict": verdict, "detail": detail}
-    for id, (verdict, detail) in verdicts.items():  # checks of another notebook's exercises
-        if id not in rows:
-            rows[id] = {"title": "", "verdict": verdict, "detail": detail}
+    titles = {id: ex.title for id, ex in exercises().items()}
+    number = number_of(path, {id.split(".")[0] for id in titles})
+    if number is None:
+        mine = dict.fromkeys(verdicts)
+    else:
+        mine = dict.fromkeys(id for id in titles if id.startswith(number + "."))
+    rows = {id: dict(zip(("verdict", "detail"), verdicts.get(id, NOT_CHECKED), strict=True)) for id in mine}
+    rows = {id: {"title": titles.get(id, ""), **r} for id, r in rows.items()}
+    others = {id: {"title": titles.get(id, ""), "verdict": v, "detail": d}
+              for id, (v, d) in verdicts.items() if id not in rows}  # fmt: skip
     passed = sum(r["verdict"] == "passed" for r in rows.values())
     lines = [f"{path}: {passed} of {len(rows)} passed"]
+    if number is None:
+        lines.append("  note: no notebook number (like 04_) found in the file name: only the exercises it "
+                     "checked are listed")  # fmt: skip
     width = max((len(r["title"]) for r in rows.values()), default=0)
     for id, r in rows.items():
         detail = f" — {r['detail']}" if r["detail"] else ""
         lines.append(f"  {id}  {r['title']:<{width}}  {r['verdict']}{detail}")
-    lines += [f"  error in {e}" for e in errors]
-    return lines, {"passed": passed, "exercises": rows, "errors": errors}
+    for id, r in others.items():
+        detail = f" — {r['detail']}" if r["detail"] else ""
+        lines.append(f"  also checked: {id} ({r['title']}) {r['verdict']}{detail}")
+    lines += [f"  {p}" for p in problems]
+    result = {"graded": True, "number": number, "passed": passed, "of": len(rows), "exercises": rows,
+              "also_checked": others, "problems": problems}  # fmt: skip
+    return lines, result
+
+
+def write(path: Path, results: dict) -> None:
+    """Replace ``path`` in one step, so an interrupted batch leaves a whole file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("notebooks", nargs="+", type=Path, help="students' notebooks (.ipynb), or folders of them")
-    parser.add_argument("--json", type=Path, help="also write the verdicts to this file")
-    parser.add_argument("--timeout", type=int, default=300, help="seconds per cell")
+    parser.add_argument("--json", type=Path, help="also write the verdicts to this file (after every notebook)")
+    parser.add_argument("--timeout", type=int, default=300, help="seconds per cell before it is interrupted")
     args = parser.parse_args(argv)
+    if args.timeout <= 0:
+        parser.error("--timeout must be a positive number of seconds")
     paths = []
     for given in args.notebooks:
         if given.is_dir():
@@ -92,14 +212,19 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"no such notebook or folder: {given}")
     if not paths:
         parser.error(f"no notebook in {', '.join(map(str, args.notebooks))}")
-    results = {}
+    results, status = {}, 0
     for path in paths:
-        verdicts, errors = run(path.resolve(), args.timeout)
-        lines, results[str(path)] = report(path, verdicts, errors)
+        verdicts, problems, why = run(path.resolve(), args.timeout)
+        if why is None:
+            lines, results[str(path)] = report(path, verdicts, problems)
+        else:
+            lines = [f"{path}: not graded — {why}", *(f"  {p}" for p in problems)]
+            results[str(path)] = {"graded": False, "why": why, "problems": problems}
+            status = 1
         print("\n".join(lines), flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
-    return 0
+        if args.json:
+            write(args.json, results)
+    return status
 
 
 if __name__ == "__main__":
