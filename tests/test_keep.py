@@ -3,6 +3,7 @@ into the model's tensors later and however it writes."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -143,3 +144,27 @@ def test_without_lazy_copies_records_are_copied_at_once(monkeypatch):
     torch.testing.assert_close(rec["1"].inputs[0], expected, rtol=0, atol=0)
     assert not torch._C._is_cow_tensor(rec["0"].output)
     assert address(rec["1"].output) != address(out)
+
+
+def test_memory_pytorch_does_not_own_is_copied_at_once():
+    """torch.from_numpy shares NumPy's memory, of which PyTorch cannot make a lazy copy."""
+    array = np.ones((2, 3), dtype=np.float32)
+    x = torch.from_numpy(array)
+    with pytest.raises(RuntimeError):
+        torch._lazy_clone(x)  # what keep falls back from
+    model = nn.Sequential(nn.ReLU(inplace=True))
+    with record(model, backward=True) as rec:  # backward=True keeps every input in a pre-hook
+        model(x)
+    array[:] = 5.0
+    torch.testing.assert_close(rec["0"].inputs[0], torch.ones(2, 3), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+def test_clone_true_copies_a_tensor_once_for_every_record_holding_it(grad):
+    """The first Linear's output is the ReLU's input: with clone=True both records hold one copy."""
+    model = nn.Sequential(nn.Linear(3, 6), nn.ReLU(inplace=True), nn.Linear(6, 2))
+    with torch.set_grad_enabled(grad), record(model, clone=True) as rec:
+        out = model(torch.randn(4, 3))
+    assert rec["1"].inputs[0] is rec["0"].output
+    assert rec["2"].inputs[0] is rec["1"].output
+    assert address(rec["2"].output) != address(out)

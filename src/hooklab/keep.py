@@ -15,8 +15,9 @@ Each record notes the version number of every tensor it holds, so that changing 
 tensor in place (``rec.output.relu_()``) makes it raise ``StaleRecordError`` instead of returning
 other numbers (tensors made under ``torch.inference_mode()`` have no version number, so there it
 cannot). Tensors are copied at once instead when ``copy_at_once=True``
-(``record(..., clone=True)``, for ``torch.compile``), when they are sparse, or when this PyTorch
-has no ``torch._lazy_clone`` (a private function: ``tests/test_record.py`` checks it still
+(``record(..., clone=True)``, for ``torch.compile``), when they are sparse, when their memory is
+not PyTorch's own (``torch.from_numpy``, DLPack: no lazy copy can be made of it), or when this
+PyTorch has no ``torch._lazy_clone`` (a private function: ``tests/test_keep.py`` checks it still
 copies on write).
 """
 
@@ -59,11 +60,13 @@ class Keeper:
         return tree_map(lambda v: self.keep_tensor(record, v) if isinstance(v, torch.Tensor) else v, value)
 
     def keep_tensor(self, record: Record, t: torch.Tensor) -> torch.Tensor:
-        t = t.detach()
         if self.copy_at_once or t.layout != torch.strided:  # sparse: no plain memory to share
             t = self._copy_of(t)
         else:
-            t = torch._lazy_clone(t)
+            try:
+                t = torch._lazy_clone(t.detach())
+            except RuntimeError:  # memory PyTorch does not own (torch.from_numpy, DLPack): no lazy copy
+                t = self._copy_of(t)
         if not t.is_inference():  # made under torch.inference_mode(): no version number to note
             record._versions[id(t)] = t._version
         return t
@@ -73,6 +76,6 @@ class Keeper:
         seen = self._copies.get(id(t))
         if seen is not None and seen[0]() is t and seen[1] == t._version:
             return seen[2]
-        copy = t.clone()
+        copy = t.detach().clone()
         self._copies[id(t)] = (weakref.ref(t), t._version, copy)
         return copy
