@@ -11,7 +11,10 @@
    as ResNet's ``ReLU(inplace=True)`` or ``out += identity``, overwrote them); the reference is
    a copy taken the moment each module returned. One row is a floor rather than a recorder: plain
    hooks that copy only the outputs ResNet overwrites later, picked by hand, the least any
-   recorder returning the right outputs can copy.
+   recorder returning the right outputs can copy. The group runs twice with freed memory kept
+   (see ``hooklab.course.reuse_freed_memory``) and once with glibc's defaults; the second of the
+   two runs is a child process without the Makefile's CPU-kernel pins, so that the ratios are
+   shown both for the course's AVX2 kernels and for the best kernels of the CPU it runs on.
 2. Memory: growth of the process's resident memory over 200 recorded forward+backward passes of
    the digits CNN (flat is right: records are detached and dropped with the recording).
 3. Widget redraw: median time of ``LayerExplorer.render(...)`` for a new layer and for a new
@@ -500,6 +503,22 @@ def overhead_table(o: dict, allocator: str) -> list[str]:
     return out
 
 
+#: what the Makefile sets to pin the CPU kernels (see its comment); unset, each library picks the
+#: best its CPU has (AVX-512 where there is one)
+KERNEL_PINS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR")
+
+
+def overhead_native_kernels(rounds: int) -> dict:
+    """The overhead group (freed memory kept) again in a child process without the kernel pins, so
+    that the table also shows the ratios with the CPU's own best kernels."""
+    env = {k: v for k, v in os.environ.items() if k not in KERNEL_PINS}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "overhead.json"
+        subprocess.run([sys.executable, __file__, "--rounds", str(rounds), "--overhead-json", str(out)],
+                       env=env, check=True)  # fmt: skip
+        return json.loads(out.read_text())
+
+
 def markdown(report: dict) -> str:
     m = report["machine"]
     out = [
@@ -508,12 +527,18 @@ def markdown(report: dict) -> str:
         f"Python {m['python']}, {m['threads']} thread, {m.get('cpu_kernels', 'unrecorded')} CPU kernels.",
         "",
     ]
+    kept = "freed memory kept for reuse, as `hooklab.setup()` does"
     for key, allocator in (
         ("overhead_default_allocator", "glibc's default allocator settings"),
-        ("overhead", "freed memory kept for reuse, as `hooklab.setup()` does"),
+        ("overhead", kept),
     ):
         if key in report:
             out += overhead_table(report[key], allocator)
+    native = report.get("overhead_native_kernels")
+    if native and "skipped" in native:
+        out += [f"**Recording overhead with the CPU's own kernels**: skipped ({native['skipped']}).", ""]
+    elif native:
+        out += overhead_table(native, f"{kept}, and the CPU's own {native['cpu_kernels']} kernels (no pins)")
     if "memory" in report:
         mem = report["memory"]
         growth = ", ".join(f"{k}: {v:+.1f} MB" for k, v in mem["growth_mb"].items())
@@ -555,7 +580,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-torchlens", action="store_true", help="skip the throwaway torchlens venv")
     parser.add_argument("--notebooks", nargs="*", type=Path, help="course group: these notebooks only")
     parser.add_argument("--table-only", action="store_true", help="print the table of the last artifacts/bench.json")
+    parser.add_argument("--no-native-kernels", action="store_true",
+                        help="overhead group: skip the second run without the Makefile's CPU-kernel pins")  # fmt: skip
+    parser.add_argument("--overhead-json", type=Path, help=argparse.SUPPRESS)  # the child of that second run
     args = parser.parse_args(argv)
+    if args.overhead_json:
+        from hooklab.course import reuse_freed_memory
+
+        reuse_freed_memory()
+        result = overhead(args.rounds)
+        result["cpu_kernels"] = torch.backends.cpu.get_cpu_capability()
+        args.overhead_json.write_text(json.dumps(result))
+        return 0
     if args.table_only:
         print(markdown(json.loads((ARTIFACTS / "bench.json").read_text())), end="")
         return 0
@@ -574,6 +610,13 @@ def main(argv: list[str] | None = None) -> int:
         report["overhead"]["torchlens"] = (
             {"skipped": "--no-torchlens"} if args.no_torchlens else torchlens_overhead(args.rounds)
         )
+        if args.no_native_kernels:
+            report["overhead_native_kernels"] = {"skipped": "--no-native-kernels"}
+        elif not any(k in os.environ for k in KERNEL_PINS):
+            report["overhead_native_kernels"] = {"skipped": "no kernel pins set: the table above uses them already"}
+        else:
+            print("    ... and with the CPU's own kernels, without the Makefile's pins ...", flush=True)
+            report["overhead_native_kernels"] = overhead_native_kernels(args.rounds)
     if "memory" in groups:
         print("2/4 memory over 200 recorded passes ...", flush=True)
         report["memory"] = memory()
