@@ -3,6 +3,8 @@ into the model's tensors later and however it writes."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -168,3 +170,23 @@ def test_clone_true_copies_a_tensor_once_for_every_record_holding_it(grad):
     assert rec["1"].inputs[0] is rec["0"].output
     assert rec["2"].inputs[0] is rec["1"].output
     assert address(rec["2"].output) != address(out)
+
+
+def test_a_compiled_model_is_recorded_with_copies_dynamo_can_trace():
+    """Dynamo cannot trace torch._lazy_clone (it warns and breaks the graph): under torch.compile
+    records are copied at once, and still hold what each layer produced."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(inplace=True), nn.Linear(4, 2))
+    compiled = torch.compile(model, backend="eager")
+    x = torch.randn(5, 3)
+    with torch.no_grad():
+        expected = model[0](x)
+    torch._dynamo.reset()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with record(compiled) as rec:
+            compiled(x)
+    assert not [w for w in caught if "Dynamo does not know how to trace" in str(w.message)]
+    torch.testing.assert_close(rec["_orig_mod.0"].output, expected, rtol=0, atol=0)
+    torch.testing.assert_close(rec["_orig_mod.1"].inputs[0], expected, rtol=0, atol=0)
+    torch._dynamo.reset()

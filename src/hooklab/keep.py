@@ -15,7 +15,8 @@ Each record notes the version number of every tensor it holds, so that changing 
 tensor in place (``rec.output.relu_()``) makes it raise ``StaleRecordError`` instead of returning
 other numbers (tensors made under ``torch.inference_mode()`` have no version number, so there it
 cannot). Tensors are copied at once instead when ``copy_at_once=True``
-(``record(..., clone=True)``, for ``torch.compile``), when they are sparse, when their memory is
+(``record(..., clone=True)``), inside code ``torch.compile`` traces (Dynamo cannot trace a lazy
+copy), when they are sparse, when their memory is
 not PyTorch's own (``torch.from_numpy``, DLPack: no lazy copy can be made of it), or when this
 PyTorch has no ``torch._lazy_clone`` (a private function: ``tests/test_keep.py`` checks it still
 copies on write).
@@ -60,8 +61,8 @@ class Keeper:
         return tree_map(lambda v: self.keep_tensor(record, v) if isinstance(v, torch.Tensor) else v, value)
 
     def keep_tensor(self, record: Record, t: torch.Tensor) -> torch.Tensor:
-        if self.copy_at_once or t.layout != torch.strided:  # sparse: no plain memory to share
-            t = self._copy_of(t)
+        if self.copy_at_once or t.layout != torch.strided or torch.compiler.is_compiling():
+            t = self._copy_of(t)  # sparse: no plain memory to share; Dynamo cannot trace a lazy copy
         else:
             try:
                 t = torch._lazy_clone(t.detach())

@@ -16,7 +16,7 @@ Contract
   *lazy copies* (``hooklab.keep``): they share the module's memory until something writes into
   it, and only then is that memory copied, once. A record whose own tensor you change in place
   raises ``StaleRecordError`` instead of returning other numbers. ``clone=True`` copies every
-  tensor at once (use it under ``torch.compile``).
+  tensor at once (so does a model compiled with ``torch.compile``: Dynamo cannot trace a lazy copy).
 * ``backward=True`` records (copies of) ``grad_output`` (gradient w.r.t. each output) and ``grad_input``
   (gradient w.r.t. each positional input, ``None`` where the input needs no grad): the same
   tuples a full backward hook receives. They come from tensor hooks (notebook 03 explains
