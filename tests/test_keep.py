@@ -161,15 +161,60 @@ def test_memory_pytorch_does_not_own_is_copied_at_once():
     torch.testing.assert_close(rec["0"].inputs[0], torch.ones(2, 3), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
-def test_clone_true_copies_a_tensor_once_for_every_record_holding_it(grad):
-    """The first Linear's output is the ReLU's input: with clone=True both records hold one copy."""
-    model = nn.Sequential(nn.Linear(3, 6), nn.ReLU(inplace=True), nn.Linear(6, 2))
-    with torch.set_grad_enabled(grad), record(model, clone=True) as rec:
-        out = model(torch.randn(4, 3))
-    assert rec["1"].inputs[0] is rec["0"].output
-    assert rec["2"].inputs[0] is rec["1"].output
-    assert address(rec["2"].output) != address(out)
+class WritesThroughData(nn.Module):
+    """Runs ``a``, doubles its output through ``.data`` (no version bump), then runs ``b``."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Identity(), nn.Identity()
+
+    def forward(self, x):
+        t = self.a(x * 1)
+        t.data.mul_(2)
+        return self.b(t)
+
+
+@pytest.mark.parametrize("clone", [False, True], ids=["lazy", "clone"])
+def test_a_write_between_two_layers_that_bumps_no_version_is_seen(clone):
+    with record(WritesThroughData(), clone=clone) as rec:
+        rec.model(torch.ones(3))
+    assert torch.equal(rec["a"].output, torch.ones(3))
+    assert torch.equal(rec["b"].inputs[0], torch.full((3,), 2.0))
+
+
+def test_a_small_view_of_a_large_block_is_copied_so_the_block_can_be_freed():
+    """A lazy copy of a view shares the view's whole memory block: the class token x[:, 0] of a
+    (256, 197, 64) activation would keep 197 times its own size alive."""
+
+    class ClassToken(nn.Module):
+        def forward(self, x):
+            return x[:, 0]
+
+    model = nn.Sequential(nn.Identity(), ClassToken())
+    with torch.no_grad(), record(model, "1") as rec:
+        model(torch.randn(256, 197, 64))
+    token = rec["1"].output
+    assert token.untyped_storage().nbytes() == token.numel() * token.element_size()
+    small = torch.randn(4, 3)  # small blocks are not worth a copy: shared as usual
+    with torch.no_grad(), record(model, "1") as rec:
+        model(small)
+    assert address(rec["1"].output) == address(small)
+
+
+def test_a_numpy_array_made_before_recording_is_not_seen_by_lazy_copies():
+    """What the module docstring warns about: PyTorch cannot see an array that already points at
+    the memory. Writes through it change the record, and once the tensor is written through
+    PyTorch it moves to new memory and the array stops following it. clone=True avoids both."""
+    model = nn.Sequential(nn.Identity())
+    for clone in (False, True):
+        x = torch.ones(3)
+        array = x.numpy()
+        with record(model, clone=clone) as rec:
+            model(x)
+        array[:] = 7.0
+        assert torch.equal(rec["0"].output, torch.full((3,), 1.0 if clone else 7.0))
+        x.add_(1)
+        assert array[0] == (8.0 if clone else 7.0), "the array still follows x only with clone=True"
 
 
 def test_a_compiled_model_is_recorded_with_copies_dynamo_can_trace():
