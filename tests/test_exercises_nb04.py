@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -328,14 +329,64 @@ def test_the_course_own_formulas_fail_with_a_hint(id, answer, called):
     outcome = grade(id, answer)
     assert not outcome.passed, outcome.detail
     assert outcome.detail.endswith(f"write the formula yourself: your answer called {called}, the course's own "
-                                   "answer (writing it is the exercise)"), outcome.detail
+                                   "backward formula (writing it is the exercise)"), outcome.detail
 
 
 @pytest.mark.parametrize(("id", "answer", "called"), COURSE_SHORTCUTS)
 def test_the_course_shortcuts_are_right_but_for_the_watch(id, answer, called, monkeypatch):
     """So the watch is what fails them (the gap it closes)."""
-    monkeypatch.setattr(nb04, "COURSE_ANSWERS", ())
+    monkeypatch.setattr(nb04, "_course_files", dict)
     outcome = grade(id, answer)
+    assert outcome.passed, outcome.detail
+
+
+def _rebuilt(function):
+    """``function`` rebuilt from its code under another module name (what a file check still finds)."""
+    globals_ = {**vars(sys.modules[function.__module__]), "__name__": "__main__"}
+    return types.FunctionType(function.__code__, globals_, "rebuilt", function.__defaults__)
+
+
+def _conv_by_jacfwd(x, w, dout):
+    return torch.func.jacfwd(lambda x, w: (F.conv2d(x, w) * dout).sum(), argnums=(0, 1))(x, w)
+
+
+def _conv_by_forward_ad(x, w, dout):
+    import torch.autograd.forward_ad as fwAD
+
+    dx = torch.zeros(x.numel(), dtype=x.dtype)
+    for i in range(x.numel()):
+        tangent = torch.zeros(x.numel(), dtype=x.dtype)
+        tangent[i] = 1
+        with fwAD.dual_level():
+            dual = fwAD.make_dual(x, tangent.view_as(x))
+            dx[i] = fwAD.unpack_dual((F.conv2d(dual, w) * dout).sum()).tangent
+    return dx.view_as(x), torch.zeros_like(w)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")  # torch.func's import
+@pytest.mark.parametrize(("answer", "called"), [
+    (lambda x, w, dout: _rebuilt(bp.conv2d_backward)(x, w, dout)[:2], "hooklab.backprop.conv2d_backward"),
+    (_conv_by_jacfwd, "forward-mode autograd"),
+    (_conv_by_forward_ad, "forward-mode autograd"),
+], ids=["rebuilt under another module name", "torch.func.jacfwd", "forward_ad"])
+def test_shortcuts_without_a_backward_op_fail_too(answer, called):
+    outcome = grade("04.4", answer)
+    assert not outcome.passed and f"write the formula yourself: your answer called {called}" in outcome.detail, \
+        outcome.detail
+
+
+def test_a_vmap_answer_and_a_call_of_a_forward_loss_are_not_shortcuts():
+    def softmax_rows(out, dout):
+        rows = out.reshape(-1, out.shape[-1]), dout.reshape(-1, out.shape[-1])
+        return torch.vmap(lambda o, d: o * (d - (o * d).sum()))(*rows).reshape(out.shape)
+
+    assert grade("04.1", softmax_rows).passed
+
+    def label_smoothing(logits, target, s):
+        losses.softmax_cross_entropy(logits, target)  # the forward loss: not the exercise's answer
+        return (logits.softmax(-1) - smoothed(target, s)) / logits.shape[0]
+
+    outcome = grade("04.5", label_smoothing)
     assert outcome.passed, outcome.detail
 
 
@@ -383,7 +434,7 @@ def test_a_conv_answer_by_unfold_and_fold_passes():  # the ops hooklab.backprop 
 def test_no_watch_is_left_after_a_check():
     def watched():
         return (modes_active(), sys.getprofile(), sys.gettrace(), losses.softmax_cross_entropy_backward,
-                bp.linear_backward, bp.conv2d_backward, nb04.COURSE_ANSWERS)
+                bp.linear_backward, bp.conv2d_backward, nb04._course_files())
 
     def course_then_a_bug(logits, target, s):
         raise ValueError(f"a bug after {softmax_cross_entropy_backward(logits, target).shape}")

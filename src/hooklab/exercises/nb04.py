@@ -1,11 +1,13 @@
 """Exercises of notebook 04: write the backward pass of five layers by hand.
 
 Each checker calls the student's function on fixed random float64 tensors, with autograd off and
-failing an answer that reaches autograd, a backward operator or the course's own formulas
-(``hooklab.backprop``, ``hooklab.losses``) anyway, and compares every returned gradient with
-autograd's. A passing answer's largest difference (over every input the checker tries) is printed
-as the bound ``< 1e-12`` when it is that small: its digits are float64 rounding, and they change
-with the CPU's instruction set.
+failing an answer that reaches autograd, a backward operator, forward-mode AD or ``torch.func``'s
+differentiating transforms, or the course's own backward formulas (``hooklab.backprop``,
+``hooklab.losses``) anyway, and compares every returned gradient with autograd's. The watch
+covers the thread that runs the answer: work handed to another thread is not seen. A passing
+answer's largest difference (over every input the checker tries) is printed as the bound
+``< 1e-12`` when it is that small: its digits are float64 rounding, and they change with the
+CPU's instruction set.
 """
 
 from __future__ import annotations
@@ -50,25 +52,21 @@ class _Shortcuts(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _differentiating() -> str | None:
+    """What differentiates the operator running now without a backward op: forward-mode AD
+    (``torch.autograd.forward_ad``) or a ``torch.func`` transform (``jvp``, ``jacfwd``, ``grad``)."""
+    if torch.autograd.forward_ad._current_level >= 0:
+        return "forward-mode autograd (torch.autograd.forward_ad)"
+    interpreter = torch._C._functorch.peek_interpreter_stack()
+    kinds = torch._C._functorch.TransformType
+    if interpreter is not None and interpreter.key() in (kinds.Grad, kinds.Jvp):
+        return f"torch.func ({interpreter.key().name.lower()} transform)"
+    return None
+
+
 class _BackwardOps(TorchDispatchMode):
-    """Notes the first ATen operator with "backward" in its name: PyTorch's own gradient formula."""
-
-    def __init__(self):
-        super().__init__()
-        self.found: str | None = None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self.found is None and "backward" in str(func.overloadpacket):
-            self.found = f"a backward op ({func.overloadpacket})"
-        return func(*args, **(kwargs or {}))
-
-
-COURSE_ANSWERS = ("hooklab.backprop", "hooklab.losses")  # the course's own backward formulas
-
-
-class _CourseAnswers(TorchDispatchMode):
-    """Notes the first function of ``COURSE_ANSWERS`` that runs an operator: the frames of the
-    call stack are read, so a function imported under another name is found too."""
+    """Notes the first ATen operator with "backward" in its name (PyTorch's own gradient formula),
+    or run under forward-mode AD or a ``torch.func`` differentiating transform."""
 
     def __init__(self):
         super().__init__()
@@ -76,14 +74,41 @@ class _CourseAnswers(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if self.found is None:
+            if "backward" in str(func.overloadpacket):
+                self.found = f"a backward op ({func.overloadpacket})"
+            else:
+                self.found = _differentiating()
+        return func(*args, **(kwargs or {}))
+
+
+def _course_files() -> dict[str, str]:
+    """The files of the course's own backward formulas, by module name."""
+    from hooklab import backprop, losses
+
+    return {module.__file__: module.__name__ for module in (backprop, losses)}
+
+
+class _CourseAnswers(TorchDispatchMode):
+    """Notes the first backward formula of ``hooklab.backprop`` or ``hooklab.losses`` (a function
+    whose name ends in ``_backward``) that runs an operator. The frames of the call stack are read
+    and their code's file compared, so a function imported or rebuilt under another name is found
+    too; the source copied into the answer is the student's own code and is not."""
+
+    def __init__(self):
+        super().__init__()
+        self.found: str | None = None
+        self.files = _course_files()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.found is None:
             frame, outermost = sys._getframe(1), None
             while frame is not None and frame.f_code is not _by_hand.__code__:  # the answer's frames only
-                module = frame.f_globals.get("__name__")
-                if module in COURSE_ANSWERS:
+                module = self.files.get(frame.f_code.co_filename)
+                if module and frame.f_code.co_name.endswith("_backward"):
                     outermost = f"{module}.{frame.f_code.co_qualname}"
                 frame = frame.f_back
             if outermost:
-                self.found = f"{outermost}, the course's own answer (writing it is the exercise)"
+                self.found = f"{outermost}, the course's own backward formula (writing it is the exercise)"
         return func(*args, **(kwargs or {}))
 
 
