@@ -182,7 +182,8 @@ def test_a_write_between_two_layers_that_bumps_no_version_is_seen(clone):
     assert torch.equal(rec["b"].inputs[0], torch.full((3,), 2.0))
 
 
-def test_a_small_view_of_a_large_block_is_copied_so_the_block_can_be_freed():
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+def test_a_small_view_of_a_large_block_is_copied_so_the_block_can_be_freed(grad):
     """A lazy copy of a view shares the view's whole memory block: the class token x[:, 0] of a
     (256, 197, 64) activation would keep 197 times its own size alive."""
 
@@ -191,8 +192,8 @@ def test_a_small_view_of_a_large_block_is_copied_so_the_block_can_be_freed():
             return x[:, 0]
 
     model = nn.Sequential(nn.Identity(), ClassToken())
-    with torch.no_grad(), record(model, "1") as rec:
-        model(torch.randn(256, 197, 64))
+    with torch.set_grad_enabled(grad), record(model, "1") as rec:
+        model(torch.randn(256, 197, 64, requires_grad=grad) * 1)
     token = rec["1"].output
     assert token.untyped_storage().nbytes() == token.numel() * token.element_size()
     small = torch.randn(4, 3)  # small blocks are not worth a copy: shared as usual

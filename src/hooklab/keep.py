@@ -68,7 +68,8 @@ class Keeper:
         return tree_map(lambda v: self.keep_tensor(record, v) if isinstance(v, torch.Tensor) else v, value)
 
     def keep_tensor(self, record: Record, t: torch.Tensor) -> torch.Tensor:
-        t = t.detach()
+        if t.requires_grad:  # only then: a detached alias is one more tensor object to make
+            t = t.detach()
         if self.copy_at_once or t.layout != torch.strided or torch.compiler.is_compiling() or _small_view(t):
             t = t.clone()
         else:
