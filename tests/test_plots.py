@@ -77,7 +77,7 @@ def test_feature_grid_makes_its_own_figure_with_one_axes():
 def test_bad_input_gets_a_clear_error():
     with pytest.raises(ValueError, match="shape"):
         feature_grid(torch.zeros(4, 4))
-    with pytest.raises(IndexError, match="batch of 1"):
+    with pytest.raises(IndexError, match=r"sample 1 is out of range for 1 items in the batch \(0\.\.0\)"):
         feature_grid(torch.zeros(1, 2, 3, 3), sample=1)
     with pytest.raises(TypeError, match="Record"):
         feature_grid([[0.0]])

@@ -80,8 +80,10 @@ def test_empty_maps_and_bad_samples_are_refused_before_a_figure():
         feature_grid(torch.rand(1, 4, 0, 0))
     with pytest.raises(ValueError, match="no channels"):
         feature_grid(torch.rand(1, 0, 3, 3))
-    with pytest.raises(TypeError, match="sample is the index"):
+    with pytest.raises(TypeError, match=r"sample must be an int, got 0.5 \(float\)"):
         feature_grid(torch.rand(2, 4, 3, 3), sample=0.5)
+    with pytest.raises(IndexError, match=r"sample 2 is out of range for 2 items in the batch \(0\.\.1\)"):
+        feature_grid(torch.rand(2, 4, 3, 3), sample=2)
     with pytest.raises(ValueError, match="channels must be at least 1"):
         feature_grid(torch.rand(1, 4, 3, 3), channels=-3)
     with pytest.raises(TypeError, match=r"expected a \(C, H, W\) tensor"):

@@ -59,7 +59,7 @@ def check_conv2d(x, w, dout, stride, padding, dilation, groups) -> tuple[int, in
     if padding == "valid":
         padding = 0
     elif padding == "same":
-        padding = same_padding(kernel, pair(dilation))
+        padding = same_padding(kernel, dilation)  # conv2d_backward passes it as a pair
         if padding is None:
             raise ValueError("conv2d_backward: padding='same' with an even kernel pads unevenly (more on one side); "
                              "pad the input with F.pad and pass padding=0")

@@ -19,10 +19,10 @@ import torch
 from torch import nn
 
 from .cam import guided_grad_cam_parts
-from .checks import check_index, check_inputs, class_scores, drawn
+from .checks import check_index, check_inputs, class_scores, drawn, new_figure
 from .plots import draw_signed
 from .record import record
-from .widgets import Panel, _new_figure, describe_tensor, show_in_output
+from .widgets import Panel, describe_tensor, show_in_output
 
 __all__ = ["GradCamPicker", "draw_cam"]
 
@@ -126,7 +126,7 @@ class GradCamPicker:
 
     def _figure(self, pyplot: bool, layer: str, target: int, index: int, parts: dict):
         index = self._index(index)
-        return _new_figure(pyplot, lambda fig: self._draw(fig, layer, target, index, parts),
+        return new_figure(pyplot, lambda fig: self._draw(fig, layer, target, index, parts),
                            figsize=(9, 2.9), layout="constrained")
 
     def _draw(self, fig, layer: str, target: int, index: int, parts: dict) -> None:

@@ -7,7 +7,7 @@ message saying what to do instead of an error from deep inside torch or matplotl
   scores and the class index per image (``None``: the predicted class), each checked.
 * ``check_index``: an int in range (a channel, an image); ``whole_number``: a count or size
   setting; ``drawn``: draw on a figure and close it
-  (if pyplot made it) when drawing fails.
+  (if pyplot made it) when drawing fails; ``new_figure``: the same on a new pyplot or bare figure.
 """
 
 from __future__ import annotations
@@ -18,7 +18,16 @@ import operator
 import torch
 from torch import nn
 
-__all__ = ["check_index", "check_inputs", "class_scores", "drawn", "targets_for", "wanted_targets", "whole_number"]
+__all__ = [
+    "check_index",
+    "check_inputs",
+    "class_scores",
+    "drawn",
+    "new_figure",
+    "targets_for",
+    "wanted_targets",
+    "whole_number",
+]
 
 
 _TRAIN_MODE = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
@@ -95,6 +104,15 @@ def drawn(fig, draw):
         plt.close(fig)
         raise
     return fig
+
+
+def new_figure(pyplot: bool, draw, **kwargs):
+    """``draw(fig)`` on a new figure of ``kwargs`` and return it: a pyplot figure (``plt.show()``
+    displays it; closed again if drawing fails), or a bare ``Figure`` that pyplot does not track."""
+    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+
+    return drawn((plt.figure if pyplot else Figure)(**kwargs), draw)
 
 
 def check_index(value, count: int, what: str, items: str) -> int:

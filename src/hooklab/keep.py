@@ -52,9 +52,6 @@ class Keeper:
     def __init__(self, copy_at_once: bool):
         self.copy_at_once = copy_at_once or not LAZY_COPIES
 
-    def clear(self) -> None:
-        """Nothing is held between records (kept for the recording's exit)."""
-
     def keep(self, record: Record, value: Any) -> Any:
         """``value`` with every tensor in it replaced by a detached copy that ``record`` owns."""
         # Fast paths for what modules almost always pass: one tensor, or a tuple of tensors.

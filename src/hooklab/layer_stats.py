@@ -19,9 +19,8 @@ from torch import nn
 
 from .checks import whole_number
 from .layers import get_layer
-from .records import why_no_grad_output
 
-__all__ = ["COLUMNS", "LayerStats", "LayerTable", "check_settings", "why_no_grad"]
+__all__ = ["COLUMNS", "LayerStats", "LayerTable", "check_settings"]
 
 #: the scalar statistics of a row: ``values`` holds the first four in this order, ``nonfinite`` the last
 COLUMNS = ("mean", "std", "zero", "dead", "nonfinite")
@@ -131,11 +130,6 @@ class LayerTable(dict):
             raise KeyError(self._untracked)
         get_layer(self._model, name)  # raises UnknownLayerError with close matches
         raise KeyError(f"{name!r} is a layer of the model but was not chosen for tracking")
-
-
-def why_no_grad(output: torch.Tensor) -> str:
-    """Why a module's output gets no gradient (the note of an empty gradient row)."""
-    return why_no_grad_output(output, [output])
 
 
 def _range(label: str, value) -> tuple[float, float]:

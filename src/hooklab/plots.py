@@ -15,13 +15,12 @@ so a channel with small values is as visible as one with large values.
 from __future__ import annotations
 
 import math
-import numbers
 from typing import Any
 
 import numpy as np
 import torch
 
-from .checks import whole_number
+from .checks import check_index, whole_number
 
 __all__ = ["draw_signed", "feature_grid", "tile_channels"]
 
@@ -33,11 +32,7 @@ def _maps(value: Any, sample: int) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"expected a tensor or a hooklab Record, got {type(value).__name__}")
     if value.dim() == 4:
-        if isinstance(sample, bool) or not isinstance(sample, numbers.Integral):
-            raise TypeError(f"sample is the index of one item of the batch, a whole number, not {sample!r}")
-        if not 0 <= sample < value.shape[0]:
-            raise IndexError(f"sample {sample} is out of range for a batch of {value.shape[0]}")
-        value = value[sample]
+        value = value[check_index(sample, value.shape[0], "sample", "items in the batch")]
     if value.dim() != 3:
         raise ValueError(f"feature maps must be (N, C, H, W) or (C, H, W), got shape {tuple(value.shape)}")
     return value.detach().cpu().float()

@@ -118,7 +118,6 @@ class Recording:
         self._tensor_handles.clear()
         self.records.clear()
         self._calls.clear()
-        self._keeper.clear()
 
     # ----- hooks ---------------------------------------------------------------------------
     def _new_record(self, name: str, module: nn.Module, args: tuple, kwargs: dict) -> Record:
@@ -184,7 +183,8 @@ class Recording:
             rec._no_grad_reason = why_no_grad_output(output, outputs)
             return
         if len(outputs) == 1 and outputs[0]._is_view():  # noted for why_no_grad: see Record._why_no_grad
-            rec._output_view = (outputs[0].detach(), outputs[0]._version)  # detach shares the version
+            rec._output_view = (outputs[0].detach(), outputs[0]._version)  # detach shares the version;
+            # resolved into _output_written when the block ends, so the alias does not keep the memory alive
         rec._grad_output = (None,) * len(outputs)
         for i, t in enumerate(outputs):
             if t.requires_grad:
@@ -223,8 +223,11 @@ class Recording:
             reasons = {r._no_grad_reason for r in self.records if r._no_grad_reason}
             if reasons:
                 exc.add_note(f"hooklab.record: the recorded modules got no gradient: {'; '.join(sorted(reasons))}")
+        for r in self.records:
+            if r._output_view is not None:  # gradients arrive only inside the block: decide now
+                view, version = r._output_view
+                r._output_written, r._output_view = view._version != version, None
         self._remove_hooks()
-        self._keeper.clear()
         self._started.clear()
 
     def _remove_hooks(self) -> None:

@@ -58,7 +58,8 @@ class Record:
     _got_grad: bool = False
     _versions: dict = field(default_factory=dict)  # id of each kept tensor -> its version when kept
     _input_views: list = field(default_factory=list)  # (view given to the module, its version)
-    _output_view: tuple | None = None  # (the module's output, its version) when it is a view
+    _output_view: tuple | None = None  # (the module's output, its version) while the block runs, if a view
+    _output_written: bool = False  # that view was written into in place before the block ended
 
     def _checked(self, value: Any, what: str) -> Any:
         for leaf in tree_flatten(value)[0]:
@@ -102,7 +103,7 @@ class Record:
     def _why_no_grad(self) -> str:
         if self._no_grad_reason:
             return self._no_grad_reason
-        if self._output_view is not None and self._output_view[0]._version != self._output_view[1]:
+        if self._output_written:
             return (
                 f"its output is a view of its input, and a later operation modified that view in place "
                 f"(an in-place layer after {self.name!r}?); PyTorch never calls hooks on such a view: "

@@ -41,8 +41,9 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from .layer_stats import COLUMNS, LayerStats, LayerTable, check_settings, why_no_grad
+from .layer_stats import COLUMNS, LayerStats, LayerTable, check_settings
 from .layers import select_layers
+from .records import why_no_grad_output
 from .stats_plots import plot_colorful_dimension, plot_mean_std
 
 __all__ = [
@@ -102,7 +103,7 @@ class StatsTracker:
             if output.requires_grad and torch.is_grad_enabled():
                 self._tensor_handles.append(output.register_hook(lambda g: target.add(step, g)))
             elif not target.note:
-                target.note = why_no_grad(output)
+                target.note = why_no_grad_output(output, [output])
 
     def __enter__(self) -> StatsTracker:
         if self._handles:

@@ -33,12 +33,11 @@ import io
 
 import matplotlib.pyplot as plt
 import torch
-from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from torch import nn
 
 from .cam import check_gradients
-from .checks import check_index, check_inputs, class_scores, drawn, targets_for, wanted_targets
+from .checks import check_index, check_inputs, class_scores, new_figure, targets_for, wanted_targets
 from .layers import unknown_name_hint
 from .plots import draw_signed, tile_channels
 from .record import NoGradientError, record
@@ -62,13 +61,6 @@ def figure_png(fig) -> str:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     return base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def _new_figure(pyplot: bool, draw, **kwargs):
-    """``draw(fig)`` on a new figure of ``kwargs`` and return it: a pyplot figure for ``render``
-    (``plt.show()`` displays it), else a bare ``Figure`` pyplot does not track, for ``figure``. A
-    pyplot figure is closed if drawing fails (``hooklab.checks.drawn``)."""
-    return drawn((plt.figure if pyplot else Figure)(**kwargs), draw)
 
 
 def show_in_output(output, text: str, fig) -> None:
@@ -202,7 +194,7 @@ class LayerExplorer:
 
     def _figure(self, pyplot: bool, layer: str, channel: int, kind: str):
         maps, channel = self._get(layer, channel, kind)
-        return _new_figure(pyplot, lambda fig: self._draw(fig, layer, maps, channel, kind), figsize=(9, 3.6))
+        return new_figure(pyplot, lambda fig: self._draw(fig, layer, maps, channel, kind), figsize=(9, 3.6))
 
     def _draw(self, fig, layer: str, maps: torch.Tensor, channel: int, kind: str) -> None:
         left, right = fig.subplots(1, 2, width_ratios=(1, 1.3))
