@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hooklab.audit import clear_global_hooks, global_hooks
-from hooklab.exercises import Outcome, check, checked, exercises, grade, hint_for
+from hooklab.exercises import Outcome, check, checked, exercises, grade, hint_for, kind_of
 
 EXERCISES = exercises()
 #: the stub each notebook gives: a function raising NotImplementedError, or None for 06.4,
@@ -140,3 +140,11 @@ def test_hint_for_turns_a_known_error_into_a_hint_and_raises_any_other():
     with pytest.raises(ValueError, match="something else") as raised:
         hint_for(unknown, hints)
     assert raised.value is unknown
+
+
+def test_kind_of_names_the_type_spells_out_a_tuple_and_hints_at_a_missing_return():
+    assert kind_of([1, 2]) == "list"
+    assert kind_of(3) == "int"
+    assert kind_of((1, "a")) == "(int, str)"
+    assert kind_of(()) == "()"
+    assert kind_of(None) == "None (missing return?)"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch
-from answers import run_then_remove
+from answers import failed, run_then_remove
 from torch import nn
 
 from hooklab.exercises import exercises, grade
@@ -69,16 +69,16 @@ tree_right = hook_every_submodule()
 
 
 def names_in_finishing_order(model, x):
-    """Notebook 02's walk of resnet18, unchanged: names only, in the order the calls end."""
+    """Notebook 02's walk of resnet18, the same hooks: names only, in the order the calls end."""
     calls, handles = [], []
-    try:
+
+    def run():
         for name, module in model.named_modules():
             if name:
                 handles.append(module.register_forward_hook(lambda m, a, o, name=name: calls.append(name)))
         model(x)
-    finally:
-        for h in handles:
-            h.remove()
+
+    run_then_remove(run, handles)
     return calls
 
 
@@ -218,9 +218,13 @@ def test_02_3_says_to_return_the_pair_and_every_handle():
         kept, handles = pairing()(module)
         return kept, handles[0]
 
-    for answer in (swapped, one_handle):
-        result = grade("02.3", answer)
-        assert not result.passed and "return the pair (kept, handles)" in result.detail, result.detail
+    def forgets_return(module):
+        modules.append(module)
+        pairing()(module)
+
+    for answer, got in [(swapped, "(list, list)"), (one_handle, "(list, RemovableHandle)"),
+                        (forgets_return, "None (missing return?)")]:
+        failed("02.3", answer, "return the pair (kept, handles)", f"(got {got})")
     assert not any(m._forward_pre_hooks or m._forward_hooks for m in modules)
 
     def forgets_one(module):
@@ -229,6 +233,21 @@ def test_02_3_says_to_return_the_pair_and_every_handle():
 
     result = grade("02.3", forgets_one)
     assert not result.passed and "every hook" in result.detail, result.detail
+
+
+def test_02_3_says_what_was_kept_instead_of_a_pair():
+    def keeping(entry):
+        def keep_calls(module):
+            kept = []
+            return kept, [module.register_forward_hook(lambda m, args, out: kept.append(entry(args[0], out)))]
+
+        return keep_calls
+
+    for entry, got in [
+        (lambda i, o: o.detach().clone(), "kept Tensor for call 1"),
+        (lambda i, o: (i.detach().clone(), o.detach().clone(), "relu"), "kept (Tensor, Tensor, str) for call 1"),
+    ]:
+        failed("02.3", keeping(entry), got, "keep one (input, output) pair of tensors")
 
 
 # ----- 02.4 -----------------------------------------------------------------------------------
@@ -272,8 +291,8 @@ def test_02_1_rejects_hooks_left_when_the_forward_raises():
 
 
 def test_02_1_says_what_is_wrong_with_the_names():
-    missing = grade("02.1", hook_every_submodule(give_back=False))
-    assert not missing.passed and "return the list of (depth, name) pairs" in missing.detail
+    failed("02.1", hook_every_submodule(give_back=False),
+           "return the list of (depth, name) pairs (got None (missing return?))")
     root = grade("02.1", hook_every_submodule(skip_root=False))
     assert not root.passed and "leave out the root" in root.detail
     class_names = grade("02.1", hook_every_submodule(name_of=lambda name, module: type(module).__name__))
@@ -362,15 +381,15 @@ def tree_from_dots(model, x):
     """Pre-hooks only, the depth read from the dots of the name: right only while every module is called
     by its parent."""
     calls, handles = [], []
-    try:
+
+    def run():
         for name, module in model.named_modules():
             if name:
                 record = lambda m, a, name=name: calls.append((name.count("."), name))  # noqa: E731
                 handles.append(module.register_forward_pre_hook(record))
         model(x)
-    finally:
-        for h in handles:
-            h.remove()
+
+    run_then_remove(run, handles)
     return calls
 
 
@@ -385,15 +404,14 @@ def tree_with_a_stack(model, x):
 
         return hook
 
-    try:
+    def run():
         for name, module in model.named_modules():
             if name:
                 handles.append(module.register_forward_pre_hook(enter(name)))
                 handles.append(module.register_forward_hook(lambda m, a, o: running.pop() and None))
         model(x)
-    finally:
-        for h in handles:
-            h.remove()
+
+    run_then_remove(run, handles)
     return calls
 
 
@@ -410,15 +428,14 @@ def tree_with_nonlocal(model, x):
         nonlocal depth
         depth -= 1
 
-    try:
+    def run():
         for name, module in model.named_modules():
             if name:
                 handles.append(module.register_forward_pre_hook(lambda m, a, name=name: enter(m, a, name)))
                 handles.append(module.register_forward_hook(leave))
         model(x)
-    finally:
-        for h in handles:
-            h.remove()
+
+    run_then_remove(run, handles)
     return calls
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 
 import torch
-from answers import run_then_remove
+from answers import failed, run_then_remove
 
 from hooklab.exercises import grade
 
@@ -69,6 +69,14 @@ def test_03_1_rejects_a_layer_without_input_gradient():
     assert not outcome.passed and "(None,)" in outcome.detail
 
 
+def test_03_1_names_what_was_returned_instead_of_a_dict():
+    def forgets_return(model, x):
+        gains_right(model, x)
+
+    failed("03.1", forgets_return, "return a dict {layer name: gain}, not None (missing return?)")
+    failed("03.1", lambda model, x: list(gains_right(model, x).items()), "return a dict {layer name: gain}, not list")
+
+
 def test_03_1_rejects_a_wrong_gain():
     outcome = grade("03.1", lambda model, x: {**gains_right(model, x), "4": 1.0})
     assert not outcome.passed and "layer '4'" in outcome.detail
@@ -82,8 +90,7 @@ def test_03_1_explains_hooks_that_return_a_value():
         lambda gi, go: go,
     )
     for returned in returns:
-        outcome = grade("03.1", answer_with(gain_hook(returned=returned)))
-        assert not outcome.passed and "return None" in outcome.detail, outcome.detail
+        failed("03.1", answer_with(gain_hook(returned=returned)), "return None")
 
 
 def test_03_1_rejects_hooks_left_behind():
@@ -262,10 +269,8 @@ def test_03_3_rejects_hooks_left_behind_when_forward_raises():
 
 def test_03_2_says_when_no_handle_was_returned():
     for returned in (True, None):
-        outcome = grade(
-            "03.2", lambda module, limit, r=returned: module.register_full_backward_pre_hook(lambda m, go: None) and r
-        )
-        assert not outcome.passed and "must return the handle" in outcome.detail, outcome.detail
+        failed("03.2", lambda module, limit, r=returned: module.register_full_backward_pre_hook(lambda m, go: None)
+               and r, "must return the handle")
 
 
 def test_legacy_hook_advice_fits_each_exercise():

@@ -229,6 +229,15 @@ def test_several_inputs_are_all_tried_and_the_largest_difference_is_printed():
 
     off = grade("04.3", off_most_on_the_first)
     assert off.passed and off.detail == "with alpha 1.0 and 0.5: dx matches autograd; max |difference| 5.0e-11 (in dx)"
+    assert grade("04.5", CORRECT["04.5"]).detail == ("with smoothing 0.2 and 0: dlogits matches autograd; "
+                                                     "max |difference| < 1e-12")
+
+    def ce_off_most_on_the_first(logits, target, s):
+        return CORRECT["04.5"](logits, target, s) + (5e-11 if s == 0.2 else 2e-11)
+
+    off = grade("04.5", ce_off_most_on_the_first)
+    assert off.passed and off.detail == ("with smoothing 0.2 and 0: dlogits matches autograd; max |difference| "
+                                         "5.0e-11 (in dlogits)")
 
 
 def test_the_checked_elu_outputs_have_both_signs():

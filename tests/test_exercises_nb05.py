@@ -3,35 +3,27 @@
 from __future__ import annotations
 
 import torch
-from answers import run_then_remove
+from answers import failed, run_then_remove
 
 import hooklab
 from hooklab.cam import GuidedBackprop
 from hooklab.exercises import grade
 
 
-def _failed(id, answer, *words):
-    outcome = grade(id, answer)
-    assert not outcome.passed, outcome.detail
-    for word in words:
-        assert word in outcome.detail, outcome.detail
-    return outcome
-
-
 def test_05_1_deconvnet_hook():
     passed = grade("05.1", lambda m, gi, go: (go[0].clamp(min=0),))
     assert passed.passed and "deconvnet gradients of 3 digits match" in passed.detail
     assert grade("05.1", lambda m, gi, go: [torch.relu(go[0])]).passed
-    _failed("05.1", lambda m, gi, go: None, "returned None")
-    _failed("05.1", lambda m, gi, go: gi, "grad_input unchanged")
-    _failed("05.1", lambda m, gi, go: go, "negative gradient")
-    _failed("05.1", lambda m, gi, go: (gi[0].abs(),), "off by")
-    _failed("05.1", lambda m, gi, go: go[0].clamp(min=0), "tuple", "bare tensor")
+    failed("05.1", lambda m, gi, go: None, "returned None")
+    failed("05.1", lambda m, gi, go: gi, "grad_input unchanged")
+    failed("05.1", lambda m, gi, go: go, "negative gradient")
+    failed("05.1", lambda m, gi, go: (gi[0].abs(),), "off by")
+    failed("05.1", lambda m, gi, go: go[0].clamp(min=0), "tuple", "bare tensor")
 
 
 def test_05_1_the_guided_hook_shown_above_the_exercise_is_not_the_answer():
-    _failed("05.1", lambda m, gi, go: (gi[0].clamp(min=0),), "guided backprop's rule")
-    _failed("05.1", GuidedBackprop.hook, "guided backprop's rule")
+    failed("05.1", lambda m, gi, go: (gi[0].clamp(min=0),), "guided backprop's rule")
+    failed("05.1", GuidedBackprop.hook, "guided backprop's rule")
 
 
 def test_05_1_a_hook_that_changes_its_arguments_in_place_fails():
@@ -42,25 +34,25 @@ def test_05_1_a_hook_that_changes_its_arguments_in_place_fails():
         grad_output[0].clamp_(min=0)
         return grad_output
 
-    _failed("05.1", clamp_grad_input_in_place, "changed grad_input in place")
-    _failed("05.1", clamp_grad_output_in_place, "changed grad_output in place")
+    failed("05.1", clamp_grad_input_in_place, "changed grad_input in place")
+    failed("05.1", clamp_grad_output_in_place, "changed grad_output in place")
 
 
 def test_05_1_wrong_return_values_get_a_message_instead_of_a_pytorch_error():
-    _failed("05.1", lambda m, gi, go: (None,), "one tensor", "its entry is None")
-    _failed("05.1", lambda m, gi, go: go[0].clamp(min=0).numpy(), "one tensor", "got ndarray")
-    _failed("05.1", lambda m, gi, go: 0, "one tensor", "got int")
-    _failed("05.1", lambda m, gi, go: (t.clamp(min=0) for t in go), "one tensor", "got generator")
-    _failed("05.1", lambda m, gi, go: (go[0].clamp(min=0), go[0]), "one input", "not 2 entries")
-    _failed("05.1", lambda m, gi, go: (go[0].clamp(min=0).double(),), "float64, expected float32")
-    _failed("05.1", lambda m, gi, go: (go[0].clamp(min=0).flatten(),), "shape (8,), expected (2, 4)")
+    failed("05.1", lambda m, gi, go: (None,), "one tensor", "its entry is None")
+    failed("05.1", lambda m, gi, go: go[0].clamp(min=0).numpy(), "one tensor", "got ndarray")
+    failed("05.1", lambda m, gi, go: 0, "one tensor", "got int")
+    failed("05.1", lambda m, gi, go: (t.clamp(min=0) for t in go), "one tensor", "got generator")
+    failed("05.1", lambda m, gi, go: (go[0].clamp(min=0), go[0]), "one input", "not 2 entries")
+    failed("05.1", lambda m, gi, go: (go[0].clamp(min=0).double(),), "float64, expected float32")
+    failed("05.1", lambda m, gi, go: (go[0].clamp(min=0).flatten(),), "shape (8,), expected (2, 4)")
 
 
 def test_05_1_the_hook_is_also_checked_on_a_model():
     def only_on_the_sample(module, grad_input, grad_output):
         return (grad_output[0].clamp(min=0),) if grad_output[0].dim() == 2 else None
 
-    _failed("05.1", only_on_the_sample, "did not change the gradient")
+    failed("05.1", only_on_the_sample, "did not change the gradient")
 
 
 def _layer_cam(a, g):
@@ -71,26 +63,26 @@ def test_05_2_layer_cam():
     passed = grade("05.2", _layer_cam)
     assert passed.passed and "(3, 5, 4) and (1, 3, 3)" in passed.detail
     assert grade("05.2", lambda a, g: torch.relu((torch.relu(g) * a).sum(1))).passed
-    _failed("05.2", lambda a, g: _layer_cam(a, g).tolist(), "as a tensor, got list")
-    _failed("05.2", lambda a, g: (g.abs() * a).sum(1).clamp(min=0), "max |difference|", "its own gradient")
+    failed("05.2", lambda a, g: _layer_cam(a, g).tolist(), "as a tensor, got list")
+    failed("05.2", lambda a, g: (g.abs() * a).sum(1).clamp(min=0), "max |difference|", "its own gradient")
 
 
 def test_05_2_the_grad_cam_shown_in_the_notebook_is_not_the_answer():
     def grad_cam_maps(a, g):  # the last lines of the notebook's grad_cam_by_hand
         return (g.mean(dim=(2, 3), keepdim=True) * a).sum(dim=1).clamp(min=0)
 
-    _failed("05.2", grad_cam_maps, "that is Grad-CAM", "its own position")
+    failed("05.2", grad_cam_maps, "that is Grad-CAM", "its own position")
 
 
 def test_05_2_a_mean_over_channels_is_told_to_sum():
-    _failed("05.2", lambda a, g: (g.clamp(min=0) * a).mean(1).clamp(min=0), "sum over channels, not mean")
-    _failed("05.2", lambda a, g: torch.relu((torch.relu(g) * a).mean(dim=1)), "sum over channels, not mean")
+    failed("05.2", lambda a, g: (g.clamp(min=0) * a).mean(1).clamp(min=0), "sum over channels, not mean")
+    failed("05.2", lambda a, g: torch.relu((torch.relu(g) * a).mean(dim=1)), "sum over channels, not mean")
 
 
 def test_05_2_each_relu_in_its_place():
-    _failed("05.2", lambda a, g: (g * a).sum(1).clamp(min=0), "positive part of its gradient")
-    _failed("05.2", lambda a, g: (g.clamp(min=0) * a).sum(1), "after summing")
-    _failed("05.2", lambda a, g: (g.clamp(min=0) * a.clamp(min=0)).sum(1).clamp(min=0), "keep their sign")
+    failed("05.2", lambda a, g: (g * a).sum(1).clamp(min=0), "positive part of its gradient")
+    failed("05.2", lambda a, g: (g.clamp(min=0) * a).sum(1), "after summing")
+    failed("05.2", lambda a, g: (g.clamp(min=0) * a.clamp(min=0)).sum(1).clamp(min=0), "keep their sign")
 
 
 def test_05_2_changing_the_inputs_in_place_fails():
@@ -102,8 +94,8 @@ def test_05_2_changing_the_inputs_in_place_fails():
         g.zero_()
         return maps
 
-    _failed("05.2", scale_activations_in_place, "changed the activations in place")
-    _failed("05.2", clear_gradients_afterwards, "changed the gradients in place")
+    failed("05.2", scale_activations_in_place, "changed the activations in place")
+    failed("05.2", clear_gradients_afterwards, "changed the gradients in place")
     assert grade("05.2", lambda a, g: _layer_cam(a.clone(), g.clone())).passed
 
 
@@ -115,17 +107,17 @@ def test_05_2_shape_and_normalisation_hints():
         maps = _layer_cam(a, g)
         return maps / maps.flatten(1).amax(dim=1)[:, None, None]
 
-    _failed("05.2", keepdim, "shape (3, 1, 5, 4), expected (3, 5, 4)", "channel dimension (dim 1)")
-    _failed("05.2", lambda a, g: _layer_cam(a, g)[0], "one map per image")
-    _failed("05.2", lambda a, g: (g.clamp(min=0) * a).sum(0).clamp(min=0), "dim 1")
-    _failed("05.2", normalised, "as they are")
+    failed("05.2", keepdim, "shape (3, 1, 5, 4), expected (3, 5, 4)", "channel dimension (dim 1)")
+    failed("05.2", lambda a, g: _layer_cam(a, g)[0], "one map per image")
+    failed("05.2", lambda a, g: (g.clamp(min=0) * a).sum(0).clamp(min=0), "dim 1")
+    failed("05.2", normalised, "as they are")
 
 
 def test_05_2_tries_a_second_batch():
     def only_three_images(a, g):
         return _layer_cam(a, g) if len(a) == 3 else torch.zeros(a.shape[0], *a.shape[2:])
 
-    _failed("05.2", only_three_images, "(1, 2, 3, 3)")
+    failed("05.2", only_three_images, "(1, 2, 3, 3)")
 
 
 def _dead(model, layer, x, remove=True, images="all", positions="all", grad=False, finally_=True, keep=None):
@@ -145,9 +137,9 @@ def _dead(model, layer, x, remove=True, images="all", positions="all", grad=Fals
 def test_05_3_dead_channels():
     passed = grade("05.3", _dead)
     assert passed.passed and "[2, 9, 10, 13]" in passed.detail
-    _failed("05.3", lambda m, layer, x: _dead(m, layer, x, remove=False), "left registered")
+    failed("05.3", lambda m, layer, x: _dead(m, layer, x, remove=False), "left registered")
     assert not grade("05.3", lambda m, layer, x: [2, 9]).passed
-    _failed("05.3", lambda m, layer, x: _dead(m, layer, x, images="any"), "every image")
+    failed("05.3", lambda m, layer, x: _dead(m, layer, x, images="any"), "every image")
     assert not grade("05.3", lambda m, layer, x: torch.arange(16).tolist()).passed
 
 
@@ -161,12 +153,12 @@ def test_05_3_accepts_hooklab_record_and_a_tensor_of_indices():
 
 
 def test_05_3_the_hook_must_be_removed_when_the_forward_pass_raises():
-    _failed("05.3", lambda m, layer, x: _dead(m, layer, x, finally_=False), "when the forward pass raised")
+    failed("05.3", lambda m, layer, x: _dead(m, layer, x, finally_=False), "when the forward pass raised")
 
 
 def test_05_3_every_image_counts():
-    _failed("05.3", lambda m, layer, x: _dead(m, layer, x, keep=slice(0, 1)), "first image")
-    _failed("05.3", lambda m, layer, x: _dead(m, layer, x, keep=slice(0, -1)), "got channels [2, 9, 10, 12, 13]")
+    failed("05.3", lambda m, layer, x: _dead(m, layer, x, keep=slice(0, 1)), "first image")
+    failed("05.3", lambda m, layer, x: _dead(m, layer, x, keep=slice(0, -1)), "got channels [2, 9, 10, 12, 13]")
 
 
 def test_05_3_one_forward_pass_without_gradients_with_a_forward_hook():
@@ -184,13 +176,13 @@ def test_05_3_one_forward_pass_without_gradients_with_a_forward_hook():
             out = model.features[:2](x)
         return (out == 0).flatten(2).all(dim=2).all(dim=0).nonzero().flatten().tolist()
 
-    _failed("05.3", lambda m, layer, x: _dead(m, layer, x, grad=True), "gradients enabled", "torch.no_grad()")
-    _failed("05.3", twice, "ran 2 times")
-    _failed("05.3", in_two_halves, "ran 2 times")
-    _failed("05.3", lambda m, layer, x: _dead(m, layer, x[:-1]), "whole batch")
-    _failed("05.3", lambda m, layer, x: _dead(m, "features.0", x), "no forward hook of yours was on the layer")
-    _failed("05.3", without_a_hook, "no forward hook of yours was on the layer")
-    _failed("05.3", lambda m, layer, x: (m.features[:2](x) == 0).flatten(2).all(2).all(0).nonzero(), "ran 0 times")
+    failed("05.3", lambda m, layer, x: _dead(m, layer, x, grad=True), "gradients enabled", "torch.no_grad()")
+    failed("05.3", twice, "ran 2 times")
+    failed("05.3", in_two_halves, "ran 2 times")
+    failed("05.3", lambda m, layer, x: _dead(m, layer, x[:-1]), "whole batch")
+    failed("05.3", lambda m, layer, x: _dead(m, "features.0", x), "no forward hook of yours was on the layer")
+    failed("05.3", without_a_hook, "no forward hook of yours was on the layer")
+    failed("05.3", lambda m, layer, x: (m.features[:2](x) == 0).flatten(2).all(2).all(0).nonzero(), "ran 0 times")
 
 
 def test_05_3_messages():
@@ -217,8 +209,8 @@ def test_05_3_messages():
             handle.remove()
         return kept["z"].flatten(2).all(dim=2).all(dim=0).nonzero().flatten().tolist()
 
-    _failed("05.3", no_return, "returned None")
-    _failed("05.3", lambda m, layer, x: _dead(m, layer, x, positions="any"), "zero at every position")
-    _failed("05.3", mask, "not a mask")
-    _failed("05.3", lambda m, layer, x: mask(m, layer, x).int().tolist(), "not a mask")
-    _failed("05.3", hook_returns_a_value, "return value replaces the layer's output")
+    failed("05.3", no_return, "returned None")
+    failed("05.3", lambda m, layer, x: _dead(m, layer, x, positions="any"), "zero at every position")
+    failed("05.3", mask, "not a mask")
+    failed("05.3", lambda m, layer, x: mask(m, layer, x).int().tolist(), "not a mask")
+    failed("05.3", hook_returns_a_value, "return value replaces the layer's output")

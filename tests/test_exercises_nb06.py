@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from answers import failed
 from torch import nn
 from torch.nn.modules import module as module_hooks
 
@@ -268,9 +269,8 @@ def test_06_4_predict():
 
 def test_06_4_a_wrong_order_gets_a_hint_not_the_answer():
     for wrong in (list(reversed(FIRING)), list(ORDER_KINDS), FIRING[1:] + FIRING[:1]):
-        outcome = grade("06.4", wrong)
-        assert not outcome.passed and "position" not in outcome.detail and "fires there" not in outcome.detail
-        assert "in the right place" in outcome.detail and "which of the two fires first" in outcome.detail
+        outcome = failed("06.4", wrong, "in the right place", "which of the two fires first")
+        assert "position" not in outcome.detail and "fires there" not in outcome.detail, outcome.detail
 
 
 def test_06_4_names_the_unknown_and_the_missing_hooks():
@@ -290,14 +290,12 @@ def test_06_4_letters_or_another_case_are_told_to_use_the_full_strings():
     letters = [kind.removesuffix(" (prepend)")[-1] for kind in FIRING]
     assert "".join(letters) == "CBAEFDIHJG"
     for answer in (letters, [letter.lower() for letter in letters], [*FIRING[:3], *letters[3:]]):
-        outcome = grade("06.4", answer)
-        assert not outcome.passed and "full strings of ORDER_KINDS, e.g. 'pre-hook A'" in outcome.detail
-        assert "missing" not in outcome.detail and "not a hook of the list" not in outcome.detail
-    lower = grade("06.4", [kind.lower() for kind in FIRING])
-    assert not lower.passed and "exactly as they are written" in lower.detail and "missing" not in lower.detail
-    assert "'pre-hook C (prepend)', not 'pre-hook c (prepend)'" in lower.detail
-    spaced = grade("06.4", [*FIRING[:-1], "Backward hook  G"])
-    assert not spaced.passed and "'backward hook G', not 'Backward hook  G'" in spaced.detail
+        outcome = failed("06.4", answer, "full strings of ORDER_KINDS, e.g. 'pre-hook A'")
+        assert "missing" not in outcome.detail and "not a hook of the list" not in outcome.detail, outcome.detail
+    lower = failed("06.4", [kind.lower() for kind in FIRING], "exactly as they are written",
+                   "'pre-hook C (prepend)', not 'pre-hook c (prepend)'")
+    assert "missing" not in lower.detail, lower.detail
+    failed("06.4", [*FIRING[:-1], "Backward hook  G"], "'backward hook G', not 'Backward hook  G'")
 
 
 def test_06_4_does_not_depend_on_the_kernels_global_backward_hook_state(monkeypatch):

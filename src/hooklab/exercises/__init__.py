@@ -165,8 +165,13 @@ def is_handle(value: object) -> bool:
 
 
 def kind_of(value: object) -> str:
-    """What an answer returned, for a failure message (None hints at a missing return)."""
-    return "None (missing return?)" if value is None else type(value).__name__
+    """What an answer returned, for a failure message: the type's name, a tuple's item types spelt
+    out, like ``(int, str)``, and None with a hint at a missing return."""
+    if value is None:
+        return "None (missing return?)"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(type(item).__name__ for item in value) + ")"
+    return type(value).__name__
 
 
 def not_a_handle(value: object, what: str, *modules) -> Outcome | None:

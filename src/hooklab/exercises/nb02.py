@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..audit import clear_hooks
-from . import Outcome, compare_tensors, exercise, hint_for, hooks_left_when_raising, is_handle, not_a_handle
+from . import Outcome, compare_tensors, exercise, hint_for, hooks_left_when_raising, is_handle, kind_of, not_a_handle
 
 
 class _Block(nn.Module):
@@ -77,7 +77,7 @@ def _call_tree_checker(call_tree) -> Outcome:
         return Outcome(False, f"hooks were left registered: {left[0]} (remove them in a finally block)")
     expected = _call_tree(model, x)
     if not isinstance(got, list | tuple):
-        return Outcome(False, f"return the list of (depth, name) pairs (got {type(got).__name__})")
+        return Outcome(False, f"return the list of (depth, name) pairs (got {kind_of(got)})")
     got = [tuple(item) if isinstance(item, list) else item for item in got]
     if not all(_is_pair(item) for item in got):
         example = next(item for item in got if not _is_pair(item))
@@ -195,12 +195,6 @@ def _clip_output(clip_output) -> Outcome:
                          "plain after remove()")
 
 
-def _kind(value: object) -> str:
-    if isinstance(value, tuple):
-        return "(" + ", ".join(type(v).__name__ for v in value) + ")"
-    return type(value).__name__
-
-
 class _InPlaceBlock(nn.Module):
     """A residual block whose in-place ReLU runs twice per forward, like torchvision's BasicBlock."""
 
@@ -237,7 +231,7 @@ def _keep_calls(keep_calls) -> Outcome:
             and all(is_handle(h) for h in result[1])):
         clear_hooks(block)
         return Outcome(False, f"return the pair (kept, handles): the list and a list of your hooks' handles "
-                              f"(got {_kind(result)})")
+                              f"(got {kind_of(result)})")
     kept, handles = result
     pre_hooked = any(h.id in block.relu._forward_pre_hooks for h in handles)
     try:
@@ -254,7 +248,8 @@ def _keep_calls(keep_calls) -> Outcome:
                               "none after remove()): one (input, output) pair per call")
     for call, (got, (want_in, want_out)) in enumerate(zip(kept, expected, strict=True), start=1):
         if not (isinstance(got, tuple | list) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
-            return Outcome(False, f"kept {_kind(got)} for call {call}: keep one (input, output) pair of tensors")
+            kept_kind = "None" if got is None else kind_of(got)  # a kept value, not a return: no hint
+            return Outcome(False, f"kept {kept_kind} for call {call}: keep one (input, output) pair of tensors")
         for what, tensor in zip(("input", "output"), got, strict=True):
             if tensor.requires_grad or tensor.grad_fn is not None:
                 return Outcome(False, f"the {what} kept for call {call} is still in the autograd graph: detach it")

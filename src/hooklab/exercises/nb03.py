@@ -10,7 +10,7 @@ from torch import nn
 
 from ..audit import clear_hooks
 from ..models import SeedConvNet
-from . import Outcome, compare_tensors, exercise, hint_for, hooks_left_when_raising, not_a_handle
+from . import Outcome, compare_tensors, exercise, hint_for, hooks_left_when_raising, kind_of, not_a_handle
 
 
 def _first_failure(*outcomes: tuple[str, Outcome]) -> Outcome | None:
@@ -87,7 +87,7 @@ def _gains(gradient_gains) -> Outcome:
         return Outcome(False, "hooks are still registered on the model: remove them before returning")
     expected = _gains_by_autograd(model, x)
     if not isinstance(got, dict):
-        return Outcome(False, f"return a dict {{layer name: gain}}, not a {type(got).__name__}")
+        return Outcome(False, f"return a dict {{layer name: gain}}, not {kind_of(got)}")
     if "0" in got:
         return Outcome(False, "leave out layer '0': its input needs no grad, so its grad_input is (None,) "
                               "(use x as it is given)")

@@ -274,18 +274,15 @@ def _softmax_ce(ce_backward) -> Outcome:
     ``F.cross_entropy(logits, target, label_smoothing=smoothing)`` (mean over the batch)."""
     # class 3 of 4 is never a target: F.one_hot(target) without num_classes gives 3 columns
     logits, target = _rand(5, 4, seed=12) * 2, torch.tensor([2, 0, 1, 1, 2])
-    for smoothing in (0.2, 0.0):
-        try:
-            outcome = _check(ce_backward, partial(F.cross_entropy, target=target, label_smoothing=smoothing),
-                             {"logits": logits}, {"logits": logits, "target": target, "smoothing": smoothing},
-                             torch.tensor(1.0, dtype=D))
-        except RuntimeError as error:
-            columns = int(target.max()) + 1
-            if f"size of tensor a ({logits.shape[1]})" not in str(error) or f"({columns})" not in str(error):
-                raise
-            return Outcome(False, f"your code raised RuntimeError: {error}. The targets here never include class "
-                                  f"{logits.shape[1] - 1}, and F.one_hot infers the number of classes from the "
-                                  "largest target: pass num_classes=logits.shape[1]")
-        if not outcome.passed:
-            return Outcome(False, f"with smoothing={smoothing}: {outcome.detail}")
-    return Outcome(True, f"with smoothing 0.2 and 0: {outcome.detail}")
+    cases = [(f"smoothing={smoothing}", partial(F.cross_entropy, target=target, label_smoothing=smoothing),
+              {"logits": logits}, {"logits": logits, "target": target, "smoothing": smoothing},
+              torch.tensor(1.0, dtype=D), []) for smoothing in (0.2, 0.0)]
+    try:
+        return _check_cases(ce_backward, cases, "with smoothing 0.2 and 0: ")
+    except RuntimeError as error:
+        columns = int(target.max()) + 1
+        if f"size of tensor a ({logits.shape[1]})" not in str(error) or f"({columns})" not in str(error):
+            raise
+        return Outcome(False, f"your code raised RuntimeError: {error}. The targets here never include class "
+                              f"{logits.shape[1] - 1}, and F.one_hot infers the number of classes from the "
+                              "largest target: pass num_classes=logits.shape[1]")
