@@ -61,7 +61,7 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider -m "not browser" tests
 
-# Installs Debian's chromium first when it is missing (apt-get, as root); never downloads a browser.
+# Installs Debian's chromium first when it is missing (apt-get, as root or with passwordless sudo); never downloads a browser.
 browser: $(STAMP)
 	tools/ensure_browser.sh
 	$(BIN)/python -m pytest -p no:cacheprovider -m browser tests/browser

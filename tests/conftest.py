@@ -13,31 +13,18 @@ from __future__ import annotations
 import functools
 import os
 import weakref
-from pathlib import Path
 
 import matplotlib
 import pytest
 import torch
+from run_notebooks import course_environment  # tools/, on pytest's path (pyproject.toml)
 from torch import nn
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-
-def course_environment() -> dict[str, str]:
-    """The kernel environment the Makefile exports (its ``export NAME := value`` lines): one
-    thread, the AVX2 kernels, a fixed hash seed."""
-    makefile = Path(__file__).resolve().parents[1] / "Makefile"
-    found = {}
-    for line in makefile.read_text().splitlines():
-        if line.startswith("export ") and ":=" in line:
-            name, value = line.removeprefix("export ").split(":=", 1)
-            found[name.strip()] = value.strip()
-    return found
-
-
 # Kernels that tests start (nbval, JupyterLab) get the environment `make` gives them, also when
-# pytest runs outside make. This process has imported torch already and keeps its own.
+# pytest runs outside make; so does this process, since torch picks its CPU kernels at the first op.
 os.environ.update(course_environment())
 os.environ.pop("PYTHONWARNINGS", None)
 torch.set_num_threads(1)

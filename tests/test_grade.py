@@ -9,16 +9,13 @@ calls: one with the default timeout, one with a short timeout whose notebooks im
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
+import grade  # tools/, on pytest's path (pyproject.toml)
 import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
-
-import grade  # noqa: E402
 
 STUDENT = [
     "from hooklab.exercises import check",

@@ -108,19 +108,9 @@ def test_nbval_fails_when_one_printed_digit_changes(tmp_path):
     assert changed in result.stdout
 
 
-def _run_notebooks_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "tools" / "run_notebooks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_saving_merges_stream_chunks_and_gives_widgets_steady_ids():
     import nbformat
-
-    steady = _run_notebooks_module().steady
+    from run_notebooks import steady
     view = "application/vnd.jupyter.widget-view+json"
 
     def notebook(random_id: str):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 
-import matplotlib.pyplot as plt
 import pytest
 import torch
 from torch import nn
@@ -145,7 +144,6 @@ def test_summary_and_plots():
         assert line.get_ydata().tolist() == stats[name].column("dead").tolist()
     fig2 = plot_colorful_dimension(stats["1"])
     assert fig2.axes[0].get_images()[0].get_array().shape == (40, 4)
-    plt.close("all")
 
 
 def test_gradient_histogram_puts_zeros_in_first_bin():

@@ -116,7 +116,6 @@ def test_plot_mean_std_accepts_one_name_and_one_axes():
     assert [ax.get_title() for ax in fig.axes] == ["activation mean per layer"]
     fig, ax = plt.subplots()
     assert plot_mean_std(stats, axes=ax, columns="dead") is fig
-    plt.close("all")
 
 
 @pytest.mark.parametrize(("kwargs", "error", "message"), [

@@ -57,6 +57,7 @@ matplotlib.use("Agg")
 
 import psutil  # noqa: E402
 import torch  # noqa: E402
+from run_notebooks import course_environment  # noqa: E402  (tools/, beside this file)
 from torch import nn  # noqa: E402
 
 torch.set_num_threads(1)
@@ -161,9 +162,9 @@ def overhead(rounds: int) -> dict:
     # that does not know the model in advance cannot copy less.
     overwritten = {n for n in leaves if n == "bn1" or n.endswith((".bn1", ".bn2"))}
 
-    def plain_hooks(copy: bool | set, store: list):
+    def plain_hooks(copied: set, store: list):
         def hook(name):
-            cloned = copy if isinstance(copy, bool) else name in copy
+            cloned = name in copied
 
             def keep(module, args, output):
                 store.append((name, output.detach().clone() if cloned else output.detach()))
@@ -193,9 +194,9 @@ def overhead(rounds: int) -> dict:
                 step(lambda: model(x))
             return rec
 
-        def plain(copy, step=step):
+        def plain(copied: set, step=step):
             store: list = []
-            handles = plain_hooks(copy, store)
+            handles = plain_hooks(copied, store)
             try:
                 step(lambda: model(x))
             finally:
@@ -217,8 +218,8 @@ def overhead(rounds: int) -> dict:
             "bare": bare,
             "hooklab.record": hooklab_record,
             "hooklab.record(clone=True)": lambda: hooklab_record(clone=True),
-            "plain hooks, .detach().clone()": lambda: plain(True),
-            "plain hooks, .detach() (no copy)": lambda: plain(False),
+            "plain hooks, .detach().clone()": lambda: plain(set(leaves)),
+            "plain hooks, .detach() (no copy)": lambda: plain(set()),
             floor: lambda: plain(overwritten),
             "create_feature_extractor": fx,
         }
@@ -228,12 +229,12 @@ def overhead(rounds: int) -> dict:
 
         # correctness: which returned values are not what the module produced (a copy taken
         # the moment each module returned is the reference)
-        reference = by_call(plain(True))
+        reference = by_call(plain(set(leaves)))
         checks = {
             "hooklab.record": {(r.name, r.call): r.output for r in hooklab_record()},
             "hooklab.record(clone=True)": {(r.name, r.call): r.output for r in hooklab_record(clone=True)},
             "plain hooks, .detach().clone()": reference,
-            "plain hooks, .detach() (no copy)": by_call(plain(False)),
+            "plain hooks, .detach() (no copy)": by_call(plain(set())),
             floor: by_call(plain(overwritten)),
             "create_feature_extractor": {node_key[k]: v.detach() for k, v in fx().items()},
         }
@@ -505,7 +506,7 @@ def overhead_table(o: dict, allocator: str) -> list[str]:
 
 #: what the Makefile sets to pin the CPU kernels (see its comment); unset, each library picks the
 #: best its CPU has (AVX-512 where there is one)
-KERNEL_PINS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR")
+KERNEL_PINS = [k for k in course_environment() if k.startswith(("ATEN_", "ONEDNN_", "MKL_")) and "THREADS" not in k]
 
 
 def overhead_native_kernels(rounds: int) -> dict:

@@ -40,7 +40,7 @@ import sys
 from pathlib import Path
 
 import nbformat
-from nbclient.exceptions import CellTimeoutError, DeadKernelError
+from nbclient.exceptions import DeadKernelError
 from run_notebooks import execute  # tools/, beside this file
 
 # Appended as the notebook's last cell. Its last expression, the verdicts as a JSON string, comes
@@ -58,6 +58,11 @@ NOT_CHECKED = (
     "not checked",
     "no verdict recorded: the check(...) line did not run, or it called something other than hooklab's check",
 )
+
+
+def one_line(text: str) -> str:
+    """The first line of ``text``, at most 250 characters: what a report line shows of a message."""
+    return text.splitlines()[0][:250] if text else ""
 
 
 class NotGraded(Exception):
@@ -101,7 +106,7 @@ def run(path: Path, timeout: int) -> tuple[dict | None, list[str], str | None]:
     try:
         nb = nbformat.read(path, as_version=4)
     except Exception as exc:  # not JSON, not a notebook, unreadable
-        return None, [], f"could not be read: {type(exc).__name__}: {exc}".splitlines()[0][:250]
+        return None, [], one_line(f"could not be read: {type(exc).__name__}: {exc}")
     nb.cells.append(nbformat.v4.new_code_cell(COLLECT))
     last = len(nb.cells) - 1
     watch = Watch(nb)
@@ -116,11 +121,8 @@ def run(path: Path, timeout: int) -> tuple[dict | None, list[str], str | None]:
         why = "the kernel died " + ("while collecting the verdicts" if watch.running == last else
                                     f"in {where(nb, watch.running)}" if watch.running is not None else
                                     "before the first cell ran")  # fmt: skip
-    except CellTimeoutError as exc:  # not expected with interrupt_on_timeout, but never stop the batch
-        cell = f" in {where(nb, watch.running)}" if watch.running is not None else ""
-        why = f"timed out{cell} ({str(exc).splitlines()[0]})"
     except Exception as exc:  # e.g. a kernel that fails to start (a module in the student's folder shadowing one)
-        why = f"could not be run: {type(exc).__name__}: {exc}".splitlines()[0][:250]
+        why = one_line(f"could not be run: {type(exc).__name__}: {exc}")
     problems = []
     for index, cell in enumerate(nb.cells[:last]):
         if index in watch.timed_out:
@@ -128,7 +130,7 @@ def run(path: Path, timeout: int) -> tuple[dict | None, list[str], str | None]:
             continue
         for out in cell.get("outputs", []):
             if out.output_type == "error" and "raises-exception" not in cell.metadata.get("tags", []):
-                problems.append(f"error in {where(nb, index)}: {out.ename}: {out.evalue}".splitlines()[0][:250])
+                problems.append(one_line(f"error in {where(nb, index)}: {out.ename}: {out.evalue}"))
     if why is None:
         try:
             return collected(nb.cells[last]), problems, None
@@ -147,7 +149,7 @@ def collected(cell) -> dict:
             except (ValueError, SyntaxError, TypeError, AttributeError) as exc:
                 raise NotGraded(f"the verdicts could not be collected (unreadable result: {exc})") from None
     failed = next((f"{o.ename}: {o.evalue}" for o in cell.get("outputs", []) if o.output_type == "error"), "no result")
-    raise NotGraded(f"the verdicts could not be collected ({failed})".splitlines()[0][:250])
+    raise NotGraded(one_line(f"the verdicts could not be collected ({failed})"))
 
 
 def number_of(path: Path, numbers: set[str]) -> str | None:
@@ -165,10 +167,12 @@ def report(path: Path, verdicts: dict, problems: list[str]) -> tuple[list[str], 
         mine = dict.fromkeys(verdicts)
     else:
         mine = dict.fromkeys(id for id in titles if id.startswith(number + "."))
-    rows = {id: dict(zip(("verdict", "detail"), verdicts.get(id, NOT_CHECKED), strict=True)) for id in mine}
-    rows = {id: {"title": titles.get(id, ""), **r} for id, r in rows.items()}
-    others = {id: {"title": titles.get(id, ""), "verdict": v, "detail": d}
-              for id, (v, d) in verdicts.items() if id not in rows}  # fmt: skip
+    def row(id: str, verdict_and_detail: tuple) -> dict:
+        verdict, detail = verdict_and_detail
+        return {"title": titles.get(id, ""), "verdict": verdict, "detail": detail}
+
+    rows = {id: row(id, verdicts.get(id, NOT_CHECKED)) for id in mine}
+    others = {id: row(id, v) for id, v in verdicts.items() if id not in rows}
     passed = sum(r["verdict"] == "passed" for r in rows.values())
     lines = [f"{path}: {passed} of {len(rows)} passed"]
     if number is None:

@@ -19,6 +19,17 @@ from traitlets.config import Config
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def course_environment() -> dict[str, str]:
+    """The kernel environment the Makefile exports (its ``export NAME := value`` lines): one
+    thread, the AVX2 kernels, a fixed hash seed. Tests and ``make bench`` read it from here."""
+    found = {}
+    for line in (ROOT / "Makefile").read_text().splitlines():
+        if line.startswith("export ") and ":=" in line:
+            name, value = line.removeprefix("export ").split(":=", 1)
+            found[name.strip()] = value.strip()
+    return found
+
+
 def execute(nb, path: Path, timeout: int, **options) -> None:
     """Run ``nb`` (read from ``path``) top to bottom in a fresh python3 kernel started in the
     notebook's folder, in this process's environment. The kernel talks over local sockets in a

@@ -83,8 +83,7 @@ class LabServer:
             path = self.home / name
             path.mkdir(parents=True, exist_ok=True)
             env[var] = str(path)
-        # os.environ already holds the course's kernel environment (tests/conftest.py sets it)
-        env.pop("PYTHONWARNINGS", None)
+        # os.environ already holds the course's kernel environment, without PYTHONWARNINGS (tests/conftest.py)
         env.pop("JUPYTER_TOKEN", None)
         for name, values in LAB_SETTINGS.items():
             path = self.home / "settings" / name
