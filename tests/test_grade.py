@@ -8,6 +8,7 @@ calls: one with the default timeout, one with a short timeout whose notebooks im
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -57,12 +58,16 @@ def test_students_notebooks_and_the_worked_answers_are_graded(tmp_path, capsys):
     answers = ROOT / "notebooks" / "solutions" / "00_start_here_solutions.ipynb"
     saboteur = write(tmp_path / "anna_01_tensor_hooks.ipynb", SABOTEUR)
     unnumbered = write(tmp_path / "homework.ipynb", UNNUMBERED)
-    out = tmp_path / "grades.json"
+    out, table = tmp_path / "grades.json", tmp_path / "grades.csv"
+    paths = [str(p) for p in (student, answers, saboteur, unnumbered)]
 
-    assert grade.main([str(p) for p in (student, answers, saboteur, unnumbered)] + ["--json", str(out)]) == 0
+    assert grade.main([*paths, "--json", str(out), "--csv", str(table), "--jobs", "2"]) == 0
 
     printed = capsys.readouterr().out
     results = json.loads(out.read_text())
+    # two at a time, reported in the order given
+    assert [line.split(":")[0] for line in printed.splitlines() if not line.startswith(" ")] == paths
+    assert list(results) == paths
     # every exercise of the notebook, checked or not
     verdicts = {id: r["verdict"] for id, r in results[str(student)]["exercises"].items()}
     assert verdicts == {"00.1": "failed", "00.2": "not solved yet", "00.3": "not checked"}
@@ -98,6 +103,24 @@ def test_students_notebooks_and_the_worked_answers_are_graded(tmp_path, capsys):
         "error in cell 3 (x_undefined_name + 1): NameError: name 'x_undefined_name' is not defined"
     ]
 
+    # the CSV: one row per student and exercise of the notebook, also-checked ones left out
+    with table.open(newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == ["student", "notebook", "exercise", "verdict", "reason"]
+    by_file = {}
+    for row in rows[1:]:
+        by_file.setdefault(row[1], []).append(row)
+    assert by_file[str(student)][0] == [tmp_path.name, str(student), "00.1", "failed", results[str(student)][
+        "exercises"]["00.1"]["detail"]]  # fmt: skip
+    assert [r[2:4] for r in by_file[str(student)]] == [["00.1", "failed"], ["00.2", "not solved yet"],
+                                                       ["00.3", "not checked"]]  # fmt: skip
+    assert {r[0] for r in by_file[str(answers)]} == {"solutions"}
+    assert [r[3] for r in by_file[str(answers)]] == ["passed"] * 3
+    assert [r[0] for r in by_file[str(saboteur)]] == ["anna"] * 4
+    assert [r[2] for r in by_file[str(saboteur)]] == ["01.1", "01.2", "01.3", "01.4"]
+    assert [r[:4] for r in by_file[str(unnumbered)]] == [[tmp_path.name, str(unnumbered), "00.2", "not solved yet"]]
+    assert len(rows) == 1 + 3 + 3 + 4 + 1
+
 
 def grade_title(id: str) -> str:
     from hooklab.exercises import exercises
@@ -110,9 +133,10 @@ def test_a_timeout_or_a_dead_kernel_does_not_stop_the_batch(tmp_path, capsys):
                     markdown_first=True)  # fmt: skip
     dying = write(tmp_path / "00_dies.ipynb", ["x = 1", "import os; os._exit(1)", "y = 2"])
     last = write(tmp_path / "00_last.ipynb", ["x = 1"])
-    out = tmp_path / "grades.json"
+    out, table = tmp_path / "grades.json", tmp_path / "grades.csv"
 
-    status = grade.main([str(looping), str(dying), str(last), "--timeout", "5", "--json", str(out)])
+    status = grade.main([str(looping), str(dying), str(last), "--timeout", "5", "--json", str(out), "--csv",
+                         str(table), "--jobs", "1"])  # fmt: skip
 
     printed = capsys.readouterr().out
     results = json.loads(out.read_text())
@@ -127,6 +151,31 @@ def test_a_timeout_or_a_dead_kernel_does_not_stop_the_batch(tmp_path, capsys):
                                    "problems": []}  # fmt: skip
     assert f"{dying}: not graded — the kernel died in cell 2 (import os; os._exit(1))" in printed
     assert results[str(last)]["graded"] and f"{last}: 0 of 3 passed" in printed
+    # a notebook that was not graded: each of its exercises says so, with the reason
+    with table.open(newline="", encoding="utf-8") as f:
+        dead = [row for row in csv.reader(f) if row[1] == str(dying)]
+    assert [row[2:] for row in dead] == [[id, "not graded", "the kernel died in cell 2 (import os; os._exit(1))"]
+                                         for id in ("00.1", "00.2", "00.3")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("path", "folder", "student"), [
+    ("students/anna/04_backprop.ipynb", "students", "anna"),
+    ("students/anna/week2/04_backprop.ipynb", "students", "anna"),
+    ("students/anna_04_backprop.ipynb", "students", "anna"),
+    ("students/hw-03-anna.ipynb", "students", "hw"),
+    ("bob/04_backprop.ipynb", None, "bob"),
+    ("bob/homework.ipynb", None, "bob"),
+])  # fmt: skip
+def test_the_student_is_the_folder_or_the_name_before_the_number(path, folder, student):
+    assert grade.student_of(Path(path), Path(folder) if folder else None) == student
+
+
+@pytest.mark.parametrize("option", ["--jobs=0", "--jobs=-2", "--timeout=0"])
+def test_a_count_that_is_not_positive_is_a_usage_error(option, capsys):
+    with pytest.raises(SystemExit) as stop:
+        grade.main([str(ROOT / "notebooks" / "00_start_here.ipynb"), option])
+    assert stop.value.code == 2
+    assert "must be a positive number" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("name", "number"), [

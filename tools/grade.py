@@ -24,6 +24,16 @@ on with the next notebook. ``--json FILE`` writes the same as JSON, rewritten af
 notebook. The exit status is 0 when every notebook was graded (whatever its verdicts), 1 when at
 least one could not be graded, 2 for a usage error.
 
+``--jobs N`` runs N notebooks at a time, one kernel each (default: the number of cores this
+process may use); the report keeps the order of the command line. Each kernel runs on one thread
+and needs about as much memory as a student's (see the README). ``--csv FILE`` writes one row per
+student and exercise: student, notebook, exercise, verdict, reason. The student is the first
+folder below the folder given on the command line (``students/anna/04_backprop.ipynb`` →
+``anna``); for a notebook given by itself or lying directly in that folder, it is the part of the
+file name before the notebook number (``anna_04_backprop.ipynb`` → ``anna``), or else the
+notebook's folder. A notebook that could not be graded gets one row per exercise, verdict
+``not graded`` and the reason; exercises of other notebooks ("also checked") get no row.
+
 The student's code runs with your permissions, in the same process as the checks: grade on a
 machine or account you do not mind it touching, and treat a verdict as feedback, not as proof
 (code that wants to can fake it).
@@ -33,10 +43,14 @@ from __future__ import annotations
 
 import argparse
 import ast
+import csv
+import io
 import json
+import multiprocessing
 import os
 import re
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import nbformat
@@ -191,44 +205,108 @@ def report(path: Path, verdicts: dict, problems: list[str]) -> tuple[list[str], 
     return lines, result
 
 
-def write(path: Path, results: dict) -> None:
+def write(path: Path, text: str) -> None:
     """Replace ``path`` in one step, so an interrupted batch leaves a whole file."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[tuple[Path, str]]]:
+    """The options, and every notebook to grade with its student's name."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("notebooks", nargs="+", type=Path, help="students' notebooks (.ipynb), or folders of them")
     parser.add_argument("--json", type=Path, help="also write the verdicts to this file (after every notebook)")
+    parser.add_argument("--csv", type=Path, help="also write one row per student and exercise to this file")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per cell before it is interrupted")
+    parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
+                        help="notebooks run at a time, one kernel each (default: the number of cores)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.timeout <= 0:
         parser.error("--timeout must be a positive number of seconds")
-    paths = []
+    if args.jobs <= 0:
+        parser.error("--jobs must be a positive number of notebooks run at a time")
+    found = []
     for given in args.notebooks:
         if given.is_dir():
-            paths += sorted(p for p in given.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+            found += [(p, student_of(p, given)) for p in sorted(given.rglob("*.ipynb"))
+                      if ".ipynb_checkpoints" not in p.parts]  # fmt: skip
         elif given.is_file():
-            paths.append(given)
+            found.append((given, student_of(given, None)))
         else:
             parser.error(f"no such notebook or folder: {given}")
-    if not paths:
+    if not found:
         parser.error(f"no notebook in {', '.join(map(str, args.notebooks))}")
-    results, status = {}, 0
-    for path in paths:
-        verdicts, problems, why = run(path.resolve(), args.timeout)
+    return args, found
+
+
+def student_of(path: Path, folder: Path | None) -> str:
+    """The first folder below ``folder``; else the file name before its notebook number
+    (``anna_04_backprop.ipynb`` → ``anna``); else the name of the notebook's folder."""
+    if folder is not None and len(path.relative_to(folder).parts) > 1:
+        return path.relative_to(folder).parts[0]
+    parts = re.split(r"(?<!\d)\d\d[_-]", path.name, maxsplit=1)
+    before = parts[0].strip("_- ") if len(parts) == 2 else ""
+    return before or path.resolve().parent.name
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, found = parse(argv)
+    results, rows, status = {}, [], 0
+    for (path, student), (verdicts, problems, why) in zip(found, graded([p for p, _ in found], args), strict=True):
         if why is None:
-            lines, results[str(path)] = report(path, verdicts, problems)
+            lines, result = report(path, verdicts, problems)
         else:
             lines = [f"{path}: not graded — {why}", *(f"  {p}" for p in problems)]
-            results[str(path)] = {"graded": False, "why": why, "problems": problems}
+            result = {"graded": False, "why": why, "problems": problems}
             status = 1
+        results[str(path)] = result
+        rows += csv_rows(student, path, result)
         print("\n".join(lines), flush=True)
         if args.json:
-            write(args.json, results)
+            write(args.json, json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+        if args.csv:
+            write(args.csv, table(rows))
     return status
+
+
+def graded(paths: list[Path], args: argparse.Namespace):
+    """``run``'s result for each path, in order; ``--jobs`` notebooks run at a time, each in its
+    own worker process (started fresh, not forked from this one) with its own kernel."""
+    if args.jobs == 1 or len(paths) == 1:
+        yield from (run(p.resolve(), args.timeout) for p in paths)
+        return
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(args.jobs, len(paths)), mp_context=spawn) as pool:
+        futures = [pool.submit(run, p.resolve(), args.timeout) for p in paths]
+        for future in futures:
+            try:
+                yield future.result()
+            except Exception as exc:  # the worker process itself died (killed, out of memory)
+                yield None, [], one_line(f"the grading process died: {type(exc).__name__}: {exc}")
+
+
+CSV_COLUMNS = ("student", "notebook", "exercise", "verdict", "reason")
+
+
+def csv_rows(student: str, path: Path, result: dict) -> list[tuple[str, ...]]:
+    """One row per exercise of the notebook; a notebook that was not graded gets ``not graded``
+    and the reason for each exercise of its number (one row without an exercise if it has none)."""
+    if result["graded"]:
+        return [(student, str(path), id, r["verdict"], r["detail"]) for id, r in result["exercises"].items()]
+    from hooklab.exercises import exercises
+
+    number = number_of(path, {id.split(".")[0] for id in exercises()})
+    ids = [id for id in exercises() if number is not None and id.startswith(number + ".")] or [""]
+    return [(student, str(path), id, "not graded", result["why"]) for id in ids]
+
+
+def table(rows: list[tuple[str, ...]]) -> str:
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    writer.writerows(rows)
+    return text.getvalue()
 
 
 if __name__ == "__main__":
