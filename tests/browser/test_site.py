@@ -1,0 +1,67 @@
+"""The static site (``make site``, tools/build_site.py) in a real Chromium, with the network cut off:
+the map leads to every notebook, the bars and the links in the text lead on, and notebook 05's
+page shows the explorer's picture, drawn from the widget state saved in the notebook."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import build_site  # tools/, on pytest's path
+import pytest
+from playwright.sync_api import expect
+
+pytestmark = pytest.mark.browser
+MATHJAX = "https://cdnjs.cloudflare.com/ajax/libs/mathjax/2.7.7/latest.js?config=TeX-AMS_CHTML-full,Safe"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("site") / "site"
+    build_site.build(out)
+    return out
+
+
+def offline(page) -> list[str]:
+    """Refuse every request that would leave the machine; return the list of those asked for."""
+    asked: list[str] = []
+
+    def refuse(route):
+        asked.append(route.request.url)
+        route.abort()
+
+    page.route(re.compile(r"^https?://"), refuse)
+    return asked
+
+
+def test_the_map_leads_to_every_notebook_and_the_links_lead_on(page, site):
+    asked = offline(page)
+    page.goto((site / "index.html").as_uri())
+    notebooks = page.locator(".hooklab-map > li > a")
+    expect(notebooks).to_have_count(len(list(site.glob("0*.html"))))
+    notebooks.nth(1).click()
+    expect(page).to_have_title(re.compile(r"^01 · "))
+    page.locator(".hooklab-nav a", has_text="next").click()
+    expect(page).to_have_title(re.compile(r"^02 · "))
+    # back to the map, on to 06, whose text links to sections of 01 (headings with a '·' in them)
+    page.locator(".hooklab-nav a", has_text="Hook Lab").click()
+    notebooks.last.click()
+    expect(page).to_have_title(re.compile(r"^06 · "))
+    page.locator("a[href^='01_tensor_hooks.html#1-']").first.click()
+    expect(page).to_have_title(re.compile(r"^01 · "))
+    section = page.evaluate("location.hash.slice(1)")
+    assert section.startswith("1-")
+    expect(page.locator(f"[id='{section}']")).to_be_in_viewport()
+    assert set(asked) == {MATHJAX}  # 02 has formulas; offline they stay as written
+
+
+def test_notebook_05_shows_the_explorer_picture(page, site, artifacts):
+    asked = offline(page)
+    page.goto((site / "05_explorers_and_applications.html").as_uri())
+    # the first widget with a picture: the layer explorer (the training progress bar has none)
+    picture = page.locator(".hooklab-widget img").first
+    expect(picture).to_be_visible()
+    picture.scroll_into_view_if_needed()
+    assert picture.evaluate("img => img.complete && img.naturalWidth > 100 && img.naturalHeight > 100")
+    page.screenshot(path=str(artifacts / "site-05-explorer.png"))
+    assert asked == []

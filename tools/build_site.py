@@ -1,0 +1,231 @@
+"""Build the course as a static website (``make site``): ``artifacts/site/index.html`` with the
+notebook map, one page per notebook with its stored outputs and figures, and the worked answers on
+pages of their own under ``solutions/``. Nothing is executed and nothing is downloaded: the pages
+are the notebooks as saved (``make notebooks``), rendered by nbconvert's HTML exporter.
+
+Links between notebooks (``02_forward_hooks.ipynb#2.-Changing…``) become links between pages.
+A widget (the explorers, a progress bar) is drawn as it opened, from the widget state the notebook
+was saved with: its picture, its printed text and its controls at their first values (shown, not
+working: moving a slider needs a kernel). A widget without saved state says where to use it.
+
+The pages load nothing from the network, with one exception: a notebook whose text has formulas
+(``$…$``) loads MathJax from its CDN, and offline shows the formulas as written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import nbformat
+from nbconvert import HTMLExporter
+from nbconvert.filters.markdown_mistune import markdown2html_mistune
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+TEMPLATES = Path(__file__).resolve().parent / "site_templates"
+NO_STATE = ("<p class='hooklab-widget-note'>An interactive widget: open this notebook in JupyterLab "
+            "(<code>make lab</code>) to use it.</p>")  # fmt: skip
+SAVED_VIEW = "<p class='hooklab-widget-note'>The widget as it opened; run the notebook to move its controls.</p>"
+
+
+def pages(source: Path = NOTEBOOKS) -> list[tuple[Path, str]]:
+    """Every notebook and its page: ``NN_name.html`` and ``solutions/NN_name_solutions.html``."""
+    found = sorted(source.glob("*.ipynb")) + sorted((source / "solutions").glob("*.ipynb"))
+    return [(p, p.relative_to(source).with_suffix(".html").as_posix()) for p in found]
+
+
+# --- widgets, drawn from their saved state -------------------------------------------------------
+
+
+def widget_html(model_id: str, models: dict) -> str:
+    """The HTML of one widget and its children as saved; "" for a model that draws nothing."""
+    model = models.get(model_id)
+    if model is None:
+        return ""
+    name, state = model.get("model_name", ""), model.get("state", {})
+    label = html.escape(str(state.get("description", "")))
+    if name in ("VBoxModel", "HBoxModel", "BoxModel", "GridBoxModel"):
+        children = "".join(widget_html(ref.removeprefix("IPY_MODEL_"), models) for ref in state.get("children", []))
+        return f"<div class='hooklab-{'row' if name == 'HBoxModel' else 'column'}'>{children}</div>"
+    if name == "ImageModel":
+        return image_html(model)
+    if name == "OutputModel":
+        return "".join(output_html(out) for out in state.get("outputs", []))
+    if name in ("HTMLModel", "HTMLMathModel"):
+        return f"<div>{state.get('value', '')}</div>"
+    if name == "LabelModel":
+        return f"<span>{html.escape(str(state.get('value', '')))}</span>"
+    if name in ("IntSliderModel", "FloatSliderModel", "IntProgressModel", "FloatProgressModel"):
+        low, high, value = state.get("min", 0), state.get("max", 100), state.get("value", 0)
+        kind = "progress" if "Progress" in name else "range"
+        control = (f"<progress max='{high}' value='{value}'></progress>" if kind == "progress" else
+                   f"<input type='range' min='{low}' max='{high}' value='{value}' disabled>")  # fmt: skip
+        return f"<label class='hooklab-control'>{label} {control} <output>{html.escape(str(value))}</output></label>"
+    if "_options_labels" in state:  # dropdowns, selection sliders, toggle and radio buttons
+        labels, index = state["_options_labels"], state.get("index")
+        chosen = labels[index] if isinstance(index, int) and 0 <= index < len(labels) else ""
+        return f"<label class='hooklab-control'>{label} <output>{html.escape(str(chosen))}</output></label>"
+    if name in ("CheckboxModel", "ToggleButtonModel", "TextModel", "ComboboxModel", "ButtonModel"):
+        value = state.get("value", "")
+        shown = "" if name == "ButtonModel" else f" <output>{html.escape(str(value))}</output>"
+        return f"<label class='hooklab-control'>{label}{shown}</label>"
+    return ""
+
+
+def image_html(model: dict) -> str:
+    """An Image widget's picture, from its saved bytes (a buffer, base64) or a data URL."""
+    state = model.get("state", {})
+    data = next((b["data"] for b in model.get("buffers", []) if b.get("path") == ["value"]), None)
+    if data is None and isinstance(state.get("value"), str):
+        data = state["value"]
+    if not data:
+        return ""
+    size = "".join(f" {key}='{html.escape(str(state[key]))}'" for key in ("width", "height") if state.get(key))
+    source = f"data:image/{state.get('format', 'png')};base64,{data}"
+    return f"<img class='hooklab-picture' alt='saved picture' src='{source}'{size}>"
+
+
+def output_html(out: dict) -> str:
+    """One output of an Output widget, the way the page shows a cell's output."""
+    data = out.get("data", {})
+    if "image/png" in data:
+        return f"<img class='hooklab-picture' alt='saved figure' src='data:image/png;base64,{data['image/png'].strip()}'>"  # noqa: E501
+    if "text/html" in data:
+        return "".join(data["text/html"])
+    text = out.get("text") or data.get("text/plain") or ""
+    return f"<pre>{html.escape(''.join(text))}</pre>" if text else ""
+
+
+def draw_widgets(nb) -> None:
+    """Replace every widget view with its saved drawing, then drop the state (nbconvert would
+    otherwise add scripts that fetch the widget renderer from a CDN)."""
+    models = nb.metadata.pop("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            view = out.get("data", {}).get(WIDGET_VIEW)
+            if view is None:
+                continue
+            drawn = widget_html(view.get("model_id", ""), models)
+            body = SAVED_VIEW + f"<div class='hooklab-widget'>{drawn}</div>" if drawn else NO_STATE
+            out["data"] = {"text/html": body}
+
+
+# --- pages ---------------------------------------------------------------------------------------
+
+
+LINK = re.compile(r"""href=(["'])(?![a-z][a-z0-9+.-]*:|#|/)([^"'#]*?)\.ipynb(#[^"']*)?\1""")
+
+
+def local_links(page: str) -> str:
+    """Links to another notebook point to its page."""
+    return LINK.sub(lambda m: f"href={m[1]}{m[2]}.html{m[3] or ''}{m[1]}", page)
+
+
+def title_and_goals(nb) -> tuple[str, str]:
+    """The notebook's H1 title and the markdown of its learning goals (the list after the title)."""
+    first = next((c.source for c in nb.cells if c.cell_type == "markdown"), "")
+    title = next((line[2:].strip() for line in first.splitlines() if line.startswith("# ")), "")
+    goals = re.search(r"\*\*After this notebook you will be able to\*\*\n((?:[-*] .*\n?(?:  .*\n?)*)+)", first)
+    return title, goals[1] if goals else ""
+
+
+def nav(page: str, order: list[str]) -> str:
+    """The bar at the top of a page: home, previous and next notebook, its worked answers or back."""
+    up = "../" if page.startswith("solutions/") else ""
+    links = [f"<a href='{up}index.html'>Hook Lab</a>"]
+    if page.startswith("solutions/"):
+        notebook = page.removeprefix("solutions/").replace("_solutions", "")
+        links.append(f"<a href='../{notebook}'>back to the notebook</a>")
+    else:
+        at = order.index(page)
+        if at > 0:
+            links.append(f"<a href='{order[at - 1]}'>← previous</a>")
+        if at + 1 < len(order):
+            links.append(f"<a href='{order[at + 1]}'>next →</a>")
+    return f"<nav class='hooklab-nav'>{' · '.join(links)}</nav>"
+
+
+def render(path: Path, page: str, order: list[str], exporter: HTMLExporter) -> str:
+    nb = nbformat.read(path, as_version=4)
+    draw_widgets(nb)
+    nb.metadata["title"] = title_and_goals(nb)[0] or path.stem
+    has_math = any(re.search(r"\$[^$\n]+\$", c.source) for c in nb.cells if c.cell_type == "markdown")
+    body, _ = exporter.from_notebook_node(nb, resources={"hooklab_math": has_math})
+    body = re.sub(r"(<body[^>]*>\s*<main>)", lambda m: m[1] + nav(page, order), body, count=1)
+    return local_links(body)
+
+
+INDEX = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Hook Lab</title><style>{css}</style></head>
+<body><main class="hooklab-index">
+<h1>Hook Lab</h1>
+{intro}
+<h2>The notebooks</h2>
+<ul class="hooklab-map">{rows}</ul>
+<h2>Worked answers</h2>
+<p>Try the exercises first: each checks your answer as you go.</p>
+<ul>{answers}</ul>
+<h2>Run it yourself</h2>
+<p>These pages show the notebooks as saved. To run them, move the sliders and check your answers, get the
+course and type <code>make lab</code> (Python 3.11 and <code>make</code> are all it needs).</p>
+</main></body></html>
+"""
+CSS = """body{font-family:system-ui,sans-serif;line-height:1.5;margin:0;color:#222}
+.hooklab-index{max-width:50rem;margin:2rem auto;padding:0 1rem}
+.hooklab-map{list-style:none;padding:0}.hooklab-map>li{margin-bottom:1rem}.hooklab-map a{font-weight:600}
+.hooklab-map li p{margin:0}.hooklab-map ul{margin:.2rem 0}
+code{background:#f3f3f3;padding:0 .2em}"""
+
+
+def index_page(source: Path, order: list[tuple[Path, str]]) -> str:
+    readme = (source.parent / "README.md").read_text() if (source.parent / "README.md").is_file() else ""
+    intro = re.search(r"^# [^\n]*\n+(.*?)\n## ", readme, re.S)
+    rows, answers = [], []
+    for path, page in order:
+        title, goals = title_and_goals(nbformat.read(path, as_version=4))
+        link = f"<a href='{page}'>{html.escape(title or path.stem)}</a>"
+        if page.startswith("solutions/"):
+            answers.append(f"<li>{link}</li>")
+        else:
+            rows.append(f"<li>{link}{markdown2html_mistune(goals) if goals else ''}</li>")
+    return INDEX.format(css=CSS, intro=markdown2html_mistune(intro[1]) if intro else "", rows="".join(rows),
+                        answers="".join(answers))  # fmt: skip
+
+
+def build(out: Path, source: Path = NOTEBOOKS) -> list[Path]:
+    """Write the site into ``out`` (replaced); return the pages written."""
+    order = pages(source)
+    if not order:
+        raise SystemExit(f"no notebooks in {source}: nothing to build")
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "solutions").mkdir(parents=True)
+    exporter = HTMLExporter(template_name="hooklab", extra_template_basedirs=[str(TEMPLATES)])
+    main_pages = [page for _, page in order if not page.startswith("solutions/")]
+    written = []
+    for path, page in order:
+        (out / page).write_text(render(path, page, main_pages, exporter), encoding="utf-8")
+        written.append(out / page)
+    (out / "index.html").write_text(index_page(source, order), encoding="utf-8")
+    return [out / "index.html", *written]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=ROOT / "artifacts" / "site", help="default: artifacts/site")
+    args = parser.parse_args(argv)
+    written = build(args.out)
+    print(f"wrote {len(written)} pages to {args.out} (open {args.out / 'index.html'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
