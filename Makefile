@@ -3,6 +3,18 @@ SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
+# make env needs Python 3.11 (the pinned torch's wheels, the stored outputs): checked first, before
+# anything is created or downloaded. The venv's own python once it exists, else $(PYTHON).
+CHECK_PYTHON = py="$$( [ -x $(BIN)/python ] && echo $(BIN)/python || echo '$(PYTHON)' )"; \
+	version="$$( [ -n "$$py" ] && "$$py" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null )"; \
+	case "$$version" in 3.11.*) ;; *) \
+	  if [ -z "$$py" ]; then echo "Hook Lab needs Python 3.11, and no python3.11 or python3 is on PATH."; \
+	  elif [ -z "$$version" ]; then echo "Hook Lab needs Python 3.11, and $$py does not run."; \
+	  else echo "Hook Lab needs Python 3.11, and $$py is Python $$version."; fi; \
+	  echo "Install Python 3.11 (python.org, your package manager, pyenv, or: uv python install 3.11), then run"; \
+	  echo "  make env PYTHON=/path/to/python3.11"; \
+	  [ ! -e $(BIN)/python ] || echo "after deleting $(VENV), which was made with that Python (make clean)."; \
+	  exit 1;; esac
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.hooklab-installed
@@ -25,7 +37,7 @@ unexport PYTHONWARNINGS
 NBVAL := $(BIN)/python -m pytest -p no:cacheprovider --nbval --nbval-current-env \
 	--nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout=300
 
-.PHONY: help env lab test lint unit nbval browser notebooks check grade bench clean
+.PHONY: help env lab test lint unit nbval browser notebooks check grade site release lock bench clean
 
 help:
 	@echo "make lab        build the environment if needed and open JupyterLab on the course"
@@ -34,8 +46,12 @@ help:
 	@echo "make notebooks [NB=path.ipynb]   re-execute notebooks in a fresh kernel and save them"
 	@echo "make browser    JupyterLab in Debian's Chromium: Run All, move the sliders (screenshots in artifacts/)"
 	@echo "make grade NB=\"a.ipynb b.ipynb\"   run students' notebooks and report each exercise's verdict"
+	@echo "                 GRADE_ARGS=\"--jobs 4 --csv grades.csv\": 4 notebooks at a time; one CSV row per student and exercise"
+	@echo "make site       the course as a static website in artifacts/site/ (stored outputs, no kernel)"
+	@echo "make release    a student copy in artifacts/release/ (no solutions, no tests) and artifacts/hooklab-student.zip"
 	@echo "make bench      recording overhead, memory, widget redraw and notebook times (artifacts/bench.json)"
-	@echo "make env        create .venv with the pinned packages (reinstalled only when requirements.txt or pyproject.toml change)"
+	@echo "make env        create .venv with the pinned packages (reinstalled only when requirements.lock or pyproject.toml change)"
+	@echo "make lock       after editing requirements.txt: pin every package again (requirements.lock, environment.yml, binder/)"
 	@echo "make lint       ruff check on src, tests, tools and notebooks"
 	@echo "make unit       the unit tests (pytest tests, without the browser test)"
 	@echo "make nbval      strict nbval on every notebook under notebooks/ (saved outputs must match a fresh run)"
@@ -43,10 +59,11 @@ help:
 
 env: $(STAMP)
 
-# Rebuilt when the pins or the package metadata change; otherwise nothing is reinstalled.
-$(STAMP): requirements.txt pyproject.toml
+# Rebuilt when the locked pins or the package metadata change; otherwise nothing is reinstalled.
+$(STAMP): requirements.lock pyproject.toml
+	@$(CHECK_PYTHON)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --disable-pip-version-check -q -r requirements.txt
+	$(BIN)/python -m pip install --disable-pip-version-check -q -r requirements.lock
 	$(BIN)/python -m pip install --disable-pip-version-check -q --no-deps -e .
 	@touch $(STAMP)
 
@@ -76,8 +93,20 @@ notebooks: $(STAMP)
 	$(BIN)/python tools/run_notebooks.py $(filter %.ipynb,$(NB))
 
 grade: $(STAMP)
-	@test "$(origin NB)" != file || { echo 'usage: make grade NB="students/ a.ipynb ..." [GRADE_ARGS="--json grades.json"]'; exit 2; }
+	@test "$(origin NB)" != file || { echo 'usage: make grade NB="students/ a.ipynb ..." [GRADE_ARGS="--jobs 4 --csv grades.csv --json grades.json"]'; exit 2; }
 	$(BIN)/python tools/grade.py $(NB) $(GRADE_ARGS)
+
+site: $(STAMP)
+	$(BIN)/python tools/build_site.py --out artifacts/site
+
+release: $(STAMP)
+	$(BIN)/python tools/release.py --out artifacts/release
+
+# uv resolves requirements.txt for every platform; installed in a throwaway venv, never in .venv.
+UV_VERSION := 0.13.9
+lock:
+	@test -x artifacts/uv/bin/uv || { $(PYTHON) -m venv artifacts/uv && artifacts/uv/bin/pip install -q uv==$(UV_VERSION); }
+	$(PYTHON) tools/lock.py --uv artifacts/uv/bin/uv
 
 bench: $(STAMP)
 	$(BIN)/python tools/bench.py $(BENCH_ARGS)
