@@ -1,4 +1,4 @@
-"""hooklab.backprop and hooklab.losses against autograd, in float64, on random shapes."""
+"""hooklab.backprop (formulas and losses) against autograd, in float64, on random shapes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from torch.autograd.gradcheck import GradcheckError
 
 from hooklab import backprop as bp
-from hooklab import losses
+from hooklab.backprop import losses
 
 FEW = settings(max_examples=12, deadline=None)
 D = torch.float64

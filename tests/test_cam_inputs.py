@@ -1,4 +1,4 @@
-"""Bad input to hooklab.cam, hooklab.cam_widgets and the layer explorer: clear errors, early, nothing left open."""
+"""Bad input to hooklab.saliency, hooklab.cam_widgets and the layer explorer: clear errors, early, nothing left open."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import torch
 import torchvision
 from torch import nn
 
-from hooklab.cam import GradCAM, GuidedBackprop, grad_cam, guided_grad_cam
+from hooklab import NoGradientError
 from hooklab.cam_widgets import GradCamPicker, draw_cam
 from hooklab.models import DigitsCNN
-from hooklab.record import NoGradientError
+from hooklab.saliency import GradCAM, GuidedBackprop, grad_cam, guided_grad_cam
 from hooklab.widgets import LayerExplorer
 
 

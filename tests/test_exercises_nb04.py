@@ -14,8 +14,8 @@ import torch.nn.functional as F
 
 from hooklab import backprop as bp
 from hooklab import losses
+from hooklab.backprop.losses import softmax_cross_entropy_backward
 from hooklab.exercises import check, grade, nb04
-from hooklab.losses import softmax_cross_entropy_backward
 
 SOLUTIONS = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "04_backprop_by_hand_solutions.ipynb"
 
@@ -323,10 +323,10 @@ def softmax_by_the_loss(out, dout):  # softmax·Σy − y with y = −dout·out 
 
 COURSE_SHORTCUTS = [  # the course's own formulas, each with the function the message must name
     ("04.5", lambda logits, target, s: softmax_cross_entropy_backward(logits, smoothed(target, s)),
-     "hooklab.losses.softmax_cross_entropy_backward"),
+     "hooklab.backprop.losses.softmax_cross_entropy_backward"),
     ("04.5", lambda logits, target, s: losses.softmax_cross_entropy_backward(logits, smoothed(target, s), 1 / 5, "sum"),
-     "hooklab.losses.softmax_cross_entropy_backward"),
-    ("04.1", softmax_by_the_loss, "hooklab.losses.softmax_cross_entropy_backward"),
+     "hooklab.backprop.losses.softmax_cross_entropy_backward"),
+    ("04.1", softmax_by_the_loss, "hooklab.backprop.losses.softmax_cross_entropy_backward"),
     ("04.2", lambda x, w, dout: bp.linear_backward(x, w, dout, torch.zeros(w.shape[0], dtype=w.dtype)),
      "hooklab.backprop.linear_backward"),
     ("04.4", lambda x, w, dout: bp.conv2d_backward(x, w, dout)[:2], "hooklab.backprop.conv2d_backward"),
@@ -402,7 +402,7 @@ def test_a_vmap_answer_and_a_call_of_a_forward_loss_are_not_shortcuts():
 def test_a_course_formula_that_raises_still_gets_the_hint():
     outcome = grade("04.5", lambda logits, target, s: softmax_cross_entropy_backward(logits, F.one_hot(target)))
     assert not outcome.passed  # F.one_hot gives 3 columns: the course function raised a RuntimeError
-    assert "your answer called hooklab.losses.softmax_cross_entropy_backward" in outcome.detail, outcome.detail
+    assert "your answer called hooklab.backprop.losses.softmax_cross_entropy_backward" in outcome.detail, outcome.detail
 
 
 def ce_by_scatter(logits, target, smoothing):  # log_softmax, smoothed target built with scatter_add_

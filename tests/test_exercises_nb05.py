@@ -6,8 +6,8 @@ import torch
 from answers import failed, run_then_remove
 
 import hooklab
-from hooklab.cam import GuidedBackprop
 from hooklab.exercises import grade
+from hooklab.saliency import GuidedBackprop
 
 
 def test_05_1_deconvnet_hook():

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 import torchvision
 from torch import nn
 
 from hooklab import NoGradientError, UnknownLayerError, record
 from hooklab.audit import leftover_hooks
-from hooklab.record import open_recordings
+from hooklab.recording import open_recordings
 
 
 def mlp(inplace: bool = True) -> nn.Sequential:
@@ -86,13 +87,13 @@ def test_module_called_twice_has_two_records():
     assert not torch.equal(calls[0].output, calls[1].output)
 
 
-def test_clone_mode_matches_lazy_copies():
-    model = mlp()
-    x = torch.randn(5, 3)
-    with record(model) as lazy, record(model, clone=True) as eager:
-        model(x)
-    for a, b in zip(lazy, eager, strict=True):
-        torch.testing.assert_close(a.output, b.output, rtol=0, atol=0)
+def test_a_layers_output_and_the_next_layers_input_share_one_copy_until_a_write():
+    model = mlp(inplace=True)
+    with torch.no_grad(), record(model) as rec:
+        model(torch.randn(4, 3))
+    assert rec["1"].inputs[0] is rec["0"].output, "no in-place write in between: one copy"
+    assert rec["2"].inputs[0] is rec["1"].output
+    assert not torch.equal(rec["1"].inputs[0], rec["1"].output), "the in-place ReLU wrote: a second copy"
 
 
 def test_backward_records_match_full_backward_hooks():
@@ -156,14 +157,13 @@ def test_no_gradient_errors_say_why():
 
 def test_a_write_after_the_block_leaves_the_record_as_it_was():
     model = nn.Sequential(nn.Linear(2, 2))
-    for clone in (False, True):
-        with record(model, clone=clone) as rec:
-            out = model(torch.randn(1, 2))
-        expected = out.detach().clone()
-        with torch.no_grad():
-            out.mul_(0)
-        assert out.abs().sum() == 0
-        torch.testing.assert_close(rec["0"].output, expected, rtol=0, atol=0)
+    with record(model) as rec:
+        out = model(torch.randn(1, 2))
+    expected = out.detach().clone()
+    with torch.no_grad():
+        out.mul_(0)
+    assert out.abs().sum() == 0
+    torch.testing.assert_close(rec["0"].output, expected, rtol=0, atol=0)
 
 
 def test_hooks_removed_on_normal_exit_and_on_error():
@@ -239,16 +239,15 @@ def test_an_in_place_module_records_the_input_it_received():
     x = torch.randn(8, 3)
     pre_activation = model[0](x).detach()
     assert (pre_activation < 0).any(), "the test needs negative pre-activations"
-    for clone in (False, True):
-        with record(model, clone=clone) as rec:
-            model(x)
-        torch.testing.assert_close(rec["1"].inputs[0], pre_activation, rtol=0, atol=0)
-        torch.testing.assert_close(rec["1"].output, pre_activation.clamp(min=0), rtol=0, atol=0)
+    with record(model) as rec:
+        model(x)
+    torch.testing.assert_close(rec["1"].inputs[0], pre_activation, rtol=0, atol=0)
+    torch.testing.assert_close(rec["1"].output, pre_activation.clamp(min=0), rtol=0, atol=0)
 
 
-def test_without_gradients_records_are_lazy_copies_too():
-    """Under no_grad records share the model's memory as well, and writes inside the block (the
-    in-place ReLU, your own code) and after it leave them as they were."""
+def test_without_gradients_records_hold_what_was_produced():
+    """Under no_grad too, writes inside the block (the in-place ReLU, your own code) and after it
+    leave the records as they were."""
     model = mlp(inplace=True)
     x = torch.randn(8, 3)
     expected = model[0](x).detach()
@@ -292,3 +291,88 @@ def test_a_custom_module_writing_into_its_input_records_the_input_it_received(gr
     torch.testing.assert_close(rec["1"].inputs[0], before, rtol=0, atol=0)
     torch.testing.assert_close(rec["1"].output, before + 1, rtol=0, atol=0)
     torch.testing.assert_close(rec["0"].output, before, rtol=0, atol=0)
+
+
+class MulZeroInPlace(torch.autograd.Function):
+    """A custom autograd function writing into its input from inside."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.mark_dirty(x)
+        return x.mul_(0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 0
+
+
+OVERWRITES = {
+    "method_": lambda t: t.mul_(0),
+    "+=": lambda t: t.__iadd__(100),
+    "setitem": lambda t: t.__setitem__(0, 42.0),
+    "inplace=True": lambda t: F.relu(t, inplace=True),
+    "out=": lambda t: torch.mul(t, 0, out=t),
+    "view": lambda t: t[:1].zero_(),
+    "foreach": lambda t: torch._foreach_mul_([t], 0.0),  # what optimizers do
+    ".data": lambda t: t.data.mul_(0),  # no version bump
+    "numpy": lambda t: t.numpy().__setitem__(slice(None), 0.0),
+    "autograd.Function": lambda t: MulZeroInPlace.apply(t),
+}
+
+
+@pytest.mark.parametrize("after_the_block", [False, True], ids=["inside", "after"])
+@pytest.mark.parametrize("overwrite", OVERWRITES.values(), ids=OVERWRITES.keys())
+def test_records_keep_the_value_the_module_produced(overwrite, after_the_block):
+    model = nn.Linear(3, 3)
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        expected = model(x)
+        with record(model) as rec:
+            out = model(x)
+            if not after_the_block:
+                overwrite(out)
+        if after_the_block:
+            overwrite(out)
+    assert not torch.equal(out, expected), "the overwrite must really change the output"
+    torch.testing.assert_close(rec[""].output, expected, rtol=0, atol=0)
+
+
+IN_PLACE_LAYERS = {
+    "ReLU": lambda: nn.ReLU(inplace=True),
+    "LeakyReLU": lambda: nn.LeakyReLU(0.1, inplace=True),
+    "ReLU6": lambda: nn.ReLU6(inplace=True),
+    "ELU": lambda: nn.ELU(inplace=True),
+    "SiLU": lambda: nn.SiLU(inplace=True),
+    "Hardswish": lambda: nn.Hardswish(inplace=True),
+    "Threshold": lambda: nn.Threshold(0.1, 20.0, inplace=True),
+    "Dropout": lambda: nn.Dropout(0.5, inplace=True).train(),
+}
+
+
+@pytest.mark.parametrize("make", IN_PLACE_LAYERS.values(), ids=IN_PLACE_LAYERS.keys())
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+def test_every_in_place_layer_leaves_the_records_before_it_intact(make, grad):
+    model = nn.Sequential(nn.Linear(3, 6), make())
+    x = torch.randn(5, 3)
+    expected = model[0](x).detach()
+    with torch.set_grad_enabled(grad), record(model) as rec:
+        out = model(x)
+    assert not torch.equal(out.detach(), expected), "the layer must really write into its input"
+    torch.testing.assert_close(rec["0"].output, expected, rtol=0, atol=0)
+    torch.testing.assert_close(rec["1"].inputs[0], expected, rtol=0, atol=0)
+    torch.testing.assert_close(rec["1"].output, out.detach(), rtol=0, atol=0)
+
+
+def test_a_compiled_model_is_recorded():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(inplace=True), nn.Linear(4, 2))
+    compiled = torch.compile(model, backend="eager")
+    x = torch.randn(5, 3)
+    with torch.no_grad():
+        expected = model[0](x)
+    torch._dynamo.reset()
+    with record(compiled) as rec:
+        compiled(x)
+    torch.testing.assert_close(rec["_orig_mod.0"].output, expected, rtol=0, atol=0)
+    torch.testing.assert_close(rec["_orig_mod.1"].inputs[0], expected, rtol=0, atol=0)
+    torch._dynamo.reset()

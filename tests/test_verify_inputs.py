@@ -1,4 +1,4 @@
-"""hooklab.verify with bad input: every refusal comes before anything runs, and says what to do."""
+"""hooklab.backprop.verify with bad input: every refusal comes before anything runs, and says what to do."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import torch
 from torch import nn
 
 from hooklab.audit import leftover_hooks
-from hooklab.backward_table import UnsupportedLayerError
+from hooklab.backprop import UnsupportedLayerError, compare, verify
 from hooklab.models import DigitsCNN
-from hooklab.verify import compare, verify
 
 
 class Counting(nn.Sequential):

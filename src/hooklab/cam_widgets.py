@@ -18,10 +18,10 @@ import matplotlib.pyplot as plt
 import torch
 from torch import nn
 
-from .cam import guided_grad_cam_parts
 from .checks import check_index, check_inputs, class_scores, drawn, new_figure
 from .plots import draw_signed
-from .record import record
+from .recording import record
+from .saliency import guided_grad_cam_parts
 from .widgets import Panel, describe_tensor, show_in_output
 
 __all__ = ["GradCamPicker", "draw_cam"]

@@ -30,7 +30,9 @@ __all__ = [
 ]
 
 
-_TRAIN_MODE = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)
+#: layers that behave differently in train mode (the lazy and synchronised batch norms derive from these)
+_TRAIN_MODE = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.Dropout, nn.Dropout1d,
+               nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
 
 
 def check_inputs(model: nn.Module, x, what: str) -> None:

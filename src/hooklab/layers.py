@@ -1,5 +1,4 @@
-"""Pick layers by name, with errors that say what names exist; and which of PyTorch's own layers
-never write into their input (what ``hooklab.record`` needs to know).
+"""Pick layers by name, with errors that say what names exist.
 
 Introduced in notebook 00; every recorder and explorer of the course uses it.
 """
@@ -7,12 +6,11 @@ Introduced in notebook 00; every recorder and explorer of the course uses it.
 from __future__ import annotations
 
 import difflib
-import functools
 from collections.abc import Iterable
 
 from torch import nn
 
-__all__ = ["UnknownLayerError", "get_layer", "layer_names", "leaf_names", "select_layers", "unknown_name_hint"]
+__all__ = ["UnknownLayerError", "get_layer", "layer_names", "leaf_names", "select_layers"]
 
 
 def _close_matches(name: str, names: list[str]) -> list[str]:
@@ -123,46 +121,4 @@ def _type_names(types: type | tuple[type, ...]) -> str:
 
 
 def _is_leaf(module: nn.Module) -> bool:
-    # what `next(module.children(), None) is None` says, without building a generator per module
-    return not module._modules or all(child is None for child in module._modules.values())
-
-
-# ----- what hooklab.record knows about PyTorch's own layers --------------------------------------
-#: Layers that never write into their input: ``record`` can keep their inputs after they ran,
-#: which saves a pre-hook call each. Layers with an ``inplace`` flag are judged by it; any other
-#: module gets a pre-hook, so that its inputs are kept before it runs.
-PURE_LAYERS = (
-    nn.modules.conv._ConvNd,
-    nn.Linear,
-    nn.Bilinear,
-    nn.modules.batchnorm._NormBase,
-    nn.LayerNorm,
-    nn.GroupNorm,
-    nn.modules.pooling._MaxPoolNd,
-    nn.modules.pooling._AvgPoolNd,
-    nn.modules.pooling._AdaptiveAvgPoolNd,
-    nn.modules.pooling._AdaptiveMaxPoolNd,
-    nn.Flatten,
-    nn.Unflatten,
-    nn.Embedding,
-    nn.Identity,
-    nn.Sigmoid,
-    nn.Tanh,
-    nn.GELU,
-    nn.Softmax,
-    nn.LogSoftmax,
-    nn.Upsample,
-)
-
-
-@functools.cache
-def is_pure(kind: type) -> bool:
-    """Whether modules of this type are among (or derive from) ``PURE_LAYERS``."""
-    return issubclass(kind, PURE_LAYERS)
-
-
-def may_write_into_input(module: nn.Module) -> bool:
-    """Whether the module's inputs must be kept before it runs (it may write into them)."""
-    if "inplace" in module.__dict__:  # not hasattr: nn.Module's failing __getattr__ is slow
-        return bool(module.inplace)
-    return not is_pure(type(module))
+    return next(module.children(), None) is None

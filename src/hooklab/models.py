@@ -1,8 +1,8 @@
 """The small models the course keeps coming back to.
 
-* ``SeedNet``: the 2-2-2 sigmoid network with fixed weights whose gradients notebook 04
-  works out by hand (one shared bias per layer, as in the original example).
-* ``SeedConvNet``: conv 3×3 → ReLU(inplace) → conv 1×1 → ReLU(inplace), seeded.
+* ``TinySigmoidNet``: the 2-2-2 sigmoid network with fixed weights whose gradients notebook 04
+  works out by hand (one bias shared by both units of a layer, as in the classic worked example).
+* ``TinyConvNet``: conv 3×3 → ReLU(inplace) → conv 1×1 → ReLU(inplace), weights from a seed.
 * ``DigitsCNN``: a small CNN for 8×8 digits; ``head="gap"`` (global average pooling, the
   default) or ``head="flatten"`` (the cautionary Grad-CAM example of notebook 05).
 * ``train_digits``: trains a ``DigitsCNN`` in seconds, bit-for-bit repeatable on one thread with
@@ -17,11 +17,11 @@ from torch import nn
 from .checks import whole_number
 from .data import Digits, digits
 
-__all__ = ["DigitsCNN", "SeedConvNet", "SeedNet", "accuracy", "train_digits"]
+__all__ = ["DigitsCNN", "TinyConvNet", "TinySigmoidNet", "accuracy", "train_digits"]
 
 
-class SeedNet(nn.Module):
-    """2 inputs → Linear → Sigmoid → Linear → Sigmoid, with the seed notebook's weights."""
+class TinySigmoidNet(nn.Module):
+    """2 inputs → Linear → Sigmoid → Linear → Sigmoid, with the fixed weights of notebook 04."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -30,7 +30,7 @@ class SeedNet(nn.Module):
         self.fc2 = nn.Linear(2, 2)
         self.s2 = nn.Sigmoid()
         with torch.no_grad():
-            # nn.Parameter replacements keep the original's quirk: one bias shared by both units
+            # one bias shared by both units of a layer, as in the classic worked example
             self.fc1.weight = nn.Parameter(torch.tensor([[0.15, 0.25], [0.20, 0.30]]))
             self.fc1.bias = nn.Parameter(torch.tensor([0.35]))
             self.fc2.weight = nn.Parameter(torch.tensor([[0.40, 0.50], [0.45, 0.55]]))
@@ -40,7 +40,7 @@ class SeedNet(nn.Module):
         return self.s2(self.fc2(self.s1(self.fc1(x))))
 
 
-class SeedConvNet(nn.Module):
+class TinyConvNet(nn.Module):
     """conv 3×3 (1→2) → ReLU(inplace) → conv 1×1 (2→1) → ReLU(inplace); weights from ``seed``."""
 
     def __init__(self, seed: int = 0, inplace: bool = True) -> None:
@@ -173,3 +173,12 @@ def _progress_bar(total: int):
     bar = IntProgress(value=0, min=0, max=total, description="training")
     display(bar)
     return bar
+
+
+# Old names, kept until the notebooks are re-executed with the new ones.
+class SeedNet(TinySigmoidNet):
+    pass
+
+
+class SeedConvNet(TinyConvNet):
+    pass

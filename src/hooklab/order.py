@@ -48,11 +48,12 @@ import torch
 from torch import nn
 from torch.autograd.graph import register_multi_grad_hook
 from torch.nn.modules import module as module_hooks
-from torch.utils._pytree import tree_flatten
 
+from .hooks import Hooks
 from .layers import select_layers
+from .recording import tensors_in
 
-__all__ = ["KINDS", "Firing", "format_order", "plot_order", "trace_firing_order"]
+__all__ = ["format_order", "plot_order", "trace_firing_order"]
 
 #: every kind of hook the tracer registers, in the order they first fire for one layer (the chart's
 #: order; a test measures it again)
@@ -85,6 +86,69 @@ class Firing:
     where: str
 
 
+class _Tracer:
+    """Registers one hook of every kind into ``hooks`` and notes each call as a ``Firing``."""
+
+    def __init__(self, chosen: dict[str, nn.Module], hooks: Hooks):
+        self.chosen, self.hooks = chosen, hooks
+        self.names = {id(m): name for name, m in chosen.items()}
+        self.firings: list[Firing] = []
+        self.phase = "forward"
+
+    def note(self, kind: str, where: str) -> None:
+        self.firings.append(Firing(len(self.firings) + 1, self.phase, kind, where))
+
+    def global_hook(self, kind: str):
+        def hook(module, *args):
+            if id(module) in self.names:
+                self.note(kind, self.names[id(module)])
+
+        return hook
+
+    def on_output(self, name: str, output) -> None:
+        """From inside a forward hook: a tensor hook and the two Node hooks on each output."""
+        for tensor in tensors_in(output):
+            if tensor.requires_grad:
+                self.hooks.add(tensor.register_hook(lambda grad: self.note("tensor hook on output", name)))
+                if tensor.grad_fn is not None:
+                    node = tensor.grad_fn
+                    self.hooks.add(node.register_prehook(lambda grad_outputs: self.note("Node pre-hook", name)))
+                    self.hooks.add(node.register_hook(lambda grad_inputs, grad_outputs: self.note("Node hook", name)))
+
+    def register_module_hooks(self) -> None:
+        add, note = self.hooks.add, self.note
+        add(module_hooks.register_module_forward_pre_hook(self.global_hook("global forward pre-hook")))
+        add(module_hooks.register_module_forward_hook(self.global_hook("global forward hook")))
+        add(module_hooks.register_module_full_backward_pre_hook(self.global_hook("global backward pre-hook")))
+        add(module_hooks.register_module_full_backward_hook(self.global_hook("global backward hook")))
+        for name, module in self.chosen.items():
+            add(module.register_forward_pre_hook(lambda m, args, n=name: note("forward pre-hook", n)))
+            add(module.register_forward_pre_hook(lambda m, args, n=name: note("forward pre-hook (prepend)", n),
+                                                 prepend=True))
+
+            def forward_hook(m, args, output, n=name):
+                note("forward hook", n)
+                self.on_output(n, output)
+
+            add(module.register_forward_hook(forward_hook))
+            add(module.register_full_backward_pre_hook(lambda m, go, n=name: note("backward pre-hook", n)))
+            add(module.register_full_backward_hook(lambda m, gi, go, n=name: note("backward hook", n)))
+
+    def register_parameter_hooks(self) -> None:
+        parameters = []
+        for name, module in self.chosen.items():
+            for pname, p in module.named_parameters(recurse=False):
+                if p.requires_grad:
+                    where = f"{name}.{pname}" if name else pname
+                    parameters.append(p)
+                    self.hooks.add(p.register_hook(lambda grad, w=where: self.note("tensor hook on parameter", w)))
+                    self.hooks.add(p.register_post_accumulate_grad_hook(
+                        lambda t, w=where: self.note("post-accumulate-grad hook", w)))
+        if parameters:
+            self.hooks.add(register_multi_grad_hook(parameters, lambda grads: self.note("multi-grad hook",
+                                                                                           "all parameters")))
+
+
 def trace_firing_order(
     model: nn.Module,
     *inputs: torch.Tensor,
@@ -93,82 +157,28 @@ def trace_firing_order(
 ) -> list[Firing]:
     """Run one forward and one backward pass with every kind of hook on ``layers``; see module doc."""
     chosen = select_layers(model, layers)
-    names = {id(m): name for name, m in chosen.items()}
-    firings: list[Firing] = []
-    phase = ["forward"]
-    handles: list = []
-
-    def note(kind: str, where: str) -> None:
-        firings.append(Firing(len(firings) + 1, phase[0], kind, where))
-
-    def on_output(name: str, output) -> None:
-        for tensor in tree_flatten(output)[0]:
-            if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
-                handles.append(tensor.register_hook(lambda grad: note("tensor hook on output", name)))
-                if tensor.grad_fn is not None:
-                    node = tensor.grad_fn
-                    handles.append(node.register_prehook(lambda grad_outputs: note("Node pre-hook", name)))
-                    handles.append(node.register_hook(lambda grad_inputs, grad_outputs: note("Node hook", name)))
-
-    def global_hook(kind: str):
-        def hook(module, *args):
-            if id(module) in names:
-                note(kind, names[id(module)])
-
-        return hook
-
     saved_grads = {p: p.grad for p in model.parameters()}
     for p in saved_grads:  # accumulate into fresh .grad, so the old tensors are never changed
         p.grad = None
     try:
-        handles.append(module_hooks.register_module_forward_pre_hook(global_hook("global forward pre-hook")))
-        handles.append(module_hooks.register_module_forward_hook(global_hook("global forward hook")))
-        handles.append(module_hooks.register_module_full_backward_pre_hook(global_hook("global backward pre-hook")))
-        handles.append(module_hooks.register_module_full_backward_hook(global_hook("global backward hook")))
-        for name, module in chosen.items():
-            handles.append(module.register_forward_pre_hook(lambda m, args, n=name: note("forward pre-hook", n)))
-            handles.append(
-                module.register_forward_pre_hook(
-                    lambda m, args, n=name: note("forward pre-hook (prepend)", n), prepend=True
-                )
-            )
-
-            def forward_hook(m, args, output, n=name):
-                note("forward hook", n)
-                on_output(n, output)
-
-            handles.append(module.register_forward_hook(forward_hook))
-            handles.append(module.register_full_backward_pre_hook(lambda m, go, n=name: note("backward pre-hook", n)))
-            handles.append(module.register_full_backward_hook(lambda m, gi, go, n=name: note("backward hook", n)))
-        parameters = []
-        for name, module in chosen.items():
-            for pname, p in module.named_parameters(recurse=False):
-                if p.requires_grad:
-                    where = f"{name}.{pname}" if name else pname
-                    parameters.append(p)
-                    handles.append(p.register_hook(lambda grad, w=where: note("tensor hook on parameter", w)))
-                    handles.append(
-                        p.register_post_accumulate_grad_hook(lambda t, w=where: note("post-accumulate-grad hook", w))
-                    )
-        if parameters:
-            all_done = register_multi_grad_hook(parameters, lambda grads: note("multi-grad hook", "all parameters"))
-            handles.append(all_done)
-        output = model(*inputs)
-        phase[0] = "backward"
-        if loss is None and not isinstance(output, torch.Tensor):
-            raise TypeError(f"the model returned a {type(output).__name__}, not a tensor: pass loss=, a function "
-                            "from the output to the scalar that backward() starts from")
-        target = loss(output) if loss is not None else output.sum()
-        if not target.requires_grad:
-            raise RuntimeError("nothing to run backward through: no parameter or input of the model requires "
-                               "grad (call requires_grad_() on an input, or unfreeze a parameter)")
-        target.backward()
+        with Hooks() as hooks:
+            tracer = _Tracer(chosen, hooks)
+            tracer.register_module_hooks()
+            tracer.register_parameter_hooks()
+            output = model(*inputs)
+            tracer.phase = "backward"
+            if loss is None and not isinstance(output, torch.Tensor):
+                raise TypeError(f"the model returned a {type(output).__name__}, not a tensor: pass loss=, a function "
+                                "from the output to the scalar that backward() starts from")
+            target = loss(output) if loss is not None else output.sum()
+            if not target.requires_grad:
+                raise RuntimeError("nothing to run backward through: no parameter or input of the model requires "
+                                   "grad (call requires_grad_() on an input, or unfreeze a parameter)")
+            target.backward()
     finally:
-        for handle in handles:
-            handle.remove()
         for p, grad in saved_grads.items():
             p.grad = grad
-    return firings
+    return tracer.firings
 
 
 def format_order(firings: Iterable[Firing]) -> str:

@@ -19,7 +19,7 @@ Contract
 * ``params``: parameter names (``"fc.bias"``) or module names (``"fc"``: all its parameters);
   default: every parameter that requires grad. An unknown name raises
   ``UnknownParameterError`` listing close matches; a frozen parameter raises ``ValueError``.
-* ``grad_stats`` is the seed's ``GradientCheck`` done right: one row of statistics (default:
+* ``grad_stats`` is notebook 01's ``GradientCheck`` done right: one row of statistics (default:
   mean and norm) per gradient, in the order the gradients arrive, handles owned.
 """
 
@@ -31,9 +31,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .hooks import Hooks
 from .layers import unknown_name_hint
 
-__all__ = ["GradRow", "GradStats", "ParamHooks", "UnknownParameterError", "grad_stats", "param_hooks"]
+__all__ = ["UnknownParameterError", "grad_stats", "param_hooks"]
 
 
 class UnknownParameterError(LookupError):
@@ -82,22 +83,21 @@ class ParamHooks:
         self.hook = hook
         self.when = when
         self.params = select_parameters(model, params)
-        self.handles: list = []
+        self.hooks = Hooks()
 
     @property
     def names(self) -> list[str]:
         return list(self.params)
 
     def register(self) -> ParamHooks:
-        if self.handles:
+        if self.hooks:
             raise RuntimeError("hooks are already registered; remove() them first")
         try:
             for name, p in self.params.items():
                 if self.when == "grad":
-                    handle = p.register_hook(_bind(self.hook, name))
+                    self.hooks.add(p.register_hook(_bind(self.hook, name)))
                 else:
-                    handle = p.register_post_accumulate_grad_hook(_bind_accumulated(self.hook, name))
-                self.handles.append(handle)
+                    self.hooks.add(p.register_post_accumulate_grad_hook(_bind_accumulated(self.hook, name)))
         except BaseException:
             self.remove()
             raise
@@ -105,9 +105,7 @@ class ParamHooks:
 
     def remove(self) -> None:
         """Remove every hook (safe to call twice)."""
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
+        self.hooks.remove()
 
     def __enter__(self) -> ParamHooks:
         return self.register()

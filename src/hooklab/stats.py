@@ -13,7 +13,7 @@ Contract
 --------
 * Each chosen module gets a forward hook that reduces its output **at once** to a few numbers
   (mean, std, fraction of zero elements, fraction of dead units, fraction of NaN / inf elements)
-  and a fixed-bin histogram (``hooklab.layer_stats.LayerStats``). No activation or gradient
+  and a fixed-bin histogram (``LayerStats``). No activation or gradient
   tensor is kept, so memory does not depend on batch or layer size; ``keep_last=N`` also caps
   the number of steps kept (older steps are dropped).
 * A step is one call of ``model`` itself (a forward pre-hook on the model counts them).
@@ -30,33 +30,160 @@ Contract
   tensor) whose values are all zero over the whole batch. "zero": fraction of zero elements.
 * Every hook is removed when the ``with`` block ends, also when it raises. A tracker is used
   in one ``with`` block at a time (entering it again inside its block raises).
-* The plots are in ``hooklab.stats_plots`` and importable from here.
+* Plots: ``plot_mean_std(tracker)`` (statistics per layer against the step) and
+  ``plot_colorful_dimension(stats)`` (one layer's histograms, one column per step); every argument
+  is checked before a figure is made, so a bad call leaves no figure open.
 """
 
 from __future__ import annotations
 
 import functools
+import math
+from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
-from .layer_stats import COLUMNS, LayerStats, LayerTable, check_settings
-from .layers import select_layers
-from .records import why_no_grad_output
-from .stats_plots import plot_colorful_dimension, plot_mean_std
+from .checks import whole_number
+from .hooks import Hooks
+from .layers import get_layer, select_layers
+from .recording import why_no_grad_output
 
-__all__ = [
-    "COLUMNS",
-    "LayerStats",
-    "StatsTracker",
-    "plot_colorful_dimension",
-    "plot_mean_std",
-    "rounding_noise",
-    "track_stats",
-]
+__all__ = ["LayerStats", "StatsTracker", "plot_colorful_dimension", "plot_mean_std", "rounding_noise", "track_stats"]
 
 
+# ----- one layer's rows ---------------------------------------------------------------------------
+#: the scalar statistics of a row: ``values`` holds the first four in this order, ``nonfinite`` the last
+COLUMNS = ("mean", "std", "zero", "dead", "nonfinite")
+
+
+class _Row(NamedTuple):
+    """One step's summary: everything ``LayerStats.add`` computes from one tensor."""
+
+    step: int
+    values: tuple[float, float, float, float]  # mean, std, zero, dead
+    hist: torch.Tensor  # float32, `bins` counts
+    nonfinite: float  # fraction of NaN / inf elements
+
+
+@dataclass
+class LayerStats:
+    """The summaries of one layer's activations (``kind="activation"``) or gradients.
+
+    ``nonfinite`` is the fraction of NaN or ±inf elements of each row: mean and std are then NaN
+    or inf too, and the histogram counts only the finite elements. ``note`` says why no row was
+    added where the tracker knows (for gradients: why the output needed none). ``steps``,
+    ``values``, ``hists`` and ``nonfinite`` are read-only tuples with one entry per row, all read
+    from one deque of rows, so they always line up.
+    """
+
+    name: str
+    kind: str
+    bins: int
+    hist_range: tuple[float, float]
+    keep_last: int | None = None
+    note: str = ""
+    # one _Row per step, the oldest dropped beyond keep_last: a step's numbers stay together
+    _rows: deque = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._rows = deque(maxlen=self.keep_last)
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @property
+    def steps(self) -> tuple[int, ...]:
+        """The step of each row."""
+        return tuple(r.step for r in self._rows)
+
+    @property
+    def values(self) -> tuple[tuple[float, float, float, float], ...]:
+        """One ``(mean, std, zero, dead)`` tuple per row."""
+        return tuple(r.values for r in self._rows)
+
+    @property
+    def hists(self) -> tuple[torch.Tensor, ...]:
+        """One float32 tensor of ``bins`` counts per row."""
+        return tuple(r.hist for r in self._rows)
+
+    @property
+    def nonfinite(self) -> tuple[float, ...]:
+        """The fraction of NaN / inf elements of each row."""
+        return tuple(r.nonfinite for r in self._rows)
+
+    def add(self, step: int, t: torch.Tensor) -> None:
+        """Reduce ``t`` to one row of statistics (called from the hooks)."""
+        t = t.detach().float()
+        zero = t == 0
+        units = zero.reshape(t.shape[0], t.shape[1], -1) if t.dim() >= 2 else zero.reshape(1, -1, 1)
+        dead = units.all(dim=2).all(dim=0).float().mean()
+        row = torch.stack([t.mean(), t.std() if t.numel() > 1 else t.new_zeros(()), zero.float().mean(), dead])
+        values = tuple(row.tolist())
+        nonfinite = 0.0
+        if not math.isfinite(values[0]):  # a NaN or inf element makes the mean non-finite
+            finite = t.isfinite()
+            nonfinite = 1.0 - finite.float().mean().item()
+            t = t[finite]  # the histogram counts the finite elements only
+        lo, hi = self.hist_range
+        magnitudes = t.abs() if self.kind == "activation" else t.abs().log10()
+        hist = torch.histc(magnitudes.clamp(lo, hi), bins=self.bins, min=lo, max=hi)
+        self._rows.append(_Row(step, values, hist, nonfinite))
+
+    def column(self, name: str) -> torch.Tensor:
+        """One statistic (``"mean"``, ``"std"``, ``"zero"``, ``"dead"`` or ``"nonfinite"``) for every row."""
+        if name not in COLUMNS:
+            raise KeyError(f"unknown statistic {name!r}; choose one of {', '.join(COLUMNS)}")
+        if name == "nonfinite":
+            return torch.tensor([r.nonfinite for r in self._rows])
+        i = COLUMNS.index(name)
+        return torch.tensor([r.values[i] for r in self._rows])
+
+    def hist_image(self) -> torch.Tensor:
+        """The histograms as a ``(bins, rows)`` tensor: one column per step (bin 0 at row 0)."""
+        if not self._rows:
+            return torch.zeros(self.bins, 0)
+        return torch.stack([r.hist for r in self._rows], dim=1)
+
+
+class LayerTable(dict):
+    """``{layer name: LayerStats}``; a missing name raises an error that says why it is missing:
+    ``untracked`` when given (this kind was not tracked), else the close matches of an unknown
+    layer, or that the layer was not chosen."""
+
+    def __init__(self, items: dict, model: nn.Module, untracked: str = ""):
+        super().__init__(items)
+        self._model = model
+        self._untracked = untracked
+
+    def __missing__(self, name):
+        if self._untracked:
+            raise KeyError(self._untracked)
+        get_layer(self._model, name)  # raises UnknownLayerError with close matches
+        raise KeyError(f"{name!r} is a layer of the model but was not chosen for tracking")
+
+
+def _range(label: str, value) -> tuple[float, float]:
+    try:
+        lo, hi = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{label} must be two numbers (low, high), not {value!r}") from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise ValueError(f"{label} must be two finite numbers (low, high) with low < high, not {(lo, hi)}")
+    return lo, hi
+
+
+def check_settings(bins, act_range, grad_range, keep_last) -> tuple:
+    """``track_stats``'s histogram and row settings, checked (clear errors) and normalised."""
+    bins = whole_number("bins", bins, 1)
+    keep_last = whole_number("keep_last", keep_last, 1, none_ok=True)
+    return bins, _range("act_range", act_range), _range("grad_range", grad_range), keep_last
+
+
+# ----- the tracker -------------------------------------------------------------------------------
 class StatsTracker:
     """Hooks that fill one ``LayerStats`` per chosen layer (and per kind); see module docstring."""
 
@@ -74,8 +201,8 @@ class StatsTracker:
         grad_stats = {n: LayerStats(n, "gradient", bins, grad_range, keep_last) for n in modules} if grads else {}
         untracked = "" if grads else "gradients were not tracked: track_stats(..., grads=True) records gradients"
         self.gradients = LayerTable(grad_stats, model, untracked)
-        self._handles: list = []
-        self._tensor_handles: list = []
+        self._hooks = Hooks()  # the module hooks, for the whole block
+        self._grad_hooks = Hooks()  # the tensor hooks on outputs, until their backward has run
 
     def __getitem__(self, name: str) -> LayerStats:
         """The activation statistics of layer ``name`` (gradients: ``tracker.gradients[name]``)."""
@@ -88,8 +215,8 @@ class StatsTracker:
     def _count_step(self, module: nn.Module, args: tuple) -> None:
         if self._counting():
             self.step += 1
-            # tensor hooks whose graph is gone (backward done) are dropped: memory stays flat
-            self._tensor_handles = [h for h in self._tensor_handles if h.hooks_dict_ref() is not None]
+            # handles of tensor hooks whose tensor is gone (backward done) are dropped: memory stays flat
+            self._grad_hooks.handles = [h for h in self._grad_hooks.handles if h.hooks_dict_ref() is not None]
         else:
             self.skipped += 1
 
@@ -101,31 +228,26 @@ class StatsTracker:
         if self.grads:
             target = self.gradients[name]
             if output.requires_grad and torch.is_grad_enabled():
-                self._tensor_handles.append(output.register_hook(lambda g: target.add(step, g)))
+                self._grad_hooks.add(output.register_hook(lambda g: target.add(step, g)))
             elif not target.note:
                 target.note = why_no_grad_output(output, [output])
 
     def __enter__(self) -> StatsTracker:
-        if self._handles:
+        if self._hooks:
             raise RuntimeError("this tracker is already inside a with block; call track_stats(...) again for a "
                                "second one")
         try:
-            self._handles.append(self.model.register_forward_pre_hook(self._count_step))
+            self._hooks.add(self.model.register_forward_pre_hook(self._count_step))
             for name, module in self.modules.items():
-                self._handles.append(module.register_forward_hook(functools.partial(self._forward_hook, name)))
+                self._hooks.add(module.register_forward_hook(functools.partial(self._forward_hook, name)))
         except BaseException:
-            self._remove()
+            self.__exit__(None, None, None)
             raise
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self._remove()
-
-    def _remove(self) -> None:
-        for handle in self._handles + self._tensor_handles:
-            handle.remove()
-        self._handles.clear()
-        self._tensor_handles.clear()
+        self._hooks.remove()
+        self._grad_hooks.remove()
 
     # ----- reading -------------------------------------------------------------------------
     def summary(self, kind: str = "activation") -> str:
@@ -218,3 +340,85 @@ def track_stats(
     bins, act_range, grad_range, keep_last = check_settings(bins, act_range, grad_range, keep_last)
     return StatsTracker(model, select_layers(model, layers, types), grads=grads, bins=bins, act_range=act_range,
                         grad_range=grad_range, only_training=only_training, keep_last=keep_last)
+
+
+# ----- plots -----------------------------------------------------------------------------------------
+def _columns(columns: Any) -> tuple[str, ...]:
+    chosen = (columns,) if isinstance(columns, str) else columns
+    try:
+        chosen = tuple(chosen)
+    except TypeError:
+        raise TypeError(f"columns is a tuple of statistic names such as ('mean', 'std'), not {columns!r}") from None
+    unknown = [c for c in chosen if c not in COLUMNS]
+    if unknown or not chosen:
+        what = f"unknown statistic {unknown[0]!r}" if unknown else "no statistic given"
+        raise ValueError(f"{what} in columns; choose from {', '.join(COLUMNS)}")
+    return chosen
+
+
+def _axes_list(axes: Any, count: int) -> list:
+    from matplotlib.axes import Axes
+
+    found = [axes] if isinstance(axes, Axes) else list(getattr(axes, "flat", axes))
+    if not all(isinstance(ax, Axes) for ax in found):
+        raise TypeError(f"axes must be matplotlib Axes (one per statistic in columns), not {axes!r}")
+    if len(found) != count:
+        raise ValueError(f"got {len(found)} Axes for {count} statistics in columns: pass one Axes per statistic")
+    return found
+
+
+def plot_mean_std(tracker, kind: str = "activation", axes=None, columns=("mean", "std")):
+    """One panel per statistic in ``columns`` (default: mean, then std; a single name is one panel),
+    every tracked layer against the step, in one colour per layer; returns the figure.
+
+    axes: matplotlib axes to draw on, one per column (a single ``Axes`` for a single column; default:
+    a new figure, 4.5 in wide per panel). A std of gradients is drawn on a logarithmic axis: their
+    sizes span decades (a linear one when no std is positive, all gradients being zero).
+    """
+    import matplotlib.pyplot as plt
+
+    if not isinstance(tracker, StatsTracker):
+        raise TypeError(f"expected the tracker of track_stats(...), got {type(tracker).__name__}")
+    table = tracker._table(kind)
+    columns = _columns(columns)
+    if axes is None:
+        _, grid = plt.subplots(1, len(columns), figsize=(4.5 * len(columns), 3.2), layout="constrained", squeeze=False)
+        axes = grid[0]
+    else:
+        axes = _axes_list(axes, len(columns))
+    fig = axes[0].figure
+    colors = plt.get_cmap("viridis")(torch.linspace(0, 0.9, max(len(table), 1)).tolist())
+    for ax, column in zip(axes, columns, strict=True):
+        positive = False
+        for color, (name, st) in zip(colors, table.items(), strict=False):
+            values = st.column(column)
+            positive = positive or bool((values > 0).any())
+            ax.plot(list(st.steps), values.tolist(), color=color, label=name)
+        ax.set_title(f"{kind} {column} per layer")
+        ax.set_xlabel("step")
+        if column == "std" and kind == "gradient" and positive:
+            ax.set_yscale("log")
+    axes[-1].legend(fontsize="small", title="layer", loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return fig
+
+
+def plot_colorful_dimension(stats: LayerStats, ax=None):
+    """The histogram of every step as one image column (log(1 + count)); returns the figure.
+
+    Bright rows near the bottom of an activation plot mean many values near zero.
+    """
+    import matplotlib.pyplot as plt
+
+    if not isinstance(stats, LayerStats):
+        raise TypeError(f"expected one layer's statistics such as stats['features.1'], got {type(stats).__name__}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 3), layout="constrained")
+    image = stats.hist_image().log1p()
+    steps = list(stats.steps) or [0]
+    lo, hi = stats.hist_range
+    ax.imshow(image.numpy(), origin="lower", aspect="auto", cmap="viridis",
+              extent=(steps[0] - 0.5, steps[-1] + 0.5, lo, hi))
+    ax.set_title(f"{stats.name}: histogram of {'|x|' if stats.kind == 'activation' else 'log10 |grad|'} per step")
+    ax.set_xlabel("step")
+    ax.set_ylabel("|x|" if stats.kind == "activation" else "log10 |grad|")
+    return ax.figure

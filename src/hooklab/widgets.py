@@ -36,11 +36,11 @@ import torch
 from matplotlib.patches import Rectangle
 from torch import nn
 
-from .cam import check_gradients
 from .checks import check_index, check_inputs, class_scores, new_figure, targets_for, wanted_targets
 from .layers import unknown_name_hint
 from .plots import draw_signed, tile_channels
-from .record import NoGradientError, record
+from .recording import NoGradientError, record
+from .saliency import check_gradients
 
 __all__ = ["LayerExplorer", "Panel", "describe_tensor", "figure_png", "show_in_output"]
 

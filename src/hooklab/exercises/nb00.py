@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 from ..audit import clear_hooks
-from ..record import open_recordings
+from ..pytorch_internals import module_hooks
+from ..recording import open_recordings
 from . import Outcome, exercise, is_handle, kind_of
 
 
@@ -96,7 +97,8 @@ def _foreign_hooks(module: nn.Module, forward: int = 1) -> list:
 
 
 def _foreign_gone(module: nn.Module, handles: list) -> bool:
-    gone = any(h.id not in module._forward_pre_hooks and h.id not in module._forward_hooks for h in handles)
+    pre_hooks, hooks = module_hooks(module, "_forward_pre_hooks"), module_hooks(module, "_forward_hooks")
+    gone = any(h.id not in pre_hooks and h.id not in hooks for h in handles)
     for h in handles:
         h.remove()
     return gone

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..audit import clear_hooks
+from ..pytorch_internals import module_hooks
 from . import Outcome, compare_tensors, exercise, hint_for, hooks_left_when_raising, is_handle, kind_of, not_a_handle
 
 
@@ -233,7 +234,7 @@ def _keep_calls(keep_calls) -> Outcome:
         return Outcome(False, f"return the pair (kept, handles): the list and a list of your hooks' handles "
                               f"(got {kind_of(result)})")
     kept, handles = result
-    pre_hooked = any(h.id in block.relu._forward_pre_hooks for h in handles)
+    pre_hooked = any(h.id in module_hooks(block.relu, "_forward_pre_hooks") for h in handles)
     try:
         block(x).sum().backward()
         block(x * 2)
@@ -286,7 +287,8 @@ def _default_keyword(default_keyword) -> Outcome:
     failed = not_a_handle(handle, "default_keyword", module)
     if failed:
         return failed
-    if handle.id in module._forward_pre_hooks and handle.id not in module._forward_pre_hooks_with_kwargs:
+    if handle.id in module_hooks(module, "_forward_pre_hooks") and handle.id not in module_hooks(
+            module, "_forward_pre_hooks_with_kwargs"):
         handle.remove()
         return Outcome(False, "register the pre-hook with with_kwargs=True: without it the hook gets no kwargs "
                               "and cannot change them")

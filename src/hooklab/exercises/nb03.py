@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ..audit import clear_hooks
-from ..models import SeedConvNet
+from ..models import TinyConvNet
 from . import Outcome, compare_tensors, exercise, hint_for, hooks_left_when_raising, kind_of, not_a_handle
 
 
@@ -205,8 +205,8 @@ def _clip(clip_grad_output) -> Outcome:
 
 
 def _relu_grads(seed: int, x: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """(dL/d(ReLU input), dL/d(ReLU output)) of each ReLU of a SeedConvNet run without in-place ops."""
-    net = SeedConvNet(seed=seed, inplace=False)
+    """(dL/d(ReLU input), dL/d(ReLU output)) of each ReLU of a TinyConvNet run without in-place ops."""
+    net = TinyConvNet(seed=seed, inplace=False)
     h1 = net.conv1(x)
     a1 = net.relu1(h1)
     h2 = net.conv2(a1)
@@ -217,9 +217,9 @@ def _relu_grads(seed: int, x: torch.Tensor) -> dict[str, tuple[torch.Tensor, tor
 
 @exercise("03.3", "dL/d(input) of in-place ReLUs, without full backward hooks")
 def _in_place(relu_grad_inputs) -> Outcome:
-    """``relu_grad_inputs(model, x)`` runs ``model(x).sum().backward()`` on a ``SeedConvNet``
+    """``relu_grad_inputs(model, x)`` runs ``model(x).sum().backward()`` on a ``TinyConvNet``
     (in-place ReLUs) and returns ``{name: gradient w.r.t. that ReLU's input}``."""
-    model = SeedConvNet(seed=0, inplace=True)
+    model = TinyConvNet(seed=0, inplace=True)
     x = torch.randn(2, 1, 6, 6, generator=torch.Generator().manual_seed(5))
     try:
         got = relu_grad_inputs(model, x)

@@ -3,7 +3,7 @@
 Each checker calls the student's function on fixed random float64 tensors, with autograd off and
 failing an answer that reaches autograd, a backward operator, forward-mode AD or ``torch.func``'s
 differentiating transforms, or the course's own backward formulas (``hooklab.backprop``,
-``hooklab.losses``) anyway, and compares every returned gradient with autograd's. The watch
+``hooklab.backprop.losses``) anyway, and compares every returned gradient with autograd's. The watch
 covers the thread that runs the answer: work handed to another thread is not seen. A passing
 answer's largest difference (over every input the checker tries) is printed as the bound
 ``< 1e-12`` when it is that small: its digits are float64 rounding, and they change with the
@@ -19,9 +19,9 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
+from ..pytorch_internals import TorchDispatchMode, differentiating
+from ..recording import tensors_in
 from . import Outcome, compare_tensors, exercise, hint_for
 
 D = torch.float64
@@ -47,21 +47,9 @@ class _Shortcuts(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if self.found is None and getattr(func, "__name__", "") != "__get__" and any(  # reading .shape is fine
-                isinstance(t, torch.Tensor) and t.requires_grad for t in tree_leaves((args, kwargs))):
+                isinstance(t, torch.Tensor) and t.requires_grad for t in tensors_in((args, kwargs))):
             self.found = f"autograd ({getattr(func, '__name__', str(func))} on a tensor that requires grad)"
         return func(*args, **kwargs)
-
-
-def _differentiating() -> str | None:
-    """What differentiates the operator running now without a backward op: forward-mode AD
-    (``torch.autograd.forward_ad``) or a ``torch.func`` transform (``jvp``, ``jacfwd``, ``grad``)."""
-    if torch.autograd.forward_ad._current_level >= 0:
-        return "forward-mode autograd (torch.autograd.forward_ad)"
-    interpreter = torch._C._functorch.peek_interpreter_stack()
-    kinds = torch._C._functorch.TransformType
-    if interpreter is not None and interpreter.key() in (kinds.Grad, kinds.Jvp):
-        return f"torch.func ({interpreter.key().name.lower()} transform)"
-    return None
 
 
 class _BackwardOps(TorchDispatchMode):
@@ -77,19 +65,19 @@ class _BackwardOps(TorchDispatchMode):
             if "backward" in str(func.overloadpacket):
                 self.found = f"a backward op ({func.overloadpacket})"
             else:
-                self.found = _differentiating()
+                self.found = differentiating()
         return func(*args, **(kwargs or {}))
 
 
 def _course_files() -> dict[str, str]:
     """The files of the course's own backward formulas, by module name."""
-    from hooklab import backprop, losses
+    from hooklab.backprop import layers, losses
 
-    return {module.__file__: module.__name__ for module in (backprop, losses)}
+    return {layers.__file__: "hooklab.backprop", losses.__file__: losses.__name__}
 
 
 class _CourseAnswers(TorchDispatchMode):
-    """Notes the first backward formula of ``hooklab.backprop`` or ``hooklab.losses`` (a function
+    """Notes the first backward formula of ``hooklab.backprop`` or ``hooklab.backprop.losses`` (a function
     whose name ends in ``_backward``) that runs an operator. The frames of the call stack are read
     and their code's file compared, so a function imported or rebuilt under another name is found
     too; the source copied into the answer is the student's own code and is not."""

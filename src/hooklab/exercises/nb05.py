@@ -9,6 +9,7 @@ from torch import nn
 
 from ..audit import clear_hooks
 from ..models import DigitsCNN
+from ..pytorch_internals import module_hooks
 from . import Outcome, compare_tensors, exercise, hooks_left_when_raising
 
 
@@ -214,7 +215,8 @@ def _dead_channels(dead_channels) -> Outcome:
     def before_model(module, args):
         given = args[0] if args else None
         whole = isinstance(given, torch.Tensor) and given.shape == x.shape and torch.equal(given, x)
-        calls.append((torch.is_grad_enabled(), whole, bool(set(layer._forward_hooks) - {layer_handle.id})))
+        others = set(module_hooks(layer, "_forward_hooks")) - {layer_handle.id}
+        calls.append((torch.is_grad_enabled(), whole, bool(others)))
 
     def layer_output(module, args, output):
         seen["output"] = output

@@ -1,8 +1,8 @@
-"""The argument checks of ``hooklab.backprop``, kept apart so that the formulas read on their own.
+"""The argument checks of ``hooklab.backprop.layers``, kept apart so that the formulas read on their own.
 
 A hand-written backward that gets a ``dout`` of the wrong shape would often broadcast it into a
 wrong answer without any error; ``check_dout`` refuses it, naming the function and both shapes.
-Every function of ``hooklab.backprop`` calls it or one of the checks here (flatten and dropout,
+Every function of ``hooklab.backprop.layers`` calls it or one of the checks here (flatten and dropout,
 whose output shape is not known from their arguments, compare sizes or the mask's shape).
 """
 
@@ -10,18 +10,6 @@ from __future__ import annotations
 
 import math
 import numbers
-
-__all__ = [
-    "check_conv2d",
-    "check_dout",
-    "check_dropout",
-    "check_flatten",
-    "check_layer_norm",
-    "check_linear",
-    "pair",
-    "pooled_size",
-    "same_padding",
-]
 
 
 def pair(v) -> tuple[int, int]:

@@ -23,8 +23,8 @@ The local derivative of each layer, written next to its forward:
 Every function checks that ``dout`` has the shape of the forward output (a smaller ``dout``
 would otherwise broadcast into a wrong answer) and raises ``ValueError`` naming both shapes.
 
-Losses are in ``hooklab.losses``; the table from layer type to function is
-``hooklab.backward_table.BACKWARD`` (used by ``hooklab.verify``).
+Losses are in ``hooklab.backprop.losses``; the table from layer type to function is
+``hooklab.backprop.table.BACKWARD`` (used by ``hooklab.backprop.verify``).
 """
 
 from __future__ import annotations
@@ -32,23 +32,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import backprop_shapes as shapes
-
-__all__ = [
-    "adaptive_avg_pool2d_backward",
-    "avg_pool2d_backward",
-    "batch_norm_backward",
-    "conv2d_backward",
-    "dropout_backward",
-    "flatten_backward",
-    "layer_norm_backward",
-    "leaky_relu_backward",
-    "linear_backward",
-    "max_pool2d_backward",
-    "relu_backward",
-    "sigmoid_backward",
-    "tanh_backward",
-]
+from . import shapes
 
 
 def linear_backward(x, w, dout, b=None):
@@ -220,6 +204,6 @@ def dropout_backward(mask, dout, p):
 
     The mask is not an input of the layer: read it from the recorded call (``out != 0`` where
     ``x != 0``; ambiguous where ``x == 0``) or replay the call's random numbers, as
-    ``hooklab.verify`` does. ``p`` is in [0, 1] (with ``p = 1`` every element is dropped)."""
+    ``hooklab.backprop.verify`` does. ``p`` is in [0, 1] (with ``p = 1`` every element is dropped)."""
     shapes.check_dropout(mask, dout, p)
     return dout * (mask / (1 - p)) if p < 1 else torch.zeros_like(dout)

@@ -1,8 +1,8 @@
-"""The table from layer type to its hand-written backward (notebook 04), used by ``hooklab.verify``.
+"""The table from layer type to its hand-written backward (notebook 04), used by ``hooklab.backprop.verify``.
 
 ``BACKWARD[type(module)](module, x, out, dout) -> (dx, {parameter name: gradient})``: each
 entry reads the layer's settings (stride, padding, eps, running statistics, ...) from
-``module`` and calls the matching function of ``hooklab.backprop`` with the layer's recorded
+``module`` and calls the matching function of ``hooklab.backprop.layers`` with the layer's recorded
 input ``x``, output ``out`` and ``dout = dL/d(out)``. A parameter gradient is ``None`` where the
 layer has no such parameter. A setting the formulas do not cover raises
 ``UnsupportedLayerError``; ``SETTINGS`` checks those from the module alone, so that
@@ -15,10 +15,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from . import backprop as bp
-from .backprop_shapes import same_padding
-
-__all__ = ["BACKWARD", "SETTINGS", "UnsupportedLayerError", "check_supported"]
+from . import layers as bp
+from .shapes import same_padding
 
 
 class UnsupportedLayerError(TypeError):

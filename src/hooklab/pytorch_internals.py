@@ -1,0 +1,119 @@
+"""Everything hooklab reads from PyTorch's private API, in one place.
+
+PyTorch has no public way to list the hooks registered on a module, a parameter or a process, to
+read a tensor's version counter, or to see which function transforms are running. hooklab needs
+these for its audit (``hooklab.audit``: hooks left behind), for the exercise checks (which hooks a
+student's answer registered) and for the recorder (a record shares one copy of a tensor while no
+in-place write changed it). Nothing else in hooklab touches a private name, and
+``tests/test_pytorch_internals.py`` pins every one used here: if a PyTorch upgrade moves one, that
+test says which.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.modules import module as module_globals
+from torch.optim import optimizer as optimizer_globals
+from torch.utils._python_dispatch import TorchDispatchMode  # the base class of a dispatch-level mode
+
+__all__ = [
+    "MODULE_HOOK_DICTS",
+    "SIDE_DICTS",
+    "TorchDispatchMode",
+    "differentiating",
+    "global_registries",
+    "module_hooks",
+    "parameter_hook_count",
+    "pop_saved_tensors_hooks",
+    "pop_torch_function_modes",
+    "saved_tensors_hooks_active",
+    "torch_function_modes",
+    "version",
+]
+
+#: the per-module dictionaries that nn.Module keeps its hooks in (keyed by each handle's ``id``)
+MODULE_HOOK_DICTS = (
+    "_forward_pre_hooks",
+    "_forward_hooks",
+    "_backward_pre_hooks",
+    "_backward_hooks",
+    "_state_dict_pre_hooks",
+    "_state_dict_hooks",
+    "_load_state_dict_pre_hooks",
+    "_load_state_dict_post_hooks",
+)
+#: bookkeeping beside them, keyed by the same ids (which forward hooks take kwargs, run always)
+SIDE_DICTS = ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+
+_GLOBAL_DICTS = {
+    module_globals: (
+        "_global_forward_pre_hooks",
+        "_global_forward_hooks",
+        "_global_backward_pre_hooks",
+        "_global_backward_hooks",
+        "_global_module_registration_hooks",
+        "_global_parameter_registration_hooks",
+        "_global_buffer_registration_hooks",
+    ),
+    optimizer_globals: ("_global_optimizer_pre_hooks", "_global_optimizer_post_hooks"),
+}
+
+
+def module_hooks(module: nn.Module, kind: str) -> dict:
+    """The hook dictionary ``kind`` (one of ``MODULE_HOOK_DICTS`` or ``SIDE_DICTS``) of ``module``."""
+    return getattr(module, kind, None) or {}
+
+
+def parameter_hook_count(p: torch.Tensor) -> int:
+    """Tensor hooks (``register_hook``, ``register_post_accumulate_grad_hook``) on a tensor."""
+    return len(getattr(p, "_backward_hooks", None) or {}) + len(getattr(p, "_post_accumulate_grad_hooks", None) or {})
+
+
+def global_registries():
+    """``(label, dict)`` for each process-wide hook registry of ``torch.nn`` and ``torch.optim``."""
+    for owner, names in _GLOBAL_DICTS.items():
+        for name in names:
+            hooks = getattr(owner, name, None)
+            if hooks is not None:
+                yield f"{owner.__name__}.{name}", hooks
+
+
+def saved_tensors_hooks_active() -> bool:
+    """Whether a ``torch.autograd.graph.saved_tensors_hooks`` pair is active now."""
+    return torch._C._autograd._top_saved_tensors_default_hooks(True) is not None
+
+
+def pop_saved_tensors_hooks() -> None:
+    torch._C._autograd._pop_saved_tensors_default_hooks()
+
+
+def torch_function_modes() -> int:
+    """How many torch function modes (``TorchFunctionMode``) are active."""
+    return torch._C._len_torch_function_stack()
+
+
+def pop_torch_function_modes() -> int:
+    """Leave every active torch function mode; returns how many there were."""
+    count = torch._C._len_torch_function_stack()
+    for _ in range(count):
+        torch._C._pop_torch_function_stack()
+    return count
+
+
+def version(t: torch.Tensor) -> int | None:
+    """The tensor's version counter: PyTorch adds one on every in-place write (``None`` for tensors
+    made under ``torch.inference_mode()``, which have none)."""
+    return None if t.is_inference() else t._version
+
+
+def differentiating() -> str | None:
+    """What differentiates the operator running now without a backward op: forward-mode AD
+    (``torch.autograd.forward_ad``) or a ``torch.func`` transform (``jvp``, ``jacfwd``, ``grad``)."""
+    if torch.autograd.forward_ad._current_level >= 0:
+        return "forward-mode autograd (torch.autograd.forward_ad)"
+    interpreter = torch._C._functorch.peek_interpreter_stack()
+    kinds = torch._C._functorch.TransformType
+    if interpreter is not None and interpreter.key() in (kinds.Grad, kinds.Jvp):
+        return f"torch.func ({interpreter.key().name.lower()} transform)"
+    return None

@@ -1,0 +1,218 @@
+"""Where did the network look? Guided backpropagation, Grad-CAM and guided Grad-CAM.
+
+Notebook 05 builds each of these by hand first; this module is what it moves into the package.
+
+* ``GuidedBackprop(model)``: a context manager that puts a full backward hook on every
+  ``nn.ReLU`` (found with ``model.modules()``, so also inside ``Sequential`` blocks). The hook
+  ``hook(module, grad_input, grad_output) -> (grad_input[0].clamp(min=0),)`` replaces the
+  gradient the ReLU passes back, so only positive evidence flows to the input. Full backward
+  hooks refuse ReLUs that work in place, so ``inplace`` is switched off while the hooks live
+  and restored afterwards. ``saliency(x, target)`` returns d score / d input.
+* ``GradCAM(model, layer)``: each call records ``layer`` with
+  ``hooklab.record(model, layer, backward=True)`` for one pass: the layer's output and
+  the gradient with respect to it (tensor hooks, which also work where full backward hooks
+  break, e.g. torchvision's ResNets). ``__call__(x, target)`` returns a ``CamResult``:
+  ``relu(sum_k alpha_k A_k)`` with ``alpha_k`` the spatial mean of d score / d A_k. A layer
+  called more than once per forward pass (a ResNet block's ReLU) is explained at its last call.
+* ``guided_grad_cam``: guided backprop saliency times the Grad-CAM map upsampled to the input.
+
+Every handle is owned by the context manager that registered it (a ``hooklab.hooks.Hooks``) and
+removed in ``__exit__``, also when the body raises. ``target=None`` means "the predicted class" of each image; an int is
+one class for every image, a list or tensor one class per image.
+
+Inputs are checked before any work: ``x`` an ``(N, C, H, W)`` floating-point batch of the model's
+dtype and device, the model in eval mode (a BatchNorm or Dropout in train mode raises: it would
+change its running statistics or drop other units on each pass), class indices in range. The
+gradients are computed also under ``torch.no_grad()`` (not under ``torch.inference_mode()``,
+which raises). Grad-CAM inside ``with GuidedBackprop(model):`` raises: its gradients would be
+the guided ones.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .checks import check_inputs, class_scores, targets_for, wanted_targets
+from .hooks import Hooks
+from .layers import get_layer
+from .recording import NoGradientError, record
+
+__all__ = ["CamResult", "GradCAM", "GuidedBackprop", "grad_cam", "guided_grad_cam", "guided_grad_cam_parts", "upsample"]
+
+
+def check_grad_mode(what: str) -> None:
+    """Raise if no gradient can be computed now (``no_grad`` is fine: the tools enable gradients)."""
+    if torch.is_inference_mode_enabled():
+        raise RuntimeError(f"{what} needs gradients; call it outside torch.inference_mode()")
+
+
+#: the GuidedBackprop blocks entered and not exited yet
+_GUIDED: weakref.WeakSet = weakref.WeakSet()
+
+
+def check_gradients(model: nn.Module, what: str) -> None:
+    """``check_grad_mode``, and raise if guided backprop would replace the plain gradient."""
+    check_grad_mode(what)
+    guided = {id(relu) for gb in _GUIDED for relu in gb.relus}
+    if any(id(m) in guided for m in model.modules()):
+        raise RuntimeError(f"{what} inside `with GuidedBackprop(model):` would use guided gradients; "
+                           "call it outside that block")
+
+
+def _score(scores: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Sum over the batch of each image's own target score: one backward gives every image's gradient."""
+    return scores.gather(1, targets[:, None]).sum()
+
+
+class GuidedBackprop:
+    """``with GuidedBackprop(model) as gb: s = gb.saliency(x)``: guided gradients of the input."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+        self.relus = [m for m in model.modules() if isinstance(m, nn.ReLU)]
+        if not self.relus:
+            raise ValueError(f"{type(model).__name__} has no nn.ReLU module: guided backprop needs them")
+        self._hooks = Hooks()
+        self._inplace: list[bool] = []
+        self._fired = 0
+
+    @staticmethod
+    def hook(module: nn.Module, grad_input: tuple, grad_output: tuple) -> tuple:
+        """Full backward hook: keep only the positive part of the gradient the ReLU passes back."""
+        return (grad_input[0].clamp(min=0),)
+
+    def _counting_hook(self, module: nn.Module, grad_input: tuple, grad_output: tuple) -> tuple:
+        self._fired += 1
+        return self.hook(module, grad_input, grad_output)
+
+    def __enter__(self) -> GuidedBackprop:
+        if self._hooks:  # the inner block's exit would remove the outer block's hooks
+            raise RuntimeError("this GuidedBackprop is already inside a `with` block")
+        _GUIDED.add(self)
+        try:
+            for relu in self.relus:
+                self._inplace.append(relu.inplace)
+                relu.inplace = False  # full backward hooks raise on modules that modify their input
+                self._hooks.add(relu.register_full_backward_hook(self._counting_hook))
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.remove()
+        for relu, inplace in zip(self.relus, self._inplace, strict=False):
+            relu.inplace = inplace
+        self._inplace.clear()
+        _GUIDED.discard(self)
+
+    def saliency(self, x: torch.Tensor, target=None) -> torch.Tensor:
+        """d (target score) / d x with guided ReLUs, same shape as ``x``; ``x`` is not changed.
+
+        Only ``nn.ReLU`` modules are guided: a model that calls ``torch.relu`` for some of its
+        ReLUs gets the plain gradient through those (one that never runs an ``nn.ReLU`` raises).
+        """
+        if not self._hooks:
+            raise RuntimeError("use saliency() inside `with GuidedBackprop(model) as gb:`")
+        check_inputs(self.model, x, "guided backprop")
+        check_grad_mode("guided backprop")
+        wanted = wanted_targets(target, len(x))
+        x = x.detach().clone().requires_grad_(True)
+        self._fired = 0
+        with torch.enable_grad():
+            scores = class_scores(self.model(x), len(x))
+            (grad,) = torch.autograd.grad(_score(scores, targets_for(scores, wanted)), x)
+        if not self._fired:
+            raise ValueError(f"no nn.ReLU ran in the forward pass of {type(self.model).__name__} on the way to the "
+                             "score (does it call torch.relu or F.relu?): this would be the plain gradient")
+        return grad
+
+
+class CamResult(NamedTuple):
+    maps: torch.Tensor  # (N, h, w) Grad-CAM at the layer's resolution, >= 0
+    raw: torch.Tensor  # (N, h, w) the same before the ReLU
+    weights: torch.Tensor  # (N, C) alpha: spatial mean of the gradient per channel
+    targets: torch.Tensor  # (N,) class explained
+    scores: torch.Tensor  # (N,) that class's score
+
+
+class GradCAM:
+    """``with GradCAM(model, "features.3") as cam: result = cam(x)``; see the module docstring."""
+
+    def __init__(self, model: nn.Module, layer: str):
+        self.model, self.name = model, layer
+        self.layer = get_layer(model, layer)  # a wrong name or type fails here, listing close matches
+        self._inside = False
+
+    def __enter__(self) -> GradCAM:
+        if self._inside:
+            raise RuntimeError("this GradCAM is already inside a `with` block")
+        self._inside = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._inside = False
+
+    def __call__(self, x: torch.Tensor, target=None) -> CamResult:
+        if not self._inside:
+            raise RuntimeError("call the GradCAM inside `with GradCAM(model, layer) as cam:`")
+        check_inputs(self.model, x, "Grad-CAM")
+        check_gradients(self.model, "Grad-CAM")
+        wanted = wanted_targets(target, len(x))
+        x = x.detach().clone().requires_grad_(True)  # a gradient reaches the layer even if its weights are frozen
+        # the layer's hooks live for this one pass: hooklab.record owns them
+        with record(self.model, self.name, backward=True) as recording, torch.enable_grad():
+            scores = class_scores(self.model(x), len(x))
+            targets = targets_for(scores, wanted)
+            # autograd.grad instead of backward(): the parameters' .grad stay untouched
+            torch.autograd.grad(_score(scores, targets), x)
+        calls = recording.calls(self.name)
+        if not calls:
+            raise RuntimeError(f"layer {self.name!r} did not run in the forward pass")
+        last = calls[-1]  # its activation and the gradient that reached that same call
+        if not isinstance(last.output, torch.Tensor) or last.output.dim() != 4:
+            raise ValueError(f"layer {self.name!r} must return an (N, C, H, W) tensor for Grad-CAM")
+        try:
+            gradient = last.grad_output[0]
+        except NoGradientError:
+            classes = sorted(set(targets.tolist()))
+            which = f"class {classes[0]}" if len(classes) == 1 else "classes " + ", ".join(map(str, classes))
+            raise NoGradientError(f"layer {self.name!r} does not contribute to the score of {which}: "
+                                  "no gradient reaches it; pick a layer the scores depend on") from None
+        activation = last.output
+        weights = gradient.mean(dim=(2, 3))
+        raw = (weights[:, :, None, None] * activation).sum(dim=1)
+        chosen = scores.detach().gather(1, targets[:, None])[:, 0]
+        return CamResult(raw.clamp(min=0), raw, weights, targets, chosen)
+
+
+def grad_cam(model: nn.Module, x: torch.Tensor, layer: str, target=None) -> CamResult:
+    """One-shot Grad-CAM: hooks registered, used and removed inside this call."""
+    with GradCAM(model, layer) as cam:
+        return cam(x, target)
+
+
+def upsample(maps: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """(N, h, w) maps -> (N, H, W), bilinear, for laying a map over the input image."""
+    return F.interpolate(maps[:, None], size=size, mode="bilinear", align_corners=False)[:, 0]
+
+
+def guided_grad_cam(model: nn.Module, x: torch.Tensor, layer: str, target=None) -> torch.Tensor:
+    """Guided backprop saliency (summed over colour channels) times the upsampled Grad-CAM map."""
+    return guided_grad_cam_parts(model, x, layer, target)["guided"]
+
+
+def guided_grad_cam_parts(model: nn.Module, x: torch.Tensor, layer: str, target=None) -> dict:
+    """What guided Grad-CAM is made of, for a batch: the Grad-CAM ``result``, its maps upsampled
+    to the input (``cam``), the guided-backprop ``saliency`` summed over colour channels, and their
+    product (``guided``)."""
+    result = grad_cam(model, x, layer, target)
+    with GuidedBackprop(model) as gb:
+        saliency = gb.saliency(x, result.targets).sum(dim=1)
+    cam = upsample(result.maps, tuple(x.shape[-2:]))
+    return {"result": result, "cam": cam, "saliency": saliency, "guided": saliency * cam}
