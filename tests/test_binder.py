@@ -1,5 +1,6 @@
 """Binder and JupyterHub images: repo2docker's build plan for this repository installs the locked
-packages with pip, then hooklab and the "Hook Lab" kernel (binder/postBuild), on Python 3.11.
+packages with pip, then hooklab, nbgitpuller and the "Hook Lab" kernel (binder/postBuild), on
+Python 3.11.
 
 repo2docker is not part of the course's environment (it is the hub's tool, and Docker is not
 needed to print a plan). Install it anywhere, e.g. ``python3 -m venv /tmp/r2d &&
@@ -50,5 +51,8 @@ def test_post_build_installs_hooklab_and_the_kernel_into_the_image_python(tmp_pa
     subprocess.run([ROOT / "binder" / "postBuild"], cwd=ROOT, env=env, check=True, timeout=60)
     calls = log.read_text().splitlines()
     assert calls[0].startswith("-m pip install") and calls[0].endswith(" --no-deps .")
-    assert calls[1].startswith("tools/install_kernel.py")
-    assert (ROOT / calls[1].split()[0]).is_file()
+    # nbgitpuller for hubs, at an exact version, adding no package the lock does not pin
+    assert calls[1].startswith("-m pip install") and calls[1].endswith(" --no-deps nbgitpuller==1.3.0")
+    assert calls[2].startswith("tools/install_kernel.py")
+    assert (ROOT / calls[2].split()[0]).is_file()
+    assert len(calls) == 3
