@@ -18,18 +18,6 @@ import operator
 import torch
 from torch import nn
 
-__all__ = [
-    "check_index",
-    "check_inputs",
-    "class_scores",
-    "drawn",
-    "new_figure",
-    "targets_for",
-    "wanted_targets",
-    "whole_number",
-]
-
-
 #: layers that behave differently in train mode (the lazy and synchronised batch norms derive from these)
 _TRAIN_MODE = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.Dropout, nn.Dropout1d,
                nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "Digits", "digits", "photo", "to_display"]
+__all__ = ["digits", "photo", "to_display"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

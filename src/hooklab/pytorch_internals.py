@@ -6,7 +6,7 @@ these for its audit (``hooklab.audit``: hooks left behind), for the exercise che
 student's answer registered) and for the recorder (a record shares one copy of a tensor while no
 in-place write changed it). Nothing else in hooklab touches a private name, and
 ``tests/test_pytorch_internals.py`` pins every one used here: if a PyTorch upgrade moves one, that
-test says which.
+test says which. Internal to hooklab: nothing here is part of its API.
 """
 
 from __future__ import annotations
@@ -15,22 +15,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as module_globals
 from torch.optim import optimizer as optimizer_globals
-from torch.utils._python_dispatch import TorchDispatchMode  # the base class of a dispatch-level mode
-
-__all__ = [
-    "MODULE_HOOK_DICTS",
-    "SIDE_DICTS",
-    "TorchDispatchMode",
-    "differentiating",
-    "global_registries",
-    "module_hooks",
-    "parameter_hook_count",
-    "pop_saved_tensors_hooks",
-    "pop_torch_function_modes",
-    "saved_tensors_hooks_active",
-    "torch_function_modes",
-    "version",
-]
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: F401  (the base class of a dispatch-level mode)
 
 #: the per-module dictionaries that nn.Module keeps its hooks in (keyed by each handle's ``id``)
 MODULE_HOOK_DICTS = (

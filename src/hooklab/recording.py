@@ -65,7 +65,7 @@ NOT_REACHED = (
 )
 
 
-@dataclass(repr=False)
+@dataclass(repr=False, slots=True)
 class Record:
     """What one call of one module saw: ``inputs``, ``kwargs``, ``output`` (detached copies), and with
     ``backward=True`` ``grad_input`` and ``grad_output`` (``NoGradientError`` says why one is missing)."""
@@ -79,10 +79,10 @@ class Record:
     output: Any = None
     why_no_grad: str = NOT_ASKED  # what NoGradientError says while no gradient has arrived
     grad_input_problem: str | None = None  # why grad_input cannot be trusted, when it cannot
-    _grad_input: list = field(default_factory=list)
-    _grad_output: list = field(default_factory=list)
+    _grad_input: list | tuple = ()
+    _grad_output: list | tuple = ()
     _got_grad: bool = False
-    _views: list = field(default_factory=list)  # (view handed to the module, original input, its version)
+    _views: list | tuple = ()  # (view handed to the module, original input, its version)
 
     @property
     def grad_output(self) -> tuple:
@@ -223,7 +223,7 @@ class Recording:
         rec._grad_input = [None] * len(args)
         rec.grad_input_problem = hidden_inputs(rec.name, args, kwargs)
         in_place = bool(getattr(module, "inplace", False))
-        new_args = list(args)
+        new_args, rec._views = list(args), []
         for i, a in enumerate(args):
             if isinstance(a, torch.Tensor) and a.requires_grad:
                 if not in_place:
@@ -337,6 +337,8 @@ def map_tensors(fn: Callable, value: Any) -> Any:
     """``value`` with ``fn`` applied to every tensor inside it (in tuples, lists and dicts)."""
     if isinstance(value, torch.Tensor):
         return fn(value)
+    if type(value) is tuple and len(value) == 1 and isinstance(value[0], torch.Tensor):  # most modules' inputs
+        return (fn(value[0]),)
     if isinstance(value, tuple | list):
         items = [map_tensors(fn, v) for v in value]
         if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple

@@ -42,7 +42,7 @@ from .hooks import Hooks
 from .layers import get_layer
 from .recording import NoGradientError, record
 
-__all__ = ["CamResult", "GradCAM", "GuidedBackprop", "grad_cam", "guided_grad_cam", "guided_grad_cam_parts", "upsample"]
+__all__ = ["GradCAM", "GuidedBackprop", "grad_cam", "guided_grad_cam", "upsample"]
 
 
 def check_grad_mode(what: str) -> None:

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from ..audit import clear_hooks
+from ..hooks import Hooks
 from ..models import DigitsCNN
 from ..pytorch_internals import module_hooks
 from . import Outcome, compare_tensors, exercise, hooks_left_when_raising
@@ -196,11 +197,8 @@ def _channels(mask: torch.Tensor) -> list[int]:
     return mask.nonzero().flatten().tolist()
 
 
-@exercise("05.3", "dead channels found with a forward hook")
-def _dead_channels(dead_channels) -> Outcome:
-    """``dead_channels(model, layer, x)`` returns the sorted channel indices of layer ``layer`` whose
-    output is zero for every image of ``x`` and every position, read by a forward hook on that layer
-    during one forward pass without gradients; no hook may be left behind, even when the pass raises."""
+def _model_with_dead_channels():
+    """A digits CNN with dead channels in ``features.1``, a batch, and that layer's output."""
     model = DigitsCNN(seed=1).eval()
     with torch.no_grad():
         model.features[0].bias[[2, 9, 13]] = -50.0  # these channels never get past the ReLU
@@ -209,56 +207,11 @@ def _dead_channels(dead_channels) -> Outcome:
     x = torch.cat([blank, _images(3, n=4), bright])  # more channels are zero on the blank image
     with torch.no_grad():
         out = model.features[:2](x)  # the output of features.1, computed without hooks
-    layer, after = model.features[1], model.features[2]
-    calls, seen = [], {}
+    return model, x, out
 
-    def before_model(module, args):
-        given = args[0] if args else None
-        whole = isinstance(given, torch.Tensor) and given.shape == x.shape and torch.equal(given, x)
-        others = set(module_hooks(layer, "_forward_hooks")) - {layer_handle.id}
-        calls.append((torch.is_grad_enabled(), whole, bool(others)))
 
-    def layer_output(module, args, output):
-        seen["output"] = output
-
-    def next_input(module, args):
-        given, output = args[0] if args else None, seen.get("output")
-        if not isinstance(output, torch.Tensor):
-            return
-        kept = isinstance(given, torch.Tensor) and given.dtype == output.dtype and given.shape == output.shape
-        seen["replaced"] = seen.get("replaced", False) or not (kept and torch.equal(given, output))
-
-    model_handle = model.register_forward_pre_hook(before_model)
-    layer_handle = layer.register_forward_hook(layer_output)
-    next_handle = after.register_forward_pre_hook(next_input)
-    replaced = ("a forward hook's return value replaces the layer's output, and yours changed it: "
-                "keep what you need in the hook and return nothing")
-    try:
-        got = dead_channels(model, "features.1", x)
-    except Exception:
-        if seen.get("replaced"):
-            return Outcome(False, replaced)
-        raise
-    finally:
-        for handle in (model_handle, layer_handle, next_handle):
-            handle.remove()
-        left = clear_hooks(model)
-    if seen.get("replaced"):
-        return Outcome(False, replaced)
-    if left:
-        return Outcome(False, f"a hook was left registered ({left[0]}): remove it in a finally block")
-    if len(calls) != 1:
-        return Outcome(False, f"the model ran {len(calls)} times: register a forward hook on the layer and call "
-                              "model(x) once")
-    grad_enabled, whole_batch, hooked = calls[0]
-    if grad_enabled:
-        return Outcome(False, "the forward pass ran with gradients enabled: run it under torch.no_grad(), the hook "
-                              "only reads the output")
-    if not whole_batch:
-        return Outcome(False, "run the model once on the whole batch x")
-    if not hooked:
-        return Outcome(False, "no forward hook of yours was on the layer while the model ran: register one on "
-                              "hooklab.get_layer(model, layer) and read the output there")
+def _wrong_dead_channels(got, out: torch.Tensor) -> Outcome | None:
+    """What is wrong with the channels ``dead_channels`` returned for layer output ``out``, if anything."""
     if got is None:
         return Outcome(False, "dead_channels returned None: return the sorted channel indices")
     if isinstance(got, torch.Tensor) and got.dtype == torch.bool:
@@ -281,10 +234,76 @@ def _dead_channels(dead_channels) -> Outcome:
             return Outcome(False, "these channels are zero somewhere in every image; dead means zero at every "
                                   "position")
         return Outcome(False, f"got channels {got}; a dead channel is zero for every image and every position")
-    failed = hooks_left_when_raising(  # 3 input channels: the model raises
-        lambda: dead_channels(model, "features.1", torch.zeros(1, 3, 8, 8)), model
-    )
-    if failed:
-        return failed
+    return None
+
+
+_REPLACED = ("a forward hook's return value replaces the layer's output, and yours changed it: "
+             "keep what you need in the hook and return nothing")
+
+
+def _wrong_pass(calls: list) -> Outcome | None:
+    """What is wrong with how the model ran, from ``(grad enabled, whole batch, hooked)`` per call."""
+    if len(calls) != 1:
+        return Outcome(False, f"the model ran {len(calls)} times: register a forward hook on the layer and call "
+                              "model(x) once")
+    grad_enabled, whole_batch, hooked = calls[0]
+    if grad_enabled:
+        return Outcome(False, "the forward pass ran with gradients enabled: run it under torch.no_grad(), the hook "
+                              "only reads the output")
+    if not whole_batch:
+        return Outcome(False, "run the model once on the whole batch x")
+    if not hooked:
+        return Outcome(False, "no forward hook of yours was on the layer while the model ran: register one on "
+                              "hooklab.get_layer(model, layer) and read the output there")
+    return None
+
+
+@exercise("05.3", "dead channels found with a forward hook")
+def _dead_channels(dead_channels) -> Outcome:
+    """``dead_channels(model, layer, x)`` returns the sorted channel indices of layer ``layer`` whose
+    output is zero for every image of ``x`` and every position, read by a forward hook on that layer
+    during one forward pass without gradients; no hook may be left behind, even when the pass raises."""
+    model, x, out = _model_with_dead_channels()
+    layer, after = model.features[1], model.features[2]
+    calls, seen = [], {}
+
+    def before_model(module, args):
+        given = args[0] if args else None
+        whole = isinstance(given, torch.Tensor) and given.shape == x.shape and torch.equal(given, x)
+        others = set(module_hooks(layer, "_forward_hooks")) - {layer_handle.id}
+        calls.append((torch.is_grad_enabled(), whole, bool(others)))
+
+    def layer_output(module, args, output):
+        seen["output"] = output
+
+    def next_input(module, args):
+        given, output = args[0] if args else None, seen.get("output")
+        if not isinstance(output, torch.Tensor):
+            return
+        kept = isinstance(given, torch.Tensor) and given.dtype == output.dtype and given.shape == output.shape
+        seen["replaced"] = seen.get("replaced", False) or not (kept and torch.equal(given, output))
+
+    hooks = Hooks()
+    layer_handle = hooks.add(layer.register_forward_hook(layer_output))
+    hooks.add(model.register_forward_pre_hook(before_model))
+    hooks.add(after.register_forward_pre_hook(next_input))
+    try:
+        got = dead_channels(model, "features.1", x)
+    except Exception:
+        if seen.get("replaced"):
+            return Outcome(False, _REPLACED)
+        raise
+    finally:
+        hooks.remove()
+        left = clear_hooks(model)
+    if seen.get("replaced"):
+        return Outcome(False, _REPLACED)
+    if left:
+        return Outcome(False, f"a hook was left registered ({left[0]}): remove it in a finally block")
+    wrong = _wrong_pass(calls) or _wrong_dead_channels(got, out) or hooks_left_when_raising(
+        lambda: dead_channels(model, "features.1", torch.zeros(1, 3, 8, 8)), model)  # 3 channels: the model raises
+    if wrong:
+        return wrong
+    expected = _channels((out == 0).flatten(2).all(dim=2).all(dim=0))
     return Outcome(True, f"channels {expected} of features.1 are dead; one pass without gradients; no hook left "
                          "behind, also when the pass raised")
