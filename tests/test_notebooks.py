@@ -4,8 +4,8 @@ errors only where a cell says it expects one, and an nbval run that really catch
 from __future__ import annotations
 
 import json
+import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -75,37 +75,57 @@ def test_setup_cell_comes_first_and_no_machine_paths(path):
 
 
 def _nbval(path: Path) -> subprocess.CompletedProcess:
+    """nbval on one notebook as `make check` runs it, with the number comparator (tools/)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "tools")}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--nbval", "--nbval-current-env",
-         "--nbval-sanitize-with", str(ROOT / "tests" / "nbval_sanitize.cfg"), str(path)],
-        capture_output=True, text=True, cwd=path.parent, timeout=600,
-    )
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "nbval_numbers", "-q", "--nbval",
+         "--nbval-kernel-name", "hooklab", "--nbval-sanitize-with", str(ROOT / "tests" / "nbval_sanitize.cfg"),
+         str(path)],
+        capture_output=True, text=True, cwd=path.parent, timeout=600, env=env,
+    )  # fmt: skip
 
 
-def test_nbval_fails_when_one_printed_digit_changes(tmp_path):
-    """Proof that the notebooks' stored outputs are really compared: change one digit, and exactly
-    that cell fails (every other cell of the copy passes, so nothing else about the copy differs)."""
-    source = ROOT / "notebooks" / "00_start_here.ipynb"
-    copy = tmp_path / "copy.ipynb"
-    shutil.copy(source, copy)
+#: a small notebook of real torch results, and for each cell how a tamper changes its stored output
+TAMPERED = [
+    ("import torch\ntorch.manual_seed(0)\nx = torch.randn(4, 3)", None),
+    ('print(f"sum of squares {x.pow(2).sum():.4f}")', ("a digit off", r"(\d)(\d\.\d{4})", r"\g<1>9\2")),
+    ('print(f"minus the norm {-x.norm():.4f}")', ("a flipped sign", r"-(\d)", r"\1")),
+    ('print("positives:", int((x > 0).sum()))', ("a changed integer", r"(\d+)$", lambda m: str(int(m[1]) + 1))),
+    ('print("activation:", torch.nn.ReLU())', ("a changed word", r"ReLU", "GELU")),
+    ("x.shape", ("a changed shape", r"4, 3", "4, 4")),
+    ('print(f"mean {x.mean():.4f}")', ("last digit: within tolerance", r"(\d)$", lambda m: str((int(m[1]) + 1) % 10))),
+]  # fmt: skip
 
-    nb = json.loads(copy.read_text())
-    for cell in nb["cells"]:
-        text = "".join("".join(o.get("text", "")) for o in cell.get("outputs", []) if o.get("name") == "stdout")
-        if cell["cell_type"] == "code" and "mean" in text and re.search(r"\d\.\d{4}", text):
-            for output in cell["outputs"]:
-                lines = "".join(output["text"])
-                number = re.search(r"\d\.\d{4}", lines).group()
-                changed = number[:-1] + str((int(number[-1]) + 1) % 10)
-                output["text"] = lines.replace(number, changed, 1)
-            break
-    else:
-        pytest.fail("no printed mean found to change")
-    copy.write_text(json.dumps(nb))
-    result = _nbval(copy)
-    assert result.returncode != 0
-    assert re.search(r"^1 failed, \d+ passed", result.stdout, re.M), result.stdout[-2000:]
-    assert changed in result.stdout
+
+def test_nbval_fails_on_each_kind_of_tampered_output_and_passes_the_rest(tmp_path):
+    """Proof that stored outputs are really compared, numbers to their printed precision: a notebook
+    of real torch results is saved by running it, then five of its outputs are changed, one kind
+    of change each, and one is changed in its last digit. Exactly the five cells fail (each named
+    with the number that differs), and the last-digit change passes like the untouched cells."""
+    import nbformat
+    from run_notebooks import execute
+
+    path = tmp_path / "tampered.ipynb"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(source) for source, _ in TAMPERED])
+    execute(nb, path, timeout=120)
+    must_fail = set()
+    for index, (cell, (_, tamper)) in enumerate(zip(nb.cells, TAMPERED, strict=True)):
+        if tamper is None:
+            continue
+        kind, pattern, change = tamper
+        [output] = cell.outputs
+        box, key = (output, "text") if "text" in output else (output.data, "text/plain")
+        box[key], count = re.subn(pattern, change, box[key], count=1, flags=re.M)
+        assert count == 1, f"{kind}: nothing to change in {box[key]!r}"
+        if "within tolerance" not in kind:
+            must_fail.add(str(index))
+    nbformat.write(nb, path)
+    result = _nbval(path)
+    failed = set(re.findall(r"^FAILED \S+::Cell (\d+)", result.stdout, re.M))
+    assert failed == must_fail, result.stdout[-4000:]
+    assert re.search(r"^5 failed, 2 passed", result.stdout, re.M), result.stdout[-4000:]
+    stored = "".join(nb.cells[1].outputs[0]["text"]).split()[-1]
+    assert re.search(rf"Cell 1: expected {stored} \(±0\.\d+\), got \d+\.\d{{4}}", result.stdout), result.stdout[-4000:]
 
 
 def test_saving_merges_stream_chunks_and_gives_widgets_steady_ids():

@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 
 import nbformat
+from install_kernel import DISPLAY_NAME, KERNEL_ENV, NAME
 from nbclient import NotebookClient
 from traitlets.config import Config
 
@@ -20,28 +21,24 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def course_environment() -> dict[str, str]:
-    """The kernel environment the Makefile exports (its ``export NAME := value`` lines): one
-    thread, the AVX2 kernels, a fixed hash seed. Tests and ``make bench`` read it from here."""
-    found = {}
-    for line in (ROOT / "Makefile").read_text().splitlines():
-        if line.startswith("export ") and ":=" in line:
-            name, value = line.removeprefix("export ").split(":=", 1)
-            found[name.strip()] = value.strip()
-    return found
+    """The environment of the course's kernel (``tools/install_kernel.py``): one thread, a fixed
+    hash seed. Tests and ``make bench`` give it to their own process too."""
+    return dict(KERNEL_ENV)
 
 
 def execute(nb, path: Path, timeout: int, **options) -> None:
-    """Run ``nb`` (read from ``path``) top to bottom in a fresh python3 kernel started in the
-    notebook's folder, in this process's environment. The kernel talks over local sockets in a
+    """Run ``nb`` (read from ``path``) top to bottom in a fresh course kernel (``hooklab``) started
+    in the notebook's folder. The kernel talks over local sockets in a
     temporary folder (not TCP, which makes it print a warning about unencrypted traffic)."""
     with tempfile.TemporaryDirectory(prefix="hooklab-kernel-") as sockets:
         ipc = Config({"KernelManager": {"transport": "ipc", "ip": str(Path(sockets) / "kernel")}})
-        NotebookClient(nb, timeout=timeout, kernel_name="python3", config=ipc,
+        NotebookClient(nb, timeout=timeout, kernel_name=NAME, config=ipc,
                        resources={"metadata": {"path": str(path.parent)}}, **options).execute()  # fmt: skip
 
 
 def run(path: Path, timeout: int) -> float:
     nb = nbformat.read(path, as_version=4)
+    nb.metadata["kernelspec"] = {"name": NAME, "display_name": DISPLAY_NAME, "language": "python"}
     for cell in nb.cells:  # outputs and counts: the client replaces them in every cell it runs
         cell.metadata.pop("execution", None)
     start = time.perf_counter()

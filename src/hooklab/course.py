@@ -1,6 +1,6 @@
 """The setup every notebook runs first, and the environment report of notebook 00.
 
-``setup()`` makes a notebook repeatable to the last printed digit: one thread, fixed seeds,
+``setup()`` makes a notebook repeatable: one thread, fixed seeds,
 fixed print options, and a warnings policy under which a warning is shown every time, as one
 line ``Category: message`` without file paths (so a re-run cell prints the same thing and
 nothing depends on where the course was cloned). It also asks the C allocator to keep freed
@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import importlib.metadata
+import os
 import platform
 import random
 import sys
@@ -51,10 +52,15 @@ def reuse_freed_memory() -> bool:
     return bool(mallopt(m_mmap_threshold, 32 * 2**20)) and bool(mallopt(m_trim_threshold, 512 * 2**20))
 
 
-def setup(seed: int = 0, threads: int = 1) -> None:
-    """Seed every generator, fix the thread count, the print and warnings policy, reuse freed memory."""
+def setup(seed: int = 0, threads: int | None = None) -> None:
+    """Seed every generator, fix the thread count, the print and warnings policy, reuse freed memory.
+
+    ``threads`` defaults to the environment variable ``HOOKLAB_THREADS``, else 1. The printed
+    numbers do not depend on it beyond their last printed digits (``make test`` runs the notebooks
+    on 1 and on 2 threads).
+    """
     reuse_freed_memory()
-    torch.set_num_threads(threads)
+    torch.set_num_threads(threads or int(os.environ.get("HOOKLAB_THREADS", "1")))
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

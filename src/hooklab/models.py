@@ -5,11 +5,15 @@
 * ``TinyConvNet``: conv 3×3 → ReLU(inplace) → conv 1×1 → ReLU(inplace), weights from a seed.
 * ``DigitsCNN``: a small CNN for 8×8 digits; ``head="gap"`` (global average pooling, the
   default) or ``head="flatten"`` (the cautionary Grad-CAM example of notebook 05).
-* ``train_digits``: trains a ``DigitsCNN`` in seconds, bit-for-bit repeatable on one thread with
-  the same PyTorch version and CPU instruction set (``make`` pins the AVX2 kernels).
+* ``train_digits``: trains a ``DigitsCNN`` in seconds, bit-for-bit repeatable with a fixed seed
+  and thread count on one machine (other CPUs add up floats in another order and end elsewhere).
+* ``trained_digits_cnn``: the one trained with ``train_digits``' defaults, from weights that ship
+  with hooklab, so that it is the same network on every machine.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -17,7 +21,9 @@ from torch import nn
 from .checks import whole_number
 from .data import Digits, digits
 
-__all__ = ["DigitsCNN", "TinyConvNet", "TinySigmoidNet", "accuracy", "train_digits"]
+__all__ = ["DigitsCNN", "TinyConvNet", "TinySigmoidNet", "accuracy", "train_digits", "trained_digits_cnn"]
+
+HEADS = ("gap", "flatten")
 
 
 class TinySigmoidNet(nn.Module):
@@ -65,7 +71,7 @@ class DigitsCNN(nn.Module):
 
     def __init__(self, head: str = "gap", seed: int = 0) -> None:
         super().__init__()
-        if head not in ("gap", "flatten"):
+        if head not in HEADS:
             raise ValueError(f"head must be 'gap' or 'flatten', not {head!r}")
         self.input_size = None if head == "gap" else (8, 8)  # the spatial size the head needs
         with torch.random.fork_rng():  # weights from `seed`; the caller's random stream stays as it was
@@ -182,3 +188,22 @@ class SeedNet(TinySigmoidNet):
 
 class SeedConvNet(TinyConvNet):
     pass
+
+
+def weights_path(head: str = "gap") -> Path:
+    """Where the trained weights of a ``DigitsCNN(head=head)`` ship with hooklab."""
+    if head not in HEADS:
+        raise ValueError(f"head must be 'gap' or 'flatten', not {head!r}")
+    return Path(__file__).with_name("weights") / f"digits_cnn_{head}.pt"
+
+
+def trained_digits_cnn(head: str = "gap") -> DigitsCNN:
+    """A ``DigitsCNN`` trained on ``digits()`` (12 epochs of Adam, seed 0), in eval mode.
+
+    The weights ship with hooklab (``tools/train_digits.py`` wrote them): training for a few
+    hundred steps turns the last-bit differences between CPUs into visibly different networks,
+    and the numbers printed from a trained network should be the same on every machine.
+    """
+    model = DigitsCNN(head=head)
+    model.load_state_dict(torch.load(weights_path(head), weights_only=True))
+    return model.eval()
