@@ -1,18 +1,25 @@
-"""The explorers of notebook 05, driven without a browser: render() and the widgets' sliders."""
+"""The explorers of notebook 05, driven without a browser: their plain functions, pictures and controls."""
 
 from __future__ import annotations
 
-import time
+import io
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pytest
 import torch
 import torchvision
+from PIL import Image
+from torch import nn
 
-from hooklab.cam_widgets import GradCamPicker, draw_cam
+from hooklab import picture
+from hooklab.cam_widgets import GradCamPicker, _rank_correlation, draw_cam
+from hooklab.data import photo, to_display
 from hooklab.layers import UnknownLayerError
 from hooklab.models import DigitsCNN
-from hooklab.plots import draw_signed
+from hooklab.plots import draw_signed, tile_channels
+from hooklab.recording import record
+from hooklab.saliency import GuidedBackprop, grad_cam, guided_grad_cam
 from hooklab.widgets import LayerExplorer, describe_tensor
 
 
@@ -125,50 +132,145 @@ def test_bad_layer_channel_or_kind(explorer):
         explorer.describe("features.1", 0, "weights")
 
 
-def test_render_is_fast_and_runs_no_forward_pass(explorer, model):
+def forward_passes(model):
+    """Count the model's forward passes while the block runs (the hook is removed afterwards)."""
     calls = []
     handle = model.register_forward_pre_hook(lambda m, a: calls.append(1))
+    return calls, handle
+
+
+def test_redraws_run_no_forward_pass_and_a_new_image_or_class_runs_one(model):
+    explorer = LayerExplorer(model, torch.rand(3, 1, 8, 8, generator=torch.Generator().manual_seed(4)))
+    calls, handle = forward_passes(model)
     try:
-        times = []
         for layer in explorer.layers:
-            start = time.perf_counter()
             plt.close(explorer.figure(layer, 1))
-            times.append(time.perf_counter() - start)
+            explorer.picture(layer, 1, "gradient")
+            explorer.summary(layer, 1)
+        assert calls == []
+        explorer.picture("features.3", 0, index=2)
+        explorer.picture("features.5", 9, index=2)  # the same image and class: the pass is kept
+        assert len(calls) == 1
+        explorer.summary("features.3", 0, index=2, target=4)
+        assert len(calls) == 2
     finally:
         handle.remove()
-    assert calls == []
-    assert sorted(times)[len(times) // 2] < 0.2, times  # median; typically ~20 ms
 
 
-def test_moving_the_sliders_updates_name_shape_statistics_and_image(explorer):
+def decode(pic) -> np.ndarray:
+    """A picture's PNG as an array of palette indices (what was drawn, colour by colour)."""
+    image = Image.open(io.BytesIO(pic.png))
+    assert image.mode == "P" and image.size == pic.size
+    return np.asarray(image)
+
+
+class OneHot(nn.Module):
+    """70 channels of 8×8; channel c is zero except one pixel, at position c % 64 (read row by
+    row), times the input's mean: every channel's tile looks different, channel 5 is dead."""
+
+    def forward(self, x):
+        basis = torch.zeros(70, 64)
+        basis[torch.arange(70), torch.arange(70) % 64] = 1.0
+        basis[5] = 0.0
+        return basis.view(1, 70, 8, 8) * x.mean()
+
+
+class OneHotNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.spread, self.head = OneHot(), nn.Linear(70, 2)
+
+    def forward(self, x):
+        return self.head(self.spread(x).mean(dim=(2, 3)))
+
+
+def test_picture_frames_the_chosen_channel_on_its_page_and_crosses_out_dead_ones():
+    explorer = LayerExplorer(OneHotNet().eval(), torch.full((1, 1, 4, 4), 0.5))
+    grid_left = 2 * 176 + 40  # the tiles start right of the two channel panels
+    for channel, tiles_shown in ((9, 64), (66, 6)):  # page 0 (channels 0-63), page 1 (64-69)
+        pixels = decode(explorer.picture("spread", channel))[:, grid_left:]
+        rows, cols = (pixels == picture.RED).nonzero()
+        inside = pixels[rows.min() + 2 : rows.max() - 1, cols.min() + 2 : cols.max() - 1]  # within the frame
+        bright = (inside == picture.LEVELS - 1).nonzero()  # the channel's one pixel, at its top of viridis
+        tile = inside.shape[0] / 8  # screen pixels per map pixel
+        position = (channel % 64) // 8, channel % 8
+        assert (round(bright[0].min() / tile), round(bright[1].min() / tile)) == position
+        blocks = (pixels == picture.LEVELS - 1).any(axis=0)
+        assert (np.diff(blocks.astype(int)) == 1).sum() + blocks[0] >= min(tiles_shown, 8)  # tiles in a row
+    crossed = decode(explorer.picture("spread", 9))[:, grid_left:] == picture.LIGHT
+    assert crossed.any() and not (decode(explorer.picture("spread", 66))[:, grid_left:] == picture.LIGHT).any()
+    text = explorer.summary("spread", 66)
+    assert "channel 66 of 70; tiles: activation, channels 64–69" in text
+    assert "dead (zero everywhere for this image, crossed out): 1 of 70: 5" in text
+    assert explorer.dead("spread") == [5]
+
+
+def test_colours_and_tiles_match_the_matplotlib_versions():
+    maps = torch.randn(10, 5, 6, generator=torch.Generator().manual_seed(0))
+    maps[2, 1, 1] = float("nan")
+    maps[3] = 0.0
+    for signed in (False, True):
+        grid, h, w = picture.tiles(maps, ncols=4, signed=signed)
+        expected = tile_channels(maps, channels=None, ncols=4, pad=1, signed=signed)
+        assert (h, w) == (5, 6) and grid.shape == expected.shape
+        assert np.allclose(grid, expected, atol=1e-6, equal_nan=True)
+    values = torch.tensor([[-1.0, 0.0, 1.0, float("nan")]])
+    assert picture.colours(values, "viridis", 0.0, 1.0).tolist() == [[0, 0, picture.LEVELS - 1, picture.GREY]]
+    assert picture.colours(values, "RdBu_r", -1.0, 1.0)[0, :3].tolist() == [
+        picture.LEVELS, picture.LEVELS + round((picture.LEVELS - 1) / 2), 2 * picture.LEVELS - 1]
+    with pytest.raises(ValueError, match="cmap must be one of viridis, RdBu_r"):
+        picture.colours(values, "jet", 0.0, 1.0)
+    big = torch.arange(4 * 70 * 70, dtype=torch.float32).view(4, 70, 70)
+    grid, h, w = picture.tiles(big)
+    assert (h, w) == (24, 24)  # averaged over 3×3 blocks: at most 32 pixels a side
+    assert picture.shrink(torch.ones(100, 50), 40).shape == (34, 17)
+
+
+def test_moving_the_controls_updates_the_text_and_the_picture(explorer):
     panel = explorer.widget()
-    assert panel.layer.description == "layer" and panel.channel.description == "channel"
-    assert panel.text.startswith("features.0 (Conv2d) activation shape (16, 8, 8), channel 0 of 16")
-    assert panel.channel.max == 15
-    first_png = panel.png
+    assert [panel.controls[k].description for k in panel.controls] == ["layer", "channel", "tiles", "image", "class"]
+    assert panel.text.startswith(f"image 0 of 3: class {explorer.target} explained")
+    assert "features.0 (Conv2d) shape (16, 8, 8), channel 0 of 16; tiles: activation, channels 0–15" in panel.text
+    assert panel.channel.max == 15 and panel.redraws == 1
+    shown = [panel.png]
 
-    panel.layer.value = "features.5"
-    assert panel.text.startswith("features.5 (Conv2d) activation shape (64, 4, 4), channel 0 of 64")
+    def moved(control, value, *expected):
+        control.value = value
+        assert all(e in panel.text for e in expected), panel.text
+        assert panel.png not in shown
+        shown.append(panel.png)
+
+    moved(panel.layer, "features.5", "features.5 (Conv2d) shape (64, 4, 4), channel 0 of 64")
     assert panel.channel.max == 63
-    assert panel.png != first_png
-    assert panel.redraws == 2
-
-    second_png = panel.png
-    panel.channel.value = 40
-    assert "channel 40 of 64" in panel.text and "channel 40: mean" in panel.text
-    assert panel.png != second_png
-
-    panel.layer.value = "features.1"  # fewer channels: the channel slider is clamped, one redraw
-    assert panel.channel.max == 15 and panel.channel.value == 15
-    assert panel.text.startswith("features.1 (ReLU) activation shape (16, 8, 8), channel 15 of 16")
-    assert panel.redraws == 4
-
-    panel.kind.value = "gradient"
-    assert panel.text.startswith("features.1 (ReLU) gradient shape (16, 8, 8), channel 15 of 16")
-    assert panel.text == explorer.describe("features.1", 15, "gradient") + "\n"
+    moved(panel.channel, 40, "channel 40 of 64", "  activation, channel 40: mean", "  gradient,   channel 40: mean")
+    moved(panel.layer, "features.1", "features.1 (ReLU) shape (16, 8, 8), channel 15 of 16")  # clamped, one redraw
+    assert panel.channel.max == 15 and panel.channel.value == 15 and panel.redraws == 4
+    moved(panel.kind, "gradient", "tiles: gradient")
+    other = (explorer.target + 1) % 10
+    moved(panel.target, other, f"class {other} explained")
+    assert panel.text.splitlines()[2] == explorer.describe("features.1", 15, index=0, target=other).splitlines()[1] \
+        .replace("  channel", "  activation, channel")
+    find = panel.box.children[1]
+    assert find.description == "find" and "features.6" in find.options
+    find.value = "features.6"
+    assert panel.layer.value == "features.6" and panel.text.count("features.6 (ReLU)") == 1
+    find.value = "features."  # not a layer yet: nothing moves
+    assert panel.layer.value == "features.6" and panel.redraws == 7
 
 
-def test_resnet_explorer_labels_second_calls_and_leaves_no_hooks():
+def test_the_widget_picks_an_image_of_the_batch(model, x):
+    explorer = LayerExplorer(model, x)
+    panel = explorer.widget("features.3", 4)
+    panel.index.value = 2
+    scores = model(x[2:3])
+    assert panel.text.startswith(f"image 2 of 3: class {int(scores.argmax())} explained")
+    act = explorer.recorded(2, int(scores.argmax())).activations["features.3"]
+    assert torch.equal(act, model.features[:4](x[2:3])[0])
+    with pytest.raises(IndexError, match=r"index 3 is out of range for 3 images"):
+        explorer.picture("features.3", 0, index=3)
+
+
+def test_resnet_explorer_labels_second_calls_reaches_every_channel_and_leaves_no_hooks():
     resnet = torchvision.models.resnet18(weights=None).eval()
     explorer = LayerExplorer(resnet, torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(0)))
     assert "layer1.0.relu" in explorer.layers and "layer1.0.relu (call 1)" in explorer.layers
@@ -176,28 +278,166 @@ def test_resnet_explorer_labels_second_calls_and_leaves_no_hooks():
     assert first.shape == second.shape == (64, 16, 16)
     assert not torch.equal(first, second)
     panel = explorer.widget("layer2.0.conv1")
-    assert panel.text.startswith("layer2.0.conv1 (Conv2d) activation shape (128, 8, 8)")
+    assert "layer2.0.conv1 (Conv2d) shape (128, 8, 8), channel 0 of 128" in panel.text
+    panel.layer.value = "layer4.1.conv2"
+    panel.channel.value = 511
+    assert "channel 511 of 512; tiles: activation, channels 448–511" in panel.text
     # the conftest fixture checks that no hook is left on resnet
 
 
-def test_grad_cam_picker_widget(model, x):
-    picker = GradCamPicker(model, x, torch.tensor([1, 2, 3]), ["features.3", "features.6"])
+@pytest.fixture(scope="module")
+def picker(model, x):
+    return GradCamPicker(model, x, torch.tensor([1, 2, 3]), ["features.3", "features.6"])
+
+
+def test_grad_cam_picker_widget(model, x, picker):
     panel = picker.widget()
+    assert [c.description for c in panel.controls.values()] == [
+        "layer", "class", "image", "method", "before ReLU", "scale", "weights"]
     assert panel.layer.value == "features.6"
     assert panel.text.startswith(f"image 0: label 1, predicted {int(picker.predicted[0])}")
-    before = panel.png
-    panel.target.value = (panel.target.value + 1) % 10
-    assert f"class {panel.target.value} " in panel.text and panel.png != before
-    panel.layer.value = "features.3"
-    assert "explained at features.3" in panel.text and "Grad-CAM (8, 8)" in panel.text
-    panel.index.value = 2
-    assert panel.text.startswith("image 2: label 3")
-    with pytest.raises(ValueError, match=r"\(N, 1, H, W\)"):
+    shown = [panel.png]
+
+    def moved(control, value, expected):
+        control.value = value
+        assert expected in panel.text, panel.text
+        assert panel.png not in shown
+        shown.append(panel.png)
+
+    moved(panel.target, (panel.target.value + 1) % 10, f"class {(panel.target.value + 1) % 10} ")
+    moved(panel.layer, "features.3", "Grad-CAM (8, 8)")
+    moved(panel.index, 2, "image 2: label 3")
+    moved(panel.method, "HiResCAM", "  HiResCAM (8, 8)")
+    moved(panel.signed, True, "HiResCAM")
+    moved(panel.scale, "shared", "HiResCAM")
+    moved(panel.weights, "random", "rank correlation with the trained model's map")
+    with pytest.raises(ValueError, match=r"\(N, C, H, W\), got shape \(3, 8, 8\)"):
         GradCamPicker(model, x[:, 0], torch.tensor([1, 2, 3]), ["features.3"])
+    with pytest.raises(ValueError, match=r"\(N, 1, H, W\) digits or \(N, 3, H, W\) photos, got shape \(3, 2, 8, 8\)"):
+        GradCamPicker(model, x.expand(3, 2, 8, 8), torch.tensor([1, 2, 3]), ["features.3"])
     with pytest.raises(UnknownLayerError, match=r"close matches: 'features\.6'"):
         GradCamPicker(model, x, torch.tensor([1, 2, 3]), ["features.3", "features.66"])
     with pytest.raises(ValueError, match="non-empty list"):
         GradCamPicker(model, x, torch.tensor([1, 2, 3]), "features.3")
+
+
+def test_picker_methods_match_their_formulas_and_hooklab_cam(model, x, picker):
+    with record(model, "features.3", backward=True) as rec:
+        x2 = x[2:3].clone().requires_grad_(True)
+        torch.autograd.grad(model(x2)[0, 7], x2)
+    a, g = rec["features.3"].output, rec["features.3"].grad_output[0]
+    by_hand = {
+        "Grad-CAM": (g.mean(dim=(2, 3), keepdim=True) * a).sum(dim=1),
+        "HiResCAM": (g * a).sum(dim=1),
+        "Layer-CAM": (g.clamp(min=0) * a).sum(dim=1),
+    }
+    for method, raw in by_hand.items():
+        parts = picker.compute("features.3", 7, 2, method=method)
+        assert torch.allclose(parts["raw"], raw[0], atol=1e-6) and torch.equal(parts["map"], parts["raw"].clamp(min=0))
+    assert torch.equal(picker.compute("features.3", 7, 2, method="Grad-CAM")["map"],
+                       grad_cam(model, x[2:3], "features.3", 7).maps[0])
+    guided = picker.compute("features.3", 7, 2)
+    assert torch.equal(guided["guided"], guided_grad_cam(model, x[2:3], "features.3", 7)[0])
+    with GuidedBackprop(model) as gb:
+        assert torch.equal(guided["saliency"], gb.saliency(x[2:3], 7)[0, 0])
+
+
+def test_a_students_method_joins_the_selector_and_bad_ones_are_named(model, x):
+    def mine(activations, gradients):
+        return (gradients.clamp(min=0) * activations).sum(dim=1).clamp(min=0)
+
+    picker = GradCamPicker(model, x, [1, 2, 3], ["features.6"], methods={"my Layer-CAM": mine})
+    assert list(picker.widget().method.options)[-1] == "my Layer-CAM"
+    assert torch.allclose(picker.compute("features.6", 3, method="my Layer-CAM")["map"],
+                          picker.compute("features.6", 3, method="Layer-CAM")["map"])
+    wrong = GradCamPicker(model, x, [1, 2, 3], ["features.6"], methods={"flat": lambda a, g: (a * g).sum()})
+    with pytest.raises(ValueError, match=r"'flat' must return \(N, h, w\) maps, here \(1, 4, 4\); it returned \(\)"):
+        wrong.compute("features.6", 3, method="flat")
+    with pytest.raises(LookupError, match=r"unknown method 'Layer-Cam'; close matches: 'Layer-CAM'"):
+        picker.compute("features.6", 3, method="Layer-Cam")
+    with pytest.raises(TypeError, match="methods must map a name to a function"):
+        GradCamPicker(model, x, [1, 2, 3], ["features.6"], methods=[mine])
+
+
+def test_shared_scale_and_the_signed_map(picker, capsys):
+    predicted = int(picker.predicted[0])
+    other = (predicted + 5) % 10
+    top = float(picker.compute("features.6", predicted, 0)["map"].max())
+    own = float(picker.compute("features.6", other, 0)["map"].max())
+    fig = picker.render("features.6", other, 0, scale="shared", signed=True)
+    assert fig.axes[1].images[0].get_clim() == (0.0, max(top, own))
+    raw = picker.compute("features.6", other, 0)["raw"]
+    bound = float(raw.abs().max())
+    assert len(fig.axes) == 5 and fig.axes[2].images[0].get_clim() == (-bound, bound)
+    assert fig.axes[2].get_title().startswith(f"before the ReLU, class {other}")
+    plt.close(fig)
+    fig = picker.render("features.6", other, 0, method="Grad-CAM")
+    assert len(fig.axes) == 2 and fig.axes[1].images[0].get_clim()[1] == pytest.approx(own or 1.0)
+    plt.close(fig)
+    with pytest.raises(ValueError, match="scale must be 'own'"):
+        picker.render("features.6", other, 0, scale="global")
+    assert plt.get_fignums() == []
+    capsys.readouterr()
+
+
+def test_weight_randomisation_leaves_the_model_and_the_random_numbers_alone(model, picker):
+    before = [p.clone() for p in model.parameters()]
+    state = torch.random.get_rng_state()
+    trained = picker.compute("features.6", 3, 0, method="Grad-CAM")
+    random = picker.compute("features.6", 3, 0, method="Grad-CAM", weights="random")
+    assert torch.equal(torch.random.get_rng_state(), state)
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before, strict=True))
+    assert not torch.equal(trained["raw"], random["raw"])
+    randomised = picker._model("random")
+    assert randomised is not model and not torch.equal(randomised.features[0].weight, model.features[0].weight)
+    text = picker.describe("features.6", 3, 0, random)
+    rho = _rank_correlation(random["raw"], trained["raw"])
+    assert f"rank correlation with the trained model's map {rho:.2f}" in text
+    with pytest.raises(ValueError, match="weights must be 'trained' or 'random'"):
+        picker.compute("features.6", 3, 0, weights="shuffled")
+    assert _rank_correlation(torch.arange(9.0), torch.arange(9.0)) == pytest.approx(1.0)
+    built_from_0 = GradCamPicker(DigitsCNN(seed=0).eval(), torch.rand(1, 1, 8, 8), [0], ["features.6"], seed=0)
+    redrawn = built_from_0._model("random")  # seed 0 would rebuild the same weights: the next seed is used
+    assert built_from_0.random_seed == 1 and not torch.equal(redrawn.head[2].weight, built_from_0.model.head[2].weight)
+
+    class Scale(nn.Module):  # a parameter that no reset_parameters() re-draws
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(1, 1, 1, 1))
+
+        def forward(self, x):
+            return x * self.scale
+
+    fixed = nn.Sequential(Scale(), nn.AdaptiveAvgPool2d(1), nn.Flatten()).eval()
+    with pytest.raises(ValueError, match=r"changed none of them: its layers need a reset_parameters\(\) method"):
+        GradCamPicker(fixed, torch.rand(1, 1, 4, 4), [0], ["0"])._model("random")
+    assert _rank_correlation(torch.arange(9.0), -torch.arange(9.0)) == pytest.approx(-1.0)
+
+
+def test_picker_explains_an_rgb_photo_on_resnet18():
+    resnet = torchvision.models.resnet18(weights=None).eval()  # random weights: nothing is downloaded
+    cat = photo("chelsea", size=112)
+    picker = GradCamPicker(resnet, cat, [281], ["layer3", "layer4"])
+    parts = picker.compute("layer4", None, 0, method="Grad-CAM")
+    assert torch.equal(parts["map"], grad_cam(resnet, cat, "layer4").maps[0]) and parts["map"].shape == (4, 4)
+    panel = picker.widget()
+    assert panel.text.startswith(f"image 0: label 281, predicted {int(picker.predicted[0])}")
+    fig = picker.figure("layer4", parts["target"], 0, parts)
+    shown = fig.axes[0].images[0].get_array()
+    assert shown.shape == (112, 112, 3) and np.allclose(shown, to_display(cat), atol=1e-6)
+    assert fig.axes[1].images[1].get_alpha() == 0.55 and not fig.axes[1].collections  # no digit outline
+    # the conftest fixture checks that no hook is left on resnet
+
+
+def test_draw_cam_over_a_photo(x):
+    rgb = torch.rand(8, 8, 3, generator=torch.Generator().manual_seed(0))
+    fig = draw_cam(rgb, torch.ones(2, 2), "photo", vmax=4.0)
+    ax = fig.axes[0]
+    assert len(ax.images) == 2 and ax.images[1].get_clim() == (0.0, 4.0)
+    assert ax.get_title() == "photo\nmax 1, colours 0..4"
+    plt.close(fig)
+    with pytest.raises(ValueError, match=r"an \(H, W, 3\) photo; got \(3, 8, 8\): use hooklab\.data\.to_display"):
+        draw_cam(rgb.permute(2, 0, 1), torch.ones(2, 2))
 
 
 def test_draw_cam_titles_the_maximum_and_outlines_the_image(x):

@@ -1,35 +1,37 @@
-"""The layer explorer of notebook 05: sliders over a model's recorded activations and gradients.
+"""The layer explorer of notebook 05: a model's recorded activations and gradients, layer by layer.
 
-Each explorer is a plain object whose ``render(...)`` prints a few lines (name, shape,
-statistics) and returns a matplotlib figure; ``widget()`` is a thin ipywidgets wrapper that
-calls the same code when a slider moves. pytest drives ``render`` and the widget alike, no
-browser needed.
+Each explorer is a plain object with plain functions that pytest calls without a browser;
+``widget()`` is a thin ipywidgets wrapper that calls the same functions when a control moves.
 
-* ``LayerExplorer(model, x)`` runs **one** forward and backward pass of ``x[:1]`` inside
-  ``hooklab.record(..., backward=True)`` and keeps every recorded ``(N, C, H, W)`` output
-  with H × W > 1 and its gradient (d score / d output, for the class ``target``, by default
-  the predicted one). The hooks are gone
-  when the constructor returns; moving a slider only redraws. Its widget: a
-  ``SelectionSlider`` "layer", an ``IntSlider`` "channel", ``ToggleButtons`` "show"
-  (activation / gradient) and an ``Output`` holding the printed text and the figure. Its input
-  is checked as ``hooklab.cam`` checks Grad-CAM's (a batch of the model's dtype, the model in
-  eval mode, an int ``target`` in range). A layer that does not contribute to the score gets a
-  zero gradient, and ``describe`` says so.
+* ``LayerExplorer(model, x)`` runs one forward and backward pass of image ``index`` of the
+  batch ``x`` inside ``hooklab.record(..., backward=True)`` and keeps every recorded
+  ``(N, C, H, W)`` output with H × W > 1 and its gradient (d score / d output, for the class
+  ``target``, by default the predicted one). The hooks are gone when the pass returns; another
+  image or class runs one more pass (the last few are kept), a new layer or channel only redraws.
+  ``activations``, ``gradients``, ``target`` and ``no_gradient`` are those of image 0 for the
+  constructor's ``target``. Its input is checked as ``hooklab.saliency`` checks Grad-CAM's (a batch
+  of the model's dtype, the model in eval mode, an int ``target`` in range). A layer that does
+  not contribute to the score gets a zero gradient, and ``describe`` says so.
+* ``view(layer, channel, kind, index=, target=)`` prints ``summary(...)`` and returns
+  ``picture(...)``: the channel's activation and gradient side by side, and 64 channels tiled
+  (the page holding the chosen channel, framed in red; dead channels crossed out). That is
+  what the widget shows; it is drawn straight to PNG (``hooklab.picture``), fast enough for a
+  slider. Its controls: "layer" (a slider, plus "find", a box that completes a typed name),
+  "channel", "tiles" (activation / gradient), "image" and "class".
+* ``render(layer, channel, kind)`` prints ``describe(...)`` (name, shape, statistics) and
+  returns a matplotlib figure of the channel with a colour bar and the tiles, as a pyplot
+  figure: ``plt.show()`` displays it (in a script, close it with ``plt.close(fig)``).
+  ``figure(...)`` draws the same on a figure pyplot does not track.
 
-``figure(...)`` returns a figure that pyplot does not track (nothing to close; a notebook shows
-it once when a cell ends with it). ``render(...)`` returns a pyplot figure, so that
-``plt.show()`` displays it, as notebook 05 does after each ``render``: in a script, close it with
-``plt.close(fig)`` (or ``plt.show()``), and in a notebook end the cell with ``plt.show()`` or a
-``;``, or the figure is shown twice.
-
-The panel plumbing (``show_in_output``, ``describe_tensor``) is shared with the Grad-CAM picker
-in ``hooklab.cam_widgets``.
+The panel plumbing (``Panel``, ``describe_tensor``) is shared with the Grad-CAM picker in
+``hooklab.cam_widgets``.
 """
 
 from __future__ import annotations
 
-import base64
-import io
+import html
+from collections import OrderedDict
+from typing import NamedTuple
 
 import matplotlib.pyplot as plt
 import torch
@@ -38,11 +40,12 @@ from torch import nn
 
 from .checks import check_index, check_inputs, class_scores, new_figure, targets_for, wanted_targets
 from .layers import unknown_name_hint
+from .picture import DARK, Canvas, Picture, colour_bar, colours, shrink, tiles
 from .plots import draw_signed, tile_channels
 from .recording import NoGradientError, record
 from .saliency import check_gradients
 
-__all__ = ["LayerExplorer", "Panel", "describe_tensor", "figure_png", "show_in_output"]
+__all__ = ["LayerExplorer", "Panel", "describe_tensor"]
 
 
 def _fmt(value: float) -> str:
@@ -56,42 +59,26 @@ def describe_tensor(t: torch.Tensor) -> str:
             f"min {_fmt(t.min())}  max {_fmt(t.max())}  zero {(t == 0).float().mean().item():.1%}")
 
 
-def figure_png(fig) -> str:
-    """The figure as base64 PNG text (what a notebook stores for an image)."""
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    return base64.b64encode(buffer.getvalue()).decode("ascii")
-
-
-def show_in_output(output, text: str, fig) -> None:
-    """Replace what an ``ipywidgets.Output`` shows: ``text`` as stdout, then the figure as an image.
-
-    The outputs are set directly (not captured from a running cell), so this works the same in
-    a kernel and in a test, and nothing leaks into the cell's own output. The figure is closed.
-    """
-    png = figure_png(fig)
-    plt.close(fig)
-    output.outputs = (
-        {"output_type": "stream", "name": "stdout", "text": text + "\n"},
-        {"output_type": "display_data", "data": {"image/png": png, "text/plain": repr(fig)}, "metadata": {}},
-    )
-
-
 class Panel:
     """The widgets of one explorer; displays as its ``VBox``.
 
-    ``controls`` (name -> widget) are stacked above ``output``; every change of a control's value
-    calls ``redraw(panel)``, once now and once per change (``redraws`` counts them). A control is
-    also an attribute: ``panel.layer`` is ``controls["layer"]``.
+    ``rows`` (widgets or boxes of them) are stacked above the printed text (an ``HTML``) and the
+    picture (an ``Image``). Every change of a value in ``controls`` (name -> widget) calls
+    ``redraw(panel) -> (text, png_bytes)`` and shows the result, once now and once per change
+    (``redraws`` counts them). A control is also an attribute: ``panel.layer`` is
+    ``controls["layer"]``. ``hold()`` changes several controls with one redraw.
     """
 
-    def __init__(self, controls: dict, output, redraw):
-        from ipywidgets import VBox
+    def __init__(self, rows: list, controls: dict, redraw):
+        from ipywidgets import HTML, Image, Layout, VBox
 
-        self.controls, self.output = controls, output
-        self.box = VBox([*controls.values(), output])
+        self.controls = controls
+        self.html = HTML()
+        self.image = Image(format="png", layout=Layout(max_width="100%"))
+        self.box = VBox([*rows, self.html, self.image])
         self.redraws = 0
-        self._redraw = redraw
+        self.text = ""
+        self._redraw, self._held = redraw, False
         for control in controls.values():
             control.observe(self._changed, names="value")
         self._changed()
@@ -103,18 +90,26 @@ class Panel:
         raise AttributeError(name)
 
     def _changed(self, change=None) -> None:
-        self._redraw(self)
+        if self._held:
+            return
+        text, png = self._redraw(self)
+        self.text = text + "\n"
+        self.html.value = f"<pre style='margin:0;line-height:1.3'>{html.escape(text)}</pre>"
+        self.image.value = png
         self.redraws += 1
 
-    @property
-    def text(self) -> str:
-        """The printed text the output shows now."""
-        return "".join(o["text"] for o in self.output.outputs if o["output_type"] == "stream")
+    def hold(self, change) -> None:
+        """Run ``change()`` (which sets some controls) without a redraw for each of its changes."""
+        self._held = True
+        try:
+            change()
+        finally:
+            self._held = False
 
     @property
-    def png(self) -> str:
-        """The base64 PNG the output shows now."""
-        return next(o["data"]["image/png"] for o in self.output.outputs if o["output_type"] == "display_data")
+    def png(self) -> bytes:
+        """The PNG the panel shows now."""
+        return self.image.value
 
     def _ipython_display_(self) -> None:
         from IPython.display import display
@@ -122,69 +117,205 @@ class Panel:
         display(self.box)
 
 
-_TILES, _COLS = 64, 8  # the explorer tiles the first 64 channels, 8 per row, 1-pixel gaps
+class Pass(NamedTuple):
+    """One recorded forward and backward pass: image ``index``, explained class ``target``."""
+
+    index: int
+    target: int
+    predicted: int
+    score: float
+    classes: int
+    activations: dict  # label -> (C, H, W)
+    gradients: dict  # label -> (C, H, W) d score / d output (zero where no gradient arrived)
+    no_gradient: frozenset  # labels the score does not depend on
+
+
+_TILES, _COLS = 64, 8  # 64 channels a page, 8 per row
+_SIDE, _GRID, _TOP = 176, 360, 36  # pixels: a channel panel, the tiles at most, the titles above
+_KEPT = 4  # passes kept besides the first
 
 
 class LayerExplorer:
-    """Activations and gradients of every recorded ``(N, C, H, W)`` layer for one input."""
+    """Activations and gradients of every recorded ``(N, C, H, W)`` layer, image by image."""
 
     def __init__(self, model: nn.Module, x: torch.Tensor, layers=None, *, types=None, target: int | None = None):
         check_inputs(model, x, "LayerExplorer")
         check_gradients(model, "LayerExplorer")
-        wanted = wanted_targets(target, 1)
-        x = x[:1].detach().clone().requires_grad_(True)
-        with record(model, layers, types=types, backward=True) as rec, torch.enable_grad():
-            scores = class_scores(model(x), 1)
-            self.target = int(targets_for(scores, wanted)[0])
-            torch.autograd.grad(scores[0, self.target], x)  # parameters' .grad stay untouched
-        self.activations: dict[str, torch.Tensor] = {}
-        self.gradients: dict[str, torch.Tensor] = {}
-        self.types: dict[str, str] = {}
-        self.no_gradient: set[str] = set()  # layers the score does not depend on: their gradient is zero
-        for r in rec:
-            if isinstance(r.output, torch.Tensor) and r.output.dim() == 4 and r.output[0, 0].numel() > 1:
-                label = r.name if r.call == 0 else f"{r.name} (call {r.call})"
-                self.activations[label] = r.output[0]
-                try:
-                    self.gradients[label] = r.grad_output[0][0]
-                except NoGradientError:
-                    self.gradients[label] = torch.zeros_like(r.output[0])
-                    self.no_gradient.add(label)
-                self.types[label] = r.module_type
-        if not self.activations:
+        wanted_targets(target, 1)  # an int or None, checked before any work
+        self.model, self.x, self._wanted = model, x.detach(), target
+        self._recorded = (layers, types)
+        self._passes: OrderedDict = OrderedDict()
+        self._cache: dict = {}
+        first = self.recorded(0)
+        if not first.activations:
             raise ValueError("no recorded layer returned an (N, C, H, W) tensor with H × W > 1")
-        self._tiles: dict = {}
+        self._first = first
+        self.target, self.activations, self.gradients = first.target, first.activations, first.gradients
+        self.no_gradient = set(first.no_gradient)
 
     @property
     def layers(self) -> list[str]:
         """Layer labels in execution order (a second call of a module: ``"name (call 1)"``)."""
-        return list(self.activations)
+        return list(self._first.activations)
 
-    def _get(self, layer: str, channel: int, kind: str) -> tuple[torch.Tensor, int]:
+    def recorded(self, index: int = 0, target: int | None = None) -> Pass:
+        """The pass of image ``index`` for class ``target`` (None: the constructor's ``target``,
+        else the predicted class); run now unless it is one of the last few."""
+        index = check_index(index, len(self.x), "index", "images in this explorer's batch")
+        wanted = wanted_targets(self._wanted if target is None else target, 1)
+        key = (index, None if wanted is None else int(wanted[0]))
+        if key not in self._passes:
+            run = self._run(index, wanted)
+            self._passes[key] = self._passes[(index, run.target)] = run  # found under both names
+            first = next(iter(self._passes))
+            while len(self._passes) > 2 * _KEPT + 2:  # the first pass stays: it backs self.activations
+                self._passes.pop(next(k for k in self._passes if self._passes[k] is not self._passes[first]))
+        self._passes.move_to_end(key)
+        return self._passes[key]
+
+    def _run(self, index: int, wanted) -> Pass:
+        layers, types = self._recorded
+        x = self.x[index : index + 1].clone().requires_grad_(True)
+        with record(self.model, layers, types=types, backward=True) as rec, torch.enable_grad():
+            scores = class_scores(self.model(x), 1)
+            target = int(targets_for(scores, wanted)[0])
+            torch.autograd.grad(scores[0, target], x)  # parameters' .grad stay untouched
+        activations, gradients, no_gradient, self.types = {}, {}, set(), getattr(self, "types", {})
+        for r in rec:
+            if isinstance(r.output, torch.Tensor) and r.output.dim() == 4 and r.output[0, 0].numel() > 1:
+                label = r.name if r.call == 0 else f"{r.name} (call {r.call})"
+                activations[label] = r.output[0]
+                try:
+                    gradients[label] = r.grad_output[0][0]
+                except NoGradientError:
+                    gradients[label] = torch.zeros_like(r.output[0])
+                    no_gradient.add(label)
+                self.types[label] = r.module_type
+        scores = scores.detach()[0]
+        return Pass(index, target, int(scores.argmax()), float(scores[target]), len(scores),
+                    activations, gradients, frozenset(no_gradient))
+
+    def _get(self, layer: str, channel: int, kind: str, index: int = 0, target=None):
         if kind not in ("activation", "gradient"):
             raise ValueError(f"kind must be 'activation' or 'gradient', not {kind!r}")
         if not isinstance(layer, str):
             raise TypeError(f"layer must be one of this explorer's layer names (a str), not {layer!r}")
-        if layer not in self.activations:
+        if layer not in self._first.activations:
             hint = unknown_name_hint(layer, self.layers, kind="explorable layers")
             raise LookupError(f"{layer!r} is not one of this explorer's layers (recorded outputs of shape "
                               f"(N, C, H, W) with H × W > 1); {hint}")
-        maps = (self.activations if kind == "activation" else self.gradients)[layer]
-        return maps, check_index(channel, maps.shape[0], "channel", f"channels in {layer}")
+        run = self._first if index == 0 and target is None else self.recorded(index, target)
+        maps = (run.activations if kind == "activation" else run.gradients)[layer]
+        return run, maps, check_index(channel, maps.shape[0], "channel", f"channels in {layer}")
 
-    def describe(self, layer: str, channel: int = 0, kind: str = "activation") -> str:
+    def describe(self, layer: str, channel: int = 0, kind: str = "activation", *, index: int = 0, target=None) -> str:
         """Three lines: name, type and shape; the channel's statistics; the whole layer's."""
-        maps, channel = self._get(layer, channel, kind)
+        run, maps, channel = self._get(layer, channel, kind, index, target)
         head = f"{layer} ({self.types[layer]}) {kind} shape {tuple(maps.shape)}"
-        if kind == "gradient" and layer in self.no_gradient:
-            head += f" (zero: the score of class {self.target} does not depend on this layer)"
+        if kind == "gradient" and layer in run.no_gradient:
+            head += f" (zero: the score of class {run.target} does not depend on this layer)"
         return (f"{head}, channel {channel} of {maps.shape[0]}\n"
                 f"  channel {channel}: {describe_tensor(maps[channel])}\n"
-                f"  layer:      {describe_tensor(maps)}")
+                f"  layer:      {self._layer_line(run, layer, kind, maps)}")
+
+    def _layer_line(self, run: Pass, layer: str, kind: str, maps: torch.Tensor) -> str:
+        key = ("stats", run.index, run.target, layer, kind)
+        if key not in self._cache:
+            self._cache[key] = describe_tensor(maps)
+        return self._cache[key]
+
+    def dead(self, layer: str, *, index: int = 0, target=None) -> list[int]:
+        """Channels whose activation is zero at every position for this image ("dead" here)."""
+        run = self._get(layer, 0, "activation", index, target)[0]
+        key = ("dead", run.index, layer)
+        if key not in self._cache:
+            self._cache[key] = (run.activations[layer] == 0).flatten(1).all(dim=1).nonzero().flatten().tolist()
+        return self._cache[key]
+
+    def summary(self, layer: str, channel: int = 0, kind: str = "activation", *, index: int = 0, target=None) -> str:
+        """What the widget prints: image and class, then both kinds' statistics and the dead channels."""
+        run, maps, channel = self._get(layer, channel, kind, index, target)
+        page = channel // _TILES * _TILES
+        lines = [f"image {run.index} of {len(self.x)}: class {run.target} explained (score {run.score:.4g}), "
+                 f"predicted {run.predicted}",
+                 f"{layer} ({self.types[layer]}) shape {tuple(maps.shape)}, channel {channel} of {len(maps)}; "
+                 f"tiles: {kind}, channels {page}–{min(page + _TILES, len(maps)) - 1}"]
+        both = (("activation", run.activations[layer]), ("gradient", run.gradients[layer]))
+        lines += [f"  {name + ',':11} channel {channel}: {describe_tensor(values[channel])}" for name, values in both]
+        lines += [f"  {name + ',':11} {'layer:':{len(str(channel)) + 10}}{self._layer_line(run, layer, name, values)}"
+                  for name, values in both]
+        if layer in run.no_gradient:
+            lines.append(f"  the gradient is zero: the score of class {run.target} does not depend on this layer")
+        dead = self.dead(layer, index=run.index, target=run.target)
+        if dead:
+            shown = ", ".join(map(str, dead[:12])) + (", …" if len(dead) > 12 else "")
+            lines.append(f"  dead (zero everywhere for this image, crossed out): {len(dead)} of {len(maps)}: {shown}")
+        return "\n".join(lines)
+
+    def picture(self, layer: str, channel: int = 0, kind: str = "activation", *, index: int = 0,
+                target=None) -> Picture:
+        """The channel's activation and gradient side by side (true values, with their colour
+        ranges), and the 64 channels of the page holding it tiled (``kind``), each tile scaled on
+        its own, the chosen one framed in red and dead channels crossed out. Returns a ``Picture``."""
+        run, maps, channel = self._get(layer, channel, kind, index, target)
+        act, grad = run.activations[layer][channel], run.gradients[layer][channel]
+        page = channel // _TILES
+        grid, (th, tw) = self._grid(run, layer, kind, page)
+        scale = min(_GRID / grid.shape[1], _GRID / grid.shape[0])
+        size = (round(grid.shape[1] * scale), round(grid.shape[0] * scale))
+        canvas = Canvas(2 * _SIDE + size[0] + 48, _TOP + max(_SIDE + 40, size[1]) + 4)
+        for x, values, name in ((8, act, "activation"), (_SIDE + 24, grad, "gradient")):
+            self._channel_panel(canvas, x, values, f"{name}, channel {channel}", name == "gradient")
+        gx = 2 * _SIDE + 40
+        canvas.paste(grid, gx, _TOP, size)
+        shown = min(_TILES, maps.shape[0] - page * _TILES)
+        canvas.text(gx, 4, f"{kind}: channels {page * _TILES}-{page * _TILES + shown - 1} of {maps.shape[0]}")
+        canvas.text(gx, 18, "each tile scaled on its own; dead: crossed out", size=11, fill=DARK)
+        place = lambda i: divmod(i - page * _TILES, _COLS)  # noqa: E731  (row, column of channel i)
+        box = lambda r, c: (gx + c * (tw + 1) * scale, _TOP + r * (th + 1) * scale,  # noqa: E731
+                            gx + (c * (tw + 1) + tw) * scale - 1, _TOP + (r * (th + 1) + th) * scale - 1)
+        for i in self.dead(layer, index=run.index, target=run.target):
+            if page * _TILES <= i < page * _TILES + _TILES:
+                canvas.cross(box(*place(i)))
+        x0, y0, x1, y1 = box(*place(channel))
+        canvas.frame((x0 - 2, y0 - 2, x1 + 2, y1 + 2))
+        return canvas.png()
+
+    def _grid(self, run: Pass, layer: str, kind: str, page: int):
+        key = ("grid", run.index, run.target, layer, kind, page)
+        if key not in self._cache:
+            maps = (run.activations if kind == "activation" else run.gradients)[layer]
+            values, th, tw = tiles(maps[page * _TILES : (page + 1) * _TILES], _COLS, signed=kind == "gradient")
+            cmap = "viridis" if kind == "activation" else "RdBu_r"
+            self._cache[key] = (colours(torch.from_numpy(values), cmap, 0.0, 1.0), (th, tw))
+        return self._cache[key]
+
+    @staticmethod
+    def _channel_panel(canvas: Canvas, x: int, values: torch.Tensor, title: str, signed: bool) -> None:
+        finite = values[values.isfinite()]
+        low, high = (float(finite.min()), float(finite.max())) if finite.numel() else (0.0, 0.0)
+        if signed:
+            high = max(abs(low), abs(high))
+            low = -high
+        cmap = "RdBu_r" if signed else "viridis"
+        h, w = values.shape
+        scale = _SIDE / max(h, w)
+        size = (max(1, round(w * scale)), max(1, round(h * scale)))
+        canvas.text(x, 4, title)
+        canvas.text(x, 18, "red > 0 > blue" if signed else "true values", size=11, fill=DARK)
+        canvas.paste(colours(shrink(values, _SIDE), cmap, low, high), x, _TOP, size)
+        canvas.paste(colour_bar(cmap, _SIDE), x, _TOP + size[1] + 6)
+        canvas.text(x, _TOP + size[1] + 16, _fmt(low), size=11)
+        canvas.text(x + _SIDE, _TOP + size[1] + 16, _fmt(high), size=11, anchor="ra")
+
+    def view(self, layer: str, channel: int = 0, kind: str = "activation", *, index: int = 0, target=None) -> Picture:
+        """Print ``summary(...)`` and return ``picture(...)``: what the widget shows."""
+        print(self.summary(layer, channel, kind, index=index, target=target))
+        return self.picture(layer, channel, kind, index=index, target=target)
 
     def figure(self, layer: str, channel: int = 0, kind: str = "activation"):
-        """The channel with a colour bar (left) and every channel tiled (right); returns the figure
-        (not tracked by pyplot: see the module docstring).
+        """The channel with a colour bar (left) and the first 64 channels tiled (right), image 0;
+        returns a matplotlib figure that pyplot does not track.
 
         Activations are drawn in viridis, each tile scaled to [0, 1]; gradients in RdBu_r
         (red > 0 > blue), each tile divided by its largest |value|, so zero is white in every
@@ -193,7 +324,7 @@ class LayerExplorer:
         return self._figure(False, layer, channel, kind)
 
     def _figure(self, pyplot: bool, layer: str, channel: int, kind: str):
-        maps, channel = self._get(layer, channel, kind)
+        maps, channel = self._get(layer, channel, kind)[1:]
         return new_figure(pyplot, lambda fig: self._draw(fig, layer, maps, channel, kind), figsize=(9, 3.6))
 
     def _draw(self, fig, layer: str, maps: torch.Tensor, channel: int, kind: str) -> None:
@@ -204,11 +335,9 @@ class LayerExplorer:
             draw_signed(maps[channel], ax=left, interpolation="nearest")
         fig.colorbar(left.images[-1], ax=left, fraction=0.046, pad=0.04)
         left.set_title(f"{layer}\n{kind}, channel {channel}", fontsize=10)
-        key = (layer, kind)
-        if key not in self._tiles:
-            self._tiles[key] = tile_channels(maps, channels=_TILES, ncols=_COLS, pad=1, signed=kind == "gradient")
+        grid = tile_channels(maps, channels=_TILES, ncols=_COLS, pad=1, signed=kind == "gradient")
         cmap = plt.get_cmap("viridis" if kind == "activation" else "RdBu_r").with_extremes(bad="0.6")
-        right.imshow(self._tiles[key], cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
+        right.imshow(grid, cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
         if channel < _TILES:
             h, w = maps.shape[1:]
             row, col = divmod(channel, _COLS)
@@ -226,30 +355,42 @@ class LayerExplorer:
         print(self.describe(layer, channel, kind))
         return self._figure(True, layer, channel, kind)
 
-    def widget(self, layer: str | None = None) -> Panel:
-        """Sliders "layer" and "channel", toggle "show"; moving one redraws (no new forward pass)."""
-        from ipywidgets import IntSlider, Layout, Output, SelectionSlider, ToggleButtons
+    def widget(self, layer: str | None = None, channel: int = 0, kind: str = "activation", *,
+               index: int = 0, target: int | None = None) -> Panel:
+        """Controls "layer" (slider), "find" (type part of a name), "channel", "tiles", "image" and
+        "class"; a new layer or channel only redraws, a new image or class runs one pass."""
+        from ipywidgets import Combobox, HBox, IntSlider, Layout, SelectionSlider, ToggleButtons
 
         layer = layer or self.layers[0]
-        self._get(layer, 0, "activation")  # an unknown layer fails here, listing close matches
+        run, _, channel = self._get(layer, channel, kind, index, target)  # bad input fails here
+        wide = {"layout": Layout(width="560px"), "style": {"description_width": "60px"}}
+        narrow = {"layout": Layout(width="280px"), "style": {"description_width": "60px"}}
         controls = {
-            "layer": SelectionSlider(options=self.layers, value=layer, description="layer",
-                                     layout=Layout(width="560px"), style={"description_width": "60px"}),
-            "channel": IntSlider(0, 0, self.activations[layer].shape[0] - 1, description="channel",
-                                 layout=Layout(width="560px"), style={"description_width": "60px"}),
-            "kind": ToggleButtons(options=["activation", "gradient"], description="show",
-                                  style={"description_width": "60px"}),
+            "layer": SelectionSlider(options=self.layers, value=layer, description="layer", **wide),
+            "channel": IntSlider(channel, 0, len(self._first.activations[layer]) - 1, description="channel", **wide),
+            "kind": ToggleButtons(options=["activation", "gradient"], value=kind, description="tiles",
+                                  style={"description_width": "60px", "button_width": "90px"}),
+            "index": IntSlider(run.index, 0, len(self.x) - 1, description="image", disabled=len(self.x) == 1, **narrow),
+            "target": IntSlider(run.target, 0, run.classes - 1, description="class", **narrow),
         }
+        find = Combobox(options=self.layers, placeholder=f"type to search {len(self.layers)} layers",
+                        description="find", ensure_option=False, **wide)
 
-        def redraw(panel: Panel) -> None:
+        def jump(change) -> None:
+            if change["new"] in self.layers:
+                controls["layer"].value = change["new"]
+
+        find.observe(jump, names="value")
+        rows = [controls["layer"], find, controls["channel"], controls["kind"],
+                HBox([controls["index"], controls["target"]])]
+
+        def redraw(panel: Panel) -> tuple[str, bytes]:
             name, channel = panel.layer.value, panel.channel
-            top = self.activations[name].shape[0] - 1
-            if channel.max != top:  # a new layer: fit the channel slider (this does not redraw)
-                channel.unobserve(panel._changed, names="value")
-                channel.value = min(channel.value, top)
-                channel.max = top
-                channel.observe(panel._changed, names="value")
-            text = self.describe(name, channel.value, panel.kind.value)
-            show_in_output(panel.output, text, self.figure(name, channel.value, panel.kind.value))
+            top = self._first.activations[name].shape[0] - 1
+            if channel.max != top:  # a new layer: fit the channel slider (without a redraw of its own)
+                panel.hold(lambda: (setattr(channel, "value", min(channel.value, top)), setattr(channel, "max", top)))
+            where = {"index": panel.index.value, "target": panel.target.value}
+            text = self.summary(name, channel.value, panel.kind.value, **where)
+            return text, self.picture(name, channel.value, panel.kind.value, **where).png
 
-        return Panel(controls, Output(), redraw)
+        return Panel(rows, controls, redraw)

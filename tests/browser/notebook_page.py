@@ -8,7 +8,11 @@ JupyterLab 4.6 with ipywidgets 8.1:
 * a code cell's prompt ``[ ]:`` (not run), ``[*]:`` (queued or running), ``[3]:`` (done);
 * a slider is ``.widget-slider``; its handle ``.noUi-handle[role=slider]``; its value ``.widget-readout``;
 * printed text ``.jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stdout']``,
-  a figure ``.jp-RenderedImage img``.
+  a figure ``.jp-RenderedImage img``;
+* the explorers' controls: a dropdown ``.widget-dropdown select``, a completing text box
+  ``.widget-text input``, toggle buttons ``.widget-toggle-button``, a check box
+  ``.widget-checkbox input``; their text ``.widget-html pre`` and picture ``img.widget-image``
+  (its ``src`` is a new ``blob:`` address each time the picture changes).
 
 Error outputs are drawn with the same mime type as stderr text
 (``application/vnd.jupyter.stderr``), so the DOM alone cannot tell a warning from a traceback;
@@ -153,3 +157,19 @@ def drag_to(slider_box: Locator, fraction: float) -> None:
 
 def readout(slider_box: Locator) -> Locator:
     return slider_box.locator(".widget-readout")
+
+
+def control(area: Locator, kind: str, description: str) -> Locator:
+    """The widget of class ``widget-<kind>`` (``dropdown``, ``text``, ``toggle-buttons``) whose
+    description is ``description`` (a check box shows its description beside the box instead:
+    find it by its text)."""
+    return area.locator(f".widget-{kind}", has=label(area.page, description))
+
+
+def printed(area: Locator) -> Locator:
+    """The text an explorer prints above its picture."""
+    return area.locator(".widget-html pre")
+
+
+def picture(area: Locator) -> Locator:
+    return area.locator("img.widget-image")

@@ -1,9 +1,10 @@
-"""The course as a student uses it: JupyterLab in a real Chromium, Run All, then move the sliders.
+"""The course as a student uses it: JupyterLab in a real Chromium, Run All, then move the controls.
 
 Each test opens a fresh copy of a notebook (no outputs), runs every cell from the *Run* menu,
-checks that every cell ran and none ended in an error, then moves a slider with the keyboard
-and with a mouse drag and checks that what the widget shows changes. Screenshots before and
-after go to ``artifacts/browser/``.
+checks that every cell ran and none ended in an error, then moves sliders with the keyboard
+and the mouse, types, clicks and picks, and checks that the text and the picture change.
+A saved notebook shows its explorers before anything runs (their widget state is saved).
+Screenshots go to ``artifacts/browser/``.
 """
 
 from __future__ import annotations
@@ -73,38 +74,26 @@ def test_error_check_sees_a_failing_cell(lab, lab_root, page):
 
 
 def test_explorer_layer_and_channel_sliders(course_pages, artifacts):
-    """Notebook 05's layer explorer: moving "channel" or "layer" redraws the text and the image."""
+    """Notebook 05's layer explorer: moving "channel" or "layer" redraws the text and the picture."""
     page, copy = course_pages["05_explorers_and_applications.ipynb"]
     nb.wait_run_all(page, timeout_ms=240_000)  # trains the digits CNN on one thread
     nb.check_ran_without_errors(page, code_cell_count(copy))
 
     area = nb.widget_area(page, "layer", "channel")  # the first explorer: the digits CNN
     layer, channel = nb.slider(area, "layer"), nb.slider(area, "channel")
-    output = area.locator(".widget-output")
-    text = output.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stdout']")
-    image = output.locator(".jp-RenderedImage img")
+    text, image = nb.printed(area), nb.picture(area)
     expect(text).to_have_count(1)
     expect(image).to_have_count(1)
     first_layer = nb.readout(layer).inner_text()
-    heading = re.compile(
-        rf"^{re.escape(first_layer)} \(\w+\) activation shape \((\d+), (\d+), (\d+)\), channel 0 of \1"
-    )
-    expect(text).to_have_text(heading)
+    heading = rf"\n{re.escape(first_layer)} \(\w+\) shape \((\d+), \d+, \d+\), channel 0 of \1"
+    expect(text).to_contain_text(re.compile(heading))
     area.scroll_into_view_if_needed()
     page.screenshot(path=str(artifacts / "05_explorer_before.png"))
-    shown = [(text.inner_text(), image.get_attribute("src"))]
-
-    def changed(pattern: str) -> None:
-        """Wait until the text matches ``pattern``; the text and the image differ from every earlier view."""
-        expect(text).to_have_text(re.compile(pattern))
-        expect(image).not_to_have_attribute("src", shown[-1][1])
-        now = (text.inner_text(), image.get_attribute("src"))
-        assert now[0] not in [t for t, _ in shown] and now[1] not in [s for _, s in shown]
-        shown.append(now)
+    changed = Changes(text, image)
 
     nb.press(channel, "ArrowRight")  # keyboard: channel 0 -> 1
     expect(nb.readout(channel)).to_have_text("1")
-    changed(rf"^{re.escape(first_layer)} .*channel 1 of ")
+    changed(rf"\n{re.escape(first_layer)} .*channel 1 of ")
 
     nb.drag_to(channel, 1.0)  # mouse: the last channel
     top = int(nb.readout(channel).inner_text())
@@ -114,14 +103,119 @@ def test_explorer_layer_and_channel_sliders(course_pages, artifacts):
     nb.press(layer, "ArrowRight")  # keyboard: the next layer
     expect(nb.readout(layer)).not_to_have_text(first_layer)
     second_layer = nb.readout(layer).inner_text()
-    changed(rf"^{re.escape(second_layer)} \(\w+\) activation shape ")
-
-    nb.drag_to(layer, 1.0)  # mouse: the last layer, a different shape from the first
-    expect(nb.readout(layer)).not_to_have_text(second_layer)
-    last_layer = nb.readout(layer).inner_text()
-    changed(rf"^{re.escape(last_layer)} \(\w+\) activation shape ")
-    first_shape = re.search(r"shape (\([^)]*\))", shown[0][0]).group(1)
-    last_shape = re.search(r"shape (\([^)]*\))", shown[-1][0]).group(1)
-    assert first_shape != last_shape, (first_shape, last_shape)
+    changed(rf"\n{re.escape(second_layer)} \(\w+\) shape ")
     page.screenshot(path=str(artifacts / "05_explorer_after.png"))
     assert nb.error_outputs(page) == []
+
+
+class Changes:
+    """``changes(pattern)``: wait until the text matches ``pattern`` and the picture's ``src``
+    differs from the last one; both must differ from every view seen before."""
+
+    def __init__(self, text, image):
+        self.text, self.image = text, image
+        self.shown = [(text.inner_text(), image.get_attribute("src"))]
+
+    def __call__(self, pattern: str) -> None:
+        expect(self.text).to_contain_text(re.compile(pattern))
+        expect(self.image).not_to_have_attribute("src", self.shown[-1][1])
+        now = (self.text.inner_text(), self.image.get_attribute("src"))
+        assert now[0] not in [t for t, _ in self.shown], now[0]
+        self.shown.append(now)
+
+    def picture_only(self) -> None:
+        """Wait until the picture changes (a drawing option: the text stays)."""
+        expect(self.image).not_to_have_attribute("src", self.shown[-1][1])
+        self.shown.append((self.text.inner_text(), self.image.get_attribute("src")))
+
+
+EXPLORERS = [
+    "import hooklab\nfrom hooklab.cam_widgets import GradCamPicker\nfrom hooklab.data import digits\n"
+    "from hooklab.models import DigitsCNN\nfrom hooklab.widgets import LayerExplorer\n\n"
+    "hooklab.setup()\ndata = digits()\nmodel = DigitsCNN(seed=0).eval()  # random weights: quick to build",
+    "LayerExplorer(model, data.x_test[:3]).widget(\"features.1\")",
+    "GradCamPicker(model, data.x_test[:3], data.y_test[:3], [\"features.3\", \"features.6\"]).widget()",
+]
+
+
+def explorers_notebook(folder, name: str = "explorers.ipynb"):
+    explorers = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in EXPLORERS])
+    explorers.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = folder / name
+    nbformat.write(explorers, path)
+    return path
+
+
+def test_every_control_of_the_explorers_redraws_the_picture(lab, lab_root, page, artifacts):
+    """The new controls, as a student uses them: type a layer's name, page the channels, switch
+    the tiles, pick another image and class; pick a Grad-CAM method, the signed map, the shared
+    colour scale and random weights. Each changes the text and the picture."""
+    path = explorers_notebook(lab_root)
+    nb.open_notebook(page, lab.url(nb.notebook_path(path.name)))
+    nb.run_all(page, timeout_ms=120_000)
+    nb.check_ran_without_errors(page, len(EXPLORERS))
+
+    area = nb.widget_area(page, "layer", "channel")
+    text, image = nb.printed(area), nb.picture(area)
+    expect(text).to_contain_text("image 0 of 3: class ")
+    expect(image).to_be_visible()
+    area.scroll_into_view_if_needed()
+    page.screenshot(path=str(artifacts / "explorer_first.png"))
+    changed = Changes(text, image)
+
+    find = nb.control(area, "text", "find").locator("input")
+    find.fill("features.5")  # the completing box: the layer slider jumps there
+    expect(nb.readout(nb.slider(area, "layer"))).to_have_text("features.5")
+    changed(r"\nfeatures\.5 \(Conv2d\) shape \(64, 4, 4\), channel 0 of 64")
+    nb.drag_to(nb.slider(area, "channel"), 1.0)  # mouse: the last channel, on its page of tiles
+    changed(r"channel 63 of 64; tiles: activation, channels 0–63")
+    nb.control(area, "toggle-buttons", "tiles").get_by_role("button", name="gradient").click()
+    changed(r"tiles: gradient")
+    nb.press(nb.slider(area, "image"), "ArrowRight")
+    changed(r"^image 1 of 3: class ")
+    nb.press(nb.slider(area, "class"), "ArrowRight")
+    changed(r"^image 1 of 3: class \d+ explained")
+    page.screenshot(path=str(artifacts / "explorer_moved.png"))
+
+    method = page.locator(".widget-dropdown", has=nb.label(page, "method"))
+    area = page.locator(".jp-Cell-outputArea").filter(has=method)
+    text, image = nb.printed(area), nb.picture(area)
+    expect(text).to_contain_text("explained at features.6")
+    area.scroll_into_view_if_needed()
+    page.screenshot(path=str(artifacts / "picker_first.png"))
+    changed = Changes(text, image)
+    nb.control(area, "dropdown", "method").locator("select").select_option("HiResCAM")
+    changed(r"\n  HiResCAM \(4, 4\): max ")
+    area.locator(".widget-checkbox", has_text="before ReLU").locator("input").check()
+    changed.picture_only()  # one more panel: the map before the ReLU
+    nb.control(area, "toggle-buttons", "scale").get_by_role("button", name="shared").click()
+    changed.picture_only()  # the colour range is written in the map's title
+    target = int(nb.readout(nb.slider(area, "class")).inner_text())
+    nb.press(nb.slider(area, "class"), "ArrowRight")
+    changed(rf"class {target + 1} \(score ")
+    nb.control(area, "toggle-buttons", "weights").get_by_role("button", name="random").click()
+    changed(r"rank correlation with the trained model's map")
+    page.screenshot(path=str(artifacts / "picker_moved.png"))
+    assert nb.error_outputs(page) == []
+
+
+def test_a_saved_notebook_shows_its_explorers_before_anything_runs(lab, lab_root, page, artifacts):
+    """make notebooks saves the widgets' state: opened again, the notebook shows each explorer
+    as it was (text and picture), not ``VBox(children=...)``, before any cell runs. JupyterLab
+    draws saved widgets of a trusted notebook only (as it runs saved JavaScript only from one):
+    the test trusts it as ``jupyter trust`` would; static viewers (nbconvert, a site) need no trust."""
+    from nbformat.sign import NotebookNotary
+    from run_notebooks import run
+
+    path = explorers_notebook(lab_root, "saved_explorers.ipynb")
+    run(path, timeout=120)
+    NotebookNotary(data_dir=str(lab.home / "data")).sign(nbformat.read(path, as_version=4))
+    nb.open_notebook(page, lab.url(nb.notebook_path(path.name)))
+    area = page.locator(".jp-Cell-outputArea").nth(1)
+    expect(nb.printed(area)).to_contain_text("image 0 of 3: class ", timeout=nb.REDRAW_MS)
+    expect(nb.picture(area)).to_be_visible()
+    assert nb.prompts(page)[1] == "[2]:"  # the saved run's count: nothing ran in this page
+    box = nb.picture(area).bounding_box()
+    assert box and box["width"] > 300 and box["height"] > 150
+    area.scroll_into_view_if_needed()
+    page.screenshot(path=str(artifacts / "saved_explorer.png"))
