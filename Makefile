@@ -48,6 +48,7 @@ help:
 	@echo "make grade NB=\"a.ipynb b.ipynb\"   run students' notebooks and report each exercise's verdict"
 	@echo "                 GRADE_ARGS=\"--jobs 4 --csv grades.csv\": 4 notebooks at a time; one CSV row per student and exercise"
 	@echo "make site       the course as a static website in artifacts/site/ (stored outputs, no kernel)"
+	@echo "                 SITE_ARGS=--no-answers: without the worked answers"
 	@echo "make release    a student copy in artifacts/release/ (no solutions, no tests) and artifacts/hooklab-student.zip"
 	@echo "make bench      recording overhead, memory, widget redraw and notebook times (artifacts/bench.json)"
 	@echo "make env        create .venv with the pinned packages (reinstalled only when requirements.lock or pyproject.toml change)"
@@ -109,7 +110,7 @@ grade: $(STAMP)
 	$(BIN)/python tools/grade.py $(NB) $(GRADE_ARGS)
 
 site: $(STAMP)
-	$(BIN)/python tools/build_site.py --out artifacts/site
+	$(BIN)/python tools/build_site.py --out artifacts/site $(SITE_ARGS)
 
 release: $(STAMP)
 	$(BIN)/python tools/release.py --out artifacts/release

@@ -1,6 +1,7 @@
 """Build the course as a static website (``make site``): ``artifacts/site/index.html`` with the
 notebook map, one page per notebook with its stored outputs and figures, and the worked answers on
-pages of their own under ``solutions/``. Nothing is executed and nothing is downloaded: the pages
+pages of their own under ``solutions/`` (``--no-answers`` leaves them out:
+``make site SITE_ARGS=--no-answers``). Nothing is executed and nothing is downloaded: the pages
 are the notebooks as saved (``make notebooks``), rendered by nbconvert's HTML exporter.
 
 Links between notebooks (``02_forward_hooks.ipynb#2.-Changing…``) become links between pages.
@@ -35,9 +36,9 @@ NO_STATE = ("<p class='hooklab-widget-note'>An interactive widget: open this not
 SAVED_VIEW = "<p class='hooklab-widget-note'>The widget as it opened; run the notebook to move its controls.</p>"
 
 
-def pages(source: Path = NOTEBOOKS) -> list[tuple[Path, str]]:
+def pages(source: Path = NOTEBOOKS, answers: bool = True) -> list[tuple[Path, str]]:
     """Every notebook and its page: ``NN_name.html`` and ``solutions/NN_name_solutions.html``."""
-    found = sorted(source.glob("*.ipynb")) + sorted((source / "solutions").glob("*.ipynb"))
+    found = sorted(source.glob("*.ipynb")) + (sorted((source / "solutions").glob("*.ipynb")) if answers else [])
     return [(p, p.relative_to(source).with_suffix(".html").as_posix()) for p in found]
 
 
@@ -170,10 +171,7 @@ INDEX = """<!DOCTYPE html>
 {intro}
 <h2>The notebooks</h2>
 <ul class="hooklab-map">{rows}</ul>
-<h2>Worked answers</h2>
-<p>Try the exercises first: each checks your answer as you go.</p>
-<ul>{answers}</ul>
-<h2>Run it yourself</h2>
+{answers}<h2>Run it yourself</h2>
 <p>These pages show the notebooks as saved. To run them, move the sliders and check your answers, get the
 course and type <code>make lab</code> (Python 3.11 and <code>make</code> are all it needs).</p>
 </main></body></html>
@@ -196,13 +194,16 @@ def index_page(source: Path, order: list[tuple[Path, str]]) -> str:
             answers.append(f"<li>{link}</li>")
         else:
             rows.append(f"<li>{link}{markdown2html_mistune(goals) if goals else ''}</li>")
+    if answers:
+        answers = ["<h2>Worked answers</h2>\n<p>Try the exercises first: each checks your answer as you go.</p>\n"
+                   "<ul>", *answers, "</ul>\n"]  # fmt: skip
     return INDEX.format(css=CSS, intro=markdown2html_mistune(intro[1]) if intro else "", rows="".join(rows),
                         answers="".join(answers))  # fmt: skip
 
 
-def build(out: Path, source: Path = NOTEBOOKS) -> list[Path]:
-    """Write the site into ``out`` (replaced); return the pages written."""
-    order = pages(source)
+def build(out: Path, source: Path = NOTEBOOKS, answers: bool = True) -> list[Path]:
+    """Write the site into ``out`` (replaced), with the worked answers or without; return the pages."""
+    order = pages(source, answers)
     if not order:
         raise SystemExit(f"no notebooks in {source}: nothing to build")
     if out.exists():
@@ -221,8 +222,9 @@ def build(out: Path, source: Path = NOTEBOOKS) -> list[Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=ROOT / "artifacts" / "site", help="default: artifacts/site")
+    parser.add_argument("--no-answers", action="store_true", help="leave out the worked answers (notebooks/solutions)")
     args = parser.parse_args(argv)
-    written = build(args.out)
+    written = build(args.out, answers=not args.no_answers)
     print(f"wrote {len(written)} pages to {args.out} (open {args.out / 'index.html'})")
     return 0
 

@@ -1,0 +1,88 @@
+"""``make release`` (tools/release.py): a student copy without worked answers or tests, whose two
+commands work with what it holds: ``make lab`` as in the course, ``make test`` grading the copy's
+own notebooks."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import release  # tools/, on pytest's path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def copy(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("release") / "release"
+    release.build(out)
+    return out
+
+
+def files(folder: Path) -> set[str]:
+    return {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_the_copy_has_the_notebooks_hooklab_and_the_set_up_but_no_answers_and_no_tests(copy):
+    held = files(copy)
+    course_notebooks = {f"notebooks/{p.name}" for p in (ROOT / "notebooks").glob("*.ipynb")}
+    assert {f for f in held if f.startswith("notebooks/")} == course_notebooks
+    package = {p.relative_to(ROOT).as_posix() for p in (ROOT / "src").rglob("*.py")}
+    assert {f for f in held if f.startswith("src/") and f.endswith(".py")} == package
+    needed = ["README.md", "Makefile", "LICENSE", "LICENSE-notebooks", "requirements.lock", "pyproject.toml",
+              "binder/requirements.txt", "binder/postBuild", "tools/install_kernel.py", "tools/grade.py"]
+    assert [name for name in needed if name not in held] == []
+    assert not [f for f in held if "solution" in f or f.startswith("tests/") or "__pycache__" in f]
+    assert os.access(copy / "binder" / "postBuild", os.X_OK)
+    with zipfile.ZipFile(copy.parent / "hooklab-student.zip") as archive:
+        assert {n.removeprefix("release/") for n in archive.namelist() if not n.endswith("/")} == held
+
+
+def test_the_readme_is_for_students_and_names_only_what_the_copy_has(copy):
+    readme = (copy / "README.md").read_text()
+    assert "solutions/" not in readme
+    for gone in ("## For instructors", "## Contributing", "## On Binder"):
+        assert gone not in readme
+    for kept in ("## Two commands", "## The notebooks", "## Getting help", "## License"):
+        assert kept in readme
+    targets = set(re.findall(r"(?m)^([a-z]+):", (copy / "Makefile").read_text()))
+    mentioned = set(re.findall(r"`make (\w+)", readme))
+    assert mentioned and mentioned <= targets, mentioned - targets
+    for link in re.findall(r"\]\(([^)#:]+)\)", readme):  # relative links
+        assert (copy / link).exists(), link
+
+
+def dry_run(copy: Path, target: str) -> str:
+    result = subprocess.run(["make", "-n", target], cwd=copy, capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "MAKEFLAGS": ""})  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_make_test_and_make_lab_use_only_files_the_copy_has(copy):
+    test, lab = dry_run(copy, "test"), dry_run(copy, "lab")
+    assert "-r requirements.lock" in test and "tools/install_kernel.py" in test
+    assert test.strip().endswith("tools/grade.py notebooks")
+    assert "jupyter lab --notebook-dir=notebooks" in lab
+    for used in set(re.findall(r"(?:tools/\S+\.py|-r \S+)", test + lab)):
+        assert (copy / used.removeprefix("-r ")).is_file(), used
+    # the set-up rules are the course's own, so they cannot drift apart
+    course = (ROOT / "Makefile").read_text()
+    for first_line in ("PYTHON ?=", "# Rebuilt when", "lab:"):
+        assert release.block(course, first_line) in (copy / "Makefile").read_text()
+
+
+def test_hooklab_imports_from_the_copy_and_its_make_test_grades_a_notebook(copy):
+    env = {**os.environ, "PYTHONPATH": str(copy / "src")}
+    where = subprocess.run([sys.executable, "-c", "import hooklab.exercises; print(hooklab.__file__)"], cwd=copy,
+                           env=env, capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
+    assert Path(where.strip()).is_relative_to(copy)
+    graded = subprocess.run([sys.executable, "tools/grade.py", "notebooks/00_start_here.ipynb", "--jobs", "1"],
+                            cwd=copy, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert graded.returncode == 0, graded.stdout + graded.stderr
+    assert re.search(r"notebooks/00_start_here\.ipynb: \d+ of 3 passed", graded.stdout), graded.stdout
