@@ -123,6 +123,88 @@ def _hooks_left_outcome(hooks_left: object, others: int) -> Outcome | None:
                           f"{mistake}")
 
 
+def _hook_calls_outcome(seen: list, gone: bool, layer) -> Outcome | None:
+    """What is wrong with how the hook was registered and called, if anything."""
+    wrong = next((n for n, _ in seen if n), None)
+    if wrong is not None:
+        kind = "a pre-hook" if wrong == 2 else "a pre-hook, or with with_kwargs=True"
+        return Outcome(False, f"the hook was called with {wrong} arguments, not (module, args, output): "
+                              f"registered as {kind}? register it with register_forward_hook(hook)")
+    if gone:
+        return Outcome(False, "a hook your code did not register was removed from the module: remove only "
+                              "your own hook, with its handle")
+    if any(not running for _, running in seen):
+        return Outcome(False, "your code called the hook itself: register it on the module and let module(x) "
+                              "call it")
+    if layer.calls != 1:
+        return Outcome(False, f"the module ran {layer.calls} times for one call of run_with_hook: run "
+                              "module(x) once, with the hook registered")
+    return None
+
+
+def _answer_outcome(answer, plain: torch.Tensor, seen: list, left: list, others: int) -> Outcome | None:
+    """What is wrong with the returned ``(output, hooks_left)`` and the hooks left, if anything."""
+    if isinstance(answer, torch.Tensor) or not (isinstance(answer, tuple | list) and len(answer) == 2):
+        return Outcome(False, f"return the pair (output, hooks_left), got {kind_of(answer)}")
+    got, hooks_left = answer
+    if not isinstance(got, torch.Tensor) or not torch.allclose(got.detach(), 10 * plain):
+        return Outcome(False, "the first item must be module(x) as the hook made it (here, 10 times the plain "
+                              "output)")
+    if len(seen) != 1:
+        return Outcome(False, f"the hook ran {len(seen)} times for one module call: register it once")
+    if left:
+        return Outcome(False, "the hook is still registered after the call: remove it with its handle")
+    return _hooks_left_outcome(hooks_left, others)
+
+
+def _one_run(run_with_hook, x: torch.Tensor, others: int) -> Outcome | None:
+    """The answer on a fresh module that already has ``others`` forward hooks of other code."""
+    layer = _Counted()
+    plain = layer(x).detach()
+    layer.calls = 0
+    seen: list[tuple[int, bool]] = []  # per hook call: its arguments fit a forward hook, the module called it
+
+    def hook(*args):
+        fits = len(args) == 3 and isinstance(args[2], torch.Tensor)
+        seen.append((len(args) if not fits else 0, layer.running))
+        return 10 * args[2] if fits else None
+
+    foreign = _foreign_hooks(layer, forward=others)
+    try:
+        answer = run_with_hook(layer, hook, x)
+    finally:
+        gone = _foreign_gone(layer, foreign)
+        left = clear_hooks(layer)  # never leave a student's hook on the checker's model
+    return _hook_calls_outcome(seen, gone, layer) or _answer_outcome(answer, plain, seen, left, others)
+
+
+def _one_failing_run(run_with_hook, x: torch.Tensor, error: type, what: str) -> Outcome | None:
+    """The answer on a module whose forward raises ``error``: the error and no hook may be left."""
+    failing = _Fails(error)
+    foreign = _foreign_hooks(failing)
+    reached = False
+    try:
+        run_with_hook(failing, lambda m, args, output: None, x)
+    except error:
+        reached = True
+    except Exception as other:  # the student's code may raise something else
+        return Outcome(False, f"the module raised {what}, which should reach the caller unchanged, "
+                              f"got {type(other).__name__}")
+    finally:
+        gone = _foreign_gone(failing, foreign)
+        left = clear_hooks(failing)
+    if gone:
+        return Outcome(False, f"after forward raised {what}, a hook your code did not register was removed "
+                              "from the module: remove only your own hook, with its handle")
+    if left:
+        return Outcome(False, f"after forward raised {what}, the hook was left on the module: remove it in "
+                              "finally (or with), which runs whatever was raised")
+    if not reached:
+        return Outcome(False, f"the module raised {what} and your code swallowed it: let it reach the caller "
+                              "(try/finally, no except)")
+    return None
+
+
 @exercise("00.2", "a hook that is removed even when forward raises")
 def _run_with_hook(run_with_hook) -> Outcome:
     """``run_with_hook(module, hook, x)`` registers ``hook`` as a forward hook, runs ``module(x)``,
@@ -130,77 +212,17 @@ def _run_with_hook(run_with_hook) -> Outcome:
     output and the number of forward hooks still on the module after the answer's hook is gone."""
     x = torch.ones(1, 2)
     for others in (1, 2):  # forward hooks other code registered on the module before the answer runs
-        layer = _Counted()
-        plain = layer(x).detach()
-        layer.calls = 0
-        seen: list[tuple[int, bool]] = []  # per hook call: its arguments fit a forward hook, the module called it
-
-        def hook(*args, seen=seen, layer=layer):
-            fits = len(args) == 3 and isinstance(args[2], torch.Tensor)
-            seen.append((len(args) if not fits else 0, layer.running))
-            return 10 * args[2] if fits else None
-
-        foreign = _foreign_hooks(layer, forward=others)
-        try:
-            answer = run_with_hook(layer, hook, x)
-        finally:
-            gone = _foreign_gone(layer, foreign)
-            left = clear_hooks(layer)  # never leave a student's hook on the checker's model
-        wrong = next((n for n, _ in seen if n), None)
-        if wrong is not None:
-            kind = "a pre-hook" if wrong == 2 else "a pre-hook, or with with_kwargs=True"
-            return Outcome(False, f"the hook was called with {wrong} arguments, not (module, args, output): "
-                                  f"registered as {kind}? register it with register_forward_hook(hook)")
-        if gone:
-            return Outcome(False, "a hook your code did not register was removed from the module: remove only "
-                                  "your own hook, with its handle")
-        if any(not running for _, running in seen):
-            return Outcome(False, "your code called the hook itself: register it on the module and let module(x) "
-                                  "call it")
-        if layer.calls != 1:
-            return Outcome(False, f"the module ran {layer.calls} times for one call of run_with_hook: run "
-                                  "module(x) once, with the hook registered")
-        if isinstance(answer, torch.Tensor) or not (isinstance(answer, tuple | list) and len(answer) == 2):
-            return Outcome(False, f"return the pair (output, hooks_left), got {kind_of(answer)}")
-        got, hooks_left = answer
-        if not isinstance(got, torch.Tensor) or not torch.allclose(got.detach(), 10 * plain):
-            return Outcome(False, "the first item must be module(x) as the hook made it (here, 10 times the plain "
-                                  "output)")
-        if len(seen) != 1:
-            return Outcome(False, f"the hook ran {len(seen)} times for one module call: register it once")
-        if left:
-            return Outcome(False, "the hook is still registered after the call: remove it with its handle")
-        counted = _hooks_left_outcome(hooks_left, others)
-        if counted:
-            return counted
-
+        wrong = _one_run(run_with_hook, x, others)
+        if wrong:
+            return wrong
     for error, what in [
         (ValueError, "a ValueError"),
         (_ForwardError, "an error of another type"),
         (_Stopped, "KeyboardInterrupt (as pressing stop does)"),
     ]:
-        failing = _Fails(error)
-        foreign = _foreign_hooks(failing)
-        reached = False
-        try:
-            run_with_hook(failing, lambda m, args, output: None, x)
-        except error:
-            reached = True
-        except Exception as other:  # the student's code may raise something else
-            return Outcome(False, f"the module raised {what}, which should reach the caller unchanged, "
-                                  f"got {type(other).__name__}")
-        finally:
-            gone = _foreign_gone(failing, foreign)
-            left = clear_hooks(failing)
-        if gone:
-            return Outcome(False, f"after forward raised {what}, a hook your code did not register was removed "
-                                  "from the module: remove only your own hook, with its handle")
-        if left:
-            return Outcome(False, f"after forward raised {what}, the hook was left on the module: remove it in "
-                                  "finally (or with), which runs whatever was raised")
-        if not reached:
-            return Outcome(False, f"the module raised {what} and your code swallowed it: let it reach the caller "
-                                  "(try/finally, no except)")
+        wrong = _one_failing_run(run_with_hook, x, error, what)
+        if wrong:
+            return wrong
     return Outcome(True, "hook called by the module once and removed, other hooks counted and left alone, "
                          "errors passed on with the hook removed")
 

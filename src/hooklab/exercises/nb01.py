@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..audit import clear_global_hooks, clear_hooks
+from ..hooks import Hooks
 from . import Outcome, compare_tensors, exercise, hint_for, is_handle, kind_of, not_a_handle
 
 
@@ -57,26 +58,57 @@ def _clamp_handles(answer: object, n: int, pattern: str) -> tuple[list, object] 
     return handles, clamped
 
 
-@exercise("01.1", "clamp the gradients of the parameters a pattern names")
-def _clamp(clamp_matching) -> Outcome:
-    """``clamp_matching(model, pattern, limit)`` registers, on each parameter whose name matches the
-    shell-style ``pattern``, a hook clamping its gradient to ``[-limit, limit]`` and counting the
-    entries it clamped; returns ``(handles, clamped)`` with ``clamped[name]`` the running count.
-    The hook must return a new tensor, not change ``grad`` in place."""
-    for pattern, limit in (("*.weight", 0.5), ("2.*", 1.5), ("?.bias", 2.0)):
-        model = _clamp_model()
-        _clamp_loss(model).backward()
-        plain = {n: q.grad.clone() for n, q in model.named_parameters()}
-        model.zero_grad(set_to_none=True)
-        matching = [n for n in plain if fnmatch.fnmatchcase(n, pattern)]
-        outside = {n: int((plain[n].abs() > limit).sum()) for n in matching}
+def _clamp_grads_outcome(plain, once, twice, matching, pattern, limit) -> Outcome | None:
+    """What is wrong with the gradients after one and after two backward passes, if anything."""
+    for name in plain:
+        expected = plain[name].clamp(-limit, limit) if name in matching else plain[name]
+        if not compare_tensors(once[name], expected).passed:
+            if name not in matching:
+                return Outcome(False, f"with pattern {pattern!r}, {name}'s gradient was changed, but the name "
+                                      "does not match: hook only the parameters fnmatch matches")
+            return Outcome(False, f"with pattern {pattern!r} and limit {limit:g}, {name}.grad is "
+                                  f"{_rounded(once[name].flatten()[:4])}... instead of the clamped gradient")
+        if not compare_tensors(twice[name], 2 * expected).passed:
+            return Outcome(False, f"after a second backward without zeroing, {name}.grad is not the sum of two "
+                                  "clamped gradients: clamp each gradient as it arrives (register_hook), not "
+                                  "the .grad it is added to")
+    return None
 
-        watched = []  # registered before the answer's hooks: each incoming gradient and a copy of it
-        watchers = [q.register_hook(lambda g, into=watched: into.append((g, g.clone()))) for q in model.parameters()]
+
+def _clamp_counts_outcome(counts_once, counts_twice, matching, outside, pattern, limit) -> Outcome | None:
+    """What is wrong with the counts of clamped entries after one and two backward passes, if anything."""
+    if not isinstance(counts_once, dict):
+        return Outcome(False, f"the second item must be a dict from parameter name to a count, got "
+                              f"{kind_of(counts_once)}")
+    if sorted(counts_once) != sorted(matching):
+        return Outcome(False, f"with pattern {pattern!r}, clamped has the keys {sorted(counts_once)}, expected "
+                              f"the matching names {sorted(matching)} (each one starting at 0)")
+    if counts_once != outside:
+        late = (len(matching) > 1 and counts_once[matching[-1]] == sum(outside.values())
+                and all(counts_once[n] == 0 for n in matching[:-1]))
+        hint = " (every hook counted under the loop's last name? bind it with name=name)" if late else ""
+        return Outcome(False, f"with pattern {pattern!r} and limit {limit:g}, after one backward clamped is "
+                              f"{counts_once}, but {outside} entries were outside the limits{hint}")
+    if counts_twice != {n: 2 * k for n, k in outside.items()}:
+        return Outcome(False, "after a second backward the counts did not add up: add each backward's count "
+                              "to clamped[name]")
+    return None
+
+
+def _clamp_case(clamp_matching, pattern: str, limit: float) -> Outcome | None:
+    """The answer for one pattern and limit: two backward passes, then one after its hooks are removed."""
+    model = _clamp_model()
+    _clamp_loss(model).backward()
+    plain = {n: q.grad.clone() for n, q in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    matching = [n for n in plain if fnmatch.fnmatchcase(n, pattern)]
+    outside = {n: int((plain[n].abs() > limit).sum()) for n in matching}
+    watched = []  # registered before the answer's hooks: each incoming gradient and a copy of it
+    with Hooks() as watchers:
+        for q in model.parameters():
+            watchers.add(q.register_hook(lambda g, into=watched: into.append((g, g.clone()))))
         handles = _clamp_handles(clamp_matching(model, pattern, limit), len(matching), pattern)
         if isinstance(handles, Outcome):
-            for h in watchers:
-                h.remove()
             return handles
         handles, clamped = handles
         try:
@@ -89,46 +121,34 @@ def _clamp(clamp_matching) -> Outcome:
                                   "name (a hook made in a loop sees the loop variable's last value unless you bind "
                                   "it with name=name)")
         finally:
-            for h in watchers:
-                h.remove()
             for h in handles:
                 h.remove()
-        twice = {n: q.grad.clone() for n, q in model.named_parameters()}
-        if any(not torch.equal(g, copy) for g, copy in watched):
-            return Outcome(False, "the gradient your hook received was changed: the hook changed grad in place; "
-                                  "return a new tensor (grad.clamp(...), not grad.clamp_(...))")
-        for name in plain:
-            expected = plain[name].clamp(-limit, limit) if name in matching else plain[name]
-            if not compare_tensors(once[name], expected).passed:
-                if name not in matching:
-                    return Outcome(False, f"with pattern {pattern!r}, {name}'s gradient was changed, but the name "
-                                          "does not match: hook only the parameters fnmatch matches")
-                return Outcome(False, f"with pattern {pattern!r} and limit {limit:g}, {name}.grad is "
-                                      f"{_rounded(once[name].flatten()[:4])}... instead of the clamped gradient")
-            if not compare_tensors(twice[name], 2 * expected).passed:
-                return Outcome(False, f"after a second backward without zeroing, {name}.grad is not the sum of two "
-                                      "clamped gradients: clamp each gradient as it arrives (register_hook), not "
-                                      "the .grad it is added to")
-        if not isinstance(counts_once, dict):
-            return Outcome(False, f"the second item must be a dict from parameter name to a count, got "
-                                  f"{kind_of(counts_once)}")
-        if sorted(counts_once) != sorted(matching):
-            return Outcome(False, f"with pattern {pattern!r}, clamped has the keys {sorted(counts_once)}, expected "
-                                  f"the matching names {sorted(matching)} (each one starting at 0)")
-        if counts_once != outside:
-            late = (len(matching) > 1 and counts_once[matching[-1]] == sum(outside.values())
-                    and all(counts_once[n] == 0 for n in matching[:-1]))
-            hint = " (every hook counted under the loop's last name? bind it with name=name)" if late else ""
-            return Outcome(False, f"with pattern {pattern!r} and limit {limit:g}, after one backward clamped is "
-                                  f"{counts_once}, but {outside} entries were outside the limits{hint}")
-        if _counts(clamped) != {n: 2 * k for n, k in outside.items()}:
-            return Outcome(False, "after a second backward the counts did not add up: add each backward's count "
-                                  "to clamped[name]")
-        model.zero_grad(set_to_none=True)
-        _clamp_loss(model).backward()
-        if any(not torch.equal(q.grad, plain[n]) for n, q in model.named_parameters()):
-            return Outcome(False, "after removing your handles a gradient is still changed: return the handle of "
-                                  "every hook you registered")
+    twice = {n: q.grad.clone() for n, q in model.named_parameters()}
+    if any(not torch.equal(g, copy) for g, copy in watched):
+        return Outcome(False, "the gradient your hook received was changed: the hook changed grad in place; "
+                              "return a new tensor (grad.clamp(...), not grad.clamp_(...))")
+    wrong = (_clamp_grads_outcome(plain, once, twice, matching, pattern, limit)
+             or _clamp_counts_outcome(counts_once, _counts(clamped), matching, outside, pattern, limit))
+    if wrong:
+        return wrong
+    model.zero_grad(set_to_none=True)
+    _clamp_loss(model).backward()
+    if any(not torch.equal(q.grad, plain[n]) for n, q in model.named_parameters()):
+        return Outcome(False, "after removing your handles a gradient is still changed: return the handle of "
+                              "every hook you registered")
+    return None
+
+
+@exercise("01.1", "clamp the gradients of the parameters a pattern names")
+def _clamp(clamp_matching) -> Outcome:
+    """``clamp_matching(model, pattern, limit)`` registers, on each parameter whose name matches the
+    shell-style ``pattern``, a hook clamping its gradient to ``[-limit, limit]`` and counting the
+    entries it clamped; returns ``(handles, clamped)`` with ``clamped[name]`` the running count.
+    The hook must return a new tensor, not change ``grad`` in place."""
+    for pattern, limit in (("*.weight", 0.5), ("2.*", 1.5), ("?.bias", 2.0)):
+        wrong = _clamp_case(clamp_matching, pattern, limit)
+        if wrong:
+            return wrong
     return Outcome(True, "only the matching parameters clamped, for three patterns and limits, clamped entries "
                          "counted per name, untouched after remove()")
 
@@ -308,6 +328,23 @@ def _fails_then_raises(x):
     raise ValueError("a forward pass that fails on purpose")
 
 
+def _saved_backward_outcome(runs: list, plain: torch.Tensor, label: str) -> Outcome | None:
+    """Backward through what the answer's hooks saved, for each ``(input, output)`` of ``fn``."""
+    for inp, out in runs:
+        if not (isinstance(out, torch.Tensor) and out.requires_grad and inp.requires_grad):
+            continue
+        try:
+            (grad,) = torch.autograd.grad(out, inp, torch.ones_like(out))
+        except (RuntimeError, TypeError) as error:
+            return Outcome(False, f"for {label}: backward through what your hooks saved raised "
+                                  f"{type(error).__name__}: pack must return the tensor it receives "
+                                  "(unpack gets it back for backward)")
+        if not compare_tensors(grad, plain).passed:
+            return Outcome(False, f"for {label}: backward through what your hooks saved gives another "
+                                  "gradient: unpack must give back the very tensor pack received")
+    return None
+
+
 @exercise("01.4", "count the memory autograd keeps for backward")
 def _saved(saved_bytes) -> Outcome:
     """``saved_bytes(fn, x)`` runs ``fn(x)`` under saved-tensor hooks and returns how many bytes the
@@ -339,18 +376,9 @@ def _saved(saved_bytes) -> Outcome:
                     trap = ("that is fewer bytes than the saved tensors keep alive: note every tensor pack "
                             "receives, and add up the size of each storage once")
                 return Outcome(False, f"for {label} with x of shape {shape}: got {got} bytes; {trap}")
-            for inp, out in runs:
-                if not (isinstance(out, torch.Tensor) and out.requires_grad and inp.requires_grad):
-                    continue
-                try:
-                    (grad,) = torch.autograd.grad(out, inp, torch.ones_like(out))
-                except (RuntimeError, TypeError) as error:
-                    return Outcome(False, f"for {label}: backward through what your hooks saved raised "
-                                          f"{type(error).__name__}: pack must return the tensor it receives "
-                                          "(unpack gets it back for backward)")
-                if not compare_tensors(grad, plain).passed:
-                    return Outcome(False, f"for {label}: backward through what your hooks saved gives another "
-                                          "gradient: unpack must give back the very tensor pack received")
+            wrong = _saved_backward_outcome(runs, plain, label)
+            if wrong:
+                return wrong
     try:
         saved_bytes(_fails_then_raises, torch.ones(2, 3, requires_grad=True))
     except ValueError:

@@ -64,25 +64,8 @@ def _is_pair(item: object) -> bool:
     return isinstance(item, tuple | list) and len(item) == 2 and isinstance(item[0], int) and isinstance(item[1], str)
 
 
-@exercise("02.1", "every module call, in order, with its depth")
-def _call_tree_checker(call_tree) -> Outcome:
-    """``call_tree(model, x)`` returns ``(depth, name)`` for every submodule call (not the root), in the
-    order the calls start; depth counts the hooked calls still running when it starts."""
-    model = _order_model()
-    x = torch.ones(2, 3)
-    try:
-        got = call_tree(model, x)
-    finally:
-        left = clear_hooks(model)  # never leave a student's hook behind on the checker's model
-    if left:
-        return Outcome(False, f"hooks were left registered: {left[0]} (remove them in a finally block)")
-    expected = _call_tree(model, x)
-    if not isinstance(got, list | tuple):
-        return Outcome(False, f"return the list of (depth, name) pairs (got {kind_of(got)})")
-    got = [tuple(item) if isinstance(item, list) else item for item in got]
-    if not all(_is_pair(item) for item in got):
-        example = next(item for item in got if not _is_pair(item))
-        return Outcome(False, f"return one (depth, name) pair per call, like (1, '1.fc') (got {example!r})")
+def _call_names_outcome(got: list, expected: list) -> Outcome | None:
+    """What is wrong with the names of the calls and their order, if anything."""
     names = [name for _, name in got]
     want_names = [name for _, name in expected]
     if "" in names:
@@ -102,6 +85,31 @@ def _call_tree_checker(call_tree) -> Outcome:
     if names != want_names:
         return Outcome(False, "the right calls in the wrong order: list a call when it starts (in a forward "
                               "pre-hook), not when it ends: a container starts before its children")
+    return None
+
+
+@exercise("02.1", "every module call, in order, with its depth")
+def _call_tree_checker(call_tree) -> Outcome:
+    """``call_tree(model, x)`` returns ``(depth, name)`` for every submodule call (not the root), in the
+    order the calls start; depth counts the hooked calls still running when it starts."""
+    model = _order_model()
+    x = torch.ones(2, 3)
+    try:
+        got = call_tree(model, x)
+    finally:
+        left = clear_hooks(model)  # never leave a student's hook behind on the checker's model
+    if left:
+        return Outcome(False, f"hooks were left registered: {left[0]} (remove them in a finally block)")
+    expected = _call_tree(model, x)
+    if not isinstance(got, list | tuple):
+        return Outcome(False, f"return the list of (depth, name) pairs (got {kind_of(got)})")
+    got = [tuple(item) if isinstance(item, list) else item for item in got]
+    if not all(_is_pair(item) for item in got):
+        example = next(item for item in got if not _is_pair(item))
+        return Outcome(False, f"return one (depth, name) pair per call, like (1, '1.fc') (got {example!r})")
+    wrong = _call_names_outcome(got, expected)
+    if wrong:
+        return wrong
     if got != expected:
         call, wrong, right = next((i, g[0], e[0]) for i, (g, e) in enumerate(zip(got, expected, strict=True)) if g != e)
         name = expected[call][1]
@@ -140,6 +148,27 @@ def _grad_of(output_fn, leaf: torch.Tensor) -> torch.Tensor:
     return leaf.grad
 
 
+def _clipped_tanh_outcome(clip_output) -> Outcome | None:
+    """The answer on a Tanh, whose backward needs its own output: values and gradient."""
+    t = torch.tensor([-2.0, -0.3, 0.2, 1.0], requires_grad=True)
+    outputs, failed = _clipped_call(clip_output, nn.Tanh(), t, 0.5)
+    if failed:
+        return failed
+    clipped = outputs[0]
+    outcome = compare_tensors(clipped, torch.tanh(t).clamp(-0.5, 0.5))
+    if not outcome.passed:
+        return Outcome(False, f"the clipped output of a Tanh is wrong: {outcome.detail}")
+    try:
+        clipped.sum().backward()
+    except RuntimeError as exc:
+        return hint_for(exc, {"inplace": "backward through a clipped Tanh failed: clamp a new tensor and return "
+                                         "it; an in-place change breaks the layer's backward"})
+    outcome = compare_tensors(t.grad, _grad_of(lambda v: torch.tanh(v).clamp(-0.5, 0.5), t))
+    if not outcome.passed:
+        return Outcome(False, f"the gradient through a clipped Tanh is wrong: {outcome.detail}")
+    return None
+
+
 @exercise("02.2", "clip a layer's output with a forward hook")
 def _clip_output(clip_output) -> Outcome:
     """``clip_output(module, limit)`` registers a forward hook clamping the output to [-limit, limit]."""
@@ -175,23 +204,9 @@ def _clip_output(clip_output) -> Outcome:
     if not outcome.passed:
         return Outcome(False, f"the weight's gradient is wrong ({outcome.detail}): change the output with a "
                               "tensor operation autograd sees, not through .data")
-    tanh = nn.Tanh()  # its backward needs its own output
-    t = torch.tensor([-2.0, -0.3, 0.2, 1.0], requires_grad=True)
-    outputs, failed = _clipped_call(clip_output, tanh, t, 0.5)
-    if failed:
-        return failed
-    clipped = outputs[0]
-    outcome = compare_tensors(clipped, torch.tanh(t).clamp(-0.5, 0.5))
-    if not outcome.passed:
-        return Outcome(False, f"the clipped output of a Tanh is wrong: {outcome.detail}")
-    try:
-        clipped.sum().backward()
-    except RuntimeError as exc:
-        return hint_for(exc, {"inplace": "backward through a clipped Tanh failed: clamp a new tensor and return "
-                                         "it; an in-place change breaks the layer's backward"})
-    outcome = compare_tensors(t.grad, _grad_of(lambda v: torch.tanh(v).clamp(-0.5, 0.5), t))
-    if not outcome.passed:
-        return Outcome(False, f"the gradient through a clipped Tanh is wrong: {outcome.detail}")
+    wrong = _clipped_tanh_outcome(clip_output)
+    if wrong:
+        return wrong
     return Outcome(True, "clipped to [-1.5, 1.5] on that layer only, right gradients (Linear and Tanh), "
                          "plain after remove()")
 
@@ -216,6 +231,33 @@ def _relu_calls(block: _InPlaceBlock, x: torch.Tensor) -> list[tuple[torch.Tenso
         first = block.fc1(x)
         second = block.fc2(first.relu()) + x
     return [(first, first.relu()), (second, second.relu())]
+
+
+def _kept_calls_outcome(kept: list, expected: list, pre_hooked: bool) -> Outcome | None:
+    """What is wrong with the ``(input, output)`` pairs kept per call, if anything."""
+    for call, (got, (want_in, want_out)) in enumerate(zip(kept, expected, strict=True), start=1):
+        if not (isinstance(got, tuple | list) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
+            kept_kind = "None" if got is None else kind_of(got)  # a kept value, not a return: no hint
+            return Outcome(False, f"kept {kept_kind} for call {call}: keep one (input, output) pair of tensors")
+        for what, tensor in zip(("input", "output"), got, strict=True):
+            if tensor.requires_grad or tensor.grad_fn is not None:
+                return Outcome(False, f"the {what} kept for call {call} is still in the autograd graph: detach it")
+        got_in, got_out = got
+        if got_in.shape == want_in.shape and (got_in >= 0).all() and (want_in < 0).any():
+            if not pre_hooked:
+                return Outcome(False, f"the input kept for call {call} has no negative values: a forward hook runs "
+                                      "after the in-place ReLU has overwritten it; copy the input in a forward "
+                                      "pre-hook and pair it with the output in the forward hook")
+            return Outcome(False, f"the input kept for call {call} has no negative values: it shares memory with "
+                                  "the input the in-place ReLU overwrites (clone it)")
+        outcome = compare_tensors(got_in, want_in)
+        if not outcome.passed:
+            return Outcome(False, f"the input kept for call {call} differs from that call's input: {outcome.detail}")
+        outcome = compare_tensors(got_out, want_out)
+        if not outcome.passed:
+            return Outcome(False, f"the output kept for call {call} differs from that call's output: "
+                                  f"{outcome.detail}")
+    return None
 
 
 @exercise("02.3", "keep each call's input and output of an in-place module")
@@ -247,28 +289,9 @@ def _keep_calls(keep_calls) -> Outcome:
     if len(kept) != 4:
         return Outcome(False, f"kept {len(kept)} entries for 4 calls (2 forwards, the ReLU runs twice in each; "
                               "none after remove()): one (input, output) pair per call")
-    for call, (got, (want_in, want_out)) in enumerate(zip(kept, expected, strict=True), start=1):
-        if not (isinstance(got, tuple | list) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
-            kept_kind = "None" if got is None else kind_of(got)  # a kept value, not a return: no hint
-            return Outcome(False, f"kept {kept_kind} for call {call}: keep one (input, output) pair of tensors")
-        for what, tensor in zip(("input", "output"), got, strict=True):
-            if tensor.requires_grad or tensor.grad_fn is not None:
-                return Outcome(False, f"the {what} kept for call {call} is still in the autograd graph: detach it")
-        got_in, got_out = got
-        if got_in.shape == want_in.shape and (got_in >= 0).all() and (want_in < 0).any():
-            if not pre_hooked:
-                return Outcome(False, f"the input kept for call {call} has no negative values: a forward hook runs "
-                                      "after the in-place ReLU has overwritten it; copy the input in a forward "
-                                      "pre-hook and pair it with the output in the forward hook")
-            return Outcome(False, f"the input kept for call {call} has no negative values: it shares memory with "
-                                  "the input the in-place ReLU overwrites (clone it)")
-        outcome = compare_tensors(got_in, want_in)
-        if not outcome.passed:
-            return Outcome(False, f"the input kept for call {call} differs from that call's input: {outcome.detail}")
-        outcome = compare_tensors(got_out, want_out)
-        if not outcome.passed:
-            return Outcome(False, f"the output kept for call {call} differs from that call's output: "
-                                  f"{outcome.detail}")
+    wrong = _kept_calls_outcome(kept, expected, pre_hooked)
+    if wrong:
+        return wrong
     return Outcome(True, "4 calls, each with its input from before the in-place ReLU and its output, all detached")
 
 

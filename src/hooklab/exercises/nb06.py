@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.nn.modules import module as module_hooks
 
+from ..hooks import Hooks
 from . import Outcome, compare_tensors, exercise, hint_for
 
 #: the hooks of exercise 06.4, shuffled: one nn.Linear carries them, registered as the notebook shows
@@ -48,6 +49,42 @@ def _checkpoint_model() -> nn.Sequential:
     return model
 
 
+def _touched_other_keys(calls: list) -> Outcome | None:
+    """Whether a hook call replaced, removed or added a key other than its Linear's W and b."""
+    for _, _, touched, _ in calls:
+        for key, before, after in touched:
+            verb = "replaced the value of" if before and after else "removed" if before else "added"
+            return Outcome(False, f"the hook {verb} {key!r}, which is not its Linear's W or b: leave every "
+                                  "other key as it is")
+    return None
+
+
+def _old_checkpoint(source: nn.Module) -> dict:
+    """``source``'s state dict as an old checkpoint stored it: a Linear's tensors as ``W`` and ``b``
+    (its counters set first, so that loading them is seen)."""
+    source[0].batches.fill_(7)
+    source[2][0].batches.fill_(9)
+    old, old_names = {}, {"weight": "W", "bias": "b"}
+    for key, value in source.state_dict().items():
+        place, _, name = key.rpartition(".")
+        old[f"{place}.{old_names.get(name, name)}"] = value.clone()
+    return old
+
+
+def _failed_load_outcome(error: RuntimeError, calls: list) -> Outcome:
+    """Why loading the old checkpoint failed, from PyTorch's error and what each hook call did."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    hint = ""
+    if any(returned is not None for _, returned, _, _ in calls):
+        hint = " (the hook's return value is ignored: rename the keys of state_dict in place)"
+    else:
+        for prefix, _, _, left in calls:
+            if left:
+                hint = f" (the hook left {left[0]!r}: build every key from prefix, {prefix!r} for that Linear)"
+                break
+    return Outcome(False, f"loading the old checkpoint failed: {' '.join(lines[1:]) or error}{hint}")
+
+
 @exercise("06.1", "rename old checkpoint keys in a load_state_dict pre-hook")
 def _rename_keys(upgrade) -> Outcome:
     """``upgrade`` is a load_state_dict pre-hook for one ``nn.Linear``.
@@ -58,12 +95,7 @@ def _rename_keys(upgrade) -> Outcome:
     """
     torch.manual_seed(6)  # on the checker's own random stream (see ``exercise``)
     model, source, fresh = _checkpoint_model(), _checkpoint_model(), _checkpoint_model().state_dict()
-    source[0].batches.fill_(7)
-    source[2][0].batches.fill_(9)
-    old, old_names = {}, {"weight": "W", "bias": "b"}
-    for key, value in source.state_dict().items():
-        place, _, name = key.rpartition(".")
-        old[f"{place}.{old_names.get(name, name)}"] = value.clone()
+    old = _old_checkpoint(source)
     calls = []  # per call: prefix, returned value, other keys it touched, old keys it left
 
     def watched(*args):
@@ -77,19 +109,9 @@ def _rename_keys(upgrade) -> Outcome:
         left = [key for key in (prefix + "W", prefix + "b") if key in state_dict]
         calls.append((prefix, returned, [(key, key in others, key in state_dict) for key in touched], left))
 
-    def touched_other_keys() -> Outcome | None:
-        for _, _, touched, _ in calls:
-            for key, before, after in touched:
-                verb = "replaced the value of" if before and after else "removed" if before else "added"
-                return Outcome(False, f"the hook {verb} {key!r}, which is not its Linear's W or b: leave every "
-                                      "other key as it is")
-        return None
-
-    handles = [
-        model[0].register_load_state_dict_pre_hook(watched),
-        model[2][0].register_load_state_dict_pre_hook(watched),
-    ]
-    try:
+    with Hooks() as hooks:
+        hooks.add(model[0].register_load_state_dict_pre_hook(watched))
+        hooks.add(model[2][0].register_load_state_dict_pre_hook(watched))
         try:
             model.load_state_dict(old)
             error = None
@@ -97,20 +119,11 @@ def _rename_keys(upgrade) -> Outcome:
             raise
         except RuntimeError as caught:
             error = caught
-        wrong = touched_other_keys()
+        wrong = _touched_other_keys(calls)
         if wrong is not None:
             return wrong
         if error is not None:
-            lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-            hint = ""
-            if any(returned is not None for _, returned, _, _ in calls):
-                hint = " (the hook's return value is ignored: rename the keys of state_dict in place)"
-            else:
-                for prefix, _, _, left in calls:
-                    if left:
-                        hint = f" (the hook left {left[0]!r}: build every key from prefix, {prefix!r} for that Linear)"
-                        break
-            return Outcome(False, f"loading the old checkpoint failed: {' '.join(lines[1:]) or error}{hint}")
+            return _failed_load_outcome(error, calls)
         for key, value in source.state_dict().items():
             if not torch.equal(model.state_dict()[key], value):
                 return Outcome(False, f"{key} was loaded with the wrong values")
@@ -118,18 +131,29 @@ def _rename_keys(upgrade) -> Outcome:
         try:
             model.load_state_dict(fresh)
         except RuntimeError:
-            return touched_other_keys() or Outcome(False, "a checkpoint with today's key names no longer loads")
-        wrong = touched_other_keys()
+            return _touched_other_keys(calls) or Outcome(False, "a checkpoint with today's key names no longer loads")
+        wrong = _touched_other_keys(calls)
         if wrong is not None:
             return wrong
-    finally:
-        for handle in handles:
-            handle.remove()
     return Outcome(True, "old and new checkpoints both load, into both Linear layers (at 0. and 2.0.), other keys kept")
 
 
 def _is_args_kwargs(value) -> bool:
     return isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], tuple) and isinstance(value[1], dict)
+
+
+def _unclipped_outcome(big: torch.Tensor, small: torch.Tensor) -> Outcome:
+    """The step did not clip the gradient of norm 5: say where it moved the weight, and whether the
+    answer clipped by the total norm."""
+    scale_big = big.detach().norm().item() / 5
+    scale_small = (torch.ones(3) - small.detach()).norm().item() / 0.3
+    hint = ""
+    if scale_big < 0.999 and abs(scale_big - scale_small) < 1e-4:
+        hint = ": clip each parameter by its own norm, not the total norm"
+    return Outcome(
+        False, f"the large gradient (norm 5) was not clipped to norm 1: the step moved the weight from "
+        f"[0, 0] to [{big[0]:.4g}, {big[1]:.4g}], not [-0.6, -0.8]{hint}"
+    )
 
 
 @exercise("06.2", "clip each gradient in an optimizer step pre-hook")
@@ -166,15 +190,7 @@ def _clip_in_pre_hook(clip) -> Outcome:
     expected_big = torch.tensor([-0.6, -0.8])
     expected_small = torch.ones(3) - torch.tensor([0.2, -0.2, 0.1])
     if not torch.allclose(big.detach(), expected_big, atol=1e-6):
-        scale_big = big.detach().norm().item() / 5
-        scale_small = (torch.ones(3) - small.detach()).norm().item() / 0.3
-        hint = ""
-        if scale_big < 0.999 and abs(scale_big - scale_small) < 1e-4:
-            hint = ": clip each parameter by its own norm, not the total norm"
-        return Outcome(
-            False, f"the large gradient (norm 5) was not clipped to norm 1: the step moved the weight from "
-            f"[0, 0] to [{big[0]:.4g}, {big[1]:.4g}], not [-0.6, -0.8]{hint}"
-        )
+        return _unclipped_outcome(big, small)
     if not torch.allclose(wide.detach(), torch.tensor([0.0, -1.0, 0.0, 0.0]), atol=1e-6):
         return Outcome(False, f"the large gradient (norm 2) in the second parameter group was not clipped to norm 1 "
                               f"(the step moved that weight by {wide.detach().norm():.4g}): clip the parameters of "
