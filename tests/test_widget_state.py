@@ -88,3 +88,15 @@ def test_steady_renames_models_from_the_view_and_their_place():
     other.cells[0].outputs[0].data[WIDGET_VIEW]["model_id"] = "elsewhere"  # a view whose model was not saved
     steady(other, "05_explorers.ipynb")
     assert "widgets" not in other.metadata
+
+
+def test_a_static_html_page_carries_the_state_and_the_view(saved):
+    """nbconvert (what a site or a static viewer runs) writes the state and each view into the page,
+    for the widgets' HTML manager to draw: no text like ``VBox(children=...)`` in their place."""
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.reads(saved[1], as_version=4)
+    page, _ = HTMLExporter(template_name="lab").from_notebook_node(nb)
+    view = nb.cells[1].outputs[0].data[WIDGET_VIEW]["model_id"]
+    assert f'<script type="{WIDGET_STATE}">' in page
+    assert f'<script type="{WIDGET_VIEW}">' in page and view in page

@@ -388,73 +388,73 @@ REDRAW_TARGET_MS = 30
 def redraw(repeats: int) -> dict:
     """What a student waits for after moving a control of ``LayerExplorer.widget()``: the whole
     redraw (the printed text, the picture drawn to PNG, both handed to the widgets), for a layer
-    not drawn before and for a new channel of the layer with the most values; then ``view`` (text + picture,
-    no widgets), ``summary`` alone, and the matplotlib ``render`` for comparison."""
-    import matplotlib.pyplot as plt
+    not drawn before and for a new channel of the layer with the most values; then ``view``
+    (text + picture, no widgets), ``summary`` alone, and the matplotlib ``render`` to compare."""
     from torchvision.models import resnet18
 
     from hooklab.data import digits, photo
     from hooklab.models import DigitsCNN
-    from hooklab.widgets import LayerExplorer
 
     torch.manual_seed(0)
     cases = {
         "digits CNN (random weights), one 8×8 digit": (DigitsCNN().eval(), digits().x_test[:1]),
         "resnet18 (random weights), 224×224 photo": (resnet18(weights=None).eval(), photo()),
     }
-    results = {}
-    for label, (model, x) in cases.items():
+    return {label: redraw_times(model, x, repeats) for label, (model, x) in cases.items()}
+
+
+def redraw_times(model: nn.Module, x: torch.Tensor, repeats: int) -> dict:
+    import matplotlib.pyplot as plt
+
+    from hooklab.widgets import LayerExplorer
+
+    start = time.perf_counter()
+    explorer = LayerExplorer(model, x)
+    build = time.perf_counter() - start
+    layers = explorer.layers
+    largest = max(layers, key=lambda n: explorer.activations[n].numel())  # the most values to draw
+    n_channels = explorer.activations[largest].shape[0]
+
+    def timed(fn, *args):
         start = time.perf_counter()
-        explorer = LayerExplorer(model, x)
-        build = time.perf_counter() - start
-        layers = explorer.layers
-        widest = max(layers, key=lambda n: explorer.activations[n].numel())  # the most values to draw
-        n_channels = explorer.activations[widest].shape[0]
+        fn(*args)
+        return time.perf_counter() - start
 
-        def timed(fn, *args):
-            start = time.perf_counter()
-            fn(*args)
-            return time.perf_counter() - start
+    def move(control, value):
+        control.value = value
 
-        def move(control, value):
-            control.value = value
+    # the widget first, so that every layer it moves to is drawn for the first time
+    panel = explorer.widget(layers[-1])
+    order = [layers[i] for i in range(0, len(layers) - 1, max(1, (len(layers) - 1) // repeats))][:repeats]
+    widget_layer = [timed(move, panel.layer, layer) for layer in order]
+    move(panel.layer, largest)
+    widget_channel = [timed(move, panel.channel, (7 * c) % n_channels) for c in range(1, repeats + 1)]
 
-        # the widget first, so that every layer it moves to is drawn for the first time
-        panel = explorer.widget(layers[-1])
-        order = [layers[i] for i in range(0, len(layers) - 1, max(1, (len(layers) - 1) // repeats))][:repeats]
-        widget_layer = [timed(move, panel.layer, layer) for layer in order]
-        move(panel.layer, widest)
-        widget_channel = [timed(move, panel.channel, (7 * c) % n_channels) for c in range(1, repeats + 1)]
+    def quietly(fn, *args):
+        with contextlib.redirect_stdout(io.StringIO()):
+            shown = fn(*args)
+        if isinstance(shown, plt.Figure):
+            plt.close(shown)
 
-        def render(layer, channel, explorer=explorer):
-            with contextlib.redirect_stdout(io.StringIO()):
-                fig = explorer.render(layer, channel)
-            plt.close(fig)
-
-        def view(layer, channel, explorer=explorer):
-            with contextlib.redirect_stdout(io.StringIO()):
-                explorer.view(layer, channel, "gradient")
-
-        view_channel = [timed(view, widest, (5 * c) % n_channels) for c in range(1, repeats + 1)]
-        text_only = [timed(explorer.summary, widest, c % n_channels) for c in range(1, repeats + 1)]
-        render_layer = [timed(render, layer, 0) for layer in layers[:repeats]]
-        render_channel = [timed(render, widest, c % n_channels) for c in range(1, repeats + 1)]
-        plt.close("all")
-        median = lambda times: round(statistics.median(times) * 1e3, 1)  # noqa: E731
-        results[label] = {
-            "layers": len(layers),
-            "explorer_built_ms": round(build * 1e3, 1),
-            "widget_redraw_layer_ms": median(widget_layer),
-            "widget_redraw_channel_ms": median(widget_channel),
-            "widget_redraw_max_ms": round(max(widget_layer + widget_channel) * 1e3, 1),
-            "view_new_channel_ms": median(view_channel),
-            "text_only_ms": round(statistics.median(text_only) * 1e3, 2),
-            "render_new_layer_ms": median(render_layer),
-            "render_new_channel_ms": median(render_channel),
-            "png_bytes": len(panel.png),
-            "samples": repeats,
-        }
-    return results
+    view = [timed(quietly, explorer.view, largest, (5 * c) % n_channels, "gradient") for c in range(1, repeats + 1)]
+    text_only = [timed(explorer.summary, largest, c % n_channels) for c in range(1, repeats + 1)]
+    render_layer = [timed(quietly, explorer.render, layer, 0) for layer in layers[:repeats]]
+    render_channel = [timed(quietly, explorer.render, largest, c % n_channels) for c in range(1, repeats + 1)]
+    plt.close("all")
+    median = lambda times: round(statistics.median(times) * 1e3, 1)  # noqa: E731
+    return {
+        "layers": len(layers),
+        "explorer_built_ms": round(build * 1e3, 1),
+        "widget_redraw_layer_ms": median(widget_layer),
+        "widget_redraw_channel_ms": median(widget_channel),
+        "widget_redraw_max_ms": round(max(widget_layer + widget_channel) * 1e3, 1),
+        "view_new_channel_ms": median(view),
+        "text_only_ms": round(statistics.median(text_only) * 1e3, 2),
+        "render_new_layer_ms": median(render_layer),
+        "render_new_channel_ms": median(render_channel),
+        "png_bytes": len(panel.png),
+        "samples": repeats,
+    }
 
 
 # ----- 4. whole course -------------------------------------------------------------------------

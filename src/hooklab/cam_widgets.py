@@ -256,9 +256,9 @@ class GradCamPicker:
             lines.append(f"  guided Grad-CAM: {describe_tensor(parts['guided'])}")
         if parts["weights"] == "random":
             trained = self.compute(layer, parts["target"], index, method=parts["method"])["raw"]
-            lines += [f"  weights randomised (every layer re-drawn, seed {self.random_seed}; the model now predicts "
-                      f"{parts['predicted']}): rank correlation with the trained model's map "
-                      f"{_rank_correlation(parts['raw'], trained):.2f}",
+            rho = _rank_correlation(parts["raw"], trained)
+            lines += [f"  random weights (every layer re-drawn, seed {self.random_seed}; it predicts "
+                      f"{parts['predicted']}): rank correlation with the trained model's map {rho:.2f}",
                       "  (a map that stays the same when the weights are random explains nothing: "
                       "Adebayo et al. 2018)"]
         return "\n".join(lines)

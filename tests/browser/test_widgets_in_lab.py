@@ -146,15 +146,26 @@ def explorers_notebook(folder, name: str = "explorers.ipynb"):
     return path
 
 
-def test_every_control_of_the_explorers_redraws_the_picture(lab, lab_root, page, artifacts):
-    """The new controls, as a student uses them: type a layer's name, page the channels, switch
-    the tiles, pick another image and class; pick a Grad-CAM method, the signed map, the shared
-    colour scale and random weights. Each changes the text and the picture."""
-    path = explorers_notebook(lab_root)
-    nb.open_notebook(page, lab.url(nb.notebook_path(path.name)))
-    nb.run_all(page, timeout_ms=120_000)
-    nb.check_ran_without_errors(page, len(EXPLORERS))
+@pytest.fixture(scope="module")
+def explorers_page(lab, lab_root, chromium):
+    """A notebook with a layer explorer and a Grad-CAM picker on the digits CNN, after Run All."""
+    from .conftest import new_page
 
+    page = new_page(chromium)
+    try:
+        path = explorers_notebook(lab_root)
+        nb.open_notebook(page, lab.url(nb.notebook_path(path.name)))
+        nb.run_all(page, timeout_ms=120_000)
+        nb.check_ran_without_errors(page, len(EXPLORERS))
+        yield page
+    finally:
+        page.context.close()
+
+
+def test_every_control_of_the_layer_explorer_redraws_the_picture(explorers_page, artifacts):
+    """As a student uses it: type a layer's name, go to the last channel, switch the tiles,
+    pick another image and class. Each changes the text and the picture."""
+    page = explorers_page
     area = nb.widget_area(page, "layer", "channel")
     text, image = nb.printed(area), nb.picture(area)
     expect(text).to_contain_text("image 0 of 3: class ")
@@ -176,7 +187,12 @@ def test_every_control_of_the_explorers_redraws_the_picture(lab, lab_root, page,
     nb.press(nb.slider(area, "class"), "ArrowRight")
     changed(r"^image 1 of 3: class \d+ explained")
     page.screenshot(path=str(artifacts / "explorer_moved.png"))
+    assert nb.error_outputs(page) == []
 
+
+def test_every_control_of_the_grad_cam_picker_redraws_the_picture(explorers_page, artifacts):
+    """Pick a method, the signed map, the shared colour scale, another class, random weights."""
+    page = explorers_page
     method = page.locator(".widget-dropdown", has=nb.label(page, "method"))
     area = page.locator(".jp-Cell-outputArea").filter(has=method)
     text, image = nb.printed(area), nb.picture(area)
