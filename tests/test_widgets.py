@@ -226,6 +226,15 @@ def test_colours_and_tiles_match_the_matplotlib_versions():
     assert picture.shrink(torch.ones(100, 50), 40).shape == (34, 17)
 
 
+def test_a_figure_becomes_a_palette_png_of_its_own_size(picker):
+    parts = picker.compute("features.6", 3, 0)
+    fig = picker.figure("features.6", 3, 0, parts)
+    image = Image.open(io.BytesIO(picture.figure_png(fig)))
+    width, height = fig.get_size_inches() * fig.dpi
+    assert image.mode == "P" and image.size == (round(width), round(height))
+    assert len(image.getcolors(256)) > 16  # the photo-like panels keep their shades
+
+
 def test_moving_the_controls_updates_the_text_and_the_picture(explorer):
     panel = explorer.widget()
     assert [panel.controls[k].description for k in panel.controls] == ["layer", "channel", "tiles", "image", "class"]

@@ -25,7 +25,6 @@
 from __future__ import annotations
 
 import copy
-import io
 from collections import OrderedDict
 
 import matplotlib.pyplot as plt
@@ -36,6 +35,7 @@ from torch import nn
 from .checks import check_index, check_inputs, class_scores, drawn, new_figure, targets_for, wanted_targets
 from .data import IMAGENET_MEAN, IMAGENET_STD
 from .layers import unknown_name_hint
+from .picture import figure_png
 from .plots import draw_signed
 from .recording import NoGradientError, record
 from .saliency import GuidedBackprop, check_gradients, upsample
@@ -336,9 +336,7 @@ class GradCamPicker:
             layer, target, index = panel.layer.value, panel.target.value, panel.index.value
             parts = self.compute(layer, target, index, method=panel.method.value, weights=panel.weights.value)
             fig = self.figure(layer, target, index, parts, scale=panel.scale.value, signed=panel.signed.value)
-            buffer = io.BytesIO()
-            fig.savefig(buffer, format="png")
-            return self.describe(layer, target, index, parts), buffer.getvalue()
+            return self.describe(layer, target, index, parts), figure_png(fig)
 
         return Panel(rows, controls, redraw)
 

@@ -11,6 +11,8 @@ palette PNG (a few times faster to encode than RGB, and half the bytes).
 * ``tiles(maps, ncols, signed)``: the channels of a ``(C, H, W)`` tensor as one 2-D grid, each
   scaled on its own (as ``hooklab.plots.tile_channels``), the gaps NaN; maps larger than
   ``TILE`` pixels a side are averaged down first.
+* ``figure_png(fig)``: a matplotlib figure as a palette PNG (256 colours picked for it): about a
+  third of the bytes of ``savefig``'s RGBA PNG, and quicker to make.
 * ``Canvas``: a white picture to paste panels (enlarged to a size, as flat blocks), write text
   and draw frames on; ``png()`` encodes it. ``Picture`` holds the PNG bytes and shows itself in
   a notebook.
@@ -26,8 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["BLACK", "DARK", "GREY", "LIGHT", "RED", "TILE", "Canvas", "Picture", "colour_bar", "colours", "shrink",
-           "tiles"]
+__all__ = ["BLACK", "DARK", "GREY", "LIGHT", "RED", "TILE", "Canvas", "Picture", "colour_bar", "colours",
+           "figure_png", "shrink", "tiles"]
 
 TILE = 32  # tiles are averaged down to at most this many pixels a side
 LEVELS = 120  # colours per colour map
@@ -97,6 +99,19 @@ def tiles(maps: torch.Tensor, ncols: int = 8, signed: bool = False) -> tuple[np.
 def colour_bar(cmap: str, width: int, height: int = 8) -> np.ndarray:
     """A horizontal ``(height, width)`` strip of the colour map's palette indices, low on the left."""
     return np.broadcast_to(colours(torch.linspace(0, 1, width), cmap, 0.0, 1.0), (height, width))
+
+
+def figure_png(fig) -> bytes:
+    """Draw a matplotlib figure with Agg and encode it as an 8-bit palette PNG."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from PIL import Image
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    image = Image.fromarray(np.asarray(canvas.buffer_rgba())).convert("RGB")
+    buffer = io.BytesIO()
+    image.quantize(256, method=Image.Quantize.FASTOCTREE).save(buffer, format="png", compress_level=3)
+    return buffer.getvalue()
 
 
 @functools.cache
