@@ -92,10 +92,11 @@ class Record:
 
     @property
     def grad_input(self) -> tuple:
-        grad_output = self.grad_output  # raises when no gradient arrived
+        if not self._got_grad:
+            raise NoGradientError(f"no gradient reached {self.name!r}: {self.why_no_grad}")
         if self.grad_input_problem:
             raise NoGradientError(self.grad_input_problem)
-        return tuple(self._grad_input) if grad_output else ()
+        return tuple(self._grad_input)
 
     def __repr__(self) -> str:
         call = f", call={self.call}" if self.call else ""
