@@ -146,6 +146,7 @@ class LayerExplorer:
         self._recorded = (layers, types)
         self._passes: OrderedDict = OrderedDict()
         self._cache: dict = {}
+        self.types: dict[str, str] = {}  # layer label -> module type, e.g. "Conv2d"
         first = self.recorded(0)
         if not first.activations:
             raise ValueError("no recorded layer returned an (N, C, H, W) tensor with H × W > 1")
@@ -180,7 +181,7 @@ class LayerExplorer:
             scores = class_scores(self.model(x), 1)
             target = int(targets_for(scores, wanted)[0])
             torch.autograd.grad(scores[0, target], x)  # parameters' .grad stay untouched
-        activations, gradients, no_gradient, self.types = {}, {}, set(), getattr(self, "types", {})
+        activations, gradients, no_gradient = {}, {}, set()
         for r in rec:
             if isinstance(r.output, torch.Tensor) and r.output.dim() == 4 and r.output[0, 0].numel() > 1:
                 label = r.name if r.call == 0 else f"{r.name} (call {r.call})"
