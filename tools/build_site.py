@@ -133,7 +133,7 @@ def title_and_goals(nb) -> tuple[str, str]:
     """The notebook's H1 title and the markdown of its learning goals (the list after the title)."""
     first = next((c.source for c in nb.cells if c.cell_type == "markdown"), "")
     title = next((line[2:].strip() for line in first.splitlines() if line.startswith("# ")), "")
-    goals = re.search(r"\*\*After this notebook you will be able to\*\*\n((?:[-*] .*\n?(?:  .*\n?)*)+)", first)
+    goals = re.search(r"\*\*After [^*\n]*you will be able to\*\*\n((?:[-*] .*\n?(?:  .*\n?)*)+)", first)
     return title, goals[1] if goals else ""
 
 
