@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -56,3 +58,20 @@ def test_post_build_installs_hooklab_and_the_kernel_into_the_image_python(tmp_pa
     assert calls[2].startswith("tools/install_kernel.py")
     assert (ROOT / calls[2].split()[0]).is_file()
     assert len(calls) == 3
+
+
+def test_the_package_postbuild_installs_holds_every_module_and_the_trained_weights(tmp_path):
+    """binder/postBuild runs ``pip install .`` (not an editable install): the wheel it builds must
+    carry every file hooklab loads, not only the ones an editable install finds in src/."""
+    source = tmp_path / "source"
+    shutil.copytree(ROOT / "src", source / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path / "wheel"), str(source)], check=True, timeout=300)  # fmt: skip
+    (wheel,) = (tmp_path / "wheel").glob("hooklab-*.whl")
+    packed = {name for name in zipfile.ZipFile(wheel).namelist() if name.startswith("hooklab/")}
+    needed = {p.relative_to(ROOT / "src").as_posix() for p in (ROOT / "src" / "hooklab").rglob("*")
+              if p.is_file() and "__pycache__" not in p.parts}  # fmt: skip
+    assert any(name.endswith(".pt") for name in needed)  # the trained weights are among them
+    assert needed - packed == set()
