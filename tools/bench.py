@@ -13,8 +13,8 @@
    hooks that copy only the outputs ResNet overwrites later, picked by hand, the least any
    recorder returning the right outputs can copy. The group runs twice with freed memory kept
    (see ``hooklab.course.reuse_freed_memory``) and once with glibc's defaults; the second of the
-   two runs is a child process without the Makefile's CPU-kernel pins, so that the ratios are
-   shown both for the course's AVX2 kernels and for the best kernels of the CPU it runs on.
+   two runs is a child process pinned to the AVX2 kernels (what a CPU without AVX-512 runs), so
+   that the ratios are shown both for the best kernels of the CPU it runs on and for AVX2.
 2. Memory: growth of the process's resident memory over 200 recorded forward+backward passes of
    the digits CNN (flat is right: records are detached and dropped with the recording).
 3. Widget redraw: median time of the whole ``LayerExplorer`` widget redraw (text + picture) after
@@ -59,7 +59,6 @@ matplotlib.use("Agg")
 
 import psutil  # noqa: E402
 import torch  # noqa: E402
-from run_notebooks import course_environment  # noqa: E402  (tools/, beside this file)
 from torch import nn  # noqa: E402
 
 torch.set_num_threads(1)
@@ -80,7 +79,7 @@ def machine() -> dict:
         "logical_cores": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0)),
         "threads": torch.get_num_threads(),
-        "cpu_kernels": torch.backends.cpu.get_cpu_capability(),  # AVX2 under make: the Makefile pins it
+        "cpu_kernels": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__,
         "torchvision": torchvision.__version__,
         "python": platform.python_version(),
@@ -462,7 +461,7 @@ def course(paths: list[Path], slowest: int = 5) -> dict:
     results = {}
     for path in paths:
         command = [
-            sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--nbval", "--nbval-current-env",
+            sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--nbval", "--nbval-kernel-name", "hooklab",
             "--nbval-sanitize-with", str(ROOT / "tests" / "nbval_sanitize.cfg"), "--nbval-cell-timeout=300",
             "--durations=0", "--durations-min=0", str(path.relative_to(ROOT)),
         ]  # fmt: skip
@@ -526,15 +525,14 @@ def overhead_table(o: dict, allocator: str) -> list[str]:
     return out
 
 
-#: what the Makefile sets to pin the CPU kernels (see its comment); unset, each library picks the
-#: best its CPU has (AVX-512 where there is one)
-KERNEL_PINS = [k for k in course_environment() if k.startswith(("ATEN_", "ONEDNN_", "MKL_")) and "THREADS" not in k]
+#: the AVX2 kernels of PyTorch, oneDNN and MKL (the Makefile's AVX2 variant of the notebook checks)
+AVX2_PINS = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_CBWR": "AVX2"}
 
 
-def overhead_native_kernels(rounds: int) -> dict:
-    """The overhead group (freed memory kept) again in a child process without the kernel pins, so
-    that the table also shows the ratios with the CPU's own best kernels."""
-    env = {k: v for k, v in os.environ.items() if k not in KERNEL_PINS}
+def overhead_avx2_kernels(rounds: int) -> dict:
+    """The overhead group (freed memory kept) again in a child process pinned to the AVX2 kernels,
+    so that the table also shows the ratios a CPU without AVX-512 would see."""
+    env = {**os.environ, **AVX2_PINS}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "overhead.json"
         subprocess.run([sys.executable, __file__, "--rounds", str(rounds), "--overhead-json", str(out)],
@@ -557,11 +555,11 @@ def markdown(report: dict) -> str:
     ):
         if key in report:
             out += overhead_table(report[key], allocator)
-    native = report.get("overhead_native_kernels")
-    if native and "skipped" in native:
-        out += [f"**Recording overhead with the CPU's own kernels**: skipped ({native['skipped']}).", ""]
-    elif native:
-        out += overhead_table(native, f"{kept}, and the CPU's own {native['cpu_kernels']} kernels (no pins)")
+    avx2 = report.get("overhead_avx2_kernels")
+    if avx2 and "skipped" in avx2:
+        out += [f"**Recording overhead with the AVX2 kernels**: skipped ({avx2['skipped']}).", ""]
+    elif avx2:
+        out += overhead_table(avx2, f"{kept}, and the {avx2['cpu_kernels']} kernels (pinned)")
     if "memory" in report:
         mem = report["memory"]
         growth = ", ".join(f"{k}: {v:+.1f} MB" for k, v in mem["growth_mb"].items())
@@ -606,8 +604,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-torchlens", action="store_true", help="skip the throwaway torchlens venv")
     parser.add_argument("--notebooks", nargs="*", type=Path, help="course group: these notebooks only")
     parser.add_argument("--table-only", action="store_true", help="print the table of the last artifacts/bench.json")
-    parser.add_argument("--no-native-kernels", action="store_true",
-                        help="overhead group: skip the second run without the Makefile's CPU-kernel pins")  # fmt: skip
+    parser.add_argument("--no-avx2-run", action="store_true",
+                        help="overhead group: skip the second run pinned to the AVX2 kernels")  # fmt: skip
     parser.add_argument("--overhead-json", type=Path, help=argparse.SUPPRESS)  # the child of that second run
     args = parser.parse_args(argv)
     if args.overhead_json:
@@ -636,13 +634,13 @@ def main(argv: list[str] | None = None) -> int:
         report["overhead"]["torchlens"] = (
             {"skipped": "--no-torchlens"} if args.no_torchlens else torchlens_overhead(args.rounds)
         )
-        if args.no_native_kernels:
-            report["overhead_native_kernels"] = {"skipped": "--no-native-kernels"}
-        elif not any(k in os.environ for k in KERNEL_PINS):
-            report["overhead_native_kernels"] = {"skipped": "no kernel pins set: the table above uses them already"}
+        if args.no_avx2_run:
+            report["overhead_avx2_kernels"] = {"skipped": "--no-avx2-run"}
+        elif torch.backends.cpu.get_cpu_capability() == "AVX2":
+            report["overhead_avx2_kernels"] = {"skipped": "this CPU's best kernels are AVX2: the table above"}
         else:
-            print("    ... and with the CPU's own kernels, without the Makefile's pins ...", flush=True)
-            report["overhead_native_kernels"] = overhead_native_kernels(args.rounds)
+            print("    ... and with the AVX2 kernels ...", flush=True)
+            report["overhead_avx2_kernels"] = overhead_avx2_kernels(args.rounds)
     if "memory" in groups:
         print("2/4 memory over 200 recorded passes ...", flush=True)
         report["memory"] = memory()
