@@ -406,3 +406,82 @@ def test_01_4_stub_is_not_solved_yet(capsys):
 
     check("01.4", saved_bytes)
     assert capsys.readouterr().out.endswith("): not solved yet\n")
+
+
+# ----- 01.5 -------------------------------------------------------------------------------------
+def scale_grad_right(t, factor):
+    def scale(grad):
+        return grad * factor
+
+    return t.register_hook(scale)
+
+
+def test_01_5_accepts_a_hook_returning_the_scaled_gradient():
+    assert grade("01.5", scale_grad_right).passed
+
+
+def test_01_5_rejects_wrong_answers():
+    def in_place(t, factor):
+        return t.register_hook(lambda grad: grad.mul_(factor))
+
+    def returns_nothing(t, factor):
+        return t.register_hook(lambda grad: None)
+
+    def fixed_factor(t, factor):
+        return t.register_hook(lambda grad: grad * 3)
+
+    def no_handle(t, factor):
+        scale_grad_right(t, factor)
+
+    for wrong, words in [
+        (in_place, "in place"),
+        (returns_nothing, "must return the new gradient"),
+        (fixed_factor, "factor -0.5"),
+        (no_handle, "missing return?"),
+    ]:
+        failed("01.5", wrong, words)
+
+
+# ----- 01.6 -------------------------------------------------------------------------------------
+def grad_norms_with(keep=lambda grad: grad.norm().item(), result=lambda grad: None, bind=True):
+    """A right answer to 01.6, or a wrong one: what it keeps, what its hook returns, or a late-bound name."""
+
+    def grad_norms(named):
+        norms, handles = {name: [] for name in named}, []
+        for name, t in named.items():
+            def hook(grad, bound=name):
+                norms[bound if bind else name].append(keep(grad))  # noqa: B023 (the late-binding bug, on purpose)
+                return result(grad)
+
+            handles.append(t.register_hook(hook))
+        return norms, handles
+
+    return grad_norms
+
+
+def test_01_6_accepts_one_norm_per_backward_under_each_name():
+    assert grade("01.6", grad_norms_with()).passed
+
+
+def test_01_6_rejects_wrong_answers():
+    for wrong, words in [
+        (grad_norms_with(bind=False), "name=name"),
+        (grad_norms_with(keep=lambda grad: grad.norm()), "Python floats"),
+        (grad_norms_with(keep=lambda grad: grad.abs().max().item()), "norms['h'] is"),
+        (grad_norms_with(result=lambda grad: 2 * grad), "must return None"),
+    ]:
+        failed("01.6", wrong, words)
+
+
+def test_01_6_wants_every_name_and_the_handles():
+    def names_on_first_gradient(named):
+        norms, handles = {}, []
+        for name, t in named.items():
+            def hook(grad, name=name):
+                norms.setdefault(name, []).append(grad.norm().item())
+
+            handles.append(t.register_hook(hook))
+        return norms, handles
+
+    failed("01.6", names_on_first_gradient, "expected every name")
+    failed("01.6", lambda named: grad_norms_with()(named)[0], "(norms, handles)")
