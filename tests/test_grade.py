@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import grade  # tools/, on pytest's path (pyproject.toml)
@@ -190,3 +191,10 @@ def test_a_count_that_is_not_positive_is_a_usage_error(option, capsys):
 ])  # fmt: skip
 def test_the_notebook_number_is_found_anywhere_in_the_name(name, number):
     assert grade.number_of(Path(name), {"00", "01", "02", "03", "04", "05", "06"}) == number
+
+
+def test_the_default_jobs_are_the_usable_cores_or_all_where_the_system_cannot_say(monkeypatch):
+    assert grade.cores() == len(os.sched_getaffinity(0))
+    monkeypatch.delattr(os, "sched_getaffinity")  # as on macOS
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert grade.cores() == 6

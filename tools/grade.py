@@ -212,6 +212,11 @@ def write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def cores() -> int:
+    """The cores this process may use (all of the machine's where the system cannot say, as on macOS)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[tuple[Path, str]]]:
     """The options, and every notebook to grade with its student's name."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -219,7 +224,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[tuple[Path, 
     parser.add_argument("--json", type=Path, help="also write the verdicts to this file (after every notebook)")
     parser.add_argument("--csv", type=Path, help="also write one row per student and exercise to this file")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per cell before it is interrupted")
-    parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)),
+    parser.add_argument("--jobs", type=int, default=cores(),
                         help="notebooks run at a time, one kernel each (default: the number of cores)")  # fmt: skip
     args = parser.parse_args(argv)
     if args.timeout <= 0:
