@@ -49,7 +49,44 @@ def elu_backward(out, dout, alpha):
     return torch.where(out > 0, dout, dout * (out + alpha))
 
 
+def sigmoid_backward(s, ds):
+    return ds * s * (1 - s)
+
+
+def layer1_backward(x, w1, s1, ds1):
+    dz1 = ds1 * s1 * (1 - s1)
+    return dz1, dz1 @ w1, dz1.T @ x, dz1.sum().reshape(1)
+
+
+def net_backward(x, w1, b1, w2, b2, target, mean=True):
+    s1 = torch.sigmoid(x @ w1.T + b1)
+    s2 = torch.sigmoid(s1 @ w2.T + b2)
+    dz2 = 2 * (s2 - target) / (target.numel() if mean else 1) * s2 * (1 - s2)
+    dz1 = (dz2 @ w2) * s1 * (1 - s1)
+    return dz1.T @ x, dz1.sum().reshape(1), dz2.T @ s1, dz2.sum().reshape(1)
+
+
+def batch_norm_backward(x, gamma, dout, eps, frozen=False):
+    inv_std = (x.var(0, unbiased=False) + eps).rsqrt()
+    x_hat, g = (x - x.mean(0)) * inv_std, dout * gamma
+    dx = g * inv_std if frozen else inv_std * (g - g.mean(0) - x_hat * (g * x_hat).mean(0))
+    return dx, (dout * x_hat).sum(0), dout.sum(0)
+
+
+def batch_norm_unbiased(x, gamma, dout, eps):  # right formula, but with the N − 1 variance
+    n = x.shape[0]
+    var = x.var(0, unbiased=True)
+    inv_std, g = (var + eps).rsqrt(), dout * gamma
+    x_hat = (x - x.mean(0)) * inv_std
+    dx = inv_std * (g - g.mean(0) - x_hat * (g * x_hat).sum(0) / (n - 1))
+    return dx, (dout * x_hat).sum(0), dout.sum(0)
+
+
 CORRECT = {
+    "04.6": sigmoid_backward,
+    "04.7": layer1_backward,
+    "04.8": net_backward,
+    "04.9": batch_norm_backward,
     "04.1": softmax_backward,
     "04.2": linear_on_sequences,
     "04.3": elu_backward,
@@ -58,6 +95,10 @@ CORRECT = {
 }
 
 WRONG = {
+    "04.6": lambda s, ds: ds * s * (1 + s),
+    "04.7": lambda x, w1, s1, ds1: (ds1, ds1 @ w1, ds1.T @ x, ds1.sum().reshape(1)),  # the sigmoid skipped
+    "04.8": lambda *args: net_backward(*args, mean=False),
+    "04.9": lambda x, gamma, dout, eps: batch_norm_backward(x, gamma, dout, eps, frozen=True),
     "04.1": lambda out, dout: dout * out * (1 - out),  # the sigmoid's diagonal: misses the other outputs of a row
     "04.2": lambda x, w, dout: (dout @ w, dout.mT @ x, dout.sum((0, 1))),  # dw per sequence: (B, out, in)
     "04.3": lambda out, dout, alpha: dout * (out > 0),  # ReLU's: no gradient where the input was negative
@@ -66,6 +107,24 @@ WRONG = {
 }
 
 WRONG_TOO = [  # more wrong answers, each with a part of the message that must explain it
+    ("04.6", lambda s, ds: ds * s * (1 + s), "with the 2-2-2 network's s2: dz: max |difference| 1.2e+00 (a sign slip"),
+    ("04.6", lambda s, ds: s * (1 - s), "(multiply by ds, the gradient that arrives"),
+    ("04.7", lambda x, w1, s1, ds1: (lambda dz: (dz, dz @ w1, x.T @ dz, dz.sum().reshape(1)))(ds1 * s1 * (1 - s1)),
+     "with the 2-2-2 network: dw1: max |difference| 1.4e-03 (it is the transpose of the right dw1"),
+    ("04.7", lambda x, w1, s1, ds1: (lambda dz: (dz, dz @ w1, dz.T @ x, dz.sum(0)))(ds1 * s1 * (1 - s1)),
+     "db1: shape (2,), expected (1,) (db1 has one entry per unit: the bias is one number shared"),
+    ("04.7", lambda x, w1, s1, ds1: (lambda dz: (dz, dz @ w1, dz.T @ x, dz.sum().reshape(1) / 2))(ds1 * s1 * (1 - s1)),
+     "db1: max |difference|"),
+    ("04.8", lambda *args: net_backward(*args, mean=False),
+     "dw1: max |difference| 3.8e-02 (every entry is 8 × the right value: a missing division, such as the 1/N"),
+    ("04.8", lambda x, w1, b1, w2, b2, target: [g / 2 for g in net_backward(x, w1, b1, w2, b2, target)],
+     "(every entry is 0.5 × the right value, 1/2: an extra division"),
+    ("04.9", lambda x, gamma, dout, eps: batch_norm_backward(x, gamma, dout, eps, frozen=True),
+     "with x of shape (6, 4): dx: max |difference| 6.1e-01 (the mean and variance depend on x too"),
+    ("04.9", batch_norm_unbiased, "not N − 1"),
+    ("04.9", lambda x, gamma, dout, eps: [g / len(x) if i else g
+                                          for i, g in enumerate(batch_norm_backward(x, gamma, dout, eps))],
+     "dgamma: max |difference| 3.2e+00 (every entry is 0.167 × the right value, 1/6"),
     ("04.1", lambda out, dout: out * (dout - (dout * out).sum(-1)),  # the row sum broadcasts along columns
      "with x of shape (4, 4): dx: max |difference| 4.2e-01 (your row sums were added along the wrong dimension"),
     ("04.1", lambda out, dout: out * (dout - (dout * out).sum(1, keepdim=True)),  # right on 2-D inputs only
@@ -310,7 +369,7 @@ def worked_answers() -> dict:
 
 def test_the_worked_answers_of_the_solutions_notebook_pass():
     answers = worked_answers()
-    assert list(answers) == ["04.1", "04.2", "04.3", "04.4", "04.5"]
+    assert sorted(answers) == ["04.1", "04.2", "04.3", "04.4", "04.5", "04.6", "04.7", "04.8", "04.9"]
     for id, answer in answers.items():
         outcome = grade(id, answer)
         assert outcome.passed, f"{id}: {outcome.detail}"

@@ -18,8 +18,8 @@ from hooklab.exercises.nb06 import _FIRING_ORDER, ORDER_KINDS
 IDS = sorted(id for id in exercises() if id.startswith("06."))
 
 
-def test_notebook_06_has_four_exercises():
-    assert IDS == ["06.1", "06.2", "06.3", "06.4"]
+def test_notebook_06_has_five_exercises():
+    assert IDS == ["06.1", "06.2", "06.3", "06.4", "06.5"]
 
 
 # ----- 06.1 -----------------------------------------------------------------------------------
@@ -315,3 +315,57 @@ def test_checkers_leave_the_random_stream_alone():
 def test_06_1_reports_the_failed_load():
     outcome = grade("06.1", lambda module, state_dict, prefix, *rest: None)
     assert not outcome.passed and "Missing key(s)" in outcome.detail
+
+
+# ----- 06.5 -----------------------------------------------------------------------------------
+def nodes_by_layer(model, x, remove=True, leaves_only=True):
+    names = {m: n for n, m in model.named_modules() if n and (not leaves_only or not list(m.children()))}
+    running, found, handles = [], {n: [] for n in names.values()}, []
+
+    def enter(module, args):
+        running.append(names[module])
+
+    def leave(module, args, output):
+        running.pop()
+
+    def created(node):
+        if running:
+            found[running[-1]].append(node.name())
+
+    with torch.autograd.graph.node_creation_hook(created):
+        for module in names:
+            handles += [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+        model(x)
+    for handle in handles if remove else ():
+        handle.remove()
+    return found
+
+
+def test_06_5_nodes_by_layer():
+    outcome = grade("06.5", nodes_by_layer)
+    assert outcome.passed, outcome.detail
+    # the frozen Linear and the ReLU after it see no tensor that requires grad: no node at all
+    assert "'0': 0, '1': 0" in outcome.detail and "'2.1': 1" in outcome.detail
+
+
+def test_06_5_hooks_left_behind_fail_and_are_removed():
+    failed("06.5", lambda model, x: nodes_by_layer(model, x, remove=False), "your hooks stayed registered")
+
+
+def test_06_5_containers_are_not_layers():
+    failed("06.5", lambda model, x: nodes_by_layer(model, x, leaves_only=False), "expected every leaf module's name")
+
+
+def test_06_5_a_node_seen_by_the_wrong_layer_is_named():
+    def one_late(model, x):
+        found = nodes_by_layer(model, x)
+        first, second = list(found)[:2]
+        found[second] = found[first] + found[second]
+        found[first] = []
+        return found
+
+    failed("06.5", one_late, "layer '0': [], expected ['torch::autograd::AccumulateGrad', 'TBackward0'")
+
+
+def test_06_5_no_dict_is_explained():
+    failed("06.5", lambda model, x: [], "return a dict from layer name to a list of node names, not list")

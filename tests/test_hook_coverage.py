@@ -4,12 +4,12 @@ How an API is found (by introspection of the installed torch, so a torch upgrade
 hook API makes these tests fail until the course covers it):
 * every public attribute named ``register_*hook*`` of ``torch.Tensor``, ``torch.nn.Module``,
   ``torch.optim.Optimizer`` and ``torch.autograd.graph.Node``;
-* every public function named ``register_*hook*`` defined in ``torch.nn.modules.module``,
-  ``torch.optim.optimizer`` and ``torch.autograd.graph``;
-* ``torch.autograd.graph.saved_tensors_hooks`` (a context manager, not a ``register_`` call);
+* every name containing ``hook`` in the ``__all__`` of ``torch.nn.modules.module``,
+  ``torch.optim.optimizer`` and ``torch.autograd.graph``, whatever it is called: the
+  ``register_*`` functions, and context managers such as ``saved_tensors_hooks`` and
+  ``node_creation_hook``, so a new hook API of another shape is noticed too;
 * the ``register_*hook*`` methods that the distributed wrappers ``DistributedDataParallel`` and
-  ``FullyShardedDataParallel`` define themselves (their communication hooks), so that the
-  exclusion list below says out loud what the course leaves out.
+  ``FullyShardedDataParallel`` define themselves (their communication hooks).
 Private APIs (``Module._register_load_state_dict_pre_hook``, ``Module._register_state_dict_hook``)
 are not public and not counted. Public hook APIs outside these owners (CUDA graphs, process groups,
 ``register_ddp_comm_hook``, ``torch.package``) are out of scope: ``OUT_OF_SCOPE`` lists them, and a
@@ -55,12 +55,7 @@ TABLE_HEADING = "Reference table"
 HOOK_NAME = re.compile(r"^register_\w*hook")
 
 #: APIs the course does not call, each with the reason. Keep it short.
-EXCLUDED = {
-    "torch.distributed.fsdp.FullyShardedDataParallel.register_comm_hook": (
-        "the communication hook of fully sharded training: FSDP refuses to start without an "
-        "accelerator device, and the course runs on the CPU (notebook 06 shows its error)"
-    ),
-}
+EXCLUDED: dict[str, str] = {}
 
 #: public hook APIs outside the owners above, each with the text notebook 06's "Not covered" section
 #: must contain: the course says out loud that its reference table does not reach them
@@ -108,10 +103,9 @@ def hook_apis() -> dict[str, str]:
             if HOOK_NAME.match(name) and callable(getattr(cls, name)):
                 found[f"{label}.{name}"] = name
     for module in modules:
-        for name, obj in vars(module).items():
-            if HOOK_NAME.match(name) and callable(obj) and getattr(obj, "__module__", None) == module.__name__:
+        for name in module.__all__:
+            if "hook" in name.lower():
                 found[f"{module.__name__}.{name}"] = name
-    found["torch.autograd.graph.saved_tensors_hooks"] = "saved_tensors_hooks"
     return dict(sorted(found.items()))
 
 
@@ -254,11 +248,20 @@ def test_introspection_finds_every_family(apis):
         "torch.optim.optimizer.register_optimizer_step_post_hook",
         "torch.autograd.graph.register_multi_grad_hook",
         "torch.autograd.graph.saved_tensors_hooks",
+        "torch.autograd.graph.node_creation_hook",
     ):
         assert key in apis
     assert not any(name.startswith("_") for name in apis.values())
     # inherited Module hooks are counted once, on Module, not again on the distributed wrappers
     assert "torch.nn.parallel.DistributedDataParallel.register_forward_hook" not in apis
+
+
+def test_every_public_name_with_hook_in_the_namespaces_is_found(apis):
+    """Not only ``register_*``: whatever a namespace exports with "hook" in its name is an API to cover."""
+    for module in _owners()[1]:
+        for name in module.__all__:
+            if "hook" in name.lower():
+                assert f"{module.__name__}.{name}" in apis
 
 
 def test_exclusions_are_found_and_explained(apis):
@@ -369,7 +372,7 @@ def test_reference_table_has_a_row_for_every_api(apis):
 def test_reference_table_links_point_at_real_sections():
     problems = []
     for key, row in _table_rows().items():
-        links = re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", row)
+        links = [link for link in re.findall(r"\]\(([^)#\s]*)#([^)\s]+)\)", row) if "://" not in link[0]]
         if not links:
             problems.append(f"{key}: no link to a section")
         for target, fragment in links:

@@ -8,6 +8,11 @@ covers the thread that runs the answer: work handed to another thread is not see
 answer's largest difference (over every input the checker tries) is printed as the bound
 ``< 1e-12`` when it is that small: its digits are float64 rounding, and they change with the
 CPU's instruction set.
+
+Exercises 04.6 and 04.7 are the first steps of the 2-2-2 network's backward pass (the sigmoid, then
+layer 1's four gradients), 04.8 the backward pass of a whole training step, 04.9 batch norm's. A
+wrong gradient gets a hint when it is the transpose of the right one or off by a constant factor
+(a missing or extra 1/N of a mean over the batch).
 """
 
 from __future__ import annotations
@@ -153,14 +158,37 @@ def _compare(got, expected, names, traps: Sequence[Trap] = ()) -> Outcome | tupl
                 hint = (" (off by about float32 rounding: part of your computation ran in float32; an integer "
                         "tensor times a Python float is float32, so convert it to the inputs' dtype first)")
             else:
-                hint = next((f" ({why})" for wrong, why in traps
+                hint = next((f" ({why})" for wrong, why in traps  # a one-tensor trap is about this gradient
                              if all(w.shape == t.shape and torch.allclose(t.detach().double(), w)
-                                    for w, t in zip(wrong, got, strict=True))), "")
+                                    for w, t in zip(wrong, (g,) if len(wrong) == 1 else got, strict=True))),
+                            "") or _shape_or_scale(name, g, e)
             return Outcome(False, f"{name}: {outcome.detail}{hint}")
         diff = (g.detach().double() - e).abs().max().item()
         if diff >= worst:
             worst, worst_name = diff, name
     return worst, worst_name
+
+
+def _shape_or_scale(name: str, got: torch.Tensor, expected: torch.Tensor) -> str:
+    """A hint for two common slips: a transposed matrix, and a result off by a constant factor
+    (a missing or extra 1/N of a mean over N rows). Empty when neither explains ``got``."""
+    got = got.detach().double()
+    if got.dim() == 2 and got.shape[0] != got.shape[1] and got.T.shape == expected.shape:
+        if torch.allclose(got.T, expected, rtol=1e-6, atol=1e-9):
+            return f" (it is the transpose of the right {name}: a gradient has the shape of its tensor)"
+        return ""
+    square = got.dim() == 2 and got.shape[0] == got.shape[1] == expected.shape[0] == expected.shape[-1]
+    if square and torch.allclose(got.T, expected, rtol=1e-6, atol=1e-9):
+        return f" (it is the transpose of the right {name}: a weight's gradient has one row per output unit)"
+    if got.shape != expected.shape or not expected.abs().max() > 0:
+        return ""
+    big = expected.abs() > 1e-3 * expected.abs().max()
+    factor = (got[big] / expected[big]).median().item()
+    if abs(factor - 1) < 1e-6 or abs(factor) < 1e-6 or not torch.allclose(got, factor * expected, rtol=1e-6, atol=1e-9):
+        return ""
+    if factor < 1:
+        return f" (every entry is {factor:.3g} × the right value, 1/{1 / factor:.3g}: an extra division, such as a 1/N)"
+    return f" (every entry is {factor:.3g} × the right value: a missing division, such as the 1/N of a mean)"
 
 
 def _verdict(names, worst: float, worst_name: str, prefix: str = "") -> Outcome:
@@ -274,3 +302,138 @@ def _softmax_ce(ce_backward) -> Outcome:
         return Outcome(False, f"your code raised RuntimeError: {error}. The targets here never include class "
                               f"{logits.shape[1] - 1}, and F.one_hot infers the number of classes from the "
                               "largest target: pass num_classes=logits.shape[1]")
+
+
+# ----- the 2-2-2 network (04.6, 04.7), a training step (04.8), batch norm (04.9) ----------------
+
+X222 = torch.tensor([[0.05, 0.1]], dtype=D)  # the 2-2-2 network's input
+W1_222, B1_222 = torch.tensor([[0.15, 0.25], [0.20, 0.30]], dtype=D), torch.tensor([0.35], dtype=D)
+W2_222, B2_222 = torch.tensor([[0.40, 0.50], [0.45, 0.55]], dtype=D), torch.tensor([0.60], dtype=D)
+
+
+@exercise("04.6", "the sigmoid's backward, from its output")
+def _sigmoid(sigmoid_backward) -> Outcome:
+    """``sigmoid_backward(s, ds) -> dz`` where ``s = sigmoid(z)`` and ``ds`` is the gradient arriving
+    at ``s``; tried on the 2-2-2 network's last layer (from ``[[1, 1]]``), then on a random batch."""
+    z2 = torch.sigmoid(X222 @ W1_222.T + B1_222) @ W2_222.T + B2_222
+    ones, z, dout = torch.ones(1, 2, dtype=D), _rand(4, 3, seed=31) * 2, _rand(4, 3, seed=32)
+    cases = [(label, torch.sigmoid, {"z": zz}, {"s": torch.sigmoid(zz), "ds": d}, d,
+              _sigmoid_traps(torch.sigmoid(zz), d))
+             for label, zz, d in (("the 2-2-2 network's s2", z2, ones), ("a random (4, 3) batch", z, dout))]
+    return _check_cases(sigmoid_backward, cases, "on the 2-2-2 network and a random batch: ")
+
+
+def _sigmoid_traps(s, ds) -> list[Trap]:
+    return [((ds * s * (1 + s),), "a sign slip: the derivative is s·(1 − s)"),
+            ((s * (1 - s),), "multiply by ds, the gradient that arrives: the chain rule")]
+
+
+def _layer1(x, w, b):
+    """Layer 1 of the 2-2-2 network, written with its bias of shape (1,) shared by both units."""
+    return torch.sigmoid(x @ w.T + b)
+
+
+@exercise("04.7", "layer 1 of the 2-2-2 network: four gradients")
+def _layer1_grads(layer1_backward) -> Outcome:
+    """``layer1_backward(x, w1, s1, ds1) -> (dz1, dx, dw1, db1)`` for ``s1 = sigmoid(x @ w1.T + b1)``
+    with one bias of shape (1,) shared by both units; ``ds1`` is the gradient arriving at ``s1``. Tried
+    on the 2-2-2 network (started from ``[[1, 1]]``), then on a batch of 3 rows."""
+    s1 = _layer1(X222, W1_222, B1_222)
+    s2 = torch.sigmoid(s1 @ W2_222.T + B2_222)
+    ds1 = (s2 * (1 - s2)) @ W2_222  # what arrives at s1 from [[1, 1]]
+    batch, ds_batch = _rand(3, 2, seed=41), _rand(3, 2, seed=42)
+    worst, worst_name = 0.0, ""
+    for label, x, ds in (("the 2-2-2 network", X222, ds1), ("a batch of 3 rows", batch, ds_batch)):
+        s = _layer1(x, W1_222, B1_222)
+        leaves = [t.clone().requires_grad_(True) for t in (x, W1_222, B1_222)]
+        z = leaves[0] @ leaves[1].T + leaves[2]
+        z.retain_grad()
+        torch.sigmoid(z).backward(ds)
+        expected = (z.grad, *(t.grad for t in leaves))
+        got, failed = _by_hand(layer1_backward, ["x", "w1", "s1", "ds1"], x, W1_222, s, ds)
+        compared = failed or _compare(got, expected, ["dz1", "dx", "dw1", "db1"], _bias_traps(z.grad))
+        if isinstance(compared, Outcome):
+            return Outcome(False, f"with {label}: {compared.detail}")
+        if compared[0] >= worst:
+            worst, worst_name = compared
+    return _verdict(["dz1", "dx", "dw1", "db1"], worst, worst_name, prefix="on the 2-2-2 network and a batch: ")
+
+
+def _bias_traps(dz: torch.Tensor) -> list[Trap]:
+    return [((dz.sum(0),), "db1 has one entry per unit: the bias is one number shared by both units, shape (1,), "
+                           "so its gradient is the sum of every entry of dz1"),
+            ((dz,), "db1 must have the bias's shape (1,): sum dz1 over every entry")]
+
+
+def _net_loss(x, w1, b1, w2, b2, target):
+    return F.mse_loss(torch.sigmoid(torch.sigmoid(x @ w1.T + b1) @ w2.T + b2), target)
+
+
+STEP_INPUTS = torch.tensor([[0.05, 0.1], [0.9, 0.2], [0.3, 0.8], [0.6, 0.6]], dtype=D)
+STEP_TARGETS = torch.tensor([[0.01, 0.99], [0.99, 0.01], [0.01, 0.99], [0.5, 0.5]], dtype=D)
+STEPS, LR = 25, 2.0
+
+
+@exercise("04.8", "the backward pass of a training step")
+def _train_step(net_backward) -> Outcome:
+    """``net_backward(x, w1, b1, w2, b2, target) -> (dw1, db1, dw2, db2)``: the gradients of
+    ``mse_loss(sigmoid(sigmoid(x @ w1.T + b1) @ w2.T + b2), target)`` (mean over every entry). The check
+    compares one step with autograd, then trains the 2-2-2 network for 25 SGD steps with your
+    gradients and with autograd's, side by side."""
+    params = [W1_222, B1_222, W2_222, B2_222]
+    names = ["dw1", "db1", "dw2", "db2"]
+    first, worst = None, 0.0
+    for step in range(STEPS):
+        loss = partial(_net_loss, target=STEP_TARGETS)
+        expected = _reference(loss, (STEP_INPUTS, *params), torch.tensor(1.0, dtype=D))[1:]
+        got, failed = _by_hand(net_backward, ["x", "w1", "b1", "w2", "b2", "target"],
+                               STEP_INPUTS, *params, STEP_TARGETS)
+        compared = failed or _compare(got, expected, names)
+        if isinstance(compared, Outcome):
+            return Outcome(False, compared.detail if step == 0 else f"at step {step + 1}: {compared.detail}")
+        first = first if first is not None else _net_loss(STEP_INPUTS, *params, STEP_TARGETS).item()
+        worst = max(worst, compared[0])
+        params = [p - LR * g.detach().to(D) for p, g in zip(params, got, strict=True)]
+    last = _net_loss(STEP_INPUTS, *params, STEP_TARGETS).item()
+    if not last < first:
+        return Outcome(False, f"the loss went from {first:.4f} to {last:.4f}: it should go down")
+    bound = f"< {SHOWN_AS_BOUND:.0e}" if worst < SHOWN_AS_BOUND else f"{worst:.1e}"
+    return Outcome(True, f"{STEPS} SGD steps (lr {LR}) with your gradients take the loss from {first:.4f} to "
+                         f"{last:.4f}; every step's match autograd's, max |difference| {bound}")
+
+
+def _bn(x, gamma, beta, eps):
+    return F.batch_norm(x, None, None, gamma, beta, training=True, eps=eps)
+
+
+@exercise("04.9", "batch norm backward, training mode")
+def _batch_norm(batch_norm_backward) -> Outcome:
+    """``batch_norm_backward(x, gamma, dout, eps) -> (dx, dgamma, dbeta)`` for
+    ``F.batch_norm(x, None, None, gamma, beta, training=True, eps=eps)`` on ``x`` of shape (N, C):
+    the batch's own mean and (biased) variance, per column. Tried with N = 6 and N = 3."""
+    worst, worst_name, names = 0.0, "", ["dx", "dgamma", "dbeta"]
+    for (n, c), seed in (((6, 4), 51), ((3, 5), 55)):
+        x, gamma = _rand(n, c, seed=seed) * 2 + 1, _rand(c, seed=seed + 1)
+        beta, dout, eps = _rand(c, seed=seed + 2), _rand(n, c, seed=seed + 3), 1e-5
+        expected = _reference(partial(_bn, eps=eps), (x, gamma, beta), dout)
+        got, failed = _by_hand(batch_norm_backward, ["x", "gamma", "dout", "eps"], x, gamma, dout, eps)
+        compared = failed or _compare(got, expected, names, _bn_traps(x, gamma, dout, eps))
+        if isinstance(compared, Outcome):
+            return Outcome(False, f"with x of shape {(n, c)}: {compared.detail}")
+        if compared[0] >= worst:
+            worst, worst_name = compared
+    return _verdict(names, worst, worst_name, prefix="with x of shapes (6, 4) and (3, 5): ")
+
+
+def _bn_unbiased(x, gamma, beta, eps):
+    return (x - x.mean(0)) / (x.var(0, unbiased=True) + eps).sqrt() * gamma + beta
+
+
+def _bn_traps(x, gamma, dout, eps) -> list[Trap]:
+    """The gradients when the statistics are treated as constants, and with the unbiased variance."""
+    mean, var = x.mean(0), x.var(0, unbiased=False)
+    frozen = (dout * gamma / (var + eps).sqrt(), (dout * (x - mean) / (var + eps).sqrt()).sum(0), dout.sum(0))
+    unbiased = _reference(partial(_bn_unbiased, eps=eps), (x, gamma, torch.zeros_like(gamma)), dout)
+    return [(frozen, "the mean and variance depend on x too: every row of a column changes them, which adds two "
+                     "terms to dx"),
+            (unbiased, "batch norm normalises with the biased variance, mean((x − mean)²) over N, not N − 1")]

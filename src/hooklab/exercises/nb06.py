@@ -292,3 +292,65 @@ def _predict_order(prediction) -> Outcome:
     first, second = next((a, b) for a, b in itertools.pairwise(prediction) if rank[a] > rank[b])
     return Outcome(False, f"{right} of {n} hooks in the right place; for example, you put {first!r} right before "
                           f"{second!r}: which of the two fires first?")
+
+
+def _leaf_modules(model: nn.Module) -> dict[nn.Module, str]:
+    return {module: name for name, module in model.named_modules() if name and not list(module.children())}
+
+
+def _nodes_by_layer_reference(model: nn.Module, x: torch.Tensor) -> dict[str, list[str]]:
+    """What 06.5 asks for, written the way the notebook's node_creation_hook cells do it."""
+    running, found = [], {name: [] for name in _leaf_modules(model).values()}
+
+    def enter(module, args):
+        running.append(_leaf_modules(model)[module])
+
+    def leave(module, args, output):
+        running.pop()
+
+    def created(node):
+        if running:
+            found[running[-1]].append(node.name())
+
+    with Hooks() as hooks, torch.autograd.graph.node_creation_hook(created):
+        for module in _leaf_modules(model):
+            hooks.add(module.register_forward_pre_hook(enter))
+            hooks.add(module.register_forward_hook(leave, always_call=True))
+        model(x)
+    return found
+
+
+def _node_models():
+    torch.manual_seed(0)
+    yield "nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))", nn.Sequential(
+        nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)), torch.randn(5, 3)
+    frozen = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Sequential(nn.Linear(4, 2), nn.Sigmoid()))
+    frozen[0].requires_grad_(False)
+    yield "a model whose first Linear is frozen, with a nested Sequential", frozen, torch.randn(5, 3)
+
+
+@exercise("06.5", "which layer created which autograd node")
+def _nodes_by_layer(nodes_by_layer) -> Outcome:
+    """``nodes_by_layer(model, x) -> {leaf module name: [node.name(), ...]}``: the autograd nodes
+    created while each leaf module's forward ran (in creation order), for one ``model(x)``, with
+    every hook removed afterwards."""
+    from ..audit import clear_hooks
+
+    for label, model, x in _node_models():
+        expected = _nodes_by_layer_reference(model, x)
+        got = nodes_by_layer(model, x)
+        left = clear_hooks(model)
+        if left:
+            return Outcome(False, f"on {label}, your hooks stayed registered ({left[0]}): remove them (a Hooks "
+                                  "owner, a with block or a finally)")
+        if not isinstance(got, dict):
+            return Outcome(False, f"return a dict from layer name to a list of node names, not {type(got).__name__}")
+        if set(got) != set(expected):
+            return Outcome(False, f"on {label}: the keys are {sorted(got)}, expected every leaf module's name "
+                                  f"{sorted(expected)} (named_modules(), modules without children)")
+        for name, nodes in expected.items():
+            if list(got[name]) != nodes:
+                return Outcome(False, f"on {label}, layer {name!r}: {list(got[name])}, expected {nodes} "
+                                      "(node.name() of each node the hook saw while that layer ran, in order)")
+    counts = {name: len(nodes) for name, nodes in expected.items()}
+    return Outcome(True, f"both models right; the second's node counts per layer: {counts}")
