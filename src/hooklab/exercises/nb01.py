@@ -298,7 +298,7 @@ _WHOLE_STORAGE = ("a saved view keeps all of the storage it lives in alive, not 
 _SAVED_CASES = {
     "x.exp().sin().sum()": (
         lambda x: x.exp().sin().sum(),
-        "exp saves its result and sin saves the same tensor as its input (section 9): count each storage "
+        "exp saves its result and sin saves the same tensor as its input (section 6): count each storage "
         "once, however many times it is saved",
     ),
     "x @ x.T": (
