@@ -60,7 +60,7 @@ def test_no_mention_of_source_documents(path):
 def test_an_exercise_inside_each_numbered_section_and_a_summary(path):
     all_cells = cells(path)
     sections, current = {}, None
-    for index, cell in enumerate(all_cells):
+    for cell in all_cells:
         if cell["cell_type"] == "markdown" and (heading := re.search(r"^##\s+.*$", cell["text"], re.M)):
             current = heading.group() if NUMBERED.match(heading.group()) else None
             if current:

@@ -1,6 +1,6 @@
 """hooklab: the helper package of the Hook Lab course on PyTorch hooks."""
 
-from .course import environment_report, setup
+from .course import setup
 from .hooks import Hooks
 from .layers import UnknownLayerError, get_layer, layer_names, leaf_names, select_layers
 from .recording import NoGradientError, Record, Recording, record
@@ -13,7 +13,6 @@ __all__ = [
     "Record",
     "Recording",
     "UnknownLayerError",
-    "environment_report",
     "get_layer",
     "layer_names",
     "leaf_names",

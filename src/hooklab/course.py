@@ -1,4 +1,4 @@
-"""The setup every notebook runs first, and the environment report of notebook 00.
+"""The setup every notebook runs first, and the course's pins.
 
 ``setup()`` makes a notebook repeatable: one thread, fixed seeds,
 fixed print options, and a warnings policy under which a warning is shown every time, as one
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import importlib.metadata
 import os
 import platform
 import random
@@ -22,11 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["environment_report", "pinned_versions", "reuse_freed_memory", "setup"]
-
-#: packages whose versions notebook 00 reports and checks against requirements.txt
-REPORTED = ("torch", "torchvision", "numpy", "matplotlib", "ipywidgets", "jupyterlab", "nbval")
-
+__all__ = ["pinned_versions", "reuse_freed_memory", "setup"]
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
     print(f"{category.__name__}: {message}", file=file or sys.stderr)
@@ -91,12 +86,3 @@ def pinned_versions(requirements: Path | None = None) -> dict[str, str]:
             name, version = line.split("==", 1)
             pins[name.strip().lower()] = version.strip()
     return pins
-
-
-def environment_report() -> dict[str, str]:
-    """Installed versions of the packages the course leans on most, Python's minor version, threads."""
-    report = {"python": ".".join(platform.python_version_tuple()[:2])}
-    for name in REPORTED:
-        report[name] = importlib.metadata.version(name)
-    report["torch threads"] = str(torch.get_num_threads())
-    return report
