@@ -110,11 +110,14 @@ WRONG_TOO = [  # more wrong answers, each with a part of the message that must e
     ("04.6", lambda s, ds: ds * s * (1 + s), "with the 2-2-2 network's s2: dz: max |difference| 1.2e+00 (a sign slip"),
     ("04.6", lambda s, ds: s * (1 - s), "(multiply by ds, the gradient that arrives"),
     ("04.7", lambda x, w1, s1, ds1: (lambda dz: (dz, dz @ w1, x.T @ dz, dz.sum().reshape(1)))(ds1 * s1 * (1 - s1)),
-     "with the 2-2-2 network: dw1: max |difference| 1.4e-03 (it is the transpose of the right dw1"),
+     "with the 2-2-2 network: dz1 ok; dx ok; dw1: max |difference| 1.4e-03 (it is the transpose of the right dw1"),
     ("04.7", lambda x, w1, s1, ds1: (lambda dz: (dz, dz @ w1, dz.T @ x, dz.sum(0)))(ds1 * s1 * (1 - s1)),
-     "db1: shape (2,), expected (1,) (db1 has one entry per unit: the bias is one number shared"),
+     "dw1 ok; db1: shape (2,), expected (1,) (db1 has one entry per unit: the bias is one number shared"),
     ("04.7", lambda x, w1, s1, ds1: (lambda dz: (dz, dz @ w1, dz.T @ x, dz.sum().reshape(1) / 2))(ds1 * s1 * (1 - s1)),
-     "db1: max |difference|"),
+     "dw1 ok; db1: max |difference|"),
+    ("04.7", lambda x, w1, s1, ds1: (ds1, ds1 @ w1, ds1.T @ x, ds1.sum().reshape(1)),  # the sigmoid skipped
+     "with the 2-2-2 network: dz1: max |difference|"),
+    ("04.7", lambda x, w1, s1, ds1: (ds1,), "returned 1 tensor(s), expected 4: (dz1, dx, dw1, db1)"),
     ("04.8", lambda *args: net_backward(*args, mean=False),
      "dw1: max |difference| 3.8e-02 (every entry is 8 × the right value: a missing division, such as the 1/N"),
     ("04.8", lambda x, w1, b1, w2, b2, target: [g / 2 for g in net_backward(x, w1, b1, w2, b2, target)],
@@ -521,3 +524,13 @@ def test_no_watch_is_left_after_a_check():
     logits, target = torch.randn(3, 4, dtype=torch.float64), torch.tensor([0, 3, 1])
     assert torch.allclose(softmax_cross_entropy_backward(logits, target),  # the course's function, outside a check
                           (logits.softmax(1) - F.one_hot(target, 4).double()) / 3)
+
+
+def test_each_gradient_of_04_7_gets_its_own_verdict_and_one_number_no_factor_hint():
+    def sigmoid_skipped(x, w1, s1, ds1):
+        return ds1, ds1 @ w1, ds1.T @ x, ds1.sum().reshape(1)
+
+    detail = grade("04.7", sigmoid_skipped).detail
+    assert [part.split(":")[0] for part in detail.removeprefix("with the 2-2-2 network: ").split("; ")] == [
+        "dz1", "dx", "dw1", "db1"]
+    assert "×" not in detail  # db1 is one number: any wrong one is "some factor" of the right one

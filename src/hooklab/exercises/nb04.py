@@ -183,6 +183,8 @@ def _shape_or_scale(name: str, got: torch.Tensor, expected: torch.Tensor) -> str
     if got.shape != expected.shape or not expected.abs().max() > 0:
         return ""
     big = expected.abs() > 1e-3 * expected.abs().max()
+    if big.sum() < 2:  # one number is always some factor times another: no hint
+        return ""
     factor = (got[big] / expected[big]).median().item()
     if abs(factor - 1) < 1e-6 or abs(factor) < 1e-6 or not torch.allclose(got, factor * expected, rtol=1e-6, atol=1e-9):
         return ""
@@ -353,10 +355,23 @@ def _layer1_grads(layer1_backward) -> Outcome:
         got, failed = _by_hand(layer1_backward, ["x", "w1", "s1", "ds1"], x, W1_222, s, ds)
         compared = failed or _compare(got, expected, ["dz1", "dx", "dw1", "db1"], _bias_traps(z.grad))
         if isinstance(compared, Outcome):
-            return Outcome(False, f"with {label}: {compared.detail}")
+            return Outcome(False, f"with {label}: {_each(got, expected, _bias_traps(z.grad)) or compared.detail}")
         if compared[0] >= worst:
             worst, worst_name = compared
     return _verdict(["dz1", "dx", "dw1", "db1"], worst, worst_name, prefix="on the 2-2-2 network and a batch: ")
+
+
+def _each(got, expected, traps: Sequence[Trap]) -> str:
+    """One verdict per gradient, like ``cmp``: ``dz1 ok; dx ok; dw1: max |difference| ... (hint); db1 ok``.
+    Empty when ``got`` is not four tensors (``_compare`` explains that)."""
+    names = ["dz1", "dx", "dw1", "db1"]
+    if not isinstance(got, tuple | list) or len(got) != 4 or not all(isinstance(g, torch.Tensor) for g in got):
+        return ""
+    verdicts = []
+    for name, g, e in zip(names, got, expected, strict=True):
+        one = _compare((g,), (e,), [name], [t for t in traps if len(t[0]) == 1] if name == "db1" else ())
+        verdicts.append(one.detail if isinstance(one, Outcome) else f"{name} ok")
+    return "; ".join(verdicts)
 
 
 def _bias_traps(dz: torch.Tensor) -> list[Trap]:
