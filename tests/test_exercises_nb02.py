@@ -11,8 +11,8 @@ from hooklab.exercises import exercises, grade
 IDS = sorted(id for id in exercises() if id.startswith("02."))
 
 
-def test_notebook_02_has_four_exercises():
-    assert IDS == ["02.1", "02.2", "02.3", "02.4"]
+def test_notebook_02_has_seven_exercises():
+    assert IDS == ["02.1", "02.2", "02.3", "02.4", "02.5", "02.6", "02.7"]
 
 
 # ----- 02.1 -----------------------------------------------------------------------------------
@@ -448,3 +448,119 @@ def test_02_1_accepts_a_stack_and_a_nonlocal_counter():
     for answer in (tree_with_a_stack, tree_with_nonlocal):
         result = grade("02.1", answer)
         assert result.passed, result.detail
+
+
+# ----- 02.5 -----------------------------------------------------------------------------------
+def shapes_answer(what="output", key="name", cleanup_in_finally=True, hook_all=False):
+    """An answer to 02.5: one forward hook per child keeps a shape (variations: wrong)."""
+    def output_shapes(model, x):
+        shapes, handles = {}, []
+        items = list(model.named_modules())[1:] if hook_all else list(model.named_children())
+        for name, child in items:
+            def hook(m, args, out, name=name):
+                value = out if what == "output" else args[0]
+                shapes[name if key == "name" else m] = tuple(value.shape)
+
+            handles.append(child.register_forward_hook(hook))
+        run_then_remove(lambda: model(x), handles, in_finally=cleanup_in_finally)
+        return shapes
+
+    return output_shapes
+
+
+def test_02_5_accepts_one_hook_per_child():
+    result = grade("02.5", shapes_answer())
+    assert result.passed, result.detail
+
+
+def test_02_5_rejects_input_shapes_module_keys_grandchildren_and_leftover_hooks():
+    failed("02.5", shapes_answer(what="input"), "shapes of the inputs")
+    failed("02.5", shapes_answer(key="module"), "keys are modules")
+    failed("02.5", shapes_answer(hook_all=True), "expected the children")
+    failed("02.5", shapes_answer(cleanup_in_finally=False), "finally")
+    failed("02.5", lambda model, x: [tuple(model(x).shape)], "return a dict", "list")
+
+
+# ----- 02.6 -----------------------------------------------------------------------------------
+def gains_answer(upside_down=False, measure=torch.std, cleanup_in_finally=True):
+    """An answer to 02.6: a forward hook per child divides the output's spread by the input's."""
+    def activation_gains(model, x):
+        gains, handles = {}, []
+        for name, child in model.named_children():
+            def hook(m, args, out, name=name):
+                ratio = measure(args[0]) / measure(out) if upside_down else measure(out) / measure(args[0])
+                gains[name] = ratio.item()
+
+            handles.append(child.register_forward_hook(hook))
+        run_then_remove(lambda: model(x), handles, in_finally=cleanup_in_finally)
+        return gains
+
+    return activation_gains
+
+
+def test_02_6_accepts_a_hook_per_child_and_a_tensor_gain():
+    assert grade("02.6", gains_answer()).passed
+
+    def tensor_gains(model, x):
+        gains, handles = {}, []
+        for name, child in model.named_children():
+            handles.append(child.register_forward_hook(
+                lambda m, args, out, name=name: gains.__setitem__(name, out.std() / args[0].std())))
+        run_then_remove(lambda: model(x), handles)
+        return gains
+
+    result = grade("02.6", tensor_gains)
+    assert result.passed and "'2'" in result.detail, result.detail
+
+
+def test_02_6_rejects_upside_down_other_measures_and_leftover_hooks():
+    failed("02.6", gains_answer(upside_down=True), "upside down")
+    failed("02.6", gains_answer(measure=lambda t: t.abs().mean()), "child", "expected")
+    failed("02.6", gains_answer(cleanup_in_finally=False), "finally")
+    failed("02.6", lambda model, x: None, "None (missing return?)")
+
+
+# ----- 02.7 -----------------------------------------------------------------------------------
+class Stop(Exception):
+    pass
+
+
+def stop_answer(catch=Stop, raise_=True, keep="output", cleanup_in_finally=True):
+    """An answer to 02.7: a forward hook keeps the output and raises ``Stop`` (variations: wrong)."""
+    def output_of(model, name, x):
+        kept = {}
+
+        def hook(m, args, out):
+            kept["value"] = out if keep == "output" else args[0]
+            if raise_:
+                raise Stop
+
+        handle = model.get_submodule(name).register_forward_hook(hook)
+        if not cleanup_in_finally:
+            try:
+                model(x)
+            except catch:
+                pass
+            handle.remove()
+            return kept.get("value")
+        try:
+            model(x)
+        except catch:
+            pass
+        finally:
+            handle.remove()
+        return kept.get("value")
+
+    return output_of
+
+
+def test_02_7_accepts_a_private_exception():
+    result = grade("02.7", stop_answer())
+    assert result.passed, result.detail
+
+
+def test_02_7_rejects_running_on_swallowing_errors_wrong_values_and_leftover_hooks():
+    failed("02.7", stop_answer(raise_=False), "went on past")
+    failed("02.7", stop_answer(catch=Exception), "swallowed it")
+    failed("02.7", stop_answer(keep="input"), "not the output")
+    failed("02.7", stop_answer(cleanup_in_finally=False), "finally")

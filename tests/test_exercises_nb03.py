@@ -7,6 +7,7 @@ import warnings
 import torch
 from answers import failed, run_then_remove
 
+import hooklab
 from hooklab.exercises import grade
 
 
@@ -323,3 +324,76 @@ def test_03_2_explains_a_bare_tensor_returned():
         lambda m, go: go[0] * (limit / go[0].flatten(1).norm(dim=1)).clamp(max=1).view(-1, *[1] * (go[0].dim() - 1))
     ))
     assert not outcome.passed and "(new_grad,)" in outcome.detail and "raised" not in outcome.detail, outcome.detail
+
+
+# ----- 03.4 ------------------------------------------------------------------------------------
+def tracker(kind="tensor hook", returns_handle=False, as_list=False):
+    """An answer to 03.4: a forward hook per module registers a tensor hook on the output (variations:
+    a full backward hook, the output's own std, a lambda returning the tensor hook's handle)."""
+    def track_grad_std(model, names):
+        stds, handles = {name: [] for name in names}, []
+        for name in names:
+            module = model.get_submodule(name)
+            if kind == "full backward hook":
+                hook = lambda m, gi, go, name=name: stds[name].append(go[0].std().item())  # noqa: E731
+                handles.append(module.register_full_backward_hook(hook))
+                continue
+
+            def forward_hook(m, args, output, name=name):
+                if kind == "output std":
+                    stds[name].append(output.std().item())
+                    return None
+                handle = output.register_hook(lambda g: stds[name].append(g.std().item()))
+                return handle if returns_handle else None
+
+            handles.append(module.register_forward_hook(forward_hook))
+        if as_list:
+            return stds, handles
+        hooks = hooklab.Hooks()
+        for handle in handles:
+            hooks.add(handle)
+        return stds, hooks
+
+    return track_grad_std
+
+
+def test_03_4_accepts_a_forward_hook_with_a_tensor_hook_and_a_list_of_handles():
+    for answer in (tracker(), tracker(as_list=True)):
+        result = grade("03.4", answer)
+        assert result.passed, result.detail
+
+
+def test_03_4_rejects_full_backward_hooks_returned_handles_and_output_stds():
+    failed("03.4", tracker(kind="full backward hook"), "in-place", "tensor hook")
+    failed("03.4", tracker(returns_handle=True), "returned the tensor hook's handle")
+    failed("03.4", tracker(kind="output std"), "expected", "gradient")
+
+
+def test_03_4_rejects_a_tracker_that_keeps_going_after_removal():
+    def never_stops(model, names):
+        stds, _ = tracker()(model, names)
+        return stds, []  # nothing to remove: the hooks stay and keep adding values
+
+    failed("03.4", never_stops, "removing the returned hooks left a hook")
+
+
+# ----- 03.5 ------------------------------------------------------------------------------------
+def halver(returned):
+    """An answer to 03.5 whose full backward hook returns ``returned(grad_input)``."""
+    def halve_grad_input(module):
+        return module.register_full_backward_hook(lambda m, gi, go: returned(gi))
+
+    return halve_grad_input
+
+
+def test_03_5_accepts_halved_tensors_with_the_nones_kept():
+    result = grade("03.5", halver(lambda gi: tuple(None if g is None else g / 2 for g in gi)))
+    assert result.passed, result.detail
+
+
+def test_03_5_rejects_multiplied_nones_a_bare_tensor_a_short_tuple_and_a_pre_hook():
+    failed("03.5", halver(lambda gi: tuple(g * 0.5 for g in gi)), "keep those entries None")
+    failed("03.5", halver(lambda gi: gi[0] / 2), "not a bare tensor")
+    failed("03.5", halver(lambda gi: (gi[0] / 2, *gi[1:])), "b.grad is not half")
+    failed("03.5", lambda m: m.register_full_backward_pre_hook(lambda mm, go: (go[0] / 2,)), "weight's gradient")
+    failed("03.5", lambda m: None, "handle", "None (missing return?)")

@@ -337,3 +337,201 @@ def _default_keyword(default_keyword) -> Outcome:
     if not torch.equal(module(x), x):
         return Outcome(False, "after handle.remove() the module must use its own default (factor=1.0) again")
     return Outcome(True, "factor=0.5 filled in when missing, the caller's factor kept, other keywords kept")
+
+
+# ----- 02.5: a warm-up, one forward hook per child ------------------------------------------------
+class _Pair(nn.Module):
+    """Calls ``second`` before ``first``: the order of calls is not the order of ``named_children()``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Linear(6, 2)
+        self.second = nn.Linear(3, 6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.first(self.second(x))
+
+
+def _shapes_model() -> nn.Module:
+    torch.manual_seed(5)
+    return nn.Sequential(nn.Linear(3, 3), _Pair(), nn.ReLU(), nn.Flatten(0))
+
+
+def _shapes_outcome(got, model: nn.Module, x: torch.Tensor) -> Outcome | None:
+    """What is wrong with the returned ``{name: shape}``, if anything."""
+    expected, inputs, value = {}, {}, x
+    for name, child in model.named_children():
+        inputs[name] = tuple(value.shape)
+        value = child(value)
+        expected[name] = tuple(value.shape)
+    if not isinstance(got, dict):
+        return Outcome(False, f"return a dict {{child name: output shape}}, got {kind_of(got)}")
+    if got and all(isinstance(key, nn.Module) for key in got):
+        return Outcome(False, "the keys are modules: key the dict by the names named_children() gives ('0', '1', ...)")
+    if sorted(map(str, got)) != sorted(expected):
+        return Outcome(False, f"expected the children {list(expected)}, got {list(got)}")
+    shapes = {name: tuple(shape) if isinstance(shape, tuple | list) else shape for name, shape in got.items()}
+    if shapes == inputs and inputs != expected:
+        return Outcome(False, "these are the shapes of the inputs: a forward hook's third argument is the output")
+    wrong = next((name for name in expected if shapes[name] != expected[name]), None)
+    if wrong is not None:
+        return Outcome(False, f"child {wrong!r}: shape {shapes[wrong]}, expected {expected[wrong]} (the shape of its "
+                              "output, as a tuple)")
+    return None
+
+
+@exercise("02.5", "the output shape of every child")
+def _output_shapes(output_shapes) -> Outcome:
+    """``output_shapes(model, x)`` hooks every child, runs ``model(x)`` once and returns ``{name: shape}``."""
+    model = _shapes_model()
+    x = torch.randn(1, 3, generator=torch.Generator().manual_seed(0))
+    try:
+        got = output_shapes(model, x)
+    finally:
+        left = clear_hooks(model)
+    if left:
+        return Outcome(False, f"a hook was left registered ({left[0]}): remove every handle before returning")
+    wrong = _shapes_outcome(got, model, x)
+    if wrong:
+        return wrong
+    failed = hooks_left_when_raising(lambda: output_shapes(model, torch.randn(1, 4)), model)
+    if failed is not None:
+        return failed
+    return Outcome(True, "every child's output shape, and no hook left behind (also when the forward raised)")
+
+
+# ----- 02.6: how much each layer scales the activations ---------------------------------------------
+def _quiet_model() -> nn.Sequential:
+    """Five children; the Linear '2' has weights and bias 100 times too small."""
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    with torch.no_grad():
+        model[2].weight.mul_(0.01)
+        model[2].bias.mul_(0.01)
+    return model
+
+
+def _gains_of(model: nn.Sequential, x: torch.Tensor) -> dict[str, float]:
+    """std(output) / std(input) of every child, by running the children one after another."""
+    gains, value = {}, x
+    with torch.no_grad():
+        for name, child in model.named_children():
+            out = child(value)
+            gains[name] = (out.std() / value.std()).item()
+            value = out
+    return gains
+
+
+def _gain_values(got, expected: dict[str, float]) -> tuple[dict[str, float] | None, Outcome | None]:
+    """The answer's gains as floats, or why they cannot be read."""
+    if not isinstance(got, dict):
+        return None, Outcome(False, f"return a dict {{child name: gain}}, got {kind_of(got)}")
+    if sorted(map(str, got)) != sorted(expected):
+        return None, Outcome(False, f"expected the children {list(expected)}, got {list(got)}")
+    try:
+        return {str(k): float(v.detach() if isinstance(v, torch.Tensor) else v) for k, v in got.items()}, None
+    except (TypeError, ValueError, RuntimeError):
+        return None, Outcome(False, "every gain should be one number (a float or a one-element tensor)")
+
+
+@exercise("02.6", "how much each layer scales its input's spread")
+def _activation_gains(activation_gains) -> Outcome:
+    """``activation_gains(model, x)`` returns ``{name: output.std() / input.std()}`` per child."""
+    model = _quiet_model()
+    x = torch.randn(64, 16, generator=torch.Generator().manual_seed(1))
+    try:
+        got = activation_gains(model, x.clone())
+    finally:
+        left = clear_hooks(model)
+    if left:
+        return Outcome(False, f"a hook was left registered ({left[0]}): remove every handle before returning")
+    expected = _gains_of(model, x)
+    values, wrong = _gain_values(got, expected)
+    if wrong:
+        return wrong
+    if all(abs(values[n] * expected[n] - 1) < 1e-4 for n in expected):
+        return Outcome(False, "every gain is upside down: divide the output's std by the input's (args[0])")
+    for name, gain in expected.items():
+        if abs(values[name] - gain) > 1e-4 * max(1.0, abs(gain)):
+            return Outcome(False, f"child {name!r}: gain {values[name]:.4g}, expected {gain:.4g} "
+                                  "(output.std() / args[0].std(), the std over every element)")
+    failed = hooks_left_when_raising(lambda: activation_gains(model, torch.randn(4, 7)), model)
+    if failed is not None:
+        return failed
+    quiet = min(expected, key=expected.get)
+    return Outcome(True, f"every gain right; child {quiet!r} shrinks the spread to {expected[quiet]:.3f} of its "
+                         "input's")
+
+
+# ----- 02.7: stop a forward pass early ---------------------------------------------------------------
+class _Tripwire(nn.Module):
+    """Identity that counts its calls: any call means the forward went on past the asked layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x
+
+
+def _early_model() -> nn.Sequential:
+    torch.manual_seed(7)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), _Tripwire(), nn.Linear(8, 3), _Tripwire())
+
+
+def _stopped_outcome(got, model: nn.Sequential, x: torch.Tensor) -> Outcome | None:
+    """What is wrong with the value returned for layer '1' and with what ran, if anything."""
+    ran = sum(m.calls for m in model if isinstance(m, _Tripwire))
+    if ran:
+        return Outcome(False, "the forward went on past layer '1' (the layers after it ran): raise an exception of "
+                              "your own in the forward hook and catch it around model(x)")
+    with torch.no_grad():
+        expected = model[1](model[0](x))
+    if not isinstance(got, torch.Tensor):
+        return Outcome(False, f"return the layer's output, got {kind_of(got)}")
+    outcome = compare_tensors(got, expected)
+    if not outcome.passed:
+        return Outcome(False, f"not the output of layer '1' ({outcome.detail}): keep the forward hook's output "
+                              "before raising")
+    return None
+
+
+def _other_errors_outcome(output_of) -> Outcome | None:
+    """An error the model itself raises before the layer must reach the caller, with no hook left."""
+    model = _early_model()
+    try:
+        output_of(model, "1", torch.randn(2, 5))  # Linear(4, 8) refuses 5 features
+    except RuntimeError:
+        pass
+    except Exception as other:
+        return Outcome(False, f"the model's own RuntimeError should reach the caller unchanged, got "
+                              f"{type(other).__name__}")
+    else:
+        return Outcome(False, "the model raised a RuntimeError of its own and your function swallowed it: catch "
+                              "only the exception your hook raises (a class of your own)")
+    finally:
+        left = clear_hooks(model)
+    if left:
+        return Outcome(False, f"when the forward pass raised, your hook stayed registered ({left[0]}): remove it "
+                              "in a `finally:` block")
+    return None
+
+
+@exercise("02.7", "stop a forward pass right after a named layer")
+def _stop_early(output_of) -> Outcome:
+    """``output_of(model, name, x)`` returns the output of layer ``name`` and runs nothing after it."""
+    model = _early_model()
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(2))
+    try:
+        got = output_of(model, "1", x.clone())
+    finally:
+        left = clear_hooks(model)
+    if left:
+        return Outcome(False, f"a hook was left registered ({left[0]}): remove it before returning")
+    wrong = _stopped_outcome(got, model, x) or _other_errors_outcome(output_of)
+    if wrong:
+        return wrong
+    return Outcome(True, "the output of layer '1', nothing after it ran, the model's own errors pass through, "
+                         "no hook left")

@@ -10,7 +10,16 @@ from torch import nn
 
 from ..audit import clear_hooks
 from ..models import TinyConvNet
-from . import Outcome, compare_tensors, exercise, hint_for, hooks_left_when_raising, kind_of, not_a_handle
+from . import (
+    Outcome,
+    compare_tensors,
+    exercise,
+    hint_for,
+    hooks_left_when_raising,
+    is_handle,
+    kind_of,
+    not_a_handle,
+)
 
 
 def _first_failure(*outcomes: tuple[str, Outcome]) -> Outcome | None:
@@ -49,7 +58,7 @@ _RETURNED_A_VALUE = (
 )
 
 _DEPRECATED = (
-    "register_backward_hook is deprecated (section 2): it hooks only the last autograd node of the module's forward"
+    "register_backward_hook is deprecated (section 1): it hooks only the last autograd node of the module's forward"
 )
 _LEGACY = f"{_DEPRECATED}; use register_full_backward_hook"
 _LEGACY_CLIP = (
@@ -228,7 +237,7 @@ def _in_place(relu_grad_inputs) -> Outcome:
             "RemovableHandle": "a forward pre-hook that returns something replaces the module's input, and yours "
                                "returned the tensor hook's handle; make the pre-hook return None",
             "BackwardHookFunction is a view": "a full backward hook cannot be used on a module whose input or output "
-                "is changed in place (section 5); use a forward pre-hook that registers a tensor hook",
+                "is changed in place (section 3); use a forward pre-hook that registers a tensor hook",
         })  # fmt: skip
     if _used_legacy_hook(model.relu1, model.relu2):
         return Outcome(False, _LEGACY_IN_PLACE)
@@ -252,3 +261,152 @@ def _in_place(relu_grad_inputs) -> Outcome:
     if failed is not None:
         return failed
     return Outcome(True, "both gradients match autograd on the same network without in-place ReLUs")
+
+
+# ----- 03.4: a gradient tracker ---------------------------------------------------------------------
+def _in_place_mlp() -> nn.Sequential:
+    """Linear → in-place ReLU → Linear → in-place ReLU → Linear: a full backward hook on '0' or '2' fails."""
+    torch.manual_seed(3)
+    return nn.Sequential(nn.Linear(6, 8), nn.ReLU(inplace=True), nn.Linear(8, 8), nn.ReLU(inplace=True),
+                         nn.Linear(8, 3))
+
+
+def _reference_stds(batches: list[torch.Tensor]) -> dict[str, list[float]]:
+    """std of dL/d(output of '0', '2', '4') for each batch, on the same MLP without in-place ReLUs."""
+    model = _in_place_mlp()
+    stds: dict[str, list[float]] = {"0": [], "2": [], "4": []}
+    for x in batches:
+        h0 = model[0](x)
+        h2 = model[2](torch.relu(h0))
+        h4 = model[4](torch.relu(h2))
+        for name, g in zip(stds, torch.autograd.grad(h4.pow(2).sum(), [h0, h2, h4]), strict=True):
+            stds[name].append(g.std().item())
+    return stds
+
+
+def _remove_all(hooks) -> None:
+    """``hooks`` as the answer returned it: a ``hooklab.Hooks``, one handle or a list of handles."""
+    if isinstance(hooks, list | tuple):
+        for handle in hooks:
+            handle.remove()
+    else:
+        hooks.remove()
+
+
+def _tracked_run(track_grad_std, model: nn.Module, batches: list[torch.Tensor]):
+    """(stds, what went wrong): the answer's tracker over three steps, then removed, then one more step."""
+    stds, hooks = track_grad_std(model, ["0", "2", "4"])
+    try:
+        for x in batches:
+            model(x).pow(2).sum().backward()
+    finally:
+        _remove_all(hooks)
+    model(batches[0]).pow(2).sum().backward()  # after the removal: nothing may be added
+    return stds
+
+
+@exercise("03.4", "track the std of each layer's output gradient")
+def _track(track_grad_std) -> Outcome:
+    """``track_grad_std(model, names)`` returns ``(stds, hooks)``: ``stds[name]`` gets the std of dL/d(output)
+    of module ``name`` on every backward until ``hooks`` is removed."""
+    model = _in_place_mlp()
+    g = torch.Generator().manual_seed(8)
+    batches = [torch.randn(5, 6, generator=g) * (k + 1) for k in range(3)]
+    try:
+        stds = _tracked_run(track_grad_std, model, batches)
+    except (TypeError, RuntimeError, AttributeError) as error:
+        clear_hooks(model)
+        return hint_for(error, {
+            "BackwardHookFunction is a view": "a full backward hook cannot watch a module whose output an in-place "
+                "ReLU overwrites (section 3): register a tensor hook on the output from a forward hook",
+            "RemovableHandle": "the forward hook returned the tensor hook's handle, and a forward hook's return "
+                               "value replaces the output: make it a def that returns None",
+            "has no attribute 'remove'": "return (stds, hooks) where hooks is a hooklab.Hooks or a list of handles",
+        })  # fmt: skip
+    if clear_hooks(model):
+        return Outcome(False, "removing the returned hooks left a hook on the model")
+    expected = _reference_stds(batches)
+    if not isinstance(stds, dict) or sorted(stds) != sorted(expected):
+        return Outcome(False, f"stds must be a dict with the keys {sorted(expected)}, got {kind_of(stds)}")
+    for name, want in expected.items():
+        got = [float(v) for v in stds[name]]
+        if len(got) != len(want):
+            return Outcome(False, f"{name!r}: {len(got)} values for 3 backward passes (and none after the removal)")
+        if not all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(got, want, strict=True)):
+            return Outcome(False, f"{name!r}: stds {[f'{v:.4g}' for v in got]}, expected "
+                                  f"{[f'{v:.4g}' for v in want]} (the std of the gradient w.r.t. the output)")
+    return Outcome(True, "three steps tracked on every layer, in-place ReLUs and all, nothing after the removal")
+
+
+# ----- 03.5: a warm-up, the grad_input tuple ----------------------------------------------------------
+class _ScaleAdd(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.tensor([1.0, -2.0, 0.5]))
+
+    def forward(self, a: torch.Tensor, scale: float, b: torch.Tensor) -> torch.Tensor:
+        return a * self.w * scale + b
+
+
+def _halved_grads(halve_grad_input, grad_a: bool, grad_b: bool, hooked: bool):
+    """(a.grad, b.grad, w.grad) of ``_ScaleAdd`` with the answer's hook (or none); raises what the answer raises."""
+    module = _ScaleAdd()
+    g = torch.Generator().manual_seed(9)
+    a, b = torch.randn(3, generator=g).requires_grad_(grad_a), torch.randn(3, generator=g).requires_grad_(grad_b)
+    handle = halve_grad_input(module) if hooked else None
+    if hooked and not is_handle(handle):
+        clear_hooks(module)
+        raise _NotAHandle(kind_of(handle))
+    try:
+        with warnings.catch_warnings():  # no input requiring grad: PyTorch warns, the exercise says so already
+            warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
+            (module(a, 3.0, b) * torch.tensor([1.0, 2.0, 3.0])).sum().backward()
+    finally:
+        if handle is not None:
+            handle.remove()
+    return a.grad, b.grad, module.w.grad
+
+
+class _NotAHandle(Exception):
+    pass
+
+
+def _halved_outcome(halve_grad_input, grad_a: bool, grad_b: bool) -> Outcome | None:
+    """What is wrong on one case (which of a, b require grad), if anything."""
+    case = f"with {'a' if grad_a else 'no a'} and {'b' if grad_b else 'no b'} requiring grad"
+    try:
+        got = _halved_grads(halve_grad_input, grad_a, grad_b, hooked=True)
+    except _NotAHandle as error:
+        return Outcome(False, f"halve_grad_input must return the handle of the hook it registers, got {error}")
+    except (TypeError, RuntimeError) as error:
+        return hint_for(error, {
+            "NoneType": f"{case}: grad_input holds None for every input that needs no gradient (and for the number "
+                        "scale): keep those entries None instead of multiplying them",
+            "no input requires gradient": f"{case}: when no input requires grad, the hook must return None or a "
+                                          "tuple of Nones",
+            **dict.fromkeys(_RETURNED_A_VALUE, f"{case}: return a tuple with one entry per entry of grad_input "
+                                                "(None where grad_input has None), not a bare tensor"),
+        })  # fmt: skip
+    want = _halved_grads(halve_grad_input, grad_a, grad_b, hooked=False)
+    for what, got_grad, plain, factor in zip(("a.grad", "b.grad", "the weight's gradient"), got, want,
+                                             (0.5, 0.5, 1.0), strict=True):
+        if plain is None or (got_grad is not None and torch.allclose(got_grad, factor * plain)):
+            continue
+        if factor == 1.0:
+            return Outcome(False, f"{case}: {what} changed too: halve grad_input in a full backward hook (which "
+                                  "runs after the module's own gradients), not grad_output in a pre-hook")
+        return Outcome(False, f"{case}: {what} is not half of what it is without the hook: halve every tensor "
+                              "of grad_input")
+    return None
+
+
+@exercise("03.5", "halve every gradient in grad_input, keeping the Nones")
+def _halve(halve_grad_input) -> Outcome:
+    """``halve_grad_input(module)`` registers a full backward hook returning grad_input with every tensor
+    halved and every None kept, and returns its handle."""
+    for grad_a, grad_b in ((True, True), (True, False), (False, False)):
+        wrong = _halved_outcome(halve_grad_input, grad_a, grad_b)
+        if wrong:
+            return wrong
+    return Outcome(True, "a.grad and b.grad halved, the weight's gradient untouched, the Nones kept (also when "
+                         "no input required grad)")
