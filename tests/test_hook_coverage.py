@@ -423,3 +423,77 @@ def test_hook_apis_out_of_scope_exist_and_are_named_under_not_covered():
     for dotted, text in OUT_OF_SCOPE.items():
         assert callable(_resolve(dotted)), f"{dotted} is gone from torch: drop it from OUT_OF_SCOPE"
         assert text in sections[0], f"the Not covered section of notebook 06 does not name {text!r} ({dotted})"
+
+
+# ----- what the reference table says about return values and order, on the installed torch -------
+
+
+def test_return_values_the_table_calls_errors_raise():
+    leaf = torch.ones(2, requires_grad=True)
+    with leaf.register_post_accumulate_grad_hook(lambda tensor: torch.zeros(2)), pytest.raises(RuntimeError):
+        (leaf * 2).sum().backward()
+    lin = torch.nn.Linear(2, 2)
+    with lin.register_load_state_dict_post_hook(lambda module, keys: "a value"), pytest.raises(AssertionError):
+        lin.load_state_dict(lin.state_dict())
+    with lin.register_full_backward_hook(lambda module, grad_input, grad_output: (torch.zeros(1, 2),)):
+        with pytest.raises(RuntimeError), pytest.warns(UserWarning, match="no inputs require gradients"):
+            lin(torch.ones(1, 2)).sum().backward()  # no input requires grad: nothing to replace
+
+
+def test_return_values_the_table_calls_ignored():
+    a, b = torch.ones(2, requires_grad=True), torch.ones(2, requires_grad=True)
+    with torch.autograd.graph.register_multi_grad_hook([a, b], lambda grads: [g * 0 for g in grads]):
+        (a * b * 3).sum().backward()
+    assert a.grad.tolist() == [3.0, 3.0]
+    lin = torch.nn.Linear(2, 2)
+    with lin.register_state_dict_pre_hook(lambda module, prefix, keep_vars: {"ignored": 1}):
+        assert list(lin.state_dict()) == ["weight", "bias"]
+    sgd = torch.optim.SGD(lin.parameters(), lr=0.1)
+    with sgd.register_step_post_hook(lambda optimizer, args, kwargs: "ignored"):
+        assert sgd.step() is None
+
+
+def test_orders_the_table_states():
+    lin, ran = torch.nn.Linear(2, 2), []
+    with (lin.register_full_backward_hook(lambda *args: ran.append("first")),
+          lin.register_full_backward_hook(lambda *args: ran.append("prepended"), prepend=True)):
+        lin(torch.ones(1, 2, requires_grad=True)).sum().backward()
+    assert ran == ["prepended", "first"]
+    model, loaded = torch.nn.Sequential(torch.nn.Linear(2, 2)), []
+    with (model.register_load_state_dict_post_hook(lambda module, keys: loaded.append("root")),
+          model[0].register_load_state_dict_post_hook(lambda module, keys: loaded.append("child"))):
+        model.load_state_dict(model.state_dict())
+    assert loaded == ["child", "root"]
+
+
+def test_measured_claims_of_notebook_06():
+    """What notebook 06 marks as measured on the pinned version: a torch upgrade that changes one fails here."""
+    lin, stricts = torch.nn.Linear(2, 2), []
+    with lin.register_load_state_dict_pre_hook(lambda module, sd, prefix, meta, strict, *rest: stricts.append(strict)):
+        lin.load_state_dict(lin.state_dict(), strict=False)
+    assert stricts == [True]  # the pre-hook's strict is True whatever the caller passed
+    sgd, seen = torch.optim.SGD(lin.parameters(), lr=0.0), []
+    with sgd.register_step_pre_hook(lambda optimizer, args, kwargs: seen.append(args)):
+        sgd.step()
+    assert seen[0][0] is sgd  # args starts with the optimizer
+    with sgd.register_step_pre_hook(lambda optimizer, args, kwargs: ((), {})), pytest.raises(IndexError):
+        sgd.step()
+    for register in ("register_state_dict_pre_hook", "register_load_state_dict_post_hook"):
+        assert "prepend" in inspect.signature(getattr(torch.optim.Optimizer, register)).parameters
+
+
+def test_a_buffer_reassigned_in_forward_fires_the_registration_hook():
+    class Counter(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("calls", torch.zeros(()))
+
+        def forward(self, x):
+            self.calls += 1
+            return x
+
+    counter, fired = Counter(), []
+    with module_module.register_module_buffer_registration_hook(lambda module, name, buffer: fired.append(name)):
+        counter(torch.ones(1))
+        counter(torch.ones(1))
+    assert fired == ["calls", "calls"]

@@ -1,4 +1,5 @@
-"""Exercises of notebook 06: state-dict, optimizer, registration hooks and the firing order."""
+"""Exercises of notebook 06: state-dict, optimizer and registration hooks, the firing order, and
+which layer created which autograd node (``node_creation_hook``)."""
 
 from __future__ import annotations
 
