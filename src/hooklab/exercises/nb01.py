@@ -18,6 +18,129 @@ def _rounded(t: object) -> list | None:
     return [round(v, 4) for v in t.tolist()] if isinstance(t, torch.Tensor) else None
 
 
+def _scale_case(scale_grad, factor: float, leaf: bool) -> Outcome | None:
+    """The answer on a leaf or on an intermediate tensor: one backward with the hook, one without."""
+    x = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
+    w = torch.tensor([0.5, 2.0, -4.0])
+    t = x if leaf else x * 2
+    through = 1.0 if leaf else 2.0  # d t / d x
+    seen = []  # registered before the answer's hook: what arrives at t, and a copy of it
+    with Hooks() as watcher:
+        watcher.add(t.register_hook(lambda g: seen.append((g, g.clone()))))
+        handle = scale_grad(t, factor)
+        bad = not_a_handle(handle, "scale_grad")
+        if bad:
+            return bad
+        try:
+            (t * w).sum().backward(retain_graph=True)
+        finally:
+            handle.remove()
+        with_hook = x.grad.clone()
+        x.grad = None
+        (t * w).sum().backward()
+    where = "a parameter-like leaf" if leaf else "an intermediate tensor (x * 2)"
+    if any(not torch.equal(g, copy) for g, copy in seen):
+        return Outcome(False, "the hook changed the gradient it received in place: return a new tensor "
+                              "(grad * factor), do not write into grad")
+    if torch.equal(with_hook, through * w):
+        return Outcome(False, f"on {where}, the gradient was not scaled: the hook must return the new gradient "
+                              "(a hook that returns None leaves it as it was)")
+    if not compare_tensors(with_hook, factor * through * w).passed:
+        return Outcome(False, f"on {where} with factor {factor:g}, x.grad is {_rounded(with_hook)}, expected "
+                              f"{_rounded(factor * through * w)}: return grad * factor")
+    if not torch.equal(x.grad, through * w):
+        return Outcome(False, "after handle.remove() the gradient is still scaled: return the handle of the hook")
+    return None
+
+
+@exercise("01.1", "scale the gradient arriving at a tensor")
+def _scale(scale_grad) -> Outcome:
+    """``scale_grad(t, factor)`` registers a hook on tensor ``t`` that returns its gradient times
+    ``factor``, and returns the handle."""
+    for factor, leaf in ((3.0, True), (-0.5, False)):
+        wrong = _scale_case(scale_grad, factor, leaf)
+        if wrong:
+            return wrong
+    return Outcome(True, "gradient scaled on a leaf and on an intermediate tensor, and back to normal after "
+                         "remove()")
+
+
+def _norms_graph() -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
+    """A leaf, three named tensors made from it (``unused`` never reaches the loss), and the loss."""
+    x = torch.linspace(-1, 1, 6, requires_grad=True)
+    named = {"h": x * 3, "a": (x * 3).tanh(), "unused": x.exp()}
+    loss = (named["a"] * torch.arange(6.0)).sum() + named["h"].pow(2).sum()
+    return x, named, loss
+
+
+def _norms_handles(answer: object, n: int) -> tuple[dict, list] | Outcome:
+    """The answer to 01.2 as (norms, handles), or the Outcome saying what is wrong with it."""
+    if not (isinstance(answer, tuple | list) and len(answer) == 2):
+        return Outcome(False, f"return the pair (norms, handles), got {kind_of(answer)}")
+    norms, handles = answer
+    if not isinstance(norms, dict):
+        return Outcome(False, f"the first item must be the dict from name to a list of norms, got {kind_of(norms)}")
+    if isinstance(handles, str | torch.Tensor) or not isinstance(handles, Iterable) or is_handle(handles):
+        return Outcome(False, f"the second item must be a list of handles, got {kind_of(handles)}")
+    handles = list(handles)
+    if len(handles) != n or not all(is_handle(h) for h in handles):
+        return Outcome(False, f"the second item must hold the {n} handles, one per tensor, got "
+                              f"{[kind_of(h) for h in handles]}")
+    return norms, handles
+
+
+def _norms_outcome(norms: dict, expected: dict[str, list[float]]) -> Outcome | None:
+    """What is wrong with the norms after two backward passes, if anything."""
+    if sorted(norms) != sorted(expected):
+        return Outcome(False, f"norms has the keys {sorted(norms)}, expected every name {sorted(expected)}, each "
+                              "with a list (empty until a gradient arrives)")
+    bad = next((v for vs in norms.values() if isinstance(vs, list) for v in vs if not isinstance(v, float)), None)
+    if bad is not None or not all(isinstance(v, list) for v in norms.values()):
+        return Outcome(False, f"each value must be a list of Python floats (grad.norm().item()), found "
+                              f"{kind_of(bad)}: a kept tensor keeps memory alive")
+    for name, want in expected.items():
+        got = norms[name]
+        if len(got) == len(want) and all(abs(g - e) <= 1e-5 * max(1.0, e) for g, e in zip(got, want, strict=True)):
+            continue
+        late = name != "unused" and len(norms[list(expected)[-1]]) > 0
+        hint = (" (every hook appended under the loop's last name? bind it with name=name)" if late else
+                ": append the norm of each gradient the tensor receives, one per backward")
+        return Outcome(False, f"norms[{name!r}] is {[round(v, 4) for v in got]}, expected "
+                              f"{[round(v, 4) for v in want]}{hint}")
+    return None
+
+
+@exercise("01.2", "the gradient norm of each named tensor")
+def _named_norms(grad_norms) -> Outcome:
+    """``grad_norms(named)`` registers a hook on each tensor of the dict ``named`` that appends the
+    norm of every gradient it receives, as a float, to ``norms[name]``; returns ``(norms, handles)``.
+    The hooks must leave the gradients unchanged."""
+    x, named, loss = _norms_graph()
+    grads = torch.autograd.grad(loss, list(named.values()), allow_unused=True, retain_graph=True)
+    plain = dict(zip(named, grads, strict=True))
+    expected = {n: [] if g is None else 2 * [g.norm().item()] for n, g in plain.items()}
+    (x_plain,) = torch.autograd.grad(loss, x, retain_graph=True)
+    answer = _norms_handles(grad_norms(named), len(named))
+    if isinstance(answer, Outcome):
+        return answer
+    norms, handles = answer
+    try:
+        loss.backward(retain_graph=True)
+        x_once = x.grad.clone()
+        loss.backward(retain_graph=True)
+    finally:
+        for h in handles:
+            h.remove()
+    x.grad = None
+    loss.backward()
+    if not compare_tensors(x_once, x_plain).passed:
+        return Outcome(False, "with your hooks x.grad changed: a hook that only measures must return None")
+    if not compare_tensors(x.grad, x_plain).passed:
+        return Outcome(False, "after removing your handles the gradient is still changed")
+    return _norms_outcome(norms, expected) or Outcome(
+        True, "one norm per backward under each tensor's own name, gradients unchanged, none for the unused tensor")
+
+
 def _clamp_model() -> nn.Module:
     torch.manual_seed(3)  # on the checker's own random stream (see ``exercise``)
     return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
@@ -38,7 +161,7 @@ def _counts(clamped: object) -> object:
 
 
 def _clamp_handles(answer: object, n: int, pattern: str) -> tuple[list, object] | Outcome:
-    """The answer to 01.1 as (handles, clamped), or the Outcome saying what is wrong with it."""
+    """The answer to 01.3 as (handles, clamped), or the Outcome saying what is wrong with it."""
     if not (isinstance(answer, tuple | list) and len(answer) == 2):
         return Outcome(False, f"return the pair (handles, clamped), got {kind_of(answer)}")
     if all(is_handle(h) for h in answer):
@@ -139,7 +262,7 @@ def _clamp_case(clamp_matching, pattern: str, limit: float) -> Outcome | None:
     return None
 
 
-@exercise("01.1", "clamp the gradients of the parameters a pattern names")
+@exercise("01.3", "clamp the gradients of the parameters a pattern names")
 def _clamp(clamp_matching) -> Outcome:
     """``clamp_matching(model, pattern, limit)`` registers, on each parameter whose name matches the
     shell-style ``pattern``, a hook clamping its gradient to ``[-limit, limit]`` and counting the
@@ -153,7 +276,72 @@ def _clamp(clamp_matching) -> Outcome:
                          "counted per name, untouched after remove()")
 
 
-@exercise("01.2", "double the gradient entering a graph node")
+def _small_model() -> nn.Module:
+    torch.manual_seed(1)  # on the checker's own random stream (see ``exercise``)
+    return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
+
+
+def _handles_of(handles) -> list | Outcome:
+    """The answer to 01.4 as a list of handles, or the Outcome saying what is wrong with it."""
+    if is_handle(handles):
+        return Outcome(False, "fuse_sgd returned one handle: return a list of handles, one per parameter")
+    if not isinstance(handles, Iterable) or isinstance(handles, str | torch.Tensor):
+        return Outcome(False, f"fuse_sgd must return a list of handles, one per parameter, got {kind_of(handles)}")
+    handles = list(handles)
+    bad = next((h for h in handles if not is_handle(h)), None)
+    if bad is not None or None in handles:
+        nested = " (a nested list? return one flat list)" if isinstance(bad, list | tuple) else ""
+        return Outcome(False, f"fuse_sgd must return a list of handles, found {kind_of(bad)} in it{nested}")
+    return handles
+
+
+@exercise("01.4", "an SGD step fused into backward")
+def _fused_sgd(fuse_sgd) -> Outcome:
+    """``fuse_sgd(model, lr)`` registers post-accumulate-grad hooks that update each parameter
+    with ``p -= lr * p.grad`` and then free ``p.grad``; returns the list of handles. The second
+    case runs ``backward(create_graph=True)``, whose hooks run with gradient recording on."""
+    x = torch.linspace(-1, 1, 15).reshape(5, 3)
+    for lr, create_graph in ((0.1, False), (0.05, True)):
+        reference, model = _small_model(), _small_model()
+        optimizer = torch.optim.SGD(reference.parameters(), lr=lr)
+        reference(x).pow(2).sum().backward()
+        optimizer.step()
+        handles = _handles_of(fuse_sgd(model, lr))
+        if isinstance(handles, Outcome):
+            return handles
+        n = len(list(model.parameters()))
+        if len(handles) != n:
+            return Outcome(False, f"{len(handles)} handles for {n} parameters")
+        try:
+            with warnings.catch_warnings():  # create_graph=True warns about the graph kept by .grad
+                warnings.filterwarnings("ignore", message="Using backward.. with create_graph=True")
+                model(x).pow(2).sum().backward(create_graph=create_graph)
+        except (TypeError, RuntimeError) as error:
+            return hint_for(error, {
+                "NoneType": "a hook read a .grad that is None: use the parameter the hook receives (a hook made in a "
+                            "loop that uses the loop variable sees only its last value)",
+                "leaf Variable that requires grad": "with backward(create_graph=True), updating p in place raised 'a "
+                    "leaf Variable that requires grad is being used in an in-place operation': do the update under "
+                    "torch.no_grad()",
+            })  # fmt: skip
+        finally:
+            for h in handles:
+                h.remove()
+        left = clear_hooks(model)
+        if left:
+            return Outcome(False, f"after removing your handles, hooks were still there ({left[0]}): register "
+                                  "only the update hooks, and return every handle")
+        for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
+            outcome = compare_tensors(p.detach(), q.detach())
+            if not outcome.passed:
+                return Outcome(False, f"with lr={lr}, parameter {name} differs from torch.optim.SGD's step "
+                                      f"({outcome.detail})")
+            if p.grad is not None:
+                return Outcome(False, f"{name}.grad is still kept: set p.grad = None after the step to free it")
+    return Outcome(True, "same parameters as torch.optim.SGD for two learning rates, and no .grad kept")
+
+
+@exercise("01.5", "double the gradient entering a graph node")
 def _node_prehook(double_into) -> Outcome:
     """``double_into(node)`` registers a pre-hook on an autograd ``Node`` that doubles the
     gradient flowing into it, and returns the handle."""
@@ -200,71 +388,6 @@ def _node_prehook(double_into) -> Outcome:
     return Outcome(True, f"the gradient into exp's node doubled, the other branch untouched ({outcome.detail})")
 
 
-def _small_model() -> nn.Module:
-    torch.manual_seed(1)  # on the checker's own random stream (see ``exercise``)
-    return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
-
-
-def _handles_of(handles) -> list | Outcome:
-    """The answer to 01.3 as a list of handles, or the Outcome saying what is wrong with it."""
-    if is_handle(handles):
-        return Outcome(False, "fuse_sgd returned one handle: return a list of handles, one per parameter")
-    if not isinstance(handles, Iterable) or isinstance(handles, str | torch.Tensor):
-        return Outcome(False, f"fuse_sgd must return a list of handles, one per parameter, got {kind_of(handles)}")
-    handles = list(handles)
-    bad = next((h for h in handles if not is_handle(h)), None)
-    if bad is not None or None in handles:
-        nested = " (a nested list? return one flat list)" if isinstance(bad, list | tuple) else ""
-        return Outcome(False, f"fuse_sgd must return a list of handles, found {kind_of(bad)} in it{nested}")
-    return handles
-
-
-@exercise("01.3", "an SGD step fused into backward")
-def _fused_sgd(fuse_sgd) -> Outcome:
-    """``fuse_sgd(model, lr)`` registers post-accumulate-grad hooks that update each parameter
-    with ``p -= lr * p.grad`` and then free ``p.grad``; returns the list of handles. The second
-    case runs ``backward(create_graph=True)``, whose hooks run with gradient recording on."""
-    x = torch.linspace(-1, 1, 15).reshape(5, 3)
-    for lr, create_graph in ((0.1, False), (0.05, True)):
-        reference, model = _small_model(), _small_model()
-        optimizer = torch.optim.SGD(reference.parameters(), lr=lr)
-        reference(x).pow(2).sum().backward()
-        optimizer.step()
-        handles = _handles_of(fuse_sgd(model, lr))
-        if isinstance(handles, Outcome):
-            return handles
-        n = len(list(model.parameters()))
-        if len(handles) != n:
-            return Outcome(False, f"{len(handles)} handles for {n} parameters")
-        try:
-            with warnings.catch_warnings():  # create_graph=True warns about the graph kept by .grad
-                warnings.filterwarnings("ignore", message="Using backward.. with create_graph=True")
-                model(x).pow(2).sum().backward(create_graph=create_graph)
-        except (TypeError, RuntimeError) as error:
-            return hint_for(error, {
-                "NoneType": "a hook read a .grad that is None: use the parameter the hook receives (a hook made in a "
-                            "loop that uses the loop variable sees only its last value)",
-                "leaf Variable that requires grad": "with backward(create_graph=True), updating p in place raised 'a "
-                    "leaf Variable that requires grad is being used in an in-place operation': do the update under "
-                    "torch.no_grad()",
-            })  # fmt: skip
-        finally:
-            for h in handles:
-                h.remove()
-        left = clear_hooks(model)
-        if left:
-            return Outcome(False, f"after removing your handles, hooks were still there ({left[0]}): register "
-                                  "only the update hooks, and return every handle")
-        for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
-            outcome = compare_tensors(p.detach(), q.detach())
-            if not outcome.passed:
-                return Outcome(False, f"with lr={lr}, parameter {name} differs from torch.optim.SGD's step "
-                                      f"({outcome.detail})")
-            if p.grad is not None:
-                return Outcome(False, f"{name}.grad is still kept: set p.grad = None after the step to free it")
-    return Outcome(True, "same parameters as torch.optim.SGD for two learning rates, and no .grad kept")
-
-
 def _saved_storages(fn, x: torch.Tensor) -> tuple[int, set[int]]:
     """What the tensors autograd saves while running ``fn(x)`` keep alive beyond ``x`` (the size of
     each storage they use, counted once, ``x``'s own storage left out), and the totals an answer
@@ -294,12 +417,12 @@ def _saved_storages(fn, x: torch.Tensor) -> tuple[int, set[int]]:
 _WHOLE_STORAGE = ("a saved view keeps all of the storage it lives in alive, not only the elements it shows: "
                   "count the storage's size (t.untyped_storage().nbytes()), not t.numel() * t.element_size()")
 
-#: the functions 01.4 tries, each with the trap it sets
+#: the functions 01.6 tries, each with the trap it sets
 _SAVED_CASES = {
     "x.exp().sin().sum()": (
         lambda x: x.exp().sin().sum(),
-        "exp saves its result and sin saves the same tensor as its input (section 6): count each storage "
-        "once, however many times it is saved",
+        "exp saves its result and sin saves that same tensor as its input (section 6): count each "
+        "block (storage) once, however many times it is saved",
     ),
     "x @ x.T": (
         lambda x: x @ x.T,
@@ -345,7 +468,7 @@ def _saved_backward_outcome(runs: list, plain: torch.Tensor, label: str) -> Outc
     return None
 
 
-@exercise("01.4", "count the memory autograd keeps for backward")
+@exercise("01.6", "count the memory autograd keeps for backward")
 def _saved(saved_bytes) -> Outcome:
     """``saved_bytes(fn, x)`` runs ``fn(x)`` under saved-tensor hooks and returns how many bytes the
     saved tensors keep alive beyond ``x``: each storage once (views share their base's), its whole
@@ -390,126 +513,3 @@ def _saved(saved_bytes) -> Outcome:
                               "also when fn raises")
     return Outcome(True, f"right byte counts for {len(_SAVED_CASES)} functions on two shapes of x, backward still "
                          "works, and no hooks left when fn raises")
-
-
-def _scale_case(scale_grad, factor: float, leaf: bool) -> Outcome | None:
-    """The answer on a leaf or on an intermediate tensor: one backward with the hook, one without."""
-    x = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
-    w = torch.tensor([0.5, 2.0, -4.0])
-    t = x if leaf else x * 2
-    through = 1.0 if leaf else 2.0  # d t / d x
-    seen = []  # registered before the answer's hook: what arrives at t, and a copy of it
-    with Hooks() as watcher:
-        watcher.add(t.register_hook(lambda g: seen.append((g, g.clone()))))
-        handle = scale_grad(t, factor)
-        bad = not_a_handle(handle, "scale_grad")
-        if bad:
-            return bad
-        try:
-            (t * w).sum().backward(retain_graph=True)
-        finally:
-            handle.remove()
-        with_hook = x.grad.clone()
-        x.grad = None
-        (t * w).sum().backward()
-    where = "a parameter-like leaf" if leaf else "an intermediate tensor (x * 2)"
-    if any(not torch.equal(g, copy) for g, copy in seen):
-        return Outcome(False, "the hook changed the gradient it received in place: return a new tensor "
-                              "(grad * factor), do not write into grad")
-    if torch.equal(with_hook, through * w):
-        return Outcome(False, f"on {where}, the gradient was not scaled: the hook must return the new gradient "
-                              "(a hook that returns None leaves it as it was)")
-    if not compare_tensors(with_hook, factor * through * w).passed:
-        return Outcome(False, f"on {where} with factor {factor:g}, x.grad is {_rounded(with_hook)}, expected "
-                              f"{_rounded(factor * through * w)}: return grad * factor")
-    if not torch.equal(x.grad, through * w):
-        return Outcome(False, "after handle.remove() the gradient is still scaled: return the handle of the hook")
-    return None
-
-
-@exercise("01.5", "scale the gradient arriving at a tensor")
-def _scale(scale_grad) -> Outcome:
-    """``scale_grad(t, factor)`` registers a hook on tensor ``t`` that returns its gradient times
-    ``factor``, and returns the handle."""
-    for factor, leaf in ((3.0, True), (-0.5, False)):
-        wrong = _scale_case(scale_grad, factor, leaf)
-        if wrong:
-            return wrong
-    return Outcome(True, "gradient scaled on a leaf and on an intermediate tensor, and back to normal after "
-                         "remove()")
-
-
-def _norms_graph() -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
-    """A leaf, three named tensors made from it (``unused`` never reaches the loss), and the loss."""
-    x = torch.linspace(-1, 1, 6, requires_grad=True)
-    named = {"h": x * 3, "a": (x * 3).tanh(), "unused": x.exp()}
-    loss = (named["a"] * torch.arange(6.0)).sum() + named["h"].pow(2).sum()
-    return x, named, loss
-
-
-def _norms_handles(answer: object, n: int) -> tuple[dict, list] | Outcome:
-    """The answer to 01.6 as (norms, handles), or the Outcome saying what is wrong with it."""
-    if not (isinstance(answer, tuple | list) and len(answer) == 2):
-        return Outcome(False, f"return the pair (norms, handles), got {kind_of(answer)}")
-    norms, handles = answer
-    if not isinstance(norms, dict):
-        return Outcome(False, f"the first item must be the dict from name to a list of norms, got {kind_of(norms)}")
-    if isinstance(handles, str | torch.Tensor) or not isinstance(handles, Iterable) or is_handle(handles):
-        return Outcome(False, f"the second item must be a list of handles, got {kind_of(handles)}")
-    handles = list(handles)
-    if len(handles) != n or not all(is_handle(h) for h in handles):
-        return Outcome(False, f"the second item must hold the {n} handles, one per tensor, got "
-                              f"{[kind_of(h) for h in handles]}")
-    return norms, handles
-
-
-def _norms_outcome(norms: dict, expected: dict[str, list[float]]) -> Outcome | None:
-    """What is wrong with the norms after two backward passes, if anything."""
-    if sorted(norms) != sorted(expected):
-        return Outcome(False, f"norms has the keys {sorted(norms)}, expected every name {sorted(expected)}, each "
-                              "with a list (empty until a gradient arrives)")
-    bad = next((v for vs in norms.values() if isinstance(vs, list) for v in vs if not isinstance(v, float)), None)
-    if bad is not None or not all(isinstance(v, list) for v in norms.values()):
-        return Outcome(False, f"each value must be a list of Python floats (grad.norm().item()), found "
-                              f"{kind_of(bad)}: a kept tensor keeps memory alive")
-    for name, want in expected.items():
-        got = norms[name]
-        if len(got) == len(want) and all(abs(g - e) <= 1e-5 * max(1.0, e) for g, e in zip(got, want, strict=True)):
-            continue
-        late = name != "unused" and len(norms[list(expected)[-1]]) > 0
-        hint = (" (every hook appended under the loop's last name? bind it with name=name)" if late else
-                ": append the norm of each gradient the tensor receives, one per backward")
-        return Outcome(False, f"norms[{name!r}] is {[round(v, 4) for v in got]}, expected "
-                              f"{[round(v, 4) for v in want]}{hint}")
-    return None
-
-
-@exercise("01.6", "the gradient norm of each named tensor")
-def _named_norms(grad_norms) -> Outcome:
-    """``grad_norms(named)`` registers a hook on each tensor of the dict ``named`` that appends the
-    norm of every gradient it receives, as a float, to ``norms[name]``; returns ``(norms, handles)``.
-    The hooks must leave the gradients unchanged."""
-    x, named, loss = _norms_graph()
-    grads = torch.autograd.grad(loss, list(named.values()), allow_unused=True, retain_graph=True)
-    plain = dict(zip(named, grads, strict=True))
-    expected = {n: [] if g is None else 2 * [g.norm().item()] for n, g in plain.items()}
-    (x_plain,) = torch.autograd.grad(loss, x, retain_graph=True)
-    answer = _norms_handles(grad_norms(named), len(named))
-    if isinstance(answer, Outcome):
-        return answer
-    norms, handles = answer
-    try:
-        loss.backward(retain_graph=True)
-        x_once = x.grad.clone()
-        loss.backward(retain_graph=True)
-    finally:
-        for h in handles:
-            h.remove()
-    x.grad = None
-    loss.backward()
-    if not compare_tensors(x_once, x_plain).passed:
-        return Outcome(False, "with your hooks x.grad changed: a hook that only measures must return None")
-    if not compare_tensors(x.grad, x_plain).passed:
-        return Outcome(False, "after removing your handles the gradient is still changed")
-    return _norms_outcome(norms, expected) or Outcome(
-        True, "one norm per backward under each tensor's own name, gradients unchanged, none for the unused tensor")
