@@ -214,3 +214,92 @@ def test_05_3_messages():
     failed("05.3", mask, "not a mask")
     failed("05.3", lambda m, layer, x: mask(m, layer, x).int().tolist(), "not a mask")
     failed("05.3", hook_returns_a_value, "return value replaces the layer's output")
+
+
+class DeadWatch:
+    """A right answer to 05.4; the keyword arguments plant the usual mistakes."""
+
+    def __init__(self, model, layers, *, per="all", fraction=False, remove=True, enter_returns_self=True):
+        self.model, self.layers, self.counts, self.handles = model, layers, {name: [] for name in layers}, []
+        self.per, self.fraction, self.remove, self.enter_returns_self = per, fraction, remove, enter_returns_self
+
+    def _hook(self, name):
+        def count(module, args, output):
+            dead = getattr((output == 0).flatten(2).all(dim=2), self.per)(dim=0)
+            self.counts[name].append(dead.float().mean().item() if self.fraction else int(dead.sum()))
+
+        return count
+
+    def __enter__(self):
+        for name in self.layers:
+            self.handles.append(self.model.get_submodule(name).register_forward_hook(self._hook(name)))
+        return self if self.enter_returns_self else None
+
+    def __exit__(self, *exc):
+        for handle in self.handles if self.remove else []:
+            handle.remove()
+        self.handles.clear()
+
+
+def _watch(**options):
+    def make(model, layers):
+        return DeadWatch(model, layers, **options)
+
+    return make
+
+
+def test_05_4_dead_watch():
+    passed = grade("05.4", DeadWatch)
+    assert passed.passed and "features.1" in passed.detail and "also when the block raised" in passed.detail
+
+
+def test_05_4_typical_mistakes_get_a_hint():
+    failed("05.4", _watch(per="any"), "not the number of channels that are zero for every image")
+    failed("05.4", _watch(fraction=True), "not their fraction")
+    failed("05.4", _watch(remove=False), "stayed on the model", "__exit__")
+    failed("05.4", _watch(enter_returns_self=False), "return self")
+    failed("05.4", DeadWatch(torch.nn.Linear(1, 1), []), "pass the class DeadWatch itself")
+
+
+def test_05_4_one_count_per_pass_and_hooks_removed_on_errors():
+    class FirstPassOnly(DeadWatch):
+        def _hook(self, name):
+            count = super()._hook(name)
+            return lambda m, a, o: count(m, a, o) if not self.counts[name] else None
+
+    class RemovesOnlyWithoutError(DeadWatch):
+        def __exit__(self, exc_type, *rest):
+            if exc_type is None:
+                super().__exit__(exc_type, *rest)
+
+    failed("05.4", FirstPassOnly, "1 entries after 3 forward passes")
+    failed("05.4", RemovesOnlyWithoutError, "when the body of the with block raised")
+
+
+def _cascade(model, names, *, cumulative=True, deep=True, reseed=True):
+    """A right answer to 05.5; the keyword arguments plant the usual mistakes."""
+    import copy
+
+    if reseed:
+        torch.manual_seed(0)
+    copies, current = [], model
+    for name in names:
+        current = copy.deepcopy(current if cumulative else model) if deep else current
+        current.get_submodule(name).reset_parameters()
+        copies.append(current)
+    return copies
+
+
+def test_05_5_cascade():
+    passed = grade("05.5", _cascade)
+    assert passed.passed and "head.2, features.5, features.2" in passed.detail
+
+
+def test_05_5_typical_mistakes_get_a_hint():
+    failed("05.5", lambda m, names: _cascade(m, names, cumulative=False), "keeps the layers above")
+    failed("05.5", lambda m, names: _cascade(m, names, deep=False), "changed", "copy.deepcopy")
+    failed("05.5", lambda m, names: _cascade(m, names, reseed=False), "torch.manual_seed(0)")
+    failed("05.5", lambda m, names: _cascade(m, names[:2]), "3 names, 2 models")
+    failed("05.5", lambda m, names: _cascade(m, names)[-1], "a list of models")
+    failed("05.5", lambda m, names: _cascade(m, ["features.0", *names[1:]]), "re-draw exactly")
+    failed("05.5", lambda m, names: [m] * len(names), "its own copy")

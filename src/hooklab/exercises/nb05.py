@@ -1,4 +1,5 @@
-"""Exercises of notebook 05: a deconvnet ReLU hook, a Layer-CAM map, dead channels found with a hook."""
+"""Exercises of notebook 05: a deconvnet ReLU hook, a Layer-CAM map, dead channels found with a hook, a watch
+that counts dead channels at every training step, cascading weight randomisation."""
 
 from __future__ import annotations
 
@@ -307,3 +308,166 @@ def _dead_channels(dead_channels) -> Outcome:
     expected = _channels((out == 0).flatten(2).all(dim=2).all(dim=0))
     return Outcome(True, f"channels {expected} of features.1 are dead; one pass without gradients; no hook left "
                          "behind, also when the pass raised")
+
+
+# ----- 05.4: a watch on dying channels ----------------------------------------------------------------
+def _dead_count(output: torch.Tensor) -> int:
+    """Channels of an ``(N, C, ...)`` output that are zero for every image and every position."""
+    return int((output == 0).flatten(2).all(dim=2).all(dim=0).sum())
+
+
+def _watch_batches() -> list[torch.Tensor]:
+    """Three batches: the last one blank, on which more channels of a digits CNN stay off."""
+    return [_images(21, n=5), torch.cat([_images(22, n=2), torch.full((1, 1, 8, 8), 4.0)]), torch.zeros(2, 1, 8, 8)]
+
+
+def _expected_counts(model: nn.Module, layers: list[str], batches: list[torch.Tensor]) -> dict:
+    with torch.no_grad():
+        outputs = {name: [] for name in layers}
+        for x in batches:
+            h = x
+            for index, module in enumerate(model.features):
+                h = module(h)
+                if f"features.{index}" in outputs:
+                    outputs[f"features.{index}"].append(h)
+    return {name: [_dead_count(out) for out in outs] for name, outs in outputs.items()}
+
+
+def _run_watch(watch_class, model: nn.Module, layers: list[str], batches: list[torch.Tensor]):
+    """Enter the student's watch, run the batches (the second with a backward pass), return its counts."""
+    watch = watch_class(model, layers)
+    with watch as entered:
+        for i, x in enumerate(batches):
+            if i == 1:
+                model(x).sum().backward()
+            else:
+                with torch.no_grad():
+                    model(x)
+    if entered is not watch:
+        raise _Wrong("__enter__ must return the watch itself (return self), so that `with DeadWatch(...) as w:` "
+                     "gives it")
+    return getattr(watch, "counts", None)
+
+
+class _Wrong(Exception):
+    """A problem of the answer found while running it, with the hint to show."""
+
+
+def _counts_hint(got: dict, expected: dict, model: nn.Module, layers: list[str], batches: list) -> str | None:
+    """What is wrong with ``counts``, or None."""
+    if not isinstance(got, dict) or set(got) != set(layers):
+        keys = sorted(got) if isinstance(got, dict) else type(got).__name__
+        return f"counts must be a dict with one entry per watched layer name {layers}, got {keys}"
+    for name in layers:
+        values = list(got[name]) if isinstance(got[name], list | tuple) else None
+        if values is None:
+            return f"counts[{name!r}] must be a list with one number per forward pass, got {type(got[name]).__name__}"
+        if len(values) != len(batches):
+            return (f"counts[{name!r}] has {len(values)} entries after {len(batches)} forward passes: append one "
+                    "count per call of the layer")
+        channels = model.features[int(name.rpartition(".")[2]) - 1].out_channels  # the convolution before
+        if values != expected[name]:
+            if all(isinstance(v, float) for v in values) and [round(v * channels) for v in values] == expected[name]:
+                return "count the dead channels (an int per pass), not their fraction"
+            return (f"counts[{name!r}] is {values}, not the number of channels that are zero for every image and "
+                    "every position of each batch")
+    return None
+
+
+@exercise("05.4", "a watch that counts dead channels at every step")
+def _dead_watch(watch_class) -> Outcome:
+    """``DeadWatch(model, layers)`` is a context manager: inside ``with``, each forward pass appends to
+    ``counts[name]`` the number of channels of layer ``name``'s output that are zero for every image
+    and every position of the batch; its hooks are removed when the block ends, also on error."""
+    if not callable(watch_class):
+        return Outcome(False, f"pass the class DeadWatch itself, got {type(watch_class).__name__}")
+    model, _, _ = _model_with_dead_channels()
+    layers, batches = ["features.1", "features.3"], _watch_batches()
+    expected = _expected_counts(model, layers, batches)
+    try:
+        got = _run_watch(watch_class, model, layers, batches)
+    except _Wrong as wrong:
+        return Outcome(False, str(wrong))
+    finally:
+        model.zero_grad(set_to_none=True)
+        left = clear_hooks(model)
+    if left:
+        return Outcome(False, f"a hook stayed on the model after the with block ({left[0]}): remove every handle "
+                              "in __exit__")
+    hint = _counts_hint(got, expected, model, layers, batches)
+    if hint:
+        return Outcome(False, hint)
+
+    def raise_inside():
+        with watch_class(model, layers):
+            model(torch.zeros(1, 3, 8, 8))  # the model refuses three channels
+
+    wrong = hooks_left_when_raising(raise_inside, model)
+    if wrong:
+        return Outcome(False, "when the body of the with block raised, a hook stayed on the model: remove the "
+                              "handles in __exit__, which runs also on errors")
+    return Outcome(True, f"dead channels per pass: {expected}; hooks removed, also when the block raised")
+
+
+# ----- 05.5: cascading weight randomisation ---------------------------------------------------------
+def _cascade_model() -> nn.Module:
+    return DigitsCNN(seed=4).eval()
+
+
+_TOP_DOWN = ["head.2", "features.5", "features.2"]
+
+
+def _changed(copy_: nn.Module, model: nn.Module) -> set[str]:
+    """Names of the layers (modules with parameters of their own) whose parameters differ."""
+    changed = set()
+    originals = dict(model.named_parameters())
+    for name, value in copy_.named_parameters():
+        if name in originals and not torch.equal(value.detach(), originals[name].detach()):
+            changed.add(name.rpartition(".")[0])
+    return changed
+
+
+def _cascade_problem(got, model: nn.Module, before: dict) -> str | None:
+    if not isinstance(got, list | tuple) or not all(isinstance(m, nn.Module) for m in got):
+        return f"return a list of models, one per layer name, got {_kind_of_models(got)}"
+    if len(got) != len(_TOP_DOWN):
+        return f"return one model per layer name: {len(_TOP_DOWN)} names, {len(got)} models"
+    if any(not torch.equal(v, before[k]) for k, v in model.state_dict().items()):
+        return "the model you were given changed: randomise a copy (copy.deepcopy(model)), never the model itself"
+    if any(m is model for m in got) or len({id(m) for m in got}) < len(got):
+        return "each entry must be its own copy of the model (copy.deepcopy), not the same object again"
+    for k, copied in enumerate(got):
+        changed, wanted = _changed(copied, model), set(_TOP_DOWN[: k + 1])
+        if changed == {_TOP_DOWN[k]} and k:
+            return (f"model {k} re-draws only {_TOP_DOWN[k]!r}: a cascade keeps the layers above it random too, "
+                    f"so model {k} re-draws {_TOP_DOWN[: k + 1]}")
+        if changed != wanted:
+            extra, missing = sorted(changed - wanted), sorted(wanted - changed)
+            what = f"also changed {extra}" if extra else f"did not change {missing}"
+            return f"model {k} should re-draw exactly {_TOP_DOWN[: k + 1]}; it {what}"
+    return None
+
+
+def _kind_of_models(value) -> str:
+    return type(value).__name__ if not isinstance(value, list | tuple) else "a list holding other things"
+
+
+@exercise("05.5", "cascading weight randomisation, from the top layer down")
+def _cascade(cascade) -> Outcome:
+    """``cascade(model, names)`` returns one copy of ``model`` per name: copy ``k`` has the layers
+    ``names[:k + 1]`` re-drawn by their ``reset_parameters()``; ``model`` is unchanged, and two calls
+    give the same weights (``torch.manual_seed(0)`` first)."""
+    model = _cascade_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(3)  # another state than the answer's own start
+    got = cascade(model, list(_TOP_DOWN))
+    problem = _cascade_problem(got, model, before)
+    if problem:
+        return Outcome(False, problem)
+    again = cascade(model, list(_TOP_DOWN))
+    same = all(torch.equal(a, b) for m1, m2 in zip(got, again, strict=True)
+               for a, b in zip(m1.parameters(), m2.parameters(), strict=True))
+    if not same:
+        return Outcome(False, "two calls gave different weights: call torch.manual_seed(0) before re-drawing, "
+                              "so that the cascade is the same at every call")
+    return Outcome(True, f"{len(got)} copies, re-drawn from the top: {', '.join(_TOP_DOWN)}; the model unchanged")
