@@ -89,14 +89,16 @@ browser: $(STAMP)
 nbval: $(STAMP)
 	$(NBVAL) notebooks
 
-# The two runs share the machine's two cores; each prints its own pytest summary.
+# The two runs share the machine's two cores; each writes its own log (named after NB's first
+# notebook, so that runs on different notebooks do not overwrite each other) and prints its summary.
+VARIANT_LOG = artifacts/nbval-$(1)-$(notdir $(basename $(firstword $(NB)))).log
 variants: $(STAMP)
 	@mkdir -p artifacts
 	@echo "nbval, as a CPU without SIMD kernels on 2 threads computes, and as an AVX2 CPU does:"
-	$(NO_SIMD_2_THREADS) $(NBVAL) -q $(NB) > artifacts/nbval-no-simd.log 2>&1 & no_simd=$$!; \
-	$(AVX2_1_THREAD) $(NBVAL) -q $(NB) > artifacts/nbval-avx2.log 2>&1; avx2=$$?; \
+	$(NO_SIMD_2_THREADS) $(NBVAL) -q $(NB) > $(call VARIANT_LOG,no-simd) 2>&1 & no_simd=$$!; \
+	$(AVX2_1_THREAD) $(NBVAL) -q $(NB) > $(call VARIANT_LOG,avx2) 2>&1; avx2=$$?; \
 	wait $$no_simd; no_simd=$$?; \
-	for log in no-simd avx2; do echo "--- $$log:"; tail -n 25 artifacts/nbval-$$log.log; done; \
+	for log in $(call VARIANT_LOG,no-simd) $(call VARIANT_LOG,avx2); do echo "--- $$log:"; tail -n 25 $$log; done; \
 	test $$no_simd = 0 -a $$avx2 = 0
 
 check: $(STAMP)
