@@ -30,6 +30,7 @@ The panel plumbing (``Panel``, ``describe_tensor``) is shared with the Grad-CAM 
 from __future__ import annotations
 
 import html
+import math
 from collections import OrderedDict
 from typing import NamedTuple
 
@@ -130,7 +131,7 @@ class Pass(NamedTuple):
     no_gradient: frozenset  # labels the score does not depend on
 
 
-_TILES, _COLS = 64, 8  # 64 channels a page, 8 per row
+_TILES, _COLS = 64, 8  # 64 channels a page, at most 8 per row
 _SIDE, _GRID, _TOP = 176, 360, 36  # pixels: a channel panel, the tiles at most, the titles above
 _KEPT = 4  # passes kept besides the first
 
@@ -261,7 +262,7 @@ class LayerExplorer:
         run, maps, channel = self._get(layer, channel, kind, index, target)
         act, grad = run.activations[layer][channel], run.gradients[layer][channel]
         page = channel // _TILES
-        grid, (th, tw) = self._grid(run, layer, kind, page)
+        grid, (th, tw), cols = self._grid(run, layer, kind, page)
         scale = min(_GRID / grid.shape[1], _GRID / grid.shape[0])
         size = (round(grid.shape[1] * scale), round(grid.shape[0] * scale))
         canvas = Canvas(2 * _SIDE + size[0] + 48, _TOP + max(_SIDE + 40, size[1]) + 4)
@@ -272,7 +273,7 @@ class LayerExplorer:
         shown = min(_TILES, maps.shape[0] - page * _TILES)
         canvas.text(gx, 4, f"{kind}: channels {page * _TILES}-{page * _TILES + shown - 1} of {maps.shape[0]}")
         canvas.text(gx, 18, "each tile scaled on its own; dead: crossed out", size=11, fill=DARK)
-        place = lambda i: divmod(i - page * _TILES, _COLS)  # noqa: E731  (row, column of channel i)
+        place = lambda i: divmod(i - page * _TILES, cols)  # noqa: E731  (row, column of channel i)
         box = lambda r, c: (gx + c * (tw + 1) * scale, _TOP + r * (th + 1) * scale,  # noqa: E731
                             gx + (c * (tw + 1) + tw) * scale - 1, _TOP + (r * (th + 1) + th) * scale - 1)
         for i in self.dead(layer, index=run.index, target=run.target):
@@ -285,10 +286,11 @@ class LayerExplorer:
     def _grid(self, run: Pass, layer: str, kind: str, page: int):
         key = ("grid", run.index, run.target, layer, kind, page)
         if key not in self._cache:
-            maps = (run.activations if kind == "activation" else run.gradients)[layer]
-            values, th, tw = tiles(maps[page * _TILES : (page + 1) * _TILES], _COLS, signed=kind == "gradient")
+            maps = (run.activations if kind == "activation" else run.gradients)[layer][page * _TILES :][:_TILES]
+            cols = min(_COLS, math.ceil(math.sqrt(len(maps))))  # a squarish grid: 16 channels in 4 rows of 4
+            values, th, tw = tiles(maps, cols, signed=kind == "gradient")
             cmap = "viridis" if kind == "activation" else "RdBu_r"
-            self._cache[key] = (colours(torch.from_numpy(values), cmap, 0.0, 1.0), (th, tw))
+            self._cache[key] = (colours(torch.from_numpy(values), cmap, 0.0, 1.0), (th, tw), cols)
         return self._cache[key]
 
     @staticmethod
