@@ -206,6 +206,13 @@ def test_picture_frames_the_chosen_channel_on_its_page_and_crosses_out_dead_ones
     assert explorer.dead("spread") == [5]
 
 
+def test_a_map_that_is_zero_everywhere_is_white_as_a_gradient_and_dark_as_an_activation():
+    for signed, colour in ((True, picture.LEVELS + round((picture.LEVELS - 1) / 2)), (False, 0)):
+        canvas = picture.Canvas(200, 260)
+        LayerExplorer._channel_panel(canvas, 0, torch.zeros(4, 4), "zero", signed)
+        assert np.asarray(canvas.image)[100, 80] == colour
+
+
 def test_colours_and_tiles_match_the_matplotlib_versions():
     maps = torch.randn(10, 5, 6, generator=torch.Generator().manual_seed(0))
     maps[2, 1, 1] = float("nan")

@@ -297,16 +297,17 @@ class LayerExplorer:
     def _channel_panel(canvas: Canvas, x: int, values: torch.Tensor, title: str, signed: bool) -> None:
         finite = values[values.isfinite()]
         low, high = (float(finite.min()), float(finite.max())) if finite.numel() else (0.0, 0.0)
-        if signed:
+        if signed:  # zero in the middle (white), also for a map that is zero everywhere
             high = max(abs(low), abs(high))
             low = -high
         cmap = "RdBu_r" if signed else "viridis"
+        span = (low, high) if high > low else (-1.0, 1.0) if signed else (low, low + 1.0)
         h, w = values.shape
         scale = _SIDE / max(h, w)
         size = (max(1, round(w * scale)), max(1, round(h * scale)))
         canvas.text(x, 4, title)
         canvas.text(x, 18, "red > 0 > blue" if signed else "true values", size=11, fill=DARK)
-        canvas.paste(colours(shrink(values, _SIDE), cmap, low, high), x, _TOP, size)
+        canvas.paste(colours(shrink(values, _SIDE), cmap, *span), x, _TOP, size)
         canvas.paste(colour_bar(cmap, _SIDE), x, _TOP + size[1] + 6)
         canvas.text(x, _TOP + size[1] + 16, _fmt(low), size=11)
         canvas.text(x + _SIDE, _TOP + size[1] + 16, _fmt(high), size=11, anchor="ra")
