@@ -1,7 +1,7 @@
 """The shape every lesson notebook keeps, so that it stays a lesson: at most 3,000 words of
 prose, no code cell over 30 lines, an exercise inside each numbered section (the first within
-the first 60 % of the notebook), a summary at the end, and no mention of the documents the course
-grew from (students never saw them)."""
+the first 60 % of the notebook, all in the order of their numbers), a summary at the end, and
+no mention of the documents the course grew from (students never saw them)."""
 
 from __future__ import annotations
 
@@ -73,3 +73,11 @@ def test_an_exercise_inside_each_numbered_section_and_a_summary(path):
     first = next(i for i, c in enumerate(all_cells) if c["cell_type"] == "code" and CHECK.search(c["text"]))
     assert first <= FIRST_EXERCISE_BY * len(all_cells), f"the first exercise is at cell {first} of {len(all_cells)}"
     assert any(re.search(r"^##\s+Summary", c["text"], re.M) for c in all_cells if c["cell_type"] == "markdown")
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
+def test_exercises_appear_in_the_order_of_their_numbers(path):
+    """A student who meets 01.5 before 01.1 thinks they skipped something."""
+    ids = [found for c in cells(path) if c["cell_type"] == "code" for found in CHECK.findall(c["text"])]
+    number = path.stem[:2]
+    assert ids == [f"{number}.{k}" for k in range(1, len(ids) + 1)]
