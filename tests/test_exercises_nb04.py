@@ -66,6 +66,23 @@ def net_backward(x, w1, b1, w2, b2, target, mean=True):
     return dz1.T @ x, dz1.sum().reshape(1), dz2.T @ s1, dz2.sum().reshape(1)
 
 
+def net_backward_by_rows(x, w1, b1, w2, b2, target):  # dL/d out = (out − t)/rows
+    s1 = torch.sigmoid(x @ w1.T + b1)
+    s2 = torch.sigmoid(s1 @ w2.T + b2)
+    dz2 = (s2 - target) / len(target) * s2 * (1 - s2)
+    dz1 = (dz2 @ w2) * s1 * (1 - s1)
+    return dz1.T @ x, dz1.sum().reshape(1), dz2.T @ s1, dz2.sum().reshape(1)
+
+
+def test_the_rows_formula_is_right_on_the_two_output_network_only():
+    """The slip 04.5's first case is there for: on the 2-2-2 network alone it would pass."""
+    from hooklab.exercises.nb04 import B1_222, B2_222, STEP_INPUTS, STEP_TARGETS, W1_222, W2_222
+
+    args = (STEP_INPUTS, W1_222, B1_222, W2_222, B2_222, STEP_TARGETS)
+    for right, by_rows in zip(net_backward(*args), net_backward_by_rows(*args), strict=True):
+        assert torch.allclose(right, by_rows)
+
+
 def batch_norm_backward(x, gamma, dout, eps, frozen=False):
     inv_std = (x.var(0, unbiased=False) + eps).rsqrt()
     x_hat, g = (x - x.mean(0)) * inv_std, dout * gamma
@@ -83,67 +100,69 @@ def batch_norm_unbiased(x, gamma, dout, eps):  # right formula, but with the N �
 
 
 CORRECT = {
-    "04.6": sigmoid_backward,
-    "04.7": layer1_backward,
-    "04.8": net_backward,
-    "04.9": batch_norm_backward,
-    "04.1": softmax_backward,
-    "04.2": linear_on_sequences,
-    "04.3": elu_backward,
-    "04.4": conv_by_unfold,
-    "04.5": lambda logits, target, s: (logits.softmax(1) - smoothed(target, s)) / len(target),
+    "04.1": sigmoid_backward,
+    "04.2": layer1_backward,
+    "04.5": net_backward,
+    "04.8": batch_norm_backward,
+    "04.3": softmax_backward,
+    "04.6": linear_on_sequences,
+    "04.9": elu_backward,
+    "04.7": conv_by_unfold,
+    "04.4": lambda logits, target, s: (logits.softmax(1) - smoothed(target, s)) / len(target),
 }
 
 WRONG = {
-    "04.6": lambda s, ds: ds * s * (1 + s),
-    "04.7": lambda x, w1, s1, ds1: (ds1, ds1 @ w1, ds1.T @ x, ds1.sum().reshape(1)),  # the sigmoid skipped
-    "04.8": lambda *args: net_backward(*args, mean=False),
-    "04.9": lambda x, gamma, dout, eps: batch_norm_backward(x, gamma, dout, eps, frozen=True),
-    "04.1": lambda out, dout: dout * out * (1 - out),  # the sigmoid's diagonal: misses the other outputs of a row
-    "04.2": lambda x, w, dout: (dout @ w, dout.mT @ x, dout.sum((0, 1))),  # dw per sequence: (B, out, in)
-    "04.3": lambda out, dout, alpha: dout * (out > 0),  # ReLU's: no gradient where the input was negative
-    "04.4": lambda x, w, dout: (F.conv_transpose2d(dout, w), torch.zeros_like(w)),  # dw missing
-    "04.5": lambda logits, target, s: logits.softmax(1) - smoothed(target, s),  # forgot the 1/N of the mean
+    "04.1": lambda s, ds: ds * s * (1 + s),
+    "04.2": lambda x, w1, s1, ds1: (ds1, ds1 @ w1, ds1.T @ x, ds1.sum().reshape(1)),  # the sigmoid skipped
+    "04.5": lambda *args: net_backward(*args, mean=False),
+    "04.8": lambda x, gamma, dout, eps: batch_norm_backward(x, gamma, dout, eps, frozen=True),
+    "04.3": lambda out, dout: dout * out * (1 - out),  # the sigmoid's diagonal: misses the other outputs of a row
+    "04.6": lambda x, w, dout: (dout @ w, dout.mT @ x, dout.sum((0, 1))),  # dw per sequence: (B, out, in)
+    "04.9": lambda out, dout, alpha: dout * (out > 0),  # ReLU's: no gradient where the input was negative
+    "04.7": lambda x, w, dout: (F.conv_transpose2d(dout, w), torch.zeros_like(w)),  # dw missing
+    "04.4": lambda logits, target, s: logits.softmax(1) - smoothed(target, s),  # forgot the 1/N of the mean
 }
 
 WRONG_TOO = [  # more wrong answers, each with a part of the message that must explain it
-    ("04.6", lambda s, ds: ds * s * (1 + s), "with the 2-2-2 network's s2: dz: max |difference| 1.2e+00 (a sign slip"),
-    ("04.6", lambda s, ds: s * (1 - s), "(multiply by ds, the gradient that arrives"),
-    ("04.7", lambda x, w1, s1, ds1: (lambda dz: (dz, dz @ w1, x.T @ dz, dz.sum().reshape(1)))(ds1 * s1 * (1 - s1)),
+    ("04.1", lambda s, ds: ds * s * (1 + s), "with the 2-2-2 network's s2: dz: max |difference| 1.2e+00 (a sign slip"),
+    ("04.1", lambda s, ds: s * (1 - s), "(multiply by ds, the gradient that arrives"),
+    ("04.2", lambda x, w1, s1, ds1: (lambda dz: (dz, dz @ w1, x.T @ dz, dz.sum().reshape(1)))(ds1 * s1 * (1 - s1)),
      "with the 2-2-2 network: dz1 ok; dx ok; dw1: max |difference| 1.4e-03 (it is the transpose of the right dw1"),
-    ("04.7", lambda x, w1, s1, ds1: (lambda dz: (dz, dz @ w1, dz.T @ x, dz.sum(0)))(ds1 * s1 * (1 - s1)),
+    ("04.2", lambda x, w1, s1, ds1: (lambda dz: (dz, dz @ w1, dz.T @ x, dz.sum(0)))(ds1 * s1 * (1 - s1)),
      "dw1 ok; db1: shape (2,), expected (1,) (db1 has one entry per unit: the bias is one number shared"),
-    ("04.7", lambda x, w1, s1, ds1: (lambda dz: (dz, dz @ w1, dz.T @ x, dz.sum().reshape(1) / 2))(ds1 * s1 * (1 - s1)),
+    ("04.2", lambda x, w1, s1, ds1: (lambda dz: (dz, dz @ w1, dz.T @ x, dz.sum().reshape(1) / 2))(ds1 * s1 * (1 - s1)),
      "dw1 ok; db1: max |difference|"),
-    ("04.7", lambda x, w1, s1, ds1: (ds1, ds1 @ w1, ds1.T @ x, ds1.sum().reshape(1)),  # the sigmoid skipped
+    ("04.2", lambda x, w1, s1, ds1: (ds1, ds1 @ w1, ds1.T @ x, ds1.sum().reshape(1)),  # the sigmoid skipped
      "with the 2-2-2 network: dz1: max |difference|"),
-    ("04.7", lambda x, w1, s1, ds1: (ds1,), "returned 1 tensor(s), expected 4: (dz1, dx, dw1, db1)"),
-    ("04.8", lambda *args: net_backward(*args, mean=False),
-     "dw1: max |difference| 3.8e-02 (every entry is 8 × the right value: a missing division, such as the 1/N"),
-    ("04.8", lambda x, w1, b1, w2, b2, target: [g / 2 for g in net_backward(x, w1, b1, w2, b2, target)],
+    ("04.2", lambda x, w1, s1, ds1: (ds1,), "returned 1 tensor(s), expected 4: (dz1, dx, dw1, db1)"),
+    ("04.5", lambda *args: net_backward(*args, mean=False),
+     "(every entry is 12 × the right value: a missing division"),
+    ("04.5", net_backward_by_rows,  # passes on the 2-2-2 network, where the 2 happens to cancel
+     "(mse_loss's mean runs over every entry of the output: dL/d out = 2·(out − t)/N"),
+    ("04.5", lambda x, w1, b1, w2, b2, target: [g / 2 for g in net_backward(x, w1, b1, w2, b2, target)],
      "(every entry is 0.5 × the right value, 1/2: an extra division"),
-    ("04.9", lambda x, gamma, dout, eps: batch_norm_backward(x, gamma, dout, eps, frozen=True),
+    ("04.8", lambda x, gamma, dout, eps: batch_norm_backward(x, gamma, dout, eps, frozen=True),
      "with x of shape (6, 4): dx: max |difference| 6.1e-01 (the mean and variance depend on x too"),
-    ("04.9", batch_norm_unbiased, "not N − 1"),
-    ("04.9", lambda x, gamma, dout, eps: [g / len(x) if i else g
+    ("04.8", batch_norm_unbiased, "not N − 1"),
+    ("04.8", lambda x, gamma, dout, eps: [g / len(x) if i else g
                                           for i, g in enumerate(batch_norm_backward(x, gamma, dout, eps))],
      "dgamma: max |difference| 3.2e+00 (every entry is 0.167 × the right value, 1/6"),
-    ("04.1", lambda out, dout: out * (dout - (dout * out).sum(-1)),  # the row sum broadcasts along columns
+    ("04.3", lambda out, dout: out * (dout - (dout * out).sum(-1)),  # the row sum broadcasts along columns
      "with x of shape (4, 4): dx: max |difference| 4.2e-01 (your row sums were added along the wrong dimension"),
-    ("04.1", lambda out, dout: out * (dout - (dout * out).sum(1, keepdim=True)),  # right on 2-D inputs only
+    ("04.3", lambda out, dout: out * (dout - (dout * out).sum(1, keepdim=True)),  # right on 2-D inputs only
      "with x of shape (2, 3, 5): dx: max |difference| 2.9e-01 (sum over the last dimension (dim=-1), where softmax "
      "normalises)"),
-    ("04.1", lambda out, dout: out * (dout - (dout * out).sum()), "with x of shape (4, 4)"),  # one sum for all rows
-    ("04.1", lambda out, dout: out[..., :, None] * (torch.eye(4, dtype=out.dtype) - out[..., None, :]),
+    ("04.3", lambda out, dout: out * (dout - (dout * out).sum()), "with x of shape (4, 4)"),  # one sum for all rows
+    ("04.3", lambda out, dout: out[..., :, None] * (torch.eye(4, dtype=out.dtype) - out[..., None, :]),
      "with x of shape (4, 4): dx: shape (4, 4, 4), expected (4, 4)"),  # the Jacobian, never multiplied by dout
-    ("04.3", lambda out, dout, alpha: torch.where(out > 0, dout, dout * (out + 1)), "with alpha=0.5"),  # alpha=1 only
-    ("04.3", lambda out, dout, alpha: torch.where(out > 0, dout, dout * alpha * out.exp()),  # out taken for x
+    ("04.9", lambda out, dout, alpha: torch.where(out > 0, dout, dout * (out + 1)), "with alpha=0.5"),  # alpha=1 only
+    ("04.9", lambda out, dout, alpha: torch.where(out > 0, dout, dout * alpha * out.exp()),  # out taken for x
      "with alpha=1.0"),
-    ("04.3", lambda out, dout, alpha: elu_backward(out, dout, alpha).float(), "your dx is float32"),
-    ("04.2", lambda x, w, dout: (dout @ w, (dout.mT @ x).sum(0), dout.sum(0)), "db: shape (5, 3), expected (3,)"),
-    ("04.5", lambda logits, target, s: (logits.softmax(1) - smoothed(target, 0.0)) / len(target),  # no smoothing
+    ("04.9", lambda out, dout, alpha: elu_backward(out, dout, alpha).float(), "your dx is float32"),
+    ("04.6", lambda x, w, dout: (dout @ w, (dout.mT @ x).sum(0), dout.sum(0)), "db: shape (5, 3), expected (3,)"),
+    ("04.4", lambda logits, target, s: (logits.softmax(1) - smoothed(target, 0.0)) / len(target),  # no smoothing
      "with smoothing=0.2"),
-    ("04.5", lambda logits, target, s: (logits.softmax(1) - ((1 - s) * F.one_hot(target, 4) + s / 4)) / len(target),
+    ("04.4", lambda logits, target, s: (logits.softmax(1) - ((1 - s) * F.one_hot(target, 4) + s / 4)) / len(target),
      "float32 rounding"),  # one_hot times a Python float is float32
 ]
 
@@ -168,11 +187,11 @@ def test_checker_explains_more_wrong_answers(id, answer, message):
 
 
 @pytest.mark.parametrize(("id", "answer"), [
-    ("04.1", softmax_backward_by_jacobian),
-    ("04.3", lambda out, dout, alpha: torch.where(out > 0, dout, dout * alpha * torch.log1p(out / alpha).exp())),
-    ("04.2", lambda x, w, dout: (dout @ w, torch.einsum("bto,bti->oi", dout, x), dout.sum((0, 1)))),
-    ("04.2", lambda x, w, dout: linear_by_loop(x, w, dout)),
-    ("04.3", lambda out, dout, alpha: dout * ((out > 0).double() + (out <= 0).double() * (out + alpha))),  # masks
+    ("04.3", softmax_backward_by_jacobian),
+    ("04.9", lambda out, dout, alpha: torch.where(out > 0, dout, dout * alpha * torch.log1p(out / alpha).exp())),
+    ("04.6", lambda x, w, dout: (dout @ w, torch.einsum("bto,bti->oi", dout, x), dout.sum((0, 1)))),
+    ("04.6", lambda x, w, dout: linear_by_loop(x, w, dout)),
+    ("04.9", lambda out, dout, alpha: dout * ((out > 0).double() + (out <= 0).double() * (out + alpha))),  # masks
 ])
 def test_other_right_answers_pass(id, answer):  # Jacobian, x recovered, einsum, loop, float64 masks
     outcome = grade(id, answer)
@@ -216,15 +235,15 @@ def linear_by_backward_call(x, w, dout):  # .backward() with grad mode on: no ba
 
 
 SHORTCUTS = [  # autograd or PyTorch's own backward operator, each with the name the message must give
-    ("04.1", softmax_by_autograd, "a backward op (aten._softmax_backward_data)"),
-    ("04.1", lambda out, dout: torch.func.vjp(lambda x: x.softmax(-1), out.log())[1](dout)[0],
+    ("04.3", softmax_by_autograd, "a backward op (aten._softmax_backward_data)"),
+    ("04.3", lambda out, dout: torch.func.vjp(lambda x: x.softmax(-1), out.log())[1](dout)[0],
      "a backward op (aten._softmax_backward_data)"),
-    ("04.1", lambda out, dout: torch._softmax_backward_data(dout, out, -1, out.dtype),
+    ("04.3", lambda out, dout: torch._softmax_backward_data(dout, out, -1, out.dtype),
      "a backward op (aten._softmax_backward_data)"),
-    ("04.2", linear_by_autograd, "autograd (linear on a tensor that requires grad)"),
-    ("04.2", linear_by_backward_call, "autograd (linear on a tensor that requires grad)"),
-    ("04.3", elu_by_autograd, "a backward op (aten.elu_backward)"),
-    ("04.3", lambda out, dout, alpha: torch.ops.aten.elu_backward(dout, alpha, 1, 1, True, out),
+    ("04.6", linear_by_autograd, "autograd (linear on a tensor that requires grad)"),
+    ("04.6", linear_by_backward_call, "autograd (linear on a tensor that requires grad)"),
+    ("04.9", elu_by_autograd, "a backward op (aten.elu_backward)"),
+    ("04.9", lambda out, dout, alpha: torch.ops.aten.elu_backward(dout, alpha, 1, 1, True, out),
      "a backward op (aten.elu_backward)"),
 ]
 
@@ -246,16 +265,16 @@ def test_the_watch_on_the_answer_ends_with_it():
         raise ValueError("a bug")
 
     assert modes_active() == (0, 0)
-    assert not grade("04.1", SHORTCUTS[0][1]).passed and modes_active() == (0, 0)
+    assert not grade("04.3", SHORTCUTS[0][1]).passed and modes_active() == (0, 0)
     with pytest.raises(ValueError, match="a bug"):
-        grade("04.1", raises)
+        grade("04.3", raises)
     assert modes_active() == (0, 0)
-    assert grade("04.1", softmax_backward).passed and modes_active() == (0, 0)
+    assert grade("04.3", softmax_backward).passed and modes_active() == (0, 0)
 
 
 def test_a_linear_answer_with_the_first_shape_written_in_fails(capsys):
-    check("04.2", lambda x, w, dout: (dout @ w, dout.reshape(10, 3).T @ x.reshape(10, 4), dout.reshape(10, 3).sum(0)))
-    assert capsys.readouterr().out.startswith("Exercise 04.2 (linear backward on a batch of sequences): failed — "
+    check("04.6", lambda x, w, dout: (dout @ w, dout.reshape(10, 3).T @ x.reshape(10, 4), dout.reshape(10, 3).sum(0)))
+    assert capsys.readouterr().out.startswith("Exercise 04.6 (linear backward on a batch of sequences): failed — "
                                               "your code raised RuntimeError: shape '[10, 3]' is invalid")
 
 
@@ -267,56 +286,56 @@ def elu_stub(out, dout, alpha):
     raise NotImplementedError
 
 
-@pytest.mark.parametrize(("id", "stub", "title"), [("04.1", softmax_stub, "softmax backward from the output"),
-                                                   ("04.3", elu_stub, "ELU backward from the output")])
+@pytest.mark.parametrize(("id", "stub", "title"), [("04.3", softmax_stub, "softmax backward from the output"),
+                                                   ("04.9", elu_stub, "ELU backward from the output")])
 def test_the_notebook_stubs_print_not_solved_yet(id, stub, title, capsys):
     check(id, stub)
     assert capsys.readouterr().out == f"Exercise {id} ({title}): not solved yet\n"
 
 
 def test_a_passing_difference_is_printed_as_a_bound_when_it_is_rounding():
-    assert grade("04.2", linear_on_sequences).detail == ("with x of shapes (2, 5, 4) and (3, 1, 4): dx, dw, db match "
+    assert grade("04.6", linear_on_sequences).detail == ("with x of shapes (2, 5, 4) and (3, 1, 4): dx, dw, db match "
                                                          "autograd; max |difference| < 1e-12")
-    off = grade("04.2", lambda x, w, dout: (*linear_on_sequences(x, w, dout)[:2], dout.sum((0, 1)) + 5e-11))
+    off = grade("04.6", lambda x, w, dout: (*linear_on_sequences(x, w, dout)[:2], dout.sum((0, 1)) + 5e-11))
     assert off.passed and off.detail.endswith("max |difference| 5.0e-11 (in db)")  # within tolerance, above the bound
 
 
 def test_several_inputs_are_all_tried_and_the_largest_difference_is_printed():
-    assert grade("04.1", softmax_backward).detail == ("with x of shapes (4, 4) and (2, 3, 5): dx matches autograd; "
+    assert grade("04.3", softmax_backward).detail == ("with x of shapes (4, 4) and (2, 3, 5): dx matches autograd; "
                                                       "max |difference| < 1e-12")
-    assert grade("04.3", elu_backward).detail == "with alpha 1.0 and 0.5: dx matches autograd; max |difference| < 1e-12"
+    assert grade("04.9", elu_backward).detail == "with alpha 1.0 and 0.5: dx matches autograd; max |difference| < 1e-12"
 
     def off_most_on_the_first(out, dout, alpha):  # within tolerance, above the bound
         return elu_backward(out, dout, alpha) + (5e-11 if alpha == 1.0 else 2e-11)
 
-    off = grade("04.3", off_most_on_the_first)
+    off = grade("04.9", off_most_on_the_first)
     assert off.passed and off.detail == "with alpha 1.0 and 0.5: dx matches autograd; max |difference| 5.0e-11 (in dx)"
-    assert grade("04.5", CORRECT["04.5"]).detail == ("with smoothing 0.2 and 0: dlogits matches autograd; "
+    assert grade("04.4", CORRECT["04.4"]).detail == ("with smoothing 0.2 and 0: dlogits matches autograd; "
                                                      "max |difference| < 1e-12")
 
     def ce_off_most_on_the_first(logits, target, s):
-        return CORRECT["04.5"](logits, target, s) + (5e-11 if s == 0.2 else 2e-11)
+        return CORRECT["04.4"](logits, target, s) + (5e-11 if s == 0.2 else 2e-11)
 
-    off = grade("04.5", ce_off_most_on_the_first)
+    off = grade("04.4", ce_off_most_on_the_first)
     assert off.passed and off.detail == ("with smoothing 0.2 and 0: dlogits matches autograd; max |difference| "
                                          "5.0e-11 (in dlogits)")
 
 
 def test_the_checked_elu_outputs_have_both_signs():
     """Otherwise ReLU's backward or one that ignores alpha could pass."""
-    assert not grade("04.3", lambda out, dout, alpha: dout).passed  # the identity: all outputs positive
-    assert not grade("04.3", lambda out, dout, alpha: dout * (out + alpha)).passed  # all negative
+    assert not grade("04.9", lambda out, dout, alpha: dout).passed  # the identity: all outputs positive
+    assert not grade("04.9", lambda out, dout, alpha: dout * (out + alpha)).passed  # all negative
 
 
 def test_wrong_number_of_results_is_explained():
-    outcome = grade("04.2", lambda x, w, dout: dout @ w)
+    outcome = grade("04.6", lambda x, w, dout: dout @ w)
     assert not outcome.passed and "returned 1 tensor(s), expected 3" in outcome.detail
 
 
 def test_an_answer_that_changes_its_input_in_place_is_told_so():
-    outcome = grade("04.1", lambda out, dout: out * dout.sub_((dout * out).sum(-1, keepdim=True)))  # right numbers
+    outcome = grade("04.3", lambda out, dout: out * dout.sub_((dout * out).sum(-1, keepdim=True)))  # right numbers
     assert not outcome.passed and "changed its input dout in place" in outcome.detail
-    outcome = grade("04.2", lambda x, w, dout: (dout.zero_() @ w, *linear_on_sequences(x, w, dout)[1:]))
+    outcome = grade("04.6", lambda x, w, dout: (dout.zero_() @ w, *linear_on_sequences(x, w, dout)[1:]))
     assert not outcome.passed and "in place" in outcome.detail
 
 
@@ -326,27 +345,27 @@ def test_autograd_inside_the_answer_is_refused():
         F.conv2d(x, w).backward(dout)
         return x.grad, w.grad
 
-    outcome = grade("04.4", with_autograd)
+    outcome = grade("04.7", with_autograd)
     assert not outcome.passed
     assert outcome.detail == ("write the formula yourself: your answer called autograd (conv2d on a tensor that "
                               "requires grad)")
-    outcome = grade("04.1", lambda out, dout: (out * dout).sum().backward())  # nothing requires grad: autograd's error
+    outcome = grade("04.3", lambda out, dout: (out * dout).sum().backward())  # nothing requires grad: autograd's error
     assert not outcome.passed and "by hand means without autograd" in outcome.detail
 
 
 def test_float32_results_get_a_dtype_hint():
-    outcome = grade("04.1", lambda out, dout: softmax_backward(out, dout).float())
+    outcome = grade("04.3", lambda out, dout: softmax_backward(out, dout).float())
     assert not outcome.passed and "float32" in outcome.detail and "float64" in outcome.detail
 
 
 @pytest.mark.parametrize("returned", [{"dx": 0}, [[1.0, 2.0]], "dx"])
 def test_a_result_that_is_not_tensors_names_its_type(returned):
-    outcome = grade("04.1", lambda out, dout: returned)
+    outcome = grade("04.3", lambda out, dout: returned)
     assert not outcome.passed and "return 1 tensor(s)" in outcome.detail
 
 
 def test_one_hot_without_num_classes_is_explained():
-    outcome = grade("04.5", lambda logits, target, s: (logits.softmax(1) - F.one_hot(target)) / len(target))
+    outcome = grade("04.4", lambda logits, target, s: (logits.softmax(1) - F.one_hot(target)) / len(target))
     assert not outcome.passed
     assert "F.one_hot infers the number of classes from the largest target" in outcome.detail
     assert "num_classes=logits.shape[1]" in outcome.detail and "never include class 3" in outcome.detail
@@ -354,7 +373,7 @@ def test_one_hot_without_num_classes_is_explained():
 
 def test_other_errors_of_the_answer_still_propagate():
     with pytest.raises(RuntimeError, match="size of tensor a"):  # check() prints it as "your code raised"
-        grade("04.5", lambda logits, target, s: logits.softmax(1) - torch.ones(5, 2, dtype=logits.dtype))
+        grade("04.4", lambda logits, target, s: logits.softmax(1) - torch.ones(5, 2, dtype=logits.dtype))
 
 
 def worked_answers() -> dict:
@@ -372,7 +391,7 @@ def worked_answers() -> dict:
 
 def test_the_worked_answers_of_the_solutions_notebook_pass():
     answers = worked_answers()
-    assert sorted(answers) == ["04.1", "04.2", "04.3", "04.4", "04.5", "04.6", "04.7", "04.8", "04.9"]
+    assert list(answers) == [f"04.{k}" for k in range(1, 10)]  # in the order the notebook asks them
     for id, answer in answers.items():
         outcome = grade(id, answer)
         assert outcome.passed, f"{id}: {outcome.detail}"
@@ -384,14 +403,14 @@ def softmax_by_the_loss(out, dout):  # softmax·Σy − y with y = −dout·out 
 
 
 COURSE_SHORTCUTS = [  # the course's own formulas, each with the function the message must name
-    ("04.5", lambda logits, target, s: softmax_cross_entropy_backward(logits, smoothed(target, s)),
+    ("04.4", lambda logits, target, s: softmax_cross_entropy_backward(logits, smoothed(target, s)),
      "hooklab.backprop.losses.softmax_cross_entropy_backward"),
-    ("04.5", lambda logits, target, s: losses.softmax_cross_entropy_backward(logits, smoothed(target, s), 1 / 5, "sum"),
+    ("04.4", lambda logits, target, s: losses.softmax_cross_entropy_backward(logits, smoothed(target, s), 1 / 5, "sum"),
      "hooklab.backprop.losses.softmax_cross_entropy_backward"),
-    ("04.1", softmax_by_the_loss, "hooklab.backprop.losses.softmax_cross_entropy_backward"),
-    ("04.2", lambda x, w, dout: bp.linear_backward(x, w, dout, torch.zeros(w.shape[0], dtype=w.dtype)),
+    ("04.3", softmax_by_the_loss, "hooklab.backprop.losses.softmax_cross_entropy_backward"),
+    ("04.6", lambda x, w, dout: bp.linear_backward(x, w, dout, torch.zeros(w.shape[0], dtype=w.dtype)),
      "hooklab.backprop.linear_backward"),
-    ("04.4", lambda x, w, dout: bp.conv2d_backward(x, w, dout)[:2], "hooklab.backprop.conv2d_backward"),
+    ("04.7", lambda x, w, dout: bp.conv2d_backward(x, w, dout)[:2], "hooklab.backprop.conv2d_backward"),
 ]
 
 
@@ -441,7 +460,7 @@ def _conv_by_forward_ad(x, w, dout):
     (_conv_by_forward_ad, "forward-mode autograd"),
 ], ids=["rebuilt under another module name", "torch.func.jacfwd", "forward_ad"])
 def test_shortcuts_without_a_backward_op_fail_too(answer, called):
-    outcome = grade("04.4", answer)
+    outcome = grade("04.7", answer)
     assert not outcome.passed and f"write the formula yourself: your answer called {called}" in outcome.detail, \
         outcome.detail
 
@@ -451,18 +470,18 @@ def test_a_vmap_answer_and_a_call_of_a_forward_loss_are_not_shortcuts():
         rows = out.reshape(-1, out.shape[-1]), dout.reshape(-1, out.shape[-1])
         return torch.vmap(lambda o, d: o * (d - (o * d).sum()))(*rows).reshape(out.shape)
 
-    assert grade("04.1", softmax_rows).passed
+    assert grade("04.3", softmax_rows).passed
 
     def label_smoothing(logits, target, s):
         losses.softmax_cross_entropy(logits, target)  # the forward loss: not the exercise's answer
         return (logits.softmax(-1) - smoothed(target, s)) / logits.shape[0]
 
-    outcome = grade("04.5", label_smoothing)
+    outcome = grade("04.4", label_smoothing)
     assert outcome.passed, outcome.detail
 
 
 def test_a_course_formula_that_raises_still_gets_the_hint():
-    outcome = grade("04.5", lambda logits, target, s: softmax_cross_entropy_backward(logits, F.one_hot(target)))
+    outcome = grade("04.4", lambda logits, target, s: softmax_cross_entropy_backward(logits, F.one_hot(target)))
     assert not outcome.passed  # F.one_hot gives 3 columns: the course function raised a RuntimeError
     assert "your answer called hooklab.backprop.losses.softmax_cross_entropy_backward" in outcome.detail, outcome.detail
 
@@ -494,12 +513,12 @@ def ce_by_the_general_formula(logits, target, smoothing):  # p·Σy − y, as if
 
 @pytest.mark.parametrize("answer", [ce_by_scatter, ce_by_exp, ce_by_index, ce_by_the_general_formula])
 def test_other_right_label_smoothing_answers_pass(answer):
-    outcome = grade("04.5", answer)
+    outcome = grade("04.4", answer)
     assert outcome.passed, outcome.detail
 
 
 def test_a_conv_answer_by_unfold_and_fold_passes():  # the ops hooklab.backprop uses, written by the student
-    assert grade("04.4", conv_by_unfold).passed
+    assert grade("04.7", conv_by_unfold).passed
 
 
 def test_no_watch_is_left_after_a_check():
@@ -515,12 +534,12 @@ def test_no_watch_is_left_after_a_check():
 
     before = watched()
     assert before[0] == (0, 0) and before[3] is softmax_cross_entropy_backward
-    assert not grade("04.5", COURSE_SHORTCUTS[0][1]).passed and watched() == before  # failed
-    assert not grade("04.5", course_then_a_bug).passed and watched() == before  # failed, the answer raised
+    assert not grade("04.4", COURSE_SHORTCUTS[0][1]).passed and watched() == before  # failed
+    assert not grade("04.4", course_then_a_bug).passed and watched() == before  # failed, the answer raised
     with pytest.raises(ValueError, match="a bug"):
-        grade("04.5", a_bug)
+        grade("04.4", a_bug)
     assert watched() == before
-    assert grade("04.5", ce_by_index).passed and watched() == before  # passed
+    assert grade("04.4", ce_by_index).passed and watched() == before  # passed
     logits, target = torch.randn(3, 4, dtype=torch.float64), torch.tensor([0, 3, 1])
     assert torch.allclose(softmax_cross_entropy_backward(logits, target),  # the course's function, outside a check
                           (logits.softmax(1) - F.one_hot(target, 4).double()) / 3)
@@ -530,7 +549,7 @@ def test_each_gradient_of_04_7_gets_its_own_verdict_and_one_number_no_factor_hin
     def sigmoid_skipped(x, w1, s1, ds1):
         return ds1, ds1 @ w1, ds1.T @ x, ds1.sum().reshape(1)
 
-    detail = grade("04.7", sigmoid_skipped).detail
+    detail = grade("04.2", sigmoid_skipped).detail
     assert [part.split(":")[0] for part in detail.removeprefix("with the 2-2-2 network: ").split("; ")] == [
         "dz1", "dx", "dw1", "db1"]
     assert "×" not in detail  # db1 is one number: any wrong one is "some factor" of the right one
