@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -95,7 +96,7 @@ def test_06_1_a_returned_dict_is_explained():
     assert not outcome.passed and "in place" in outcome.detail
 
 
-# ----- 06.2 -----------------------------------------------------------------------------------
+# ----- 06.3 -----------------------------------------------------------------------------------
 def clip(optimizer, args, kwargs):
     for group in optimizer.param_groups:
         for p in group["params"]:
@@ -111,11 +112,11 @@ def clip_everything_to_one(optimizer, args, kwargs):
             p.grad.div_(p.grad.norm())
 
 
-def test_06_2_clip():
-    assert grade("06.2", clip).passed
-    unclipped = grade("06.2", lambda optimizer, args, kwargs: None)
+def test_06_3_clip():
+    assert grade("06.3", clip).passed
+    unclipped = grade("06.3", lambda optimizer, args, kwargs: None)
     assert not unclipped.passed and "to [-3, -4], not [-0.6, -0.8]" in unclipped.detail
-    assert not grade("06.2", clip_everything_to_one).passed
+    assert not grade("06.3", clip_everything_to_one).passed
 
 
 def clip_the_first_group(optimizer, args, kwargs):
@@ -133,10 +134,10 @@ def clip_without_checking_for_none(optimizer, args, kwargs):
                 p.grad.div_(norm)
 
 
-def test_06_2_every_group_and_a_missing_gradient():
-    first = grade("06.2", clip_the_first_group)
+def test_06_3_every_group_and_a_missing_gradient():
+    first = grade("06.3", clip_the_first_group)
     assert not first.passed and "second parameter group" in first.detail
-    crashed = grade("06.2", clip_without_checking_for_none)
+    crashed = grade("06.3", clip_without_checking_for_none)
     assert not crashed.passed and ".grad is None" in crashed.detail
 
 
@@ -145,71 +146,72 @@ def clip_returning_a_list(optimizer, args, kwargs):
     return []
 
 
-def test_06_2_a_returned_value_is_explained_without_an_address():
-    outcome = grade("06.2", clip_returning_a_list)
+def test_06_3_a_returned_value_is_explained_without_an_address():
+    outcome = grade("06.3", clip_returning_a_list)
     assert not outcome.passed and "must return None (or (args, kwargs))" in outcome.detail
     assert " at 0x" not in outcome.detail
-    assert grade("06.2", lambda optimizer, args, kwargs: clip(optimizer, args, kwargs) or (args, kwargs)).passed
+    assert grade("06.3", lambda optimizer, args, kwargs: clip(optimizer, args, kwargs) or (args, kwargs)).passed
 
 
 def clip_the_total_norm(optimizer, args, kwargs):
     torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], 1.0)
 
 
-def test_06_2_clipping_the_total_norm_gets_a_hint():
-    outcome = grade("06.2", clip_the_total_norm)
+def test_06_3_clipping_the_total_norm_gets_a_hint():
+    outcome = grade("06.3", clip_the_total_norm)
     assert not outcome.passed and "by its own norm, not the total norm" in outcome.detail
 
 
-# ----- 06.3 -----------------------------------------------------------------------------------
-def swap(module, name, submodule):
-    return nn.GELU() if isinstance(submodule, nn.ReLU) else None
+# ----- 06.2 -----------------------------------------------------------------------------------
+def out_of_place(module, name, submodule):
+    if getattr(submodule, "inplace", False):
+        safe = copy.copy(submodule)
+        safe.inplace = False
+        return safe
+    return None
 
 
-def swap_everything(module, name, submodule):
-    return nn.GELU()
+def switch_off_in_place(module, name, submodule):  # changing the module itself and keeping it is right too
+    if getattr(submodule, "inplace", False):
+        submodule.inplace = False
 
 
-def test_06_3_swap():
-    assert grade("06.3", swap).passed
-    assert not grade("06.3", lambda module, name, submodule: None).passed
-    assert not grade("06.3", swap_everything).passed
-    the_class = grade("06.3", lambda module, name, submodule: nn.GELU if isinstance(submodule, nn.ReLU) else None)
-    assert not the_class.passed and "GELU()" in the_class.detail
+def test_06_2_out_of_place():
+    assert grade("06.2", out_of_place).passed
+    assert grade("06.2", switch_off_in_place).passed
 
 
-def swap_by_name(module, name, submodule):
-    return nn.GELU() if "ReLU" in type(submodule).__name__ else None
+def test_06_2_the_checked_model_really_fails_with_its_in_place_modules():
+    """The premise of the check's last step: unfixed, the model breaks under full backward hooks."""
+    from hooklab.exercises.nb06 import _runs_with_a_global_backward_hook
 
-
-def swap_in_place(module, name, submodule):
-    if isinstance(submodule, nn.ReLU):
-        submodule.__class__ = nn.GELU
-        submodule.approximate = "none"
+    outcome = _runs_with_a_global_backward_hook(lambda module, name, submodule: None)
+    assert not outcome.passed and "still has in-place modules at ['1', '2.1']" in outcome.detail
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True), nn.Linear(3, 1))
+    handles = [m.register_full_backward_hook(lambda module, grad_input, grad_output: None) for m in model.modules()]
+    try:
+        with pytest.raises(RuntimeError, match="modified inplace"):
+            model(torch.randn(4, 3, requires_grad=True)).sum().backward()
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 @pytest.mark.parametrize(
     ("answer", "expected"),
     [
-        (lambda m, n, s: nn.GELU() if isinstance(s, (nn.ReLU, nn.ReLU6, nn.LeakyReLU)) else None, "nn.LeakyReLU"),
-        (swap_by_name, "nn.LeakyReLU"),
-        (lambda m, n, s: nn.Sequential(nn.GELU()) if isinstance(s, nn.ReLU) else None, "returned a Sequential"),
-        (swap_in_place, "returned None"),
-        (lambda m, n, s: torch.nn.functional.gelu if isinstance(s, nn.ReLU) else None, "return a new nn.GELU()"),
-        (lambda m, n, s: "gelu" if isinstance(s, nn.ReLU) else None, "returned a str"),
+        (lambda m, n, s: None, "nn.ReLU(inplace=True) the module that gets registered is still in-place"),
+        (lambda m, n, s: nn.ReLU() if getattr(s, "inplace", False) else None, "returned a ReLU: keep the module"),
+        (lambda m, n, s: type(s)() if getattr(s, "inplace", False) else None, "negative_slope was 0.2"),
+        (lambda m, n, s: nn.ReLU, "returned the class ReLU"),
+        (lambda m, n, s: copy.copy(s), "for an nn.ReLU(inplace=True) the module that gets registered is still"),
+        (lambda m, n, s: out_of_place(m, n, s) or copy.copy(s), "for an nn.ReLU that is not in-place"),
+        (lambda m, n, s: "relu" if getattr(s, "inplace", False) else None, "returned a str"),
     ],
 )
-def test_06_3_swaps_only_a_relu_and_only_for_a_gelu(answer, expected):
-    outcome = grade("06.3", answer)
-    assert not outcome.passed and expected in outcome.detail
-
-
-SHARED = nn.GELU()
-
-
-def test_06_3_one_shared_gelu_is_counted_in_every_place():
-    outcome = grade("06.3", lambda module, name, submodule: SHARED if isinstance(submodule, nn.ReLU) else None)
-    assert outcome.passed, outcome.detail
+def test_06_2_wrong_answers_are_explained(answer, expected):
+    outcome = grade("06.2", answer)
+    assert not outcome.passed and expected in outcome.detail, outcome.detail
 
 
 # ----- 06.4 -----------------------------------------------------------------------------------
@@ -252,6 +254,18 @@ def test_06_4_the_expected_order_is_measured_from_the_code_the_exercise_shows():
         clear_global_hooks()
     assert fired == FIRING
     assert sorted(ORDER_KINDS) == sorted(_FIRING_ORDER)
+
+
+def test_06_4_the_notebook_lists_the_hooks_the_checker_knows():
+    """The exercise cell spells the shuffled list out; it must be ORDER_KINDS, in the same order."""
+    for cell in json.loads(NOTEBOOK.read_text())["cells"]:
+        source = "".join(cell["source"])
+        if cell["cell_type"] == "code" and source.startswith("hooks_shuffled = ["):
+            namespace = {}
+            exec(source.split("prediction = ", 1)[0], namespace)
+            assert namespace["hooks_shuffled"] == list(ORDER_KINDS)
+            return
+    pytest.fail("notebook 06 has no hooks_shuffled cell")
 
 
 def test_06_4_predict():
@@ -307,7 +321,7 @@ def test_06_4_does_not_depend_on_the_kernels_global_backward_hook_state(monkeypa
 def test_checkers_leave_the_random_stream_alone():
     torch.manual_seed(0)
     state = torch.random.get_rng_state()
-    for id, answer in (("06.1", upgrade), ("06.2", clip), ("06.3", swap), ("06.4", FIRING)):
+    for id, answer in (("06.1", upgrade), ("06.3", clip), ("06.2", out_of_place), ("06.4", FIRING)):
         assert grade(id, answer).passed
     assert torch.equal(torch.random.get_rng_state(), state)
 

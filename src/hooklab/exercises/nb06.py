@@ -1,5 +1,6 @@
-"""Exercises of notebook 06: state-dict, optimizer and registration hooks, the firing order, and
-which layer created which autograd node (``node_creation_hook``)."""
+"""Exercises of notebook 06, numbered in the order the notebook asks them: state-dict hooks (06.1),
+a registration hook that makes in-place modules safe for global hooks (06.2), optimizer hooks
+(06.3), the firing order (06.4), and which layer created which autograd node (06.5)."""
 
 from __future__ import annotations
 
@@ -157,7 +158,7 @@ def _unclipped_outcome(big: torch.Tensor, small: torch.Tensor) -> Outcome:
     )
 
 
-@exercise("06.2", "clip each gradient in an optimizer step pre-hook")
+@exercise("06.3", "clip each gradient in an optimizer step pre-hook")
 def _clip_in_pre_hook(clip) -> Outcome:
     """``clip(optimizer, args, kwargs)`` scales each parameter's gradient so its norm is at most 1."""
     big = nn.Parameter(torch.zeros(2))
@@ -213,43 +214,81 @@ def _describe(value) -> str:
     return f"a {type(value).__name__}"
 
 
-@exercise("06.3", "swap every new ReLU for a GELU with a registration hook")
-def _swap_relu(swap) -> Outcome:
-    """``swap(module, name, submodule)`` returns an ``nn.GELU()`` for an ``nn.ReLU`` and None otherwise."""
+def _in_place_cases():
+    """Modules with an ``inplace`` flag set, each with the settings a copy must keep."""
+    return [
+        (nn.ReLU(inplace=True), {}),
+        (nn.LeakyReLU(0.2, inplace=True), {"negative_slope": 0.2}),
+        (nn.Hardtanh(-2.0, 3.0, inplace=True), {"min_val": -2.0, "max_val": 3.0}),
+        (nn.Dropout(0.3, inplace=True), {"p": 0.3}),
+    ]
 
-    class Block(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.fc = nn.Linear(2, 2)
-            self.act = nn.ReLU()
 
-    answer = swap(nn.Sequential(), "0", nn.ReLU())
+def _one_module(out_of_place, submodule: nn.Module, settings: dict) -> Outcome | None:
+    """What the hook made of one in-place module, as a failed Outcome, or None when right."""
+    kind = type(submodule).__name__
+    answer = out_of_place(nn.Sequential(), "0", submodule)
     if isinstance(answer, type):
-        return Outcome(False, f"return a module, {answer.__name__}(), not the class {answer.__name__}")
-    if not isinstance(answer, nn.GELU):
-        return Outcome(False, f"for an nn.ReLU the hook returned {_describe(answer)}: return a new nn.GELU() (a "
-                              "returned module replaces the one being registered)")
-    for other in (nn.LeakyReLU(), nn.ReLU6(), nn.Linear(2, 2), nn.GELU()):
-        answer = swap(nn.Sequential(), "0", other)
-        if answer is not None:
-            return Outcome(False, f"for an nn.{type(other).__name__} the hook returned {_describe(answer)}: swap "
-                                  "only nn.ReLU, and return None for every other module")
-    handle = module_hooks.register_module_module_registration_hook(swap)
+        return Outcome(False, f"for an nn.{kind} the hook returned the class {answer.__name__}: return a module "
+                              "(or None to keep the one being registered)")
+    result = submodule if answer is None else answer
+    if not isinstance(result, nn.Module) or type(result) is not type(submodule):
+        return Outcome(False, f"for an nn.{kind}(inplace=True) the hook returned {_describe(answer)}: keep the "
+                              f"module's type, an nn.{kind} that is not in-place")
+    if getattr(result, "inplace", None) is not False:
+        return Outcome(False, f"for an nn.{kind}(inplace=True) the module that gets registered is still in-place: "
+                              "set inplace = False on it (or on a copy you return)")
+    for setting, value in settings.items():
+        if getattr(result, setting, None) != value:
+            return Outcome(False, f"the nn.{kind}'s {setting} was {value}, the registered one has "
+                                  f"{getattr(result, setting, None)}: keep every other setting (copy.copy(submodule) "
+                                  "copies them; a new module starts from the defaults)")
+    return None
+
+
+def _runs_with_a_global_backward_hook(out_of_place) -> Outcome | None:
+    """Builds danger 1's kind of model under the hook, then runs it with a full backward hook on
+    every module, as a global one would add."""
+    handle = module_hooks.register_module_module_registration_hook(out_of_place)
     try:
-        model = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), Block(), nn.Sequential(nn.ReLU()), nn.LeakyReLU(), nn.ReLU6())
+        model = nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True), nn.Sequential(nn.Linear(3, 3),
+                              nn.LeakyReLU(0.1, inplace=True)), nn.Linear(3, 1))
     finally:
         handle.remove()
-    after = nn.Sequential(nn.ReLU())  # built after remove(): must stay a ReLU
-    types = [type(m).__name__ for _, m in model.named_modules(remove_duplicate=False)]
-    expected = ["Sequential", "Linear", "GELU", "Block", "Linear", "GELU", "Sequential", "GELU", "LeakyReLU", "ReLU6"]
-    if types.count("ReLU"):
-        return Outcome(False, f"{types.count('ReLU')} ReLU(s) were not swapped: {types}")
-    if types != expected:
-        return Outcome(False, f"only the ReLUs may change: expected the modules {expected}, found {types}")
-    if not isinstance(after[0], nn.ReLU):
-        return Outcome(False, "a ReLU built after the hook was removed was swapped too")
-    return Outcome(True, "all 3 ReLUs (direct, as an attribute, nested) became GELU; LeakyReLU, ReLU6 and the rest "
-                         "unchanged")
+    left = [name for name, m in model.named_modules() if getattr(m, "inplace", False)]
+    if left:
+        return Outcome(False, f"built under the hook, the model still has in-place modules at {left}")
+    with Hooks() as hooks:  # what a global full backward hook does, without touching the process's globals
+        for module in model.modules():
+            hooks.add(module.register_full_backward_hook(_no_change))
+        try:
+            model(torch.randn(4, 3, requires_grad=True)).sum().backward()
+        except RuntimeError as error:
+            return Outcome(False, f"with a full backward hook on every module the model failed: {error}")
+    return None
+
+
+def _no_change(module, grad_input, grad_output):
+    return None
+
+
+@exercise("06.2", "make in-place modules safe for global hooks with a registration hook")
+def _out_of_place(out_of_place) -> Outcome:
+    """``out_of_place(module, name, submodule)`` makes every module with ``inplace=True`` (ReLU,
+    LeakyReLU, Hardtanh, Dropout, ...) a copy of itself that is not in-place, keeping its other
+    settings, and returns None for every other module."""
+    for submodule, settings in _in_place_cases():
+        failed = _one_module(out_of_place, submodule, settings)
+        if failed:
+            return failed
+    for other in (nn.ReLU(), nn.Linear(2, 2), nn.Tanh()):
+        answer = out_of_place(nn.Sequential(), "0", other)
+        if answer is not None:
+            return Outcome(False, f"for an nn.{type(other).__name__} that is not in-place the hook returned "
+                                  f"{_describe(answer)}: return None, which keeps it as it is")
+    return _runs_with_a_global_backward_hook(out_of_place) or Outcome(
+        True, "ReLU, LeakyReLU, Hardtanh and Dropout made out-of-place with their settings kept, other modules "
+              "left alone; a model built under the hook runs backward with a full backward hook on every module")
 
 
 def _quoted(items) -> str:
@@ -300,7 +339,8 @@ def _leaf_modules(model: nn.Module) -> dict[nn.Module, str]:
 
 
 def _nodes_by_layer_reference(model: nn.Module, x: torch.Tensor) -> dict[str, list[str]]:
-    """What 06.5 asks for, written the way the notebook's node_creation_hook cells do it."""
+    """What 06.5 asks for: a stack of running layers (forward pre-hooks push, forward hooks pop) and a
+    node-creation hook that files each new node under the layer on top."""
     running, found = [], {name: [] for name in _leaf_modules(model).values()}
 
     def enter(module, args):
