@@ -15,7 +15,7 @@ def test_notebook_02_has_seven_exercises():
     assert IDS == ["02.1", "02.2", "02.3", "02.4", "02.5", "02.6", "02.7"]
 
 
-# ----- 02.1 -----------------------------------------------------------------------------------
+# ----- 02.4 -----------------------------------------------------------------------------------
 def hook_every_submodule(
     name_of=lambda name, module: name,
     skip_root=True,
@@ -25,7 +25,7 @@ def hook_every_submodule(
     count_down=True,
     when="start",
 ):
-    """An answer to 02.1: a pre-hook lists each call with its depth and counts one level up, a forward
+    """An answer to 02.4: a pre-hook lists each call with its depth and counts one level up, a forward
     hook counts one level down (variations: wrong)."""
     def call_tree(model, x):
         calls, handles, depth = [], [], [0]
@@ -94,42 +94,56 @@ def tree_leaking(model, x):
     return calls
 
 
-def test_02_1_accepts_pre_and_forward_hooks_counting_the_depth():
-    result = grade("02.1", tree_right)
+def test_02_4_accepts_pre_and_forward_hooks_counting_the_depth():
+    result = grade("02.4", tree_right)
     assert result.passed, result.detail
 
 
-def test_02_1_rejects_the_notebooks_walk_registration_order_and_leaks():
-    names_only = grade("02.1", names_in_finishing_order)
+def test_02_4_rejects_the_notebooks_walk_registration_order_and_leaks():
+    names_only = grade("02.4", names_in_finishing_order)
     assert not names_only.passed and "(depth, name)" in names_only.detail
-    registration = grade("02.1", tree_from_named_modules)
+    registration = grade("02.4", tree_from_named_modules)
     assert not registration.passed and "calls" in registration.detail  # a module called twice is listed once
-    leaking = grade("02.1", tree_leaking)
+    leaking = grade("02.4", tree_leaking)
     assert not leaking.passed and "left" in leaking.detail
 
 
-def test_02_1_says_when_a_call_must_be_listed_and_how_to_count():
-    at_the_end = grade("02.1", hook_every_submodule(when="end"))
+def test_02_4_says_when_a_call_must_be_listed_and_how_to_count():
+    at_the_end = grade("02.4", hook_every_submodule(when="end"))
     assert not at_the_end.passed and "pre-hook" in at_the_end.detail and "wrong order" in at_the_end.detail
-    never_down = grade("02.1", hook_every_submodule(count_down=False))
+    never_down = grade("02.4", hook_every_submodule(count_down=False))
     assert not never_down.passed and "depth" in never_down.detail and "one level down" in never_down.detail
 
 
 # ----- 02.2 -----------------------------------------------------------------------------------
+def clipping(hook):
+    """An answer to 02.2 whose forward hook returns ``hook(out, limit)`` in training mode, None in eval mode."""
+    def clip_output(module, limit):
+        def clip(m, args, out):
+            return hook(out, limit) if m.training else None
+
+        return module.register_forward_hook(clip)
+
+    return clip_output
+
+
 def test_02_2_accepts_clamp_and_rejects_detached_or_missing_handle():
-    assert grade("02.2", lambda m, limit: m.register_forward_hook(lambda mod, a, out: out.clamp(-limit, limit))).passed
-    detached = grade(
-        "02.2",
-        lambda m, limit: m.register_forward_hook(lambda mod, a, out: out.detach().clamp(-limit, limit))
-    )
+    result = grade("02.2", clipping(lambda out, limit: out.clamp(-limit, limit)))
+    assert result.passed, result.detail
+    detached = grade("02.2", clipping(lambda out, limit: out.detach().clamp(-limit, limit)))
     assert not detached.passed
-    no_return = grade("02.2", lambda m, limit: m.register_forward_hook(lambda mod, a, out: None))
+    no_return = grade("02.2", clipping(lambda out, limit: None))
     assert not no_return.passed
 
 
-# ----- 02.3 -----------------------------------------------------------------------------------
+def test_02_2_rejects_clipping_in_eval_mode():
+    always = grade("02.2", lambda m, limit: m.register_forward_hook(lambda mod, a, out: out.clamp(-limit, limit)))
+    assert not always.passed and "module.training" in always.detail
+
+
+# ----- 02.6 -----------------------------------------------------------------------------------
 def pairing(copy=lambda t: t.detach().clone(), pre=True, copy_out=None):
-    """An answer to 02.3: a pre-hook keeps the input (or, wrong, the forward hook does), the forward hook
+    """An answer to 02.6: a pre-hook keeps the input (or, wrong, the forward hook does), the forward hook
     pairs it with the output."""
     copy_out = copy_out or copy
 
@@ -148,8 +162,8 @@ def pairing(copy=lambda t: t.detach().clone(), pre=True, copy_out=None):
     return keep_calls
 
 
-def test_02_3_accepts_a_pre_hook_and_a_forward_hook_working_together():
-    result = grade("02.3", pairing())
+def test_02_6_accepts_a_pre_hook_and_a_forward_hook_working_together():
+    result = grade("02.6", pairing())
     assert result.passed, result.detail
 
     def with_a_slot(module):  # one slot instead of a stack: fine, the ReLU never calls itself
@@ -159,25 +173,25 @@ def test_02_3_accepts_a_pre_hook_and_a_forward_hook_working_together():
             module.register_forward_hook(lambda m, a, out: kept.append((slot.pop("x"), out.detach().clone()))),
         )
 
-    result = grade("02.3", with_a_slot)
+    result = grade("02.6", with_a_slot)
     assert result.passed, result.detail
 
 
-def test_02_3_rejects_forward_hooks_plain_detach_and_graph_keeping():
-    too_late = grade("02.3", pairing(pre=False))
+def test_02_6_rejects_forward_hooks_plain_detach_and_graph_keeping():
+    too_late = grade("02.6", pairing(pre=False))
     assert not too_late.passed and "pre-hook" in too_late.detail and "call 1" in too_late.detail
-    shared = grade("02.3", pairing(copy=lambda t: t.detach(), copy_out=lambda t: t.detach().clone()))
+    shared = grade("02.6", pairing(copy=lambda t: t.detach(), copy_out=lambda t: t.detach().clone()))
     assert not shared.passed and "clone" in shared.detail
-    in_graph = grade("02.3", pairing(copy=lambda t: t.clone()))
+    in_graph = grade("02.6", pairing(copy=lambda t: t.clone()))
     assert not in_graph.passed and "detach" in in_graph.detail
 
 
-def test_02_3_rejects_the_last_release_answer_and_wrong_pairs():
-    def input_only(module):  # the answer to the earlier 02.3: one tensor per call, no output
+def test_02_6_rejects_the_last_release_answer_and_wrong_pairs():
+    def input_only(module):  # the answer to the earlier 02.6: one tensor per call, no output
         kept = []
         return kept, [module.register_forward_pre_hook(lambda m, args: kept.append(args[0].detach().clone()))]
 
-    result = grade("02.3", input_only)
+    result = grade("02.6", input_only)
     assert not result.passed and "(input, output) pair" in result.detail, result.detail
 
     def output_twice(module):
@@ -185,11 +199,11 @@ def test_02_3_rejects_the_last_release_answer_and_wrong_pairs():
         hook = lambda m, a, out: kept.append((out.detach().clone(), out.detach().clone()))  # noqa: E731
         return kept, [module.register_forward_hook(hook)]
 
-    result = grade("02.3", output_twice)
+    result = grade("02.6", output_twice)
     assert not result.passed and "input kept for call 1" in result.detail, result.detail
 
 
-def test_02_3_checks_every_call():
+def test_02_6_checks_every_call():
     def first_kept_twice(module):
         kept, first = [], []
 
@@ -201,11 +215,11 @@ def test_02_3_checks_every_call():
 
         return kept, [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
 
-    result = grade("02.3", first_kept_twice)
+    result = grade("02.6", first_kept_twice)
     assert not result.passed and "call 2" in result.detail and "input" in result.detail, result.detail
 
 
-def test_02_3_says_to_return_the_pair_and_every_handle():
+def test_02_6_says_to_return_the_pair_and_every_handle():
     modules = []
 
     def swapped(module):
@@ -224,18 +238,18 @@ def test_02_3_says_to_return_the_pair_and_every_handle():
 
     for answer, got in [(swapped, "(list, list)"), (one_handle, "(list, RemovableHandle)"),
                         (forgets_return, "None (missing return?)")]:
-        failed("02.3", answer, "return the pair (kept, handles)", f"(got {got})")
+        failed("02.6", answer, "return the pair (kept, handles)", f"(got {got})")
     assert not any(m._forward_pre_hooks or m._forward_hooks for m in modules)
 
     def forgets_one(module):
         kept, handles = pairing()(module)
         return kept, handles[1:]
 
-    result = grade("02.3", forgets_one)
+    result = grade("02.6", forgets_one)
     assert not result.passed and "every hook" in result.detail, result.detail
 
 
-def test_02_3_says_what_was_kept_instead_of_a_pair():
+def test_02_6_says_what_was_kept_instead_of_a_pair():
     def keeping(entry):
         def keep_calls(module):
             kept = []
@@ -247,16 +261,16 @@ def test_02_3_says_what_was_kept_instead_of_a_pair():
         (lambda i, o: o.detach().clone(), "kept Tensor for call 1"),
         (lambda i, o: (i.detach().clone(), o.detach().clone(), "relu"), "kept (Tensor, Tensor, str) for call 1"),
     ]:
-        failed("02.3", keeping(entry), got, "keep one (input, output) pair of tensors")
+        failed("02.6", keeping(entry), got, "keep one (input, output) pair of tensors")
 
 
-# ----- 02.4 -----------------------------------------------------------------------------------
-def test_02_4_accepts_a_pre_hook_filling_in_a_missing_keyword():
+# ----- 02.3 -----------------------------------------------------------------------------------
+def test_02_3_accepts_a_pre_hook_filling_in_a_missing_keyword():
     def default_keyword(module, name, value):
         hook = lambda m, args, kwargs: (args, {name: value, **kwargs})  # noqa: E731
         return module.register_forward_pre_hook(hook, with_kwargs=True)
 
-    result = grade("02.4", default_keyword)
+    result = grade("02.3", default_keyword)
     assert result.passed, result.detail
 
     def only_when_missing(module, name, value):
@@ -267,40 +281,36 @@ def test_02_4_accepts_a_pre_hook_filling_in_a_missing_keyword():
 
         return module.register_forward_pre_hook(hook, with_kwargs=True)
 
-    assert grade("02.4", only_when_missing).passed
+    assert grade("02.3", only_when_missing).passed
 
 
-def test_02_4_rejects_a_hook_that_always_forces_the_keyword():
+def test_02_3_rejects_a_hook_that_always_forces_the_keyword():
     def force_keyword(module, name, value):  # notebook 02's third pre-hook
         hook = lambda m, args, kwargs: (args, {**kwargs, name: value})  # noqa: E731
         return module.register_forward_pre_hook(hook, with_kwargs=True)
 
-    result = grade("02.4", force_keyword)
+    result = grade("02.3", force_keyword)
     assert not result.passed and "only when the caller left it out" in result.detail
 
 
-def test_02_1_names_the_late_binding_bug():
-    result = grade("02.1", hook_every_submodule(late_binding=True))
+def test_02_4_names_the_late_binding_bug():
+    result = grade("02.4", hook_every_submodule(late_binding=True))
     assert not result.passed and "name=name" in result.detail
 
 
 # ----- review findings ------------------------------------------------------------------------
-def test_02_1_rejects_hooks_left_when_the_forward_raises():
-    result = grade("02.1", hook_every_submodule(cleanup_in_finally=False))
+def test_02_4_rejects_hooks_left_when_the_forward_raises():
+    result = grade("02.4", hook_every_submodule(cleanup_in_finally=False))
     assert not result.passed and "raised" in result.detail and "finally" in result.detail
 
 
-def test_02_1_says_what_is_wrong_with_the_names():
-    failed("02.1", hook_every_submodule(give_back=False),
+def test_02_4_says_what_is_wrong_with_the_names():
+    failed("02.4", hook_every_submodule(give_back=False),
            "return the list of (depth, name) pairs (got None (missing return?))")
-    root = grade("02.1", hook_every_submodule(skip_root=False))
+    root = grade("02.4", hook_every_submodule(skip_root=False))
     assert not root.passed and "leave out the root" in root.detail
-    class_names = grade("02.1", hook_every_submodule(name_of=lambda name, module: type(module).__name__))
+    class_names = grade("02.4", hook_every_submodule(name_of=lambda name, module: type(module).__name__))
     assert not class_names.passed and "named_modules()" in class_names.detail and "name=name" not in class_names.detail
-
-
-def clipping(hook):
-    return lambda module, limit: module.register_forward_hook(lambda m, a, out: hook(out, limit))
 
 
 def test_02_2_rejects_clips_outside_the_graph():
@@ -353,11 +363,11 @@ def test_02_2_needs_the_handle_and_a_returned_output():
     assert not no_return.passed and "must return the new output" in no_return.detail
 
 
-def test_02_4_keeps_the_callers_other_keywords():
+def test_02_3_keeps_the_callers_other_keywords():
     def drops_the_rest(module, name, value):
         return module.register_forward_pre_hook(lambda m, args, kwargs: (args, {name: value}), with_kwargs=True)
 
-    result = grade("02.4", drops_the_rest)
+    result = grade("02.3", drops_the_rest)
     assert not result.passed and "factor=3.0" in result.detail  # the caller's factor was dropped too
 
     def drops_the_others(module, name, value):
@@ -365,15 +375,15 @@ def test_02_4_keeps_the_callers_other_keywords():
             lambda m, args, kwargs: (args, {name: kwargs.get(name, value)}), with_kwargs=True
         )
 
-    result = grade("02.4", drops_the_others)
+    result = grade("02.3", drops_the_others)
     assert not result.passed and "other keyword" in result.detail
 
 
-def test_02_4_says_to_register_with_kwargs():
+def test_02_3_says_to_register_with_kwargs():
     def without_kwargs(module, name, value):
         return module.register_forward_pre_hook(lambda m, args: (args, {name: value}))
 
-    result = grade("02.4", without_kwargs)
+    result = grade("02.3", without_kwargs)
     assert not result.passed and "with_kwargs=True" in result.detail
 
 
@@ -439,20 +449,20 @@ def tree_with_nonlocal(model, x):
     return calls
 
 
-def test_02_1_rejects_depths_read_from_the_names():
-    result = grade("02.1", tree_from_dots)
+def test_02_4_rejects_depths_read_from_the_names():
+    result = grade("02.4", tree_from_dots)
     assert not result.passed and "dots" in result.detail and "depth 2" in result.detail, result.detail
 
 
-def test_02_1_accepts_a_stack_and_a_nonlocal_counter():
+def test_02_4_accepts_a_stack_and_a_nonlocal_counter():
     for answer in (tree_with_a_stack, tree_with_nonlocal):
-        result = grade("02.1", answer)
+        result = grade("02.4", answer)
         assert result.passed, result.detail
 
 
-# ----- 02.5 -----------------------------------------------------------------------------------
+# ----- 02.1 -----------------------------------------------------------------------------------
 def shapes_answer(what="output", key="name", cleanup_in_finally=True, hook_all=False):
-    """An answer to 02.5: one forward hook per child keeps a shape (variations: wrong)."""
+    """An answer to 02.1: one forward hook per child keeps a shape (variations: wrong)."""
     def output_shapes(model, x):
         shapes, handles = {}, []
         items = list(model.named_modules())[1:] if hook_all else list(model.named_children())
@@ -468,56 +478,68 @@ def shapes_answer(what="output", key="name", cleanup_in_finally=True, hook_all=F
     return output_shapes
 
 
-def test_02_5_accepts_one_hook_per_child():
-    result = grade("02.5", shapes_answer())
+def test_02_1_accepts_one_hook_per_child():
+    result = grade("02.1", shapes_answer())
     assert result.passed, result.detail
 
 
-def test_02_5_rejects_input_shapes_module_keys_grandchildren_and_leftover_hooks():
-    failed("02.5", shapes_answer(what="input"), "shapes of the inputs")
-    failed("02.5", shapes_answer(key="module"), "keys are modules")
-    failed("02.5", shapes_answer(hook_all=True), "expected the children")
-    failed("02.5", shapes_answer(cleanup_in_finally=False), "finally")
-    failed("02.5", lambda model, x: [tuple(model(x).shape)], "return a dict", "list")
+def test_02_1_rejects_input_shapes_module_keys_grandchildren_and_leftover_hooks():
+    failed("02.1", shapes_answer(what="input"), "shapes of the inputs")
+    failed("02.1", shapes_answer(key="module"), "keys are modules")
+    failed("02.1", shapes_answer(hook_all=True), "expected the children")
+    failed("02.1", shapes_answer(cleanup_in_finally=False), "finally")
+    failed("02.1", lambda model, x: [tuple(model(x).shape)], "return a dict", "list")
 
 
-# ----- 02.6 -----------------------------------------------------------------------------------
-def gains_answer(upside_down=False, measure=torch.std, cleanup_in_finally=True):
-    """An answer to 02.6: a forward hook per child divides the output's spread by the input's."""
+# ----- 02.5 -----------------------------------------------------------------------------------
+def gains_answer(upside_down=False, measure=torch.std, cleanup_in_finally=True, pre=True):
+    """An answer to 02.5: a pre-hook per child keeps the input's spread, a forward hook divides the output's by
+    it (variations: wrong; ``pre=False`` reads the input in the forward hook, overwritten by an in-place ReLU)."""
     def activation_gains(model, x):
-        gains, handles = {}, []
+        gains, spread, handles = {}, {}, []
         for name, child in model.named_children():
-            def hook(m, args, out, name=name):
-                ratio = measure(args[0]) / measure(out) if upside_down else measure(out) / measure(args[0])
+            def before(m, args, name=name):
+                spread[name] = measure(args[0])
+
+            def after(m, args, out, name=name):
+                spread_in = spread[name] if pre else measure(args[0])
+                ratio = spread_in / measure(out) if upside_down else measure(out) / spread_in
                 gains[name] = ratio.item()
 
-            handles.append(child.register_forward_hook(hook))
+            handles.append(child.register_forward_pre_hook(before))
+            handles.append(child.register_forward_hook(after))
         run_then_remove(lambda: model(x), handles, in_finally=cleanup_in_finally)
         return gains
 
     return activation_gains
 
 
-def test_02_6_accepts_a_hook_per_child_and_a_tensor_gain():
-    assert grade("02.6", gains_answer()).passed
+def test_02_5_accepts_a_pre_hook_and_a_forward_hook_per_child_and_a_tensor_gain():
+    assert grade("02.5", gains_answer()).passed
 
     def tensor_gains(model, x):
-        gains, handles = {}, []
+        gains, spread, handles = {}, {}, []
         for name, child in model.named_children():
-            handles.append(child.register_forward_hook(
-                lambda m, args, out, name=name: gains.__setitem__(name, out.std() / args[0].std())))
+            def before(m, args, name=name):
+                spread[name] = args[0].std()
+
+            def after(m, args, out, name=name):
+                gains[name] = out.std() / spread[name]
+
+            handles += [child.register_forward_pre_hook(before), child.register_forward_hook(after)]
         run_then_remove(lambda: model(x), handles)
         return gains
 
-    result = grade("02.6", tensor_gains)
+    result = grade("02.5", tensor_gains)
     assert result.passed and "'2'" in result.detail, result.detail
 
 
-def test_02_6_rejects_upside_down_other_measures_and_leftover_hooks():
-    failed("02.6", gains_answer(upside_down=True), "upside down")
-    failed("02.6", gains_answer(measure=lambda t: t.abs().mean()), "child", "expected")
-    failed("02.6", gains_answer(cleanup_in_finally=False), "finally")
-    failed("02.6", lambda model, x: None, "None (missing return?)")
+def test_02_5_rejects_upside_down_other_measures_overwritten_inputs_and_leftover_hooks():
+    failed("02.5", gains_answer(upside_down=True), "upside down")
+    failed("02.5", gains_answer(measure=lambda t: t.abs().mean()), "child", "expected")
+    failed("02.5", gains_answer(pre=False), "work in place", "pre-hook")
+    failed("02.5", gains_answer(cleanup_in_finally=False), "finally")
+    failed("02.5", lambda model, x: None, "None (missing return?)")
 
 
 # ----- 02.7 -----------------------------------------------------------------------------------
@@ -525,33 +547,42 @@ class Stop(Exception):
     pass
 
 
-def stop_answer(catch=Stop, raise_=True, keep="output", cleanup_in_finally=True):
-    """An answer to 02.7: a forward hook keeps the output and raises ``Stop`` (variations: wrong)."""
-    def output_of(model, name, x):
-        kept = {}
+def stop_answer(catch=Stop, raise_=True, keep="output", cleanup_in_finally=True, stop_at="last", detach=True):
+    """An answer to 02.7: forward hooks keep the outputs, the one that completes the set raises ``Stop``
+    (variations: wrong)."""
+    def outputs_of(model, names, x):
+        kept, handles = {}, []
 
-        def hook(m, args, out):
-            kept["value"] = out if keep == "output" else args[0]
-            if raise_:
-                raise Stop
+        def keep_output(name):
+            def hook(m, args, out):
+                value = out if keep == "output" else args[0]
+                kept[name] = value.detach() if detach else value
+                done = len(kept) == len(names) if stop_at == "last" else True
+                if raise_ and done:
+                    raise Stop
 
-        handle = model.get_submodule(name).register_forward_hook(hook)
+            return hook
+
+        for name in names:
+            handles.append(model.get_submodule(name).register_forward_hook(keep_output(name)))
         if not cleanup_in_finally:
             try:
                 model(x)
             except catch:
                 pass
-            handle.remove()
-            return kept.get("value")
+            for handle in handles:
+                handle.remove()
+            return kept
         try:
             model(x)
         except catch:
             pass
         finally:
-            handle.remove()
-        return kept.get("value")
+            for handle in handles:
+                handle.remove()
+        return kept
 
-    return output_of
+    return outputs_of
 
 
 def test_02_7_accepts_a_private_exception():
@@ -560,7 +591,9 @@ def test_02_7_accepts_a_private_exception():
 
 
 def test_02_7_rejects_running_on_swallowing_errors_wrong_values_and_leftover_hooks():
-    failed("02.7", stop_answer(raise_=False), "went on past")
+    failed("02.7", stop_answer(raise_=False), "went on after")
+    failed("02.7", stop_answer(stop_at="first"), "stop only once every named layer has run")
+    failed("02.7", stop_answer(detach=False), "detached")
     failed("02.7", stop_answer(catch=Exception), "swallowed it")
     failed("02.7", stop_answer(keep="input"), "not the output")
     failed("02.7", stop_answer(cleanup_in_finally=False), "finally")

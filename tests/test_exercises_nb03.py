@@ -12,7 +12,7 @@ from hooklab.exercises import grade
 
 
 def answer_with(attach, names=None, cleanup_in_finally=True):
-    """An answer to 03.1 or 03.3: ``attach(module, name, found, handles)`` hooks each chosen child
+    """An answer to 03.3 or 03.4: ``attach(module, name, found, handles)`` hooks each chosen child
     (default: every child) and returns the handle; then ``model(x).sum().backward()`` runs, every
     handle is removed (in a ``finally``, unless told otherwise) and ``found`` is returned."""
 
@@ -30,7 +30,7 @@ def answer_with(attach, names=None, cleanup_in_finally=True):
     return answer
 
 
-# ----- 03.1 ------------------------------------------------------------------------------------
+# ----- 03.3 ------------------------------------------------------------------------------------
 def gain_hook(register="register_full_backward_hook", returned=None):
     """Attach a backward hook keeping |grad_input[0]| / |grad_output[0]|, or returning ``returned(gi, go)``."""
 
@@ -50,40 +50,40 @@ def gain_hook(register="register_full_backward_hook", returned=None):
 gains_right = answer_with(gain_hook())
 
 
-def test_03_1_accepts_right_answer():
-    outcome = grade("03.1", gains_right)
+def test_03_3_accepts_right_answer():
+    outcome = grade("03.3", gains_right)
     assert outcome.passed and "layer '2'" in outcome.detail, outcome.detail
 
 
-def test_03_1_rejects_gains_upside_down():
-    outcome = grade("03.1", lambda model, x: {name: 1 / g for name, g in gains_right(model, x).items()})
+def test_03_3_rejects_gains_upside_down():
+    outcome = grade("03.3", lambda model, x: {name: 1 / g for name, g in gains_right(model, x).items()})
     assert not outcome.passed and "upside down" in outcome.detail
 
 
-def test_03_1_rejects_forward_order():
-    outcome = grade("03.1", lambda model, x: dict(reversed(gains_right(model, x).items())))
+def test_03_3_rejects_forward_order():
+    outcome = grade("03.3", lambda model, x: dict(reversed(gains_right(model, x).items())))
     assert not outcome.passed and "order the hooks ran" in outcome.detail
 
 
-def test_03_1_rejects_a_layer_without_input_gradient():
-    outcome = grade("03.1", lambda model, x: {**gains_right(model, x), "0": 0.0})
+def test_03_3_rejects_a_layer_without_input_gradient():
+    outcome = grade("03.3", lambda model, x: {**gains_right(model, x), "0": 0.0})
     assert not outcome.passed and "(None,)" in outcome.detail
 
 
-def test_03_1_names_what_was_returned_instead_of_a_dict():
+def test_03_3_names_what_was_returned_instead_of_a_dict():
     def forgets_return(model, x):
         gains_right(model, x)
 
-    failed("03.1", forgets_return, "return a dict {layer name: gain}, not None (missing return?)")
-    failed("03.1", lambda model, x: list(gains_right(model, x).items()), "return a dict {layer name: gain}, not list")
+    failed("03.3", forgets_return, "return a dict {layer name: gain}, not None (missing return?)")
+    failed("03.3", lambda model, x: list(gains_right(model, x).items()), "return a dict {layer name: gain}, not list")
 
 
-def test_03_1_rejects_a_wrong_gain():
-    outcome = grade("03.1", lambda model, x: {**gains_right(model, x), "4": 1.0})
+def test_03_3_rejects_a_wrong_gain():
+    outcome = grade("03.3", lambda model, x: {**gains_right(model, x), "4": 1.0})
     assert not outcome.passed and "layer '4'" in outcome.detail
 
 
-def test_03_1_explains_hooks_that_return_a_value():
+def test_03_3_explains_hooks_that_return_a_value():
     returns = (
         lambda gi, go: (gi, go),
         lambda gi, go: gi[0].norm() / go[0].norm(),
@@ -91,28 +91,28 @@ def test_03_1_explains_hooks_that_return_a_value():
         lambda gi, go: go,
     )
     for returned in returns:
-        failed("03.1", answer_with(gain_hook(returned=returned)), "return None")
+        failed("03.3", answer_with(gain_hook(returned=returned)), "return None")
 
 
-def test_03_1_rejects_hooks_left_behind():
+def test_03_3_rejects_hooks_left_behind():
     def leaves_hooks(model, x):
         for m in model.children():
             m.register_full_backward_hook(lambda m, gi, go: None)
         return gains_right(model, x)
 
-    outcome = grade("03.1", leaves_hooks)
+    outcome = grade("03.3", leaves_hooks)
     assert not outcome.passed and "still registered" in outcome.detail
 
 
-def test_03_1_rejects_hooks_left_behind_when_forward_raises():
-    outcome = grade("03.1", answer_with(gain_hook(), cleanup_in_finally=False))
+def test_03_3_rejects_hooks_left_behind_when_forward_raises():
+    outcome = grade("03.3", answer_with(gain_hook(), cleanup_in_finally=False))
     assert not outcome.passed and "finally" in outcome.detail
 
 
-def test_03_1_rejects_the_legacy_backward_hook():
+def test_03_3_rejects_the_legacy_backward_hook():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # the deprecation warning of the student's own call
-        outcome = grade("03.1", answer_with(gain_hook("register_backward_hook")))
+        outcome = grade("03.3", answer_with(gain_hook("register_backward_hook")))
     assert not outcome.passed and "deprecated" in outcome.detail
 
 
@@ -196,7 +196,7 @@ def test_03_2_rejects_no_clipping():
     assert not outcome.passed
 
 
-# ----- 03.3 ------------------------------------------------------------------------------------
+# ----- 03.4 ------------------------------------------------------------------------------------
 RELUS = ("relu1", "relu2")
 
 
@@ -228,43 +228,43 @@ def grad_input_hook(register):
 relu_grads_right = answer_with(input_grad_hook(), names=RELUS)
 
 
-def test_03_3_accepts_pre_hooks_rejects_forward_hooks():
-    assert grade("03.3", relu_grads_right).passed
-    outcome = grade("03.3", answer_with(input_grad_hook("hook"), names=RELUS))
+def test_03_4_accepts_pre_hooks_rejects_forward_hooks():
+    assert grade("03.4", relu_grads_right).passed
+    outcome = grade("03.4", answer_with(input_grad_hook("hook"), names=RELUS))
     assert not outcome.passed and "dL/d(ReLU output)" in outcome.detail and "pre-hook" in outcome.detail
 
 
-def test_03_3_explains_a_pre_hook_that_returns_the_handle():
-    outcome = grade("03.3", answer_with(input_grad_hook(as_lambda=True), names=RELUS))
+def test_03_4_explains_a_pre_hook_that_returns_the_handle():
+    outcome = grade("03.4", answer_with(input_grad_hook(as_lambda=True), names=RELUS))
     assert not outcome.passed and "return None" in outcome.detail
 
 
-def test_03_3_explains_why_full_backward_hooks_fail():
-    outcome = grade("03.3", answer_with(grad_input_hook("register_full_backward_hook"), names=RELUS))
+def test_03_4_explains_why_full_backward_hooks_fail():
+    outcome = grade("03.4", answer_with(grad_input_hook("register_full_backward_hook"), names=RELUS))
     assert not outcome.passed and "in place" in outcome.detail
 
 
-def test_03_3_rejects_wrong_keys():
-    outcome = grade("03.3", lambda model, x: {"relu1": torch.zeros(1)})
+def test_03_4_rejects_wrong_keys():
+    outcome = grade("03.4", lambda model, x: {"relu1": torch.zeros(1)})
     assert not outcome.passed and "keys" in outcome.detail
 
 
-def test_03_3_rejects_zeros_of_the_right_shape():
+def test_03_4_rejects_zeros_of_the_right_shape():
     outcome = grade(
-        "03.3", lambda model, x: {name: torch.zeros_like(g) for name, g in relu_grads_right(model, x).items()}
+        "03.4", lambda model, x: {name: torch.zeros_like(g) for name, g in relu_grads_right(model, x).items()}
     )
     assert not outcome.passed and "relu1" in outcome.detail
 
 
-def test_03_3_rejects_the_legacy_backward_hook():
+def test_03_4_rejects_the_legacy_backward_hook():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        outcome = grade("03.3", answer_with(grad_input_hook("register_backward_hook"), names=RELUS))
+        outcome = grade("03.4", answer_with(grad_input_hook("register_backward_hook"), names=RELUS))
     assert not outcome.passed and "deprecated" in outcome.detail
 
 
-def test_03_3_rejects_hooks_left_behind_when_forward_raises():
-    outcome = grade("03.3", answer_with(input_grad_hook(), names=RELUS, cleanup_in_finally=False))
+def test_03_4_rejects_hooks_left_behind_when_forward_raises():
+    outcome = grade("03.4", answer_with(input_grad_hook(), names=RELUS, cleanup_in_finally=False))
     assert not outcome.passed and "finally" in outcome.detail
 
 
@@ -277,9 +277,9 @@ def test_03_2_says_when_no_handle_was_returned():
 def test_legacy_hook_advice_fits_each_exercise():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        gains = grade("03.1", answer_with(gain_hook("register_backward_hook")))
+        gains = grade("03.3", answer_with(gain_hook("register_backward_hook")))
         clip = grade("03.2", lambda module, limit: module.register_backward_hook(lambda m, gi, go: None))
-        relus = grade("03.3", answer_with(grad_input_hook("register_backward_hook"), names=RELUS))
+        relus = grade("03.4", answer_with(grad_input_hook("register_backward_hook"), names=RELUS))
     assert "use register_full_backward_hook" in gains.detail, gains.detail
     assert "register_full_backward_pre_hook" in clip.detail and "use register_full_backward_hook" not in clip.detail
     assert "tensor hook" in relus.detail and "use register_full_backward_hook" not in relus.detail, relus.detail
@@ -326,10 +326,11 @@ def test_03_2_explains_a_bare_tensor_returned():
     assert not outcome.passed and "(new_grad,)" in outcome.detail and "raised" not in outcome.detail, outcome.detail
 
 
-# ----- 03.4 ------------------------------------------------------------------------------------
-def tracker(kind="tensor hook", returns_handle=False, as_list=False):
-    """An answer to 03.4: a forward hook per module registers a tensor hook on the output (variations:
-    a full backward hook, the output's own std, a lambda returning the tensor hook's handle)."""
+# ----- 03.5 ------------------------------------------------------------------------------------
+def tracker(kind="tensor hook", returns_handle=False, as_list=False, skip_no_grad=True):
+    """An answer to 03.5: a forward hook per module registers a tensor hook on the output when it requires
+    grad (variations: a full backward hook, the output's own std, a lambda returning the tensor hook's handle,
+    a hook registered under no_grad too)."""
     def track_grad_std(model, names):
         stds, handles = {name: [] for name in names}, []
         for name in names:
@@ -340,6 +341,8 @@ def tracker(kind="tensor hook", returns_handle=False, as_list=False):
                 continue
 
             def forward_hook(m, args, output, name=name):
+                if skip_no_grad and not output.requires_grad:
+                    return None
                 if kind == "output std":
                     stds[name].append(output.std().item())
                     return None
@@ -357,43 +360,47 @@ def tracker(kind="tensor hook", returns_handle=False, as_list=False):
     return track_grad_std
 
 
-def test_03_4_accepts_a_forward_hook_with_a_tensor_hook_and_a_list_of_handles():
+def test_03_5_accepts_a_forward_hook_with_a_tensor_hook_and_a_list_of_handles():
     for answer in (tracker(), tracker(as_list=True)):
-        result = grade("03.4", answer)
+        result = grade("03.5", answer)
         assert result.passed, result.detail
 
 
-def test_03_4_rejects_full_backward_hooks_returned_handles_and_output_stds():
-    failed("03.4", tracker(kind="full backward hook"), "in-place", "tensor hook")
-    failed("03.4", tracker(returns_handle=True), "returned the tensor hook's handle")
-    failed("03.4", tracker(kind="output std"), "expected", "gradient")
+def test_03_5_rejects_full_backward_hooks_returned_handles_and_output_stds():
+    failed("03.5", tracker(kind="full backward hook"), "in-place", "tensor hook")
+    failed("03.5", tracker(returns_handle=True), "returned the tensor hook's handle")
+    failed("03.5", tracker(kind="output std"), "expected", "gradient")
 
 
-def test_03_4_rejects_a_tracker_that_keeps_going_after_removal():
+def test_03_5_explains_a_tensor_hook_on_an_evaluation_output():
+    failed("03.5", tracker(skip_no_grad=False), "torch.no_grad()", "output.requires_grad")
+
+
+def test_03_5_rejects_a_tracker_that_keeps_going_after_removal():
     def never_stops(model, names):
         stds, _ = tracker()(model, names)
         return stds, []  # nothing to remove: the hooks stay and keep adding values
 
-    failed("03.4", never_stops, "removing the returned hooks left a hook")
+    failed("03.5", never_stops, "removing the returned hooks left a hook")
 
 
-# ----- 03.5 ------------------------------------------------------------------------------------
+# ----- 03.1 ------------------------------------------------------------------------------------
 def halver(returned):
-    """An answer to 03.5 whose full backward hook returns ``returned(grad_input)``."""
+    """An answer to 03.1 whose full backward hook returns ``returned(grad_input)``."""
     def halve_grad_input(module):
         return module.register_full_backward_hook(lambda m, gi, go: returned(gi))
 
     return halve_grad_input
 
 
-def test_03_5_accepts_halved_tensors_with_the_nones_kept():
-    result = grade("03.5", halver(lambda gi: tuple(None if g is None else g / 2 for g in gi)))
+def test_03_1_accepts_halved_tensors_with_the_nones_kept():
+    result = grade("03.1", halver(lambda gi: tuple(None if g is None else g / 2 for g in gi)))
     assert result.passed, result.detail
 
 
-def test_03_5_rejects_multiplied_nones_a_bare_tensor_a_short_tuple_and_a_pre_hook():
-    failed("03.5", halver(lambda gi: tuple(g * 0.5 for g in gi)), "keep those entries None")
-    failed("03.5", halver(lambda gi: gi[0] / 2), "not a bare tensor")
-    failed("03.5", halver(lambda gi: (gi[0] / 2, *gi[1:])), "b.grad is not half")
-    failed("03.5", lambda m: m.register_full_backward_pre_hook(lambda mm, go: (go[0] / 2,)), "weight's gradient")
-    failed("03.5", lambda m: None, "handle", "None (missing return?)")
+def test_03_1_rejects_multiplied_nones_a_bare_tensor_a_short_tuple_and_a_pre_hook():
+    failed("03.1", halver(lambda gi: tuple(g * 0.5 for g in gi)), "keep those entries None")
+    failed("03.1", halver(lambda gi: gi[0] / 2), "not a bare tensor")
+    failed("03.1", halver(lambda gi: (gi[0] / 2, *gi[1:])), "b.grad is not half")
+    failed("03.1", lambda m: m.register_full_backward_pre_hook(lambda mm, go: (go[0] / 2,)), "weight's gradient")
+    failed("03.1", lambda m: None, "handle", "None (missing return?)")

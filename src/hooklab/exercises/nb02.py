@@ -35,7 +35,7 @@ def _order_model() -> nn.Module:
 
 
 def _call_tree(model: nn.Module, x: torch.Tensor) -> list[tuple[int, str]]:
-    """The checker's own answer to 02.1: ``(depth, name)`` per call, in the order the calls start."""
+    """The checker's own answer to 02.4: ``(depth, name)`` per call, in the order the calls start."""
     calls, handles, depth = [], [], [0]
 
     def enter(name: str):
@@ -88,7 +88,7 @@ def _call_names_outcome(got: list, expected: list) -> Outcome | None:
     return None
 
 
-@exercise("02.1", "every module call, in order, with its depth")
+@exercise("02.4", "every module call, in order, with its depth")
 def _call_tree_checker(call_tree) -> Outcome:
     """``call_tree(model, x)`` returns ``(depth, name)`` for every submodule call (not the root), in the
     order the calls start; depth counts the hooked calls still running when it starts."""
@@ -169,9 +169,26 @@ def _clipped_tanh_outcome(clip_output) -> Outcome | None:
     return None
 
 
-@exercise("02.2", "clip a layer's output with a forward hook")
+def _eval_outcome(clip_output, layer: nn.Module, x: torch.Tensor, plain: torch.Tensor) -> Outcome | None:
+    """In eval mode the hooked layer must give its plain output."""
+    layer.eval()
+    handle = clip_output(layer, 1.5)
+    try:
+        with torch.no_grad():
+            out = layer(x)
+    finally:
+        handle.remove()
+        layer.train()
+    if not isinstance(out, torch.Tensor) or not torch.equal(out, plain):
+        return Outcome(False, "in eval mode the output was changed: clip only while module.training is True "
+                              "(model.eval() sets it to False on every submodule), else return None")
+    return None
+
+
+@exercise("02.2", "clip a layer's output in training mode with a forward hook")
 def _clip_output(clip_output) -> Outcome:
-    """``clip_output(module, limit)`` registers a forward hook clamping the output to [-limit, limit]."""
+    """``clip_output(module, limit)`` registers a forward hook clamping the output to [-limit, limit] while
+    the module is in training mode."""
     layer = nn.Linear(3, 4)
     with torch.no_grad():
         layer.weight.copy_(torch.tensor([[3.0, 0, 0], [-3.0, 0, 0], [0.1, 0, 0], [0, 2.0, -2.0]]))
@@ -204,11 +221,11 @@ def _clip_output(clip_output) -> Outcome:
     if not outcome.passed:
         return Outcome(False, f"the weight's gradient is wrong ({outcome.detail}): change the output with a "
                               "tensor operation autograd sees, not through .data")
-    wrong = _clipped_tanh_outcome(clip_output)
+    wrong = _clipped_tanh_outcome(clip_output) or _eval_outcome(clip_output, other, x, plain)
     if wrong:
         return wrong
-    return Outcome(True, "clipped to [-1.5, 1.5] on that layer only, right gradients (Linear and Tanh), "
-                         "plain after remove()")
+    return Outcome(True, "clipped to [-1.5, 1.5] in training mode on that layer only, right gradients (Linear "
+                         "and Tanh), plain in eval mode and after remove()")
 
 
 class _InPlaceBlock(nn.Module):
@@ -260,7 +277,7 @@ def _kept_calls_outcome(kept: list, expected: list, pre_hooked: bool) -> Outcome
     return None
 
 
-@exercise("02.3", "keep each call's input and output of an in-place module")
+@exercise("02.6", "keep each call's input and output of an in-place module")
 def _keep_calls(keep_calls) -> Outcome:
     """``keep_calls(module)`` returns ``(kept, handles)``; ``kept`` gets one ``(input, output)`` pair of
     detached copies per call, the input as it was before the call."""
@@ -300,7 +317,7 @@ class _Scale(nn.Module):
         return x * factor + offset
 
 
-@exercise("02.4", "a default for a keyword argument, from a with_kwargs pre-hook")
+@exercise("02.3", "a default for a keyword argument, from a with_kwargs pre-hook")
 def _default_keyword(default_keyword) -> Outcome:
     """``default_keyword(module, name, value)``: calls without ``name`` run with ``name=value``, calls that
     pass ``name`` keep the caller's value; returns the handle."""
@@ -339,7 +356,7 @@ def _default_keyword(default_keyword) -> Outcome:
     return Outcome(True, "factor=0.5 filled in when missing, the caller's factor kept, other keywords kept")
 
 
-# ----- 02.5: a warm-up, one forward hook per child ------------------------------------------------
+# ----- 02.1: a warm-up, one forward hook per child ------------------------------------------------
 class _Pair(nn.Module):
     """Calls ``second`` before ``first``: the order of calls is not the order of ``named_children()``."""
 
@@ -380,7 +397,7 @@ def _shapes_outcome(got, model: nn.Module, x: torch.Tensor) -> Outcome | None:
     return None
 
 
-@exercise("02.5", "the output shape of every child")
+@exercise("02.1", "the output shape of every child")
 def _output_shapes(output_shapes) -> Outcome:
     """``output_shapes(model, x)`` hooks every child, runs ``model(x)`` once and returns ``{name: shape}``."""
     model = _shapes_model()
@@ -400,11 +417,12 @@ def _output_shapes(output_shapes) -> Outcome:
     return Outcome(True, "every child's output shape, and no hook left behind (also when the forward raised)")
 
 
-# ----- 02.6: how much each layer scales the activations ---------------------------------------------
+# ----- 02.5: how much each layer scales the activations ---------------------------------------------
 def _quiet_model() -> nn.Sequential:
-    """Five children; the Linear '2' has weights and bias 100 times too small."""
+    """Five children; the ReLUs work in place; the Linear '2' has weights and bias 100 times too small."""
     torch.manual_seed(6)
-    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4))
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(inplace=True), nn.Linear(16, 16), nn.ReLU(inplace=True),
+                          nn.Linear(16, 4))
     with torch.no_grad():
         model[2].weight.mul_(0.01)
         model[2].bias.mul_(0.01)
@@ -416,7 +434,7 @@ def _gains_of(model: nn.Sequential, x: torch.Tensor) -> dict[str, float]:
     gains, value = {}, x
     with torch.no_grad():
         for name, child in model.named_children():
-            out = child(value)
+            out = child(value.clone())  # the in-place ReLUs must not overwrite `value`
             gains[name] = (out.std() / value.std()).item()
             value = out
     return gains
@@ -434,9 +452,10 @@ def _gain_values(got, expected: dict[str, float]) -> tuple[dict[str, float] | No
         return None, Outcome(False, "every gain should be one number (a float or a one-element tensor)")
 
 
-@exercise("02.6", "how much each layer scales its input's spread")
+@exercise("02.5", "how much each layer scales its input's spread")
 def _activation_gains(activation_gains) -> Outcome:
-    """``activation_gains(model, x)`` returns ``{name: output.std() / input.std()}`` per child."""
+    """``activation_gains(model, x)`` returns ``{name: output.std() / input.std()}`` per child; the input's std
+    must be taken before an in-place child overwrites it."""
     model = _quiet_model()
     x = torch.randn(64, 16, generator=torch.Generator().manual_seed(1))
     try:
@@ -451,6 +470,11 @@ def _activation_gains(activation_gains) -> Outcome:
         return wrong
     if all(abs(values[n] * expected[n] - 1) < 1e-4 for n in expected):
         return Outcome(False, "every gain is upside down: divide the output's std by the input's (args[0])")
+    relus = [n for n, child in model.named_children() if isinstance(child, nn.ReLU)]
+    if all(abs(values[n] - 1) < 1e-6 < abs(expected[n] - 1) for n in relus):
+        return Outcome(False, f"the ReLUs {relus} got gain 1: they work in place, so by the time a forward hook "
+                              "runs, args[0] has been overwritten with the output; take the input's std in a "
+                              "forward pre-hook")
     for name, gain in expected.items():
         if abs(values[name] - gain) > 1e-4 * max(1.0, abs(gain)):
             return Outcome(False, f"child {name!r}: gain {values[name]:.4g}, expected {gain:.4g} "
@@ -481,28 +505,41 @@ def _early_model() -> nn.Sequential:
     return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), _Tripwire(), nn.Linear(8, 3), _Tripwire())
 
 
-def _stopped_outcome(got, model: nn.Sequential, x: torch.Tensor) -> Outcome | None:
-    """What is wrong with the value returned for layer '1' and with what ran, if anything."""
-    ran = sum(m.calls for m in model if isinstance(m, _Tripwire))
-    if ran:
-        return Outcome(False, "the forward went on past layer '1' (the layers after it ran): raise an exception of "
-                              "your own in the forward hook and catch it around model(x)")
+def _stopped_outcome(got, model: nn.Sequential, x: torch.Tensor, names: list[str], last: int) -> Outcome | None:
+    """What is wrong with the outputs returned for ``names`` (the last of them to run is child ``last``)."""
+    ran_after = sum(m.calls for i, m in enumerate(model) if isinstance(m, _Tripwire) and i > last)
+    if ran_after:
+        return Outcome(False, f"the forward went on after the last of {names} had run: raise an exception of your "
+                              "own in a forward hook once every named layer has run, and catch it around model(x)")
+    if not isinstance(got, dict):
+        return Outcome(False, f"return a dict {{name: output}}, got {kind_of(got)}")
+    missing = [name for name in names if name not in got]
+    if missing:
+        return Outcome(False, f"no output for {missing}: stop only once every named layer has run (they are "
+                              "not listed in the order they run)")
+    value = x
     with torch.no_grad():
-        expected = model[1](model[0](x))
-    if not isinstance(got, torch.Tensor):
-        return Outcome(False, f"return the layer's output, got {kind_of(got)}")
-    outcome = compare_tensors(got, expected)
-    if not outcome.passed:
-        return Outcome(False, f"not the output of layer '1' ({outcome.detail}): keep the forward hook's output "
-                              "before raising")
+        for i in range(last + 1):
+            value = model[i](value)
+            if str(i) in names:
+                got_i = got[str(i)]
+                if not isinstance(got_i, torch.Tensor):
+                    return Outcome(False, f"{str(i)!r}: return the layer's output tensor, got {kind_of(got_i)}")
+                if got_i.grad_fn is not None:
+                    return Outcome(False, f"{str(i)!r}: the output is still in the autograd graph: return it "
+                                          "detached (.detach())")
+                outcome = compare_tensors(got_i, value)
+                if not outcome.passed:
+                    return Outcome(False, f"not the output of layer {str(i)!r} ({outcome.detail}): keep the "
+                                          "forward hook's output")
     return None
 
 
-def _other_errors_outcome(output_of) -> Outcome | None:
-    """An error the model itself raises before the layer must reach the caller, with no hook left."""
+def _other_errors_outcome(outputs_of) -> Outcome | None:
+    """An error the model itself raises before the layers must reach the caller, with no hook left."""
     model = _early_model()
     try:
-        output_of(model, "1", torch.randn(2, 5))  # Linear(4, 8) refuses 5 features
+        outputs_of(model, ["1"], torch.randn(2, 5))  # Linear(4, 8) refuses 5 features
     except RuntimeError:
         pass
     except Exception as other:
@@ -519,19 +556,24 @@ def _other_errors_outcome(output_of) -> Outcome | None:
     return None
 
 
-@exercise("02.7", "stop a forward pass right after a named layer")
-def _stop_early(output_of) -> Outcome:
-    """``output_of(model, name, x)`` returns the output of layer ``name`` and runs nothing after it."""
-    model = _early_model()
+@exercise("02.7", "stop a forward pass once the named layers have run")
+def _stop_early(outputs_of) -> Outcome:
+    """``outputs_of(model, names, x)`` returns ``{name: detached output}`` and runs nothing after the last of
+    the named layers to run."""
     x = torch.randn(3, 4, generator=torch.Generator().manual_seed(2))
-    try:
-        got = output_of(model, "1", x.clone())
-    finally:
-        left = clear_hooks(model)
-    if left:
-        return Outcome(False, f"a hook was left registered ({left[0]}): remove it before returning")
-    wrong = _stopped_outcome(got, model, x) or _other_errors_outcome(output_of)
+    for names, last in ((["1", "0"], 1), (["3", "0"], 3)):
+        model = _early_model()
+        try:
+            got = outputs_of(model, list(names), x.clone())
+        finally:
+            left = clear_hooks(model)
+        if left:
+            return Outcome(False, f"a hook was left registered ({left[0]}): remove it before returning")
+        wrong = _stopped_outcome(got, model, x, names, last)
+        if wrong:
+            return wrong
+    wrong = _other_errors_outcome(outputs_of)
     if wrong:
         return wrong
-    return Outcome(True, "the output of layer '1', nothing after it ran, the model's own errors pass through, "
-                         "no hook left")
+    return Outcome(True, "the named outputs, detached, nothing run after the last of them, the model's own "
+                         "errors pass through, no hook left")

@@ -75,7 +75,7 @@ def _used_legacy_hook(*modules: nn.Module) -> bool:
     return any(getattr(m, "_is_full_backward_hook", None) is False for m in modules)
 
 
-@exercise("03.1", "how much each layer scales the gradient")
+@exercise("03.3", "how much each layer scales the gradient")
 def _gains(gradient_gains) -> Outcome:
     """``gradient_gains(model, x)`` puts a full backward hook on every child of ``model``, runs
     ``model(x).sum().backward()`` and returns ``{name: |grad_input[0]| / |grad_output[0]|}`` in
@@ -224,7 +224,7 @@ def _relu_grads(seed: int, x: torch.Tensor) -> dict[str, tuple[torch.Tensor, tor
     return {"relu1": (g_h1, g_a1), "relu2": (g_h2, g_a2)}
 
 
-@exercise("03.3", "dL/d(input) of in-place ReLUs, without full backward hooks")
+@exercise("03.4", "dL/d(input) of in-place ReLUs, without full backward hooks")
 def _in_place(relu_grad_inputs) -> Outcome:
     """``relu_grad_inputs(model, x)`` runs ``model(x).sum().backward()`` on a ``TinyConvNet``
     (in-place ReLUs) and returns ``{name: gradient w.r.t. that ReLU's input}``."""
@@ -263,7 +263,7 @@ def _in_place(relu_grad_inputs) -> Outcome:
     return Outcome(True, "both gradients match autograd on the same network without in-place ReLUs")
 
 
-# ----- 03.4: a gradient tracker ---------------------------------------------------------------------
+# ----- 03.5: a gradient tracker ---------------------------------------------------------------------
 def _in_place_mlp() -> nn.Sequential:
     """Linear → in-place ReLU → Linear → in-place ReLU → Linear: a full backward hook on '0' or '2' fails."""
     torch.manual_seed(3)
@@ -294,18 +294,21 @@ def _remove_all(hooks) -> None:
 
 
 def _tracked_run(track_grad_std, model: nn.Module, batches: list[torch.Tensor]):
-    """(stds, what went wrong): the answer's tracker over three steps, then removed, then one more step."""
+    """The answer's stds over three steps, each followed by an evaluation forward under ``no_grad``, then the
+    hooks removed, then one more step."""
     stds, hooks = track_grad_std(model, ["0", "2", "4"])
     try:
         for x in batches:
             model(x).pow(2).sum().backward()
+            with torch.no_grad():
+                model(x)  # an evaluation pass: no backward, no gradient
     finally:
         _remove_all(hooks)
     model(batches[0]).pow(2).sum().backward()  # after the removal: nothing may be added
     return stds
 
 
-@exercise("03.4", "track the std of each layer's output gradient")
+@exercise("03.5", "track the std of each layer's output gradient")
 def _track(track_grad_std) -> Outcome:
     """``track_grad_std(model, names)`` returns ``(stds, hooks)``: ``stds[name]`` gets the std of dL/d(output)
     of module ``name`` on every backward until ``hooks`` is removed."""
@@ -322,6 +325,9 @@ def _track(track_grad_std) -> Outcome:
             "RemovableHandle": "the forward hook returned the tensor hook's handle, and a forward hook's return "
                                "value replaces the output: make it a def that returns None",
             "has no attribute 'remove'": "return (stds, hooks) where hooks is a hooklab.Hooks or a list of handles",
+            "doesn't require gradient": "the check evaluates the model under torch.no_grad() between steps: those "
+                "outputs need no gradient and cannot take a tensor hook; register one only when "
+                "output.requires_grad",
         })  # fmt: skip
     if clear_hooks(model):
         return Outcome(False, "removing the returned hooks left a hook on the model")
@@ -335,10 +341,11 @@ def _track(track_grad_std) -> Outcome:
         if not all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(got, want, strict=True)):
             return Outcome(False, f"{name!r}: stds {[f'{v:.4g}' for v in got]}, expected "
                                   f"{[f'{v:.4g}' for v in want]} (the std of the gradient w.r.t. the output)")
-    return Outcome(True, "three steps tracked on every layer, in-place ReLUs and all, nothing after the removal")
+    return Outcome(True, "three steps tracked on every layer, in-place ReLUs and all, evaluation passes under "
+                         "no_grad skipped, nothing after the removal")
 
 
-# ----- 03.5: a warm-up, the grad_input tuple ----------------------------------------------------------
+# ----- 03.1: a warm-up, the grad_input tuple ----------------------------------------------------------
 class _ScaleAdd(nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -400,7 +407,7 @@ def _halved_outcome(halve_grad_input, grad_a: bool, grad_b: bool) -> Outcome | N
     return None
 
 
-@exercise("03.5", "halve every gradient in grad_input, keeping the Nones")
+@exercise("03.1", "halve every gradient in grad_input, keeping the Nones")
 def _halve(halve_grad_input) -> Outcome:
     """``halve_grad_input(module)`` registers a full backward hook returning grad_input with every tensor
     halved and every None kept, and returns its handle."""
