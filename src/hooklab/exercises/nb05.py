@@ -1,5 +1,6 @@
-"""Exercises of notebook 05: a deconvnet ReLU hook, a Layer-CAM map, dead channels found with a hook, a watch
-that counts dead channels at every training step, cascading weight randomisation."""
+"""Exercises of notebook 05, in its order: dead channels found with a hook (05.1), a watch that counts dead
+channels at every training step (05.2), a deconvnet ReLU hook (05.3), cascading weight randomisation (05.4),
+a Layer-CAM map (05.5)."""
 
 from __future__ import annotations
 
@@ -76,7 +77,7 @@ def _hook_result_problem(returned, like: torch.Tensor) -> str | None:
     return None
 
 
-@exercise("05.1", "a deconvnet ReLU hook")
+@exercise("05.3", "a deconvnet ReLU hook")
 def _deconvnet_hook(hook) -> Outcome:
     """``hook(module, grad_input, grad_output)`` is a full backward hook for ``nn.ReLU`` that returns
     the new ``grad_input`` of the deconvnet rule: the positive part of ``grad_output``, wherever the
@@ -158,7 +159,7 @@ def _layer_cam_hint(got: torch.Tensor, activations: torch.Tensor, gradients: tor
     return None
 
 
-@exercise("05.2", "a Layer-CAM map that keeps the position")
+@exercise("05.5", "a Layer-CAM map that keeps the position")
 def _layer_cam(layer_cam) -> Outcome:
     """``layer_cam(activations, gradients)``: both ``(N, C, H, W)``; returns the ``(N, H, W)`` maps
     ``relu(sum_k relu(G_k) * A_k)`` and leaves both inputs unchanged."""
@@ -259,7 +260,7 @@ def _wrong_pass(calls: list) -> Outcome | None:
     return None
 
 
-@exercise("05.3", "dead channels found with a forward hook")
+@exercise("05.1", "dead channels found with a forward hook")
 def _dead_channels(dead_channels) -> Outcome:
     """``dead_channels(model, layer, x)`` returns the sorted channel indices of layer ``layer`` whose
     output is zero for every image of ``x`` and every position, read by a forward hook on that layer
@@ -310,7 +311,7 @@ def _dead_channels(dead_channels) -> Outcome:
                          "behind, also when the pass raised")
 
 
-# ----- 05.4: a watch on dying channels ----------------------------------------------------------------
+# ----- 05.2: a watch on dying channels ----------------------------------------------------------------
 def _dead_count(output: torch.Tensor) -> int:
     """Channels of an ``(N, C, ...)`` output that are zero for every image and every position."""
     return int((output == 0).flatten(2).all(dim=2).all(dim=0).sum())
@@ -374,7 +375,7 @@ def _counts_hint(got: dict, expected: dict, model: nn.Module, layers: list[str],
     return None
 
 
-@exercise("05.4", "a watch that counts dead channels at every step")
+@exercise("05.2", "a watch that counts dead channels at every step")
 def _dead_watch(watch_class) -> Outcome:
     """``DeadWatch(model, layers)`` is a context manager: inside ``with``, each forward pass appends to
     ``counts[name]`` the number of channels of layer ``name``'s output that are zero for every image
@@ -409,7 +410,7 @@ def _dead_watch(watch_class) -> Outcome:
     return Outcome(True, f"dead channels per pass: {expected}; hooks removed, also when the block raised")
 
 
-# ----- 05.5: cascading weight randomisation ---------------------------------------------------------
+# ----- 05.4: cascading weight randomisation ---------------------------------------------------------
 def _cascade_model() -> nn.Module:
     return DigitsCNN(seed=4).eval()
 
@@ -452,7 +453,7 @@ def _kind_of_models(value) -> str:
     return type(value).__name__ if not isinstance(value, list | tuple) else "a list holding other things"
 
 
-@exercise("05.5", "cascading weight randomisation, from the top layer down")
+@exercise("05.4", "cascading weight randomisation, from the top layer down")
 def _cascade(cascade) -> Outcome:
     """``cascade(model, names)`` returns one copy of ``model`` per name: copy ``k`` has the layers
     ``names[:k + 1]`` re-drawn by their ``reset_parameters()``; ``model`` is unchanged, and two calls
