@@ -127,10 +127,10 @@ def train_digits(
 ) -> nn.Module:
     """Train ``model`` (default: a new ``DigitsCNN``) with Adam; returns it in eval mode.
 
-    Repeatable bit for bit for a fixed seed and thread count, on the same PyTorch version and CPU
-    instruction set (other kernels may add up floats in another order). ``progress`` shows a progress bar
-    in a notebook and prints one line per epoch. To watch training, wrap the call in
-    ``hooklab.stats.track_stats(model)`` (notebook 05 does).
+    Repeatable bit for bit on one machine for a fixed seed and thread count; another CPU adds up
+    floats in another order, and after a few hundred steps ends at other weights (which is why
+    ``trained_digits_cnn`` ships its weights). ``progress`` shows a progress bar in a notebook and
+    prints one line per epoch. To watch training, wrap the call in ``hooklab.stats.track_stats``.
     """
     whole_number("epochs", epochs, 0)
     whole_number("batch_size", batch_size, 1)
