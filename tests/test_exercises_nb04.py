@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from hooklab import backprop as bp
-from hooklab import losses
+from hooklab.backprop import losses
 from hooklab.backprop.losses import softmax_cross_entropy_backward
 from hooklab.exercises import check, grade, nb04
 

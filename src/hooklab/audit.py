@@ -14,7 +14,7 @@ from torch import nn
 
 from . import pytorch_internals as internals
 
-__all__ = ["clear_global_hooks", "clear_hooks", "global_hooks", "leftover_hooks"]
+__all__ = ["clear_global_hooks", "global_hooks", "leftover_hooks"]
 
 
 def global_hooks() -> list[str]:

@@ -41,7 +41,7 @@ from .recording import NoGradientError, record
 from .saliency import GuidedBackprop, check_gradients, upsample
 from .widgets import Panel, describe_tensor
 
-__all__ = ["METHODS", "GradCamPicker", "draw_cam"]
+__all__ = ["GradCamPicker", "draw_cam"]
 
 
 def draw_cam(image, cam, title: str | None = None, ax=None, vmax: float | None = None):

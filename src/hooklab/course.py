@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["pinned_versions", "reuse_freed_memory", "setup"]
+__all__ = ["setup"]
 
 def _show_warning(message, category, filename, lineno, file=None, line=None):
     print(f"{category.__name__}: {message}", file=file or sys.stderr)

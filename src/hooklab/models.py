@@ -181,15 +181,6 @@ def _progress_bar(total: int):
     return bar
 
 
-# Old names, kept until the notebooks are re-executed with the new ones.
-class SeedNet(TinySigmoidNet):
-    pass
-
-
-class SeedConvNet(TinyConvNet):
-    pass
-
-
 def weights_path(head: str = "gap") -> Path:
     """Where the trained weights of a ``DigitsCNN(head=head)`` ship with hooklab."""
     if head not in HEADS:

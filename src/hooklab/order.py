@@ -53,7 +53,7 @@ from .hooks import Hooks
 from .layers import select_layers
 from .recording import tensors_in
 
-__all__ = ["format_order", "plot_order", "trace_firing_order"]
+__all__ = ["format_order", "trace_firing_order"]
 
 #: every kind of hook the tracer registers, in the order they first fire for one layer (the chart's
 #: order; a test measures it again)

@@ -28,8 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-__all__ = ["BLACK", "DARK", "GREY", "LIGHT", "RED", "TILE", "Canvas", "Picture", "colour_bar", "colours",
-           "figure_png", "shrink", "tiles"]
+__all__ = ["figure_png", "tiles"]
 
 TILE = 32  # tiles are averaged down to at most this many pixels a side
 LEVELS = 120  # colours per colour map

@@ -22,7 +22,7 @@ import torch
 
 from .checks import check_index, whole_number
 
-__all__ = ["draw_signed", "feature_grid", "tile_channels"]
+__all__ = ["draw_signed", "feature_grid"]
 
 
 def _maps(value: Any, sample: int) -> torch.Tensor:

@@ -48,7 +48,7 @@ from .hooks import Hooks
 from .layers import select_layers
 from .pytorch_internals import version
 
-__all__ = ["NoGradientError", "Record", "Recording", "open_recordings", "record"]
+__all__ = ["NoGradientError", "Record", "Recording", "record"]
 
 
 class NoGradientError(RuntimeError):

@@ -42,7 +42,7 @@ from .hooks import Hooks
 from .layers import get_layer
 from .recording import NoGradientError, record
 
-__all__ = ["GradCAM", "GuidedBackprop", "grad_cam", "guided_grad_cam", "upsample"]
+__all__ = ["GradCAM", "GuidedBackprop", "grad_cam", "guided_grad_cam"]
 
 
 def check_grad_mode(what: str) -> None:

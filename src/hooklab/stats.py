@@ -52,7 +52,7 @@ from .hooks import Hooks
 from .layers import get_layer, select_layers
 from .recording import why_no_grad_output
 
-__all__ = ["LayerStats", "plot_colorful_dimension", "plot_mean_std", "rounding_noise", "track_stats"]
+__all__ = ["plot_colorful_dimension", "plot_mean_std", "track_stats"]
 
 
 # ----- one layer's rows ---------------------------------------------------------------------------

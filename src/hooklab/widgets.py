@@ -46,7 +46,7 @@ from .plots import draw_signed, tile_channels
 from .recording import NoGradientError, record
 from .saliency import check_gradients
 
-__all__ = ["LayerExplorer", "Panel", "describe_tensor"]
+__all__ = ["LayerExplorer", "describe_tensor"]
 
 
 def _fmt(value: float) -> str:

@@ -1,3 +1,0 @@
-"""Old name of ``hooklab.backprop.losses``, kept until the notebooks import from there."""
-
-from .backprop.losses import *  # noqa: F403
