@@ -91,7 +91,10 @@ def _draw_cam(ax, image: torch.Tensor, cam: torch.Tensor, title: str | None, vma
               interpolation="nearest", extent=extent, alpha=0.55 if photo else None)
     if not photo:
         image = image.numpy()
-        ax.contour(image, levels=[0.5 * float(image.max())], colors="cyan", linewidths=1.2)
+        from matplotlib import patheffects
+
+        outline = ax.contour(image, levels=[0.5 * float(image.max())], colors="cyan", linewidths=1.4)
+        outline.set_path_effects([patheffects.withStroke(linewidth=3.2, foreground="black")])  # readable on yellow
     ax.set_xlim(extent[:2])
     ax.set_ylim(extent[2:])
     ax.set_xticks([])

@@ -163,9 +163,11 @@ class Canvas:
         self.draw.rectangle(box, outline=colour, width=width)
 
     def cross(self, box: tuple[float, float, float, float], colour: int = LIGHT) -> None:
+        """Two diagonals, a light line on a black one, so they show on pale and dark tiles alike."""
         x0, y0, x1, y1 = box
-        self.draw.line((x0, y0, x1, y1), fill=colour, width=1)
-        self.draw.line((x0, y1, x1, y0), fill=colour, width=1)
+        for fill, width in ((BLACK, 3), (colour, 1)):
+            self.draw.line((x0, y0, x1, y1), fill=fill, width=width)
+            self.draw.line((x0, y1, x1, y0), fill=fill, width=width)
 
     def png(self) -> Picture:
         buffer = io.BytesIO()
