@@ -303,3 +303,43 @@ def test_05_4_typical_mistakes_get_a_hint():
     failed("05.4", lambda m, names: _cascade(m, names)[-1], "a list of models")
     failed("05.4", lambda m, names: _cascade(m, ["features.0", *names[1:]]), "re-draw exactly")
     failed("05.4", lambda m, names: [m] * len(names), "its own copy")
+
+
+def test_05_4_only_the_seeding_the_text_asks_for_passes():
+    import copy
+
+    def seed_before_each_layer(model, names):
+        copies, current = [], model
+        for name in names:
+            current = copy.deepcopy(current)
+            torch.manual_seed(0)
+            current.get_submodule(name).reset_parameters()
+            copies.append(current)
+        return copies
+
+    def every_copy_from_the_model(model, names):
+        torch.manual_seed(0)
+        copies = []
+        for k in range(len(names)):
+            current = copy.deepcopy(model)
+            for name in names[: k + 1]:
+                current.get_submodule(name).reset_parameters()
+            copies.append(current)
+        return copies
+
+    failed("05.4", seed_before_each_layer, "at the start only")
+    failed("05.4", every_copy_from_the_model, "each copy from the previous one")
+
+
+def test_05_2_a_late_bound_name_is_told_about_the_loop_variable():
+    class LateBound(DeadWatch):
+        def __enter__(self):
+            for name in self.layers:
+                def count(module, args, output):
+                    dead = (output == 0).flatten(2).all(dim=2).all(dim=0)
+                    self.counts[name].append(int(dead.sum()))  # noqa: B023 - the mistake under test
+
+                self.handles.append(self.model.get_submodule(name).register_forward_hook(count))
+            return self
+
+    failed("05.2", LateBound, "loop variable", "name=name")

@@ -354,6 +354,18 @@ class _Wrong(Exception):
     """A problem of the answer found while running it, with the hint to show."""
 
 
+def _length_hint(got: dict, name: str, entries: int, passes: int) -> str:
+    """Why ``counts[name]`` has the wrong length: all counts under one name is the late-binding closure."""
+    lengths = {key: len(value) for key, value in got.items() if isinstance(value, list | tuple)}
+    crowded = [key for key, n in lengths.items() if n == passes * len(got)]
+    if crowded and sum(lengths.values()) == passes * len(got):
+        return (f"every count went to counts[{crowded[0]!r}]: a hook defined inside the loop looks the loop variable "
+                "up when it runs, after the loop, so all hooks see the last name; give each hook its own name "
+                "(a function that makes the hook, or a default argument name=name)")
+    return (f"counts[{name!r}] has {entries} entries after {passes} forward passes: each hook should append one "
+            "count every time its layer runs")
+
+
 def _counts_hint(got: dict, expected: dict, model: nn.Module, layers: list[str], batches: list) -> str | None:
     """What is wrong with ``counts``, or None."""
     if not isinstance(got, dict) or set(got) != set(layers):
@@ -364,8 +376,7 @@ def _counts_hint(got: dict, expected: dict, model: nn.Module, layers: list[str],
         if values is None:
             return f"counts[{name!r}] must be a list with one number per forward pass, got {type(got[name]).__name__}"
         if len(values) != len(batches):
-            return (f"counts[{name!r}] has {len(values)} entries after {len(batches)} forward passes: append one "
-                    "count per call of the layer")
+            return _length_hint(got, name, len(values), len(batches))
         channels = model.features[int(name.rpartition(".")[2]) - 1].out_channels  # the convolution before
         if values != expected[name]:
             if all(isinstance(v, float) for v in values) and [round(v * channels) for v in values] == expected[name]:
@@ -453,6 +464,22 @@ def _kind_of_models(value) -> str:
     return type(value).__name__ if not isinstance(value, list | tuple) else "a list holding other things"
 
 
+def _same_weights(models, others) -> bool:
+    return all(torch.equal(a, b) for m1, m2 in zip(models, others, strict=True)
+               for a, b in zip(m1.parameters(), m2.parameters(), strict=True))
+
+
+def _reference_cascade(model: nn.Module) -> list[nn.Module]:
+    """The cascade the exercise asks for: one seed at the start, each copy from the previous one."""
+    torch.manual_seed(0)
+    copies, current = [], model
+    for name in _TOP_DOWN:
+        current = copy.deepcopy(current)
+        current.get_submodule(name).reset_parameters()
+        copies.append(current)
+    return copies
+
+
 @exercise("05.4", "cascading weight randomisation, from the top layer down")
 def _cascade(cascade) -> Outcome:
     """``cascade(model, names)`` returns one copy of ``model`` per name: copy ``k`` has the layers
@@ -466,9 +493,12 @@ def _cascade(cascade) -> Outcome:
     if problem:
         return Outcome(False, problem)
     again = cascade(model, list(_TOP_DOWN))
-    same = all(torch.equal(a, b) for m1, m2 in zip(got, again, strict=True)
-               for a, b in zip(m1.parameters(), m2.parameters(), strict=True))
-    if not same:
-        return Outcome(False, "two calls gave different weights: call torch.manual_seed(0) before re-drawing, "
-                              "so that the cascade is the same at every call")
+    if not _same_weights(got, again):
+        return Outcome(False, "two calls gave different weights: call torch.manual_seed(0) once, as the first line "
+                              "of cascade, so that the cascade is the same at every call")
+    if not _same_weights(got, _reference_cascade(model)):
+        return Outcome(False, "same weights at every call, but not the ones the text asks for: call "
+                              "torch.manual_seed(0) once, at the start only (not before each layer), then make "
+                              "each copy from the previous one and re-draw just its new layer, so the layers are "
+                              "re-drawn in the order of names, each once")
     return Outcome(True, f"{len(got)} copies, re-drawn from the top: {', '.join(_TOP_DOWN)}; the model unchanged")
