@@ -59,8 +59,9 @@ def test_the_readme_is_for_students_and_names_only_what_the_copy_has(copy):
 
 
 def dry_run(copy: Path, target: str) -> str:
-    result = subprocess.run(["make", "-n", target], cwd=copy, capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "MAKEFLAGS": ""})  # fmt: skip
+    # --no-print-directory: under `make unit`, MAKELEVEL makes a nested make announce its directory
+    result = subprocess.run(["make", "--no-print-directory", "-n", target], cwd=copy, capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "MAKEFLAGS": ""})  # fmt: skip
     assert result.returncode == 0, result.stderr
     return result.stdout
 
