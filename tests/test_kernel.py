@@ -30,9 +30,13 @@ def test_every_notebook_names_the_course_kernel(path):
     assert spec == {"name": NAME, "display_name": DISPLAY_NAME, "language": "python"}
 
 
-def test_a_kernel_started_from_the_spec_runs_with_its_environment():
-    """Start the installed kernel the way JupyterLab does and ask it for its environment."""
+def test_a_kernel_started_from_the_spec_runs_with_its_environment(monkeypatch):
+    """Start the installed kernel the way JupyterLab does and ask it for its environment: the values
+    must come from the spec, not from this process (conftest sets them here too)."""
     from jupyter_client.manager import start_new_kernel
+
+    for name in KERNEL_ENV:
+        monkeypatch.delenv(name, raising=False)
 
     printed = []
 

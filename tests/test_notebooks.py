@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -75,10 +76,12 @@ def test_setup_cell_comes_first_and_no_machine_paths(path):
 
 
 def _nbval(path: Path) -> subprocess.CompletedProcess:
-    """nbval on one notebook as `make check` runs it, with the number comparator (tools/)."""
+    """nbval on one notebook as `make check` runs it: the repository's conftest.py beside it loads
+    the number comparator from tools/, as it does for the course's notebooks."""
+    shutil.copy(ROOT / "conftest.py", path.parent / "conftest.py")
     env = {**os.environ, "PYTHONPATH": str(ROOT / "tools")}
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "nbval_numbers", "-q", "--nbval",
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--nbval",
          "--nbval-kernel-name", "hooklab", "--nbval-sanitize-with", str(ROOT / "tests" / "nbval_sanitize.cfg"),
          str(path)],
         capture_output=True, text=True, cwd=path.parent, timeout=600, env=env,

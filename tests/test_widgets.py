@@ -397,7 +397,8 @@ def test_shared_scale_and_the_signed_map(picker, capsys):
     capsys.readouterr()
 
 
-def test_weight_randomisation_leaves_the_model_and_the_random_numbers_alone(model, picker):
+def test_weight_randomisation_leaves_the_model_and_the_random_numbers_alone(model, x):
+    picker = GradCamPicker(model, x, torch.tensor([1, 2, 3]), ["features.3", "features.6"])  # nothing cached yet
     before = [p.clone() for p in model.parameters()]
     state = torch.random.get_rng_state()
     trained = picker.compute("features.6", 3, 0, method="Grad-CAM")

@@ -4,7 +4,7 @@ Notebooks 05 and its solutions load these weights (``hooklab.models.trained_digi
 of training in the notebook: a few hundred Adam steps turn the last-bit differences between
 CPUs into visibly different networks, and the numbers printed from a trained network must be
 the same on every machine. Training itself is repeatable on one machine with a fixed seed and
-thread count; ``tests/test_models.py`` retrains and checks that the result is as good as what
+thread count; ``tests/test_trained_weights.py`` retrains and checks that the result is as good as what
 ships.
 
     make env && .venv/bin/python tools/train_digits.py     # rewrites both weight files

@@ -13,6 +13,7 @@ import re
 
 import nbformat
 import pytest
+from install_kernel import DISPLAY_NAME, NAME  # tools/
 from playwright.sync_api import expect
 
 from . import notebook_page as nb
@@ -60,7 +61,7 @@ def test_error_check_sees_a_failing_cell(lab, lab_root, page):
         "print('never reached')",
     ]
     broken = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in source])
-    broken.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    broken.metadata["kernelspec"] = {"name": NAME, "display_name": DISPLAY_NAME, "language": "python"}
     path = lab_root / "broken.ipynb"
     nbformat.write(broken, path)
 
@@ -76,7 +77,7 @@ def test_error_check_sees_a_failing_cell(lab, lab_root, page):
 def test_explorer_layer_and_channel_sliders(course_pages, artifacts):
     """Notebook 05's layer explorer: moving "channel" or "layer" redraws the text and the picture."""
     page, copy = course_pages["05_explorers_and_applications.ipynb"]
-    nb.wait_run_all(page, timeout_ms=240_000)  # trains the digits CNN on one thread
+    nb.wait_run_all(page, timeout_ms=240_000)
     nb.check_ran_without_errors(page, code_cell_count(copy))
 
     area = nb.widget_area(page, "layer", "channel")  # the first explorer: the digits CNN
@@ -140,7 +141,7 @@ EXPLORERS = [
 
 def explorers_notebook(folder, name: str = "explorers.ipynb"):
     explorers = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in EXPLORERS])
-    explorers.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    explorers.metadata["kernelspec"] = {"name": NAME, "display_name": DISPLAY_NAME, "language": "python"}
     path = folder / name
     nbformat.write(explorers, path)
     return path
