@@ -73,7 +73,12 @@ $(STAMP): requirements.lock pyproject.toml tools/install_kernel.py
 lab: $(STAMP)
 	$(BIN)/jupyter lab --notebook-dir=notebooks $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
-test: lint unit nbval variants browser
+# unit and nbval share the two cores (each is one process and one thread), then the variants
+# (two nbval runs at once), then the browser.
+test: lint
+	$(MAKE) --no-print-directory -j2 --output-sync=target unit nbval
+	$(MAKE) --no-print-directory variants
+	$(MAKE) --no-print-directory browser
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests tools notebooks
