@@ -189,6 +189,17 @@ def test_8_train_mode_is_refused_before_anything_changes():
     with pytest.raises(ValueError, match="train mode"):
         GradCamPicker(dropout, torch.rand(2, 1, 8, 8), [0, 1], ["1"])
     assert grad_cam(dropout.eval(), torch.rand(2, 1, 8, 8), "1").maps.shape == (2, 6, 6)
+    lazy = nn.Sequential(nn.Conv2d(1, 4, 3), nn.LazyBatchNorm2d(), nn.ReLU(), nn.Flatten(), nn.LazyLinear(3))
+    with pytest.raises(ValueError, match=r"train mode; call model\.eval\(\) first \(its LazyBatchNorm2d '1'"):
+        grad_cam(lazy, torch.rand(2, 1, 8, 8), "2")
+    lazy.eval()(torch.rand(2, 1, 8, 8))  # the first pass gives the lazy layers their shapes and drops their own hooks
+
+
+def test_8b_the_picker_names_an_unknown_layer_wherever_it_is_asked_for(model, x):
+    picker = GradCamPicker(model, x, torch.tensor([1, 2, 3, 4]), ["features.3", "features.6"])
+    for ask in (lambda: picker.compute("head.2", None), lambda: picker.widget("features.7")):
+        with pytest.raises(LookupError, match=r"is not one of this picker's layers; .*features\.[36]"):
+            ask()
 
 
 def test_9_a_layer_is_one_name(model, x):

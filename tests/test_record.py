@@ -376,3 +376,28 @@ def test_a_compiled_model_is_recorded():
     torch.testing.assert_close(rec["_orig_mod.0"].output, expected, rtol=0, atol=0)
     torch.testing.assert_close(rec["_orig_mod.1"].inputs[0], expected, rtol=0, atol=0)
     torch._dynamo.reset()
+
+
+def test_an_output_is_returned_as_the_module_made_it_when_recording_gradients():
+    """With backward=True the recorder hands each module views of its inputs and swaps its real
+    inputs back into the output where the module returned them; any other output, a dict subclass
+    included, is passed on as the very object the module returned."""
+    from collections import OrderedDict
+
+    class Heads(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(3, 2), nn.Linear(3, 1)
+
+        def forward(self, x):
+            self.made = OrderedDict(a=self.a(x), b=self.b(x), x=x)
+            return self.made
+
+    model, x = Heads(), torch.randn(4, 3, requires_grad=True)
+    with record(model, [""], backward=True) as rec:
+        out = model(x)
+        out["a"].sum().backward()
+    assert type(out) is OrderedDict and out["x"] is x  # the real input came back, in the module's own type
+    assert type(rec[""].output) is OrderedDict
+    with record(model, ["a"], backward=True):
+        assert model(x) is model.made

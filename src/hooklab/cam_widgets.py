@@ -192,8 +192,14 @@ class GradCamPicker:
             self._random, self.random_seed = _randomised(self.model, self.seed)
         return self._random
 
+    def _check_layer(self, layer: str) -> None:
+        if layer not in self.layers:
+            raise LookupError(f"{layer!r} is not one of this picker's layers; "
+                              f"{unknown_name_hint(str(layer), self.layers, kind='layers')}")
+
     def _record(self, layer: str, target, index: int, weights: str) -> dict:
         """Activation, gradient and score at ``layer`` for one image (kept for the last few calls)."""
+        self._check_layer(layer)
         key = (layer, target, index, weights)
         if key in self._passes:
             self._passes.move_to_end(key)
@@ -317,9 +323,7 @@ class GradCamPicker:
         from ipywidgets import Checkbox, Dropdown, HBox, IntSlider, Layout, SelectionSlider, ToggleButtons
 
         layer = layer or self.layers[-1]
-        if layer not in self.layers:
-            raise LookupError(f"{layer!r} is not one of this picker's layers; "
-                              f"{unknown_name_hint(str(layer), self.layers, kind='layers')}")
+        self._check_layer(layer)
         wide = {"layout": Layout(width="560px"), "style": {"description_width": "60px"}}
         short = {"style": {"description_width": "60px", "button_width": "80px"}}
         controls = {

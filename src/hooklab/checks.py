@@ -18,9 +18,10 @@ import operator
 import torch
 from torch import nn
 
-#: layers that behave differently in train mode (the lazy and synchronised batch norms derive from these)
-_TRAIN_MODE = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm, nn.Dropout, nn.Dropout1d,
-               nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout)
+#: layers that behave differently in train mode
+_TRAIN_MODE = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LazyBatchNorm1d, nn.LazyBatchNorm2d,
+               nn.LazyBatchNorm3d, nn.SyncBatchNorm, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d,
+               nn.AlphaDropout, nn.FeatureAlphaDropout)
 
 
 def check_inputs(model: nn.Module, x, what: str) -> None:

@@ -34,6 +34,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import weakref
@@ -246,14 +247,18 @@ class Recording:
             originals[id(view)] = (view, original, i)
         rec._views = []
 
+        swapped = []
+
         def swap(t: torch.Tensor) -> torch.Tensor:
             view, original, i = originals.get(id(t), (None, None, None))
             if view is not t:
                 return t
             self._grad_hooks.add(original.register_hook(self._store(rec, rec._grad_input, i)))
+            swapped.append(i)
             return original
 
-        return map_tensors(swap, output)
+        returned = map_tensors(swap, output)
+        return returned if swapped else output
 
     def _watch_output(self, rec: Record, output: Any) -> None:
         """Hook the gradient w.r.t. each output tensor, or note why none can come."""
@@ -345,8 +350,13 @@ def map_tensors(fn: Callable, value: Any) -> Any:
         if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
             return type(value)(*items)
         return type(value)(items)
-    if isinstance(value, dict):
+    if type(value) is dict:
         return {k: map_tensors(fn, v) for k, v in value.items()}
+    if isinstance(value, dict):  # a copy keeps the dict's own type (OrderedDict, a model's output class)
+        mapped = copy.copy(value)
+        for k, v in value.items():
+            mapped[k] = map_tensors(fn, v)
+        return mapped
     return value
 
 
