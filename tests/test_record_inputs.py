@@ -19,14 +19,18 @@ def mlp() -> nn.Sequential:
 
 
 # ----- the recording itself ----------------------------------------------------------------------
-def test_a_recording_cannot_be_entered_while_it_is_active():
+def test_a_recording_is_one_with_block():
+    """Entered again, while active or after its block, it would mix two blocks' records and call
+    numbers (the second pass would show up as call 1)."""
     model, x = mlp(), torch.randn(3, 4)
     rec = record(model, "0")
     with rec:
-        with pytest.raises(RuntimeError, match="already inside a `with` block"):
+        with pytest.raises(RuntimeError, match="already used in a `with` block; call record"):
             rec.__enter__()
         model(x)
-    assert len(rec) == 1 and not leftover_hooks(model)
+    with pytest.raises(RuntimeError, match="already used in a `with` block"), rec:
+        model(x)
+    assert len(rec) == 1 and rec["0"].call == 0 and not leftover_hooks(model)
 
 
 class Scale(nn.Module):

@@ -117,6 +117,7 @@ class Recording:
         self._copies: dict[int, tuple] = {}  # id(tensor) -> (weak reference to it, its version, its copy)
         self._hooks = Hooks()  # the module hooks, for the whole block
         self._grad_hooks = Hooks()  # the tensor hooks of the passes recorded so far
+        self._entered = False  # a recording is one `with` block: its records and call numbers belong to it
 
     # ----- reading -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -163,9 +164,10 @@ class Recording:
 
     # ----- the block -----------------------------------------------------------------------
     def __enter__(self) -> Recording:
-        if self._hooks:
-            raise RuntimeError("this recording is already inside a `with` block; call record(...) again for a "
+        if self._entered:
+            raise RuntimeError("this recording was already used in a `with` block; call record(...) again for a "
                                "second recording")
+        self._entered = True
         try:
             for name, module in self.modules.items():
                 if self.backward or may_write_into_input(module):
