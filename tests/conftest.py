@@ -17,15 +17,15 @@ import weakref
 import matplotlib
 import pytest
 import torch
-from run_notebooks import course_environment  # tools/, on pytest's path (pyproject.toml)
+from install_kernel import KERNEL_ENV  # tools/, on pytest's path (pyproject.toml)
 from torch import nn
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-# Kernels that tests start (nbval, JupyterLab) get the environment `make` gives them, also when
-# pytest runs outside make; so does this process, since torch picks its CPU kernels at the first op.
-os.environ.update(course_environment())
+# This process runs with the course kernel's environment (one thread, fixed hash seed), like the
+# kernels that tests start from the Hook Lab kernelspec.
+os.environ.update(KERNEL_ENV)
 os.environ.pop("PYTHONWARNINGS", None)
 torch.set_num_threads(1)
 

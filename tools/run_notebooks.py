@@ -14,17 +14,11 @@ import uuid
 from pathlib import Path
 
 import nbformat
-from install_kernel import DISPLAY_NAME, KERNEL_ENV, NAME
+from install_kernel import DISPLAY_NAME, NAME
 from nbclient import NotebookClient
 from traitlets.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def course_environment() -> dict[str, str]:
-    """The environment of the course's kernel (``tools/install_kernel.py``): one thread, a fixed
-    hash seed. Tests and ``make bench`` give it to their own process too."""
-    return dict(KERNEL_ENV)
 
 
 def execute(nb, path: Path, timeout: int, **options) -> None:
