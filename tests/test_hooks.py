@@ -42,3 +42,16 @@ def test_remove_goes_last_first_and_is_safe_twice():
     hooks.remove()
     hooks.remove()
     assert removed == ["second", "first"]
+
+
+def test_drop_gone_forgets_the_handles_of_freed_tensors_only():
+    model = nn.Linear(2, 2)
+    with Hooks() as hooks:
+        hooks.add(model.register_forward_hook(lambda *args: None))
+        y = model(torch.ones(1, 2))
+        hooks.add(y.register_hook(lambda g: g))
+        hooks.drop_gone()
+        assert len(hooks) == 2
+        del y
+        hooks.drop_gone()
+        assert len(hooks) == 1

@@ -99,3 +99,14 @@ def test_differentiating_transforms_are_named(transform, expected):
     assert internals.differentiating() is None
     with torch.autograd.forward_ad.dual_level():
         assert internals.differentiating() == "forward-mode autograd (torch.autograd.forward_ad)"
+
+
+def test_a_tensor_hook_handle_outlives_its_dictionary():
+    """Hooks.drop_gone relies on it: once the tensor is freed, its handle's dictionary is gone."""
+    x = torch.ones(2, requires_grad=True)
+    y = x * 2
+    handle = y.register_hook(lambda g: g)
+    assert internals.hook_dict_alive(handle)
+    del y
+    assert not internals.hook_dict_alive(handle)
+    handle.remove()  # still safe

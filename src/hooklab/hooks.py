@@ -34,6 +34,13 @@ class Hooks:
         while self.handles:
             self.handles.pop().remove()
 
+    def drop_gone(self) -> None:
+        """Forget the handles whose hooks went with their tensor (nothing is left to remove), so that
+        a long-lived owner of tensor hooks does not grow with every step."""
+        from .pytorch_internals import hook_dict_alive
+
+        self.handles = [h for h in self.handles if hook_dict_alive(h)]
+
     def __len__(self) -> int:
         return len(self.handles)
 

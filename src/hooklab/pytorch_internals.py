@@ -50,6 +50,12 @@ def module_hooks(module: nn.Module, kind: str) -> dict:
     return getattr(module, kind, None) or {}
 
 
+def hook_dict_alive(handle) -> bool:
+    """Whether the dictionary a ``RemovableHandle`` removes its hook from still exists (a tensor hook's
+    dictionary goes with its tensor, once backward has freed it)."""
+    return handle.hooks_dict_ref() is not None
+
+
 def parameter_hook_count(p: torch.Tensor) -> int:
     """Tensor hooks (``register_hook``, ``register_post_accumulate_grad_hook``) on a tensor."""
     return len(getattr(p, "_backward_hooks", None) or {}) + len(getattr(p, "_post_accumulate_grad_hooks", None) or {})

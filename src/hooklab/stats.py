@@ -215,8 +215,7 @@ class StatsTracker:
     def _count_step(self, module: nn.Module, args: tuple) -> None:
         if self._counting():
             self.step += 1
-            # handles of tensor hooks whose tensor is gone (backward done) are dropped: memory stays flat
-            self._grad_hooks.handles = [h for h in self._grad_hooks.handles if h.hooks_dict_ref() is not None]
+            self._grad_hooks.drop_gone()  # tensor hooks whose tensor is gone (backward done): memory stays flat
         else:
             self.skipped += 1
 
