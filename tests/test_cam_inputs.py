@@ -262,7 +262,7 @@ def test_13_figure_is_not_tracked_render_is_and_errors_leave_nothing_open(model,
     picker = GradCamPicker(model, x, torch.tensor([1, 2, 3, 4]), ["features.6"])
     for _ in range(3):
         explorer.figure("features.1", 2)
-        picker.figure("features.6", 3, 0, picker.compute("features.6", 3, 0))
+        picker.figure(picker.compute("features.6", 3, 0))
     assert plt.get_fignums() == []
     shown = explorer.render("features.1", 2)
     assert plt.get_fignums() == [shown.number]  # plt.show() displays what render returned

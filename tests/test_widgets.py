@@ -80,7 +80,7 @@ def test_render_and_figure_share_one_drawing_and_close_it_when_drawing_fails(exp
     parts = picker.compute("features.6", 3, 0)
     calls = {
         "render": (lambda: explorer.render("features.1", 2), lambda: picker.render("features.6", 3, 0)),
-        "figure": (lambda: explorer.figure("features.1", 2), lambda: picker.figure("features.6", 3, 0, parts)),
+        "figure": (lambda: explorer.figure("features.1", 2), lambda: picker.figure(parts)),
     }
     for kind, tracked in (("render", True), ("figure", False)):
         for call in calls[kind]:
@@ -236,7 +236,7 @@ def test_colours_and_tiles_match_the_matplotlib_versions():
 
 def test_a_figure_becomes_a_palette_png_of_its_own_size(picker):
     parts = picker.compute("features.6", 3, 0)
-    fig = picker.figure("features.6", 3, 0, parts)
+    fig = picker.figure(parts)
     image = Image.open(io.BytesIO(picture.figure_png(fig)))
     width, height = fig.get_size_inches() * fig.dpi
     assert image.mode == "P" and image.size == (round(width), round(height))
@@ -408,7 +408,7 @@ def test_weight_randomisation_leaves_the_model_and_the_random_numbers_alone(mode
     assert not torch.equal(trained["raw"], random["raw"])
     randomised = picker._model("random")
     assert randomised is not model and not torch.equal(randomised.features[0].weight, model.features[0].weight)
-    text = picker.describe("features.6", 3, 0, random)
+    text = picker.describe(random)
     rho = _rank_correlation(random["raw"], trained["raw"])
     assert f"rank correlation with the trained model's map {rho:.2f}" in text
     with pytest.raises(ValueError, match="weights must be 'trained' or 'random'"):
@@ -432,6 +432,21 @@ def test_weight_randomisation_leaves_the_model_and_the_random_numbers_alone(mode
     assert _rank_correlation(torch.arange(9.0), -torch.arange(9.0)) == pytest.approx(-1.0)
 
 
+def test_guided_backprop_runs_once_per_pass_and_only_for_guided_grad_cam(model, x, monkeypatch, capsys):
+    picker = GradCamPicker(model, x, torch.tensor([1, 2, 3]), ["features.3", "features.6"])  # nothing cached yet
+    runs, saliency = [], GuidedBackprop.saliency
+    monkeypatch.setattr(GuidedBackprop, "saliency", lambda gb, *args: runs.append(args) or saliency(gb, *args))
+    plt.close(picker.render("features.6", 3, 0, weights="random", scale="shared"))
+    assert len(runs) == 1  # the trained map describe compares with and the shared scale's map need none
+    again = picker.compute("features.6", 3, 0, weights="random")
+    assert len(runs) == 1 and torch.equal(again["guided"], again["saliency"] * again["cam"])
+    picker.compute("features.6", 3, 1, method="Grad-CAM")
+    assert len(runs) == 1
+    picker.compute("features.6", 3, 1)
+    assert len(runs) == 2
+    capsys.readouterr()
+
+
 def test_picker_explains_an_rgb_photo_on_resnet18():
     resnet = torchvision.models.resnet18(weights=None).eval()  # random weights: nothing is downloaded
     cat = photo("chelsea", size=112)
@@ -440,7 +455,7 @@ def test_picker_explains_an_rgb_photo_on_resnet18():
     assert torch.equal(parts["map"], grad_cam(resnet, cat, "layer4").maps[0]) and parts["map"].shape == (4, 4)
     panel = picker.widget()
     assert panel.text.startswith(f"image 0: label 281, predicted {int(picker.predicted[0])}")
-    fig = picker.figure("layer4", parts["target"], 0, parts)
+    fig = picker.figure(parts)
     shown = fig.axes[0].images[0].get_array()
     assert shown.shape == (112, 112, 3) and np.allclose(shown, to_display(cat), atol=1e-6)
     assert fig.axes[1].images[1].get_alpha() == 0.55 and not fig.axes[1].collections  # no digit outline

@@ -11,7 +11,8 @@
   them through ``GradCamPicker(..., methods={"mine": f})``.
 * ``GradCamPicker(model, images, labels, layers)``: for a chosen layer, class, image and method,
   the map (``compute``: one recorded forward and backward pass, hooks removed before it
-  returns, also on error), printed (``describe``) and drawn (``figure``) over the image:
+  returns, also on error; the last few passes and their guided backprop are kept), printed
+  (``describe(parts)``) and drawn (``figure(parts)``) over the image:
   single-channel digits ``(N, 1, H, W)`` and RGB photos ``(N, 3, H, W)`` alike. Options: the
   colour scale of the map (``scale="own"``, or ``"shared"`` with the predicted class's map, so a
   weak map looks weak), the signed map before the ReLU (``signed=True``), and the weight
@@ -28,17 +29,16 @@ import copy
 from collections import OrderedDict
 
 import matplotlib.pyplot as plt
-import numpy as np
 import torch
 from torch import nn
 
 from .checks import check_index, check_inputs, class_scores, drawn, new_figure, targets_for, wanted_targets
-from .data import IMAGENET_MEAN, IMAGENET_STD
+from .data import to_display
 from .layers import unknown_name_hint
 from .picture import figure_png
 from .plots import draw_signed
 from .recording import NoGradientError, record
-from .saliency import GuidedBackprop, check_gradients, upsample
+from .saliency import check_gradients, grad_cam_map, guided_parts
 from .widgets import Panel, describe_tensor
 
 __all__ = ["GradCamPicker", "draw_cam"]
@@ -104,12 +104,6 @@ def _draw_cam(ax, image: torch.Tensor, cam: torch.Tensor, title: str | None, vma
         ax.set_title(f"{title}\nmax {top:.4g}{scale}", fontsize=9)
 
 
-def grad_cam_map(activations: torch.Tensor, gradients: torch.Tensor) -> torch.Tensor:
-    """Grad-CAM before its ReLU: each channel weighted by its gradient's spatial mean."""
-    weights = gradients.mean(dim=(2, 3))  # the same operations as hooklab.saliency.GradCAM
-    return (weights[:, :, None, None] * activations).sum(dim=1)
-
-
 def hires_cam_map(activations: torch.Tensor, gradients: torch.Tensor) -> torch.Tensor:
     """HiResCAM before its ReLU: gradient × activation, summed over channels (the position is kept)."""
     return (gradients * activations).sum(dim=1)
@@ -120,17 +114,21 @@ def layer_cam_map(activations: torch.Tensor, gradients: torch.Tensor) -> torch.T
     return (gradients.clamp(min=0) * activations).sum(dim=1)
 
 
+# Grad-CAM's map is hooklab.saliency.grad_cam_map, the very function hooklab.saliency.GradCAM uses
 METHODS = {"Grad-CAM": grad_cam_map, "guided Grad-CAM": grad_cam_map, "HiResCAM": hires_cam_map,
            "Layer-CAM": layer_cam_map}  # fmt: skip
 _KEPT = 12  # recorded passes kept
 
 
-def _to_rgb(image: torch.Tensor) -> np.ndarray:
-    """A ``(3, H, W)`` photo -> ``(H, W, 3)`` in [0, 1]; values outside [0, 1] are taken as normalised
-    the way ``hooklab.data.photo`` does (ImageNet's mean and standard deviation) and undone."""
+def _shown(image: torch.Tensor) -> torch.Tensor:
+    """One image of the batch as ``draw_cam`` takes it: a digit ``(1, H, W)`` -> ``(H, W)``, a photo
+    ``(3, H, W)`` -> ``(H, W, 3)`` in [0, 1]. A photo with values outside [0, 1] is taken as
+    normalised the way ``hooklab.data.photo`` does, and ``hooklab.data.to_display`` undoes that."""
+    if len(image) == 1:
+        return image[0]
     if image.min() < 0 or image.max() > 1:
-        image = image * torch.tensor(IMAGENET_STD).view(3, 1, 1) + torch.tensor(IMAGENET_MEAN).view(3, 1, 1)
-    return image.clamp(0, 1).permute(1, 2, 0).numpy()
+        return torch.from_numpy(to_display(image[None]))
+    return image.clamp(0, 1).permute(1, 2, 0)
 
 
 class GradCamPicker:
@@ -198,7 +196,8 @@ class GradCamPicker:
                               f"{unknown_name_hint(str(layer), self.layers, kind='layers')}")
 
     def _record(self, layer: str, target, index: int, weights: str) -> dict:
-        """Activation, gradient and score at ``layer`` for one image (kept for the last few calls)."""
+        """Activation, gradient and score at ``layer`` for one image (kept for the last few calls, with
+        the guided backprop ``compute`` adds to them)."""
         self._check_layer(layer)
         key = (layer, target, index, weights)
         if key in self._passes:
@@ -224,13 +223,8 @@ class GradCamPicker:
             self._passes.popitem(last=False)
         return found
 
-    def compute(self, layer: str, target: int | None, index: int = 0, *, method: str = "guided Grad-CAM",
-                weights: str = "trained") -> dict:
-        """The map of ``method`` at ``layer`` for class ``target`` (None: predicted) and image ``index``:
-        a dict with ``map`` (after the ReLU) and ``raw`` (before it), both ``(h, w)``, ``score``,
-        ``target``, ``predicted``; guided Grad-CAM adds ``saliency`` (guided backprop, summed over
-        colour channels) and ``guided`` (their product), both ``(H, W)``."""
-        index, method = self._index(index), self._method(method)
+    def _raw(self, layer: str, target: int | None, index: int, method: str, weights: str) -> tuple[dict, torch.Tensor]:
+        """The recorded pass (``_record``) and ``method``'s ``(h, w)`` map before the ReLU; no guided backprop."""
         if target is None and weights == "random":  # the class the trained model predicts, not the random one
             target = int(self.predicted[index])
         found = self._record(layer, target, index, weights)
@@ -239,32 +233,42 @@ class GradCamPicker:
             got = tuple(raw.shape) if isinstance(raw, torch.Tensor) else type(raw).__name__
             raise ValueError(f"method {method!r} must return (N, h, w) maps, here (1, "
                              f"{', '.join(map(str, found['activation'].shape[2:]))}); it returned {got}")
-        raw = raw.detach()[0]
+        return found, raw.detach()[0]
+
+    def compute(self, layer: str, target: int | None, index: int = 0, *, method: str = "guided Grad-CAM",
+                weights: str = "trained") -> dict:
+        """The map of ``method`` at ``layer`` for class ``target`` (None: predicted) and image ``index``:
+        a dict with ``map`` (after the ReLU) and ``raw`` (before it), both ``(h, w)``, ``score``,
+        ``target``, ``predicted``, and what was asked (``layer``, ``index``, ``method``, ``weights``);
+        guided Grad-CAM adds ``saliency`` (guided backprop, summed over colour channels), ``cam`` (the
+        map upsampled) and ``guided`` (their product), all ``(H, W)``, kept with the recorded pass."""
+        index, method = self._index(index), self._method(method)
+        found, raw = self._raw(layer, target, index, method, weights)
         parts = {key: found[key] for key in ("score", "target", "predicted")}
         parts.update(layer=layer, index=index, method=method, weights=weights, raw=raw, map=raw.clamp(min=0))
         if method == "guided Grad-CAM":
-            x = self.images[index : index + 1]
-            with GuidedBackprop(self._model(weights)) as gb:  # hooks removed on exit, also on error
-                saliency = gb.saliency(x, found["target"]).sum(dim=1)[0]
-            cam = upsample(parts["map"][None], tuple(x.shape[-2:]))[0]
-            parts.update(saliency=saliency, cam=cam, guided=saliency * cam)
+            if "guided parts" not in found:  # guided backprop once per recorded pass (layer, class, image, weights)
+                x = self.images[index : index + 1]
+                guided = guided_parts(self._model(weights), x, parts["map"][None], found["target"])
+                found["guided parts"] = {key: value[0] for key, value in guided.items()}
+            parts.update(found["guided parts"])
         return parts
 
-    def describe(self, layer: str, target: int, index: int, parts: dict) -> str:
-        """Image, class and score; the map's peak and sign; guided Grad-CAM's statistics; and, with
-        random weights, how much the map still resembles the trained model's."""
-        index = self._index(index)
-        cam, name = parts["map"], "Grad-CAM" if parts["method"] == "guided Grad-CAM" else parts["method"]
+    def describe(self, parts: dict) -> str:
+        """``compute``'s ``parts`` in words: image, class and score; the map's peak and sign; guided
+        Grad-CAM's statistics; and, with random weights, how much the map still resembles the
+        trained model's."""
+        layer, index, cam = parts["layer"], parts["index"], parts["map"]
+        name = "Grad-CAM" if parts["method"] == "guided Grad-CAM" else parts["method"]
         row, col = divmod(int(cam.flatten().argmax()), cam.shape[1])
-        label = f"label {int(self.labels[index])}, " if self.labels is not None else ""
-        lines = [f"image {index}: {label}predicted {int(self.predicted[index])}; "
+        lines = [f"image {index}: label {int(self.labels[index])}, predicted {int(self.predicted[index])}; "
                  f"class {parts['target']} (score {parts['score']:.4f}) explained at {layer}",
                  f"  {name} {tuple(cam.shape)}: max {cam.max():.4f} at row {row}, col {col}; "
                  f"{(cam > 0).float().mean():.1%} of cells > 0; sum before ReLU {parts['raw'].sum():.4f}"]
         if "guided" in parts:
             lines.append(f"  guided Grad-CAM: {describe_tensor(parts['guided'])}")
         if parts["weights"] == "random":
-            trained = self.compute(layer, parts["target"], index, method=parts["method"])["raw"]
+            trained = self._raw(layer, parts["target"], index, parts["method"], "trained")[1]
             rho = _rank_correlation(parts["raw"], trained)
             lines += [f"  random weights (every layer re-drawn, seed {self.random_seed}; it predicts "
                       f"{parts['predicted']}): rank correlation with the trained model's map {rho:.2f}",
@@ -276,33 +280,33 @@ class GradCamPicker:
                weights: str = "trained", scale: str = "own", signed: bool = False):
         """Print ``describe`` and return the figure the widget shows, as a pyplot figure."""
         parts = self.compute(layer, target, index, method=method, weights=weights)
-        print(self.describe(layer, parts["target"], index, parts))
-        return self._figure(True, layer, parts["target"], index, parts, scale, signed)
+        print(self.describe(parts))
+        return self._figure(True, parts, scale, signed)
 
-    def figure(self, layer: str, target: int, index: int, parts: dict, *, scale: str = "own", signed: bool = False):
-        """The image; the map over it; with ``signed``, the map before the ReLU (red > 0 > blue);
-        for guided Grad-CAM, guided backprop and guided Grad-CAM. Returns a figure pyplot does not track."""
-        return self._figure(False, layer, target, index, parts, scale, signed)
+    def figure(self, parts: dict, *, scale: str = "own", signed: bool = False):
+        """``compute``'s ``parts`` drawn: the image; the map over it; with ``signed``, the map before the
+        ReLU (red > 0 > blue); for guided Grad-CAM, guided backprop and guided Grad-CAM. Returns a
+        figure pyplot does not track."""
+        return self._figure(False, parts, scale, signed)
 
-    def _figure(self, pyplot: bool, layer: str, target: int, index: int, parts: dict, scale: str, signed: bool):
-        index = self._index(index)
+    def _figure(self, pyplot: bool, parts: dict, scale: str, signed: bool):
         if scale not in ("own", "shared"):
             raise ValueError(f"scale must be 'own' (each map from 0 to its maximum) or 'shared', not {scale!r}")
         vmax = None
         if scale == "shared":  # the larger of this map's and the predicted class's maximum
-            reference = self.compute(layer, None, index, method=parts["method"], weights=parts["weights"])
-            vmax = max(float(parts["map"].max()), float(reference["map"].max()))
+            reference = self._raw(parts["layer"], None, parts["index"], parts["method"], parts["weights"])[1]
+            vmax = max(float(parts["map"].max()), float(reference.clamp(min=0).max()))
         panels = 2 + bool(signed) + 2 * ("guided" in parts)
-        return new_figure(pyplot, lambda fig: self._draw(fig, layer, target, index, parts, vmax, signed),
+        return new_figure(pyplot, lambda fig: self._draw(fig, parts, vmax, signed),
                           figsize=(2.25 * panels, 2.9), layout="constrained")
 
-    def _draw(self, fig, layer: str, target: int, index: int, parts: dict, vmax, signed: bool) -> None:
+    def _draw(self, fig, parts: dict, vmax, signed: bool) -> None:
         axes = list(fig.subplots(1, 2 + bool(signed) + 2 * ("guided" in parts)))
+        layer, target, index = parts["layer"], parts["target"], parts["index"]
         image = self.images[index]
-        shown = image[0] if len(image) == 1 else torch.from_numpy(_to_rgb(image))
-        label = f"\nlabel {int(self.labels[index])}" if self.labels is not None else ""
+        shown = _shown(image)
         axes[0].imshow(shown.numpy(), cmap="gray_r" if len(image) == 1 else None)
-        axes[0].set_title(f"image {index}{label}", fontsize=9)
+        axes[0].set_title(f"image {index}\nlabel {int(self.labels[index])}", fontsize=9)
         name = "Grad-CAM" if parts["method"] == "guided Grad-CAM" else parts["method"]
         random = "\nrandom weights" if parts["weights"] == "random" else ""
         draw_cam(shown, parts["map"], f"{name} {layer}, class {target}{random}", ax=axes[1], vmax=vmax)
@@ -342,8 +346,8 @@ class GradCamPicker:
         def redraw(panel: Panel) -> tuple[str, bytes]:
             layer, target, index = panel.layer.value, panel.target.value, panel.index.value
             parts = self.compute(layer, target, index, method=panel.method.value, weights=panel.weights.value)
-            fig = self.figure(layer, target, index, parts, scale=panel.scale.value, signed=panel.signed.value)
-            return self.describe(layer, target, index, parts), figure_png(fig)
+            fig = self.figure(parts, scale=panel.scale.value, signed=panel.signed.value)
+            return self.describe(parts), figure_png(fig)
 
         return Panel(rows, controls, redraw)
 

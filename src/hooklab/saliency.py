@@ -14,7 +14,9 @@ Notebook 05 builds each of these by hand first; this module is what it moves int
   break, e.g. torchvision's ResNets). ``__call__(x, target)`` returns a ``CamResult``:
   ``relu(sum_k alpha_k A_k)`` with ``alpha_k`` the spatial mean of d score / d A_k. A layer
   called more than once per forward pass (a ResNet block's ReLU) is explained at its last call.
-* ``guided_grad_cam``: guided backprop saliency times the Grad-CAM map upsampled to the input.
+  ``grad_cam_map(A, G)`` is that formula before the ReLU, the one ``hooklab.cam_widgets`` uses too.
+* ``guided_grad_cam``: guided backprop saliency times the Grad-CAM map upsampled to the input
+  (``guided_parts`` makes it from maps already computed).
 
 Every handle is owned by the context manager that registered it (a ``hooklab.hooks.Hooks``) and
 removed in ``__exit__``, also when the body raises. ``target=None`` means "the predicted class" of each image; an int is
@@ -184,11 +186,20 @@ class GradCAM:
             which = f"class {classes[0]}" if len(classes) == 1 else "classes " + ", ".join(map(str, classes))
             raise NoGradientError(f"layer {self.name!r} does not contribute to the score of {which}: "
                                   "no gradient reaches it; pick a layer the scores depend on") from None
-        activation = last.output
-        weights = gradient.mean(dim=(2, 3))
-        raw = (weights[:, :, None, None] * activation).sum(dim=1)
+        raw = grad_cam_map(last.output, gradient)
         chosen = scores.detach().gather(1, targets[:, None])[:, 0]
-        return CamResult(raw.clamp(min=0), raw, weights, targets, chosen)
+        return CamResult(raw.clamp(min=0), raw, channel_weights(gradient), targets, chosen)
+
+
+def channel_weights(gradients: torch.Tensor) -> torch.Tensor:
+    """Grad-CAM's ``alpha_k``: the spatial mean of each channel's gradient, ``(N, C, h, w) -> (N, C)``."""
+    return gradients.mean(dim=(2, 3))
+
+
+def grad_cam_map(activations: torch.Tensor, gradients: torch.Tensor) -> torch.Tensor:
+    """Grad-CAM before its ReLU, ``(N, C, h, w)`` twice -> ``(N, h, w)``: ``sum_k alpha_k A_k``, each
+    channel of the activations weighted by its gradient's spatial mean (``channel_weights``)."""
+    return (channel_weights(gradients)[:, :, None, None] * activations).sum(dim=1)
 
 
 def grad_cam(model: nn.Module, x: torch.Tensor, layer: str, target=None) -> CamResult:
@@ -212,7 +223,14 @@ def guided_grad_cam_parts(model: nn.Module, x: torch.Tensor, layer: str, target=
     to the input (``cam``), the guided-backprop ``saliency`` summed over colour channels, and their
     product (``guided``)."""
     result = grad_cam(model, x, layer, target)
-    with GuidedBackprop(model) as gb:
-        saliency = gb.saliency(x, result.targets).sum(dim=1)
-    cam = upsample(result.maps, tuple(x.shape[-2:]))
-    return {"result": result, "cam": cam, "saliency": saliency, "guided": saliency * cam}
+    return {"result": result, **guided_parts(model, x, result.maps, result.targets)}
+
+
+def guided_parts(model: nn.Module, x: torch.Tensor, maps: torch.Tensor, targets) -> dict:
+    """Guided Grad-CAM from class maps already made: ``maps`` ``(N, h, w)`` (after the ReLU) upsampled
+    to the input (``cam``), guided backprop of ``targets`` summed over colour channels (``saliency``)
+    and their product (``guided``), all ``(N, H, W)``."""
+    with GuidedBackprop(model) as gb:  # hooks removed on exit, also on error
+        saliency = gb.saliency(x, targets).sum(dim=1)
+    cam = upsample(maps, tuple(x.shape[-2:]))
+    return {"cam": cam, "saliency": saliency, "guided": saliency * cam}
