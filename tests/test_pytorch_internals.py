@@ -62,12 +62,17 @@ def test_saved_tensors_hooks_and_torch_function_modes_are_seen_and_left():
     assert not internals.saved_tensors_hooks_active() and internals.torch_function_modes() == 0
     with torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t):
         assert internals.saved_tensors_hooks_active()
-    torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t).__enter__()
-    internals.pop_saved_tensors_hooks()
-    assert not internals.saved_tensors_hooks_active()
-    torch.overrides.TorchFunctionMode().__enter__()
-    assert internals.torch_function_modes() == 1
-    assert internals.pop_torch_function_modes() == 1 and internals.torch_function_modes() == 0
+    try:  # entered by hand and left open: what the pop functions are for
+        torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t).__enter__()
+        internals.pop_saved_tensors_hooks()
+        assert not internals.saved_tensors_hooks_active()
+        torch.overrides.TorchFunctionMode().__enter__()
+        assert internals.torch_function_modes() == 1
+        assert internals.pop_torch_function_modes() == 1 and internals.torch_function_modes() == 0
+    finally:  # a failed assert above must not leave a hook or mode on for every later test
+        while internals.saved_tensors_hooks_active():
+            internals.pop_saved_tensors_hooks()
+        internals.pop_torch_function_modes()
 
 
 def test_the_version_counter_counts_in_place_writes_only():

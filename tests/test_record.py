@@ -371,11 +371,13 @@ def test_a_compiled_model_is_recorded():
     with torch.no_grad():
         expected = model[0](x)
     torch._dynamo.reset()
-    with record(compiled) as rec:
-        compiled(x)
-    torch.testing.assert_close(rec["_orig_mod.0"].output, expected, rtol=0, atol=0)
-    torch.testing.assert_close(rec["_orig_mod.1"].inputs[0], expected, rtol=0, atol=0)
-    torch._dynamo.reset()
+    try:
+        with record(compiled) as rec:
+            compiled(x)
+        torch.testing.assert_close(rec["_orig_mod.0"].output, expected, rtol=0, atol=0)
+        torch.testing.assert_close(rec["_orig_mod.1"].inputs[0], expected, rtol=0, atol=0)
+    finally:  # compiled code must not outlive the test
+        torch._dynamo.reset()
 
 
 def test_an_output_is_returned_as_the_module_made_it_when_recording_gradients():

@@ -66,7 +66,7 @@ def test_every_notebook_and_every_worked_answer_has_its_own_page_and_the_map_lin
 
 
 def test_every_local_link_lands_on_a_page_and_a_heading_that_exist(site):
-    checked = 0
+    checked, ids = 0, {}  # each page's ids, parsed once (pages of 1 MB were parsed once per link)
     for page in site.rglob("*.html"):
         for link in Page(page.read_text()).links:
             parts = urlsplit(link)
@@ -75,7 +75,9 @@ def test_every_local_link_lands_on_a_page_and_a_heading_that_exist(site):
             target = (page.parent / unquote(parts.path)).resolve() if parts.path else page
             assert target.is_file(), f"{page.relative_to(site)} links to {link}, which does not exist"
             if parts.fragment:
-                found = {as_browser_sends(parts.fragment), unquote(parts.fragment)} & Page(target.read_text()).ids
+                if target not in ids:
+                    ids[target] = Page(target.read_text()).ids
+                found = {as_browser_sends(parts.fragment), unquote(parts.fragment)} & ids[target]
                 assert found, f"{page.name}: no heading for {link}"
             checked += 1
     assert checked > 3 * len(NOTEBOOKS + ANSWERS)  # the navigation bars alone give more
