@@ -49,8 +49,8 @@ def upgrade_everything(module, state_dict, prefix, *rest):
 
 def test_06_1_rename():
     assert grade("06.1", upgrade).passed
-    assert not grade("06.1", upgrade_ignoring_prefix).passed
-    assert not grade("06.1", upgrade_everything).passed
+    failed("06.1", upgrade_ignoring_prefix)
+    failed("06.1", upgrade_everything, "leave every other key as it is")
 
 
 def upgrade_layers_0_and_2(module, state_dict, prefix, *rest):
@@ -116,7 +116,7 @@ def test_06_3_clip():
     assert grade("06.3", clip).passed
     unclipped = grade("06.3", lambda optimizer, args, kwargs: None)
     assert not unclipped.passed and "to [-3, -4], not [-0.6, -0.8]" in unclipped.detail
-    assert not grade("06.3", clip_everything_to_one).passed
+    failed("06.3", clip_everything_to_one, "skip such parameters")
 
 
 def clip_the_first_group(optimizer, args, kwargs):
@@ -276,9 +276,9 @@ def test_06_4_predict():
     assert not outcome.passed and "8 of 10" in outcome.detail
     local_first = list(FIRING)
     local_first[3:6] = ["forward hook F (prepend)", "forward hook D", "global forward hook E"]
-    assert not grade("06.4", local_first).passed
-    assert not grade("06.4", FIRING[:-1]).passed
-    assert not grade("06.4", list(ORDER_KINDS)).passed  # the shuffled stub itself
+    failed("06.4", local_first, "7 of 10 hooks in the right place")
+    failed("06.4", FIRING[:-1], "exactly once", "missing: 'backward hook G'")
+    failed("06.4", list(ORDER_KINDS), "1 of 10 hooks in the right place")  # the shuffled stub itself
 
 
 def test_06_4_a_wrong_order_gets_a_hint_not_the_answer():
