@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from hooklab.audit import clear_global_hooks, global_hooks
-from hooklab.exercises import Outcome, check, checked, exercises, grade, hint_for, kind_of
+from hooklab.exercises import _CHECKED, Outcome, check, checked, exercises, grade, hint_for, kind_of
 
 EXERCISES = exercises()
 #: the stub each notebook gives: a function raising NotImplementedError, or None for 06.4,
@@ -148,3 +148,51 @@ def test_kind_of_names_the_type_spells_out_a_tuple_and_hints_at_a_missing_return
     assert kind_of((1, "a")) == "(int, str)"
     assert kind_of(()) == "()"
     assert kind_of(None) == "None (missing return?)"
+
+
+def test_a_prediction_computes_its_truth_and_says_right_or_not_quite(capsys):
+    from hooklab.exercises import _REGISTRY, check, prediction
+
+    calls = []
+
+    @prediction("99.a", "what 2 + 2 is", why="2 + 2 is 4", wrong=[(5, "that is one too many")])
+    def _four():
+        calls.append(1)
+        return torch.tensor(2.0).add(2).item()
+
+    try:
+        check("99.a", ...)
+        check("99.a", 4)
+        check("99.a", 5)
+        check("99.a", [4])
+        lines = capsys.readouterr().out.splitlines()
+        assert lines == [
+            "Prediction 99.a (what 2 + 2 is): no guess yet — replace the ... with your guess, run this cell, then "
+            "the next one",
+            "Prediction 99.a (what 2 + 2 is): right — 2 + 2 is 4",
+            "Prediction 99.a (what 2 + 2 is): not quite — that is one too many",
+            "Prediction 99.a (what 2 + 2 is): not quite — 2 + 2 is 4",
+        ]
+        assert len(calls) == 3  # computed at every check that has a guess
+        assert checked()["99.a"] == ("not quite", "2 + 2 is 4")
+    finally:
+        _REGISTRY.pop("99.a")
+        _CHECKED.pop("99.a", None)
+
+
+@pytest.mark.parametrize(("guess", "truth", "expected"), [
+    ("Pre-Hook ", "pre-hook", True), ("'None'", None, True), (None, None, True), ([1, 2.0], (1.0, 2), True),
+    (torch.Size([2, 3]), (2, 3), True), (0.401, 0.4, True), (0.41, 0.4, False), (1, True, False),
+    ([1, 2], [1, 2, 3], False), (3, 3.0, True), ("4", 4, False),
+])  # fmt: skip
+def test_guesses_are_compared_the_way_a_person_writes_them(guess, truth, expected):
+    from hooklab.exercises import same
+
+    assert same(guess, truth) is expected
+
+
+def test_prediction_ids_are_a_number_and_a_letter():
+    from hooklab.exercises import prediction
+
+    with pytest.raises(ValueError, match="a number and a letter"):
+        prediction("99.1", "t", why="w")(lambda: 1)

@@ -3,8 +3,14 @@
 A notebook's exercise cell ends with ``check("01.1", your_answer)``. The checker prints one
 stable line: ``not solved yet`` while the answer still raises ``NotImplementedError`` (or is
 ``None`` / ``...``), then ``passed`` or ``failed`` with the reason and, for tensors, the largest
-difference from the expected value. Each notebook's checkers live in ``nbNN.py`` beside this
-file and register themselves with ``@exercise``; solutions notebooks in
+difference from the expected value.
+
+A **prediction** (``check("01.a", guess)``, ids with a letter) asks what a cell is about to show
+before it runs: the checker says ``right`` or ``not quite`` and why, and the next cell shows it.
+Its truth is computed by torch when the prediction is checked (``@prediction``), never typed in.
+
+Each notebook's checkers live in ``nbNN.py`` beside this file (the guide's in ``gK.py``) and
+register themselves with ``@exercise`` / ``@prediction``; solutions notebooks in
 ``notebooks/solutions/`` run the same checks on worked answers.
 
 A checker may seed torch's random generator to build its own models: ``@exercise`` runs it on a
@@ -19,10 +25,11 @@ from __future__ import annotations
 import functools
 import importlib
 import pkgutil
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-__all__ = ["check", "checked", "exercise", "exercises", "grade"]
+__all__ = ["check", "checked", "exercise", "exercises", "grade", "prediction"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +43,7 @@ class Exercise:
     id: str
     title: str
     checker: Callable[[object], Outcome]
+    kind: str = "exercise"  # or "prediction"
 
 
 _REGISTRY: dict[str, Exercise] = {}
@@ -51,6 +59,67 @@ def exercise(id: str, title: str):
         return checker
 
     return register
+
+
+def prediction(id: str, title: str, why: str, wrong: Iterable[tuple[object, str]] = (), rel: float = 0.01):
+    """Register a prediction ``id`` (a lesson number and a letter: ``"01.a"``): the decorated
+    function takes no argument and **computes** the truth with torch (the same experiment the
+    lesson's next cell shows), so a wrong expectation fails the tests instead of misleading a student.
+
+    ``check(id, guess)`` then prints ``right`` or ``not quite``, then ``why`` (the rule, one or two
+    sentences). ``wrong`` pairs a plausible wrong guess with its own hint, shown instead of ``why``.
+    Guesses are compared loosely: strings without case, quotes or surrounding spaces; numbers within
+    ``rel`` (1 %) of their size; lists and tuples (and tensors, ``torch.Size``) item by item.
+    """
+
+    def register(truth: Callable[[], object]) -> Callable[[], object]:
+        if not _PREDICTION_ID.fullmatch(id):
+            raise ValueError(f"prediction ids are a number and a letter, like '01.a', not {id!r}")
+
+        def checker(guess: object) -> Outcome:
+            expected = truth()
+            if same(guess, expected, rel):
+                return Outcome(True, why)
+            hint = next((text for value, text in wrong if same(guess, value, rel)), None)
+            return Outcome(False, hint or why)
+
+        checker.truth = truth  # for the tests: the value a right guess must match
+        if id in _REGISTRY:
+            raise ValueError(f"exercise {id} is registered twice")
+        _REGISTRY[id] = Exercise(id, title, _guarded(checker), kind="prediction")
+        return truth
+
+    return register
+
+
+_PREDICTION_ID = re.compile(r"(\d\d|G\d+)\.[a-z]")
+
+
+def same(guess: object, truth: object, rel: float = 0.01) -> bool:
+    """Whether a guess matches the truth, compared the way a person would write it (see ``prediction``)."""
+    import torch
+
+    if isinstance(guess, torch.Tensor):
+        guess = guess.tolist()
+    if isinstance(truth, torch.Tensor):
+        truth = truth.tolist()
+    if isinstance(truth, bool) or isinstance(guess, bool):
+        return isinstance(guess, bool) and isinstance(truth, bool) and guess == truth
+    if isinstance(truth, str):
+        return isinstance(guess, str) and _words(guess) == _words(truth)
+    if isinstance(truth, int | float) and isinstance(guess, int | float):
+        if isinstance(truth, int) and isinstance(guess, int):
+            return guess == truth
+        return abs(guess - truth) <= rel * abs(truth) + 1e-12 or (guess != guess and truth != truth)
+    if isinstance(truth, list | tuple) and isinstance(guess, list | tuple):
+        return len(guess) == len(truth) and all(same(g, t, rel) for g, t in zip(guess, truth, strict=True))
+    if truth is None:
+        return guess is None or (isinstance(guess, str) and _words(guess) == "none")
+    return guess == truth
+
+
+def _words(text: str) -> str:
+    return " ".join(text.strip().strip("'\"`").lower().split())
 
 
 def _guarded(checker: Callable[[object], Outcome]) -> Callable[[object], Outcome]:
@@ -108,9 +177,17 @@ _CHECKED: dict[str, tuple[str, str]] = {}  # id -> (verdict, detail) of the last
 
 
 def check(id: str, answer: object) -> None:
-    """Check ``answer`` for exercise ``id`` and print one line: not solved yet, passed or failed."""
+    """Check ``answer`` for exercise ``id`` and print one line: not solved yet, passed or failed.
+    For a prediction (``"01.a"``): no guess yet, right or not quite, and why."""
     ex = _exercise(id)
     verdict, detail = _verdict(ex, answer)
+    if ex.kind == "prediction":
+        verdict = {"not solved yet": "no guess yet", "passed": "right", "failed": "not quite"}[verdict]
+        if verdict == "no guess yet":
+            detail = "replace the ... with your guess, run this cell, then the next one"
+        _CHECKED[id] = (verdict, detail)
+        print(f"Prediction {id} ({ex.title}): {verdict} — {detail}")
+        return
     _CHECKED[id] = (verdict, detail)
     print(f"Exercise {id} ({ex.title}): {verdict}" + ("" if verdict == "not solved yet" else f" — {detail}"))
 
