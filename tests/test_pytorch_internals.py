@@ -3,6 +3,8 @@ this file says which piece."""
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 from torch import nn
@@ -51,11 +53,14 @@ def test_parameter_hooks_are_counted():
 
 
 def test_global_registries_are_found():
-    labels = dict(internals.global_registries())
-    assert len(labels) == 9
+    registries = {register: hooks for _, register, hooks in internals.global_registries()}
+    assert len(registries) == 9
     with Hooks() as hooks:
         hooks.add(module_globals.register_module_forward_hook(lambda *a: None))
-        assert len(labels["torch.nn.modules.module._global_forward_hooks"]) == 1
+        assert len(registries["torch.nn.modules.module.register_module_forward_hook"]) == 1
+    for register in registries:  # each names a public function that exists
+        owner, name = register.rsplit(".", 1)
+        assert callable(getattr(importlib.import_module(owner), name)), register
 
 
 def test_saved_tensors_hooks_and_torch_function_modes_are_seen_and_left():

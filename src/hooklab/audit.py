@@ -18,14 +18,22 @@ __all__ = ["clear_global_hooks", "global_hooks", "leftover_hooks"]
 
 
 def global_hooks() -> list[str]:
-    """What is active process-wide, as ``'name: count'`` lines: the non-empty global hook
-    registries of torch, default saved-tensor hooks, and torch function modes."""
-    found = [f"{label}: {len(hooks)}" for label, hooks in internals.global_registries() if hooks]
+    """What is active process-wide, one line each, in words: global hooks of ``torch.nn`` and
+    ``torch.optim`` (with the function that registered them), saved-tensor hooks, torch function modes."""
+    found = [f"{_count(len(hooks), what)} still registered ({register})"
+             for what, register, hooks in internals.global_registries() if hooks]  # fmt: skip
     if internals.saved_tensors_hooks_active():
-        found.append("torch.autograd.graph.saved_tensors_hooks: active")
+        found.append("saved-tensor hooks are active (torch.autograd.graph.saved_tensors_hooks)")
     if internals.torch_function_modes():
-        found.append(f"torch function modes: {internals.torch_function_modes()}")
+        found.append(f"{_count(internals.torch_function_modes(), 'torch function mode')} active")
     return found
+
+
+def _count(n: int, what: str) -> str:
+    """``a forward hook is`` / ``2 forward hooks are``."""
+    if n == 1:
+        return f"{'an' if what[0] in 'aeiou' else 'a'} {what} is"
+    return f"{n} {what}s are"
 
 
 def clear_global_hooks() -> list[str]:
@@ -34,19 +42,19 @@ def clear_global_hooks() -> list[str]:
     (restarting the kernel does the same); the exercise checks also call it after each answer.
     Returns what was removed (an empty list: nothing)."""
     removed = []
-    for label, hooks in internals.global_registries():
+    for what, register, hooks in internals.global_registries():
         if hooks:
-            removed.append(f"{label}: {len(hooks)}")
+            removed.append(f"{_count(len(hooks), what).rsplit(' ', 1)[0]} ({register})")
             hooks.clear()
     popped = 0
     while internals.saved_tensors_hooks_active():
         internals.pop_saved_tensors_hooks()
         popped += 1
     if popped:
-        removed.append(f"torch.autograd.graph.saved_tensors_hooks: {popped} never exited")
+        removed.append(f"saved-tensor hooks never exited: {popped} (torch.autograd.graph.saved_tensors_hooks)")
     modes = internals.pop_torch_function_modes()
     if modes:
-        removed.append(f"torch function modes: {modes} never exited (a `with` block entered by hand?)")
+        removed.append(f"torch function modes never exited: {modes} (a `with` block entered by hand?)")
     return removed
 
 
@@ -75,8 +83,8 @@ def leftover_hooks(*modules: nn.Module) -> list[str]:
             for attr in internals.MODULE_HOOK_DICTS:
                 hooks = internals.module_hooks(m, attr)
                 if hooks:
-                    where = f"{type(top).__name__}.{name}" if name else type(top).__name__
-                    found.append(f"{where}: {len(hooks)} in {attr}")
+                    where = f"layer '{name}' of the {type(top).__name__}" if name else f"the {type(top).__name__}"
+                    found.append(f"{_count(len(hooks), _HOOK_WORDS[attr])} still registered on {where}")
     return found + global_hooks() + _parameter_hooks(targets)
 
 
@@ -91,8 +99,21 @@ def _parameter_hooks(modules) -> list[str]:
             seen.add(id(p))
             n = internals.parameter_hook_count(p)
             if n:
-                found.append(f"{type(top).__name__} parameter {name}: {n} tensor hook(s)")
+                found.append(f"{_count(n, 'tensor hook')} still registered on parameter '{name}' of the "
+                             f"{type(top).__name__}")
     return found
+
+
+_HOOK_WORDS = {
+    "_forward_pre_hooks": "forward pre-hook",
+    "_forward_hooks": "forward hook",
+    "_backward_pre_hooks": "backward pre-hook",
+    "_backward_hooks": "backward hook",
+    "_state_dict_pre_hooks": "state-dict pre-hook",
+    "_state_dict_hooks": "state-dict hook",
+    "_load_state_dict_pre_hooks": "load-state-dict pre-hook",
+    "_load_state_dict_post_hooks": "load-state-dict post-hook",
+}
 
 
 def clear_hooks(*modules: nn.Module) -> list[str]:

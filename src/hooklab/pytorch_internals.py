@@ -62,12 +62,29 @@ def parameter_hook_count(p: torch.Tensor) -> int:
 
 
 def global_registries():
-    """``(label, dict)`` for each process-wide hook registry of ``torch.nn`` and ``torch.optim``."""
+    """``(what, register, dict)`` for each process-wide hook registry of ``torch.nn`` and
+    ``torch.optim``: what its hooks are in words, the public function that registers them, and the
+    registry itself."""
     for owner, names in _GLOBAL_DICTS.items():
         for name in names:
             hooks = getattr(owner, name, None)
             if hooks is not None:
-                yield f"{owner.__name__}.{name}", hooks
+                what, register = _GLOBAL_WORDS[name]
+                yield what, f"{owner.__name__}.{register}", hooks
+
+
+_GLOBAL_WORDS = {
+    "_global_forward_pre_hooks": ("global forward pre-hook", "register_module_forward_pre_hook"),
+    "_global_forward_hooks": ("global forward hook", "register_module_forward_hook"),
+    "_global_backward_pre_hooks": ("global backward pre-hook", "register_module_full_backward_pre_hook"),
+    "_global_backward_hooks": ("global backward hook", "register_module_full_backward_hook"),
+    "_global_module_registration_hooks": ("module registration hook", "register_module_module_registration_hook"),
+    "_global_parameter_registration_hooks": ("parameter registration hook",
+                                             "register_module_parameter_registration_hook"),
+    "_global_buffer_registration_hooks": ("buffer registration hook", "register_module_buffer_registration_hook"),
+    "_global_optimizer_pre_hooks": ("global optimizer step pre-hook", "register_optimizer_step_pre_hook"),
+    "_global_optimizer_post_hooks": ("global optimizer step post-hook", "register_optimizer_step_post_hook"),
+}
 
 
 def saved_tensors_hooks_active() -> bool:
