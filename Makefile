@@ -55,7 +55,7 @@ help:
 	@echo "make lock       after editing requirements.txt: pin every package again (requirements.lock, environment.yml, binder/)"
 	@echo "make lint       ruff check on src, tests, tools and notebooks"
 	@echo "make unit       the unit tests (pytest tests, without the browser test)"
-	@echo "make nbval      nbval on every notebook under notebooks/ (saved outputs must match a fresh run; numbers to their printed precision)"
+	@echo "make nbval      nbval on every notebook under notebooks/, guide/ and solutions/ included (saved outputs must match a fresh run; numbers to their printed precision)"
 	@echo "make variants [NB=path.ipynb]   nbval again as other CPUs compute: no SIMD on 2 threads, and AVX2 (logs in artifacts/)"
 	@echo "make clean      delete .venv, the pytest and ruff caches and artifacts/"
 

@@ -1,6 +1,12 @@
 """``make grade`` (tools/grade.py): a student's notebook is run in a fresh kernel and every
-exercise of that notebook gets a verdict, including the ones whose check never ran; a notebook
-that loops forever, kills its kernel or sabotages the collection does not stop the batch.
+exercise of that notebook gets a verdict, including the ones whose check never ran; predictions
+are shown but not marked; a notebook that loops forever, kills its kernel or sabotages the
+collection does not stop the batch.
+
+The notebooks graded here are written in tmp_path and check made-up exercises and predictions of a
+guide notebook "G99" and a lesson "98", registered by the notebook's first cell in the student's
+kernel and by the ``made_up`` fixture in this process (where the report is written): the tests
+do not change when the course's own exercises do.
 
 Each notebook run starts a kernel (a few seconds), so the cases are batched into two grade.main
 calls: one with the default timeout, one with a short timeout whose notebooks import nothing heavy
@@ -19,30 +25,95 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+#: The made-up exercises and predictions, as a notebook's first cell registers them.
+REGISTER = '''from hooklab.exercises import Outcome, exercise, prediction
+
+
+@exercise("G99.1", "double a number")
+def _double(answer):
+    return Outcome(answer(2) == 4 and answer(-3) == -6, "double(2) and double(-3) checked")
+
+
+@exercise("G99.2", "name the method")
+def _name(answer):
+    return Outcome(answer() == "register_hook", f"got {answer()!r}")
+
+
+@exercise("G99.3", "count the calls")
+def _count(answer):
+    return Outcome(answer == 3, "count again")
+
+
+@prediction("G99.a", "which hook fires first", why="The tensor hook fires before the module's.")
+def _first():
+    return "the tensor hook"
+
+
+@prediction("G99.b", "how many calls", why="One call per forward pass.", wrong=[(4, "Count the passes.")])
+def _calls():
+    return 3
+
+
+@prediction("G99.c", "which entry is None", why="The input's gradient is None.")
+def _none():
+    return 0
+
+
+@exercise("98.1", "the lesson's exercise")
+def _lesson(answer):
+    return Outcome(answer == 1, "not 1")
+'''
+
 STUDENT = [
+    REGISTER,
     "from hooklab.exercises import check",
-    # 00.1: a counter that never registers its hook
-    "def make_counter(module):\n    return [], None\n\ncheck('00.1', make_counter)",
+    "check('G99.1', lambda x: x + x)",  # passed
+    "check('G99.a', 'The tensor hook')",  # right
+    "guess = 4\ncheck('G99.b', guess)",  # not quite, with the hint for 4
+    "guess = ...  # a number\ncheck('G99.c', guess)",  # no guess yet: not made
     "raise ValueError('a typo in the student notebook')",
-    # 00.2: the stub, untouched
-    "def run_with_hook(module, hook, x):\n    raise NotImplementedError\n\ncheck('00.2', run_with_hook)",
-    # 00.3: the cell was deleted
+    # G99.2: the stub, untouched
+    "def name():\n    raise NotImplementedError\n\ncheck('G99.2', name)",
+    # G99.3: the cell was deleted
+    "check('98.1', 2)",  # another notebook's exercise: listed apart, not counted
 ]
 
-# Notebook 01, which checks an exercise of notebook 00, then sabotages what the collection could use
-# and calls a check of its own.
-SABOTEUR = [
+ANSWERS = [
+    REGISTER,
     "from hooklab.exercises import check",
-    "def run_with_hook(module, hook, x):\n    raise NotImplementedError\n\ncheck('00.2', run_with_hook)",
+    "check('G99.1', lambda x: 2 * x)",
+    "check('G99.2', lambda: 'register_hook')",
+    "guess = ...\ncheck('G99.c', guess)",  # a stored lesson's prediction: no guess, so no predictions line
+    "check('G99.3', 3)",
+]
+
+# Lesson 98, which checks an exercise of G99, then sabotages what the collection could use and
+# calls a check of its own.
+SABOTEUR = [
+    REGISTER,
+    "from hooklab.exercises import check",
+    "def name():\n    raise NotImplementedError\n\ncheck('G99.2', name)",
     "print = lambda *args, **kwargs: None\njson = _json = _ex = str = repr = None",
-    "def check(id, answer):\n    pass\n\ncheck('01.1', lambda *args: None)",
+    "def check(id, answer):\n    pass\n\ncheck('98.1', 1)",
 ]
 
 UNNUMBERED = [
+    REGISTER,
     "from hooklab.exercises import check",
-    "def run_with_hook(module, hook, x):\n    raise NotImplementedError\n\ncheck('00.2', run_with_hook)",
+    "def name():\n    raise NotImplementedError\n\ncheck('G99.2', name)",
+    "check('G99.a', 'the module hook')",
     "x_undefined_name + 1",
 ]
+
+
+@pytest.fixture
+def made_up(monkeypatch):
+    """The made-up exercises registered in this process too, for as long as the test runs."""
+    import hooklab.exercises as registry
+
+    registry.exercises()  # every module of the course imported first: the copy below holds their exercises
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    exec(REGISTER, {})
 
 
 def write(path: Path, cells: list[str], markdown_first: bool = False) -> Path:
@@ -53,11 +124,14 @@ def write(path: Path, cells: list[str], markdown_first: bool = False) -> Path:
     return path
 
 
-def test_students_notebooks_and_the_worked_answers_are_graded(tmp_path, capsys):
-    student = write(tmp_path / "00_start_here.ipynb", STUDENT)
+G99 = ["G99.1", "G99.2", "G99.3"]  # the exercises a G99 notebook is graded on (its predictions are not)
+
+
+def test_students_notebooks_and_the_worked_answers_are_graded(tmp_path, capsys, made_up):
+    student = write(tmp_path / "G99_tensor_hooks.ipynb", STUDENT)
     before = student.read_text()
-    answers = ROOT / "notebooks" / "solutions" / "00_start_here_solutions.ipynb"
-    saboteur = write(tmp_path / "anna_01_tensor_hooks.ipynb", SABOTEUR)
+    answers = write(tmp_path / "G99_tensor_hooks_solutions.ipynb", ANSWERS)
+    saboteur = write(tmp_path / "anna_98_tensor_hooks.ipynb", SABOTEUR)
     unnumbered = write(tmp_path / "homework.ipynb", UNNUMBERED)
     out, table = tmp_path / "grades.json", tmp_path / "grades.csv"
     paths = [str(p) for p in (student, answers, saboteur, unnumbered)]
@@ -69,77 +143,75 @@ def test_students_notebooks_and_the_worked_answers_are_graded(tmp_path, capsys):
     # two at a time, reported in the order given
     assert [line.split(":")[0] for line in printed.splitlines() if not line.startswith(" ")] == paths
     assert list(results) == paths
-    # every exercise of the notebook, checked or not
-    verdicts = {id: r["verdict"] for id, r in results[str(student)]["exercises"].items()}
-    assert verdicts == {"00.1": "failed", "00.2": "not solved yet"} | dict.fromkeys(ids("00")[2:], "not checked")
-    assert results[str(student)]["passed"] == 0
-    assert results[str(student)]["problems"] == [
-        "error in cell 3 (raise ValueError('a typo in the student notebook')): ValueError: a typo in the student "
+    # every exercise of the guide notebook, checked or not; predictions apart, not counted
+    mine = results[str(student)]
+    assert mine["number"] == "G99"
+    verdicts = {id: r["verdict"] for id, r in mine["exercises"].items()}
+    assert verdicts == {"G99.1": "passed", "G99.2": "not solved yet", "G99.3": "not checked"}
+    assert mine["passed"] == 1 and mine["of"] == 3
+    assert f"{student}: 1 of 3 passed" in printed
+    assert "no verdict recorded: the check(...) line did not run" in printed
+    assert mine["problems"] == [
+        "error in cell 7 (raise ValueError('a typo in the student notebook')): ValueError: a typo in the student "
         "notebook"
     ]
-    assert f"{student}: 0 of {len(ids('00'))} passed" in printed
-    assert "no verdict recorded: the check(...) line did not run" in printed
-    assert results[str(answers)]["passed"] == len(ids("00")), results[str(answers)]
-    assert results[str(answers)]["problems"] == []
+    assert {id: r["verdict"] for id, r in mine["predictions"].items()} == {
+        "G99.a": "right", "G99.b": "not quite", "G99.c": "no guess yet"}  # fmt: skip
+    assert mine["predictions"]["G99.b"] == {"title": "how many calls", "verdict": "not quite",
+                                            "detail": "Count the passes."}  # fmt: skip
+    assert "  predictions: 1 right of 2 made (not marked)" in printed.splitlines()
+    assert mine["also_checked"] == {"98.1": {"title": "the lesson's exercise", "verdict": "failed", "detail": "not 1"}}
     assert student.read_text() == before  # the student's file is not changed
+
+    # the worked answers pass; a prediction without a guess makes no predictions line
+    assert results[str(answers)]["passed"] == 3 and results[str(answers)]["problems"] == []
+    answers_report = printed[printed.index(f"{answers}:"):printed.index(f"{saboteur}:")]
+    assert "predictions:" not in answers_report
 
     # a rebound print (and json, str, repr) does not stop the collection; the number is found
     # anywhere in the name; another notebook's exercise is listed apart, with its title, and is
     # not counted; a check of the student's own records nothing
     sab = results[str(saboteur)]
-    assert sab["graded"] and sab["number"] == "01"
-    assert list(sab["exercises"]) == ids("01")
-    assert sab["exercises"]["01.1"]["verdict"] == "not checked"
-    assert "something other than hooklab's check" in sab["exercises"]["01.1"]["detail"]
-    assert sab["also_checked"] == {"00.2": {"title": grade_title("00.2"), "verdict": "not solved yet", "detail": ""}}
-    assert f"{saboteur}: 0 of {len(ids('01'))} passed" in printed
-    assert f"also checked: 00.2 ({grade_title('00.2')}) not solved yet" in printed
+    assert sab["graded"] and sab["number"] == "98"
+    assert list(sab["exercises"]) == ["98.1"]
+    assert sab["exercises"]["98.1"]["verdict"] == "not checked"
+    assert "something other than hooklab's check" in sab["exercises"]["98.1"]["detail"]
+    assert sab["also_checked"] == {"G99.2": {"title": "name the method", "verdict": "not solved yet", "detail": ""}}
+    assert sab["predictions"] == {}
+    assert f"{saboteur}: 0 of 1 passed" in printed
+    assert "also checked: G99.2 (name the method) not solved yet" in printed
 
-    # no number in the name: only what was checked, and a note saying so
+    # no number in the name: only the exercises it checked, and a note saying so; predictions apart
     un = results[str(unnumbered)]
-    assert un["number"] is None and list(un["exercises"]) == ["00.2"]
+    assert un["number"] is None and list(un["exercises"]) == ["G99.2"] and list(un["predictions"]) == ["G99.a"]
     assert f"{unnumbered}: 0 of 1 passed" in printed
-    assert "no notebook number (like 04_) found in the file name" in printed
+    assert "no notebook number (like 04_ or G1_) found in the file name" in printed
+    assert "  predictions: 0 right of 1 made (not marked)" in printed.splitlines()
     assert un["problems"] == [
-        "error in cell 3 (x_undefined_name + 1): NameError: name 'x_undefined_name' is not defined"
+        "error in cell 5 (x_undefined_name + 1): NameError: name 'x_undefined_name' is not defined"
     ]
 
-    # the CSV: one row per student and exercise of the notebook, also-checked ones left out
+    # the CSV: one row per student and exercise of the notebook; predictions and also-checked ones left out
     with table.open(newline="", encoding="utf-8") as f:
         rows = list(csv.reader(f))
     assert rows[0] == ["student", "notebook", "exercise", "verdict", "reason"]
     by_file = {}
     for row in rows[1:]:
         by_file.setdefault(row[1], []).append(row)
-    assert by_file[str(student)][0] == [tmp_path.name, str(student), "00.1", "failed", results[str(student)][
-        "exercises"]["00.1"]["detail"]]  # fmt: skip
-    assert [r[2:4] for r in by_file[str(student)]] == [[id, verdicts[id]] for id in ids("00")]
-    assert {r[0] for r in by_file[str(answers)]} == {"solutions"}
-    assert [r[3] for r in by_file[str(answers)]] == ["passed"] * len(ids("00"))
-    assert [r[0] for r in by_file[str(saboteur)]] == ["anna"] * len(ids("01"))
-    assert [r[2] for r in by_file[str(saboteur)]] == ids("01")
-    assert [r[:4] for r in by_file[str(unnumbered)]] == [[tmp_path.name, str(unnumbered), "00.2", "not solved yet"]]
-    assert len(rows) == 1 + 2 * len(ids("00")) + len(ids("01")) + 1
+    assert by_file[str(student)][0] == [tmp_path.name, str(student), "G99.1", "passed",
+                                        "double(2) and double(-3) checked"]  # fmt: skip
+    assert [r[2:4] for r in by_file[str(student)]] == [[id, verdicts[id]] for id in G99]
+    assert [r[3] for r in by_file[str(answers)]] == ["passed"] * 3
+    assert [r[:3] for r in by_file[str(saboteur)]] == [["anna", str(saboteur), "98.1"]]
+    assert [r[:4] for r in by_file[str(unnumbered)]] == [[tmp_path.name, str(unnumbered), "G99.2", "not solved yet"]]
+    assert len(rows) == 1 + 3 + 3 + 1 + 1
 
 
-def ids(number: str) -> list[str]:
-    """The exercises of notebook ``number``, in the course's order: what a report lists for it."""
-    from hooklab.exercises import exercises
-
-    return [id for id in exercises() if id.startswith(number + ".")]
-
-
-def grade_title(id: str) -> str:
-    from hooklab.exercises import exercises
-
-    return exercises()[id].title
-
-
-def test_a_timeout_or_a_dead_kernel_does_not_stop_the_batch(tmp_path, capsys):
-    looping = write(tmp_path / "00_loop.ipynb", ["while True:\n    pass", "raise ValueError('ran after the loop')"],
+def test_a_timeout_or_a_dead_kernel_does_not_stop_the_batch(tmp_path, capsys, made_up):
+    looping = write(tmp_path / "G99_loop.ipynb", ["while True:\n    pass", "raise ValueError('ran after the loop')"],
                     markdown_first=True)  # fmt: skip
-    dying = write(tmp_path / "00_dies.ipynb", ["x = 1", "import os; os._exit(1)", "y = 2"])
-    last = write(tmp_path / "00_last.ipynb", ["x = 1"])
+    dying = write(tmp_path / "G99_dies.ipynb", ["x = 1", "import os; os._exit(1)", "y = 2"])
+    last = write(tmp_path / "G99_last.ipynb", ["x = 1"])
     out, table = tmp_path / "grades.json", tmp_path / "grades.csv"
 
     status = grade.main([str(looping), str(dying), str(last), "--timeout", "5", "--json", str(out), "--csv",
@@ -150,19 +222,34 @@ def test_a_timeout_or_a_dead_kernel_does_not_stop_the_batch(tmp_path, capsys):
     assert status == 1  # one notebook could not be graded
     # the looping cell is interrupted (cells counted from 1, markdown included) and the run goes on
     loop = results[str(looping)]
-    assert loop["graded"] and loop["of"] == len(ids("00"))
+    assert loop["graded"] and loop["of"] == 3
     assert loop["problems"] == ["timed out in cell 2 (while True:) after 5 s (the kernel was interrupted)",
                                 "error in cell 3 (raise ValueError('ran after the loop')): ValueError: ran after "
                                 "the loop"]  # fmt: skip
     assert results[str(dying)] == {"graded": False, "why": "the kernel died in cell 2 (import os; os._exit(1))",
                                    "problems": []}  # fmt: skip
     assert f"{dying}: not graded — the kernel died in cell 2 (import os; os._exit(1))" in printed
-    assert results[str(last)]["graded"] and f"{last}: 0 of {len(ids('00'))} passed" in printed
-    # a notebook that was not graded: each of its exercises says so, with the reason
+    assert results[str(last)]["graded"] and f"{last}: 0 of 3 passed" in printed
+    # a notebook that was not graded: each of its exercises (not its predictions) says so, with the reason
     with table.open(newline="", encoding="utf-8") as f:
         dead = [row for row in csv.reader(f) if row[1] == str(dying)]
     assert [row[2:] for row in dead] == [[id, "not graded", "the kernel died in cell 2 (import os; os._exit(1))"]
-                                         for id in ids("00")]  # fmt: skip
+                                         for id in G99]  # fmt: skip
+
+
+def test_a_guide_notebook_without_exercises_passes_0_of_0_and_counts_its_predictions(tmp_path, monkeypatch):
+    """G98 has no registered exercise or prediction, only a notebook in the course's guide folder."""
+    (tmp_path / "guide").mkdir()
+    (tmp_path / "guide" / "G98_module_hooks.ipynb").write_text("{}")
+    monkeypatch.setattr(grade, "NOTEBOOKS", tmp_path)
+    verdicts = {"G98.a": ("right", "why"), "G98.b": ("not quite", "why"), "G98.c": ("right", "why")}
+
+    lines, result = grade.report(Path("anna_G98_module_hooks.ipynb"), verdicts, [])
+
+    assert lines == ["anna_G98_module_hooks.ipynb: 0 of 0 passed", "  predictions: 2 right of 3 made (not marked)"]
+    assert result["number"] == "G98" and result["exercises"] == {} and result["also_checked"] == {}
+    assert list(result["predictions"]) == ["G98.a", "G98.b", "G98.c"]
+    assert grade.csv_rows("anna", Path("anna_G98_module_hooks.ipynb"), result) == []
 
 
 @pytest.mark.parametrize(("path", "folder", "student"), [
@@ -170,7 +257,10 @@ def test_a_timeout_or_a_dead_kernel_does_not_stop_the_batch(tmp_path, capsys):
     ("students/anna/week2/04_backprop.ipynb", "students", "anna"),
     ("students/anna_04_backprop.ipynb", "students", "anna"),
     ("students/hw-03-anna.ipynb", "students", "hw"),
+    ("students/anna_G1_tensor_and_graph_hooks.ipynb", "students", "anna"),
+    ("students/bob-g2-forward.ipynb", "students", "bob"),
     ("bob/04_backprop.ipynb", None, "bob"),
+    ("bob/G1_tensor_and_graph_hooks.ipynb", None, "bob"),
     ("bob/homework.ipynb", None, "bob"),
 ])  # fmt: skip
 def test_the_student_is_the_folder_or_the_name_before_the_number(path, folder, student):
@@ -178,9 +268,9 @@ def test_the_student_is_the_folder_or_the_name_before_the_number(path, folder, s
 
 
 @pytest.mark.parametrize("option", ["--jobs=0", "--jobs=-2", "--timeout=0"])
-def test_a_count_that_is_not_positive_is_a_usage_error(option, capsys):
+def test_a_count_that_is_not_positive_is_a_usage_error(option, capsys, tmp_path):
     with pytest.raises(SystemExit) as stop:
-        grade.main([str(ROOT / "notebooks" / "00_start_here.ipynb"), option])
+        grade.main([str(write(tmp_path / "00_start_here.ipynb", ["x = 1"])), option])
     assert stop.value.code == 2
     assert "must be a positive number" in capsys.readouterr().err
 
@@ -188,9 +278,21 @@ def test_a_count_that_is_not_positive_is_a_usage_error(option, capsys):
 @pytest.mark.parametrize(("name", "number"), [
     ("04_backprop_by_hand.ipynb", "04"), ("anna_04_backprop.ipynb", "04"), ("hw-03-anna.ipynb", "03"),
     ("2024_05_explorers.ipynb", "05"), ("homework.ipynb", None), ("99_extra.ipynb", None), ("v1_2.ipynb", None),
+    ("G1_tensor_and_graph_hooks.ipynb", "G1"), ("anna_G2_forward.ipynb", "G2"), ("hw-g3-anna.ipynb", "G3"),
+    ("G10_later.ipynb", "G10"), ("G4_not_yet.ipynb", None), ("big1_x.ipynb", None),
+    ("G1_tensor_and_graph_hooks_solutions.ipynb", "G1"), ("G4_then_02_forward.ipynb", "02"),
 ])  # fmt: skip
 def test_the_notebook_number_is_found_anywhere_in_the_name(name, number):
-    assert grade.number_of(Path(name), {"00", "01", "02", "03", "04", "05", "06"}) == number
+    course = {"00", "01", "02", "03", "04", "05", "06", "10", "G1", "G2", "G3", "G10"}
+    assert grade.number_of(Path(name), course) == number
+
+
+def test_the_course_numbers_are_those_of_its_exercises_and_of_its_notebooks(tmp_path, monkeypatch):
+    (tmp_path / "guide").mkdir()
+    for name in ("00_start_here.ipynb", "guide/G1_tensor_and_graph_hooks.ipynb", "guide/notes.ipynb"):
+        (tmp_path / name).write_text("{}")
+    monkeypatch.setattr(grade, "NOTEBOOKS", tmp_path)
+    assert grade.course_numbers(["04.1", "04.a", "G2.1"]) == {"00", "04", "G1", "G2"}
 
 
 def test_the_default_jobs_are_the_usable_cores_or_all_where_the_system_cannot_say(monkeypatch):

@@ -1,5 +1,7 @@
-"""The notebooks themselves: stored fully executed, with few unchecked cells, each explained,
-errors only where a cell says it expects one, and an nbval run that really catches a wrong digit."""
+"""The notebooks themselves (every one under notebooks/: the lessons, the field guide in guide/ and
+the worked answers in solutions/): stored fully executed, with few unchecked cells, each
+explained, errors only where a cell says it expects one, and an nbval run that really catches a
+wrong digit."""
 
 from __future__ import annotations
 
@@ -66,10 +68,21 @@ def test_errors_only_in_cells_tagged_raises_exception(path):
             pytest.fail("tagged raises-exception but raised nothing:\n" + "".join(cell["source"]))
 
 
+#: A lesson shows its problem within its first five cells, before its setup cell (test_notebook_shape.py).
+PROBLEM_WITHIN = 5
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=ID.get)
 def test_setup_cell_comes_first_and_no_machine_paths(path):
-    first = "".join(code_cells(path)[0]["source"])
-    assert "hooklab.setup()" in first, "the first code cell must call hooklab.setup()"
+    """The first code cell calls hooklab.setup(); only a lesson may show its problem first."""
+    cells = json.loads(path.read_text())["cells"]
+    code = [i for i, c in enumerate(cells) if c["cell_type"] == "code" and "".join(c["source"]).strip()]
+    setup = next((i for i in code if "hooklab.setup()" in "".join(cells[i]["source"])), None)
+    assert setup is not None, "no code cell calls hooklab.setup()"
+    problem = [i for i in code if i < setup]  # a lesson's problem, shown before its setup cell
+    lesson = path.parent == ROOT / "notebooks"
+    assert not problem or (lesson and problem[-1] < PROBLEM_WITHIN), \
+        "the first code cell must call hooklab.setup() (a lesson may show its problem first, in its first five cells)"
     text = path.read_text()
     for pattern in (r"/work/", r"/root/", r"/home/", r"/tmp/[A-Za-z0-9_.-]+/"):
         assert not re.search(pattern, text), f"machine path matching {pattern!r}"

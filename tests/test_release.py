@@ -1,6 +1,8 @@
-"""``make release`` (tools/release.py): a student copy without worked answers or tests, whose two
-commands work with what it holds: ``make lab`` as in the course, ``make test`` grading the copy's
-own notebooks."""
+"""``make release`` (tools/release.py): a student copy with the lessons and the field guide
+(``notebooks/guide/``) but without worked answers (of either) or tests, whose two commands work with
+what it holds: ``make lab`` as in the course, ``make test`` grading the copy's own notebooks. A
+course with guide notebooks and guide answers, written in tmp_path, shows what is kept whether or
+not the course has guide notebooks yet."""
 
 from __future__ import annotations
 
@@ -30,7 +32,8 @@ def files(folder: Path) -> set[str]:
 
 def test_the_copy_has_the_notebooks_hooklab_and_the_set_up_but_no_answers_and_no_tests(copy):
     held = files(copy)
-    course_notebooks = {f"notebooks/{p.name}" for p in (ROOT / "notebooks").glob("*.ipynb")}
+    course_notebooks = {p.relative_to(ROOT).as_posix() for folder in ("notebooks", "notebooks/guide")
+                        for p in (ROOT / folder).glob("*.ipynb")}  # fmt: skip
     assert {f for f in held if f.startswith("notebooks/")} == course_notebooks
     package = {p.relative_to(ROOT).as_posix() for p in (ROOT / "src" / "hooklab").rglob("*")
                if p.is_file() and "__pycache__" not in p.parts}  # fmt: skip
@@ -42,6 +45,30 @@ def test_the_copy_has_the_notebooks_hooklab_and_the_set_up_but_no_answers_and_no
     assert os.access(copy / "binder" / "postBuild", os.X_OK)
     with zipfile.ZipFile(copy.parent / "hooklab-student.zip") as archive:
         assert {n.removeprefix("release/") for n in archive.namelist() if not n.endswith("/")} == held
+
+
+def test_the_guide_is_copied_and_graded_by_make_test_and_no_worked_answer_of_lesson_or_guide(tmp_path, monkeypatch):
+    """A course whose notebooks are made up (two lessons, a guide notebook, their worked answers);
+    everything else is the course's own, linked in."""
+    import grade  # tools/
+
+    course = tmp_path / "course"
+    for name in ["src", "tools", "Makefile", "README.md", *release.FILES]:
+        (course / name).parent.mkdir(parents=True, exist_ok=True)
+        (course / name).symlink_to(ROOT / name)
+    made_up = ["notebooks/00_a.ipynb", "notebooks/01_b.ipynb", "notebooks/guide/G1_c.ipynb",
+               "notebooks/solutions/00_a_solutions.ipynb", "notebooks/solutions/G1_c_solutions.ipynb"]  # fmt: skip
+    for name in made_up:
+        (course / name).parent.mkdir(parents=True, exist_ok=True)
+        (course / name).write_text("{}")
+    monkeypatch.setattr(release, "ROOT", course)
+
+    release.build(tmp_path / "release")
+
+    held = files(tmp_path / "release")
+    assert {f for f in held if f.startswith("notebooks/")} == set(made_up[:3])
+    _, found = grade.parse([str(tmp_path / "release" / "notebooks")])  # what the copy's make test grades
+    assert sorted(p.relative_to(tmp_path / "release").as_posix() for p, _ in found) == sorted(made_up[:3])
 
 
 def test_the_readme_is_for_students_and_names_only_what_the_copy_has(copy):
@@ -87,4 +114,7 @@ def test_hooklab_imports_from_the_copy_and_its_make_test_grades_a_notebook(copy)
     graded = subprocess.run([sys.executable, "tools/grade.py", "notebooks/00_start_here.ipynb", "--jobs", "1"],
                             cwd=copy, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert graded.returncode == 0, graded.stdout + graded.stderr
-    assert re.search(r"notebooks/00_start_here\.ipynb: \d+ of 3 passed", graded.stdout), graded.stdout
+    from hooklab.exercises import exercises
+
+    count = sum(id.startswith("00.") and ex.kind == "exercise" for id, ex in exercises().items())
+    assert re.search(rf"notebooks/00_start_here\.ipynb: \d+ of {count} passed", graded.stdout), graded.stdout

@@ -1,13 +1,18 @@
-"""``make site`` (tools/build_site.py): one page per notebook and per worked-answer notebook, a landing
-page with the map, links between pages that land on an existing page and heading, widgets drawn
-from their saved state, nothing fetched from the network but MathJax where there are formulas.
-The browser test (tests/browser/test_site.py) looks at the pages in Chromium."""
+"""``make site`` (tools/build_site.py): one page per lesson, per field guide notebook (under
+``guide/``) and per worked-answer notebook (under ``solutions/``), a landing page with the map
+(the lessons, then the field guide), links between pages that land on an existing page and
+heading, widgets drawn from their saved state, nothing fetched from the network but MathJax where
+there are formulas. The course's own notebooks are checked whether or not the guide has
+notebooks yet; a small course written in tmp_path checks the guide's pages and the links between
+lessons, guide and worked answers. The browser test (tests/browser/test_site.py) looks at the
+pages in Chromium."""
 
 from __future__ import annotations
 
 import base64
 import io
 import re
+from html import escape
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
@@ -18,8 +23,12 @@ import pytest
 from PIL import Image
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))
-ANSWERS = sorted(p.name for p in (ROOT / "notebooks" / "solutions").glob("*.ipynb"))
+NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("*.ipynb"))  # the lessons
+GUIDE = sorted(p.name for p in (ROOT / "notebooks" / "guide").glob("*.ipynb"))  # none yet, or G1_…, G2_…
+ANSWERS = sorted(p.name for p in (ROOT / "notebooks" / "solutions").glob("*.ipynb"))  # of lessons and guide
+#: every page but the index, in the map's order: lessons, field guide, worked answers
+PAGES = [n.replace(".ipynb", ".html") for n in NOTEBOOKS] + [f"guide/{n.replace('.ipynb', '.html')}" for n in GUIDE] \
+    + [f"solutions/{n.replace('.ipynb', '.html')}" for n in ANSWERS]  # fmt: skip
 
 
 class Page(HTMLParser):
@@ -50,37 +59,46 @@ def site(tmp_path_factory) -> Path:
 
 
 def test_every_notebook_and_every_worked_answer_has_its_own_page_and_the_map_links_them(site):
-    assert sorted(p.name for p in site.glob("*.html")) == sorted([n.replace(".ipynb", ".html") for n in NOTEBOOKS]
-                                                                 + ["index.html"])  # fmt: skip
-    assert sorted(p.name for p in (site / "solutions").glob("*.html")) == [n.replace(".ipynb", ".html")
-                                                                           for n in ANSWERS]  # fmt: skip
+    assert sorted(p.relative_to(site).as_posix() for p in site.rglob("*.html")) == sorted([*PAGES, "index.html"])
     index = Page((site / "index.html").read_text())
-    expected = [n.replace(".ipynb", ".html") for n in NOTEBOOKS] + [f"solutions/{n.replace('.ipynb', '.html')}"
-                                                                    for n in ANSWERS]  # fmt: skip
-    assert [link for link in index.links if not link.startswith("http")] == expected
-    # each notebook's title and learning goals are on the map
+    assert [link for link in index.links if not link.startswith("http")] == PAGES
+    # each lesson's title and learning goals are on the map, then each guide notebook's title
+    text = (site / "index.html").read_text()
     for name in NOTEBOOKS:
         title, goals = course_site.title_and_goals(nbformat.read(ROOT / "notebooks" / name, as_version=4))
         assert title and goals
-        assert title in (site / "index.html").read_text()
+        assert escape(title) in text
+    assert ("<h2>Field guide</h2>" in text) == bool(GUIDE)
+    for name in GUIDE:
+        title, _ = course_site.title_and_goals(nbformat.read(ROOT / "notebooks" / "guide" / name, as_version=4))
+        assert title and text.index("<h2>Field guide</h2>") < text.index(escape(title))
 
 
-def test_every_local_link_lands_on_a_page_and_a_heading_that_exist(site):
-    checked, ids = 0, {}  # each page's ids, parsed once (pages of 1 MB were parsed once per link)
-    for page in site.rglob("*.html"):
+def local_links(site: Path) -> tuple[int, list[str]]:
+    """How many local links the site's pages have, and those that miss their page or heading."""
+    checked, broken, ids = 0, [], {}  # each page's ids, parsed once (pages of 1 MB were parsed once per link)
+    for page in sorted(site.rglob("*.html")):
         for link in Page(page.read_text()).links:
             parts = urlsplit(link)
             if parts.scheme:
                 continue
+            checked += 1
             target = (page.parent / unquote(parts.path)).resolve() if parts.path else page
-            assert target.is_file(), f"{page.relative_to(site)} links to {link}, which does not exist"
+            if not target.is_file():
+                broken.append(f"{page.relative_to(site)} links to {link}, which does not exist")
+                continue
             if parts.fragment:
                 if target not in ids:
                     ids[target] = Page(target.read_text()).ids
-                found = {as_browser_sends(parts.fragment), unquote(parts.fragment)} & ids[target]
-                assert found, f"{page.name}: no heading for {link}"
-            checked += 1
-    assert checked > 3 * len(NOTEBOOKS + ANSWERS)  # the navigation bars alone give more
+                if not {as_browser_sends(parts.fragment), unquote(parts.fragment)} & ids[target]:
+                    broken.append(f"{page.relative_to(site)}: no heading for {link}")
+    return checked, broken
+
+
+def test_every_local_link_lands_on_a_page_and_a_heading_that_exist(site):
+    checked, broken = local_links(site)
+    assert broken == []
+    assert checked > 2 * len(PAGES)  # the navigation bars alone give nearly as many
 
 
 def as_browser_sends(fragment: str) -> str:
@@ -150,7 +168,94 @@ def test_a_widget_is_drawn_from_its_saved_state_and_one_without_state_says_where
 
 def test_a_site_without_the_worked_answers_lists_no_page_of_them():
     order = course_site.pages(answers=False)
-    assert [page for _, page in order] == [n.replace(".ipynb", ".html") for n in NOTEBOOKS]
+    assert [page for _, page in order] == [page for page in PAGES if not page.startswith("solutions/")]
     index = course_site.index_page(ROOT / "notebooks", order)
     assert "Worked answers" not in index
     assert not [link for link in Page(index).links if "solutions" in link]
+
+
+# --- a small course of two lessons, two guide notebooks and two worked answers, in tmp_path --------
+
+
+def notebook(path: Path, *markdown: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cells = [nbformat.v4.new_markdown_cell(text) for text in markdown]
+    cells.insert(1, nbformat.v4.new_code_cell("import hooklab\nhooklab.setup()"))
+    nbformat.write(nbformat.v4.new_notebook(cells=cells), path)
+
+
+def small_course(source: Path) -> Path:
+    """Lessons link the guide's sections, the guide links back to a lesson and to itself, and the
+    worked answers link their lesson or guide notebook: the links the course's notebooks use."""
+    goals = "**After this notebook you will be able to**\n- hook a tensor\n"
+    notebook(source / "00_first.ipynb", f"# 00 · First lesson\n\n{goals}", "## 1. A hook\n\nCurious? "
+             "[the firing order](guide/G1_tensor_hooks.ipynb#2.-Firing-order) · [next](01_second.ipynb)")
+    notebook(source / "01_second.ipynb", f"# 01 · Second lesson\n\n{goals}",
+             "## 1. Modules\n\nMore in [the guide](guide/G2_module_hooks.ipynb).")
+    notebook(source / "guide" / "G1_tensor_hooks.ipynb", "# G1 · Tensor hooks\n\nWhat tensor hooks do.\n\n"
+             "- [1. Registering](#1.-Registering)\n- [2. Firing order](#2.-Firing-order)",
+             "## 1. Registering\n\nDocumented.", "## 2. Firing order\n\nMeasured; taught in "
+             "[lesson 00](../00_first.ipynb#1.-A-hook).")
+    notebook(source / "guide" / "G2_module_hooks.ipynb", "# G2 · Module hooks\n\nWhat module hooks do.",
+             "## 1. Order\n\nAs for tensors: [G1 §2](G1_tensor_hooks.ipynb#2.-Firing-order).")
+    notebook(source / "solutions" / "00_first_solutions.ipynb", "# 00 · Worked answers",
+             "Back to [the lesson](../00_first.ipynb#1.-A-hook).")
+    notebook(source / "solutions" / "G1_tensor_hooks_solutions.ipynb", "# G1 · Worked answers",
+             "Back to [the guide](../guide/G1_tensor_hooks.ipynb#2.-Firing-order).")  # fmt: skip
+    return source
+
+
+SMALL_PAGES = ["00_first.html", "01_second.html", "guide/G1_tensor_hooks.html", "guide/G2_module_hooks.html",
+               "solutions/00_first_solutions.html", "solutions/G1_tensor_hooks_solutions.html"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def small_site(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("small")
+    course_site.build(folder / "site", source=small_course(folder / "notebooks"))
+    return folder / "site"
+
+
+def nav_links(page: Path) -> list[str]:
+    bar = re.search(r"<nav class='hooklab-nav'>.*?</nav>", page.read_text())
+    return Page(bar[0]).links
+
+
+def test_guide_notebooks_get_pages_under_guide_and_the_map_lists_them_after_the_lessons(small_site):
+    assert sorted(p.relative_to(small_site).as_posix() for p in small_site.rglob("*.html")) == \
+        sorted([*SMALL_PAGES, "index.html"])  # fmt: skip
+    index = (small_site / "index.html").read_text()
+    assert Page(index).links == SMALL_PAGES
+    order = ["<h2>The lessons</h2>", "00 · First lesson", "hook a tensor", "<h2>Field guide</h2>",
+             "G1 · Tensor hooks", "G2 · Module hooks", "<h2>Worked answers</h2>", "G1 · Worked answers"]  # fmt: skip
+    assert [index.index(part) for part in order] == sorted(index.index(part) for part in order)
+
+
+def test_links_between_lessons_guide_and_worked_answers_land_on_their_pages_and_headings(small_site):
+    checked, broken = local_links(small_site)
+    assert broken == [] and checked >= 20
+    links = {page: Page((small_site / page).read_text()).links for page in SMALL_PAGES}
+    assert "guide/G1_tensor_hooks.html#2.-Firing-order" in links["00_first.html"]
+    assert "guide/G2_module_hooks.html" in links["01_second.html"]
+    assert "../00_first.html#1.-A-hook" in links["guide/G1_tensor_hooks.html"]
+    assert "G1_tensor_hooks.html#2.-Firing-order" in links["guide/G2_module_hooks.html"]
+    assert "../guide/G1_tensor_hooks.html#2.-Firing-order" in links["solutions/G1_tensor_hooks_solutions.html"]
+
+
+def test_each_bar_leads_home_and_on_within_lessons_or_within_the_guide_and_answers_lead_back(small_site):
+    assert nav_links(small_site / "00_first.html") == ["index.html", "01_second.html"]
+    assert nav_links(small_site / "01_second.html") == ["index.html", "00_first.html"]  # no next into the guide
+    assert nav_links(small_site / "guide" / "G1_tensor_hooks.html") == ["../index.html", "G2_module_hooks.html"]
+    assert nav_links(small_site / "guide" / "G2_module_hooks.html") == ["../index.html", "G1_tensor_hooks.html"]
+    assert nav_links(small_site / "solutions" / "00_first_solutions.html") == ["../index.html", "../00_first.html"]
+    assert nav_links(small_site / "solutions" / "G1_tensor_hooks_solutions.html") == [
+        "../index.html", "../guide/G1_tensor_hooks.html"]  # fmt: skip
+
+
+def test_without_the_worked_answers_the_guide_stays_and_no_link_leads_to_an_answer(tmp_path):
+    out = tmp_path / "site"
+    course_site.build(out, source=small_course(tmp_path / "notebooks"), answers=False)
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*.html")) == \
+        sorted([page for page in SMALL_PAGES if not page.startswith("solutions/")] + ["index.html"])  # fmt: skip
+    assert local_links(out)[1] == []
+    assert "Worked answers" not in (out / "index.html").read_text()

@@ -1,10 +1,17 @@
 """Build the course as a static website (``make site``): ``artifacts/site/index.html`` with the
-notebook map, one page per notebook with its stored outputs and figures, and the worked answers on
-pages of their own under ``solutions/`` (``--no-answers`` leaves them out:
+map (the lessons, then the field guide), one page per notebook with its stored outputs and
+figures: the lessons beside the index (``01_tensor_hooks.html``), the field guide under
+``guide/`` (``guide/G1_tensor_and_graph_hooks.html``), and the worked answers of both on pages of
+their own under ``solutions/`` (``--no-answers`` leaves them out:
 ``make site SITE_ARGS=--no-answers``). Nothing is executed and nothing is downloaded: the pages
 are the notebooks as saved (``make notebooks``), rendered by nbconvert's HTML exporter.
 
-Links between notebooks (``02_forward_hooks.ipynb#2.-Changing…``) become links between pages.
+The site keeps the folders of ``notebooks/``, so the links between notebooks
+(``02_forward_hooks.ipynb#2.-Changing…``, ``guide/G1_….ipynb#3.-…`` from a lesson,
+``../01_tensor_hooks.ipynb`` from the guide or the worked answers) become links between pages.
+Each page's bar leads home, to the previous and next page of its kind (lesson or guide), and from
+a worked answer back to its notebook.
+
 A widget (the explorers, a progress bar) is drawn as it opened, from the widget state the notebook
 was saved with: its picture, its printed text and its controls at their first values (shown, not
 working: moving a slider needs a kernel). A widget without saved state says where to use it.
@@ -36,9 +43,15 @@ NO_STATE = ("<p class='hooklab-widget-note'>An interactive widget: open this not
 SAVED_VIEW = "<p class='hooklab-widget-note'>The widget as it opened; run the notebook to move its controls.</p>"
 
 
+FOLDERS = ("", "guide", "solutions")  # the lessons, the field guide, the worked answers of both: the map's order
+
+
 def pages(source: Path = NOTEBOOKS, answers: bool = True) -> list[tuple[Path, str]]:
-    """Every notebook and its page: ``NN_name.html`` and ``solutions/NN_name_solutions.html``."""
-    found = sorted(source.glob("*.ipynb")) + (sorted((source / "solutions").glob("*.ipynb")) if answers else [])
+    """Every notebook and its page, in the map's order: the lessons (``NN_name.html``), the field
+    guide (``guide/GK_name.html``), then the worked answers (``solutions/NN_name_solutions.html``,
+    ``solutions/GK_name_solutions.html``) unless ``answers`` is false."""
+    folders = [name for name in FOLDERS if answers or name != "solutions"]
+    found = [p for name in folders for p in sorted((source / name).glob("*.ipynb"))]
     return [(p, p.relative_to(source).with_suffix(".html").as_posix()) for p in found]
 
 
@@ -130,26 +143,31 @@ def local_links(page: str) -> str:
 
 
 def title_and_goals(nb) -> tuple[str, str]:
-    """The notebook's H1 title and the markdown of its learning goals (the list after the title)."""
+    """The notebook's H1 title and the markdown of its learning goals: the list after a bold line
+    "**After this notebook you will be able to**" (or "**You will be able to:**")."""
     first = next((c.source for c in nb.cells if c.cell_type == "markdown"), "")
     title = next((line[2:].strip() for line in first.splitlines() if line.startswith("# ")), "")
-    goals = re.search(r"\*\*After [^*\n]*you will be able to\*\*\n((?:[-*] .*\n?(?:  .*\n?)*)+)", first)
+    goals = re.search(r"\*\*(?:After [^*\n]*)?[Yy]ou will be able to:?\*\*:?\n((?:[-*] .*\n?(?:  .*\n?)*)+)", first)
     return title, goals[1] if goals else ""
 
 
 def nav(page: str, order: list[str]) -> str:
-    """The bar at the top of a page: home, previous and next notebook, its worked answers or back."""
-    up = "../" if page.startswith("solutions/") else ""
-    links = [f"<a href='{up}index.html'>Hook Lab</a>"]
-    if page.startswith("solutions/"):
-        notebook = page.removeprefix("solutions/").replace("_solutions", "")
-        links.append(f"<a href='../{notebook}'>back to the notebook</a>")
+    """The bar at the top of a page: home, then the previous and next page of its kind (``order``:
+    the lessons' and the guide's pages), or, for a worked answer, back to its lesson or guide page."""
+    folder, _, name = page.rpartition("/")
+    links = [f"<a href='{'../' if folder else ''}index.html'>Hook Lab</a>"]
+    if folder == "solutions":
+        notebook = name.replace("_solutions", "")
+        back = next((p for p in order if p in (notebook, f"guide/{notebook}")), None)
+        if back:
+            links.append(f"<a href='../{back}'>back to the notebook</a>")
     else:
-        at = order.index(page)
+        kind = [p.rpartition("/")[2] for p in order if p.rpartition("/")[0] == folder]
+        at = kind.index(name)
         if at > 0:
-            links.append(f"<a href='{order[at - 1]}'>← previous</a>")
-        if at + 1 < len(order):
-            links.append(f"<a href='{order[at + 1]}'>next →</a>")
+            links.append(f"<a href='{kind[at - 1]}'>← previous</a>")
+        if at + 1 < len(kind):
+            links.append(f"<a href='{kind[at + 1]}'>next →</a>")
     return f"<nav class='hooklab-nav'>{' · '.join(links)}</nav>"
 
 
@@ -169,9 +187,9 @@ INDEX = """<!DOCTYPE html>
 <body><main class="hooklab-index">
 <h1>Hook Lab</h1>
 {intro}
-<h2>The notebooks</h2>
+<h2>The lessons</h2>
 <ul class="hooklab-map">{rows}</ul>
-{answers}<h2>Run it yourself</h2>
+{guide}{answers}<h2>Run it yourself</h2>
 <p>These pages show the notebooks as saved. To run them, move the sliders and check your answers, get the
 course and type <code>make lab</code> (Python 3.11 and <code>make</code> are all it needs).</p>
 </main></body></html>
@@ -180,39 +198,48 @@ CSS = """body{font-family:system-ui,sans-serif;line-height:1.5;margin:0;color:#2
 .hooklab-index{max-width:50rem;margin:2rem auto;padding:0 1rem}
 .hooklab-map{list-style:none;padding:0}.hooklab-map>li{margin-bottom:1rem}.hooklab-map a{font-weight:600}
 .hooklab-map li p{margin:0}.hooklab-map ul{margin:.2rem 0}
+.hooklab-guide{list-style:none;padding:0}.hooklab-guide>li{margin-bottom:.4rem}.hooklab-guide a{font-weight:600}
 code{background:#f3f3f3;padding:0 .2em}"""
 
 
 def index_page(source: Path, order: list[tuple[Path, str]]) -> str:
     readme = (source.parent / "README.md").read_text() if (source.parent / "README.md").is_file() else ""
     intro = re.search(r"^# [^\n]*\n+(.*?)\n## ", readme, re.S)
-    rows, answers = [], []
+    rows, guide, answers = [], [], []
     for path, page in order:
         title, goals = title_and_goals(nbformat.read(path, as_version=4))
         link = f"<a href='{page}'>{html.escape(title or path.stem)}</a>"
         if page.startswith("solutions/"):
             answers.append(f"<li>{link}</li>")
+        elif page.startswith("guide/"):
+            guide.append(f"<li>{link}</li>")
         else:
             rows.append(f"<li>{link}{markdown2html_mistune(goals) if goals else ''}</li>")
+    if guide:
+        guide = ["<h2>Field guide</h2>\n<p>The depth behind the lessons: one kind of hook a notebook, one behaviour a "
+                 "section, each marked documented (with a link to PyTorch's documentation) or measured. The lessons "
+                 "link to its sections.</p>\n<ul class='hooklab-guide'>", *guide, "</ul>\n"]  # fmt: skip
     if answers:
         answers = ["<h2>Worked answers</h2>\n<p>Try the exercises first: each checks your answer as you go.</p>\n"
                    "<ul>", *answers, "</ul>\n"]  # fmt: skip
     return INDEX.format(css=CSS, intro=markdown2html_mistune(intro[1]) if intro else "", rows="".join(rows),
-                        answers="".join(answers))  # fmt: skip
+                        guide="".join(guide), answers="".join(answers))  # fmt: skip
 
 
 def build(out: Path, source: Path = NOTEBOOKS, answers: bool = True) -> list[Path]:
-    """Write the site into ``out`` (replaced), with the worked answers or without; return the pages."""
+    """Write the site of the notebooks in ``source`` (lessons; ``guide/`` and ``solutions/`` below
+    it) into ``out`` (replaced), with the worked answers or without; return the pages."""
     order = pages(source, answers)
     if not order:
         raise SystemExit(f"no notebooks in {source}: nothing to build")
     if out.exists():
         shutil.rmtree(out)
-    (out / "solutions").mkdir(parents=True)
+    out.mkdir(parents=True)
     exporter = HTMLExporter(template_name="hooklab", extra_template_basedirs=[str(TEMPLATES)])
     main_pages = [page for _, page in order if not page.startswith("solutions/")]
     written = []
     for path, page in order:
+        (out / page).parent.mkdir(exist_ok=True)
         (out / page).write_text(render(path, page, main_pages, exporter), encoding="utf-8")
         written.append(out / page)
     (out / "index.html").write_text(index_page(source, order), encoding="utf-8")

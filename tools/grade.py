@@ -6,12 +6,19 @@ memory: the student's file is not changed. A cell that raises does not stop the 
 cells may still reach their checks), and neither does a cell that runs longer than ``--timeout``
 seconds (``GRADE_ARGS="--timeout 60"``; default 300): the kernel is interrupted and the next cell
 runs. Then, for every exercise of that notebook (``04.1``–``04.9`` for a file whose name holds
-``04_`` or ``04-``, e.g. ``anna_04_backprop.ipynb``), the report gives the verdict of its last
-``check(...)``: passed, failed (with the checker's reason), not solved yet, or not checked (no
-verdict was recorded: the ``check`` line did not run, or the student's ``check`` is not
-hooklab's). "N of M passed" counts this notebook's exercises only; exercises of other notebooks
-checked in it are listed after them ("also checked"). When no notebook number is found in the
-file name, only the exercises the notebook checked are listed, with a note saying so.
+``04_`` or ``04-``, e.g. ``anna_04_backprop.ipynb``; ``G1.1``… for a field guide notebook, whose
+name holds ``G1_``, e.g. ``anna_G1_tensor_and_graph_hooks.ipynb``), the report gives the verdict
+of its last ``check(...)``: passed, failed (with the checker's reason), not solved yet, or not
+checked (no verdict was recorded: the ``check`` line did not run, or the student's ``check`` is
+not hooklab's). "N of M passed" counts this notebook's exercises only; exercises of other
+notebooks checked in it are listed after them ("also checked"). When no notebook number is found
+in the file name, only the exercises the notebook checked are listed, with a note saying so. A
+course notebook without exercises (a guide notebook may have none) is "0 of 0 passed".
+
+Predictions (``check("01.a", guess)``: what the student expected a cell to show, before running
+it) are shown but not marked: they count in no "N of M", and one line says how many of the
+guesses made were right, ``predictions: 3 right of 5 made (not marked)`` (none when no guess was
+made; a prediction left at ``guess = ...`` is not made).
 
 Then come the cells that raised or timed out. Cells are counted from 1 at the top of the notebook,
 markdown cells included (JupyterLab shows no numbers), and each is also named by the first
@@ -21,16 +28,18 @@ A notebook cannot be graded when its kernel dies (``os._exit``, a crash), when a
 does not stop on the interrupt (the next cell then times out too, and the run is given up), or
 when the verdicts cannot be collected at the end: the report says which cell and the batch goes
 on with the next notebook. ``--json FILE`` writes the same as JSON, rewritten after every
-notebook. The exit status is 0 when every notebook was graded (whatever its verdicts), 1 when at
-least one could not be graded, 2 for a usage error.
+notebook, the predictions apart under ``"predictions"`` (each one's verdict: right, not quite,
+or no guess yet). The exit status is 0 when every notebook was graded (whatever its verdicts), 1
+when at least one could not be graded, 2 for a usage error.
 
 ``--jobs N`` runs N notebooks at a time, one kernel each (default: the number of cores this
 process may use); the report keeps the order of the command line. Each kernel runs on one thread
 and needs about as much memory as a student's (see the README). ``--csv FILE`` writes one row per
-student and exercise: student, notebook, exercise, verdict, reason. The student is the first
-folder below the folder given on the command line (``students/anna/04_backprop.ipynb`` →
-``anna``); for a notebook given by itself or lying directly in that folder, it is the part of the
-file name before the notebook number (``anna_04_backprop.ipynb`` → ``anna``), or else the
+student and exercise (none for predictions): student, notebook, exercise, verdict, reason. The
+student is the first folder below the folder given on the command line
+(``students/anna/04_backprop.ipynb`` → ``anna``); for a notebook given by itself or lying directly
+in that folder, it is the part of the file name before the notebook number
+(``anna_04_backprop.ipynb``, ``anna_G1_tensor_and_graph_hooks.ipynb`` → ``anna``), or else the
 notebook's folder. A notebook that could not be graded gets one row per exercise, verdict
 ``not graded`` and the reason; exercises of other notebooks ("also checked") get no row.
 
@@ -67,6 +76,7 @@ COLLECT = (
     "_hooklab_grade_json.dumps(_hooklab_grade_sys.modules['hooklab.exercises'].checked()\n"
     "                          if 'hooklab.exercises' in _hooklab_grade_sys.modules else {})"
 )
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"  # the course's (or the student copy's)
 TIMEOUT = "hooklab-grade-timeout"  # ename of the reply nbclient gives a cell it interrupted
 NOT_CHECKED = (
     "not checked",
@@ -166,31 +176,56 @@ def collected(cell) -> dict:
     raise NotGraded(one_line(f"the verdicts could not be collected ({failed})"))
 
 
+#: A notebook number in a file name: G and digits (the field guide: ``G1_…``, ``anna_g1_…``), or
+#: two digits (a lesson: ``04_…``, ``anna_04_…``, ``hw-04-…``), then ``_`` or ``-``.
+NUMBER = re.compile(r"(?<![A-Za-z\d])([Gg]\d+)[_-]|(?<![\dGg])(\d\d)[_-]")
+
+
 def number_of(path: Path, numbers: set[str]) -> str | None:
-    """The notebook number in the file name: two digits followed by ``_`` or ``-``, anywhere in the
-    name (``04_…``, ``anna_04_…``, ``hw-04-…``), the first that is a course notebook's."""
-    return next((n for n in re.findall(r"(?<!\d)(\d\d)[_-]", path.name) if n in numbers), None)
+    """The notebook number in the file name (``NUMBER``: ``04`` for ``anna_04_backprop.ipynb``,
+    ``G1`` for ``G1_tensor_and_graph_hooks.ipynb``), anywhere in the name, the first that is in
+    ``numbers`` (a course notebook's)."""
+    found = [guide.upper() or lesson for guide, lesson in NUMBER.findall(path.name)]
+    return next((n for n in found if n in numbers), None)
+
+
+def course_numbers(ids) -> set[str]:
+    """The numbers of the course's notebooks: those of the exercises and predictions ``ids``, and
+    those of the notebooks in ``notebooks/`` and ``notebooks/guide/`` (a guide notebook may have
+    no exercise)."""
+    names = [p.name for folder in (NOTEBOOKS, NOTEBOOKS / "guide") for p in folder.glob("*.ipynb")]
+    return {id.split(".")[0] for id in ids} | {m[1] for name in names if (m := re.match(r"(\d\d|G\d+)_", name))}
+
+
+def is_prediction(id: str, known: dict) -> bool:
+    """Whether ``id`` is a prediction (``01.a``) rather than an exercise (``01.1``)."""
+    return known[id].kind == "prediction" if id in known else bool(re.fullmatch(r"[^.]+\.[a-z]", id))
 
 
 def report(path: Path, verdicts: dict, problems: list[str]) -> tuple[list[str], dict]:
     from hooklab.exercises import exercises
 
-    titles = {id: ex.title for id, ex in exercises().items()}
-    number = number_of(path, {id.split(".")[0] for id in titles})
+    known = exercises()
+    titles = {id: ex.title for id, ex in known.items()}
+    guesses = {id: v for id, v in verdicts.items() if is_prediction(id, known)}
+    verdicts = {id: v for id, v in verdicts.items() if id not in guesses}
+    number = number_of(path, course_numbers(known))
     if number is None:
         mine = dict.fromkeys(verdicts)
     else:
-        mine = dict.fromkeys(id for id in titles if id.startswith(number + "."))
+        mine = dict.fromkeys(id for id in known if id.startswith(number + ".") and not is_prediction(id, known))
+
     def row(id: str, verdict_and_detail: tuple) -> dict:
         verdict, detail = verdict_and_detail
         return {"title": titles.get(id, ""), "verdict": verdict, "detail": detail}
 
     rows = {id: row(id, verdicts.get(id, NOT_CHECKED)) for id in mine}
     others = {id: row(id, v) for id, v in verdicts.items() if id not in rows}
+    predictions = {id: row(id, v) for id, v in guesses.items()}
     passed = sum(r["verdict"] == "passed" for r in rows.values())
     lines = [f"{path}: {passed} of {len(rows)} passed"]
     if number is None:
-        lines.append("  note: no notebook number (like 04_) found in the file name: only the exercises it "
+        lines.append("  note: no notebook number (like 04_ or G1_) found in the file name: only the exercises it "
                      "checked are listed")  # fmt: skip
     width = max((len(r["title"]) for r in rows.values()), default=0)
     for id, r in rows.items():
@@ -199,9 +234,12 @@ def report(path: Path, verdicts: dict, problems: list[str]) -> tuple[list[str], 
     for id, r in others.items():
         detail = f" — {r['detail']}" if r["detail"] else ""
         lines.append(f"  also checked: {id} ({r['title']}) {r['verdict']}{detail}")
+    made = [r["verdict"] for r in predictions.values() if r["verdict"] in ("right", "not quite")]
+    if made:
+        lines.append(f"  predictions: {made.count('right')} right of {len(made)} made (not marked)")
     lines += [f"  {p}" for p in problems]
     result = {"graded": True, "number": number, "passed": passed, "of": len(rows), "exercises": rows,
-              "also_checked": others, "problems": problems}  # fmt: skip
+              "also_checked": others, "predictions": predictions, "problems": problems}  # fmt: skip
     return lines, result
 
 
@@ -247,11 +285,12 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[tuple[Path, 
 
 def student_of(path: Path, folder: Path | None) -> str:
     """The first folder below ``folder``; else the file name before its notebook number
-    (``anna_04_backprop.ipynb`` → ``anna``); else the name of the notebook's folder."""
+    (``anna_04_backprop.ipynb``, ``anna_G1_tensor_and_graph_hooks.ipynb`` → ``anna``); else the
+    name of the notebook's folder."""
     if folder is not None and len(path.relative_to(folder).parts) > 1:
         return path.relative_to(folder).parts[0]
-    parts = re.split(r"(?<!\d)\d\d[_-]", path.name, maxsplit=1)
-    before = parts[0].strip("_- ") if len(parts) == 2 else ""
+    found = NUMBER.search(path.name)
+    before = path.name[: found.start()].strip("_- ") if found else ""
     return before or path.resolve().parent.name
 
 
@@ -295,15 +334,17 @@ CSV_COLUMNS = ("student", "notebook", "exercise", "verdict", "reason")
 
 
 def csv_rows(student: str, path: Path, result: dict) -> list[tuple[str, ...]]:
-    """One row per exercise of the notebook; a notebook that was not graded gets ``not graded``
-    and the reason for each exercise of its number (one row without an exercise if it has none)."""
+    """One row per exercise of the notebook (none for predictions); a notebook that was not graded
+    gets ``not graded`` and the reason for each exercise of its number (one row without an
+    exercise if it has none)."""
     if result["graded"]:
         return [(student, str(path), id, r["verdict"], r["detail"]) for id, r in result["exercises"].items()]
     from hooklab.exercises import exercises
 
-    number = number_of(path, {id.split(".")[0] for id in exercises()})
-    ids = [id for id in exercises() if number is not None and id.startswith(number + ".")] or [""]
-    return [(student, str(path), id, "not graded", result["why"]) for id in ids]
+    known = exercises()
+    number = number_of(path, course_numbers(known))
+    ids = [id for id in known if number is not None and id.startswith(number + ".") and not is_prediction(id, known)]
+    return [(student, str(path), id, "not graded", result["why"]) for id in ids or [""]]
 
 
 def table(rows: list[tuple[str, ...]]) -> str:

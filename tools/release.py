@@ -1,12 +1,14 @@
 """Write a student copy of the course (``make release``): ``artifacts/release/``, ready to push to a
 class repository, and the same as ``artifacts/hooklab-student.zip``.
 
-The copy holds the notebooks without ``notebooks/solutions/``, the ``hooklab`` package, the
-licenses, the pins (``requirements.txt``, ``requirements.lock``, ``environment.yml``,
-``binder/``), ``pyproject.toml``, the tools its Makefile runs, the README without the parts for
-instructors and maintainers, and a Makefile with the same two commands: ``make lab`` as in the
-course repository (its set-up rules are copied from the course's Makefile), and ``make test``,
-which runs every notebook of the copy in a fresh kernel and reports each exercise's verdict
+The copy holds the lessons (``notebooks/NN_name.ipynb``) and the field guide
+(``notebooks/guide/GK_name.ipynb``) without the worked answers of either
+(``notebooks/solutions/``), the ``hooklab`` package, the licenses, the pins
+(``requirements.txt``, ``requirements.lock``, ``environment.yml``, ``binder/``),
+``pyproject.toml``, the tools its Makefile runs, the README without the parts for instructors and
+maintainers, and a Makefile with the same two commands: ``make lab`` as in the course repository
+(its set-up rules are copied from the course's Makefile), and ``make test``, which runs every
+notebook of the copy (the guide's too) in a fresh kernel and reports each exercise's verdict
 (``tools/grade.py notebooks``). No tests: the course's exercise tests need the worked answers.
 """
 
@@ -22,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FILES = ["LICENSE", "LICENSE-notebooks", "requirements.txt", "requirements.lock", "environment.yml",
          "pyproject.toml", ".gitignore", "binder"]  # fmt: skip
+NOTEBOOK_FOLDERS = ["notebooks", "notebooks/guide"]  # the lessons and the field guide; not notebooks/solutions
 TOOLS = ["install_kernel.py", "grade.py"]  # and every tools/ module they import
 README_SECTIONS = ["# Hook Lab", "## Two commands", "## The notebooks", "## Getting help",
                    "## The helper package `hooklab`", "## Known limits", "## License"]  # fmt: skip
@@ -117,9 +120,10 @@ def build(out: Path) -> Path:
     if out.exists():
         shutil.rmtree(out)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".ipynb_checkpoints", "*.egg-info")
-    (out / "notebooks").mkdir(parents=True)
-    for notebook in sorted((ROOT / "notebooks").glob("*.ipynb")):
-        shutil.copy2(notebook, out / "notebooks")
+    for folder in NOTEBOOK_FOLDERS:
+        for notebook in sorted((ROOT / folder).glob("*.ipynb")):
+            (out / folder).mkdir(parents=True, exist_ok=True)
+            shutil.copy2(notebook, out / folder)
     shutil.copytree(ROOT / "src", out / "src", ignore=ignore)
     for name in FILES:
         source = ROOT / name

@@ -1,6 +1,8 @@
 """Re-execute notebooks top to bottom in a fresh kernel and save them: the only way outputs
-are written. Run through ``make notebooks`` (all) or ``make notebooks NB=path.ipynb`` (one),
-so that the kernel gets the same environment (threads, warnings) as ``make test``.
+are written. Run through ``make notebooks`` (all: every notebook under ``notebooks/``, the lessons,
+the field guide in ``guide/`` and the worked answers in ``solutions/``) or
+``make notebooks NB=path.ipynb`` (one), so that the kernel gets the same environment (threads,
+warnings) as ``make test``.
 """
 
 from __future__ import annotations
@@ -121,7 +123,8 @@ def _renaming(value, renamed: dict[str, str]):
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("notebooks", nargs="*", type=Path, help="default: every notebook under notebooks/")
+    parser.add_argument("notebooks", nargs="*", type=Path,
+                        help="default: every notebook under notebooks/ (guide/ and solutions/ too)")
     parser.add_argument("--timeout", type=int, default=300, help="seconds per cell")
     args = parser.parse_args(argv)
     paths = args.notebooks or sorted((ROOT / "notebooks").rglob("*.ipynb"))

@@ -1,6 +1,8 @@
 """The static site (``make site``, tools/build_site.py) in a real Chromium, with the network cut off:
-the map leads to every notebook, the bars and the links in the text lead on, and notebook 05's
-page shows the explorer's picture, drawn from the widget state saved in the notebook."""
+the map leads to every lesson and, once the course has guide notebooks, to the field guide; the
+bars and the links in the text lead on (a lesson's link into the guide lands on its section);
+and notebook 05's page shows the explorer's picture, drawn from the widget state saved in the
+notebook."""
 
 from __future__ import annotations
 
@@ -56,6 +58,31 @@ def test_the_map_leads_to_every_notebook_and_the_links_lead_on(page, site):
     heading = page.locator(f"[id='{section}'], [id='{page.evaluate('decodeURIComponent(location.hash.slice(1))')}']")
     expect(heading.first).to_be_in_viewport()
     assert set(asked) <= {MATHJAX}  # formulas load MathJax; offline they stay as written
+
+
+def test_the_map_leads_to_the_field_guide_and_a_lesson_link_lands_on_a_guide_section(page, site):
+    guide = sorted((site / "guide").glob("*.html"))
+    if not guide:
+        pytest.skip("the course has no field guide notebook yet")
+    lessons_linking = [p for p in sorted(site.glob("0*.html")) if re.search(r"href=\"guide/[^\"#]+#", p.read_text())]
+    asked = offline(page)
+    page.goto((site / "index.html").as_uri())
+    entries = page.locator(".hooklab-guide > li > a")
+    expect(entries).to_have_count(len(guide))
+    entries.first.click()
+    expect(page).to_have_url(guide[0].as_uri())
+    page.locator(".hooklab-nav a", has_text="Hook Lab").click()
+    expect(page).to_have_url((site / "index.html").as_uri())
+    assert lessons_linking, "no lesson links a section of the field guide"
+    page.goto(lessons_linking[0].as_uri())
+    section_link = page.locator("main a[href^='guide/'][href*='.html#']").first
+    target = section_link.get_attribute("href")
+    section_link.click()
+    expect(page).to_have_url(re.compile(re.escape((site / target.split("#")[0]).as_uri()) + "#"))
+    section = page.evaluate("decodeURIComponent(location.hash.slice(1))")
+    heading = page.locator(f"[id='{page.evaluate('location.hash.slice(1)')}'], [id='{section}']")
+    expect(heading.first).to_be_in_viewport()
+    assert set(asked) <= {MATHJAX}
 
 
 def test_notebook_05_shows_the_explorer_picture(page, site, artifacts):
