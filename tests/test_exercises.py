@@ -12,6 +12,7 @@ from hooklab.audit import clear_global_hooks, global_hooks
 from hooklab.exercises import _CHECKED, Outcome, check, checked, exercises, grade, hint_for, kind_of
 
 EXERCISES = exercises()
+PREDICTIONS = [id for id, ex in EXERCISES.items() if ex.kind == "prediction"]
 #: the stub each notebook gives: a function raising NotImplementedError, or None for 06.4,
 #: whose answer is a list
 STUB_IS_NONE = {"06.4"}
@@ -21,10 +22,16 @@ def stub(*args, **kwargs):
     raise NotImplementedError
 
 
-@pytest.mark.parametrize("id", EXERCISES)
+@pytest.mark.parametrize("id", [id for id in EXERCISES if id not in PREDICTIONS])
 def test_the_notebook_stub_prints_not_solved_yet(id, capsys):
     check(id, None if id in STUB_IS_NONE else stub)
     assert capsys.readouterr().out == f"Exercise {id} ({EXERCISES[id].title}): not solved yet\n"
+
+
+@pytest.mark.parametrize("id", PREDICTIONS)
+def test_the_notebook_guess_stub_prints_no_guess_yet(id, capsys):
+    check(id, ...)  # the lesson's `guess = ...`
+    assert capsys.readouterr().out.startswith(f"Prediction {id} ({EXERCISES[id].title}): no guess yet — ")
 
 
 @pytest.mark.parametrize("id", EXERCISES)
@@ -61,7 +68,7 @@ def test_checked_keeps_the_last_verdict_of_each_check(capsys):
     assert checked()["00.1"] == ("failed", grade("00.1", lambda module: ([], None)).detail)
     check("00.1", counter)
     check("00.2", stub)
-    check("00.3", lambda model, x: 1 / 0)
+    check("00.3", lambda model: 1 / 0)
     printed = capsys.readouterr().out.splitlines()
     verdicts = checked()
     assert verdicts["00.1"] == ("passed", grade("00.1", counter).detail)

@@ -26,8 +26,14 @@ def code_cell_count(path) -> int:
 
 
 def test_start_here_scale_slider(course_pages, artifacts):
+    """Notebook 00 folds one code cell (a worked answer): Lab shows it folded, and it runs with the rest."""
     page, copy = course_pages["00_start_here.ipynb"]
     nb.wait_run_all(page)
+    folded = [c for c in nbformat.read(copy, as_version=4).cells
+              if c.cell_type == "code" and c.metadata.get("jupyter", {}).get("source_hidden")]  # fmt: skip
+    assert len(folded) == 1
+    expect(page.locator(nb.CODE_PROMPTS)).to_have_count(code_cell_count(copy) - len(folded))
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:show-all-cell-code')")  # View > Expand All Code
     nb.check_ran_without_errors(page, code_cell_count(copy))
 
     area = nb.widget_area(page, "scale")

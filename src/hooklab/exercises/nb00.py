@@ -1,4 +1,5 @@
-"""Exercises of notebook 00: a first forward hook, owning its handle, reading a recording."""
+"""Exercises and predictions of notebook 00: a first forward hook, owning its handle, a recorder
+of one's own."""
 
 from __future__ import annotations
 
@@ -7,8 +8,31 @@ from torch import nn
 
 from ..audit import clear_hooks
 from ..pytorch_internals import module_hooks
-from ..recording import open_recordings
-from . import Outcome, exercise, is_handle, kind_of
+from . import Outcome, exercise, is_handle, kind_of, prediction
+
+
+# ----- 1. A first hook ---------------------------------------------------------------------------
+@prediction(
+    "00.a",
+    "two hooks that return a value",
+    why="PyTorch calls a module's forward hooks in the order they were registered, and each one receives the "
+        "output as the hooks before it left it: 1 × 10 = 10, then 10 + 1 = 11.",
+    wrong=[
+        (1.0, "a hook that returns a value replaces the module's output, and both hooks return one"),
+        (10.0, "plus_one ran too, after times_ten, and received its result: 10 + 1 = 11"),
+        (2.0, "plus_one received times_ten's result (10), not the layer's own output (1): 10 + 1 = 11"),
+        (20.0, "the hooks run in the order they were registered, times_ten first: 1 × 10 + 1 = 11"),
+    ],
+)
+def _two_hooks() -> float:
+    layer = nn.Identity()
+    first = layer.register_forward_hook(lambda module, args, output: output * 10)
+    second = layer.register_forward_hook(lambda module, args, output: output + 1)
+    try:
+        return layer(torch.tensor([1.0])).item()
+    finally:
+        first.remove()
+        second.remove()
 
 
 @exercise("00.1", "a forward hook that counts calls")
@@ -47,12 +71,39 @@ def _count_calls(make_counter) -> Outcome:
         return Outcome(False, f"with your hook the layer returned {got} instead of its own output: a hook that "
                               "only counts must return None (a value it returns replaces the output)")
     if left:
-        return Outcome(False, f"after handle.remove() a hook was still on the layer ({left[0]}): "
-                              "register only the counting hook, or remove every hook you add")
+        return Outcome(False, f"after handle.remove(), {left[0]}: register only the counting hook, or remove "
+                              "every hook you add")
     total = len(counts)
     if total != 3:
         return Outcome(False, f"counted {total} calls for 3 calls before remove() (and 1 after)")
     return Outcome(True, "3 calls counted, output unchanged, no hook left after remove()")
+
+
+# ----- 2. Own the handle -------------------------------------------------------------------------
+@prediction(
+    "00.b",
+    "a cell that registers its hook, run three times",
+    why="each register_forward_hook call adds the function to the module's hooks once more, even the same "
+        "function, and every entry runs: one call in the first run, two in the second, three in the third.",
+    wrong=[
+        ([1, 1, 1], "registering the same function again does not replace it: each register_forward_hook call "
+                    "adds one more entry, and each entry runs"),
+        ([1, 0, 0], "nothing removed the first hook: a hook stays until its handle's remove() takes it out"),
+    ],
+)
+def _registered_again() -> list[int]:
+    layer, calls, per_run = nn.Identity(), [], []
+
+    def count(module, args, output):
+        calls.append(1)
+
+    for _ in range(3):  # what running the same cell three times does
+        layer.register_forward_hook(count)
+        calls.clear()
+        layer(torch.ones(1))
+        per_run.append(len(calls))
+    clear_hooks(layer)
+    return per_run
 
 
 class _Counted(nn.Linear):
@@ -209,76 +260,204 @@ def _run_with_hook(run_with_hook) -> Outcome:
                          "on with the hook removed")
 
 
-class _Log(nn.Module):
+# ----- 3. Your own recorder finds the NaN --------------------------------------------------------
+class _RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.log(x)
+        return x / x.pow(2).mean(dim=1, keepdim=True).sqrt()
 
 
-class _Scale(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return 2 * x
-
-
-class _Sqrt(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.sqrt(x)
-
-
-class _OutOfOrder(nn.Module):
-    """Runs ``linear``, ``log``, ``scale``, ``sqrt``; defines them in another order, whose reverse
-    is not the execution order either: the first layer with a NaN is ``sqrt`` in definition order,
-    ``scale`` in reversed definition order, and ``log`` in execution order."""
+class _OpeningNet(nn.Module):
+    """The model of the lesson's opening problem: it defines head, norm, embed, act, and its forward
+    calls embed, act, norm, head (``tests/test_exercises_nb00.py`` compares it with the lesson's)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.sqrt = _Sqrt()
-        self.linear = nn.Linear(2, 2)
-        self.log = _Log()
-        self.scale = _Scale()
-        with torch.no_grad():
-            self.linear.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, -1.0]]))
-            self.linear.bias.zero_()
+        self.head = nn.Linear(8, 3)
+        self.norm = _RMSNorm()
+        self.embed = nn.Linear(4, 8, bias=False)
+        self.act = nn.ReLU()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.sqrt(self.scale(self.log(self.linear(x))))  # log of a negative number is NaN
+        return self.head(self.norm(self.act(self.embed(x))))
 
 
-def _left_behind(model: nn.Module) -> Outcome | None:
-    """Exit every record block the answer left open, drop every other hook; say what was left."""
-    unexited = open_recordings(model)
-    for recording in reversed(unexited):
-        recording.__exit__(None, None, None)
-    left = clear_hooks(model)
-    if unexited:
-        return Outcome(False, "a hooklab.record block was not exited, so its hooks stayed on the model: "
-                              "use it in a with block")
-    if left:
-        return Outcome(False, f"hooks were left registered: {left[0]} (use hooklab.record in a with block)")
+@prediction(
+    "00.c",
+    "the order of the names in a recording",
+    why="a forward hook runs right after its own layer returns, and a dict keeps its keys in the order they were "
+        "first written: rec.outputs follows the order forward calls the layers, not the order they are defined in.",
+    wrong=[
+        (["head", "norm", "embed", "act"], "that is the order the model defines its layers in (and the order the "
+                                           "hooks were registered): each hook writes its name when its layer runs, "
+                                           "and forward calls embed first"),
+        (["head", "norm", "act", "embed"], "each forward hook runs as soon as its own layer returns, not when the "
+                                           "whole forward ends: embed returns first, so its name comes first"),
+    ],
+)
+def _recording_order() -> list[str]:
+    model, order = _OpeningNet(), []
+    x = torch.ones(3, 4)
+    x[2] = 0.0
+    handles = [child.register_forward_hook(lambda module, args, output, name=name: order.append(name))
+               for name, child in model.named_children()]  # fmt: skip
+    try:
+        model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return order
+
+
+class _RecorderCase(nn.Module):
+    """Defines ``late`` before ``early`` and runs ``early``, ``act``, ``late``. ``act`` is an in-place
+    ReLU: it overwrites ``early``'s output, so a kept copy that shares its memory changes with it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.late = nn.Linear(3, 2)
+        self.early = nn.Linear(2, 3)
+        self.act = nn.ReLU(inplace=True)
+        with torch.no_grad():
+            self.early.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, -1.0], [1.0, 1.0]]))
+            self.early.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.late(self.act(self.early(x)))
+
+
+_RecorderCase.__name__ = "model"  # what a message about a hook left on it says: "... on layer 'early' of the model"
+_DEFINED, _RAN = ["late", "early", "act"], ["early", "act", "late"]
+
+
+class _BodyError(Exception):
+    """Raised inside the answer's with block: no answer may expect it by name."""
+
+
+def _expected(model: _RecorderCase, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each layer's output, computed without hooks (the ReLU on a copy)."""
+    with torch.no_grad():
+        early = model.early(x)
+        act = torch.relu(early)
+        return {"early": early, "act": act, "late": model.late(act)}
+
+
+def _names_outcome(outputs: object) -> Outcome | None:
+    """What is wrong with the names kept in ``rec.outputs`` and their order, if anything."""
+    if not isinstance(outputs, dict):
+        return Outcome(False, f"rec.outputs must be a dict from layer name to the kept output, got {kind_of(outputs)}")
+    kept = [name for name in outputs if name in _DEFINED]
+    if kept == [_DEFINED[-1]]:
+        return Outcome(False, f"every output was kept under one name, {_DEFINED[-1]!r}, the loop's last: a hook made "
+                              "in a loop looks `name` up when it runs, after the loop ended; pin it with a default "
+                              "argument, name=name")
+    missing = [name for name in _RAN if name not in kept]
+    if missing:
+        return Outcome(False, f"nothing was kept for layer {missing[0]!r}: register a forward hook on every child "
+                              "of the model (model.named_children()) that keeps its output under the child's name")
+    if kept != _RAN:
+        order = "the order they were defined in" if kept == _DEFINED else "another order"
+        return Outcome(False, f"rec.outputs lists the layers as {kept}, {order}, not the order they ran "
+                              f"({_RAN}): add each name when its hook runs (do not fill the dict in advance)")
     return None
 
 
-@exercise("00.3", "find the first layer whose output has a NaN")
-def _first_nan(first_nan_layer) -> Outcome:
-    """``first_nan_layer(model, x)`` returns the name of the first layer, in execution order,
-    whose output contains a NaN, or ``None`` when no output does."""
-    model = _OutOfOrder()
-    cases = [  # input, the right answer, what a wrong answer means
-        (torch.tensor([[2.0, 3.0]]), "log", "'log' ran first (log of a negative number)"),
-        (torch.tensor([[0.0, -3.0]]), "sqrt", "here 'log' outputs -inf (log of 0), which is not a NaN: "
-                                              "test for NaN with torch.isnan"),
-        (torch.tensor([[2.0, -3.0]]), None, "no output has a NaN, so the answer is None"),
-    ]
-    for x, expected, why in cases:
-        try:
-            got = first_nan_layer(model, x)
-        finally:
-            left = _left_behind(model)
-        if left:
-            return left
-        if got == expected:
-            continue
-        if expected == "log" and got in ("sqrt", "scale"):
-            return Outcome(False, f"{got!r} has a NaN, but 'log' ran before it: go through the records in "
-                                  "execution order")
-        return Outcome(False, f"for the input {x.tolist()} got {got!r}, expected {expected!r}: {why}")
-    return Outcome(True, "'log' found (it ran first), NaN told from inf, and None when there is no NaN")
+def _values_outcome(outputs: dict, expected: dict[str, torch.Tensor]) -> Outcome | None:
+    """What is wrong with the kept copies, if anything."""
+    for name in _RAN:
+        kept = outputs[name]
+        if not isinstance(kept, torch.Tensor):
+            return Outcome(False, f"what was kept for layer {name!r} is {kind_of(kept)}, not a tensor: keep "
+                                  "output.detach().clone()")
+        if kept.requires_grad:
+            return Outcome(False, f"the copy kept for layer {name!r} is still part of the autograd graph (it "
+                                  "requires grad): keep output.detach().clone()")
+        if name == "early" and not torch.equal(kept, expected[name]) and torch.equal(kept, expected["act"]):
+            return Outcome(False, "the copy kept for layer 'early' changed after the layer ran: the in-place ReLU "
+                                  "that runs next overwrote it, because the copy shares the output's memory; keep "
+                                  "output.detach().clone(), a copy with memory of its own")
+        if kept.shape != expected[name].shape or not torch.allclose(kept, expected[name]):
+            return Outcome(False, f"the copy kept for layer {name!r} is not what the layer returned: keep the "
+                                  "hook's output argument, output.detach().clone()")
+    return None
+
+
+def _first_run(Recorder) -> Outcome | None:
+    """The answer recording one forward pass: what is wrong with the block, the output, the hooks
+    left and the records, if anything."""
+    model, x = _RecorderCase(), torch.tensor([[1.0, 2.0]])
+    plain, expected = model(x).detach(), _expected(model, x)
+    recorder = Recorder(model)
+    try:
+        with recorder as entered:
+            out = model(x)
+    finally:
+        left = clear_hooks(model)
+    if entered is not recorder:
+        return Outcome(False, f"__enter__ returned {kind_of(entered)}, not the recorder: end it with `return self`, "
+                              "so that `with Recorder(model) as rec` gives rec.outputs")
+    if not (isinstance(out, torch.Tensor) and torch.equal(out.detach(), plain) and out.requires_grad):
+        return Outcome(False, "with your recorder the model returned something else than its own output: the hook "
+                              "must return None (a value it returns replaces the layer's output)")
+    if left:
+        return Outcome(False, f"after the with block, {left[0]}: remove every handle in __exit__")
+    outputs = getattr(recorder, "outputs", None)
+    return _names_outcome(outputs) or _values_outcome(outputs, expected)
+
+
+def _raising_run(Recorder, error: type[BaseException], what: str) -> Outcome | None:
+    """The answer's with block raising ``error``: it must reach the caller, with no hook left."""
+    model, reached = _RecorderCase(), False
+    try:
+        with Recorder(model):
+            model(torch.ones(1, 2))
+            raise error("raised inside the with block on purpose")
+    except error:
+        reached = True
+    except Exception as other:  # the student's __exit__ may raise something else
+        return Outcome(False, f"the with block raised {what}, which should reach the caller unchanged, got "
+                              f"{type(other).__name__}")
+    finally:
+        left = clear_hooks(model)
+    if left:
+        return Outcome(False, f"when the with block raised {what}, {left[0]}: Python calls __exit__ whatever was "
+                              "raised; remove every handle there, without looking at the exception")
+    if not reached:
+        return Outcome(False, f"the with block raised {what} and your recorder swallowed it: __exit__ must not "
+                              "return True")
+    return None
+
+
+def _shared_state(Recorder) -> Outcome | None:
+    """Two recorders on two models: each must keep only its own model's outputs."""
+    first, second = _RecorderCase(), nn.Sequential()
+    second.add_module("solo", nn.Tanh())
+    a, b = Recorder(first), Recorder(second)
+    try:
+        with a:
+            first(torch.ones(1, 2))
+        with b:
+            second(torch.ones(1, 2))
+    finally:
+        clear_hooks(first, second)
+    if "solo" in getattr(a, "outputs", {}) or "early" in getattr(b, "outputs", {}):
+        return Outcome(False, "two recorders share one outputs dict: create it in __init__ (self.outputs = {}), not "
+                              "in the class body, where every recorder gets the same one")
+    return None
+
+
+@exercise("00.3", "a recorder class that keeps every layer's output")
+def _recorder(Recorder) -> Outcome:
+    """``with Recorder(model) as rec: model(x)`` keeps, in the dict ``rec.outputs``, a detached copy
+    of each child's output under the child's name, in the order the children ran; no hook is left
+    after the block, also when it raises; an error raised in the block reaches the caller."""
+    if not callable(Recorder):  # a recorder made with Recorder(...), instead of the class
+        return Outcome(False, f"pass the class itself, check(\"00.3\", Recorder), not an object of it "
+                              f"({kind_of(Recorder)})")
+    wrong = _first_run(Recorder)
+    for error, what in [(_BodyError, "an error"), (_Stopped, "KeyboardInterrupt (as pressing stop does)")]:
+        wrong = wrong or _raising_run(Recorder, error, what)
+    wrong = wrong or _shared_state(Recorder)
+    if wrong:
+        return wrong
+    return Outcome(True, "a detached copy of every layer's output, in the order they ran, safe from the in-place "
+                         "ReLU; no hook left, also when the block raised, and the error passed on")
