@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import fnmatch
+import re
 
 import torch
 from answers import failed
+from torch.autograd.graph import saved_tensors_hooks
 
-from hooklab.audit import global_hooks
 from hooklab.exercises import check, grade
 
 
@@ -137,10 +138,46 @@ def test_01_3_rejects_wrong_clamps():
 
 
 def test_01_3_rejects_hooks_on_parameters_the_pattern_does_not_name():
-    result = grade("01.3", clamp_matching_with(matches=lambda name, pattern: True))
-    assert not result.passed and "handles for" in result.detail
-    result = grade("01.3", clamp_matching_with(matches=lambda name, pattern: pattern in name))  # not a pattern
-    assert not result.passed and "0 handles for 2 matching parameters" in result.detail
+    failed("01.3", clamp_matching_with(matches=lambda name, pattern: True), "also went on ['0.bias'",
+           "does not match")
+    failed("01.3", clamp_matching_with(matches=lambda name, pattern: pattern in name),  # not a pattern
+           "no hook went on ['0.weight'", "not a substring test")
+
+
+def test_01_3_rejects_a_glob_turned_into_an_unanchored_regex():
+    def escaped(name, pattern):
+        return re.search(pattern.replace(".", r"\.").replace("?", ".").replace("*", ".*"), name)
+
+    def unescaped(name, pattern):
+        return re.search(pattern.replace("?", ".").replace("*", ".*"), name)
+
+    for matches in (escaped, unescaped):
+        outcome = failed("01.3", clamp_matching_with(matches=matches), "also went on ['10.bias']", "without ^ and $")
+        assert "_" + "backward_hooks" not in outcome.detail  # no private names
+    assert grade("01.3", clamp_matching_with(matches=lambda name, pattern: re.fullmatch(
+        pattern.replace(".", r"\.").replace("?", ".").replace("*", ".*"), name))).passed
+
+
+def test_01_3_wants_every_count_at_0_before_the_first_backward():
+    def counted_on_first_use(model, pattern, limit):
+        clamped, handles = {}, []
+        for name, p in model.named_parameters():
+            if fnmatch.fnmatch(name, pattern):
+                def hook(grad, name=name):
+                    clamped[name] = clamped.get(name, 0) + int((grad.abs() > limit).sum())
+                    return grad.clamp(-limit, limit)
+
+                handles.append(p.register_hook(hook))
+        return handles, clamped
+
+    failed("01.3", counted_on_first_use, "before the first backward clamped is {}", "clamped[name] = 0")
+    starting_at_none = clamp_matching_with()
+
+    def none_first(model, pattern, limit):
+        handles, clamped = starting_at_none(model, pattern, limit)
+        return handles, dict.fromkeys(clamped)
+
+    failed("01.3", none_first, "before the first backward", "'0.weight': None")
 
 
 def test_01_3_rejects_wrong_counts():
@@ -164,7 +201,7 @@ def test_01_3_rejects_wrong_counts():
     for wrong, words in [
         (late_binding, "name=name"),
         (clamp_matching_with(count=lambda g, limit: int((g.abs() >= 0).sum())), "entries were outside"),
-        (only_the_last, "clamped has the keys []"),
+        (only_the_last, "before the first backward clamped is {}"),
         (lambda model, pattern, limit: (clamp_matching_with()(model, pattern, limit)[0], 3), "got int"),
     ]:
         failed("01.3", wrong, words)
@@ -238,8 +275,9 @@ def fuse_right(model, lr):
     return [p.register_post_accumulate_grad_hook(step) for p in model.parameters()]
 
 
-def test_01_4_accepts_a_fused_sgd_step():
-    assert grade("01.4", fuse_right).passed
+def test_01_4_accepts_a_fused_sgd_step_and_says_how_many_gradients_were_alive():
+    outcome = grade("01.4", fuse_right)
+    assert outcome.passed and "at most 1 of the 4 gradients alive at once" in outcome.detail, outcome.detail
 
 
 def test_01_4_rejects_wrong_answers():
@@ -317,171 +355,109 @@ def test_01_4_hints_at_a_late_binding_closure():
     assert not result.passed and "loop variable" in result.detail
 
 
+
+
 # ----- 01.5 -------------------------------------------------------------------------------------
-def test_01_5_accepts_a_doubling_prehook():
-    assert grade("01.5", lambda node: node.register_prehook(lambda go: (go[0] * 2,))).passed
+def half_hooks_with(pack=None, unpack=None):
+    """A right answer to 01.5, or a wrong one with its pack or unpack replaced."""
+
+    def right_pack(t):
+        return (t.to(torch.float16), t.dtype) if t.is_floating_point() else (t.detach(), t.dtype)
+
+    def right_unpack(packed):
+        return packed[0].to(packed[1])
+
+    def save_in_half():
+        return saved_tensors_hooks(pack or right_pack, unpack or right_unpack)
+
+    return save_in_half
+
+
+def test_01_5_accepts_float16_copies_given_back_in_their_dtype():
+    outcome = grade("01.5", half_hooks_with())
+    assert outcome.passed and "bytes instead of" in outcome.detail, outcome.detail
+
+
+def test_01_5_accepts_a_subclass_like_save_on_cpu():
+    class SaveInHalf(saved_tensors_hooks):
+        def __init__(self):
+            def pack(t):
+                return t.half() if t.is_floating_point() else t.detach()
+
+            def unpack(packed):
+                return packed.float() if packed.dtype == torch.float16 else packed
+
+            super().__init__(pack, unpack)
+
+    assert grade("01.5", SaveInHalf).passed
 
 
 def test_01_5_rejects_wrong_answers():
-    failed("01.5", lambda node: node.register_prehook(lambda go: (go[0] * 3,)), "doubled")
-    failed("01.5", lambda node: node.register_prehook(lambda go: None), "doubled")
-    # a post-hook replacing grad_inputs with twice grad_outputs skips exp's derivative
-    failed("01.5", lambda node: node.register_hook(lambda gi, go: (go[0] * 2,)), "doubled")
+    for answer, *words in [
+        (half_hooks_with(pack=lambda t: t), "returned the tensor it received itself"),
+        (half_hooks_with(pack=lambda t: (t.half(), t.dtype) if t.is_floating_point() else (t, t.dtype)),
+         "the int64 tensor of shape (16,)", "t.detach()"),
+        (half_hooks_with(pack=lambda t: (t.to(torch.float16), t.dtype)), "convert only floating-point tensors"),
+        (half_hooks_with(pack=lambda t: (t.detach(), t.dtype)), "only as float16"),
+        (half_hooks_with(pack=lambda t: (t.half(), t.detach(), t.dtype) if t.is_floating_point()
+                         else (t.detach(), t.dtype)), "only as float16"),
+        (half_hooks_with(unpack=lambda packed: packed[0]), "give back the original dtype"),
+        (half_hooks_with(pack=lambda t: t.dtype), "no tensor in it"),
+        (lambda: None, "missing return?"),
+        (lambda: (lambda t: t, lambda t: t), "must return saved_tensors_hooks(pack, unpack)"),
+    ]:
+        failed("01.5", answer, *words)
 
 
-def test_01_5_says_when_a_post_hook_doubled_the_result_instead():
-    result = grade("01.5", lambda node: node.register_hook(lambda gi, go: (gi[0] * 2,)))
-    assert not result.passed and "register_prehook" in result.detail
+def test_01_5_wants_unpack_to_work_twice():
+    def pop_once(packed):
+        return packed.pop().to(torch.float32) if packed else torch.zeros(0)
+
+    def pack(t):
+        return [t.to(torch.float16)] if t.is_floating_point() else [t.detach()]
+
+    outcome = grade("01.5", half_hooks_with(pack=pack, unpack=pop_once))
+    assert not outcome.passed, outcome.detail
 
 
-# ----- 01.5: the other branch, removal, the wrong node ------------------------------------------
-def test_01_5_accepts_a_prehook_that_passes_none_entries_on():
-    assert grade("01.5", lambda node: node.register_prehook(
-        lambda go: tuple(None if g is None else 2 * g for g in go))).passed
-
-
-def test_01_5_rejects_doubling_in_place():
-    def in_place(node):
-        def double(grad_outputs):
-            for g in grad_outputs:
-                g.mul_(2)
-
-        return node.register_prehook(double)
-
-    result = grade("01.5", in_place)
-    assert not result.passed and "other branch" in result.detail
-
-
-def test_01_5_checks_that_the_handle_removes_the_hook():
-    spare = torch.zeros(1, requires_grad=True)
-
-    def other_handle(node):
-        node.register_prehook(lambda go: tuple(2 * g for g in go))
-        return spare.register_hook(lambda g: g)
-
-    result = grade("01.5", other_handle)
-    assert not result.passed and "still doubled" in result.detail
-    result = grade("01.5", lambda node: [node.register_prehook(lambda go: tuple(2 * g for g in go))])
-    assert not result.passed and "got list" in result.detail
-
-
-def test_01_5_says_when_another_node_was_hooked():
-    result = grade("01.5", lambda node: node.next_functions[0][0].register_prehook(lambda go: tuple(2 * g for g in go)))
-    assert not result.passed and "hooked another node?" in result.detail
-
-
-# ----- 01.6 -------------------------------------------------------------------------------------
-def storage_of(t):
-    return t.untyped_storage().data_ptr()
-
-
-def saved_bytes_with(where=storage_of, size=lambda t: t.untyped_storage().nbytes(),
-                     skip=lambda t, x: storage_of(t) == storage_of(x), once=True):
-    """A right answer to 01.6, or a wrong one with one of its parts replaced."""
-
-    def saved_bytes(fn, x):
-        sizes, every = {}, []
-
+def test_01_5_stub_is_not_solved_yet(capsys):
+    def save_in_half():
         def pack(t):
-            if not skip(t, x):
-                sizes[where(t)] = size(t)
-                every.append(size(t))
-            return t
+            raise NotImplementedError
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            fn(x)
-        return sum(sizes.values()) if once else sum(every)
+        def unpack(packed):
+            raise NotImplementedError
 
-    return saved_bytes
+        return saved_tensors_hooks(pack, unpack)
 
-
-def test_01_6_accepts_the_bytes_of_each_saved_storage_once():
-    assert grade("01.6", saved_bytes_with()).passed
-
-
-def test_01_6_accepts_a_set_of_storages():
-    def with_a_set(fn, x):
-        storages = set()
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: storages.add(t.untyped_storage()) or t, lambda t: t):
-            fn(x)
-        storages.discard(x.untyped_storage())
-        return sum(s.nbytes() for s in storages)
-
-    assert grade("01.6", with_a_set).passed
-
-
-def test_01_6_rejects_wrong_counts_with_the_trap_they_fell_into():
-    own_size = lambda t: t.numel() * t.element_size()  # noqa: E731
-    for answer, words in [
-        (saved_bytes_with(once=False), "count each block (storage) once"),
-        (saved_bytes_with(skip=lambda t, x: False), "leave x's storage out"),
-        (saved_bytes_with(skip=lambda t, x: t is x), "leave x's storage out"),
-        (saved_bytes_with(skip=lambda t, x: t.data_ptr() == x.data_ptr()), "its storage is x's"),
-        (saved_bytes_with(where=lambda t: t.data_ptr()), "not data pointers"),
-        (saved_bytes_with(size=own_size), "not only the elements it shows"),
-        (saved_bytes_with(where=lambda t: t.data_ptr(), size=own_size,
-                          skip=lambda t, x: t.data_ptr() == x.data_ptr()), "not only the elements it shows"),
-        (lambda fn, x: (fn(x), 0)[1], "fewer bytes than the saved tensors keep alive"),
-    ]:
-        failed("01.6", answer, words)
-
-
-def test_01_6_tries_a_second_shape_of_x():
-    def hard_coded(fn, x):
-        right = saved_bytes_with()(fn, x)
-        return right if x.shape == (2, 3) else 24
-
-    result = grade("01.6", hard_coded)
-    assert not result.passed and "shape (4, 5)" in result.detail, result.detail
-
-
-def test_01_6_runs_backward_through_what_the_hooks_saved():
-    def packing(pack, unpack):
-        def saved_bytes(fn, x):
-            sizes = {}
-
-            def note(t):
-                sizes[storage_of(t)] = t.untyped_storage().nbytes()
-                return pack(t)
-
-            with torch.autograd.graph.saved_tensors_hooks(note, unpack):
-                fn(x)
-            sizes.pop(storage_of(x), None)
-            return sum(sizes.values())
-
-        return saved_bytes
-
-    for pack, unpack in [(lambda t: None, lambda t: t), (lambda t: t, torch.zeros_like)]:
-        result = grade("01.6", packing(pack, unpack))
-        assert not result.passed and "backward through what your hooks saved" in result.detail, result.detail
-
-
-def test_01_6_wants_no_hooks_left_when_fn_raises():
-    def entered_by_hand(fn, x):
-        hooks = torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
-        hooks.__enter__()
-        total = saved_bytes_with()(fn, x)
-        hooks.__exit__(None, None, None)
-        return total
-
-    result = grade("01.6", entered_by_hand)
-    assert not result.passed and "when fn raised, your saved-tensor hooks stayed active" in result.detail
-    assert global_hooks() == []
-
-
-def test_01_6_says_what_is_wrong_with_the_returned_value():
-    for answer, words in [
-        (lambda fn, x: None, "missing return?"),
-        (lambda fn, x: float(saved_bytes_with()(fn, x)), "got float"),
-        (lambda fn, x: torch.tensor(saved_bytes_with()(fn, x)), "got Tensor"),
-        (lambda fn, x: 0, "fn was never called"),
-    ]:
-        failed("01.6", answer, words)
-
-
-def test_01_6_stub_is_not_solved_yet(capsys):
-    def saved_bytes(fn, x):
-        raise NotImplementedError
-
-    check("01.6", saved_bytes)
+    check("01.5", save_in_half)
     assert capsys.readouterr().out.endswith("): not solved yet\n")
+
+
+# ----- predictions ------------------------------------------------------------------------------
+RIGHT_GUESSES = {
+    "01.a": [0.4, 0.2],
+    "01.b": [[4, 8, 12], [2, 4, 6]],
+    "01.c": [1, 4, 9],
+    "01.d": [8, 4, 4, 4, 4],
+    "01.e": [0.8, 0.5],
+    "01.f": [10, 10],
+    "01.g": 12000,
+}
+
+
+def test_the_predictions_are_right_about_torch():
+    for id, guess in RIGHT_GUESSES.items():
+        assert grade(id, guess).passed, id
+
+
+def test_a_common_wrong_guess_gets_its_own_hint():
+    for id, guess, words in [
+        ("01.a", [0.2, 0.2], "multiplies b's gradient 0.2 by 2"),
+        ("01.b", [[2, 4, 6], [2, 4, 6]], "receives its result"),
+        ("01.d", [4, 2, 2, 2, 2], "adds them up"),
+        ("01.e", [0.5, 0.5], "never sees the sum"),
+        ("01.f", [5, 5], "before it is added"),
+        ("01.g", 16000, "x is not saved"),
+    ]:
+        failed(id, guess, words)
