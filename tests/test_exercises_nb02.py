@@ -1,7 +1,9 @@
-"""Checkers of notebook 02: each accepts a worked answer and rejects a typical wrong one."""
+"""Predictions and checkers of notebook 02: each checker accepts worked answers and rejects the wrong
+ones a student is likely to write, naming the slip; each prediction computes what the lesson shows."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from answers import failed, run_then_remove
 from torch import nn
@@ -11,589 +13,273 @@ from hooklab.exercises import exercises, grade
 IDS = sorted(id for id in exercises() if id.startswith("02."))
 
 
-def test_notebook_02_has_seven_exercises():
-    assert IDS == ["02.1", "02.2", "02.3", "02.4", "02.5", "02.6", "02.7"]
+def test_notebook_02_has_five_predictions_and_five_exercises():
+    assert IDS == ["02.1", "02.2", "02.3", "02.4", "02.5", "02.a", "02.b", "02.c", "02.d", "02.e"]
 
 
-# ----- 02.4 -----------------------------------------------------------------------------------
-def hook_every_submodule(
-    name_of=lambda name, module: name,
-    skip_root=True,
-    give_back=True,
-    cleanup_in_finally=True,
-    late_binding=False,
-    count_down=True,
-    when="start",
-):
-    """An answer to 02.4: a pre-hook lists each call with its depth and counts one level up, a forward
-    hook counts one level down (variations: wrong)."""
-    def call_tree(model, x):
-        calls, handles, depth = [], [], [0]
+# ----- predictions ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(("id", "truth"), [("02.a", 100_000), ("02.b", 14.0), ("02.c", 75), ("02.d", 0.0),
+                                           ("02.e", 1.0)])  # fmt: skip
+def test_each_prediction_computes_what_the_lesson_shows(id, truth):
+    assert grade(id, truth).passed
+    assert exercises()[id].checker.__wrapped__.truth() == truth
 
-        def enter(label):
-            def hook(m, args):
-                if when == "start":
-                    calls.append((depth[0], label))
-                depth[0] += 1
 
-            return hook
+@pytest.mark.parametrize(("id", "guess", "words"), [
+    ("02.a", 1_000, "four layers"), ("02.b", 8.0, "pre-hook ran too"), ("02.b", 7.0, "replaces the output"),
+    ("02.c", 67, "twice"), ("02.d", -1.0, "shares its memory"), ("02.e", 0.5, "biases"),
+])  # fmt: skip
+def test_a_common_wrong_guess_gets_its_own_hint(id, guess, words):
+    failed(id, guess, words)
 
-        def leave(label):
-            def hook(m, args, out):
-                if count_down:
-                    depth[0] -= 1
-                if when == "end":
-                    calls.append((depth[0], label))
 
-            return hook
+# ----- 02.1 -------------------------------------------------------------------------------------------
+def stds_answer(which="leaves", late=False, of="output", key="name", in_finally=True):
+    """An answer to 02.1: one forward hook per leaf keeps its output's std (variations: wrong)."""
+    def output_stds(model, x):
+        stds, handles = {}, []
 
         def run():
-            for name, module in model.named_modules():
-                if name or not skip_root:
-                    label = name_of(name, module)
-                    if late_binding:  # the bug the exercise warns about: every hook sees the last label
-                        pre = lambda m, args: enter(label)(m, args)  # noqa: B023, E731
-                    else:
-                        pre = enter(label)
-                    handles.append(module.register_forward_pre_hook(pre))
-                    handles.append(module.register_forward_hook(leave(label)))
+            items = list(model.named_modules())[1:] if which != "children" else list(model.named_children())
+            for name, module in items:
+                if which == "leaves" and next(module.children(), None) is not None:
+                    continue
+                if late:
+                    hook = lambda m, args, out: stds.__setitem__(name, out.std().item())  # noqa: B023, E731
+                else:
+                    def hook(m, args, out, name=name):
+                        value = out if of == "output" else args[0]
+                        stds[name if key == "name" else m] = value.std().item()
+                handles.append(module.register_forward_hook(hook))
             model(x)
 
-        run_then_remove(run, handles, in_finally=cleanup_in_finally)
-        return calls if give_back else None
+        run_then_remove(run, handles, in_finally=in_finally)
+        return stds
 
-    return call_tree
-
-
-tree_right = hook_every_submodule()
+    return output_stds
 
 
-def names_in_finishing_order(model, x):
-    """Notebook 02's walk of resnet18, the same hooks: names only, in the order the calls end."""
-    calls, handles = [], []
+def test_02_1_accepts_one_hook_per_leaf_and_tensor_values():
+    result = grade("02.1", stds_answer())
+    assert result.passed, result.detail
 
-    def run():
+    def tensors(model, x):
+        stds, handles = {}, []
         for name, module in model.named_modules():
-            if name:
-                handles.append(module.register_forward_hook(lambda m, a, o, name=name: calls.append(name)))
-        model(x)
-
-    run_then_remove(run, handles)
-    return calls
-
-
-def tree_from_named_modules(model, x):
-    return [(name.count("."), name) for name, _ in model.named_modules()][1:]
-
-
-def tree_leaking(model, x):
-    calls = []
-    for name, module in list(model.named_modules())[1:]:
-        module.register_forward_pre_hook(lambda m, a, name=name: calls.append((name.count("."), name)))
-    model(x)
-    return calls
-
-
-def test_02_4_accepts_pre_and_forward_hooks_counting_the_depth():
-    result = grade("02.4", tree_right)
-    assert result.passed, result.detail
-
-
-def test_02_4_rejects_the_notebooks_walk_registration_order_and_leaks():
-    names_only = grade("02.4", names_in_finishing_order)
-    assert not names_only.passed and "(depth, name)" in names_only.detail
-    registration = grade("02.4", tree_from_named_modules)
-    assert not registration.passed and "calls" in registration.detail  # a module called twice is listed once
-    leaking = grade("02.4", tree_leaking)
-    assert not leaking.passed and "left" in leaking.detail
-
-
-def test_02_4_says_when_a_call_must_be_listed_and_how_to_count():
-    at_the_end = grade("02.4", hook_every_submodule(when="end"))
-    assert not at_the_end.passed and "pre-hook" in at_the_end.detail and "wrong order" in at_the_end.detail
-    never_down = grade("02.4", hook_every_submodule(count_down=False))
-    assert not never_down.passed and "depth" in never_down.detail and "one level down" in never_down.detail
-
-
-# ----- 02.2 -----------------------------------------------------------------------------------
-def clipping(hook):
-    """An answer to 02.2 whose forward hook returns ``hook(out, limit)`` in training mode, None in eval mode."""
-    def clip_output(module, limit):
-        def clip(m, args, out):
-            return hook(out, limit) if m.training else None
-
-        return module.register_forward_hook(clip)
-
-    return clip_output
-
-
-def test_02_2_accepts_clamp_and_rejects_detached_or_missing_handle():
-    result = grade("02.2", clipping(lambda out, limit: out.clamp(-limit, limit)))
-    assert result.passed, result.detail
-    detached = grade("02.2", clipping(lambda out, limit: out.detach().clamp(-limit, limit)))
-    assert not detached.passed
-    no_return = grade("02.2", clipping(lambda out, limit: None))
-    assert not no_return.passed
-
-
-def test_02_2_rejects_clipping_in_eval_mode():
-    always = grade("02.2", lambda m, limit: m.register_forward_hook(lambda mod, a, out: out.clamp(-limit, limit)))
-    assert not always.passed and "module.training" in always.detail
-
-
-# ----- 02.6 -----------------------------------------------------------------------------------
-def pairing(copy=lambda t: t.detach().clone(), pre=True, copy_out=None):
-    """An answer to 02.6: a pre-hook keeps the input (or, wrong, the forward hook does), the forward hook
-    pairs it with the output."""
-    copy_out = copy_out or copy
-
-    def keep_calls(module):
-        kept, pending = [], []
-        handles = []
-        if pre:
-            handles.append(module.register_forward_pre_hook(lambda m, args: pending.append(copy(args[0]))))
-
-        def after(m, args, out):
-            kept.append((pending.pop() if pre else copy(args[0]), copy_out(out)))
-
-        handles.append(module.register_forward_hook(after))
-        return kept, handles
-
-    return keep_calls
-
-
-def test_02_6_accepts_a_pre_hook_and_a_forward_hook_working_together():
-    result = grade("02.6", pairing())
-    assert result.passed, result.detail
-
-    def with_a_slot(module):  # one slot instead of a stack: fine, the ReLU never calls itself
-        kept, slot = [], {}
-        return kept, (
-            module.register_forward_pre_hook(lambda m, a: slot.update(x=a[0].clone().detach())),
-            module.register_forward_hook(lambda m, a, out: kept.append((slot.pop("x"), out.detach().clone()))),
-        )
-
-    result = grade("02.6", with_a_slot)
-    assert result.passed, result.detail
-
-
-def test_02_6_rejects_forward_hooks_plain_detach_and_graph_keeping():
-    too_late = grade("02.6", pairing(pre=False))
-    assert not too_late.passed and "pre-hook" in too_late.detail and "call 1" in too_late.detail
-    shared = grade("02.6", pairing(copy=lambda t: t.detach(), copy_out=lambda t: t.detach().clone()))
-    assert not shared.passed and "clone" in shared.detail
-    in_graph = grade("02.6", pairing(copy=lambda t: t.clone()))
-    assert not in_graph.passed and "detach" in in_graph.detail
-
-
-def test_02_6_rejects_the_last_release_answer_and_wrong_pairs():
-    def input_only(module):  # the answer to the earlier 02.6: one tensor per call, no output
-        kept = []
-        return kept, [module.register_forward_pre_hook(lambda m, args: kept.append(args[0].detach().clone()))]
-
-    result = grade("02.6", input_only)
-    assert not result.passed and "(input, output) pair" in result.detail, result.detail
-
-    def output_twice(module):
-        kept = []
-        hook = lambda m, a, out: kept.append((out.detach().clone(), out.detach().clone()))  # noqa: E731
-        return kept, [module.register_forward_hook(hook)]
-
-    result = grade("02.6", output_twice)
-    assert not result.passed and "input kept for call 1" in result.detail, result.detail
-
-
-def test_02_6_checks_every_call():
-    def first_kept_twice(module):
-        kept, first = [], []
-
-        def before(m, args):
-            first.append(args[0].detach().clone())
-
-        def after(m, args, out):
-            kept.append((first[0], out.detach().clone()))
-
-        return kept, [module.register_forward_pre_hook(before), module.register_forward_hook(after)]
-
-    result = grade("02.6", first_kept_twice)
-    assert not result.passed and "call 2" in result.detail and "input" in result.detail, result.detail
-
-
-def test_02_6_says_to_return_the_pair_and_every_handle():
-    modules = []
-
-    def swapped(module):
-        modules.append(module)
-        kept, handles = pairing()(module)
-        return handles, kept
-
-    def one_handle(module):
-        modules.append(module)
-        kept, handles = pairing()(module)
-        return kept, handles[0]
-
-    def forgets_return(module):
-        modules.append(module)
-        pairing()(module)
-
-    for answer, got in [(swapped, "(list, list)"), (one_handle, "(list, RemovableHandle)"),
-                        (forgets_return, "None (missing return?)")]:
-        failed("02.6", answer, "return the pair (kept, handles)", f"(got {got})")
-    assert not any(m._forward_pre_hooks or m._forward_hooks for m in modules)
-
-    def forgets_one(module):
-        kept, handles = pairing()(module)
-        return kept, handles[1:]
-
-    result = grade("02.6", forgets_one)
-    assert not result.passed and "every hook" in result.detail, result.detail
-
-
-def test_02_6_says_what_was_kept_instead_of_a_pair():
-    def keeping(entry):
-        def keep_calls(module):
-            kept = []
-            return kept, [module.register_forward_hook(lambda m, args, out: kept.append(entry(args[0], out)))]
-
-        return keep_calls
-
-    for entry, got in [
-        (lambda i, o: o.detach().clone(), "kept Tensor for call 1"),
-        (lambda i, o: (i.detach().clone(), o.detach().clone(), "relu"), "kept (Tensor, Tensor, str) for call 1"),
-    ]:
-        failed("02.6", keeping(entry), got, "keep one (input, output) pair of tensors")
-
-
-# ----- 02.3 -----------------------------------------------------------------------------------
-def test_02_3_accepts_a_pre_hook_filling_in_a_missing_keyword():
-    def default_keyword(module, name, value):
-        hook = lambda m, args, kwargs: (args, {name: value, **kwargs})  # noqa: E731
-        return module.register_forward_pre_hook(hook, with_kwargs=True)
-
-    result = grade("02.3", default_keyword)
-    assert result.passed, result.detail
-
-    def only_when_missing(module, name, value):
-        def hook(m, args, kwargs):
-            if name not in kwargs:
-                return args, {**kwargs, name: value}
-            return None
-
-        return module.register_forward_pre_hook(hook, with_kwargs=True)
-
-    assert grade("02.3", only_when_missing).passed
-
-
-def test_02_3_rejects_a_hook_that_always_forces_the_keyword():
-    def force_keyword(module, name, value):  # notebook 02's third pre-hook
-        hook = lambda m, args, kwargs: (args, {**kwargs, name: value})  # noqa: E731
-        return module.register_forward_pre_hook(hook, with_kwargs=True)
-
-    result = grade("02.3", force_keyword)
-    assert not result.passed and "only when the caller left it out" in result.detail
-
-
-def test_02_4_names_the_late_binding_bug():
-    result = grade("02.4", hook_every_submodule(late_binding=True))
-    assert not result.passed and "name=name" in result.detail
-
-
-# ----- review findings ------------------------------------------------------------------------
-def test_02_4_rejects_hooks_left_when_the_forward_raises():
-    result = grade("02.4", hook_every_submodule(cleanup_in_finally=False))
-    assert not result.passed and "raised" in result.detail and "finally" in result.detail
-
-
-def test_02_4_says_what_is_wrong_with_the_names():
-    failed("02.4", hook_every_submodule(give_back=False),
-           "return the list of (depth, name) pairs (got None (missing return?))")
-    root = grade("02.4", hook_every_submodule(skip_root=False))
-    assert not root.passed and "leave out the root" in root.detail
-    class_names = grade("02.4", hook_every_submodule(name_of=lambda name, module: type(module).__name__))
-    assert not class_names.passed and "named_modules()" in class_names.detail and "name=name" not in class_names.detail
-
-
-def test_02_2_rejects_clips_outside_the_graph():
-    def through_data(out, limit):
-        out.data.clamp_(-limit, limit)
-
-    wrong_grad = grade("02.2", clipping(through_data))
-    assert not wrong_grad.passed and "gradient is wrong" in wrong_grad.detail
-    for copy in (
-        lambda out, limit: out.detach().clamp(-limit, limit).requires_grad_(),
-        lambda out, limit: torch.tensor(out.tolist(), requires_grad=True).clamp(-limit, limit),
-    ):
-        result = grade("02.2", clipping(copy))
-        assert not result.passed and "no gradient reached the weight" in result.detail
-
-
-def test_02_2_rejects_a_global_hook():
-    def clip_everything(module, limit):
-        return nn.modules.module.register_module_forward_hook(lambda m, a, out: out.clamp(-limit, limit))
-
-    result = grade("02.2", clip_everything)
-    assert not result.passed and "did not hook" in result.detail
-
-
-def test_02_2_rejects_an_in_place_clamp():
-    def in_place(out, limit):
-        out.clamp_(-limit, limit)
-
-    result = grade("02.2", clipping(in_place))
-    assert not result.passed and "in-place" in result.detail
-
-
-def test_02_2_needs_the_handle_and_a_returned_output():
-    layers = []
-
-    def gives_the_hook(module, limit):
-        layers.append(module)
-        hook = lambda m, a, out: out.clamp(-limit, limit)  # noqa: E731
-        module.register_forward_hook(hook)
-        return hook
-
-    result = grade("02.2", gives_the_hook)
-    assert not result.passed and "clip_output must return the handle" in result.detail
-    assert not layers[0]._forward_hooks
-
-    def forgets_to_return(out, limit):
-        out = out.clamp(-limit, limit)
-
-    no_return = grade("02.2", clipping(forgets_to_return))
-    assert not no_return.passed and "must return the new output" in no_return.detail
-
-
-def test_02_3_keeps_the_callers_other_keywords():
-    def drops_the_rest(module, name, value):
-        return module.register_forward_pre_hook(lambda m, args, kwargs: (args, {name: value}), with_kwargs=True)
-
-    result = grade("02.3", drops_the_rest)
-    assert not result.passed and "factor=3.0" in result.detail  # the caller's factor was dropped too
-
-    def drops_the_others(module, name, value):
-        return module.register_forward_pre_hook(
-            lambda m, args, kwargs: (args, {name: kwargs.get(name, value)}), with_kwargs=True
-        )
-
-    result = grade("02.3", drops_the_others)
-    assert not result.passed and "other keyword" in result.detail
-
-
-def test_02_3_says_to_register_with_kwargs():
-    def without_kwargs(module, name, value):
-        return module.register_forward_pre_hook(lambda m, args: (args, {name: value}))
-
-    result = grade("02.3", without_kwargs)
-    assert not result.passed and "with_kwargs=True" in result.detail
-
-
-def tree_from_dots(model, x):
-    """Pre-hooks only, the depth read from the dots of the name: right only while every module is called
-    by its parent."""
-    calls, handles = [], []
-
-    def run():
-        for name, module in model.named_modules():
-            if name:
-                record = lambda m, a, name=name: calls.append((name.count("."), name))  # noqa: E731
-                handles.append(module.register_forward_pre_hook(record))
-        model(x)
-
-    run_then_remove(run, handles)
-    return calls
-
-
-def tree_with_a_stack(model, x):
-    """A correct answer: the names of the calls still running, on a stack."""
-    calls, running, handles = [], [], []
-
-    def enter(name):
-        def hook(m, args):
-            calls.append((len(running), name))
-            running.append(name)
-
-        return hook
-
-    def run():
-        for name, module in model.named_modules():
-            if name:
-                handles.append(module.register_forward_pre_hook(enter(name)))
-                handles.append(module.register_forward_hook(lambda m, a, o: running.pop() and None))
-        model(x)
-
-    run_then_remove(run, handles)
-    return calls
-
-
-def tree_with_nonlocal(model, x):
-    """A correct answer: an int counter changed through ``nonlocal``."""
-    calls, handles, depth = [], [], 0
-
-    def enter(m, args, name):
-        nonlocal depth
-        calls.append((depth, name))
-        depth += 1
-
-    def leave(m, args, out):
-        nonlocal depth
-        depth -= 1
-
-    def run():
-        for name, module in model.named_modules():
-            if name:
-                handles.append(module.register_forward_pre_hook(lambda m, a, name=name: enter(m, a, name)))
-                handles.append(module.register_forward_hook(leave))
-        model(x)
-
-    run_then_remove(run, handles)
-    return calls
-
-
-def test_02_4_rejects_depths_read_from_the_names():
-    result = grade("02.4", tree_from_dots)
-    assert not result.passed and "dots" in result.detail and "depth 2" in result.detail, result.detail
-
-
-def test_02_4_accepts_a_stack_and_a_nonlocal_counter():
-    for answer in (tree_with_a_stack, tree_with_nonlocal):
-        result = grade("02.4", answer)
+            if name and not list(module.children()):
+                keep = lambda m, a, out, name=name: stds.update({name: out.std()})  # noqa: E731
+                handles.append(module.register_forward_hook(keep))
+        run_then_remove(lambda: model(x), handles)
+        return stds
+
+    assert grade("02.1", tensors).passed
+
+
+def test_02_1_names_the_slip():
+    failed("02.1", stds_answer(late=True), "name=name", "loop variable")
+    failed("02.1", stds_answer(which="children"), "container", "leaves")
+    failed("02.1", stds_answer(which="all"), "container")
+    failed("02.1", stds_answer(of="input"), "spreads of the inputs")
+    failed("02.1", stds_answer(key="module"), "keys are modules")
+    outcome = failed("02.1", stds_answer(in_finally=False), "finally", "forward hook is still registered on layer")
+    assert "_forward" not in outcome.detail
+    failed("02.1", lambda model, x: None, "None (missing return?)")
+
+
+# ----- 02.2 -------------------------------------------------------------------------------------------
+def rescaling(how="in place", grad_off=True, one_pass=False, passes=1, in_finally=True):
+    """An answer to 02.2: one layer per pass, its forward hook divides its weight by its output's std."""
+    def unit_std(module, args, output):
+        if how == "in place":
+            module.weight.div_(output.std())
+        elif how == "new Parameter":
+            module.weight = nn.Parameter(module.weight.detach() / output.std())
+        elif how == "output":
+            return output / output.std()
+        return None
+
+    def forward(model, x):
+        if grad_off:
+            with torch.no_grad():
+                model(x)
+        else:
+            model(x)
+
+    def rescale_to_unit_std(model, x):
+        layers = [m for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear)]
+        if one_pass:
+            handles = []
+            run_then_remove(lambda: [handles.append(m.register_forward_hook(unit_std)) for m in layers]
+                            and [forward(model, x) for _ in range(passes)], handles, in_finally=in_finally)
+            return
+        for layer in layers:
+            handles = [layer.register_forward_hook(unit_std)]
+            run_then_remove(lambda: forward(model, x), handles, in_finally=in_finally)
+
+    return rescale_to_unit_std
+
+
+def test_02_2_accepts_one_layer_per_pass_or_enough_passes_with_every_hook():
+    for answer in (rescaling(), rescaling(one_pass=True, passes=3)):
+        result = grade("02.2", answer)
         assert result.passed, result.detail
 
 
-# ----- 02.1 -----------------------------------------------------------------------------------
-def shapes_answer(what="output", key="name", cleanup_in_finally=True, hook_all=False):
-    """An answer to 02.1: one forward hook per child keeps a shape (variations: wrong)."""
-    def output_shapes(model, x):
-        shapes, handles = {}, []
-        items = list(model.named_modules())[1:] if hook_all else list(model.named_children())
-        for name, child in items:
-            def hook(m, args, out, name=name):
-                value = out if what == "output" else args[0]
-                shapes[name if key == "name" else m] = tuple(value.shape)
-
-            handles.append(child.register_forward_hook(hook))
-        run_then_remove(lambda: model(x), handles, in_finally=cleanup_in_finally)
-        return shapes
-
-    return output_shapes
+def test_02_2_names_the_slip():
+    failed("02.2", rescaling(how="new Parameter"), "new weight Parameter", "in place")
+    failed("02.2", rescaling(grad_off=False), "torch.no_grad()")
+    failed("02.2", rescaling(one_pass=True), "gives std", "one layer per forward pass")
+    failed("02.2", rescaling(how="output"), "no weight changed")
+    failed("02.2", rescaling(in_finally=False), "finally")
 
 
-def test_02_1_accepts_one_hook_per_child():
-    result = grade("02.1", shapes_answer())
+# ----- 02.3 and 02.4: recorders -------------------------------------------------------------------------
+def recorder(inputs=False, where="pre", copy=lambda t: t.detach().clone(), copy_out=None, late=False,
+             leaves_only=False, records_as="list", append_at="end", enter_returns_self=True):
+    """A recorder class: one record per call (variations: wrong). ``inputs``: also keep the inputs, copied
+    in a pre-hook (``where="pre"``) or, wrong for in-place layers, in the forward hook."""
+    copy_out = copy_out or copy
+
+    class Recorder:
+        def __init__(self, model):
+            self.model, self.handles, self.waiting = model, [], {}
+            self.records = {} if records_as == "dict" else []
+
+        def keep(self, name, inputs_, output):
+            entry = (name, inputs_, copy_out(output)) if inputs else (name, copy_out(output))
+            if records_as == "dict":
+                self.records[name] = entry
+            else:
+                self.records.append(entry)
+
+        def __enter__(self):
+            for name, module in self.model.named_modules():
+                if not name or (leaves_only and next(module.children(), None) is not None):
+                    continue
+                if late:  # the slip: both hooks read the loop variable after the loop has ended
+                    def before(m, args):
+                        self.waiting.setdefault(name, []).append(tuple(copy(a) for a in args))  # noqa: B023
+
+                    def after(m, args, output):
+                        kept = self.waiting[name].pop() if inputs else ()  # noqa: B023
+                        self.keep(name, kept, output)  # noqa: B023
+                else:
+                    def before(m, args, name=name):
+                        self.waiting.setdefault(name, []).append(tuple(copy(a) for a in args))
+
+                    def after(m, args, output, name=name):
+                        pre = inputs and where == "pre"
+                        kept = self.waiting[name].pop() if pre else tuple(copy(a) for a in args)
+                        self.keep(name, kept, output)
+
+                if inputs and (where == "pre" or late):
+                    self.handles.append(module.register_forward_pre_hook(before))
+                if append_at == "start":
+                    hook = lambda m, args, name=name: self.records.append((name, args[0].detach().clone()))  # noqa: E731
+                    self.handles.append(module.register_forward_pre_hook(hook))
+                else:
+                    self.handles.append(module.register_forward_hook(after))
+            return self if enter_returns_self else None
+
+        def __exit__(self, *exc):
+            for handle in self.handles:
+                handle.remove()
+
+    return Recorder
+
+
+def test_02_3_accepts_one_record_per_call():
+    result = grade("02.3", recorder())
     assert result.passed, result.detail
 
 
-def test_02_1_rejects_input_shapes_module_keys_grandchildren_and_leftover_hooks():
-    failed("02.1", shapes_answer(what="input"), "shapes of the inputs")
-    failed("02.1", shapes_answer(key="module"), "keys are modules")
-    failed("02.1", shapes_answer(hook_all=True), "expected the children")
-    failed("02.1", shapes_answer(cleanup_in_finally=False), "finally")
-    failed("02.1", lambda model, x: [tuple(model(x).shape)], "return a dict", "list")
+def test_02_3_names_the_slip():
+    failed("02.3", recorder(late=True), "name=name")
+    failed("02.3", recorder(records_as="dict"), "can run twice")
+    failed("02.3", recorder(leaves_only=True), "containers too")
+    failed("02.3", recorder(append_at="start"), "wrong order", "when each call ends")
+    failed("02.3", recorder(copy=lambda t: t.clone()), "autograd graph")
+    failed("02.3", recorder(enter_returns_self=False), "return self")
 
-
-# ----- 02.5 -----------------------------------------------------------------------------------
-def gains_answer(upside_down=False, measure=torch.std, cleanup_in_finally=True, pre=True):
-    """An answer to 02.5: a pre-hook per child keeps the input's spread, a forward hook divides the output's by
-    it (variations: wrong; ``pre=False`` reads the input in the forward hook, overwritten by an in-place ReLU)."""
-    def activation_gains(model, x):
-        gains, spread, handles = {}, {}, []
-        for name, child in model.named_children():
-            def before(m, args, name=name):
-                spread[name] = measure(args[0])
-
-            def after(m, args, out, name=name):
-                spread_in = spread[name] if pre else measure(args[0])
-                ratio = spread_in / measure(out) if upside_down else measure(out) / spread_in
-                gains[name] = ratio.item()
-
-            handles.append(child.register_forward_pre_hook(before))
-            handles.append(child.register_forward_hook(after))
-        run_then_remove(lambda: model(x), handles, in_finally=cleanup_in_finally)
-        return gains
-
-    return activation_gains
-
-
-def test_02_5_accepts_a_pre_hook_and_a_forward_hook_per_child_and_a_tensor_gain():
-    assert grade("02.5", gains_answer()).passed
-
-    def tensor_gains(model, x):
-        gains, spread, handles = {}, {}, []
-        for name, child in model.named_children():
-            def before(m, args, name=name):
-                spread[name] = args[0].std()
-
-            def after(m, args, out, name=name):
-                gains[name] = out.std() / spread[name]
-
-            handles += [child.register_forward_pre_hook(before), child.register_forward_hook(after)]
-        run_then_remove(lambda: model(x), handles)
-        return gains
-
-    result = grade("02.5", tensor_gains)
-    assert result.passed and "'2'" in result.detail, result.detail
-
-
-def test_02_5_rejects_upside_down_other_measures_overwritten_inputs_and_leftover_hooks():
-    failed("02.5", gains_answer(upside_down=True), "upside down")
-    failed("02.5", gains_answer(measure=lambda t: t.abs().mean()), "child", "expected")
-    failed("02.5", gains_answer(pre=False), "work in place", "pre-hook")
-    failed("02.5", gains_answer(cleanup_in_finally=False), "finally")
-    failed("02.5", lambda model, x: None, "None (missing return?)")
-
-
-# ----- 02.7 -----------------------------------------------------------------------------------
-class Stop(Exception):
-    pass
-
-
-def stop_answer(catch=Stop, raise_=True, keep="output", cleanup_in_finally=True, stop_at="last", detach=True):
-    """An answer to 02.7: forward hooks keep the outputs, the one that completes the set raises ``Stop``
-    (variations: wrong)."""
-    def outputs_of(model, names, x):
-        kept, handles = {}, []
-
-        def keep_output(name):
-            def hook(m, args, out):
-                value = out if keep == "output" else args[0]
-                kept[name] = value.detach() if detach else value
-                done = len(kept) == len(names) if stop_at == "last" else True
-                if raise_ and done:
-                    raise Stop
-
-            return hook
-
-        for name in names:
-            handles.append(model.get_submodule(name).register_forward_hook(keep_output(name)))
-        if not cleanup_in_finally:
-            try:
-                model(x)
-            except catch:
-                pass
-            for handle in handles:
-                handle.remove()
-            return kept
-        try:
-            model(x)
-        except catch:
+    class Forgets(recorder()):
+        def __exit__(self, *exc):
             pass
-        finally:
-            for handle in handles:
-                handle.remove()
-        return kept
 
-    return outputs_of
+    outcome = failed("02.3", Forgets, "forward hook is still registered on layer", "__exit__")
+    assert "_forward" not in outcome.detail
 
 
-def test_02_7_accepts_a_private_exception():
-    result = grade("02.7", stop_answer())
+def test_02_4_accepts_inputs_copied_in_a_pre_hook():
+    result = grade("02.4", recorder(inputs=True))
     assert result.passed, result.detail
 
 
-def test_02_7_rejects_running_on_swallowing_errors_wrong_values_and_leftover_hooks():
-    failed("02.7", stop_answer(raise_=False), "went on after")
-    failed("02.7", stop_answer(stop_at="first"), "stop only once every named layer has run")
-    failed("02.7", stop_answer(detach=False), "detached")
-    failed("02.7", stop_answer(catch=Exception), "swallowed it")
-    failed("02.7", stop_answer(keep="input"), "not the output")
-    failed("02.7", stop_answer(cleanup_in_finally=False), "finally")
+def test_02_4_names_the_slip():
+    failed("02.4", recorder(inputs=True, where="forward"), "forward pre-hook", "overwrote")
+    failed("02.4", recorder(inputs=True, copy=lambda t: t.detach(), copy_out=lambda t: t.detach().clone()),
+           "clone")
+    failed("02.4", recorder(inputs=True, copy_out=lambda t: t.detach()), "output kept for record", "clone")
+    failed("02.4", recorder(inputs=True, copy=lambda t: t.clone()), "autograd graph")
+    failed("02.4", recorder(), "(name, inputs, output) triple")
+    failed("02.4", recorder(inputs=True, late=True), "name=name")
+
+
+# ----- 02.5 -------------------------------------------------------------------------------------------
+def step_stats(late=False, as_tensor=False, of="output"):
+    """An answer to 02.5: one forward hook per named layer appends three numbers (variations: wrong)."""
+    class StepStats:
+        def __init__(self, model, names):
+            self.model, self.names, self.handles = model, names, []
+            self.means = {name: [] for name in names}
+            self.stds = {name: [] for name in names}
+            self.zeros = {name: [] for name in names}
+
+        def __enter__(self):
+            for name in self.names:
+                def keep(module, args, output, name=name):
+                    key = self.names[-1] if late else name
+                    out = (output if of == "output" else args[0]).detach()
+                    value = (lambda t: t) if as_tensor else (lambda t: t.item())
+                    self.means[key].append(value(out.mean()))
+                    self.stds[key].append(value(out.std()))
+                    self.zeros[key].append(value((out == 0).float().mean()))
+
+                self.handles.append(self.model.get_submodule(name).register_forward_hook(keep))
+            return self
+
+        def __exit__(self, *exc):
+            for handle in self.handles:
+                handle.remove()
+
+    return StepStats
+
+
+def test_02_5_accepts_numbers_per_call():
+    result = grade("02.5", step_stats())
+    assert result.passed, result.detail
+
+
+def test_02_5_names_the_slip():
+    failed("02.5", step_stats(late=True), "name=name", "last name")
+    failed("02.5", step_stats(as_tensor=True), "keeps tensors", ".item()")
+    failed("02.5", step_stats(of="input"), "expected")
+
+
+def test_no_message_names_a_private_attribute():
+    """A student reads 'a forward hook is still registered on layer ...', never PyTorch's dict names."""
+    details = [grade("02.1", stds_answer(in_finally=False)).detail, grade("02.2", rescaling(in_finally=False)).detail]
+    assert all("still registered" in d and "_forward" not in d and "hooks_dict" not in d for d in details)
+
+
+def test_02_1_says_which_leaves_are_missing_and_when_nothing_ran():
+    def only_linear(model, x):
+        stds, handles = {}, []
+        for name, module in model.named_modules():
+            if isinstance(module, nn.Linear):
+                keep = lambda m, a, out, name=name: stds.update({name: out.std().item()})  # noqa: E731
+                handles.append(module.register_forward_hook(keep))
+        run_then_remove(lambda: model(x), handles)
+        return stds
+
+    failed("02.1", only_linear, "every leaf", "whatever its type")
+    failed("02.1", lambda model, x: {}, "empty")
