@@ -147,12 +147,19 @@ def test_6_gradients_are_computed_under_no_grad_and_refused_under_inference_mode
     with GuidedBackprop(model) as gb:
         saliency = gb.saliency(x)
     explorer = LayerExplorer(model, x)
+    picker = GradCamPicker(model, x, [0, 1, 2, 3], ["features.3"])
+    parts = picker.compute("features.3", 5, 1)
     with torch.no_grad():
         assert torch.equal(grad_cam(model, x, "features.3").maps, expected)
         with GuidedBackprop(model) as gb:
             assert torch.equal(gb.saliency(x), saliency)
         assert torch.equal(LayerExplorer(model, x).gradients["features.3"], explorer.gradients["features.3"])
+        fresh = GradCamPicker(model, x, [0, 1, 2, 3], ["features.3"]).compute("features.3", 5, 1)
+        assert torch.equal(fresh["map"], parts["map"]) and torch.equal(fresh["guided"], parts["guided"])
+        assert torch.equal(picker.compute("features.3", 6, 1)["map"], grad_cam(model, x[1:2], "features.3", 6).maps[0])
     with torch.inference_mode():
+        with pytest.raises(RuntimeError, match="GradCamPicker needs gradients"):
+            picker.compute("features.3", 7, 1)
         with pytest.raises(RuntimeError, match=r"Grad-CAM needs gradients; call it outside torch\.inference_mode\(\)"):
             grad_cam(model, x, "features.3")
         with pytest.raises(RuntimeError, match="LayerExplorer needs gradients"):
@@ -171,7 +178,13 @@ def test_7_a_layer_off_the_path_to_the_score(x):
     assert not explorer.gradients["side"].any() and explorer.gradients["conv"].any()
     assert "(zero: the score of class" in explorer.describe("side", 0, "gradient")
     assert "zero:" not in explorer.describe("conv", 0, "gradient")
-    plt.close(explorer.render("side", 1, "gradient"))
+    explorer.picture("side", 1, "gradient")
+    picker = GradCamPicker(model, x, [0, 1, 2, 0], ["side", "conv"])
+    with pytest.raises(NoGradientError, match="layer 'side' does not contribute to the score of class 2"):
+        picker.compute("side", 2)
+    assert picker.compute("conv", 2, method="Grad-CAM")["map"].shape == (8, 8)  # the other layer: its gradient came
+    with pytest.raises(ValueError, match=r"_SideBranch has no nn\.ReLU module: guided backprop needs them"):
+        picker.compute("conv", 2)  # guided Grad-CAM
 
 
 def test_8_train_mode_is_refused_before_anything_changes():
@@ -250,7 +263,7 @@ def test_12_a_channel_is_an_int(model, x, capsys):
     explorer = LayerExplorer(model, x)
     for wrong in (True, 2.0, "2"):
         with pytest.raises(TypeError, match="channel must be an int"):
-            explorer.render("features.0", wrong)
+            explorer.view("features.0", wrong)
     with pytest.raises(TypeError, match="layer must be one of this explorer's layer names"):
         explorer.describe(["features.0"])
     assert capsys.readouterr().out == "" and plt.get_fignums() == []
@@ -261,18 +274,19 @@ def test_13_figure_is_not_tracked_render_is_and_errors_leave_nothing_open(model,
     explorer = LayerExplorer(model, x)
     picker = GradCamPicker(model, x, torch.tensor([1, 2, 3, 4]), ["features.6"])
     for _ in range(3):
-        explorer.figure("features.1", 2)
         picker.figure(picker.compute("features.6", 3, 0))
     assert plt.get_fignums() == []
-    shown = explorer.render("features.1", 2)
+    shown = picker.render("features.6", 3, 0)
     assert plt.get_fignums() == [shown.number]  # plt.show() displays what render returned
     plt.close(shown)
     with pytest.raises(IndexError, match="channel 16 is out of range"):
-        explorer.render("features.1", 16)
+        explorer.view("features.1", 16)
     with pytest.raises(LookupError):
-        explorer.render("features.9", 0)
-    panel = explorer.widget()
-    panel.channel.value = 3
+        explorer.view("features.9", 0)
+    with pytest.raises(ValueError, match="scale must be"):
+        picker.render("features.6", 3, 0, scale="global")
+    for panel in (explorer.widget(), picker.widget()):
+        panel.index.value = 3
     assert plt.get_fignums() == []
 
 

@@ -14,6 +14,7 @@ from scipy import ndimage
 from torch import nn
 
 from hooklab import picture
+from hooklab.audit import leftover_hooks
 from hooklab.cam_widgets import GradCamPicker, _rank_correlation, draw_cam
 from hooklab.data import photo, to_display
 from hooklab.layers import UnknownLayerError
@@ -68,56 +69,53 @@ def test_describe_tensor_counts_zeros():
     assert "min 0 " in describe_tensor(torch.tensor([-0.0, 2.0]))
 
 
-def test_render_prints_and_returns_a_figure(explorer, capsys):
-    fig = explorer.render("features.1", 2)
-    assert capsys.readouterr().out.startswith("features.1 (ReLU) activation shape (16, 8, 8), channel 2 of 16")
-    assert len(fig.axes) == 3  # channel, colour bar, tiles
-    assert fig.axes[0].get_title() == "features.1\nactivation, channel 2"
+def test_view_prints_the_summary_and_returns_the_picture(explorer, capsys):
+    shown = explorer.view("features.1", 2)
+    assert capsys.readouterr().out == explorer.summary("features.1", 2) + "\n"
+    assert isinstance(shown, picture.Picture) and shown.png == explorer.picture("features.1", 2).png
+    assert not hasattr(explorer, "render") and not hasattr(explorer, "figure")  # one drawing: the picture
 
 
-def test_render_and_figure_share_one_drawing_and_close_it_when_drawing_fails(explorer, model, x, monkeypatch, capsys):
+def test_render_and_figure_show_the_picture_and_close_it_when_drawing_fails(model, x, monkeypatch, capsys):
     picker = GradCamPicker(model, x, torch.tensor([1, 2, 3]), ["features.6"])
     parts = picker.compute("features.6", 3, 0)
-    calls = {
-        "render": (lambda: explorer.render("features.1", 2), lambda: picker.render("features.6", 3, 0)),
-        "figure": (lambda: explorer.figure("features.1", 2), lambda: picker.figure(parts)),
-    }
-    for kind, tracked in (("render", True), ("figure", False)):
-        for call in calls[kind]:
-            fig = call()
-            assert (plt.get_fignums() == [fig.number]) if tracked else (plt.get_fignums() == [])
-            plt.close(fig)
+    pixels = np.asarray(picker._canvas(parts, "own", False).image)
+    for call, tracked in ((lambda: picker.render("features.6", 3, 0), True), (lambda: picker.figure(parts), False)):
+        fig = call()
+        assert (plt.get_fignums() == [fig.number]) if tracked else (plt.get_fignums() == [])
+        assert np.array_equal(fig.axes[0].images[0].get_array(), pixels)  # the picture, pixel for pixel
+        assert tuple(fig.get_size_inches() * fig.dpi) == (pixels.shape[1], pixels.shape[0])
+        plt.close(fig)
 
     def broken(*args):
         raise RuntimeError("drawing failed")
 
-    for obj in (explorer, picker):
-        monkeypatch.setattr(obj, "_draw", broken)
-    for call in (*calls["render"], *calls["figure"]):
+    monkeypatch.setattr(picker, "_draw", broken)
+    for call in (lambda: picker.render("features.6", 3, 0), lambda: picker.figure(parts)):
         with pytest.raises(RuntimeError, match="drawing failed"):
             call()
         assert plt.get_fignums() == []  # hooklab.checks.drawn closed the pyplot figure
     capsys.readouterr()
 
 
-def test_tiles_and_frame(explorer):
-    """Activation tiles span 0..1; gradient tiles put 0 at 0.5 (white in RdBu_r); the red frame
-    sits on the chosen channel's tile, one pixel outside it."""
-    fig = explorer.figure("features.3", 10, "gradient")
-    tiles = fig.axes[1].images[0].get_array()
-    grad = explorer.gradients["features.3"]
-    row, col = divmod(10, 8)
-    tile = tiles[row * 9 : row * 9 + 8, col * 9 : col * 9 + 8]
+def test_tiles_are_tile_channels_of_the_channels_averaged_down(explorer):
+    """Activation tiles span 0..1; gradient tiles put 0 at 0.5 (white in RdBu_r), between gaps of
+    1 pixel; the picture pastes their colours, enlarged."""
+    run, grad = explorer.recorded(0), explorer.gradients["features.3"]
+    indices, (h, w), cols = explorer._grid(run, "features.3", "gradient", 0)
+    assert (h, w, cols) == (8, 8, 6)  # 32 channels of 8×8: a squarish grid, 6 a row
+    grid = tile_channels(grad, ncols=cols, pad=1, signed=True)
+    row, col = divmod(10, cols)
     expected = (grad[10] / grad[10].abs().max() + 1) / 2
-    assert torch.allclose(torch.as_tensor(tile.filled(float("nan"))), expected.double())
-    assert tiles.mask[8, :].all() and tiles.mask[:, 8].all()  # the gaps are masked (drawn grey)
-    (frame,) = fig.axes[1].patches
-    assert frame.get_xy() == (col * 9 - 1, row * 9 - 1) and frame.get_width() == 9
-    act = explorer.figure("features.3", 10).axes[1].images[0].get_array()
-    assert float(act.min()) == 0.0 and float(act.max()) == 1.0
-    conv = torch.nn.Conv2d(1, 9, 3, padding=1)  # 56×56 maps, as in a ResNet: the frame still fits its tile
-    big = LayerExplorer(conv, torch.rand(1, 1, 56, 56)).figure("", 8, "gradient").axes[1]
-    assert big.patches[0].get_xy() == (-1, 56) and big.images[0].get_array().shape == (113, 455)
+    assert torch.allclose(torch.from_numpy(grid[row * 9 : row * 9 + 8, col * 9 : col * 9 + 8]), expected.double())
+    assert np.isnan(grid[8, :]).all() and np.isnan(grid[:, 8]).all()  # the gaps: NaN, painted grey
+    assert np.array_equal(indices, picture.colours(torch.from_numpy(grid), "RdBu_r", 0.0, 1.0))
+    act = explorer._grid(run, "features.3", "activation", 0)[0]
+    assert {0, picture.LEVELS - 1} <= set(np.unique(act).tolist())  # viridis from its bottom to its top
+    conv = torch.nn.Conv2d(1, 9, 3, padding=1)  # 56×56 maps, as in a ResNet: averaged down to 28×28 tiles
+    big = LayerExplorer(conv, torch.rand(1, 1, 56, 56))
+    indices, (h, w), cols = big._grid(big.recorded(0), "", "gradient", 0)
+    assert (h, w, cols) == (28, 28, 3) and indices.shape == (3 * 29 - 1, 3 * 29 - 1)
 
 
 def test_bad_layer_channel_or_kind(explorer):
@@ -145,7 +143,6 @@ def test_redraws_run_no_forward_pass_and_a_new_image_or_class_runs_one(model):
     calls, handle = forward_passes(model)
     try:
         for layer in explorer.layers:
-            plt.close(explorer.figure(layer, 1))
             explorer.picture(layer, 1, "gradient")
             explorer.summary(layer, 1)
         assert calls == []
@@ -213,34 +210,32 @@ def test_a_map_that_is_zero_everywhere_is_white_as_a_gradient_and_dark_as_an_act
         assert np.asarray(canvas.image)[100, 80] == colour
 
 
-def test_colours_and_tiles_match_the_matplotlib_versions():
-    maps = torch.randn(10, 5, 6, generator=torch.Generator().manual_seed(0))
-    maps[2, 1, 1] = float("nan")
-    maps[3] = 0.0
-    for signed in (False, True):
-        grid, h, w = picture.tiles(maps, ncols=4, signed=signed)
-        expected = tile_channels(maps, channels=None, ncols=4, pad=1, signed=signed)
-        assert (h, w) == (5, 6) and grid.shape == expected.shape
-        assert np.allclose(grid, expected, atol=1e-6, equal_nan=True)
+def test_colours_and_sizes():
     values = torch.tensor([[-1.0, 0.0, 1.0, float("nan")]])
     assert picture.colours(values, "viridis", 0.0, 1.0).tolist() == [[0, 0, picture.LEVELS - 1, picture.GREY]]
     assert picture.colours(values, "RdBu_r", -1.0, 1.0)[0, :3].tolist() == [
         picture.LEVELS, picture.LEVELS + round((picture.LEVELS - 1) / 2), 2 * picture.LEVELS - 1]
     with pytest.raises(ValueError, match="cmap must be one of viridis, RdBu_r"):
         picture.colours(values, "jet", 0.0, 1.0)
-    big = torch.arange(4 * 70 * 70, dtype=torch.float32).view(4, 70, 70)
-    grid, h, w = picture.tiles(big)
-    assert (h, w) == (24, 24)  # averaged over 3×3 blocks: at most 32 pixels a side
+    inferno = plt.get_cmap("inferno")
+    expected = [np.round(np.array(inferno(v)[:3]) * 255).tolist() for v in (0.0, 0.0, 1.0)] + [[153, 153, 153]]
+    assert picture.rgb(values, "inferno", 0.0, 1.0)[0].tolist() == expected
     assert picture.shrink(torch.ones(100, 50), 40).shape == (34, 17)
+    cells = torch.arange(4.0).view(2, 2)
+    assert torch.equal(picture.fit(cells, (4, 4)), cells.repeat_interleave(2, 0).repeat_interleave(2, 1))  # blocks
+    assert torch.equal(picture.fit(torch.arange(16.0).view(4, 4), (2, 2)), torch.tensor([[2.5, 4.5], [10.5, 12.5]]))
 
 
-def test_a_figure_becomes_a_palette_png_of_its_own_size(picker):
+def test_the_picker_picture_is_a_png_of_its_canvas(picker):
     parts = picker.compute("features.6", 3, 0)
-    fig = picker.figure(parts)
-    image = Image.open(io.BytesIO(picture.figure_png(fig)))
-    width, height = fig.get_size_inches() * fig.dpi
-    assert image.mode == "P" and image.size == (round(width), round(height))
-    assert len(image.getcolors(256)) > 16  # the photo-like panels keep their shades
+    canvas = picker._canvas(parts, "own", False)
+    shown = picker.picture(parts)
+    image = Image.open(io.BytesIO(shown.png))
+    assert image.mode == "P" and image.size == shown.size == canvas.image.size
+    drawn = np.asarray(image.convert("RGB")).astype(int)
+    assert (drawn[0, 0] == 255).all()  # the background stays white
+    assert np.abs(drawn - np.asarray(canvas.image)).mean() < 2  # the 256 colours picked for it
+    assert len(image.getcolors(256)) > 16  # the map keeps its shades
 
 
 def test_moving_the_controls_updates_the_text_and_the_picture(explorer):
@@ -376,20 +371,36 @@ def test_a_students_method_joins_the_selector_and_bad_ones_are_named(model, x):
         GradCamPicker(model, x, [1, 2, 3], ["features.6"], methods=[mine])
 
 
+def panel_pixel(picker, parts, scale, signed, panel, row, col):
+    """The colour the picture gives cell (row, col) of the map in panel ``panel``."""
+    canvas = picker._canvas(parts, scale, signed)
+    image = picker.images[parts["index"]]
+    top = 6 + 15 * max(len(p.title) for p in picker._panels(parts, scale, signed))
+    cell = 176 / max(image.shape[-2:]) * image.shape[-1] / parts["map"].shape[1]
+    x = 8 + panel * (176 + 16) + int((col + 0.5) * cell)
+    return tuple(np.asarray(canvas.image)[top + int((row + 0.5) * cell), x])
+
+
 def test_shared_scale_and_the_signed_map(picker, capsys):
     predicted = int(picker.predicted[0])
     other = (predicted + 5) % 10
     top = float(picker.compute("features.6", predicted, 0)["map"].max())
-    own = float(picker.compute("features.6", other, 0)["map"].max())
+    parts = picker.compute("features.6", other, 0)
+    own = float(parts["map"].max())
+    panels = picker._panels(parts, "shared", True)
+    assert [p.kind for p in panels] == ["image", "map", "signed", "signed", "signed"]
+    assert panels[1].high == max(top, own) and panels[1].title[2] == f"max {own:.4g}, scale shared"
+    bound = float(parts["raw"].abs().max())
+    assert panels[2].high == bound and panels[2].title[:2] == ("before the ReLU", f"class {other}")
+    assert [p.title[0] for p in panels[3:]] == ["guided backprop", "guided Grad-CAM"]
+    row, col = divmod(int(parts["map"].argmax()), parts["map"].shape[1])
+    inferno = lambda v, high: tuple(picture.rgb(torch.tensor([[v]]), "inferno", 0.0, high)[0, 0])  # noqa: E731
+    assert panel_pixel(picker, parts, "shared", True, 1, row, col) == inferno(own, max(top, own))
+    assert panel_pixel(picker, parts, "own", False, 1, row, col) == inferno(1.0, 1.0)  # its own maximum: the top
+    plain = picker._panels(picker.compute("features.6", other, 0, method="Grad-CAM"), "own", False)
+    assert len(plain) == 2 and plain[1].high == pytest.approx(own or 1.0)
     fig = picker.render("features.6", other, 0, scale="shared", signed=True)
-    assert fig.axes[1].images[0].get_clim() == (0.0, max(top, own))
-    raw = picker.compute("features.6", other, 0)["raw"]
-    bound = float(raw.abs().max())
-    assert len(fig.axes) == 5 and fig.axes[2].images[0].get_clim() == (-bound, bound)
-    assert fig.axes[2].get_title().startswith(f"before the ReLU, class {other}")
-    plt.close(fig)
-    fig = picker.render("features.6", other, 0, method="Grad-CAM")
-    assert len(fig.axes) == 2 and fig.axes[1].images[0].get_clim()[1] == pytest.approx(own or 1.0)
+    assert capsys.readouterr().out.startswith("image 0: label 1")
     plt.close(fig)
     with pytest.raises(ValueError, match="scale must be 'own'"):
         picker.render("features.6", other, 0, scale="global")
@@ -432,19 +443,136 @@ def test_weight_randomisation_leaves_the_model_and_the_random_numbers_alone(mode
     assert _rank_correlation(torch.arange(9.0), -torch.arange(9.0)) == pytest.approx(-1.0)
 
 
-def test_guided_backprop_runs_once_per_pass_and_only_for_guided_grad_cam(model, x, monkeypatch, capsys):
-    picker = GradCamPicker(model, x, torch.tensor([1, 2, 3]), ["features.3", "features.6"])  # nothing cached yet
-    runs, saliency = [], GuidedBackprop.saliency
-    monkeypatch.setattr(GuidedBackprop, "saliency", lambda gb, *args: runs.append(args) or saliency(gb, *args))
-    plt.close(picker.render("features.6", 3, 0, weights="random", scale="shared"))
-    assert len(runs) == 1  # the trained map describe compares with and the shared scale's map need none
-    again = picker.compute("features.6", 3, 0, weights="random")
-    assert len(runs) == 1 and torch.equal(again["guided"], again["saliency"] * again["cam"])
+def test_guided_backprop_runs_once_per_class_and_only_for_guided_grad_cam(model, x, monkeypatch, capsys):
+    picker = GradCamPicker(model, x, torch.tensor([1, 2, 3]), ["features.3", "features.6"])  # nothing kept yet
+    predicted = int(picker.predicted[0])
+    passes = count_passes(monkeypatch, model)
+    plt.close(picker.render("features.6", predicted, 0, weights="random", scale="shared"))
+    # random weights: one forward pass and two backward passes (the layers', the guided one); the trained
+    # map describe compares with: one forward pass and one backward pass; the shared scale's map (the class
+    # the trained model predicts) is the one already there
+    assert passes == {"forward": 2, "backward": 3}
+    again = picker.compute("features.6", predicted, 0, weights="random")
+    assert passes == {"forward": 2, "backward": 3} and torch.equal(again["guided"], again["saliency"] * again["cam"])
+    picker.compute("features.3", predicted, 0, weights="random")  # another layer: nothing to run
+    assert passes == {"forward": 2, "backward": 3}
     picker.compute("features.6", 3, 1, method="Grad-CAM")
-    assert len(runs) == 1
+    assert passes == {"forward": 3, "backward": 4}
     picker.compute("features.6", 3, 1)
-    assert len(runs) == 2
+    assert passes == {"forward": 3, "backward": 5}
     capsys.readouterr()
+
+
+#: moves of the picker's controls from its start (image 0, class 7: the one predicted for every image),
+#: with the passes each runs, (forward, backward): a new class runs a backward pass for the layers'
+#: gradients, and one for guided backprop with guided Grad-CAM; the shared scale needs the map of the
+#: predicted class, and describe, with random weights, the trained model's map of the class shown
+MOVES = [("target", 4, (0, 2)), ("layer", "features.3", (0, 0)), ("method", "Grad-CAM", (0, 0)),
+         ("signed", True, (0, 0)), ("scale", "shared", (0, 0)), ("method", "guided Grad-CAM", (0, 0)),
+         ("index", 2, (1, 3)), ("weights", "random", (1, 3)), ("target", 5, (0, 3)), ("method", "HiResCAM", (0, 0)),
+         ("scale", "own", (0, 0)), ("weights", "trained", (0, 0)), ("index", 0, (0, 1)), ("target", 4, (0, 0))]
+
+
+def test_a_move_runs_a_backward_pass_only_for_a_new_class_and_ends_where_a_new_picker_starts(model, x, monkeypatch):
+    """Each move of the widget runs the passes it needs and no more: a forward pass per image and
+    weights, one backward pass per class for every layer's gradient (one more for guided Grad-CAM,
+    one more for each map ``describe`` or the shared scale compares with); a new layer, method, scale
+    or "before ReLU" runs none. After every move, text and picture are those of a new picker."""
+    picker = GradCamPicker(model, x, torch.tensor([1, 2, 3]), ["features.3", "features.6"])
+    panel = picker.widget()
+    assert picker.predicted.tolist() == [7, 7, 7] and panel.target.value == 7
+    passes = count_passes(monkeypatch, model)
+    for name, value, expected in MOVES:
+        before = dict(passes)
+        getattr(panel, name).value = value
+        assert (passes["forward"] - before["forward"], passes["backward"] - before["backward"]) == expected, name
+        monkeypatch.undo()
+        fresh = GradCamPicker(model, x, torch.tensor([1, 2, 3]), ["features.3", "features.6"])
+        args = (panel.layer.value, panel.target.value, panel.index.value)
+        parts = fresh.compute(*args, method=panel.method.value, weights=panel.weights.value)
+        assert panel.text == fresh.describe(parts) + "\n"
+        assert panel.png == fresh.picture(parts, scale=panel.scale.value, signed=panel.signed.value).png
+        passes = count_passes(monkeypatch, model)
+    assert leftover_hooks(model, picker._model("random")) == []
+
+
+def test_maps_after_moves_are_those_of_hooklab_saliency(model, x):
+    picker = GradCamPicker(model, x, torch.tensor([1, 2, 3]), ["features.1", "features.3", "features.6"])
+    for layer, target, index in [("features.6", 1, 0), ("features.3", 1, 0), ("features.1", 5, 0),
+                                 ("features.6", 5, 2), ("features.3", 1, 0), ("features.6", 5, 0)]:  # fmt: skip
+        for method in ("HiResCAM", "guided Grad-CAM", "Grad-CAM"):
+            parts = picker.compute(layer, target, index, method=method)
+        assert torch.equal(parts["map"], grad_cam(model, x[index : index + 1], layer, target).maps[0])
+        guided = picker.compute(layer, target, index)["guided"]
+        assert torch.equal(guided, guided_grad_cam(model, x[index : index + 1], layer, target)[0])
+
+
+def test_writing_into_the_weights_runs_the_passes_again(model, x):
+    """Kept passes belong to the weights they were made with: re-drawn weights (``reset_parameters``),
+    ``load_state_dict`` or an optimiser step bump the parameters' version counters."""
+    import copy
+
+    net = copy.deepcopy(model)
+    picker = GradCamPicker(net, x, torch.tensor([1, 2, 3]), ["features.3", "features.6"])
+    before = picker.compute("features.6", 4, 1)
+    random_before = picker.compute("features.6", 4, 1, weights="random")
+    saved = copy.deepcopy(net.state_dict())
+    with torch.random.fork_rng():
+        torch.manual_seed(5)
+        for module in net.modules():
+            if hasattr(module, "reset_parameters"):
+                module.reset_parameters()
+    after = picker.compute("features.6", 4, 1)
+    fresh = GradCamPicker(net, x, torch.tensor([1, 2, 3]), ["features.3", "features.6"]).compute("features.6", 4, 1)
+    assert not torch.equal(after["raw"], before["raw"])
+    for key in ("raw", "saliency", "guided"):
+        assert torch.equal(after[key], fresh[key])
+    assert int(picker.predicted[1]) == int(net(x[1:2]).argmax())  # kept up to date with the trained pass
+    net.load_state_dict(saved)
+    for key in ("raw", "saliency", "guided", "score"):
+        assert torch.equal(torch.as_tensor(picker.compute("features.6", 4, 1)[key]), torch.as_tensor(before[key]))
+    random_after = picker.compute("features.6", 4, 1, weights="random")  # re-drawn again from the weights as they are
+    assert torch.equal(random_after["raw"], random_before["raw"])
+    optimiser = torch.optim.SGD(net.parameters(), lr=0.5)
+    nn.functional.cross_entropy(net(x), torch.tensor([1, 2, 3])).backward()
+    optimiser.step()
+    stepped = GradCamPicker(net, x, torch.tensor([1, 2, 3]), ["features.6"]).compute("features.6", 4, 1)
+    assert torch.equal(picker.compute("features.6", 4, 1)["raw"], stepped["raw"])
+
+
+def test_in_place_writes_after_a_layer_and_second_calls_on_resnet18():
+    """ResNet writes into a block's ``bn2`` output (``out += identity``) and calls each block's ReLU
+    twice (``inplace=True``): the picker explains what each layer returned at its last call, as
+    ``grad_cam`` does, with one backward pass for all of them."""
+    resnet = torchvision.models.resnet18(weights=None).eval()
+    x = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    layers = ["layer1.0.bn2", "layer1.0.relu", "layer2", "layer4.1.conv2"]
+    picker = GradCamPicker(resnet, x, [1], layers)
+    for layer in layers:
+        for method in ("guided Grad-CAM", "Grad-CAM"):
+            parts = picker.compute(layer, 3, method=method)
+        assert torch.equal(parts["map"], grad_cam(resnet, x, layer, 3).maps[0]), layer
+    assert torch.equal(picker.compute("layer2", 3)["guided"], guided_grad_cam(resnet, x, "layer2", 3)[0])
+    assert leftover_hooks(resnet) == []
+
+
+def count_passes(monkeypatch, model) -> dict:
+    """Count ``model``'s forward passes (by its forward method) and every backward pass (every
+    ``torch.autograd.grad`` and ``Tensor.backward`` call) until the test ends."""
+    passes = {"forward": 0, "backward": 0}
+    forward, grad, backward = type(model).forward, torch.autograd.grad, torch.Tensor.backward
+
+    def counted(kind, fn):
+        def call(*args, **kwargs):
+            passes[kind] += 1
+            return fn(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(type(model), "forward", counted("forward", forward))
+    monkeypatch.setattr(torch.autograd, "grad", counted("backward", grad))
+    monkeypatch.setattr(torch.Tensor, "backward", counted("backward", backward))
+    return passes
 
 
 def test_picker_explains_an_rgb_photo_on_resnet18():
@@ -455,10 +583,15 @@ def test_picker_explains_an_rgb_photo_on_resnet18():
     assert torch.equal(parts["map"], grad_cam(resnet, cat, "layer4").maps[0]) and parts["map"].shape == (4, 4)
     panel = picker.widget()
     assert panel.text.startswith(f"image 0: label 281, predicted {int(picker.predicted[0])}")
-    fig = picker.figure(parts)
-    shown = fig.axes[0].images[0].get_array()
-    assert shown.shape == (112, 112, 3) and np.allclose(shown, to_display(cat), atol=1e-6)
-    assert fig.axes[1].images[1].get_alpha() == 0.55 and not fig.axes[1].collections  # no digit outline
+    shown = picker._image(0, (176, 176))  # 112 pixels enlarged to 176: blocks of 1 or 2 pixels
+    photo_pixels = np.round(to_display(cat) * 255).astype(np.uint8)
+    assert np.array_equal(shown, photo_pixels[np.arange(176) * 112 // 176][:, np.arange(176) * 112 // 176])
+    canvas = np.asarray(picker._canvas(parts, "own", False).image).astype(int)
+    top, left = 6 + 15 * 3, 8 + 176 + 16
+    over = canvas[top : top + 176, left : left + 176]
+    blocks = picture.rgb(picture.fit(parts["map"], (176, 176)), "inferno", 0.0, float(parts["map"].max()))
+    assert np.abs(over - (0.55 * blocks + 0.45 * shown)).max() <= 0.5 + 1e-9  # the map half transparent
+    assert np.array_equal(canvas[top : top + 176, 8 : 8 + 176], shown)
     # the conftest fixture checks that no hook is left on resnet
 
 

@@ -1,8 +1,8 @@
-"""The Grad-CAM picker of notebook 05, and the one way the course draws a class map over an image.
+"""The Grad-CAM picker of notebook 05, and ``draw_cam``, which draws a class map over an image.
 
 * ``draw_cam(image, cam, title, ax=None, vmax=None)``: the map at its own resolution over the
-  image (``inferno``, from 0 to ``vmax``, by default the map's maximum): over a digit with the
-  digit's outline on top, over a photo half transparent.
+  image (``inferno``, from 0 to ``vmax``, by default the map's maximum) on a matplotlib ``Axes``:
+  over a digit with the digit's outline on top, over a photo half transparent.
 * ``METHODS``: how a map is made from one layer's activations ``A`` and the gradient ``G`` of the
   score with respect to them, both ``(N, C, h, w)``, before the final ReLU: Grad-CAM
   ``Σ_k mean(G_k) A_k`` (Selvaraju et al. 2017; guided Grad-CAM multiplies its map by guided
@@ -10,36 +10,47 @@
   ``Σ_k relu(G_k) ⊙ A_k`` (Jiang et al. 2021). A student's own ``f(A, G) -> (N, h, w)`` joins
   them through ``GradCamPicker(..., methods={"mine": f})``.
 * ``GradCamPicker(model, images, labels, layers)``: for a chosen layer, class, image and method,
-  the map (``compute``: one recorded forward and backward pass, hooks removed before it
-  returns, also on error; the last few passes and their guided backprop are kept), printed
-  (``describe(parts)``) and drawn (``figure(parts)``) over the image:
-  single-channel digits ``(N, 1, H, W)`` and RGB photos ``(N, 3, H, W)`` alike. Options: the
-  colour scale of the map (``scale="own"``, or ``"shared"`` with the predicted class's map, so a
-  weak map looks weak), the signed map before the ReLU (``signed=True``), and the weight
-  randomisation sanity check (``weights="random"``: the same model with every layer re-drawn;
-  Adebayo et al. 2018: a map that does not change when the weights are randomised explains
-  nothing). ``render(...)`` prints and returns the figure; ``widget()`` is the same code behind
-  controls (a ``hooklab.widgets.Panel``). As in ``hooklab.widgets``, ``figure`` is not tracked
-  by pyplot and ``render`` returns a pyplot figure.
+  the map (``compute``), printed (``describe(parts)``) and drawn over the image (``picture(parts)``,
+  straight to PNG): single-channel digits ``(N, 1, H, W)`` and RGB photos ``(N, 3, H, W)`` alike.
+  Options: the colour scale of the map (``scale="own"``, or ``"shared"`` with the predicted
+  class's map, so a weak map looks weak), the signed map before the ReLU (``signed=True``), and
+  the weight randomisation sanity check (``weights="random"``: the same model with every layer
+  re-drawn; Adebayo et al. 2018: a map that does not change when the weights are randomised
+  explains nothing). ``render(...)`` prints and returns the picture in a pyplot figure,
+  ``figure(parts)`` in a figure pyplot does not track; ``widget()`` is the same code behind
+  controls (a ``hooklab.widgets.Panel``).
+
+What is kept, so that a move of the widget waits for as little as it can: per image and model
+(trained or random), one forward pass with its graph (the last few); on it, per class, one
+backward pass that gives every layer's gradient at once, and for guided Grad-CAM one more, with
+the ReLUs guided; per layer, class and method, the map. A new layer, method, scale or
+"before ReLU" runs no pass: it computes a map from what is kept, or only colours it again. The
+kept passes belong to the weights they were made with: any in-place write into a parameter or
+buffer (``load_state_dict``, an optimiser step, re-drawn weights) bumps its version counter, and
+the next ``compute`` runs the pass again. The module hooks live only while a forward pass runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections import OrderedDict
+from typing import NamedTuple
 
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
 from torch import nn
 
 from .checks import check_index, check_inputs, class_scores, drawn, new_figure, targets_for, wanted_targets
 from .data import to_display
-from .layers import unknown_name_hint
-from .picture import figure_png
-from .plots import draw_signed
+from .hooks import Hooks
+from .layers import get_layer, unknown_name_hint
+from .picture import BLACK, DARK, Canvas, Picture, fit, rgb
+from .pytorch_internals import version
 from .recording import NoGradientError, record
-from .saliency import check_gradients, grad_cam_map, guided_parts
-from .widgets import Panel, describe_tensor
+from .saliency import check_grad_mode, check_gradients, grad_cam_map, upsample
+from .widgets import Panel, _fmt, describe_tensor
 
 __all__ = ["GradCamPicker", "draw_cam"]
 
@@ -117,7 +128,8 @@ def layer_cam_map(activations: torch.Tensor, gradients: torch.Tensor) -> torch.T
 # Grad-CAM's map is hooklab.saliency.grad_cam_map, the very function hooklab.saliency.GradCAM uses
 METHODS = {"Grad-CAM": grad_cam_map, "guided Grad-CAM": grad_cam_map, "HiResCAM": hires_cam_map,
            "Layer-CAM": layer_cam_map}  # fmt: skip
-_KEPT = 12  # recorded passes kept
+_KEPT = 3  # forward passes kept, each with its graph: the image shown with both weights, and one more
+_SIDE, _GAP = 176, 16  # pixels: a panel of the picture, the gap between panels
 
 
 def _shown(image: torch.Tensor) -> torch.Tensor:
@@ -129,6 +141,107 @@ def _shown(image: torch.Tensor) -> torch.Tensor:
     if image.min() < 0 or image.max() > 1:
         return torch.from_numpy(to_display(image[None]))
     return image.clamp(0, 1).permute(1, 2, 0)
+
+
+class _Pass:
+    """One image's forward pass through one model, its graph kept for the backward passes the
+    picker runs on it: one per class for the layers' gradients, one per class for guided backprop.
+
+    While the forward pass runs (and only then) a forward hook on each of the picker's layers keeps
+    its output, the graph node to differentiate by, and hands the model a copy instead, so that a
+    later in-place write (``out += identity``, ``ReLU(inplace=True)``) changes the copy, not the
+    kept output; a forward hook on each ``nn.ReLU`` registers a tensor hook on its output that
+    clamps the gradient at 0 while ``guided[0]`` is on: guided backprop, with the same numbers as
+    ``GuidedBackprop``'s full backward hooks, which clamp what the ReLU passes back (the ReLU
+    multiplies by a mask of 0s and 1s: clamping before it or after it gives the same).
+    The module hooks are removed when the forward pass returns, also on error; the tensor hooks
+    ride on the kept graph and go with it.
+    """
+
+    def __init__(self, model: nn.Module, x: torch.Tensor, layers: list[str], state: tuple):
+        self.state, self.relus = state, 0
+        self.guided = [False]  # read by the tensor hooks: a list, so that they hold no reference to the pass
+        self.kept: dict[str, torch.Tensor] = {}
+        self.gradients: dict[int, dict] = {}  # class -> layer -> gradient (None: it does not reach the layer)
+        self.saliency: dict[int, torch.Tensor] = {}  # class -> guided backprop, summed over colour channels
+        self.maps: dict[tuple, torch.Tensor] = {}  # (layer, class, method) -> (h, w) map before the ReLU
+        self.guided_parts: dict[tuple, dict] = {}  # (layer, class) -> guided Grad-CAM's (H, W) parts
+        versions: dict[str, int] = {}
+        self.x = x.detach().clone().requires_grad_(True)
+
+        def keeper(name: str):
+            def keep(module, args, output):
+                self.kept[name], versions[name] = output, version(output)  # a layer called twice: its last call
+                return output.clone()
+
+            return keep
+
+        guided = self.guided
+
+        def guide(module, args, output):
+            self.relus += 1
+            if isinstance(output, torch.Tensor) and output.requires_grad:
+                output.register_hook(lambda grad: grad.clamp(min=0) if guided[0] else None)
+
+        with Hooks() as hooks, torch.enable_grad():
+            for name in layers:
+                hooks.add(get_layer(model, name).register_forward_hook(keeper(name)))
+            for module in model.modules():
+                if isinstance(module, nn.ReLU):
+                    hooks.add(module.register_forward_hook(guide))
+            self.scores = class_scores(model(self.x), 1)
+        for name, output in self.kept.items():
+            if version(output) != versions[name]:  # the model wrote into it, not into the copy it was handed
+                raise ValueError(f"layer {name!r}: its output was changed in place after it returned (the model "
+                                 "does not use what the layer returns); pick another layer")
+        self.predicted = int(self.scores[0].argmax())
+
+    def gradient(self, layer: str, target: int) -> torch.Tensor:
+        """d score[target] / d output of ``layer``: one backward pass per class gives every layer's."""
+        if target not in self.gradients:
+            names = list(self.kept)
+            with torch.enable_grad():  # also under torch.no_grad(): the score is taken from the kept graph
+                found = torch.autograd.grad(self.scores[0, target], [self.kept[n] for n in names],
+                                            retain_graph=True, allow_unused=True)  # fmt: skip
+            self.gradients[target] = dict(zip(names, found, strict=True))
+        gradient = self.gradients[target][layer]
+        if gradient is None:
+            raise NoGradientError(f"layer {layer!r} does not contribute to the score of class {target}: no gradient "
+                                  "reaches it; pick a layer the scores depend on")
+        return gradient
+
+    def guided_saliency(self, model: nn.Module, target: int) -> torch.Tensor:
+        """Guided backprop of class ``target``, summed over colour channels: ``(H, W)``."""
+        if target not in self.saliency:
+            if not any(isinstance(m, nn.ReLU) for m in model.modules()):
+                raise ValueError(f"{type(model).__name__} has no nn.ReLU module: guided backprop needs them")
+            if not self.relus:
+                raise ValueError(f"no nn.ReLU ran in the forward pass of {type(model).__name__} on the way to the "
+                                 "score (does it call torch.relu or F.relu?): this would be the plain gradient")
+            self.guided[0] = True
+            try:
+                with torch.enable_grad():
+                    (grad,) = torch.autograd.grad(self.scores[0, target], self.x, retain_graph=True)
+            finally:
+                self.guided[0] = False
+            self.saliency[target] = grad.sum(dim=1)[0]
+        return self.saliency[target]
+
+
+class _Panel(NamedTuple):
+    """One panel of the picker's picture: what it shows and how its values become colours."""
+
+    title: tuple  # lines of text above it
+    kind: str  # "image", "map" (over the image, 0..high in inferno) or "signed" (RdBu_r, -high..high)
+    values: torch.Tensor | None  # (h, w); None for the image itself
+    high: float = 1.0  # the colour scale's top
+
+
+def _weights_state(model: nn.Module) -> tuple:
+    """Which tensors the model computes with and how often each was written in place: PyTorch's
+    version counters, which every in-place write bumps (an optimiser step, ``load_state_dict``,
+    ``reset_parameters``, ``nn.init``); writes through ``.data`` escape them."""
+    return tuple((id(t), version(t)) for t in (*model.parameters(), *model.buffers()))
 
 
 class GradCamPicker:
@@ -151,7 +264,9 @@ class GradCamPicker:
             raise ValueError(f"layers must be a non-empty list of layer names, not {layers!r}")
         self.methods = {**METHODS, **self._checked_methods(methods)}
         self.model, self.images, self.labels, self.layers = model, images.detach(), labels, list(layers)
-        self.seed, self.random_seed, self._random, self._passes = seed, None, None, OrderedDict()
+        self.seed, self.random_seed, self._random, self._random_from = seed, None, None, None
+        self._passes: OrderedDict = OrderedDict()  # (index, weights) -> _Pass, the last few
+        self._shown: dict = {}  # (index, size) -> the image's pixels, as the picture shows them
         with record(model, self.layers) as rec, torch.no_grad():
             scores = class_scores(model(images), len(images))
         for name in self.layers:
@@ -161,7 +276,7 @@ class GradCamPicker:
                 raise ValueError(f"layer {name!r} returns {got}; Grad-CAM needs a layer that returns an "
                                  "(N, C, H, W) tensor, such as a convolution")
         self.classes = scores.shape[1]  # the "class" slider's range
-        self.predicted = scores.argmax(dim=1)
+        self.predicted = scores.argmax(dim=1)  # by the trained model; kept up to date with its passes
 
     @staticmethod
     def _checked_methods(methods) -> dict:
@@ -186,8 +301,10 @@ class GradCamPicker:
             return self.model
         if weights != "random":
             raise ValueError(f"weights must be 'trained' or 'random', not {weights!r}")
-        if self._random is None:
+        trained = _weights_state(self.model)
+        if self._random is None or self._random_from != trained:  # re-drawn from the model as it is now
             self._random, self.random_seed = _randomised(self.model, self.seed)
+            self._random_from = trained
         return self._random
 
     def _check_layer(self, layer: str) -> None:
@@ -195,45 +312,41 @@ class GradCamPicker:
             raise LookupError(f"{layer!r} is not one of this picker's layers; "
                               f"{unknown_name_hint(str(layer), self.layers, kind='layers')}")
 
-    def _record(self, layer: str, target, index: int, weights: str) -> dict:
-        """Activation, gradient and score at ``layer`` for one image (kept for the last few calls, with
-        the guided backprop ``compute`` adds to them)."""
-        self._check_layer(layer)
-        key = (layer, target, index, weights)
-        if key in self._passes:
-            self._passes.move_to_end(key)
-            return self._passes[key]
+    def _pass(self, index: int, weights: str) -> _Pass:
+        """The forward pass of image ``index`` through the ``weights`` model, run now unless one of the
+        last few was made with the weights as they are now (a write into any of them runs it again)."""
         model = self._model(weights)
-        check_gradients(model, "GradCamPicker")
-        x = self.images[index : index + 1].clone().requires_grad_(True)
-        with record(model, layer, backward=True) as rec, torch.enable_grad():
-            scores = class_scores(model(x), 1)
-            chosen = int(targets_for(scores, wanted_targets(target, 1))[0])
-            torch.autograd.grad(scores[0, chosen], x)  # the parameters' .grad stay untouched
-        last = rec.calls(layer)[-1]  # a layer called twice (a ResNet ReLU) is explained at its last call
-        try:
-            gradient = last.grad_output[0]
-        except NoGradientError:
-            raise NoGradientError(f"layer {layer!r} does not contribute to the score of class {chosen}: no gradient "
-                                  "reaches it; pick a layer the scores depend on") from None
-        found = {"activation": last.output, "gradient": gradient, "target": chosen,
-                 "score": float(scores[0, chosen].detach()), "predicted": int(scores[0].argmax())}
-        self._passes[key] = found
-        while len(self._passes) > _KEPT:
-            self._passes.popitem(last=False)
+        key, state = (index, weights), _weights_state(model)
+        found = self._passes.get(key)
+        if found is None or found.state != state:
+            check_gradients(model, "GradCamPicker")
+            self._passes.pop(key, None)
+            found = self._passes[key] = _Pass(model, self.images[index : index + 1], self.layers, state)
+            while len(self._passes) > _KEPT:
+                self._passes.popitem(last=False)
+            if weights == "trained":
+                self.predicted[index] = found.predicted
+        self._passes.move_to_end(key)
         return found
 
-    def _raw(self, layer: str, target: int | None, index: int, method: str, weights: str) -> tuple[dict, torch.Tensor]:
-        """The recorded pass (``_record``) and ``method``'s ``(h, w)`` map before the ReLU; no guided backprop."""
+    def _raw(self, layer: str, target: int | None, index: int, method: str, weights: str) -> tuple:
+        """The pass (``_pass``), the class explained and ``method``'s ``(h, w)`` map before the ReLU."""
+        self._check_layer(layer)
+        check_grad_mode("GradCamPicker")
         if target is None and weights == "random":  # the class the trained model predicts, not the random one
-            target = int(self.predicted[index])
-        found = self._record(layer, target, index, weights)
-        raw = self.methods[method](found["activation"], found["gradient"])
-        if not isinstance(raw, torch.Tensor) or raw.shape != (1, *found["activation"].shape[2:]):
-            got = tuple(raw.shape) if isinstance(raw, torch.Tensor) else type(raw).__name__
-            raise ValueError(f"method {method!r} must return (N, h, w) maps, here (1, "
-                             f"{', '.join(map(str, found['activation'].shape[2:]))}); it returned {got}")
-        return found, raw.detach()[0]
+            target = self._pass(index, "trained").predicted
+        run = self._pass(index, weights)
+        chosen = int(targets_for(run.scores.detach(), wanted_targets(target, 1))[0])
+        key = (layer, chosen, method)
+        if key not in run.maps:
+            activation = run.kept[layer].detach()  # copies below: a method that writes in place changes only them
+            raw = self.methods[method](activation.clone(), run.gradient(layer, chosen).clone())
+            if not isinstance(raw, torch.Tensor) or raw.shape != (1, *activation.shape[2:]):
+                got = tuple(raw.shape) if isinstance(raw, torch.Tensor) else type(raw).__name__
+                raise ValueError(f"method {method!r} must return (N, h, w) maps, here (1, "
+                                 f"{', '.join(map(str, activation.shape[2:]))}); it returned {got}")
+            run.maps[key] = raw.detach()[0]
+        return run, chosen, run.maps[key]
 
     def compute(self, layer: str, target: int | None, index: int = 0, *, method: str = "guided Grad-CAM",
                 weights: str = "trained") -> dict:
@@ -241,17 +354,18 @@ class GradCamPicker:
         a dict with ``map`` (after the ReLU) and ``raw`` (before it), both ``(h, w)``, ``score``,
         ``target``, ``predicted``, and what was asked (``layer``, ``index``, ``method``, ``weights``);
         guided Grad-CAM adds ``saliency`` (guided backprop, summed over colour channels), ``cam`` (the
-        map upsampled) and ``guided`` (their product), all ``(H, W)``, kept with the recorded pass."""
+        map upsampled) and ``guided`` (their product), all ``(H, W)``. Everything is kept with the
+        image's forward pass: asking again, or for another layer or method, runs no pass."""
         index, method = self._index(index), self._method(method)
-        found, raw = self._raw(layer, target, index, method, weights)
-        parts = {key: found[key] for key in ("score", "target", "predicted")}
+        run, chosen, raw = self._raw(layer, target, index, method, weights)
+        parts = {"score": float(run.scores[0, chosen].detach()), "target": chosen, "predicted": run.predicted}
         parts.update(layer=layer, index=index, method=method, weights=weights, raw=raw, map=raw.clamp(min=0))
         if method == "guided Grad-CAM":
-            if "guided parts" not in found:  # guided backprop once per recorded pass (layer, class, image, weights)
-                x = self.images[index : index + 1]
-                guided = guided_parts(self._model(weights), x, parts["map"][None], found["target"])
-                found["guided parts"] = {key: value[0] for key, value in guided.items()}
-            parts.update(found["guided parts"])
+            if (layer, chosen) not in run.guided_parts:
+                saliency = run.guided_saliency(self._model(weights), chosen)
+                cam = upsample(parts["map"][None], tuple(saliency.shape))[0]
+                run.guided_parts[layer, chosen] = {"cam": cam, "saliency": saliency, "guided": saliency * cam}
+            parts.update(run.guided_parts[layer, chosen])
         return parts
 
     def describe(self, parts: dict) -> str:
@@ -261,73 +375,149 @@ class GradCamPicker:
         layer, index, cam = parts["layer"], parts["index"], parts["map"]
         name = "Grad-CAM" if parts["method"] == "guided Grad-CAM" else parts["method"]
         row, col = divmod(int(cam.flatten().argmax()), cam.shape[1])
-        lines = [f"image {index}: label {int(self.labels[index])}, predicted {int(self.predicted[index])}; "
+        trained = self._pass(index, "trained").predicted
+        lines = [f"image {index}: label {int(self.labels[index])}, predicted {trained}; "
                  f"class {parts['target']} (score {parts['score']:.4f}) explained at {layer}",
                  f"  {name} {tuple(cam.shape)}: max {cam.max():.4f} at row {row}, col {col}; "
                  f"{(cam > 0).float().mean():.1%} of cells > 0; sum before ReLU {parts['raw'].sum():.4f}"]
         if "guided" in parts:
             lines.append(f"  guided Grad-CAM: {describe_tensor(parts['guided'])}")
         if parts["weights"] == "random":
-            trained = self._raw(layer, parts["target"], index, parts["method"], "trained")[1]
-            rho = _rank_correlation(parts["raw"], trained)
+            trained_map = self._raw(layer, parts["target"], index, parts["method"], "trained")[2]
+            rho = _rank_correlation(parts["raw"], trained_map)
             lines += [f"  random weights (every layer re-drawn, seed {self.random_seed}; it predicts "
                       f"{parts['predicted']}): rank correlation with the trained model's map {rho:.2f}",
                       "  (a map that stays the same when the weights are random explains nothing: "
                       "Adebayo et al. 2018)"]
         return "\n".join(lines)
 
+    def _panels(self, parts: dict, scale: str, signed: bool) -> list[_Panel]:
+        """What the picture shows, panel by panel, with each colour scale."""
+        if scale not in ("own", "shared"):
+            raise ValueError(f"scale must be 'own' (each map from 0 to its maximum) or 'shared', not {scale!r}")
+        layer, target, index, cam = parts["layer"], parts["target"], parts["index"], parts["map"]
+        top = float(cam.max())
+        high, scaled = top, ""
+        if scale == "shared":  # the larger of this map's and the predicted class's maximum
+            reference = self._raw(layer, None, index, parts["method"], parts["weights"])[2]
+            high, scaled = max(top, float(reference.clamp(min=0).max())), ", scale shared"
+        name = "Grad-CAM" if parts["method"] == "guided Grad-CAM" else parts["method"]
+        random = ", random weights" if parts["weights"] == "random" else ""
+        panels = [_Panel((f"image {index}", f"label {int(self.labels[index])}"), "image", None),
+                  _Panel((f"{name}, class {target}", f"{layer}{random}", f"max {top:.4g}{scaled}"), "map", cam,
+                         high or 1.0)]  # fmt: skip
+        more = [(parts["raw"], "before the ReLU", f"sum {parts['raw'].sum():.4g}")] if signed else []
+        if "guided" in parts:
+            more += [(parts["saliency"], "guided backprop", "red > 0 > blue"),
+                     (parts["guided"], "guided Grad-CAM", "red > 0 > blue")]  # fmt: skip
+        for values, title, note in more:
+            finite = values[values.isfinite()]
+            bound = float(finite.abs().max()) if finite.numel() else 0.0
+            panels.append(_Panel((title, f"class {target}", note), "signed", values, bound or 1.0))
+        return panels
+
+    def _canvas(self, parts: dict, scale: str, signed: bool) -> Canvas:
+        """The picture on a canvas: a panel beside the other, titles above, colour bars below."""
+        panels = self._panels(parts, scale, signed)
+        image = self.images[parts["index"]]
+        zoom = _SIDE / max(image.shape[-2:])
+        size = (max(1, round(image.shape[-1] * zoom)), max(1, round(image.shape[-2] * zoom)))
+        top = 6 + 15 * max(len(p.title) for p in panels)
+        canvas = Canvas(len(panels) * (_SIDE + _GAP) + _GAP // 2, top + size[1] + 34, rgb=True)
+        shown, photo = self._image(parts["index"], size), image.shape[0] == 3
+        for i, panel in enumerate(panels):
+            x = _GAP // 2 + i * (_SIDE + _GAP)
+            for j, line in enumerate(panel.title):
+                canvas.text(x, 4 + 15 * j, line, size=12 if j == 0 else 11, fill=BLACK if j == 0 else DARK)
+            canvas.frame((x - 1, top - 1, x + size[0], top + size[1]), colour=DARK, width=1)  # where white ends
+            if panel.kind == "image":
+                canvas.paste(shown, x, top)
+                continue
+            values = fit(panel.values, size)
+            if panel.kind == "map":
+                pixels = rgb(values, "inferno", 0.0, panel.high)
+                if photo:  # over a photo, half transparent (as matplotlib's alpha 0.55)
+                    pixels = (0.55 * pixels + 0.45 * shown).round().astype(np.uint8)
+                canvas.paste(pixels, x, top)
+                if not photo:
+                    self._outline(canvas, image[0], x, top, size)
+                low, cmap = 0.0, "inferno"
+            else:
+                low, cmap = -panel.high, "RdBu_r"
+                canvas.paste(rgb(values, cmap, low, panel.high), x, top)
+            canvas.paste(rgb(torch.linspace(0, 1, _SIDE)[None].expand(8, _SIDE), cmap, 0.0, 1.0), x, top + size[1] + 6)
+            canvas.text(x, top + size[1] + 18, _fmt(low), size=11)
+            canvas.text(x + _SIDE, top + size[1] + 18, _fmt(panel.high), size=11, anchor="ra")
+        return canvas
+
+    def _image(self, index: int, size: tuple[int, int]) -> np.ndarray:
+        """The image as the picture shows it, ``size`` pixels, as ``(h, w, 3)`` RGB bytes (a digit in
+        ``gray_r`` from its minimum to its maximum), kept per image."""
+        key = (index, size)
+        if key not in self._shown:
+            image = _shown(self.images[index])
+            if image.dim() == 2:
+                self._shown[key] = rgb(fit(image, size), "gray_r", float(image.min()), float(image.max()))
+            else:
+                pixels = fit(image.permute(2, 0, 1), size).permute(1, 2, 0) * 255
+                self._shown[key] = pixels.round().to(torch.uint8).numpy()
+        return self._shown[key]
+
+    @staticmethod
+    def _outline(canvas: Canvas, image: torch.Tensor, x: int, y: int, size: tuple[int, int]) -> None:
+        """The digit's contour at half its maximum, a cyan line on a black one, over the map."""
+        from contourpy import contour_generator
+
+        values = image.detach().double().numpy()
+        if not values.max() > values.min():
+            return
+        sx, sy = size[0] / values.shape[1], size[1] / values.shape[0]
+        for line in contour_generator(z=values).lines(0.5 * float(values.max())):
+            canvas.line([(x + (c + 0.5) * sx, y + (r + 0.5) * sy) for c, r in line])
+
+    def picture(self, parts: dict, *, scale: str = "own", signed: bool = False) -> Picture:
+        """``compute``'s ``parts`` drawn as the widget shows them, straight to PNG: the image; the map
+        over it (inferno from 0 to its maximum, or with ``scale="shared"`` to the larger of its own
+        and the predicted class's maximum, so that a weak map looks weak; over a digit, the digit's
+        outline); with ``signed``, the map before the ReLU; for guided Grad-CAM, guided backprop and
+        guided Grad-CAM (red > 0 > blue). Colour bars give each scale's ends."""
+        return self._canvas(parts, scale, signed).png()
+
     def render(self, layer: str, target: int | None, index: int = 0, *, method: str = "guided Grad-CAM",
                weights: str = "trained", scale: str = "own", signed: bool = False):
-        """Print ``describe`` and return the figure the widget shows, as a pyplot figure."""
+        """Print ``describe`` and return the picture the widget shows in a pyplot figure."""
         parts = self.compute(layer, target, index, method=method, weights=weights)
         print(self.describe(parts))
         return self._figure(True, parts, scale, signed)
 
     def figure(self, parts: dict, *, scale: str = "own", signed: bool = False):
-        """``compute``'s ``parts`` drawn: the image; the map over it; with ``signed``, the map before the
-        ReLU (red > 0 > blue); for guided Grad-CAM, guided backprop and guided Grad-CAM. Returns a
-        figure pyplot does not track."""
+        """``picture(parts, ...)`` in a matplotlib figure pyplot does not track (one pixel a pixel at
+        its 100 dpi), for ``savefig`` or a page of figures."""
         return self._figure(False, parts, scale, signed)
 
     def _figure(self, pyplot: bool, parts: dict, scale: str, signed: bool):
-        if scale not in ("own", "shared"):
-            raise ValueError(f"scale must be 'own' (each map from 0 to its maximum) or 'shared', not {scale!r}")
-        vmax = None
-        if scale == "shared":  # the larger of this map's and the predicted class's maximum
-            reference = self._raw(parts["layer"], None, parts["index"], parts["method"], parts["weights"])[1]
-            vmax = max(float(parts["map"].max()), float(reference.clamp(min=0).max()))
-        panels = 2 + bool(signed) + 2 * ("guided" in parts)
-        return new_figure(pyplot, lambda fig: self._draw(fig, parts, vmax, signed),
-                          figsize=(2.25 * panels, 2.9), layout="constrained")
+        image = self._canvas(parts, scale, signed).image
+        width, height = image.size
+        return new_figure(pyplot, lambda fig: self._draw(fig, np.asarray(image)), figsize=(width / 100, height / 100),
+                          dpi=100)  # fmt: skip
 
-    def _draw(self, fig, parts: dict, vmax, signed: bool) -> None:
-        axes = list(fig.subplots(1, 2 + bool(signed) + 2 * ("guided" in parts)))
-        layer, target, index = parts["layer"], parts["target"], parts["index"]
-        image = self.images[index]
-        shown = _shown(image)
-        axes[0].imshow(shown.numpy(), cmap="gray_r" if len(image) == 1 else None)
-        axes[0].set_title(f"image {index}\nlabel {int(self.labels[index])}", fontsize=9)
-        name = "Grad-CAM" if parts["method"] == "guided Grad-CAM" else parts["method"]
-        random = "\nrandom weights" if parts["weights"] == "random" else ""
-        draw_cam(shown, parts["map"], f"{name} {layer}, class {target}{random}", ax=axes[1], vmax=vmax)
-        more = [(parts["raw"], f"before the ReLU, class {target}\nsum {parts['raw'].sum():.4g}")] if signed else []
-        if "guided" in parts:
-            more += [(parts[key], f"{title}, class {target}\nred > 0 > blue")
-                     for key, title in (("saliency", "guided backprop"), ("guided", "guided Grad-CAM"))]
-        for ax, (values, title) in zip(axes[2:], more, strict=True):
-            draw_signed(values, ax=ax)
-            ax.set_title(title, fontsize=9)
-        for ax in axes:
-            ax.set_xticks([])
-            ax.set_yticks([])
+    @staticmethod
+    def _draw(fig, pixels: np.ndarray) -> None:
+        ax = fig.add_axes((0, 0, 1, 1))
+        ax.imshow(pixels, interpolation="nearest")
+        ax.set_axis_off()
 
     def widget(self, layer: str | None = None, *, method: str = "guided Grad-CAM") -> Panel:
-        """Controls "layer", "class", "image", "method", "scale", "before ReLU" and "weights"; each
-        move recomputes (hooks live only meanwhile)."""
+        """Controls "layer", "class", "image", "method", "scale", "before ReLU" and "weights". A move
+        of "class", "image" or "weights" runs a pass the first time it is asked for; "layer",
+        "method", "scale" and "before ReLU" only compute a map from what is kept and draw it. The
+        random weights are drawn when the widget is made."""
         from ipywidgets import Checkbox, Dropdown, HBox, IntSlider, Layout, SelectionSlider, ToggleButtons
 
         layer = layer or self.layers[-1]
         self._check_layer(layer)
+        with contextlib.suppress(ValueError):  # weights no reset_parameters() re-draws: it says so when picked
+            self._model("random")  # re-drawn now, so that the "weights" toggle waits only for its pass
         wide = {"layout": Layout(width="560px"), "style": {"description_width": "60px"}}
         short = {"style": {"description_width": "60px", "button_width": "80px"}}
         controls = {
@@ -346,8 +536,8 @@ class GradCamPicker:
         def redraw(panel: Panel) -> tuple[str, bytes]:
             layer, target, index = panel.layer.value, panel.target.value, panel.index.value
             parts = self.compute(layer, target, index, method=panel.method.value, weights=panel.weights.value)
-            fig = self.figure(parts, scale=panel.scale.value, signed=panel.signed.value)
-            return self.describe(parts), figure_png(fig)
+            shown = self.picture(parts, scale=panel.scale.value, signed=panel.signed.value)
+            return self.describe(parts), shown.png
 
         return Panel(rows, controls, redraw)
 

@@ -9,7 +9,8 @@ grid of small images, the picture people mean by "feature maps":
 
 The tiles are drawn as one image on one ``Axes`` (fast, and two grids fit side by side in one
 figure). Each channel is scaled to [0, 1] on its own, as ``imshow`` would do for a single map,
-so a channel with small values is as visible as one with large values.
+so a channel with small values is as visible as one with large values. That grid of values is
+``tile_channels``, the course's one tiling: ``hooklab.widgets.LayerExplorer`` paints it too.
 """
 
 from __future__ import annotations
@@ -82,11 +83,12 @@ def tile_channels(
     pad = max(1, min(h, w) // 16) if pad is None else pad
     ncols = min(ncols, count)
     nrows = math.ceil(count / ncols)
-    grid = np.full((nrows * (h + pad) - pad, ncols * (w + pad) - pad), np.nan)
-    for i in range(count):
-        r, c = divmod(i, ncols)
-        grid[r * (h + pad) : r * (h + pad) + h, c * (w + pad) : c * (w + pad) + w] = scaled[i]
-    return grid
+    # every tile with its gap below and to its right, then rows of tiles side by side: one reshape
+    padded = np.full((nrows * ncols, h + pad, w + pad), np.nan)
+    padded[:count, :h, :w] = scaled
+    grid = padded.reshape(nrows, ncols, h + pad, w + pad).transpose(0, 2, 1, 3)
+    grid = grid.reshape(nrows * (h + pad), ncols * (w + pad))
+    return np.ascontiguousarray(grid[: nrows * (h + pad) - pad, : ncols * (w + pad) - pad])
 
 
 def feature_grid(

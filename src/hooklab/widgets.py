@@ -17,11 +17,10 @@ Each explorer is a plain object with plain functions that pytest calls without a
   (the page holding the chosen channel, framed in red; dead channels crossed out). That is
   what the widget shows; it is drawn straight to PNG (``hooklab.picture``), fast enough for a
   slider. Its controls: "layer" (a slider, plus "find", a box that completes a typed name),
-  "channel", "tiles" (activation / gradient), "image" and "class".
-* ``render(layer, channel, kind)`` prints ``describe(...)`` (name, shape, statistics) and
-  returns a matplotlib figure of the channel with a colour bar and the tiles, as a pyplot
-  figure: ``plt.show()`` displays it (in a script, close it with ``plt.close(fig)``).
-  ``figure(...)`` draws the same on a figure pyplot does not track.
+  "channel", "tiles" (activation / gradient), "image" and "class". The tiles are
+  ``hooklab.plots.tile_channels``'s grid (the one ``feature_grid`` draws) of the channels
+  averaged down to at most 32 pixels a side. ``describe(...)`` is the short text: name, type,
+  shape and statistics.
 
 The panel plumbing (``Panel``, ``describe_tensor``) is shared with the Grad-CAM picker in
 ``hooklab.cam_widgets``.
@@ -34,15 +33,13 @@ import math
 from collections import OrderedDict
 from typing import NamedTuple
 
-import matplotlib.pyplot as plt
 import torch
-from matplotlib.patches import Rectangle
 from torch import nn
 
-from .checks import check_index, check_inputs, class_scores, new_figure, targets_for, wanted_targets
+from .checks import check_index, check_inputs, class_scores, targets_for, wanted_targets
 from .layers import unknown_name_hint
-from .picture import DARK, Canvas, Picture, colour_bar, colours, shrink, tiles
-from .plots import draw_signed, tile_channels
+from .picture import DARK, Canvas, Picture, colour_bar, colours, shrink
+from .plots import tile_channels
 from .recording import NoGradientError, record
 from .saliency import check_gradients
 
@@ -131,7 +128,7 @@ class Pass(NamedTuple):
     no_gradient: frozenset  # labels the score does not depend on
 
 
-_TILES, _COLS = 64, 8  # 64 channels a page, at most 8 per row
+_TILES, _COLS, _TILE = 64, 8, 32  # 64 channels a page, at most 8 per row, at most 32 pixels a side
 _SIDE, _GRID, _TOP = 176, 360, 36  # pixels: a channel panel, the tiles at most, the titles above
 _KEPT = 4  # passes kept besides the first
 
@@ -288,9 +285,10 @@ class LayerExplorer:
         if key not in self._cache:
             maps = (run.activations if kind == "activation" else run.gradients)[layer][page * _TILES :][:_TILES]
             cols = min(_COLS, math.ceil(math.sqrt(len(maps))))  # a squarish grid: 16 channels in 4 rows of 4
-            values, th, tw = tiles(maps, cols, signed=kind == "gradient")
+            maps = shrink(maps, _TILE)
+            values = tile_channels(maps, channels=None, ncols=cols, pad=1, signed=kind == "gradient")
             cmap = "viridis" if kind == "activation" else "RdBu_r"
-            self._cache[key] = (colours(torch.from_numpy(values), cmap, 0.0, 1.0), (th, tw), cols)
+            self._cache[key] = (colours(torch.from_numpy(values), cmap, 0.0, 1.0), tuple(maps.shape[1:]), cols)
         return self._cache[key]
 
     @staticmethod
@@ -316,48 +314,6 @@ class LayerExplorer:
         """Print ``summary(...)`` and return ``picture(...)``: what the widget shows."""
         print(self.summary(layer, channel, kind, index=index, target=target))
         return self.picture(layer, channel, kind, index=index, target=target)
-
-    def figure(self, layer: str, channel: int = 0, kind: str = "activation"):
-        """The channel with a colour bar (left) and the first 64 channels tiled (right), image 0;
-        returns a matplotlib figure that pyplot does not track.
-
-        Activations are drawn in viridis, each tile scaled to [0, 1]; gradients in RdBu_r
-        (red > 0 > blue), each tile divided by its largest |value|, so zero is white in every
-        tile and in the channel on the left.
-        """
-        return self._figure(False, layer, channel, kind)
-
-    def _figure(self, pyplot: bool, layer: str, channel: int, kind: str):
-        maps, channel = self._get(layer, channel, kind)[1:]
-        return new_figure(pyplot, lambda fig: self._draw(fig, layer, maps, channel, kind), figsize=(9, 3.6))
-
-    def _draw(self, fig, layer: str, maps: torch.Tensor, channel: int, kind: str) -> None:
-        left, right = fig.subplots(1, 2, width_ratios=(1, 1.3))
-        if kind == "activation":
-            left.imshow(maps[channel].numpy(), cmap="viridis", interpolation="nearest")
-        else:
-            draw_signed(maps[channel], ax=left, interpolation="nearest")
-        fig.colorbar(left.images[-1], ax=left, fraction=0.046, pad=0.04)
-        left.set_title(f"{layer}\n{kind}, channel {channel}", fontsize=10)
-        grid = tile_channels(maps, channels=_TILES, ncols=_COLS, pad=1, signed=kind == "gradient")
-        cmap = plt.get_cmap("viridis" if kind == "activation" else "RdBu_r").with_extremes(bad="0.6")
-        right.imshow(grid, cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
-        if channel < _TILES:
-            h, w = maps.shape[1:]
-            row, col = divmod(channel, _COLS)
-            right.add_patch(Rectangle((col * (w + 1) - 1, row * (h + 1) - 1), w + 1, h + 1,
-                                      fill=False, edgecolor="red", linewidth=1.5))
-        scaling = "scaled to [0, 1]" if kind == "activation" else "divided by its max |value|"
-        right.set_title(f"{min(_TILES, maps.shape[0])} of {maps.shape[0]} channels, each {scaling}", fontsize=10)
-        for ax in (left, right):
-            ax.set_xticks([])
-            ax.set_yticks([])
-
-    def render(self, layer: str, channel: int = 0, kind: str = "activation"):
-        """Print ``describe(...)`` and return what ``figure(...)`` draws, as a pyplot figure: ``plt.show()``
-        displays it (and ``plt.close(fig)`` closes it)."""
-        print(self.describe(layer, channel, kind))
-        return self._figure(True, layer, channel, kind)
 
     def widget(self, layer: str | None = None, channel: int = 0, kind: str = "activation", *,
                index: int = 0, target: int | None = None) -> Panel:
