@@ -13,9 +13,10 @@ from hooklab.exercises import _CHECKED, Outcome, check, checked, exercises, grad
 
 EXERCISES = exercises()
 PREDICTIONS = [id for id, ex in EXERCISES.items() if ex.kind == "prediction"]
-#: the stub each notebook gives: a function raising NotImplementedError, or None for 06.4,
+EXAMPLE_PREDICTION = PREDICTIONS[0]
+#: the stub each notebook gives: a function raising NotImplementedError, or None for G6.1,
 #: whose answer is a list
-STUB_IS_NONE = {"06.4"}
+STUB_IS_NONE = {"G6.1"}
 
 
 def stub(*args, **kwargs):
@@ -45,38 +46,62 @@ def test_checking_leaves_the_students_random_stream_as_it_was(id):
     assert torch.equal(torch.rand(3), expected)
 
 
-def test_grade_returns_the_outcome_that_check_prints(capsys):
-    def counter(module):
-        calls = []
-        return calls, module.register_forward_hook(lambda m, args, out: calls.append(1))
+def call_like_pytorch(module, x):
+    """A right answer to 00.1."""
+    output = module.forward(x)
+    for hook in module._forward_hooks.values():
+        result = hook(module, (x,), output)
+        output = output if result is None else result
+    return output
 
-    outcome = grade("00.1", counter)
-    check("00.1", counter)
+
+def no_return(module, x):
+    """A wrong answer to 00.1."""
+    call_like_pytorch(module, x)
+
+
+def test_grade_returns_the_outcome_that_check_prints(capsys):
+    outcome = grade("00.1", call_like_pytorch)
+    check("00.1", call_like_pytorch)
     assert outcome.passed and capsys.readouterr().out.endswith(f"passed — {outcome.detail}\n")
-    wrong = grade("00.1", lambda module: ([], None))
-    assert not wrong.passed and "handle" in wrong.detail
+    wrong = grade("00.1", no_return)
+    assert not wrong.passed and "missing return?" in wrong.detail
 
 
 def test_checked_keeps_the_last_verdict_of_each_check(capsys):
     """What `make grade` collects from a student's kernel: the last check of each exercise wins,
     with the detail `check` printed; `grade` (for scripts) leaves it alone."""
-    def counter(module):
-        calls = []
-        return calls, module.register_forward_hook(lambda m, args, out: calls.append(1))
-
-    check("00.1", lambda module: ([], None))
-    assert checked()["00.1"] == ("failed", grade("00.1", lambda module: ([], None)).detail)
-    check("00.1", counter)
+    check("00.1", no_return)
+    assert checked()["00.1"] == ("failed", grade("00.1", no_return).detail)
+    check("00.1", call_like_pytorch)
     check("00.2", stub)
     check("00.3", lambda model: 1 / 0)
     printed = capsys.readouterr().out.splitlines()
     verdicts = checked()
-    assert verdicts["00.1"] == ("passed", grade("00.1", counter).detail)
+    assert verdicts["00.1"] == ("passed", grade("00.1", call_like_pytorch).detail)
     assert verdicts["00.2"] == ("not solved yet", "")
     assert verdicts["00.3"] == ("failed", "your code raised ZeroDivisionError: division by zero")
     assert printed[-1].endswith("failed — your code raised ZeroDivisionError: division by zero")
-    grade("00.1", lambda module: ([], None))
+    grade("00.1", no_return)
     assert checked()["00.1"][0] == "passed"
+
+
+def test_passed_says_whether_the_last_check_passed(capsys):
+    """What a lesson asks before it goes on with a worked answer instead of the student's."""
+    from hooklab.exercises import passed
+
+    _CHECKED.pop("00.1", None)
+    assert not passed("00.1")  # never checked
+    check("00.1", stub)
+    assert not passed("00.1")  # not solved yet
+    check("00.1", call_like_pytorch)
+    assert passed("00.1")
+    check("00.1", no_return)
+    assert not passed("00.1")  # the last check wins
+    grade("00.1", call_like_pytorch)
+    assert not passed("00.1")  # grade() is not a check
+    check(EXAMPLE_PREDICTION, ...)
+    assert not passed(EXAMPLE_PREDICTION) and not passed("99.9")
 
 
 def test_grade_lets_the_answers_exception_through_and_names_known_exercises():
@@ -99,12 +124,11 @@ def test_a_global_hook_left_by_earlier_code_fails_the_check_by_name(id):
 def counter_that_leaks(leak):
     """A right answer to 00.1 that also leaves something global active."""
 
-    def make_counter(module):
+    def leaking(module, x):
         leak()
-        calls = []
-        return calls, module.register_forward_hook(lambda m, args, out: calls.append(1))
+        return call_like_pytorch(module, x)
 
-    return make_counter
+    return leaking
 
 
 class PassThrough(torch.overrides.TorchFunctionMode):

@@ -26,12 +26,12 @@ def code_cell_count(path) -> int:
 
 
 def test_start_here_scale_slider(course_pages, artifacts):
-    """Notebook 00 folds one code cell (a worked answer): Lab shows it folded, and it runs with the rest."""
+    """Notebook 00 folds two code cells (worked answers): Lab shows them folded, and they run with the rest."""
     page, copy = course_pages["00_start_here.ipynb"]
     nb.wait_run_all(page)
     folded = [c for c in nbformat.read(copy, as_version=4).cells
               if c.cell_type == "code" and c.metadata.get("jupyter", {}).get("source_hidden")]  # fmt: skip
-    assert len(folded) == 1
+    assert len(folded) == 2
     expect(page.locator(nb.CODE_PROMPTS)).to_have_count(code_cell_count(copy) - len(folded))
     page.evaluate("() => window.jupyterapp.commands.execute('notebook:show-all-cell-code')")  # View > Expand All Code
     nb.check_ran_without_errors(page, code_cell_count(copy))

@@ -29,7 +29,7 @@ import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-__all__ = ["check", "checked", "exercise", "exercises", "grade", "prediction"]
+__all__ = ["check", "checked", "exercise", "exercises", "grade", "passed", "prediction"]
 
 
 @dataclass(frozen=True)
@@ -208,6 +208,12 @@ def checked() -> dict[str, tuple[str, str]]:
     """The verdict and detail of the last ``check`` of each exercise in this process, by id: what
     ``make grade`` collects from a student's notebook."""
     return dict(sorted(_CHECKED.items()))
+
+
+def passed(id: str) -> bool:
+    """Whether the last ``check`` of exercise ``id`` in this process passed: a lesson goes on with a
+    worked answer while the student's has not."""
+    return _CHECKED.get(id, ("not checked",))[0] == "passed"
 
 
 def hint_for(error: Exception, hints: dict[str, str]) -> Outcome:

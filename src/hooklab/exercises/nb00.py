@@ -1,14 +1,17 @@
-"""Exercises and predictions of notebook 00: a first forward hook, owning its handle, a recorder
-of one's own."""
+"""Exercises and predictions of notebook 00: a first forward hook and what ``module(x)`` does with
+it, owning its handle, a recorder of one's own that finds the first layer making a NaN."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from ..audit import clear_hooks
-from ..pytorch_internals import module_hooks
-from . import Outcome, exercise, is_handle, kind_of, prediction
+from ..pytorch_internals import global_registries, module_hooks
+from . import Outcome, exercise, hint_for, kind_of, prediction
 
 
 # ----- 1. A first hook ---------------------------------------------------------------------------
@@ -35,48 +38,155 @@ def _two_hooks() -> float:
         second.remove()
 
 
-@exercise("00.1", "a forward hook that counts calls")
-def _count_calls(make_counter) -> Outcome:
-    """``make_counter(module)`` registers a hook and returns ``(calls, handle)``.
+class _Watched(nn.Linear):
+    """A ``Linear(3, 2)`` with fixed weights that counts the calls ``module(x)`` makes of it."""
 
-    ``calls`` is a list that gets one item per call of the module; the module's output stays as it was.
-    """
-    layer = nn.Linear(2, 2)
-    x = torch.tensor([[1.0, -2.0]])
-    plain = layer(x).detach()
+    def __init__(self) -> None:
+        super().__init__(3, 2)
+        self.calls = 0
+        with torch.no_grad():
+            self.weight.copy_(torch.tensor([[1.0, -1.0, 0.5], [0.0, 2.0, -1.0]]))
+            self.bias.copy_(torch.tensor([0.5, -0.5]))
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return super().__call__(*args, **kwargs)
+
+
+_MODULE_PY = "torch/nn/modules/module.py"
+
+
+def _called_by_pytorch() -> bool:
+    """Whether the hook that calls this was called by PyTorch's own module call (not by an answer):
+    the first frame outside this file is in ``torch/nn/modules/module.py``."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame = frame.f_back
+    return frame is not None and Path(frame.f_code.co_filename).as_posix().endswith(_MODULE_PY)
+
+
+def _logging_hooks(log: list) -> list:
+    """Four forward hooks, in the order they are registered: two look (return None), two return a
+    value. Each logs its name, its arguments, a copy of the output it received, and who called it."""
+
+    def entry(name, module, args, output):
+        received = output.detach().clone() if isinstance(output, torch.Tensor) else output
+        log.append((name, module, args, received, _called_by_pytorch()))
+
+    def look(module, args, output):
+        entry("look", module, args, output)
+
+    def times_ten(module, args, output):
+        entry("times_ten", module, args, output)
+        return output * 10
+
+    def look_again(module, args, output):
+        entry("look_again", module, args, output)
+
+    def plus_one(module, args, output):
+        entry("plus_one", module, args, output)
+        return output + 1
+
+    return [look, times_ten, look_again, plus_one]
+
+
+_CALL_HINTS = {
+    "Boolean value of Tensor": "test whether a hook returned a value with `result is not None`: `if result:` asks a "
+                               "tensor of several numbers for one truth value",
+    "positional argument": "call each hook with three arguments, hook(module, args, output), as PyTorch does",
+    "'NoneType'": "a hook received None as its output: a hook that returns None leaves the output as it was, so "
+                  "replace the output only with a result that is not None",
+}
+
+
+def _call_answer(call_like_pytorch, layer: nn.Module, x: torch.Tensor):
     try:
-        answer = make_counter(layer)
-        if not (isinstance(answer, tuple | list) and len(answer) == 2):
-            return Outcome(False, f"return the pair (calls, handle), got {kind_of(answer)}")
-        counts, handle = answer
-        if is_handle(counts) and not is_handle(handle):
-            return Outcome(False, "the pair is the wrong way round: return (calls, handle), the list first")
-        if not is_handle(handle):
-            kind = kind_of(handle)
-            return Outcome(False, f"the second item must be the handle whose remove() takes your hook out, got {kind}")
-        if not isinstance(counts, list):
-            return Outcome(False, f"the first item must be the list the hook appends to, got {kind_of(counts)}")
-        try:
-            outputs = [layer(x) for _ in range(3)]
-        finally:
-            handle.remove()
-        layer(x)  # after remove(): must not be counted
+        return call_like_pytorch(layer, x)
+    except (TypeError, RuntimeError) as error:  # NotImplementedError (the stub) is raised again
+        return hint_for(error, _CALL_HINTS)
+
+
+def _order_outcome(log: list, expected: list) -> Outcome | None:
+    """What is wrong with who called the hooks, which ran and in which order, if anything."""
+    if any(by_pytorch for *_, by_pytorch in log):
+        return Outcome(False, "PyTorch called the hooks, not your function: module(x) runs them itself. Write what it "
+                              "does: output = module.forward(x), then each hook in turn")
+    ran = [name for name, *_ in log]
+    if not ran:
+        return Outcome(False, "no hook ran: call each hook of module._forward_hooks.values()")
+    if ran == expected[::-1]:
+        return Outcome(False, f"the hooks ran as {ran}, the reverse of the order they were registered in: "
+                              "module._forward_hooks.values() gives them in that order")
+    if ran != expected:
+        return Outcome(False, f"the hooks ran as {ran}, not {expected}: call each hook once, in the order "
+                              "module._forward_hooks.values() gives")
+    return None
+
+
+def _arguments_outcome(log: list, layer: nn.Module, x: torch.Tensor, real: list) -> Outcome | None:
+    """What is wrong with the arguments each hook received, if anything."""
+    for (name, module, args, received, _), (_, _, _, expected, _) in zip(log, real, strict=True):
+        if module is not layer:
+            return Outcome(False, f"{name} received {kind_of(module)} as its first argument: a hook's first argument "
+                                  "is the module")
+        if not (isinstance(args, tuple) and len(args) == 1 and isinstance(args[0], torch.Tensor)
+                and torch.equal(args[0], x)):  # fmt: skip
+            return Outcome(False, f"{name} received {kind_of(args)} as args: pass the inputs as a tuple, (x,), as "
+                                  "PyTorch does")
+        if not (isinstance(received, torch.Tensor) and torch.allclose(received, expected)):
+            return Outcome(False, f"{name} received another output than with layer(x): hand each hook the output as "
+                                  "the hooks before it left it (a returned value replaces it at once)")
+    return None
+
+
+@exercise("00.1", "what module(x) does with its forward hooks")
+def _call_like_pytorch(call_like_pytorch) -> Outcome:
+    """``call_like_pytorch(module, x)`` runs ``module.forward(x)``, then each forward hook in the order
+    it was registered with ``(module, (x,), output)``; a value a hook returns replaces the output."""
+    x = torch.tensor([[1.0, 2.0, -1.0]])
+    layer = _Watched()
+    plain = layer.forward(x).detach()
+    log: list = []
+    hooks = _logging_hooks(log)
+    expected = [hook.__name__ for hook in hooks]
+    try:
+        for hook in hooks:
+            layer.register_forward_hook(hook)
+        real = layer(x).detach()
+        real_log, log[:] = list(log), []
+        layer.calls = 0
+        got = _call_answer(call_like_pytorch, layer, x)
+        calls = layer.calls
     finally:
-        left = clear_hooks(layer)  # never leave a student's hook on the checker's model
-    changed = [out for out in outputs if not (isinstance(out, torch.Tensor) and torch.equal(out, plain))]
-    if changed:
-        kind = kind_of(changed[0])
-        article = "an" if kind[0] in "aeiouAEIOU" else "a"
-        got = "other values" if isinstance(changed[0], torch.Tensor) else f"{article} {kind}"
-        return Outcome(False, f"with your hook the layer returned {got} instead of its own output: a hook that "
-                              "only counts must return None (a value it returns replaces the output)")
-    if left:
-        return Outcome(False, f"after handle.remove(), {left[0]}: register only the counting hook, or remove "
-                              "every hook you add")
-    total = len(counts)
-    if total != 3:
-        return Outcome(False, f"counted {total} calls for 3 calls before remove() (and 1 after)")
-    return Outcome(True, "3 calls counted, output unchanged, no hook left after remove()")
+        clear_hooks(layer)
+    if isinstance(got, Outcome):  # a known slip raised an error
+        return got
+    if calls:
+        return Outcome(False, "your function called module(x), which runs the hooks itself: write what it does, "
+                              "output = module.forward(x), then each hook in turn")
+    wrong = _order_outcome(log, expected)
+    if wrong:
+        return wrong
+    if not isinstance(got, torch.Tensor):
+        return Outcome(False, f"return the output, got {kind_of(got)}")
+    if torch.allclose(got.detach(), plain):
+        return Outcome(False, "your function returned forward's own output, though two hooks returned a value: a "
+                              "value a hook returns (anything but None) replaces the output")
+    wrong = _arguments_outcome(log, layer, x, real_log)
+    if wrong:
+        return wrong
+    if not torch.allclose(got.detach(), real):
+        return Outcome(False, f"your function returned {got.detach().tolist()}, layer(x) returns {real.tolist()}: "
+                              "return the output as the last hook left it")
+    bare = _Watched()
+    alone = _call_answer(call_like_pytorch, bare, x)
+    if isinstance(alone, Outcome):
+        return alone
+    if not (isinstance(alone, torch.Tensor) and torch.allclose(alone.detach(), plain)):
+        got = "other values" if isinstance(alone, torch.Tensor) else kind_of(alone)
+        return Outcome(False, f"on a module without hooks your function returned {got}, not module.forward(x)")
+    return Outcome(True, "4 hooks called in order with (module, (x,), output), each returned value passed on: the "
+                         "same output as layer(x), and forward's own output without hooks")
 
 
 # ----- 2. Own the handle -------------------------------------------------------------------------
@@ -155,9 +265,21 @@ def _foreign_gone(module: nn.Module, handles: list) -> bool:
     return gone
 
 
+def _global_kind(hook) -> str | None:
+    """``"global forward hook (register_module_forward_hook)"`` while ``hook`` is registered process-wide."""
+    for what, register, hooks in global_registries():
+        if any(h is hook for h in hooks.values()):
+            return f"{what} ({register.rsplit('.', 1)[-1]})"
+    return None
+
+
 def _hook_calls_outcome(seen: list, gone: bool, layer) -> Outcome | None:
     """What is wrong with how the hook was registered and called, if anything."""
-    wrong = next((n for n, _ in seen if n), None)
+    registered = next((kind for *_, kind in seen if kind), None)
+    if registered:
+        return Outcome(False, f"the hook was registered as a {registered}, which runs for every module of the "
+                              "process: register it on the module, module.register_forward_hook(hook)")
+    wrong = next((n for n, *_ in seen if n), None)
     if wrong is not None:
         kind = "a pre-hook" if wrong == 2 else "a pre-hook, or with with_kwargs=True"
         return Outcome(False, f"the hook was called with {wrong} arguments, not (module, args, output): "
@@ -165,7 +287,7 @@ def _hook_calls_outcome(seen: list, gone: bool, layer) -> Outcome | None:
     if gone:
         return Outcome(False, "a hook your code did not register was removed from the module: remove only "
                               "your own hook, with its handle")
-    if any(not running for _, running in seen):
+    if any(not running for _, running, _ in seen):
         return Outcome(False, "your code called the hook itself: register it on the module and let module(x) "
                               "call it")
     if layer.calls != 1:
@@ -195,11 +317,11 @@ def _one_run(run_with_hook, x: torch.Tensor, others: int) -> Outcome | None:
     layer = _Counted()
     plain = layer(x).detach()
     layer.calls = 0
-    seen: list[tuple[int, bool]] = []  # per hook call: its arguments fit a forward hook, the module called it
+    seen: list[tuple[int, bool, str | None]] = []  # per hook call: wrong argument count, module running, global kind
 
     def hook(*args):
         fits = len(args) == 3 and isinstance(args[2], torch.Tensor)
-        seen.append((len(args) if not fits else 0, layer.running))
+        seen.append((len(args) if not fits else 0, layer.running, _global_kind(hook)))
         return 10 * args[2] if fits else None
 
     foreign = _foreign_hooks(layer, forward=others)
@@ -266,55 +388,106 @@ class _RMSNorm(nn.Module):
         return x / x.pow(2).mean(dim=1, keepdim=True).sqrt()
 
 
-class _OpeningNet(nn.Module):
-    """The model of the lesson's opening problem: it defines head, norm, embed, act, and its forward
-    calls embed, act, norm, head (``tests/test_exercises_nb00.py`` compares it with the lesson's)."""
-
-    def __init__(self) -> None:
+class _Block(nn.Module):
+    def __init__(self, width: int) -> None:
         super().__init__()
-        self.head = nn.Linear(8, 3)
-        self.norm = _RMSNorm()
-        self.embed = nn.Linear(4, 8, bias=False)
-        self.act = nn.ReLU()
+        self.linear, self.act, self.norm = nn.Linear(width, width), nn.ReLU(), _RMSNorm()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.norm(self.act(self.embed(x))))
+        return x + self.norm(self.act(self.linear(x)))
+
+
+class _OpeningNet(nn.Module):
+    """The model of the lesson's opening problem: it defines ``head``, ``blocks``, ``embed`` and runs
+    ``embed``, the blocks, ``head`` (``tests/test_exercises_nb00.py`` compares it with the lesson's)."""
+
+    def __init__(self, width: int = 6, depth: int = 6) -> None:
+        super().__init__()
+        self.head = nn.Linear(width, 3)
+        self.blocks = nn.Sequential(*[_Block(width) for _ in range(depth)])
+        self.embed = nn.Linear(4, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks(self.embed(x)))
+
+
+for _cls, _name in [(_RMSNorm, "RMSNorm"), (_Block, "Block"), (_OpeningNet, "Net")]:
+    _cls.__name__ = _cls.__qualname__ = _name  # what a message about one of them says
+
+
+def _opening() -> tuple[nn.Module, torch.Tensor]:
+    """The lesson's ``model`` and ``x``, drawn as its problem cell draws them."""
+    torch.manual_seed(16)
+    model = _OpeningNet()
+    return model, torch.randn(4, 4)
+
+
+def _leaves(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    return [(name, m) for name, m in model.named_modules() if next(m.children(), None) is None]
+
+
+def _run_order(model: nn.Module, x: torch.Tensor) -> list[tuple[str, nn.Module, torch.Tensor]]:
+    """Each leaf module's name, the module and a copy of its output, in the order they ran."""
+    ran: list = []
+    handles = [m.register_forward_hook(lambda m, args, out, name=name: ran.append((name, m, out.detach().clone())))
+               for name, m in _leaves(model)]  # fmt: skip
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return ran
+
+
+def _first_nan(ran: list) -> tuple[str, nn.Module] | tuple[None, None]:
+    return next(((name, m) for name, m, out in ran if torch.isnan(out).any()), (None, None))
 
 
 @prediction(
     "00.c",
-    "the order of the names in a recording",
+    "the first and the last name of a recording",
     why="a forward hook runs right after its own layer returns, and a dict keeps its keys in the order they were "
-        "first written: rec.outputs follows the order forward calls the layers, not the order they are defined in.",
+        "first written: rec.outputs follows the order forward calls the layers (embed first, head last), not the "
+        "order they are defined in.",
     wrong=[
-        (["head", "norm", "embed", "act"], "that is the order the model defines its layers in (and the order the "
-                                           "hooks were registered): each hook writes its name when its layer runs, "
-                                           "and forward calls embed first"),
-        (["head", "norm", "act", "embed"], "each forward hook runs as soon as its own layer returns, not when the "
-                                           "whole forward ends: embed returns first, so its name comes first"),
+        (["head", "embed"], "that is the order the model defines its layers in (and the order the hooks were "
+                            "registered): each hook writes its name when its layer runs, and forward calls embed "
+                            "first and head last"),
+        (["head", "blocks.5.norm"], "head is defined first but runs last: each hook writes its name when its layer "
+                                    "runs"),
+        (["embed", "blocks.5.norm"], "the blocks run before head, which is called last in forward"),
+        (["blocks.0.linear", "head"], "embed runs first: forward calls it before the blocks"),
     ],
 )
 def _recording_order() -> list[str]:
-    model, order = _OpeningNet(), []
-    x = torch.ones(3, 4)
-    x[2] = 0.0
-    handles = [child.register_forward_hook(lambda module, args, output, name=name: order.append(name))
-               for name, child in model.named_children()]  # fmt: skip
-    try:
-        model(x)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return order
+    names = [name for name, _, _ in _run_order(*_opening())]
+    return [names[0], names[-1]]
 
 
-class _RecorderCase(nn.Module):
-    """Defines ``late`` before ``early`` and runs ``early``, ``act``, ``late``. ``act`` is an in-place
-    ReLU: it overwrites ``early``'s output, so a kept copy that shares its memory changes with it."""
+@prediction(
+    "00.d",
+    "the kind of layer that makes the first NaN",
+    why="Linear multiplies and adds, ReLU takes max(v, 0): from finite numbers both give finite numbers. RMSNorm "
+        "divides each row by its root mean square, and a row that a ReLU turned into zeros gives 0 / 0 = NaN.",
+    wrong=[
+        ("Linear", "a Linear layer multiplies and adds finite numbers, which gives finite numbers (barring overflow); "
+                   "it passes a NaN on, but does not make one"),
+        ("ReLU", "ReLU gives max(v, 0), finite for any finite v. It can turn a whole row into zeros, though: what "
+                 "does the layer after it do with a row of zeros?"),
+    ],
+)
+def _nan_maker() -> str:
+    _, module = _first_nan(_run_order(*_opening()))
+    return type(module).__name__
+
+
+class _Body(nn.Module):
+    """``early`` then an in-place ReLU, ``act``: it overwrites ``early``'s output, so a kept copy that
+    shares its memory changes with it."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.late = nn.Linear(3, 2)
         self.early = nn.Linear(2, 3)
         self.act = nn.ReLU(inplace=True)
         with torch.no_grad():
@@ -322,11 +495,25 @@ class _RecorderCase(nn.Module):
             self.early.bias.zero_()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.late(self.act(self.early(x)))
+        return self.act(self.early(x))
 
 
-_RecorderCase.__name__ = "model"  # what a message about a hook left on it says: "... on layer 'early' of the model"
-_DEFINED, _RAN = ["late", "early", "act"], ["early", "act", "late"]
+class _RecorderCase(nn.Module):
+    """Defines ``late`` before ``body`` (``body.early``, ``body.act``) and runs ``body.early``,
+    ``body.act``, ``late``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.late = nn.Linear(3, 2)
+        self.body = _Body()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.late(self.body(x))
+
+
+_RecorderCase.__name__ = "model"  # what a message about a hook left on it says: "... on layer 'late' of the model"
+_DEFINED, _RAN = ["late", "body.early", "body.act"], ["body.early", "body.act", "late"]
+_SHORT = {"early": "body.early", "act": "body.act"}  # a leaf's own name, without its parent's
 
 
 class _BodyError(Exception):
@@ -334,31 +521,50 @@ class _BodyError(Exception):
 
 
 def _expected(model: _RecorderCase, x: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Each layer's output, computed without hooks (the ReLU on a copy)."""
+    """Each leaf's output, computed without hooks (the ReLU on a copy)."""
     with torch.no_grad():
-        early = model.early(x)
+        early = model.body.early(x)
         act = torch.relu(early)
-        return {"early": early, "act": act, "late": model.late(act)}
+        return {"body.early": early, "body.act": act, "late": model.late(act)}
+
+
+def _container_name(name: str) -> str:
+    return "the model itself ('')" if name == "" else f"{name!r}, a module with children"
 
 
 def _names_outcome(outputs: object) -> Outcome | None:
     """What is wrong with the names kept in ``rec.outputs`` and their order, if anything."""
     if not isinstance(outputs, dict):
         return Outcome(False, f"rec.outputs must be a dict from layer name to the kept output, got {kind_of(outputs)}")
-    kept = [name for name in outputs if name in _DEFINED]
+    kept = list(outputs)
     if kept == [_DEFINED[-1]]:
         return Outcome(False, f"every output was kept under one name, {_DEFINED[-1]!r}, the loop's last: a hook made "
                               "in a loop looks `name` up when it runs, after the loop ended; pin it with a default "
                               "argument, name=name")
+    short = next((name for name in kept if name in _SHORT), None)
+    if short:
+        return Outcome(False, f"an output was kept under {short!r}: keep each one under its dotted name from "
+                              f"model.named_modules(), {_SHORT[short]!r}, which says where the layer sits")
     missing = [name for name in _RAN if name not in kept]
     if missing:
-        return Outcome(False, f"nothing was kept for layer {missing[0]!r}: register a forward hook on every child "
-                              "of the model (model.named_children()) that keeps its output under the child's name")
+        only = " (model.named_children() gives only the top level)" if "body" in kept else ""
+        return Outcome(False, f"nothing was kept for layer {missing[0]!r}: register a forward hook on every leaf "
+                              f"module, the entries of model.named_modules() without children{only}")
+    extra = next((name for name in kept if name not in _RAN), None)
+    if extra is not None:
+        return Outcome(False, f"rec.outputs also has {_container_name(extra)}: record the leaf modules only, the "
+                              "entries of model.named_modules() without children")
     if kept != _RAN:
         order = "the order they were defined in" if kept == _DEFINED else "another order"
         return Outcome(False, f"rec.outputs lists the layers as {kept}, {order}, not the order they ran "
                               f"({_RAN}): add each name when its hook runs (do not fill the dict in advance)")
     return None
+
+
+_IN_PLACE = ("the copy kept for layer 'body.early' changed after the layer ran: the in-place ReLU that runs right "
+             "after it wrote its result into the memory of that output, and a .detach() copy shares that memory. "
+             "Keep output.detach().clone(): .clone() gives the copy memory of its own (lesson 02, "
+             "02_forward_hooks.ipynb, shows this in its section on the in-place trap)")
 
 
 def _values_outcome(outputs: dict, expected: dict[str, torch.Tensor]) -> Outcome | None:
@@ -371,10 +577,8 @@ def _values_outcome(outputs: dict, expected: dict[str, torch.Tensor]) -> Outcome
         if kept.requires_grad:
             return Outcome(False, f"the copy kept for layer {name!r} is still part of the autograd graph (it "
                                   "requires grad): keep output.detach().clone()")
-        if name == "early" and not torch.equal(kept, expected[name]) and torch.equal(kept, expected["act"]):
-            return Outcome(False, "the copy kept for layer 'early' changed after the layer ran: the in-place ReLU "
-                                  "that runs next overwrote it, because the copy shares the output's memory; keep "
-                                  "output.detach().clone(), a copy with memory of its own")
+        if name == "body.early" and not torch.equal(kept, expected[name]) and torch.equal(kept, expected["body.act"]):
+            return Outcome(False, _IN_PLACE)
         if kept.shape != expected[name].shape or not torch.allclose(kept, expected[name]):
             return Outcome(False, f"the copy kept for layer {name!r} is not what the layer returned: keep the "
                                   "hook's output argument, output.detach().clone()")
@@ -422,8 +626,8 @@ def _raising_run(Recorder, error: type[BaseException], what: str) -> Outcome | N
         return Outcome(False, f"when the with block raised {what}, {left[0]}: Python calls __exit__ whatever was "
                               "raised; remove every handle there, without looking at the exception")
     if not reached:
-        return Outcome(False, f"the with block raised {what} and your recorder swallowed it: __exit__ must not "
-                              "return True")
+        return Outcome(False, f"the with block raised {what}, and `__exit__` returned a true value (self?), which "
+                              "swallows the error: return None")
     return None
 
 
@@ -439,7 +643,7 @@ def _shared_state(Recorder) -> Outcome | None:
             second(torch.ones(1, 2))
     finally:
         clear_hooks(first, second)
-    if "solo" in getattr(a, "outputs", {}) or "early" in getattr(b, "outputs", {}):
+    if "solo" in getattr(a, "outputs", {}) or "body.early" in getattr(b, "outputs", {}):
         return Outcome(False, "two recorders share one outputs dict: create it in __init__ (self.outputs = {}), not "
                               "in the class body, where every recorder gets the same one")
     return None
@@ -448,7 +652,7 @@ def _shared_state(Recorder) -> Outcome | None:
 @exercise("00.3", "a recorder class that keeps every layer's output")
 def _recorder(Recorder) -> Outcome:
     """``with Recorder(model) as rec: model(x)`` keeps, in the dict ``rec.outputs``, a detached copy
-    of each child's output under the child's name, in the order the children ran; no hook is left
+    of each leaf module's output under its dotted name, in the order the leaves ran; no hook is left
     after the block, also when it raises; an error raised in the block reaches the caller."""
     if not callable(Recorder):  # a recorder made with Recorder(...), instead of the class
         return Outcome(False, f"pass the class itself, check(\"00.3\", Recorder), not an object of it "
@@ -459,5 +663,93 @@ def _recorder(Recorder) -> Outcome:
     wrong = wrong or _shared_state(Recorder)
     if wrong:
         return wrong
-    return Outcome(True, "a detached copy of every layer's output, in the order they ran, safe from the in-place "
-                         "ReLU; no hook left, also when the block raised, and the error passed on")
+    return Outcome(True, "a detached copy of every leaf's output under its dotted name, in the order they ran, safe "
+                         "from the in-place ReLU; no hook left, also when the block raised, and the error passed on")
+
+
+class _NanBlock(nn.Module):
+    """``linear`` (the identity times ``sign``), ``act``, ``norm``: a row that ``act`` turns into zeros
+    becomes NaN in ``norm``."""
+
+    def __init__(self, sign: float) -> None:
+        super().__init__()
+        self.linear, self.act, self.norm = nn.Linear(3, 3), nn.ReLU(), _RMSNorm()
+        with torch.no_grad():
+            self.linear.weight.copy_(sign * torch.eye(3))
+            self.linear.bias.zero_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.act(self.linear(x)))
+
+
+class _NanCase(nn.Module):
+    """Defines ``head``, then ``blocks.late``, then ``blocks.early``, and runs ``blocks.early``,
+    ``blocks.late``, ``head``: the first layer with a NaN in the order they are defined is ``head``."""
+
+    def __init__(self, late_sign: float) -> None:
+        super().__init__()
+        self.head = nn.Linear(3, 2)
+        self.blocks = nn.ModuleDict({"late": _NanBlock(late_sign), "early": _NanBlock(1.0)})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.blocks["late"](self.blocks["early"](x)))
+
+
+_NanCase.__name__ = "model"
+_NanBlock.__name__ = "Block"
+#: (sign of the late block's weights, input): one row dies in blocks.early; no row dies; every row dies in blocks.late
+_NAN_CASES = [
+    (1.0, [[1.0, 2.0, 3.0], [-1.0, -2.0, -3.0]]),
+    (1.0, [[1.0, 2.0, 3.0], [3.0, -1.0, 2.0]]),
+    (-1.0, [[1.0, 2.0, 3.0], [0.5, -1.0, 2.0]]),
+]
+
+
+def _nan_outcome(got: object, model: nn.Module, ran: list) -> Outcome | None:
+    """What is wrong with the name ``first_nan`` returned, if anything."""
+    expected, _ = _first_nan(ran)
+    if got == expected:
+        return None
+    leaves = [name for name, _, _ in ran]
+    if expected is None:
+        return Outcome(False, f"no layer's output holds a NaN here, and first_nan returned {got!r}: return None when "
+                              "there is none")
+    if got is None:
+        return Outcome(False, f"{expected!r} makes a NaN (in one row of its output) and first_nan returned None: "
+                              "a NaN anywhere in an output counts, torch.isnan(output).any()")
+    if not isinstance(got, str):
+        return Outcome(False, f"return the layer's name, a str like 'blocks.0.linear', got {kind_of(got)}")
+    if got not in leaves:
+        return Outcome(False, f"first_nan returned {got!r}, which is not a leaf module of the model: name the leaf, "
+                              "as your Recorder does (dotted names of the modules without children)")
+    with_nan = [name for name, _, out in ran if torch.isnan(out).any()]
+    if got not in with_nan:
+        return Outcome(False, f"first_nan returned {got!r}, whose output holds no NaN")
+    by_definition = next(name for name, _ in _leaves(model) if name in with_nan)
+    if got == by_definition:
+        return Outcome(False, f"{got!r} runs last and only passed the NaN on; it is the first layer with a NaN in the "
+                              "order the layers are defined (named_modules()). Search in the order they ran, which "
+                              f"rec.outputs keeps, among all the leaves ({expected!r} here)")
+    return Outcome(False, f"{got!r} only passed the NaN on: the first layer, in the order they ran, whose output "
+                          f"holds a NaN is {expected!r}")
+
+
+@exercise("00.4", "the first layer whose output holds a NaN")
+def _find_first_nan(first_nan) -> Outcome:
+    """``first_nan(model, x)`` returns the dotted name of the first leaf module, in the order the leaves
+    ran, whose output holds a NaN, or None; it leaves no hook on the model."""
+    for late_sign, rows in _NAN_CASES:
+        model, x = _NanCase(late_sign), torch.tensor(rows)
+        ran = _run_order(model, x)
+        try:
+            got = first_nan(model, x)
+        finally:
+            left = clear_hooks(model)
+        if left:
+            return Outcome(False, f"after first_nan, {left[0]}: record inside a with block (your Recorder), which "
+                                  "removes its hooks")
+        wrong = _nan_outcome(got, model, ran)
+        if wrong:
+            return wrong
+    return Outcome(True, "the first layer to make a NaN, in the order the layers ran, on a model that defines them "
+                         "in another order; None when there is none; no hook left")
