@@ -211,10 +211,40 @@ def test_a_prediction_computes_its_truth_and_says_right_or_not_quite(capsys):
         _CHECKED.pop("99.a", None)
 
 
+def test_a_prediction_takes_none_as_a_guess_and_tells_a_number_written_as_a_string(capsys):
+    """Only `guess = ...` is "no guess yet": a prediction whose answer is None takes None (or "None") as a
+    guess; a number in quotes is told to drop them, not that it is wrong."""
+    from hooklab.exercises import _REGISTRY, prediction
+
+    @prediction("99.b", "which slot is empty", why="nothing was computed for it")
+    def _empty():
+        return None
+
+    @prediction("99.c", "a quarter", why="it is 1/4", wrong=[(0.5, "that is a half")])
+    def _quarter():
+        return torch.tensor(0.25).item()
+
+    try:
+        assert grade("99.b", None).passed and grade("99.b", "None").passed and not grade("99.b", 0).passed
+        check("99.b", None)
+        assert capsys.readouterr().out.startswith("Prediction 99.b (which slot is empty): right — ")
+        for quoted in ("0.25", " '0.3' "):
+            detail = grade("99.c", quoted).detail
+            assert "write a number, not a string" in detail and "without quotes" in detail, detail
+        assert grade("99.c", "0.5").detail.startswith("write a number")  # the quotes first, then the number
+        assert grade("99.c", "a quarter").detail == "it is 1/4"  # words are not a number written as a string
+        assert grade("99.c", 0.25).passed
+    finally:
+        for id in ("99.b", "99.c"):
+            _REGISTRY.pop(id)
+            _CHECKED.pop(id, None)
+
+
 @pytest.mark.parametrize(("guess", "truth", "expected"), [
     ("Pre-Hook ", "pre-hook", True), ("'None'", None, True), (None, None, True), ([1, 2.0], (1.0, 2), True),
     (torch.Size([2, 3]), (2, 3), True), (0.401, 0.4, True), (0.41, 0.4, False), (1, True, False),
-    ([1, 2], [1, 2, 3], False), (3, 3.0, True), ("4", 4, False),
+    ([1, 2], [1, 2, 3], False), (3, 3.0, True), ("4", 4, False), ([0.25, float("inf")], [0.25, float("inf")], True),
+    (float("nan"), float("nan"), True), (float("inf"), float("-inf"), False),
 ])  # fmt: skip
 def test_guesses_are_compared_the_way_a_person_writes_them(guess, truth, expected):
     from hooklab.exercises import same

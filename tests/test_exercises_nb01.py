@@ -116,9 +116,11 @@ def test_01_3_accepts_a_clamping_and_counting_hook_per_matching_parameter():
     assert grade("01.3", clamp_matching_with()).passed
 
 
-def test_01_3_accepts_counts_kept_as_tensors():
+def test_01_3_wants_counts_as_python_ints_as_01_2_wants_floats():
     # clamped[name] becomes a 0-d tensor that the second backward's += changes in place
-    assert grade("01.3", clamp_matching_with(count=lambda g, limit: (g.abs() > limit).sum())).passed
+    failed("01.3", clamp_matching_with(count=lambda g, limit: (g.abs() > limit).sum()),
+           "holds a tensor", "Python int", "as 01.2 keeps each norm a float")
+    failed("01.2", grad_norms_with(keep=lambda grad: grad.norm()), "Python floats")
 
 
 def test_01_3_rejects_a_substring_test_with_a_hint_to_use_fnmatch():
@@ -338,6 +340,28 @@ def test_01_4_wants_the_update_under_no_grad():
     assert not result.passed and "torch.no_grad()" in result.detail
 
 
+def test_01_4_rejects_an_update_through_data():
+    def through_data(model, lr):  # no torch.no_grad(): .data hides the change from autograd
+        def step(p):
+            p.data -= lr * p.grad
+            p.grad = None
+
+        return [p.register_post_accumulate_grad_hook(step) for p in model.parameters()]
+
+    def data_under_no_grad(model, lr):
+        def step(p):
+            with torch.no_grad():
+                p.data.sub_(lr * p.grad)
+            p.grad = None
+
+        return [p.register_post_accumulate_grad_hook(step) for p in model.parameters()]
+
+    for wrong in (through_data, data_under_no_grad):
+        outcome = failed("01.4", wrong, "without autograd seeing it", "p.data",
+                         "with torch.no_grad(): p -= lr * p.grad")
+        assert "_version" not in outcome.detail
+
+
 def test_01_4_hints_at_a_late_binding_closure():
     def late_binding(model, lr):
         handles = []
@@ -358,11 +382,11 @@ def test_01_4_hints_at_a_late_binding_closure():
 
 
 # ----- 01.5 -------------------------------------------------------------------------------------
-def half_hooks_with(pack=None, unpack=None):
-    """A right answer to 01.5, or a wrong one with its pack or unpack replaced."""
+def half_hooks_with(pack=None, unpack=None, dtype=torch.bfloat16):
+    """A right answer to 01.5, or a wrong one with its pack or unpack (or the 2-byte dtype) replaced."""
 
     def right_pack(t):
-        return (t.to(torch.float16), t.dtype) if t.is_floating_point() else (t.detach(), t.dtype)
+        return (t.to(dtype), t.dtype) if t.is_floating_point() else (t.detach(), t.dtype)
 
     def right_unpack(packed):
         return packed[0].to(packed[1])
@@ -373,34 +397,49 @@ def half_hooks_with(pack=None, unpack=None):
     return save_in_half
 
 
-def test_01_5_accepts_float16_copies_given_back_in_their_dtype():
+def test_01_5_accepts_bfloat16_copies_given_back_in_their_dtype():
     outcome = grade("01.5", half_hooks_with())
-    assert outcome.passed and "bytes instead of" in outcome.detail, outcome.detail
+    assert outcome.passed and "bytes instead of" in outcome.detail and "float64" in outcome.detail, outcome.detail
 
 
 def test_01_5_accepts_a_subclass_like_save_on_cpu():
     class SaveInHalf(saved_tensors_hooks):
         def __init__(self):
             def pack(t):
-                return t.half() if t.is_floating_point() else t.detach()
+                return (t.bfloat16(), t.dtype) if t.is_floating_point() else (t.detach(), None)
 
             def unpack(packed):
-                return packed.float() if packed.dtype == torch.float16 else packed
+                kept, dtype = packed
+                return kept if dtype is None else kept.to(dtype)
 
             super().__init__(pack, unpack)
 
     assert grade("01.5", SaveInHalf).passed
 
 
+def test_01_5_shows_float16_overflowing_beyond_65504():
+    outcome = failed("01.5", half_hooks_with(dtype=torch.float16), "inputs up to 2e5", "float16", "65504",
+                     "bfloat16")
+    assert "became inf" in outcome.detail
+
+
+def test_01_5_names_an_unpack_that_always_gives_float32():
+    def always_float(packed):
+        kept, _ = packed  # the dtype pack remembered, not used: the slip
+        return kept.float() if kept.is_floating_point() else kept
+
+    failed("01.5", half_hooks_with(unpack=always_float), "float32 tensor for a saved float64 tensor", ".float()")
+
+
 def test_01_5_rejects_wrong_answers():
     for answer, *words in [
         (half_hooks_with(pack=lambda t: t), "returned the tensor it received itself"),
-        (half_hooks_with(pack=lambda t: (t.half(), t.dtype) if t.is_floating_point() else (t, t.dtype)),
+        (half_hooks_with(pack=lambda t: (t.bfloat16(), t.dtype) if t.is_floating_point() else (t, t.dtype)),
          "the int64 tensor of shape (16,)", "t.detach()"),
-        (half_hooks_with(pack=lambda t: (t.to(torch.float16), t.dtype)), "convert only floating-point tensors"),
-        (half_hooks_with(pack=lambda t: (t.detach(), t.dtype)), "only as float16"),
-        (half_hooks_with(pack=lambda t: (t.half(), t.detach(), t.dtype) if t.is_floating_point()
-                         else (t.detach(), t.dtype)), "only as float16"),
+        (half_hooks_with(pack=lambda t: (t.to(torch.bfloat16), t.dtype)), "convert only floating-point tensors"),
+        (half_hooks_with(pack=lambda t: (t.detach(), t.dtype)), "only as bfloat16"),
+        (half_hooks_with(pack=lambda t: (t.bfloat16(), t.detach(), t.dtype) if t.is_floating_point()
+                         else (t.detach(), t.dtype)), "only as bfloat16"),
         (half_hooks_with(unpack=lambda packed: packed[0]), "give back the original dtype"),
         (half_hooks_with(pack=lambda t: t.dtype), "no tensor in it"),
         (lambda: None, "missing return?"),
@@ -414,7 +453,7 @@ def test_01_5_wants_unpack_to_work_twice():
         return packed.pop().to(torch.float32) if packed else torch.zeros(0)
 
     def pack(t):
-        return [t.to(torch.float16)] if t.is_floating_point() else [t.detach()]
+        return [t.to(torch.bfloat16)] if t.is_floating_point() else [t.detach()]
 
     outcome = grade("01.5", half_hooks_with(pack=pack, unpack=pop_once))
     assert not outcome.passed, outcome.detail
@@ -436,10 +475,10 @@ def test_01_5_stub_is_not_solved_yet(capsys):
 
 # ----- predictions ------------------------------------------------------------------------------
 RIGHT_GUESSES = {
-    "01.a": [0.4, 0.2],
+    "01.a": [0.2, 0.4],
     "01.b": [[4, 8, 12], [2, 4, 6]],
-    "01.c": [1, 4, 9],
-    "01.d": [8, 4, 4, 4, 4],
+    "01.c": [0.25, float("nan")],
+    "01.d": [[4, 2, 2, 2, 2], [8, 4, 4, 4, 4]],
     "01.e": [0.8, 0.5],
     "01.f": [10, 10],
     "01.g": 12000,
@@ -454,10 +493,14 @@ def test_the_predictions_are_right_about_torch():
 def test_a_common_wrong_guess_gets_its_own_hint():
     for id, guess, words in [
         ("01.a", [0.2, 0.2], "multiplies b's gradient 0.2 by 2"),
+        ("01.a", [0.4, 0.2], "swapped"),
         ("01.b", [[2, 4, 6], [2, 4, 6]], "receives its result"),
-        ("01.d", [4, 2, 2, 2, 2], "adds them up"),
+        ("01.c", [0.25, 0.0], "0 × ∞ is NaN"),
+        ("01.c", [1.0, 0.0], "that is v"),
+        ("01.d", [[8, 4, 4, 4, 4], [8, 4, 4, 4, 4]], "before it is added"),
+        ("01.d", [[4, 2, 2, 2, 2], [4, 2, 2, 2, 2]], "adds each call's gradient"),
         ("01.e", [0.5, 0.5], "never sees the sum"),
         ("01.f", [5, 5], "before it is added"),
-        ("01.g", 16000, "x is not saved"),
+        ("01.g", 16000, "sum saves no tensor"),
     ]:
         failed(id, guess, words)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import math
 import pkgutil
 import re
 from collections.abc import Callable, Iterable
@@ -69,7 +70,9 @@ def prediction(id: str, title: str, why: str, wrong: Iterable[tuple[object, str]
     ``check(id, guess)`` then prints ``right`` or ``not quite``, then ``why`` (the rule, one or two
     sentences). ``wrong`` pairs a plausible wrong guess with its own hint, shown instead of ``why``.
     Guesses are compared loosely: strings without case, quotes or surrounding spaces; numbers within
-    ``rel`` (1 %) of their size; lists and tuples (and tensors, ``torch.Size``) item by item.
+    ``rel`` (1 %) of their size; lists and tuples (and tensors, ``torch.Size``) item by item. Only
+    ``...`` (the lesson's stub) is "no guess yet": ``None`` is a guess like any other. A number
+    written as a string (``"0.25"``) where the truth is a number is told to drop the quotes.
     """
 
     def register(truth: Callable[[], object]) -> Callable[[], object]:
@@ -81,6 +84,8 @@ def prediction(id: str, title: str, why: str, wrong: Iterable[tuple[object, str]
             if same(guess, expected, rel):
                 return Outcome(True, why)
             hint = next((text for value, text in wrong if same(guess, value, rel)), None)
+            if hint is None and _is_number(expected) and isinstance(guess, str) and _as_number(guess) is not None:
+                hint = f"write a number, not a string: {_unquoted(guess)}, without quotes"
             return Outcome(False, hint or why)
 
         checker.truth = truth  # for the tests: the value a right guess must match
@@ -110,7 +115,11 @@ def same(guess: object, truth: object, rel: float = 0.01) -> bool:
     if isinstance(truth, int | float) and isinstance(guess, int | float):
         if isinstance(truth, int) and isinstance(guess, int):
             return guess == truth
-        return abs(guess - truth) <= rel * abs(truth) + 1e-12 or (guess != guess and truth != truth)
+        if guess != guess or truth != truth:  # NaN: a guess of NaN matches a NaN
+            return guess != guess and truth != truth
+        if math.isinf(guess) or math.isinf(truth):
+            return guess == truth
+        return abs(guess - truth) <= rel * abs(truth) + 1e-12
     if isinstance(truth, list | tuple) and isinstance(guess, list | tuple):
         return len(guess) == len(truth) and all(same(g, t, rel) for g, t in zip(guess, truth, strict=True))
     if truth is None:
@@ -118,8 +127,24 @@ def same(guess: object, truth: object, rel: float = 0.01) -> bool:
     return guess == truth
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _as_number(text: str) -> float | None:
+    """The number a string spells (``"0.25"``, ``" 1e-3 "``), or None."""
+    try:
+        return float(_unquoted(text))
+    except ValueError:
+        return None
+
+
+def _unquoted(text: str) -> str:
+    return text.strip().strip("'\"`")
+
+
 def _words(text: str) -> str:
-    return " ".join(text.strip().strip("'\"`").lower().split())
+    return " ".join(_unquoted(text).lower().split())
 
 
 def _guarded(checker: Callable[[object], Outcome]) -> Callable[[object], Outcome]:
@@ -193,7 +218,8 @@ def check(id: str, answer: object) -> None:
 
 
 def _verdict(ex: Exercise, answer: object) -> tuple[str, str]:
-    if answer is None or answer is Ellipsis:
+    # a prediction's stub is `guess = ...`: None is a guess like any other ("which entry is None?")
+    if answer is Ellipsis or (answer is None and ex.kind != "prediction"):
         return "not solved yet", ""
     try:
         outcome = ex.checker(answer)
