@@ -239,12 +239,13 @@ def test_00_2_rejects_cleanup_for_some_errors_only():
         except Exception:
             return None
 
-    for wrong, words in [
+    for wrong, *words in [
         (only_value_errors, "another type, the hook was left"),
         (not_on_stop, "KeyboardInterrupt (as pressing stop does), the hook was left"),
+        (not_on_stop, "`except Exception` lets it through", "finally: block"),
         (swallows_errors, "your code swallowed it"),
     ]:
-        failed("00.2", wrong, words)
+        failed("00.2", wrong, *words)
 
 
 def test_00_2_wants_one_module_call_that_calls_the_hook():
@@ -346,6 +347,36 @@ def test_00_3_wants_every_leaf_under_its_dotted_name():
     failed("00.3", EveryModule, "'body', a module with children", "leaf modules only")
     failed("00.3", ShortNames, "kept under 'early'", "dotted name", "'body.early'")
     failed("00.3", LinearsOnly, "nothing was kept for layer 'body.act'")
+
+
+def test_00_3_wants_the_leaves_a_filter_by_type_or_parameters_misses():
+    """The check model holds a parameterless leaf of its own class (an RMSNorm): a recorder that
+    picks Linear and ReLU layers, or layers with parameters, must not pass."""
+
+    class ByType(Recorder):
+        def layers(self):
+            kinds = (torch.nn.Linear, torch.nn.ReLU)
+            return [(name, m) for name, m in self.model.named_modules() if isinstance(m, kinds)]
+
+    class WithParameters(Recorder):
+        def layers(self):
+            return [(name, m) for name, m in self.model.named_modules() if list(m.parameters(recurse=False))]
+
+    failed("00.3", ByType, "nothing was kept for layer 'norm', an RMSNorm", "having no children", "not by their type")
+    failed("00.3", WithParameters, "nothing was kept for layer 'body.act'")
+
+
+def test_00_3_wants_no_hook_before_the_with_block():
+    class HooksInInit(Recorder):  # a recorder made and never entered would leave them on the model
+        def __init__(self, model):
+            super().__init__(model)
+            Recorder.__enter__(self)
+
+        def __enter__(self):
+            return self
+
+    failed("00.3", HooksInInit, "right after Recorder(model), before any with block", "on layer 'late'",
+           "Register them in __enter__")
 
 
 def test_00_3_explains_the_copy_that_is_not_a_detached_clone():
@@ -505,7 +536,7 @@ def test_00_4_rejects_the_order_of_definition_and_the_last_nan():
 
     failed("00.4", by_definition, "the first layer with a NaN in the order the layers are defined",
            "'blocks.early.norm' here")
-    failed("00.4", last_nan, "'head' runs last and only passed the NaN on")
+    failed("00.4", last_nan, "'head' is the last layer whose output holds a NaN", "'blocks.early.norm' here")
     failed("00.4", all_nan, "returned None", "torch.isnan(output).any()")
 
 
@@ -531,7 +562,7 @@ def test_00_4_names_other_slips():
         model(x)
         return next((name for name, output in recorder.outputs.items() if torch.isnan(output).any()), None)
 
-    failed("00.4", with_children, "'head' runs last and only passed the NaN on", "among all the leaves")
+    failed("00.4", with_children, "'head' is the last layer whose output holds a NaN", "Record every leaf")
     failed("00.4", the_module, "return the layer's name", "got RMSNorm")
     failed("00.4", empty_for_none, "no layer's output holds a NaN here", "return None")
     failed("00.4", leaves_hooks, "after first_nan, a forward hook is still registered on layer")
@@ -540,9 +571,17 @@ def test_00_4_names_other_slips():
 def test_00_4_cases_are_what_the_checker_says():
     from hooklab.exercises import nb00
 
-    found = [nb00._first_nan(nb00._run_order(nb00._NanCase(sign), torch.tensor(rows)))[0]
-             for sign, rows in nb00._NAN_CASES]  # fmt: skip
-    assert found == ["blocks.early.norm", None, "blocks.late.norm"]
+    found, by_definition, last = [], [], []
+    for sign, rows, head_last in nb00._NAN_CASES:
+        model = nb00._NanCase(sign, head_last)
+        ran = nb00._run_order(model, torch.tensor(rows))
+        found.append(nb00._first_nan(ran)[0])
+        with_nan = [name for name, _, out in ran if torch.isnan(out).any()]
+        by_definition.append(next((name for name, _ in nb00._leaves(model) if name in with_nan), None))
+        last.append(with_nan[-1] if with_nan else None)
+    assert found == ["blocks.early.norm", "blocks.early.norm", None, "blocks.late.norm"]
+    # the first case tells the three apart: first by definition, last to run, and the answer
+    assert (by_definition[0], last[0]) == ("blocks.late.linear", "head")
 
 
 # ----- predictions -------------------------------------------------------------------------------

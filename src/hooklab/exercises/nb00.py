@@ -18,13 +18,14 @@ from . import Outcome, exercise, hint_for, kind_of, prediction
 @prediction(
     "00.a",
     "two hooks that return a value",
-    why="PyTorch calls a module's forward hooks in the order they were registered, and each one receives the "
-        "output as the hooks before it left it: 1 × 10 = 10, then 10 + 1 = 11.",
+    why="each forward hook receives the output as the hooks before it left it, and a value it returns replaces "
+        "the output at once: times_ten makes 1 into 10, then plus_one receives 10 and returns 11.",
     wrong=[
         (1.0, "a hook that returns a value replaces the module's output, and both hooks return one"),
         (10.0, "plus_one ran too, after times_ten, and received its result: 10 + 1 = 11"),
         (2.0, "plus_one received times_ten's result (10), not the layer's own output (1): 10 + 1 = 11"),
-        (20.0, "the hooks run in the order they were registered, times_ten first: 1 × 10 + 1 = 11"),
+        (20.0, "that is plus_one first: the hooks fire in the order they were registered, times_ten first, "
+               "and plus_one receives its result: 1 × 10 + 1 = 11"),
     ],
 )
 def _two_hooks() -> float:
@@ -352,8 +353,10 @@ def _one_failing_run(run_with_hook, x: torch.Tensor, error: type, what: str) -> 
         return Outcome(False, f"after forward raised {what}, a hook your code did not register was removed "
                               "from the module: remove only your own hook, with its handle")
     if left:
-        return Outcome(False, f"after forward raised {what}, the hook was left on the module: remove it in "
-                              "finally (or with), which runs whatever was raised")
+        stop = (" KeyboardInterrupt is not an Exception, so `except Exception` lets it through."
+                if issubclass(error, KeyboardInterrupt) else "")
+        return Outcome(False, f"after forward raised {what}, the hook was left on the module.{stop} Remove it in a "
+                              "finally: block (try: ... finally: handle.remove()), which runs whatever was raised")
     if not reached:
         return Outcome(False, f"the module raised {what} and your code swallowed it: let it reach the caller "
                               "(try/finally, no except)")
@@ -499,20 +502,22 @@ class _Body(nn.Module):
 
 
 class _RecorderCase(nn.Module):
-    """Defines ``late`` before ``body`` (``body.early``, ``body.act``) and runs ``body.early``,
-    ``body.act``, ``late``."""
+    """Defines ``late``, ``norm`` (an RMSNorm: a leaf of the model's own class, without parameters),
+    then ``body`` (``body.early``, ``body.act``), and runs ``body.early``, ``body.act``, ``norm``,
+    ``late``. A recorder that picks layers by type (Linear, ReLU) or by parameters misses ``norm``."""
 
     def __init__(self) -> None:
         super().__init__()
         self.late = nn.Linear(3, 2)
+        self.norm = _RMSNorm()
         self.body = _Body()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.late(self.body(x))
+        return self.late(self.norm(self.body(x)))
 
 
 _RecorderCase.__name__ = "model"  # what a message about a hook left on it says: "... on layer 'late' of the model"
-_DEFINED, _RAN = ["late", "body.early", "body.act"], ["body.early", "body.act", "late"]
+_DEFINED, _RAN = ["late", "norm", "body.early", "body.act"], ["body.early", "body.act", "norm", "late"]
 _SHORT = {"early": "body.early", "act": "body.act"}  # a leaf's own name, without its parent's
 
 
@@ -525,7 +530,8 @@ def _expected(model: _RecorderCase, x: torch.Tensor) -> dict[str, torch.Tensor]:
     with torch.no_grad():
         early = model.body.early(x)
         act = torch.relu(early)
-        return {"body.early": early, "body.act": act, "late": model.late(act)}
+        norm = act / act.pow(2).mean(dim=1, keepdim=True).sqrt()
+        return {"body.early": early, "body.act": act, "norm": norm, "late": model.late(norm)}
 
 
 def _container_name(name: str) -> str:
@@ -546,6 +552,10 @@ def _names_outcome(outputs: object) -> Outcome | None:
         return Outcome(False, f"an output was kept under {short!r}: keep each one under its dotted name from "
                               f"model.named_modules(), {_SHORT[short]!r}, which says where the layer sits")
     missing = [name for name in _RAN if name not in kept]
+    if missing == ["norm"]:
+        return Outcome(False, "nothing was kept for layer 'norm', an RMSNorm: a layer of the model's own class, "
+                              "without parameters. Pick the leaves by having no children (the entries of "
+                              "model.named_modules() without children), not by their type or their parameters")
     if missing:
         only = " (model.named_children() gives only the top level)" if "body" in kept else ""
         return Outcome(False, f"nothing was kept for layer {missing[0]!r}: register a forward hook on every leaf "
@@ -591,6 +601,11 @@ def _first_run(Recorder) -> Outcome | None:
     model, x = _RecorderCase(), torch.tensor([[1.0, 2.0]])
     plain, expected = model(x).detach(), _expected(model, x)
     recorder = Recorder(model)
+    early = clear_hooks(model)
+    if early:
+        return Outcome(False, f"right after Recorder(model), before any with block, {early[0]}: a recorder made "
+                              "and never used in a with block would leave its hooks on the model. Register them "
+                              "in __enter__, which the with block calls")
     try:
         with recorder as entered:
             out = model(x)
@@ -683,13 +698,17 @@ class _NanBlock(nn.Module):
 
 
 class _NanCase(nn.Module):
-    """Defines ``head``, then ``blocks.late``, then ``blocks.early``, and runs ``blocks.early``,
-    ``blocks.late``, ``head``: the first layer with a NaN in the order they are defined is ``head``."""
+    """Defines ``head`` (first, or last with ``head_last``), ``blocks.late``, then ``blocks.early``, and
+    runs ``blocks.early``, ``blocks.late``, ``head``. With ``head`` first, the first layer with a NaN in
+    the order they are defined is ``head``, also the last to run; with ``head`` last, they differ."""
 
-    def __init__(self, late_sign: float) -> None:
+    def __init__(self, late_sign: float, head_last: bool = False) -> None:
         super().__init__()
-        self.head = nn.Linear(3, 2)
+        if not head_last:
+            self.head = nn.Linear(3, 2)
         self.blocks = nn.ModuleDict({"late": _NanBlock(late_sign), "early": _NanBlock(1.0)})
+        if head_last:
+            self.head = nn.Linear(3, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.blocks["late"](self.blocks["early"](x)))
@@ -697,11 +716,14 @@ class _NanCase(nn.Module):
 
 _NanCase.__name__ = "model"
 _NanBlock.__name__ = "Block"
-#: (sign of the late block's weights, input): one row dies in blocks.early; no row dies; every row dies in blocks.late
+#: (sign of the late block's weights, input, head defined last): one row dies in blocks.early (first with
+#: ``head`` defined last, where the first NaN by definition, the last NaN and the right answer all differ);
+#: no row dies; every row dies in blocks.late
 _NAN_CASES = [
-    (1.0, [[1.0, 2.0, 3.0], [-1.0, -2.0, -3.0]]),
-    (1.0, [[1.0, 2.0, 3.0], [3.0, -1.0, 2.0]]),
-    (-1.0, [[1.0, 2.0, 3.0], [0.5, -1.0, 2.0]]),
+    (1.0, [[1.0, 2.0, 3.0], [-1.0, -2.0, -3.0]], True),
+    (1.0, [[1.0, 2.0, 3.0], [-1.0, -2.0, -3.0]], False),
+    (1.0, [[1.0, 2.0, 3.0], [3.0, -1.0, 2.0]], False),
+    (-1.0, [[1.0, 2.0, 3.0], [0.5, -1.0, 2.0]], False),
 ]
 
 
@@ -727,9 +749,13 @@ def _nan_outcome(got: object, model: nn.Module, ran: list) -> Outcome | None:
         return Outcome(False, f"first_nan returned {got!r}, whose output holds no NaN")
     by_definition = next(name for name, _ in _leaves(model) if name in with_nan)
     if got == by_definition:
-        return Outcome(False, f"{got!r} runs last and only passed the NaN on; it is the first layer with a NaN in the "
-                              "order the layers are defined (named_modules()). Search in the order they ran, which "
+        return Outcome(False, f"{got!r} is the first layer with a NaN in the order the layers are defined "
+                              "(named_modules()), and it only passed the NaN on. Search in the order they ran, which "
                               f"rec.outputs keeps, among all the leaves ({expected!r} here)")
+    if got == with_nan[-1]:
+        return Outcome(False, f"{got!r} is the last layer whose output holds a NaN, in the order they ran: it only "
+                              "passed the NaN on. Record every leaf and take the first entry of rec.outputs that "
+                              f"holds a NaN ({expected!r} here)")
     return Outcome(False, f"{got!r} only passed the NaN on: the first layer, in the order they ran, whose output "
                           f"holds a NaN is {expected!r}")
 
@@ -738,8 +764,8 @@ def _nan_outcome(got: object, model: nn.Module, ran: list) -> Outcome | None:
 def _find_first_nan(first_nan) -> Outcome:
     """``first_nan(model, x)`` returns the dotted name of the first leaf module, in the order the leaves
     ran, whose output holds a NaN, or None; it leaves no hook on the model."""
-    for late_sign, rows in _NAN_CASES:
-        model, x = _NanCase(late_sign), torch.tensor(rows)
+    for late_sign, rows, head_last in _NAN_CASES:
+        model, x = _NanCase(late_sign, head_last), torch.tensor(rows)
         ran = _run_order(model, x)
         try:
             got = first_nan(model, x)
