@@ -149,7 +149,7 @@ def test_adaptive_avg_pool2d_backward(h, w, oh, ow, seed):
 def test_batch_norm_backward_train_mode(shape, affine):
     x, dout = rand(*shape) * 3 + 1, rand(*shape, seed=1)
     w, b = (rand(shape[1], seed=2), rand(shape[1], seed=3)) if affine else (None, None)
-    manual = [g for g in bp.batch_norm_backward(x, dout, w, 1e-5) if g is not None]
+    manual = [g for g in bp.batch_norm_backward(x, w, dout, 1e-5) if g is not None]
     reference = autograd(lambda *a: F.batch_norm(a[0], None, None, *a[1:], training=True, eps=1e-5), (x, w, b), dout)
     close(manual, reference)
 
@@ -157,7 +157,7 @@ def test_batch_norm_backward_train_mode(shape, affine):
 def test_batch_norm_backward_eval_mode_uses_running_statistics():
     x, dout = rand(4, 3, 2, 2), rand(4, 3, 2, 2, seed=1)
     mean, var, w, b = rand(3, seed=2), rand(3, seed=3).abs() + 0.5, rand(3, seed=4), rand(3, seed=5)
-    manual = bp.batch_norm_backward(x, dout, w, 1e-5, mean, var)
+    manual = bp.batch_norm_backward(x, w, dout, 1e-5, mean, var)
     reference = autograd(lambda *a: F.batch_norm(a[0], mean, var, *a[1:], training=False), (x, w, b), dout)
     close(manual, reference)
 
@@ -227,7 +227,7 @@ GRADCHECKED = {
     "adaptive_avg_pool2d": (lambda x: F.adaptive_avg_pool2d(x, (2, 3)),
                             lambda x, d: bp.adaptive_avg_pool2d_backward(x.shape, d), [(1, 2, 5, 7)]),
     "batch_norm": (lambda x, w, b: F.batch_norm(x, None, None, w, b, training=True),
-                   lambda x, w, b, d: bp.batch_norm_backward(x, d, w), [(4, 3, 2, 2), (3,), (3,)]),
+                   lambda x, w, b, d: bp.batch_norm_backward(x, w, d), [(4, 3, 2, 2), (3,), (3,)]),
     "layer_norm": (lambda x, w, b: F.layer_norm(x, (4,), w, b),
                    lambda x, w, b, d: bp.layer_norm_backward(x, d, (4,), w, b), [(3, 4), (4,), (4,)]),
     "softmax_cross_entropy": (lambda z: losses.softmax_cross_entropy(z, torch.tensor([1, 0, 2])),
@@ -252,3 +252,23 @@ def test_gradcheck_catches_a_wrong_formula():
     wrong = manual_function(torch.sigmoid, lambda x, d: d * torch.sigmoid(x) * (1 + torch.sigmoid(x)))
     with pytest.raises(GradcheckError, match="Jacobian mismatch"):
         torch.autograd.gradcheck(wrong, [rand(2, 3).requires_grad_(True)])
+
+
+# ----- the 2-2-2 network's picture ----------------------------------------------------------------------
+def test_draw_222_draws_the_network_with_the_weights_it_has():
+    import matplotlib.pyplot as plt
+
+    from hooklab.models import TinySigmoidNet
+
+    net = TinySigmoidNet()
+    with torch.no_grad():
+        net.fc2.weight[1, 0] = -1.25
+    fig = bp.draw_222(net)
+    try:
+        texts = {t.get_text() for t in fig.axes[0].texts}
+        assert {"0.15", "0.25", "0.20", "0.30", "0.40", "0.50", "-1.25", "0.55"} <= texts
+        assert {"fc1 (+ 0.35)", "fc2 (+ 0.60)", "x₁", "s2₂"} <= texts and "0.45" not in texts
+        _, ax = plt.subplots()
+        assert bp.draw_222(net, ax=ax) is ax.figure  # on the axes given
+    finally:
+        plt.close("all")

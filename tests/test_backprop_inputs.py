@@ -31,7 +31,7 @@ def r(*shape):
     (lambda: bp.avg_pool2d_backward((1, 1, 4, 4), r(1, 1, 3, 3), 2), r"avg_pool2d_backward: dout has shape"),
     (lambda: bp.adaptive_avg_pool2d_backward((2, 3, 6, 6), r(1, 3, 2, 2)),
      r"adaptive_avg_pool2d_backward: dout has shape \(1, 3, 2, 2\) but the forward output has shape \(2, 3, 2, 2\)"),
-    (lambda: bp.batch_norm_backward(r(2, 4), r(1, 4)), r"batch_norm_backward: dout has shape \(1, 4\)"),
+    (lambda: bp.batch_norm_backward(r(2, 4), None, r(1, 4)), r"batch_norm_backward: dout has shape \(1, 4\)"),
     (lambda: bp.layer_norm_backward(r(2, 4), r(2, 4), (3,)), r"normalized_shape \(3,\) is not the last dims of x"),
     (lambda: bp.layer_norm_backward(r(2, 4), r(1, 4), (4,)), r"layer_norm_backward: dout has shape \(1, 4\)"),
     (lambda: bp.flatten_backward((2, 4), r(1, 4)), r"flatten_backward: dout has shape \(1, 4\) \(4 elements\)"),

@@ -1,557 +1,440 @@
-"""Exercises of notebook 04: each checker accepts a correct backward and rejects a wrong one."""
+"""Exercises and predictions of notebook 04: each checker accepts a right backward pass, rejects a wrong
+one naming the slip (the first wrong step, for the chains), and the predictions' truths are what the
+lesson says. The watch shared with the guide's exercises is tested in ``test_exercises_g4.py``."""
 
 from __future__ import annotations
 
+import ast
 import json
 import re
-import sys
-import types
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 from answers import failed
+from torch import nn
 
+import hooklab
 from hooklab import backprop as bp
-from hooklab.backprop import losses
-from hooklab.backprop.losses import softmax_cross_entropy_backward
-from hooklab.exercises import check, grade, nb04
+from hooklab.exercises import check, exercises, grade, nb04
 
-SOLUTIONS = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "04_backprop_by_hand_solutions.ipynb"
-
-
-def conv_by_unfold(x, w, dout):  # each output position is a dot product of w with one patch of x
-    kernel, d = w.shape[-2:], dout.flatten(2)  # d: (N, out, L)
-    dw = torch.einsum("nol,nkl->ok", d, F.unfold(x, kernel)).reshape(w.shape)  # patches: (N, C·kh·kw, L)
-    dx = F.fold(torch.einsum("ok,nol->nkl", w.flatten(1), d), x.shape[-2:], kernel)  # patches added back
-    return dx, dw
+ROOT = Path(__file__).resolve().parents[1]
+LESSON = ROOT / "notebooks" / "04_backprop_by_hand.ipynb"
+SOLUTIONS = ROOT / "notebooks" / "solutions" / "04_backprop_by_hand_solutions.ipynb"
 
 
-def linear_on_sequences(x, w, dout):
-    rows_x, rows_dout = x.reshape(-1, x.shape[-1]), dout.reshape(-1, dout.shape[-1])
-    return dout @ w, rows_dout.T @ rows_x, rows_dout.sum(0)
+def worked_answers() -> dict:
+    """Each exercise's worked answer from the solutions notebook, by id: every code cell runs, without
+    its check() lines, in one namespace (04.8 uses the answers before it)."""
+    namespace, answers = {}, {}
+    for cell in json.loads(SOLUTIONS.read_text())["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        lines = "".join(cell["source"]).splitlines()
+        checks = [re.fullmatch(r'check\("(04\.\d)", (\w+)\)', line) for line in lines]
+        exec("\n".join(line for line, found in zip(lines, checks, strict=True) if not found), namespace)
+        answers.update((found[1], namespace[found[2]]) for found in checks if found)
+    return answers
 
 
-def smoothed(target, smoothing, classes=4):
-    return (1 - smoothing) * F.one_hot(target, classes).double() + smoothing / classes
+ANSWERS = worked_answers()
 
 
-def softmax_backward(out, dout):
-    return out * (dout - (dout * out).sum(-1, keepdim=True))
+def test_the_worked_answers_of_the_solutions_notebook_pass():
+    assert list(ANSWERS) == [f"04.{k}" for k in range(1, 9)]  # in the order the notebook asks them
+    for id, answer in ANSWERS.items():
+        outcome = grade(id, answer)
+        assert outcome.passed, f"{id}: {outcome.detail}"
+        assert "max |difference| < 1e-12" in outcome.detail, outcome.detail
 
 
-def softmax_backward_by_jacobian(out, dout):  # the same through the full (..., n, n) Jacobian
-    jacobian = out[..., :, None] * (torch.eye(out.shape[-1], dtype=out.dtype) - out[..., None, :])
-    return torch.einsum("...i,...ij->...j", dout, jacobian)
+# ----- the lesson's code is the checkers' -----------------------------------------------------------------
+def lesson_functions(*names: str) -> dict:
+    """The named top-level functions of the lesson's code cells, defined from their source alone."""
+    namespace = {"torch": torch, "nn": nn, "F": F}
+    for cell in json.loads(LESSON.read_text())["cells"]:
+        if cell["cell_type"] == "code":
+            for node in ast.parse("".join(cell["source"])).body:
+                if isinstance(node, ast.FunctionDef) and node.name in names:
+                    exec(ast.unparse(node), namespace)
+    return {name: namespace[name] for name in names}
 
 
-def elu_backward(out, dout, alpha):
-    return torch.where(out > 0, dout, dout * (out + alpha))
+def test_the_lesson_defines_the_network_and_the_steps_the_checkers_use():
+    lesson = lesson_functions("digits_cnn", "ce_steps", "bn_steps")
+    assert repr(lesson["digits_cnn"]()) == repr(nb04.digits_cnn())
+    for mine, theirs in zip(lesson["digits_cnn"]().state_dict().values(), nb04.digits_cnn().state_dict().values(),
+                            strict=True):
+        assert torch.equal(mine, theirs)
+    logits, target = torch.randn(6, 5, dtype=torch.float64), torch.tensor([0, 4, 2, 2, 1, 3])
+    for name, value in nb04.ce_steps(logits, target).items():
+        assert torch.equal(lesson["ce_steps"](logits, target)[name], value), name
+    x, gamma, beta = torch.randn(7, 3, dtype=torch.float64), torch.rand(3, dtype=torch.float64), torch.randn(3)
+    for name, value in nb04.bn_steps(x, gamma, beta).items():
+        assert torch.equal(lesson["bn_steps"](x, gamma, beta)[name], value), name
+    assert list(nb04.ce_steps(logits, target)) == [*reversed(nb04.CE_CHAIN), "loss"]  # the chain, forward
 
 
-def sigmoid_backward(s, ds):
-    return ds * s * (1 - s)
+# ----- predictions ---------------------------------------------------------------------------------------
+def truth(id):
+    return exercises()[id].checker.truth()
 
 
-def layer1_backward(x, w1, s1, ds1):
-    dz1 = ds1 * s1 * (1 - s1)
-    return dz1, dz1 @ w1, dz1.T @ x, dz1.sum().reshape(1)
+def test_the_predictions_truths():
+    assert truth("04.a") == pytest.approx([0.1840, 0.1783], abs=1e-4)
+    assert truth("04.b") == 0.0
+    assert truth("04.c") == ["dbeta"]
+    assert truth("04.d") == [[4, 6, 6, 4], [6, 9, 9, 6], [6, 9, 9, 6], [4, 6, 6, 4]]
+    assert truth("04.e") is False
 
 
-def net_backward(x, w1, b1, w2, b2, target, mean=True):
-    s1 = torch.sigmoid(x @ w1.T + b1)
-    s2 = torch.sigmoid(s1 @ w2.T + b2)
-    dz2 = 2 * (s2 - target) / (target.numel() if mean else 1) * s2 * (1 - s2)
-    dz1 = (dz2 @ w2) * s1 * (1 - s1)
-    return dz1.T @ x, dz1.sum().reshape(1), dz2.T @ s1, dz2.sum().reshape(1)
+@pytest.mark.parametrize(("id", "guess", "words"), [
+    ("04.a", [1.0, 1.0], "multiplies it by the sigmoid's slope"),
+    ("04.a", [0.7569, 0.7677], "that is s2's output"),
+    ("04.b", 1, "the target's 1 is taken away"),
+    ("04.c", "dbeta", "written as a list"),
+    ("04.c", ["dx", "dgamma", "dbeta"], "x̂ has mean 0"),
+    ("04.d", [[9] * 4] * 4, "falls on the padding"),
+    ("04.e", True, "another order"),
+])  # fmt: skip
+def test_wrong_guesses_get_their_own_hint(id, guess, words):
+    outcome = grade(id, guess)
+    assert not outcome.passed and words in outcome.detail, outcome.detail
 
 
-def net_backward_by_rows(x, w1, b1, w2, b2, target):  # dL/d out = (out − t)/rows
-    s1 = torch.sigmoid(x @ w1.T + b1)
-    s2 = torch.sigmoid(s1 @ w2.T + b2)
-    dz2 = (s2 - target) / len(target) * s2 * (1 - s2)
-    dz1 = (dz2 @ w2) * s1 * (1 - s1)
-    return dz1.T @ x, dz1.sum().reshape(1), dz2.T @ s1, dz2.sum().reshape(1)
+@pytest.mark.parametrize(("id", "guess"), [("04.a", [0.184, 0.178]), ("04.b", 0), ("04.c", ["DBeta"]),
+                                           ("04.d", [[4, 6, 6, 4], [6, 9, 9, 6], [6, 9, 9, 6], [4, 6, 6, 4]]),
+                                           ("04.e", False)])
+def test_right_guesses_pass(id, guess):
+    assert grade(id, guess).passed
 
 
-def test_the_rows_formula_is_right_on_the_two_output_network_only():
-    """The slip 04.5's first case is there for: on the 2-2-2 network alone it would pass."""
-    from hooklab.exercises.nb04 import B1_222, B2_222, STEP_INPUTS, STEP_TARGETS, W1_222, W2_222
-
-    args = (STEP_INPUTS, W1_222, B1_222, W2_222, B2_222, STEP_TARGETS)
-    for right, by_rows in zip(net_backward(*args), net_backward_by_rows(*args), strict=True):
-        assert torch.allclose(right, by_rows)
-
-
-def batch_norm_backward(x, gamma, dout, eps, frozen=False):
-    inv_std = (x.var(0, unbiased=False) + eps).rsqrt()
-    x_hat, g = (x - x.mean(0)) * inv_std, dout * gamma
-    dx = g * inv_std if frozen else inv_std * (g - g.mean(0) - x_hat * (g * x_hat).mean(0))
-    return dx, (dout * x_hat).sum(0), dout.sum(0)
+# ----- 04.1: one layer of the 2-2-2 network --------------------------------------------------------------
+def layer(slip=None):
+    def layer_backward(a, w, s, ds):
+        dz = ds * s * (1 + s) if slip == "sign" else ds * s * (1 - s)
+        dw = a.T @ dz if slip == "transposed" else dz.T @ a
+        db = dz.sum(0) if slip == "per unit" else dz.sum().reshape(1)
+        return (dz, dz @ w, dw, db) if slip != "three" else (dz, dz @ w, dw)
+    return layer_backward
 
 
-def batch_norm_unbiased(x, gamma, dout, eps):  # right formula, but with the N − 1 variance
-    n = x.shape[0]
-    var = x.var(0, unbiased=True)
-    inv_std, g = (var + eps).rsqrt(), dout * gamma
+@pytest.mark.parametrize(("slip", "words"), [
+    ("sign", "layer 2 of the 2-2-2 network (from [[1, 1]]): dz: max |difference|"),
+    ("transposed", "dz ok; da ok; dw: max |difference| 3.7e-03 (it is the transpose of the right dw"),
+    ("per unit", "dw ok; db: shape (2,), expected (1,) (db has one entry per unit: the bias is one number shared"),
+    ("three", "returned 3 tensor(s), expected 4: (dz, da, dw, db)"),
+])  # fmt: skip
+def test_04_1_names_each_gradient_and_the_slip(slip, words):
+    failed("04.1", layer(slip), words)
+
+
+def test_04_1_tries_layer_1_from_what_layer_2_passes_back():
+    def right_on_layer_2_only(a, w, s, ds):  # dz from [[1, 1]]: the slope alone, ds forgotten
+        dz = s * (1 - s)
+        return dz, dz @ w, dz.T @ a, dz.sum().reshape(1)
+
+    failed("04.1", right_on_layer_2_only, "with layer 1 (from what layer 2 passes back): dz: max |difference|",
+           "multiply the sigmoid's slope by ds")
+
+
+# ----- 04.2 and 04.4: the chains -------------------------------------------------------------------------
+def ce_chain(slip=None, keys=lambda k: k):
+    right = ANSWERS["04.2"]
+
+    def ce_backward_steps(t, target):
+        d = right(t, target)
+        if slip == "unsummed":
+            d["counts_sum_inv"] = t["counts"] * d["probs"]
+        elif slip == "one use":
+            d["counts"] = t["counts_sum_inv"] * d["probs"]
+        elif slip == "no mean":
+            d["logprobs"] = d["logprobs"] * len(target)
+        elif slip == "missing":
+            del d["counts_sum"]
+        elif slip == "no max path":  # the max's gradient is 0 up to rounding: the chain still matches
+            d["logits"] = d["norm_logits"]
+        return {keys(k): v for k, v in d.items()}
+    return ce_backward_steps
+
+
+@pytest.mark.parametrize(("slip", "words"), [
+    ("unsummed", ["dlogprobs, dprobs right; first wrong: dcounts_sum_inv (the step probs = counts * counts_sum_inv)",
+                  "shape (8, 10), expected (8, 1)", "its gradient sums over the row"]),
+    ("one use", ["dlogprobs … dcounts_sum (4 steps) right; first wrong: dcounts", "counts is used twice"]),
+    ("no mean", ["first wrong: dlogprobs", "each target entry gets −1/N"]),
+    ("missing", ["dlogprobs, dprobs, dcounts_sum_inv right; no entry for 'counts_sum'"]),
+])  # fmt: skip
+def test_04_2_names_the_first_wrong_step(slip, words):
+    failed("04.2", ce_chain(slip), *words)
+
+
+@pytest.mark.parametrize("answer", [ce_chain(keys=lambda k: f"d{k}"), ce_chain("no max path")],
+                         ids=["keys with a d", "no path through the max"])
+def test_04_2_accepts_d_prefixed_keys_and_a_zero_max_path(answer):
+    assert grade("04.2", answer).passed
+
+
+def bn_chain(slip):
+    right = ANSWERS["04.4"]
+
+    def bn_backward_steps(t, gamma, dout):
+        d, n = right(t, gamma, dout), len(dout)
+        if slip == "diff2 without 1/N":
+            d["diff2"] = d["var"].expand_as(t["diff2"])
+        elif slip == "diff one use":
+            d["diff"] = t["inv_std"] * d["x_hat"]
+        elif slip == "x without 1/N":
+            d["x"] = d["diff"] + d["mean"]
+        elif slip == "inv_std unsummed":
+            d["inv_std"] = t["diff"] * d["x_hat"]
+        elif slip == "gamma and beta swapped":
+            d["gamma"], d["beta"] = d["beta"], d["gamma"]
+        assert n
+        return d
+    return bn_backward_steps
+
+
+@pytest.mark.parametrize(("slip", "words"), [
+    ("diff2 without 1/N", ["dx_hat … dvar (5 steps) right; first wrong: ddiff2", "each row of diff2 counts 1/N"]),
+    ("diff one use", ["first wrong: ddiff (the step x_hat = diff * inv_std, and diff2 = diff ** 2)",
+                      "diff is used twice"]),
+    ("x without 1/N", ["dx_hat … dmean (8 steps) right; first wrong: dx", "so dx gets dmean/N"]),
+    ("inv_std unsummed", ["dx_hat, dgamma, dbeta right; first wrong: dinv_std", "shape (6, 4), expected (1, 4)"]),
+    ("gamma and beta swapped", ["dx_hat right; first wrong: dgamma", "that is dbeta"]),
+])  # fmt: skip
+def test_04_4_names_the_first_wrong_step(slip, words):
+    failed("04.4", bn_chain(slip), *words)
+
+
+def test_04_2_and_04_4_want_a_dict():
+    failed("04.2", lambda t, target: [t["probs"]], "return a dict with one gradient per step", "not list")
+    failed("04.4", lambda t, gamma, dout: None, "return a dict", "not NoneType")
+
+
+# ----- 04.3 and 04.5: the fused forms ----------------------------------------------------------------------
+@pytest.mark.parametrize(("answer", "words"), [
+    (lambda logits, target: logits.softmax(1) - F.one_hot(target, logits.shape[1]), "divide by N"),
+    (lambda logits, target: -ANSWERS["04.3"](logits, target), "every entry has the wrong sign"),
+    (lambda logits, target: logits.softmax(1) / len(target), "subtract the one-hot target"),
+    (lambda logits, target: (logits.softmax(1) - 1) / len(target), "subtract 1 only at each row's correct class"),
+    (lambda logits, target: (logits.softmax(1) - F.one_hot(target)) / len(target),
+     "F.one_hot infers the number of classes from the largest target: pass num_classes=logits.shape[1]"),
+])  # fmt: skip
+def test_04_3_names_the_slip(answer, words):
+    failed("04.3", answer, words)
+
+
+def test_04_3_says_it_equals_the_chain():
+    detail = grade("04.3", lambda logits, target: (logits.log_softmax(1).exp() - F.one_hot(
+        target, logits.shape[1])) / len(target)).detail
+    assert detail == ("with 8 rows of 10 classes and 5 of 4: dlogits equals the chain of eight steps, as computed by "
+                      "autograd; max |difference| < 1e-12")
+
+
+def fused_bn(var=lambda x: x.var(0, unbiased=False), mean_n=True, var_n=True, frozen=False):
+    def batch_norm_backward(x, gamma, dout, eps):
+        n, inv_std = len(x), (var(x) + eps) ** -0.5
+        x_hat, g = (x - x.mean(0)) * inv_std, dout * gamma
+        if frozen:
+            return g * inv_std, (dout * x_hat).sum(0), dout.sum(0)
+        dx = inv_std * (g - g.sum(0) / (n if mean_n else 1) - x_hat * (g * x_hat).sum(0) / (n if var_n else 1))
+        return dx, (dout * x_hat).sum(0), dout.sum(0)
+    return batch_norm_backward
+
+
+def by_three_paths(mean_n=True, var_n=True):
+    """04.5 written as the sum of its three paths, with a 1/N lost on one of them."""
+    def batch_norm_backward(x, gamma, dout, eps):
+        n, mean, var = len(x), x.mean(0), x.var(0, unbiased=False)
+        inv_std, dx_hat = (var + eps) ** -0.5, dout * gamma
+        dvar = (dx_hat * (x - mean)).sum(0) * -0.5 * inv_std**3
+        dmean = -(dx_hat * inv_std).sum(0)
+        dx = dx_hat * inv_std + dvar * 2 * (x - mean) / (n if var_n else 1) + dmean / (n if mean_n else 1)
+        return dx, (dout * (x - mean) * inv_std).sum(0), dout.sum(0)
+    return batch_norm_backward
+
+
+def bn_unbiased_throughout(x, gamma, dout, eps):  # the exact gradient of a batch norm with the N − 1 variance
+    n, var = len(x), x.var(0)
+    inv_std, g = (var + eps) ** -0.5, dout * gamma
     x_hat = (x - x.mean(0)) * inv_std
     dx = inv_std * (g - g.mean(0) - x_hat * (g * x_hat).sum(0) / (n - 1))
     return dx, (dout * x_hat).sum(0), dout.sum(0)
 
 
-CORRECT = {
-    "04.1": sigmoid_backward,
-    "04.2": layer1_backward,
-    "04.5": net_backward,
-    "04.8": batch_norm_backward,
-    "04.3": softmax_backward,
-    "04.6": linear_on_sequences,
-    "04.9": elu_backward,
-    "04.7": conv_by_unfold,
-    "04.4": lambda logits, target, s: (logits.softmax(1) - smoothed(target, s)) / len(target),
-}
+BESSEL = "x.var(0) divides by N − 1 (Bessel's correction); batch norm's v = mean((x − μ)²) divides by N = 6"
 
-WRONG = {
-    "04.1": lambda s, ds: ds * s * (1 + s),
-    "04.2": lambda x, w1, s1, ds1: (ds1, ds1 @ w1, ds1.T @ x, ds1.sum().reshape(1)),  # the sigmoid skipped
-    "04.5": lambda *args: net_backward(*args, mean=False),
-    "04.8": lambda x, gamma, dout, eps: batch_norm_backward(x, gamma, dout, eps, frozen=True),
-    "04.3": lambda out, dout: dout * out * (1 - out),  # the sigmoid's diagonal: misses the other outputs of a row
-    "04.6": lambda x, w, dout: (dout @ w, dout.mT @ x, dout.sum((0, 1))),  # dw per sequence: (B, out, in)
-    "04.9": lambda out, dout, alpha: dout * (out > 0),  # ReLU's: no gradient where the input was negative
-    "04.7": lambda x, w, dout: (F.conv_transpose2d(dout, w), torch.zeros_like(w)),  # dw missing
-    "04.4": lambda logits, target, s: logits.softmax(1) - smoothed(target, s),  # forgot the 1/N of the mean
-}
 
-WRONG_TOO = [  # more wrong answers, each with a part of the message that must explain it
-    ("04.1", lambda s, ds: ds * s * (1 + s), "with the 2-2-2 network's s2: dz: max |difference| 1.2e+00 (a sign slip"),
-    ("04.1", lambda s, ds: s * (1 - s), "(multiply by ds, the gradient that arrives"),
-    ("04.2", lambda x, w1, s1, ds1: (lambda dz: (dz, dz @ w1, x.T @ dz, dz.sum().reshape(1)))(ds1 * s1 * (1 - s1)),
-     "with the 2-2-2 network: dz1 ok; dx ok; dw1: max |difference| 1.4e-03 (it is the transpose of the right dw1"),
-    ("04.2", lambda x, w1, s1, ds1: (lambda dz: (dz, dz @ w1, dz.T @ x, dz.sum(0)))(ds1 * s1 * (1 - s1)),
-     "dw1 ok; db1: shape (2,), expected (1,) (db1 has one entry per unit: the bias is one number shared"),
-    ("04.2", lambda x, w1, s1, ds1: (lambda dz: (dz, dz @ w1, dz.T @ x, dz.sum().reshape(1) / 2))(ds1 * s1 * (1 - s1)),
-     "dw1 ok; db1: max |difference|"),
-    ("04.2", lambda x, w1, s1, ds1: (ds1, ds1 @ w1, ds1.T @ x, ds1.sum().reshape(1)),  # the sigmoid skipped
-     "with the 2-2-2 network: dz1: max |difference|"),
-    ("04.2", lambda x, w1, s1, ds1: (ds1,), "returned 1 tensor(s), expected 4: (dz1, dx, dw1, db1)"),
-    ("04.5", lambda *args: net_backward(*args, mean=False),
-     "(every entry is 12 × the right value: a missing division"),
-    ("04.5", net_backward_by_rows,  # passes on the 2-2-2 network, where the 2 happens to cancel
-     "(mse_loss's mean runs over every entry of the output: dL/d out = 2·(out − t)/N"),
-    ("04.5", lambda x, w1, b1, w2, b2, target: [g / 2 for g in net_backward(x, w1, b1, w2, b2, target)],
-     "(every entry is 0.5 × the right value, 1/2: an extra division"),
-    ("04.8", lambda x, gamma, dout, eps: batch_norm_backward(x, gamma, dout, eps, frozen=True),
-     "with x of shape (6, 4): dx: max |difference| 6.1e-01 (the mean and variance depend on x too"),
-    ("04.8", batch_norm_unbiased, "not N − 1"),
-    ("04.8", lambda x, gamma, dout, eps: [g / len(x) if i else g
-                                          for i, g in enumerate(batch_norm_backward(x, gamma, dout, eps))],
+@pytest.mark.parametrize(("answer", "words"), [
+    (fused_bn(var=lambda x: x.var(0)), BESSEL),
+    (bn_unbiased_throughout, BESSEL),
+    (fused_bn(mean_n=False), "the path through μ lost its 1/N: μ = mean(x) over the N rows, so ∂μ/∂x = 1/N"),
+    (by_three_paths(mean_n=False), "the path through μ lost its 1/N"),
+    (fused_bn(var_n=False), "the path through v lost its 1/N: v = mean((x − μ)²) over the N rows"),
+    (by_three_paths(var_n=False), "the path through v lost its 1/N"),
+    (fused_bn(mean_n=False, var_n=False), "the paths through μ and v both lost their 1/N"),
+    (fused_bn(frozen=True), "with x of shape (6, 4): dx: max |difference| 6.1e-01 (the mean and the variance depend "
+                            "on x too"),
+    (lambda x, gamma, dout, eps: [g / len(x) if i else g for i, g in enumerate(fused_bn()(x, gamma, dout, eps))],
      "dgamma: max |difference| 3.2e+00 (every entry is 0.167 × the right value, 1/6"),
-    ("04.3", lambda out, dout: out * (dout - (dout * out).sum(-1)),  # the row sum broadcasts along columns
-     "with x of shape (4, 4): dx: max |difference| 4.2e-01 (your row sums were added along the wrong dimension"),
-    ("04.3", lambda out, dout: out * (dout - (dout * out).sum(1, keepdim=True)),  # right on 2-D inputs only
-     "with x of shape (2, 3, 5): dx: max |difference| 2.9e-01 (sum over the last dimension (dim=-1), where softmax "
-     "normalises)"),
-    ("04.3", lambda out, dout: out * (dout - (dout * out).sum()), "with x of shape (4, 4)"),  # one sum for all rows
-    ("04.3", lambda out, dout: out[..., :, None] * (torch.eye(4, dtype=out.dtype) - out[..., None, :]),
-     "with x of shape (4, 4): dx: shape (4, 4, 4), expected (4, 4)"),  # the Jacobian, never multiplied by dout
-    ("04.9", lambda out, dout, alpha: torch.where(out > 0, dout, dout * (out + 1)), "with alpha=0.5"),  # alpha=1 only
-    ("04.9", lambda out, dout, alpha: torch.where(out > 0, dout, dout * alpha * out.exp()),  # out taken for x
-     "with alpha=1.0"),
-    ("04.9", lambda out, dout, alpha: elu_backward(out, dout, alpha).float(), "your dx is float32"),
-    ("04.6", lambda x, w, dout: (dout @ w, (dout.mT @ x).sum(0), dout.sum(0)), "db: shape (5, 3), expected (3,)"),
-    ("04.4", lambda logits, target, s: (logits.softmax(1) - smoothed(target, 0.0)) / len(target),  # no smoothing
-     "with smoothing=0.2"),
-    ("04.4", lambda logits, target, s: (logits.softmax(1) - ((1 - s) * F.one_hot(target, 4) + s / 4)) / len(target),
-     "float32 rounding"),  # one_hot times a Python float is float32
-]
+])  # fmt: skip
+def test_04_5_names_the_usual_slips(answer, words):
+    failed("04.5", answer, words)
 
 
-@pytest.mark.parametrize("id", list(CORRECT))
-def test_checker_accepts_a_correct_answer(id):
-    outcome = grade(id, CORRECT[id])
-    assert outcome.passed, outcome.detail
-    assert "max |difference|" in outcome.detail
+@pytest.mark.parametrize("answer", [by_three_paths(), fused_bn()], ids=["three paths", "closed form"])
+def test_04_5_accepts_both_forms_and_says_it_equals_the_chain(answer):
+    outcome = grade("04.5", answer)
+    assert outcome.passed and "equal the chain of 04.4's steps" in outcome.detail, outcome.detail
 
 
-@pytest.mark.parametrize("id", list(WRONG))
-def test_checker_rejects_a_wrong_answer(id):
-    outcome = grade(id, WRONG[id])
-    assert not outcome.passed, outcome.detail
+def test_04_5_refuses_the_course_formula():
+    failed("04.5", lambda x, gamma, dout, eps: bp.batch_norm_backward(x, gamma, dout, eps),
+           "your answer called hooklab.backprop.batch_norm_backward, the course's own backward formula")
 
 
-@pytest.mark.parametrize(("id", "answer", "message"), WRONG_TOO)
-def test_checker_explains_more_wrong_answers(id, answer, message):
-    outcome = grade(id, answer)
-    assert not outcome.passed and message in outcome.detail, outcome.detail
+def test_hooklab_batch_norm_backward_takes_the_exercises_argument_order():
+    x, gamma, dout = torch.randn(5, 3, dtype=torch.float64), torch.rand(3, dtype=torch.float64), torch.randn(5, 3)
+    for mine, theirs in zip(bp.batch_norm_backward(x, gamma, dout.double(), 1e-5),
+                            ANSWERS["04.5"](x, gamma, dout.double(), 1e-5), strict=True):
+        assert torch.allclose(mine, theirs)
+
+
+# ----- 04.6 and 04.7: convolution and pooling ---------------------------------------------------------
+def conv_by_loops(x, w, dout, padding):  # one kernel offset at a time, on the padded input
+    xp = F.pad(x, [padding] * 4)
+    kh, kw = w.shape[-2:]
+    oh, ow = dout.shape[-2:]
+    dxp, dw = torch.zeros_like(xp), torch.zeros_like(w)
+    for i in range(kh):
+        for j in range(kw):
+            dw[:, :, i, j] = torch.einsum("nohw,nchw->oc", dout, xp[:, :, i:i + oh, j:j + ow])
+            dxp[:, :, i:i + oh, j:j + ow] += torch.einsum("nohw,oc->nchw", dout, w[:, :, i, j])
+    return dxp[:, :, padding:padding + x.shape[2], padding:padding + x.shape[3]], dw
+
+
+def max_pool_by_indices(x, dout):
+    _, idx = F.max_pool2d(x, 2, return_indices=True)
+    return torch.zeros_like(x).flatten(2).scatter_add(2, idx.flatten(2), dout.flatten(2)).reshape(x.shape)
 
 
 @pytest.mark.parametrize(("id", "answer"), [
-    ("04.3", softmax_backward_by_jacobian),
-    ("04.9", lambda out, dout, alpha: torch.where(out > 0, dout, dout * alpha * torch.log1p(out / alpha).exp())),
-    ("04.6", lambda x, w, dout: (dout @ w, torch.einsum("bto,bti->oi", dout, x), dout.sum((0, 1)))),
-    ("04.6", lambda x, w, dout: linear_by_loop(x, w, dout)),
-    ("04.9", lambda out, dout, alpha: dout * ((out > 0).double() + (out <= 0).double() * (out + alpha))),  # masks
-])
-def test_other_right_answers_pass(id, answer):  # Jacobian, x recovered, einsum, loop, float64 masks
+    ("04.6", conv_by_loops),
+    ("04.6", lambda x, w, dout, padding: (F.conv_transpose2d(dout, w, padding=padding),
+                                          conv_by_loops(x, w, dout, padding)[1])),
+    ("04.7", max_pool_by_indices),
+])  # fmt: skip
+def test_other_right_conv_and_pool_answers_pass(id, answer):
     outcome = grade(id, answer)
     assert outcome.passed, outcome.detail
 
 
-def linear_by_loop(x, w, dout):  # one sequence at a time, into zero-filled gradients
-    dx, dw, db = torch.zeros_like(x), torch.zeros_like(w), torch.zeros(w.shape[0], dtype=x.dtype)
-    for b in range(x.shape[0]):
-        dx[b] = dout[b] @ w
-        dw += dout[b].T @ x[b]
-        db += dout[b].sum(0)
-    return dx, dw, db
-
-
-def softmax_by_autograd(out, dout):  # x recovered from out (up to a constant per row), then autograd
-    with torch.enable_grad():
-        x = out.log().requires_grad_()
-        return torch.autograd.grad(x.softmax(-1), x, dout)[0]
-
-
-def linear_by_autograd(x, w, dout):
-    with torch.enable_grad():
-        x, w = x.requires_grad_(), w.requires_grad_()
-        b = torch.zeros(w.shape[0], dtype=x.dtype, requires_grad=True)
-        return torch.autograd.grad(F.linear(x, w, b), (x, w, b), dout)
-
-
-def elu_by_autograd(out, dout, alpha):
-    with torch.enable_grad():
-        x = torch.where(out > 0, out, torch.log1p(out / alpha)).requires_grad_()
-        return torch.autograd.grad(F.elu(x, alpha), x, dout)[0]
-
-
-def linear_by_backward_call(x, w, dout):  # .backward() with grad mode on: no backward-named operator runs
-    with torch.enable_grad():
-        x, w = x.requires_grad_(), w.requires_grad_()
-        b = torch.zeros(w.shape[0], dtype=x.dtype, requires_grad=True)
-        F.linear(x, w, b).backward(dout)
-        return x.grad, w.grad, b.grad
-
-
-SHORTCUTS = [  # autograd or PyTorch's own backward operator, each with the name the message must give
-    ("04.3", softmax_by_autograd, "a backward op (aten._softmax_backward_data)"),
-    ("04.3", lambda out, dout: torch.func.vjp(lambda x: x.softmax(-1), out.log())[1](dout)[0],
-     "a backward op (aten._softmax_backward_data)"),
-    ("04.3", lambda out, dout: torch._softmax_backward_data(dout, out, -1, out.dtype),
-     "a backward op (aten._softmax_backward_data)"),
-    ("04.6", linear_by_autograd, "autograd (linear on a tensor that requires grad)"),
-    ("04.6", linear_by_backward_call, "autograd (linear on a tensor that requires grad)"),
-    ("04.9", elu_by_autograd, "a backward op (aten.elu_backward)"),
-    ("04.9", lambda out, dout, alpha: torch.ops.aten.elu_backward(dout, alpha, 1, 1, True, out),
-     "a backward op (aten.elu_backward)"),
-]
-
-
-@pytest.mark.parametrize(("id", "answer", "called"), SHORTCUTS)
-def test_autograd_and_backward_ops_fail_with_their_name(id, answer, called):
-    outcome = grade(id, answer)
-    assert not outcome.passed, outcome.detail
-    assert outcome.detail.endswith(f"write the formula yourself: your answer called {called}"), outcome.detail
-
-
-def modes_active():
-    return (len(torch.overrides._get_current_function_mode_stack()),
-            len(torch.utils._python_dispatch._get_current_dispatch_mode_stack()))
-
-
-def test_the_watch_on_the_answer_ends_with_it():
-    def raises(out, dout):
-        raise ValueError("a bug")
-
-    assert modes_active() == (0, 0)
-    assert not grade("04.3", SHORTCUTS[0][1]).passed and modes_active() == (0, 0)
-    with pytest.raises(ValueError, match="a bug"):
-        grade("04.3", raises)
-    assert modes_active() == (0, 0)
-    assert grade("04.3", softmax_backward).passed and modes_active() == (0, 0)
-
-
-def test_a_linear_answer_with_the_first_shape_written_in_fails(capsys):
-    check("04.6", lambda x, w, dout: (dout @ w, dout.reshape(10, 3).T @ x.reshape(10, 4), dout.reshape(10, 3).sum(0)))
-    assert capsys.readouterr().out.startswith("Exercise 04.6 (linear backward on a batch of sequences): failed — "
-                                              "your code raised RuntimeError: shape '[10, 3]' is invalid")
-
-
-def softmax_stub(out, dout):  # the notebook's stubs, with their arguments
-    raise NotImplementedError
-
-
-def elu_stub(out, dout, alpha):
-    raise NotImplementedError
-
-
-@pytest.mark.parametrize(("id", "stub", "title"), [("04.3", softmax_stub, "softmax backward from the output"),
-                                                   ("04.9", elu_stub, "ELU backward from the output")])
-def test_the_notebook_stubs_print_not_solved_yet(id, stub, title, capsys):
-    check(id, stub)
-    assert capsys.readouterr().out == f"Exercise {id} ({title}): not solved yet\n"
-
-
-def test_a_passing_difference_is_printed_as_a_bound_when_it_is_rounding():
-    assert grade("04.6", linear_on_sequences).detail == ("with x of shapes (2, 5, 4) and (3, 1, 4): dx, dw, db match "
-                                                         "autograd; max |difference| < 1e-12")
-    off = grade("04.6", lambda x, w, dout: (*linear_on_sequences(x, w, dout)[:2], dout.sum((0, 1)) + 5e-11))
-    assert off.passed and off.detail.endswith("max |difference| 5.0e-11 (in db)")  # within tolerance, above the bound
-
-
-def test_several_inputs_are_all_tried_and_the_largest_difference_is_printed():
-    assert grade("04.3", softmax_backward).detail == ("with x of shapes (4, 4) and (2, 3, 5): dx matches autograd; "
-                                                      "max |difference| < 1e-12")
-    assert grade("04.9", elu_backward).detail == "with alpha 1.0 and 0.5: dx matches autograd; max |difference| < 1e-12"
-
-    def off_most_on_the_first(out, dout, alpha):  # within tolerance, above the bound
-        return elu_backward(out, dout, alpha) + (5e-11 if alpha == 1.0 else 2e-11)
-
-    off = grade("04.9", off_most_on_the_first)
-    assert off.passed and off.detail == "with alpha 1.0 and 0.5: dx matches autograd; max |difference| 5.0e-11 (in dx)"
-    assert grade("04.4", CORRECT["04.4"]).detail == ("with smoothing 0.2 and 0: dlogits matches autograd; "
-                                                     "max |difference| < 1e-12")
-
-    def ce_off_most_on_the_first(logits, target, s):
-        return CORRECT["04.4"](logits, target, s) + (5e-11 if s == 0.2 else 2e-11)
-
-    off = grade("04.4", ce_off_most_on_the_first)
-    assert off.passed and off.detail == ("with smoothing 0.2 and 0: dlogits matches autograd; max |difference| "
-                                         "5.0e-11 (in dlogits)")
-
-
-def test_the_checked_elu_outputs_have_both_signs():
-    """Otherwise ReLU's backward or one that ignores alpha could pass."""
-    failed("04.9", lambda out, dout, alpha: dout, "dx: max |difference|")  # the identity: all outputs positive
-    failed("04.9", lambda out, dout, alpha: dout * (out + alpha), "dx: max |difference|")  # all negative
-
-
-def test_wrong_number_of_results_is_explained():
-    outcome = grade("04.6", lambda x, w, dout: dout @ w)
-    assert not outcome.passed and "returned 1 tensor(s), expected 3" in outcome.detail
-
-
-def test_an_answer_that_changes_its_input_in_place_is_told_so():
-    outcome = grade("04.3", lambda out, dout: out * dout.sub_((dout * out).sum(-1, keepdim=True)))  # right numbers
-    assert not outcome.passed and "changed its input dout in place" in outcome.detail
-    outcome = grade("04.6", lambda x, w, dout: (dout.zero_() @ w, *linear_on_sequences(x, w, dout)[1:]))
-    assert not outcome.passed and "in place" in outcome.detail
-
-
-def test_autograd_inside_the_answer_is_refused():
-    def with_autograd(x, w, dout):
-        x, w = x.requires_grad_(), w.requires_grad_()
-        F.conv2d(x, w).backward(dout)
-        return x.grad, w.grad
-
-    outcome = grade("04.7", with_autograd)
-    assert not outcome.passed
-    assert outcome.detail == ("write the formula yourself: your answer called autograd (conv2d on a tensor that "
-                              "requires grad)")
-    outcome = grade("04.3", lambda out, dout: (out * dout).sum().backward())  # nothing requires grad: autograd's error
-    assert not outcome.passed and "by hand means without autograd" in outcome.detail
-
-
-def test_float32_results_get_a_dtype_hint():
-    outcome = grade("04.3", lambda out, dout: softmax_backward(out, dout).float())
-    assert not outcome.passed and "float32" in outcome.detail and "float64" in outcome.detail
-
-
-@pytest.mark.parametrize("returned", [{"dx": 0}, [[1.0, 2.0]], "dx"])
-def test_a_result_that_is_not_tensors_names_its_type(returned):
-    outcome = grade("04.3", lambda out, dout: returned)
-    assert not outcome.passed and "return 1 tensor(s)" in outcome.detail
-
-
-def test_one_hot_without_num_classes_is_explained():
-    outcome = grade("04.4", lambda logits, target, s: (logits.softmax(1) - F.one_hot(target)) / len(target))
-    assert not outcome.passed
-    assert "F.one_hot infers the number of classes from the largest target" in outcome.detail
-    assert "num_classes=logits.shape[1]" in outcome.detail and "never include class 3" in outcome.detail
-
-
-def test_other_errors_of_the_answer_still_propagate():
-    with pytest.raises(RuntimeError, match="size of tensor a"):  # check() prints it as "your code raised"
-        grade("04.4", lambda logits, target, s: logits.softmax(1) - torch.ones(5, 2, dtype=logits.dtype))
-
-
-def worked_answers() -> dict:
-    """Each exercise's worked answer from the solutions notebook, by id: its cells run without
-    their check() line."""
-    namespace, answers = {"torch": torch, "F": F}, {}
-    for cell in json.loads(SOLUTIONS.read_text())["cells"]:
-        lines = "".join(cell["source"]).splitlines()
-        checks = [re.fullmatch(r'check\("(04\.\d)", (\w+)\)', line) for line in lines]
-        if cell["cell_type"] == "code" and any(checks):
-            exec("\n".join(line for line, found in zip(lines, checks, strict=True) if not found), namespace)
-            answers.update((found[1], namespace[found[2]]) for found in checks if found)
-    return answers
-
-
-def test_the_worked_answers_of_the_solutions_notebook_pass():
-    answers = worked_answers()
-    assert list(answers) == [f"04.{k}" for k in range(1, 10)]  # in the order the notebook asks them
-    for id, answer in answers.items():
-        outcome = grade(id, answer)
-        assert outcome.passed, f"{id}: {outcome.detail}"
-
-
-def softmax_by_the_loss(out, dout):  # softmax·Σy − y with y = −dout·out and log(out) as logits is the softmax backward
-    rows = out.log().reshape(-1, out.shape[-1]), (-dout * out).reshape(-1, out.shape[-1])
-    return softmax_cross_entropy_backward(*rows, reduction="sum").reshape(out.shape)
-
-
-COURSE_SHORTCUTS = [  # the course's own formulas, each with the function the message must name
-    ("04.4", lambda logits, target, s: softmax_cross_entropy_backward(logits, smoothed(target, s)),
-     "hooklab.backprop.losses.softmax_cross_entropy_backward"),
-    ("04.4", lambda logits, target, s: losses.softmax_cross_entropy_backward(logits, smoothed(target, s), 1 / 5, "sum"),
-     "hooklab.backprop.losses.softmax_cross_entropy_backward"),
-    ("04.3", softmax_by_the_loss, "hooklab.backprop.losses.softmax_cross_entropy_backward"),
-    ("04.6", lambda x, w, dout: bp.linear_backward(x, w, dout, torch.zeros(w.shape[0], dtype=w.dtype)),
-     "hooklab.backprop.linear_backward"),
-    ("04.7", lambda x, w, dout: bp.conv2d_backward(x, w, dout)[:2], "hooklab.backprop.conv2d_backward"),
-]
-
-
-@pytest.mark.parametrize(("id", "answer", "called"), COURSE_SHORTCUTS)
-def test_the_course_own_formulas_fail_with_a_hint(id, answer, called):
-    outcome = grade(id, answer)
-    assert not outcome.passed, outcome.detail
-    assert outcome.detail.endswith(f"write the formula yourself: your answer called {called}, the course's own "
-                                   "backward formula (writing it is the exercise)"), outcome.detail
-
-
-@pytest.mark.parametrize(("id", "answer", "called"), COURSE_SHORTCUTS)
-def test_the_course_shortcuts_are_right_but_for_the_watch(id, answer, called, monkeypatch):
-    """So the watch is what fails them (the gap it closes)."""
-    monkeypatch.setattr(nb04, "_course_files", dict)
-    outcome = grade(id, answer)
-    assert outcome.passed, outcome.detail
-
-
-def _rebuilt(function):
-    """``function`` rebuilt from its code under another module name (what a file check still finds)."""
-    globals_ = {**vars(sys.modules[function.__module__]), "__name__": "__main__"}
-    return types.FunctionType(function.__code__, globals_, "rebuilt", function.__defaults__)
-
-
-def _conv_by_jacfwd(x, w, dout):
-    return torch.func.jacfwd(lambda x, w: (F.conv2d(x, w) * dout).sum(), argnums=(0, 1))(x, w)
-
-
-def _conv_by_forward_ad(x, w, dout):
-    import torch.autograd.forward_ad as fwAD
-
-    dx = torch.zeros(x.numel(), dtype=x.dtype)
-    for i in range(x.numel()):
-        tangent = torch.zeros(x.numel(), dtype=x.dtype)
-        tangent[i] = 1
-        with fwAD.dual_level():
-            dual = fwAD.make_dual(x, tangent.view_as(x))
-            dx[i] = fwAD.unpack_dual((F.conv2d(dual, w) * dout).sum()).tangent
-    return dx.view_as(x), torch.zeros_like(w)
-
-
-@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:FutureWarning")  # torch.func's import
-@pytest.mark.parametrize(("answer", "called"), [
-    (lambda x, w, dout: _rebuilt(bp.conv2d_backward)(x, w, dout)[:2], "hooklab.backprop.conv2d_backward"),
-    (_conv_by_jacfwd, "forward-mode autograd"),
-    (_conv_by_forward_ad, "forward-mode autograd"),
-], ids=["rebuilt under another module name", "torch.func.jacfwd", "forward_ad"])
-def test_shortcuts_without_a_backward_op_fail_too(answer, called):
-    outcome = grade("04.7", answer)
-    assert not outcome.passed and f"write the formula yourself: your answer called {called}" in outcome.detail, \
-        outcome.detail
-
-
-def test_a_vmap_answer_and_a_call_of_a_forward_loss_are_not_shortcuts():
-    def softmax_rows(out, dout):
-        rows = out.reshape(-1, out.shape[-1]), dout.reshape(-1, out.shape[-1])
-        return torch.vmap(lambda o, d: o * (d - (o * d).sum()))(*rows).reshape(out.shape)
-
-    assert grade("04.3", softmax_rows).passed
-
-    def label_smoothing(logits, target, s):
-        losses.softmax_cross_entropy(logits, target)  # the forward loss: not the exercise's answer
-        return (logits.softmax(-1) - smoothed(target, s)) / logits.shape[0]
-
-    outcome = grade("04.4", label_smoothing)
-    assert outcome.passed, outcome.detail
-
-
-def test_a_course_formula_that_raises_still_gets_the_hint():
-    outcome = grade("04.4", lambda logits, target, s: softmax_cross_entropy_backward(logits, F.one_hot(target)))
-    assert not outcome.passed  # F.one_hot gives 3 columns: the course function raised a RuntimeError
-    assert "your answer called hooklab.backprop.losses.softmax_cross_entropy_backward" in outcome.detail, outcome.detail
-
-
-def ce_by_scatter(logits, target, smoothing):  # log_softmax, smoothed target built with scatter_add_
-    n, classes = logits.shape
-    y = torch.full_like(logits, smoothing / classes)
-    y.scatter_add_(1, target[:, None], torch.full((n, 1), 1 - smoothing, dtype=logits.dtype))
-    return (logits.log_softmax(dim=1).exp() - y) / n
-
-
-def ce_by_exp(logits, target, smoothing):  # softmax written out, one-hot rows taken from an identity matrix
-    e = (logits - logits.amax(dim=1, keepdim=True)).exp()
-    y = (1 - smoothing) * torch.eye(logits.shape[1], dtype=logits.dtype)[target] + smoothing / logits.shape[1]
-    return (e / e.sum(dim=1, keepdim=True) - y) / len(target)
-
-
-def ce_by_index(logits, target, smoothing):  # F.softmax, then the target's entry of each row lowered in place
-    n, classes = logits.shape
-    d = F.softmax(logits, dim=1) - smoothing / classes
-    d[torch.arange(n), target] -= 1 - smoothing
-    return d / n
-
-
-def ce_by_the_general_formula(logits, target, smoothing):  # p·Σy − y, as if the rows of y need not sum to 1
-    y = (1 - smoothing) * F.one_hot(target, logits.shape[1]).to(logits.dtype) + smoothing / logits.shape[1]
-    return (logits.softmax(dim=-1) * y.sum(dim=1, keepdim=True) - y) / logits.shape[0]
-
-
-@pytest.mark.parametrize("answer", [ce_by_scatter, ce_by_exp, ce_by_index, ce_by_the_general_formula])
-def test_other_right_label_smoothing_answers_pass(answer):
-    outcome = grade("04.4", answer)
-    assert outcome.passed, outcome.detail
-
-
-def test_a_conv_answer_by_unfold_and_fold_passes():  # the ops hooklab.backprop uses, written by the student
-    assert grade("04.7", conv_by_unfold).passed
-
-
-def test_no_watch_is_left_after_a_check():
-    def watched():
-        return (modes_active(), sys.getprofile(), sys.gettrace(), losses.softmax_cross_entropy_backward,
-                bp.linear_backward, bp.conv2d_backward, nb04._course_files())
-
-    def course_then_a_bug(logits, target, s):
-        raise ValueError(f"a bug after {softmax_cross_entropy_backward(logits, target).shape}")
-
-    def a_bug(logits, target, s):
-        raise ValueError("a bug")
-
-    before = watched()
-    assert before[0] == (0, 0) and before[3] is softmax_cross_entropy_backward
-    assert not grade("04.4", COURSE_SHORTCUTS[0][1]).passed and watched() == before  # failed
-    failed("04.4", course_then_a_bug, "write the formula yourself")
-    assert watched() == before  # failed, the answer raised
-    with pytest.raises(ValueError, match="a bug"):
-        grade("04.4", a_bug)
-    assert watched() == before
-    assert grade("04.4", ce_by_index).passed and watched() == before  # passed
-    logits, target = torch.randn(3, 4, dtype=torch.float64), torch.tensor([0, 3, 1])
-    assert torch.allclose(softmax_cross_entropy_backward(logits, target),  # the course's function, outside a check
-                          (logits.softmax(1) - F.one_hot(target, 4).double()) / 3)
-
-
-def test_each_gradient_of_04_7_gets_its_own_verdict_and_one_number_no_factor_hint():
-    def sigmoid_skipped(x, w1, s1, ds1):
-        return ds1, ds1 @ w1, ds1.T @ x, ds1.sum().reshape(1)
-
-    detail = grade("04.2", sigmoid_skipped).detail
-    assert [part.split(":")[0] for part in detail.removeprefix("with the 2-2-2 network: ").split("; ")] == [
-        "dz1", "dx", "dw1", "db1"]
-    assert "×" not in detail  # db1 is one number: any wrong one is "some factor" of the right one
+def test_04_6_explains_a_dx_with_the_padding_left_on():
+    def padding_kept(x, w, dout, padding):
+        kernel, d = w.shape[-2:], dout.flatten(2)
+        size = tuple(s + 2 * padding for s in x.shape[-2:])
+        return F.fold(torch.einsum("ok,nol->nkl", w.flatten(1), d), size, kernel), conv_by_loops(x, w, dout, padding)[1]
+
+    failed("04.6", padding_kept, "with padding=1: dx: shape (2, 2, 7, 7), expected (2, 2, 5, 5)",
+           "cut the padding off")
+
+
+@pytest.mark.parametrize(("answer", "words"), [
+    (lambda x, dout: dout.repeat_interleave(2, -2).repeat_interleave(2, -1) / 4, "as average pooling does"),
+    (lambda x, dout: dout.repeat_interleave(2, -2).repeat_interleave(2, -1), "only its largest input should"),
+])  # fmt: skip
+def test_04_7_names_the_slip(answer, words):
+    failed("04.7", answer, words)
+
+
+def test_04_6_and_04_7_refuse_the_course_formulas():
+    failed("04.6", lambda x, w, dout, padding: bp.conv2d_backward(x, w, dout, padding=padding)[:2],
+           "your answer called hooklab.backprop.conv2d_backward")
+    failed("04.7", lambda x, dout: bp.max_pool2d_backward(x, dout, 2),
+           "your answer called hooklab.backprop.max_pool2d_backward")
+
+
+# ----- 04.8: one epoch ----------------------------------------------------------------------------------------
+def with_replaced(name, replacement):
+    """04.8's worked answer, with one of the functions it uses replaced."""
+    answer = ANSWERS["04.8"]
+
+    def model_backward(model, x, y):
+        saved = answer.__globals__[name]
+        answer.__globals__[name] = replacement
+        try:
+            return answer(model, x, y)
+        finally:
+            answer.__globals__[name] = saved
+    return model_backward
+
+
+def test_04_8_passes_the_worked_answer_with_both_accuracies():
+    detail = grade("04.8", ANSWERS["04.8"]).detail
+    assert re.fullmatch(r"43 steps, and at every one your gradients match autograd's \(max \|difference\| < 1e-12\); "
+                        r"test accuracy after one epoch (0\.\d\d) with yours, \1 with autograd's", detail), detail
+
+
+@pytest.mark.parametrize(("name", "replacement", "words"), [
+    ("batch_norm_backward", fused_bn(frozen=True),
+     "at step 1: every gradient from the loss back to 5.weight right; first wrong: 4.weight (Conv2d weight)"
+     ": max |difference| 2.0e-01. The slip is in what layer 5 (BatchNorm2d) passes back to its input, or in the "
+     "backward of layer 4 (Conv2d)"),
+    ("max_pool_backward", lambda x, dout: dout.repeat_interleave(2, -2).repeat_interleave(2, -1) / 4,
+     "first wrong: 5.bias (BatchNorm2d bias): max |difference| 2.6e-02. The slip is in what layer 9 (Linear) passes "
+     "back to its input, or in the backward of layer 8 (Flatten), layer 7 (MaxPool2d), layer 6 (ReLU), layer 5 "
+     "(BatchNorm2d)"),
+    ("ce_backward", lambda logits, target: logits.softmax(1) - F.one_hot(target, 10),
+     "first wrong: 9.bias (Linear bias)"),
+])  # fmt: skip
+def test_04_8_names_the_first_wrong_gradient_and_where_the_slip_is(name, replacement, words):
+    failed("04.8", with_replaced(name, replacement), words)
+
+
+def test_04_8_explains_missing_names_float32_and_the_course_formulas():
+    def without_a_bias(model, x, y):
+        grads = ANSWERS["04.8"](model, x, y)
+        del grads["9.bias"]
+        return grads
+
+    failed("04.8", without_a_bias, "at step 1: no gradient for 9.bias (Linear bias): return one entry per name")
+    failed("04.8", lambda model, x, y: {k: v.float() for k, v in ANSWERS["04.8"](model, x, y).items()},
+           "is float32, the inputs are float64")
+    failed("04.8", lambda model, x, y: list(ANSWERS["04.8"](model, x, y).values()),
+           "return a dict {parameter name: gradient}")
+
+    def with_the_course_formulas(model, x, y):
+        with hooklab.record(model) as rec:
+            logits = model(x)
+        d, grads = bp.losses.softmax_cross_entropy_backward(logits, y), {}
+        for r in reversed(rec.records):
+            layer = model.get_submodule(r.name)
+            d, params = bp.BACKWARD[type(layer)](layer, r.inputs[0], r.output, d)
+            grads.update({f"{r.name}.{k}": g for k, g in params.items() if g is not None})
+        return grads
+
+    failed("04.8", with_the_course_formulas, "write the formula yourself: your answer called hooklab.backprop.")
+
+
+def test_04_8_refuses_autograd_on_the_model():
+    def by_autograd(model, x, y):
+        with torch.enable_grad():
+            model.requires_grad_(True)
+            try:
+                grads = torch.autograd.grad(F.cross_entropy(model(x), y), list(model.parameters()))
+            finally:
+                model.requires_grad_(False)
+        return dict(zip([n for n, _ in model.named_parameters()], grads, strict=True))
+
+    failed("04.8", by_autograd, "write the formula yourself: your answer called a backward op")
+
+
+def test_the_stubs_print_not_solved_yet(capsys):
+    def model_backward(model, x, y):
+        raise NotImplementedError
+
+    check("04.8", model_backward)
+    expected = "Exercise 04.8 (one epoch on the digits with your own backward pass): not solved yet\n"
+    assert capsys.readouterr().out == expected

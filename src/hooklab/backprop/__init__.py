@@ -5,12 +5,14 @@
 * ``hooklab.backprop.losses``: MSE and softmax cross-entropy, and their gradients.
 * ``hooklab.backprop.table``: ``BACKWARD``, from layer type to its formula; add a type there to
   support it.
+* ``hooklab.backprop.draw``: ``draw_222(net)``, the 2-2-2 network of notebook 04 as a graph.
 * ``hooklab.backprop.verify``: ``verify(model, x, loss=...)`` recomputes every layer's gradients
   by hand from one ``hooklab.record`` pass and prints one exact / allclose / max-difference row per
   tensor; ``compare`` is one such row.
 """
 
 from . import losses
+from .draw import draw_222
 from .layers import (
     adaptive_avg_pool2d_backward,
     avg_pool2d_backward,
@@ -37,6 +39,7 @@ __all__ = [
     "batch_norm_backward",
     "compare",
     "conv2d_backward",
+    "draw_222",
     "dropout_backward",
     "flatten_backward",
     "layer_norm_backward",

@@ -150,8 +150,11 @@ def adaptive_avg_pool2d_backward(x_shape, dout):
     return a_h.T @ dout @ a_w
 
 
-def batch_norm_backward(x, dout, weight=None, eps=1e-5, running_mean=None, running_var=None):
-    """Batch norm over channel dim 1 → ``(dx, dweight, dbias)``.
+def batch_norm_backward(x, weight, dout, eps=1e-5, running_mean=None, running_var=None):
+    """Batch norm over channel dim 1 → ``(dx, dweight, dbias)``; ``weight`` is γ (None without one).
+
+    The arguments come in the order of notebook 04's exercise, ``batch_norm_backward(x, gamma, dout,
+    eps)``, and of the other formulas here: input, parameter, ``dout``.
 
     Train mode (no running stats given): the batch statistics are recomputed from ``x``;
     ``dx = w/σ · (dout − mean(dout) − x̂·mean(dout·x̂))`` with means over every dim but 1.

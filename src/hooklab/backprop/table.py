@@ -67,7 +67,7 @@ def _avg_pool2d(m, x, out, dout):
 def _batch_norm(m, x, out, dout):
     batch_stats = m.training or m.running_mean is None
     stats = (None, None) if batch_stats else (m.running_mean, m.running_var)
-    dx, dw, db = bp.batch_norm_backward(x, dout, m.weight, m.eps, *stats)
+    dx, dw, db = bp.batch_norm_backward(x, m.weight, dout, m.eps, *stats)
     return dx, {"weight": dw, "bias": db}
 
 

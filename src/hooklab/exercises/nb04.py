@@ -1,468 +1,393 @@
-"""Exercises of notebook 04: write the backward pass of five layers by hand.
+"""Exercises and predictions of notebook 04: backprop by hand, from a 2-2-2 network to a CNN trained
+on real digits with the student's own backward pass.
 
-Each checker calls the student's function on fixed random float64 tensors, with autograd off and
-failing an answer that reaches autograd, a backward operator, forward-mode AD or ``torch.func``'s
-differentiating transforms, or the course's own backward formulas (``hooklab.backprop``,
-``hooklab.backprop.losses``) anyway, and compares every returned gradient with autograd's. The watch
-covers the thread that runs the answer: work handed to another thread is not seen. A passing
-answer's largest difference (over every input the checker tries) is printed as the bound
-``< 1e-12`` when it is that small: its digits are float64 rounding, and they change with the
-CPU's instruction set.
+Predictions 04.a-04.e compute their truth with torch. Exercises, in the order the lesson asks them:
 
-Exercises 04.1 and 04.2 are the first steps of the 2-2-2 network's backward pass (the sigmoid, then
-layer 1's four gradients), 04.5 the backward pass of a whole training step, 04.8 batch norm's. The
-ids follow the order in which the notebook asks the exercises. A
-wrong gradient gets a hint when it is the transpose of the right one or off by a constant factor
-(a missing or extra 1/N of a mean over the batch).
+* 04.1 one layer of the 2-2-2 network (linear with a shared bias, then a sigmoid): four gradients;
+* 04.2 cross-entropy in eight atomic steps, 04.3 its fused form;
+* 04.4 batch norm in seven atomic steps, 04.5 its fused form;
+* 04.6 a convolution (via ``unfold`` / ``fold`` or any other way), 04.7 max pooling;
+* 04.8 the whole CNN for one epoch of training, compared with autograd at every step.
+
+The atomic exercises (04.2, 04.4) are judged **in chain order**, from the loss back, against the
+gradients autograd left in each intermediate kept with ``retain_grad()``; the message names the
+first wrong step and the forward line that made it, after the idea of the ``cmp`` helper of
+Karpathy's makemore part 4. The fused exercises (04.3, 04.5) are compared with that chain. Every
+answer runs with autograd off and watched (``_by_hand``): autograd, PyTorch's backward operators and
+the course's own formulas in ``hooklab.backprop`` fail it with a message saying so.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Sequence
+import copy
 from functools import partial
 
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
+from torch import nn
 
-from ..pytorch_internals import TorchDispatchMode, differentiating
-from ..recording import tensors_in
-from . import Outcome, compare_tensors, exercise, hint_for
+from ..models import TinySigmoidNet
+from . import Outcome, exercise, prediction
+from ._by_hand import (
+    SHOWN_AS_BOUND,
+    D,
+    Trap,
+    by_hand,
+    check_cases,
+    compare,
+    compare_chain,
+    one,
+    rand,
+    reference,
+    verdict,
+)
 
-D = torch.float64
-SHOWN_AS_BOUND = 1e-12  # passing differences below this are rounding: printed as "< 1e-12"
-
-
-def _rand(*shape, seed):
-    return torch.randn(*shape, dtype=D, generator=torch.Generator().manual_seed(seed))
-
-
-def _reference(fn, inputs, dout):
-    leaves = [t.clone().requires_grad_(True) for t in inputs]
-    return torch.autograd.grad(fn(*leaves), leaves, dout)
-
-
-class _Shortcuts(TorchFunctionMode):
-    """Notes the first torch function called on a tensor that requires grad (autograd at work)."""
-
-    def __init__(self):
-        super().__init__()
-        self.found: str | None = None
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if self.found is None and getattr(func, "__name__", "") != "__get__" and any(  # reading .shape is fine
-                isinstance(t, torch.Tensor) and t.requires_grad for t in tensors_in((args, kwargs))):
-            self.found = f"autograd ({getattr(func, '__name__', str(func))} on a tensor that requires grad)"
-        return func(*args, **kwargs)
-
-
-class _BackwardOps(TorchDispatchMode):
-    """Notes the first ATen operator with "backward" in its name (PyTorch's own gradient formula),
-    or run under forward-mode AD or a ``torch.func`` differentiating transform."""
-
-    def __init__(self):
-        super().__init__()
-        self.found: str | None = None
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self.found is None:
-            if "backward" in str(func.overloadpacket):
-                self.found = f"a backward op ({func.overloadpacket})"
-            else:
-                self.found = differentiating()
-        return func(*args, **(kwargs or {}))
-
-
-def _course_files() -> dict[str, str]:
-    """The files of the course's own backward formulas, by module name."""
-    from hooklab.backprop import layers, losses
-
-    return {layers.__file__: "hooklab.backprop", losses.__file__: losses.__name__}
-
-
-class _CourseAnswers(TorchDispatchMode):
-    """Notes the first backward formula of ``hooklab.backprop`` or ``hooklab.backprop.losses`` (a function
-    whose name ends in ``_backward``) that runs an operator. The frames of the call stack are read
-    and their code's file compared, so a function imported or rebuilt under another name is found
-    too; the source copied into the answer is the student's own code and is not."""
-
-    def __init__(self):
-        super().__init__()
-        self.found: str | None = None
-        self.files = _course_files()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if self.found is None:
-            frame, outermost = sys._getframe(1), None
-            while frame is not None and frame.f_code is not _by_hand.__code__:  # the answer's frames only
-                module = self.files.get(frame.f_code.co_filename)
-                if module and frame.f_code.co_name.endswith("_backward"):
-                    outermost = f"{module}.{frame.f_code.co_qualname}"
-                frame = frame.f_back
-            if outermost:
-                self.found = f"{outermost}, the course's own backward formula (writing it is the exercise)"
-        return func(*args, **(kwargs or {}))
-
-
-def _by_hand(answer, names: list[str], *inputs: torch.Tensor):
-    """Call ``answer`` on copies of ``inputs`` (tensors are cloned, numbers passed as they are) with
-    autograd off, watching for autograd, PyTorch's backward operators and the course's own formulas;
-    returns ``(result, None)`` or ``(None, Outcome)`` when the answer used one of them or changed one
-    of its inputs in place."""
-    copies = [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
-    autograd, backward_ops, course = _Shortcuts(), _BackwardOps(), _CourseAnswers()
-    try:
-        with torch.no_grad(), autograd, backward_ops, course:
-            got = answer(*copies)
-    except Exception as error:
-        if course.found or backward_ops.found or autograd.found:
-            got = None  # the shortcut explains the error
-        elif isinstance(error, RuntimeError):
-            return None, hint_for(error, dict.fromkeys(("does not require grad", "does not have a grad_fn"),
-                "by hand means without autograd: compute the gradient from its formula (autograd is switched off "
-                "while your function runs)"))  # fmt: skip
-        else:
-            raise
-    found = course.found or backward_ops.found or autograd.found
-    if found:
-        return None, Outcome(False, f"write the formula yourself: your answer called {found}")
-    for name, original, copy in zip(names, inputs, copies, strict=True):
-        if isinstance(original, torch.Tensor) and not torch.equal(original, copy):
-            return None, Outcome(False, f"your function changed its input {name} in place: compute new tensors "
-                                        "instead (the caller still needs its inputs)")
-    return got, None
-
-
-Trap = tuple[tuple[torch.Tensor, ...], str]  # a known wrong result, and what to say when an answer gives it
-
-
-def _compare(got, expected, names, traps: Sequence[Trap] = ()) -> Outcome | tuple[float, str]:
-    """A failed Outcome, or the largest difference from ``expected`` and the gradient it is in."""
-    if isinstance(got, torch.Tensor):
-        got = (got,)
-    if not isinstance(got, tuple | list) or not all(isinstance(g, torch.Tensor) for g in got):
-        kind = type(got).__name__ if not isinstance(got, tuple | list) else "a sequence holding non-tensors"
-        return Outcome(False, f"return {len(expected)} tensor(s) ({', '.join(names)}), not {kind}")
-    if len(got) != len(expected):
-        return Outcome(False, f"returned {len(got)} tensor(s), expected {len(expected)}: ({', '.join(names)})")
-    worst, worst_name = 0.0, names[0]
-    for name, g, e in zip(names, got, expected, strict=True):
-        outcome = compare_tensors(g, e, atol=1e-10, rtol=1e-8)
-        if not outcome.passed:
-            hint = ""
-            if g.dtype != e.dtype and g.shape == e.shape:
-                hint = (f" (your {name} is {str(g.dtype).removeprefix('torch.')}, the inputs are float64: make new "
-                        "tensors with zeros_like(...) or dtype=x.dtype)")
-            elif g.shape == e.shape and (g.detach().double() - e).abs().max().item() < 1e-5:
-                hint = (" (off by about float32 rounding: part of your computation ran in float32; an integer "
-                        "tensor times a Python float is float32, so convert it to the inputs' dtype first)")
-            else:
-                hint = next((f" ({why})" for wrong, why in traps  # a one-tensor trap is about this gradient
-                             if all(w.shape == t.shape and torch.allclose(t.detach().double(), w)
-                                    for w, t in zip(wrong, (g,) if len(wrong) == 1 else got, strict=True))),
-                            "") or _shape_or_scale(name, g, e)
-            return Outcome(False, f"{name}: {outcome.detail}{hint}")
-        diff = (g.detach().double() - e).abs().max().item()
-        if diff >= worst:
-            worst, worst_name = diff, name
-    return worst, worst_name
-
-
-def _shape_or_scale(name: str, got: torch.Tensor, expected: torch.Tensor) -> str:
-    """A hint for two common slips: a transposed matrix, and a result off by a constant factor
-    (a missing or extra 1/N of a mean over N rows). Empty when neither explains ``got``."""
-    got = got.detach().double()
-    if got.dim() == 2 and got.shape[0] != got.shape[1] and got.T.shape == expected.shape:
-        if torch.allclose(got.T, expected, rtol=1e-6, atol=1e-9):
-            return f" (it is the transpose of the right {name}: a gradient has the shape of its tensor)"
-        return ""
-    square = got.dim() == 2 and got.shape[0] == got.shape[1] == expected.shape[0] == expected.shape[-1]
-    if square and torch.allclose(got.T, expected, rtol=1e-6, atol=1e-9):
-        return f" (it is the transpose of the right {name}: a weight's gradient has one row per output unit)"
-    if got.shape != expected.shape or not expected.abs().max() > 0:
-        return ""
-    big = expected.abs() > 1e-3 * expected.abs().max()
-    if big.sum() < 2:  # one number is always some factor times another: no hint
-        return ""
-    factor = (got[big] / expected[big]).median().item()
-    if abs(factor - 1) < 1e-6 or abs(factor) < 1e-6 or not torch.allclose(got, factor * expected, rtol=1e-6, atol=1e-9):
-        return ""
-    if factor < 1:
-        return f" (every entry is {factor:.3g} × the right value, 1/{1 / factor:.3g}: an extra division, such as a 1/N)"
-    return f" (every entry is {factor:.3g} × the right value: a missing division, such as the 1/N of a mean)"
-
-
-def _verdict(names, worst: float, worst_name: str, prefix: str = "") -> Outcome:
-    verb = "matches" if len(names) == 1 else "match"
-    if worst < SHOWN_AS_BOUND:
-        return Outcome(True, f"{prefix}{', '.join(names)} {verb} autograd; max |difference| < {SHOWN_AS_BOUND:.0e}")
-    return Outcome(True, f"{prefix}{', '.join(names)} {verb} autograd; max |difference| {worst:.1e} (in {worst_name})")
-
-
-def _run(answer, fn, inputs: dict[str, torch.Tensor], answer_inputs: dict, dout, traps: Sequence[Trap] = ()):
-    """Autograd's gradients of ``fn(*inputs)`` first, then the answer's from ``answer_inputs``; the
-    answer returns one gradient per input, named ``d<input>``. A failed Outcome, or what
-    ``_compare`` found."""
-    expected = _reference(fn, tuple(inputs.values()), dout)
-    got, failed = _by_hand(answer, list(answer_inputs), *answer_inputs.values())
-    return failed or _compare(got, expected, [f"d{name}" for name in inputs], traps)
-
-
-def _check(answer, fn, inputs: dict[str, torch.Tensor], answer_inputs: dict, dout) -> Outcome:
-    compared = _run(answer, fn, inputs, answer_inputs, dout)
-    return compared if isinstance(compared, Outcome) else _verdict([f"d{name}" for name in inputs], *compared)
-
-
-def _check_cases(answer, cases, passed_prefix: str) -> Outcome:
-    """``_run`` on several cases ``(label, fn, inputs, answer_inputs, dout, traps)`` in turn: fails with
-    the first case that fails (``with <label>: ...``), passes with the largest difference of all."""
-    worst, worst_name = 0.0, ""
-    for label, fn, inputs, answer_inputs, dout, traps in cases:
-        compared = _run(answer, fn, inputs, answer_inputs, dout, traps)
-        if isinstance(compared, Outcome):
-            return Outcome(False, f"with {label}: {compared.detail}")
-        if compared[0] >= worst:
-            worst, worst_name = compared
-    return _verdict([f"d{name}" for name in inputs], worst, worst_name, prefix=passed_prefix)
-
-
-def _softmax_cases():
-    """A square input first: there a row sum that lost its dimension broadcasts without an error."""
-    for shape, seed in (((4, 4), 1), ((2, 3, 5), 13)):
-        x, dout = _rand(*shape, seed=seed) * 2, _rand(*shape, seed=seed + 1)
-        out = x.softmax(dim=-1)
-        traps = []
-        if shape[0] == shape[-1]:
-            traps.append(((out * (dout - (dout * out).sum(-1)),),
-                          "your row sums were added along the wrong dimension: a sum over the last dimension "
-                          f"drops it, and the {tuple(shape[:-1])} result then lines up with the columns; "
-                          "keepdim=True keeps one sum per row"))
-        traps += [((out * (dout - (dout * out).sum(dim, keepdim=True)),),
-                   "sum over the last dimension (dim=-1), where softmax normalises")
-                  for dim in range(len(shape) - 1)]
-        yield f"x of shape {shape}", partial(torch.softmax, dim=-1), {"x": x}, {"out": out, "dout": dout}, dout, traps
-
-
-@exercise("04.3", "softmax backward from the output")
-def _softmax(softmax_backward) -> Outcome:
-    """``softmax_backward(out, dout) -> dx`` where ``out = x.softmax(dim=-1)``, for any incoming
-    ``dout`` (no loss after it); tried on a (4, 4) and a (2, 3, 5) input."""
-    return _check_cases(softmax_backward, _softmax_cases(), "with x of shapes (4, 4) and (2, 3, 5): ")
-
-
-def _linear_cases():
-    """Two (B, T, in) shapes, so that an answer with B·T or a size written in does not pass."""
-    for (batch, steps, n_in, n_out), seed in (((2, 5, 4, 3), 3), ((3, 1, 4, 2), 20)):
-        x, w = _rand(batch, steps, n_in, seed=seed), _rand(n_out, n_in, seed=seed + 1)
-        b, dout = _rand(n_out, seed=seed + 2), _rand(batch, steps, n_out, seed=seed + 3)
-        yield (f"x of shape {tuple(x.shape)}", F.linear, {"x": x, "w": w, "b": b}, {"x": x, "w": w, "dout": dout},
-               dout, [])
-
-
-@exercise("04.6", "linear backward on a batch of sequences")
-def _linear(linear_backward) -> Outcome:
-    """``linear_backward(x, w, dout) -> (dx, dw, db)`` for ``y = x @ w.T + b`` with ``x`` of shape
-    ``(B, T, in)`` (bias shape ``[out]``); tried on x of shape (2, 5, 4) with 3 outputs, then
-    (3, 1, 4) with 2."""
-    return _check_cases(linear_backward, _linear_cases(), "with x of shapes (2, 5, 4) and (3, 1, 4): ")
-
-
-@exercise("04.9", "ELU backward from the output")
-def _elu(elu_backward) -> Outcome:
-    """``elu_backward(out, dout, alpha) -> dx`` where ``out = F.elu(x, alpha)``: only the output is
-    given, as after an in-place ELU; tried with alpha 1 and 0.5."""
-    x, dout = _rand(5, 6, seed=7) * 2, _rand(5, 6, seed=8)
-    cases = [(f"alpha={alpha}", partial(F.elu, alpha=alpha), {"x": x},
-              {"out": F.elu(x, alpha), "dout": dout, "alpha": alpha}, dout, []) for alpha in (1.0, 0.5)]
-    return _check_cases(elu_backward, cases, "with alpha 1.0 and 0.5: ")
-
-
-@exercise("04.7", "conv2d backward, stride 1, no padding")
-def _conv(conv2d_backward) -> Outcome:
-    """``conv2d_backward(x, w, dout) -> (dx, dw)`` for ``y = F.conv2d(x, w)`` (no bias)."""
-    x, w = _rand(2, 3, 6, 5, seed=9), _rand(4, 3, 3, 2, seed=10)
-    dout = _rand(2, 4, 4, 4, seed=11)
-    return _check(conv2d_backward, F.conv2d, {"x": x, "w": w}, {"x": x, "w": w, "dout": dout}, dout)
-
-
-@exercise("04.4", "cross-entropy with label smoothing, backward")
-def _softmax_ce(ce_backward) -> Outcome:
-    """``ce_backward(logits, target, smoothing) -> dlogits`` for
-    ``F.cross_entropy(logits, target, label_smoothing=smoothing)`` (mean over the batch)."""
-    # class 3 of 4 is never a target: F.one_hot(target) without num_classes gives 3 columns
-    logits, target = _rand(5, 4, seed=12) * 2, torch.tensor([2, 0, 1, 1, 2])
-    cases = [(f"smoothing={smoothing}", partial(F.cross_entropy, target=target, label_smoothing=smoothing),
-              {"logits": logits}, {"logits": logits, "target": target, "smoothing": smoothing},
-              torch.tensor(1.0, dtype=D), []) for smoothing in (0.2, 0.0)]
-    try:
-        return _check_cases(ce_backward, cases, "with smoothing 0.2 and 0: ")
-    except RuntimeError as error:
-        columns = int(target.max()) + 1
-        if f"size of tensor a ({logits.shape[1]})" not in str(error) or f"({columns})" not in str(error):
-            raise
-        return Outcome(False, f"your code raised RuntimeError: {error}. The targets here never include class "
-                              f"{logits.shape[1] - 1}, and F.one_hot infers the number of classes from the "
-                              "largest target: pass num_classes=logits.shape[1]")
-
-
-# ----- the 2-2-2 network (04.1, 04.2), a training step (04.5), batch norm (04.8) ----------------
-
+# ----- the 2-2-2 network (04.a, 04.1) -----------------------------------------------------------------
 X222 = torch.tensor([[0.05, 0.1]], dtype=D)  # the 2-2-2 network's input
 W1_222, B1_222 = torch.tensor([[0.15, 0.25], [0.20, 0.30]], dtype=D), torch.tensor([0.35], dtype=D)
 W2_222, B2_222 = torch.tensor([[0.40, 0.50], [0.45, 0.55]], dtype=D), torch.tensor([0.60], dtype=D)
 
 
-@exercise("04.1", "the sigmoid's backward, from its output")
-def _sigmoid(sigmoid_backward) -> Outcome:
-    """``sigmoid_backward(s, ds) -> dz`` where ``s = sigmoid(z)`` and ``ds`` is the gradient arriving
-    at ``s``; tried on the 2-2-2 network's last layer (from ``[[1, 1]]``), then on a random batch."""
-    z2 = torch.sigmoid(X222 @ W1_222.T + B1_222) @ W2_222.T + B2_222
-    ones, z, dout = torch.ones(1, 2, dtype=D), _rand(4, 3, seed=31) * 2, _rand(4, 3, seed=32)
-    cases = [(label, torch.sigmoid, {"z": zz}, {"s": torch.sigmoid(zz), "ds": d}, d,
-              _sigmoid_traps(torch.sigmoid(zz), d))
-             for label, zz, d in (("the 2-2-2 network's s2", z2, ones), ("a random (4, 3) batch", z, dout))]
-    return _check_cases(sigmoid_backward, cases, "on the 2-2-2 network and a random batch: ")
+@prediction(
+    "04.a", "what the last sigmoid passes back to fc2, from [[1, 1]]",
+    why="a sigmoid's local derivative is s·(1 − s), read from its output (lesson 03): [[1, 1]] × s2·(1 − s2) = "
+        "[0.184, 0.178]. Each entry shrinks to under a fifth on its way through the sigmoid.",
+    wrong=[
+        ([1.0, 1.0], "the sigmoid does not pass [[1, 1]] on unchanged: the chain rule multiplies it by the "
+                     "sigmoid's slope s·(1 − s) at s2's output"),
+        ([0.7569, 0.7677], "that is s2's output; what it passes back is [[1, 1]] times its slope s·(1 − s)"),
+        ([0.25, 0.25], "0.25 is the sigmoid's largest slope, at z = 0; at s2's outputs the slope s·(1 − s) is "
+                       "smaller"),
+    ],
+)  # fmt: skip
+def _dz2() -> list[float]:
+    net = TinySigmoidNet()
+    z2 = net.fc2(net.s1(net.fc1(torch.tensor([[0.05, 0.1]]))))
+    z2.retain_grad()
+    net.s2(z2).backward(torch.ones(1, 2))
+    return z2.grad[0].tolist()
 
 
-def _sigmoid_traps(s, ds) -> list[Trap]:
-    return [((ds * s * (1 + s),), "a sign slip: the derivative is s·(1 − s)"),
-            ((s * (1 - s),), "multiply by ds, the gradient that arrives: the chain rule")]
+def _layer(a, w, b):
+    """One layer of the 2-2-2 network: a linear map with a bias of shape (1,) shared by both units,
+    then a sigmoid."""
+    return torch.sigmoid(a @ w.T + b)
 
 
-def _layer1(x, w, b):
-    """Layer 1 of the 2-2-2 network, written with its bias of shape (1,) shared by both units."""
-    return torch.sigmoid(x @ w.T + b)
+_LAYER_NAMES = ["dz", "da", "dw", "db"]
 
 
-@exercise("04.2", "layer 1 of the 2-2-2 network: four gradients")
-def _layer1_grads(layer1_backward) -> Outcome:
-    """``layer1_backward(x, w1, s1, ds1) -> (dz1, dx, dw1, db1)`` for ``s1 = sigmoid(x @ w1.T + b1)``
-    with one bias of shape (1,) shared by both units; ``ds1`` is the gradient arriving at ``s1``. Tried
-    on the 2-2-2 network (started from ``[[1, 1]]``), then on a batch of 3 rows."""
-    s1 = _layer1(X222, W1_222, B1_222)
-    s2 = torch.sigmoid(s1 @ W2_222.T + B2_222)
-    ds1 = (s2 * (1 - s2)) @ W2_222  # what arrives at s1 from [[1, 1]]
-    batch, ds_batch = _rand(3, 2, seed=41), _rand(3, 2, seed=42)
+@exercise("04.1", "one layer of the 2-2-2 network: four gradients")
+def _layer_grads(layer_backward) -> Outcome:
+    """``layer_backward(a, w, s, ds) -> (dz, da, dw, db)`` for ``s = sigmoid(z)``, ``z = a @ w.T + b``
+    with one bias of shape (1,) shared by both units; ``ds`` is the gradient arriving at ``s``. Tried
+    on layer 2 of the 2-2-2 network (from ``[[1, 1]]``), then on layer 1 (from what layer 2 passes
+    back), then on a batch of 3 rows."""
+    s1 = _layer(X222, W1_222, B1_222)
+    s2 = _layer(s1, W2_222, B2_222)
+    ds1 = (s2 * (1 - s2)) @ W2_222  # what layer 2 passes back from [[1, 1]]
+    cases = [("layer 2 of the 2-2-2 network (from [[1, 1]])", s1, W2_222, B2_222, torch.ones(1, 2, dtype=D)),
+             ("layer 1 (from what layer 2 passes back)", X222, W1_222, B1_222, ds1),
+             ("a batch of 3 rows", rand(3, 2, seed=41), W1_222, B1_222, rand(3, 2, seed=42))]
     worst, worst_name = 0.0, ""
-    for label, x, ds in (("the 2-2-2 network", X222, ds1), ("a batch of 3 rows", batch, ds_batch)):
-        s = _layer1(x, W1_222, B1_222)
-        leaves = [t.clone().requires_grad_(True) for t in (x, W1_222, B1_222)]
+    for label, a, w, b, ds in cases:
+        leaves = [t.clone().requires_grad_(True) for t in (a, w, b)]
         z = leaves[0] @ leaves[1].T + leaves[2]
         z.retain_grad()
         torch.sigmoid(z).backward(ds)
         expected = (z.grad, *(t.grad for t in leaves))
-        got, failed = _by_hand(layer1_backward, ["x", "w1", "s1", "ds1"], x, W1_222, s, ds)
-        compared = failed or _compare(got, expected, ["dz1", "dx", "dw1", "db1"], _bias_traps(z.grad))
+        s = _layer(a, w, b)
+        traps = _layer_traps(s, ds, z.grad)
+        got, failed = by_hand(layer_backward, ["a", "w", "s", "ds"], a, w, s, ds)
+        compared = failed or compare(got, expected, _LAYER_NAMES, traps)
         if isinstance(compared, Outcome):
-            return Outcome(False, f"with {label}: {_each(got, expected, _bias_traps(z.grad)) or compared.detail}")
+            return Outcome(False, f"with {label}: {_each(got, expected, traps) or compared.detail}")
         if compared[0] >= worst:
             worst, worst_name = compared
-    return _verdict(["dz1", "dx", "dw1", "db1"], worst, worst_name, prefix="on the 2-2-2 network and a batch: ")
+    return verdict(_LAYER_NAMES, worst, worst_name, prefix="on both layers of the 2-2-2 network and a batch: ")
 
 
-def _each(got, expected, traps: Sequence[Trap]) -> str:
-    """One verdict per gradient, like ``cmp``: ``dz1 ok; dx ok; dw1: max |difference| ... (hint); db1 ok``.
-    Empty when ``got`` is not four tensors (``_compare`` explains that)."""
-    names = ["dz1", "dx", "dw1", "db1"]
+def _layer_traps(s, ds, dz) -> list[Trap]:
+    return [((ds * s * (1 + s),), "a sign slip: the sigmoid's slope is s·(1 − s)"),
+            ((s * (1 - s),), "multiply the sigmoid's slope by ds, the gradient that arrives: the chain rule"),
+            ((dz.sum(0),), "db has one entry per unit: the bias is one number shared by both units, shape (1,), "
+                           "so its gradient is the sum of every entry of dz"),
+            ((dz.mean().reshape(1),), "the shared bias enters every entry of z once: its gradient is the sum of "
+                                      "dz, not the mean"),
+            ((dz,), "db must have the bias's shape (1,): sum dz over every entry")]
+
+
+def _each(got, expected, traps) -> str:
+    """One verdict per gradient, like ``cmp``: ``dz ok; da ok; dw: max |difference| ... (hint); db ok``.
+    Empty when ``got`` is not four tensors (``compare`` explains that)."""
     if not isinstance(got, tuple | list) or len(got) != 4 or not all(isinstance(g, torch.Tensor) for g in got):
         return ""
     verdicts = []
-    for name, g, e in zip(names, got, expected, strict=True):
-        one = _compare((g,), (e,), [name], [t for t in traps if len(t[0]) == 1] if name == "db1" else ())
-        verdicts.append(one.detail if isinstance(one, Outcome) else f"{name} ok")
+    for name, g, e in zip(_LAYER_NAMES, got, expected, strict=True):
+        result = one(name, g, e, traps if name in ("dz", "db") else ())
+        verdicts.append(result.detail if isinstance(result, Outcome) else f"{name} ok")
     return "; ".join(verdicts)
 
 
-def _bias_traps(dz: torch.Tensor) -> list[Trap]:
-    return [((dz.sum(0),), "db1 has one entry per unit: the bias is one number shared by both units, shape (1,), "
-                           "so its gradient is the sum of every entry of dz1"),
-            ((dz,), "db1 must have the bias's shape (1,): sum dz1 over every entry")]
+# ----- cross-entropy: atomic steps (04.b, 04.2) and fused (04.3) ---------------------------------------
+def ce_steps(logits, target):
+    """Cross-entropy in eight named steps, as notebook 04 writes it; the dict keeps every result."""
+    t = {"logits": logits}
+    t["logit_maxes"] = logits.max(1, keepdim=True).values
+    t["norm_logits"] = logits - t["logit_maxes"]
+    t["counts"] = t["norm_logits"].exp()
+    t["counts_sum"] = t["counts"].sum(1, keepdim=True)
+    t["counts_sum_inv"] = t["counts_sum"] ** -1
+    t["probs"] = t["counts"] * t["counts_sum_inv"]
+    t["logprobs"] = t["probs"].log()
+    t["loss"] = -t["logprobs"][torch.arange(len(target)), target].mean()
+    return t
 
 
-def _net_loss(x, w1, b1, w2, b2, target):
-    return F.mse_loss(torch.sigmoid(torch.sigmoid(x @ w1.T + b1) @ w2.T + b2), target)
+CE_CHAIN = ("logprobs", "probs", "counts_sum_inv", "counts_sum", "counts", "norm_logits", "logit_maxes", "logits")
+CE_LINES = {
+    "logprobs": "loss = -logprobs[range(N), target].mean()",
+    "probs": "logprobs = probs.log()",
+    "counts_sum_inv": "probs = counts * counts_sum_inv",
+    "counts_sum": "counts_sum_inv = counts_sum ** -1",
+    "counts": "probs = counts * counts_sum_inv, and counts_sum = counts.sum(1, keepdim=True)",
+    "norm_logits": "counts = norm_logits.exp()",
+    "logit_maxes": "norm_logits = logits - logit_maxes",
+    "logits": "norm_logits = logits - logit_maxes, and logit_maxes = logits.max(1, keepdim=True).values",
+}
 
 
-STEP_INPUTS = torch.tensor([[0.05, 0.1], [0.9, 0.2], [0.3, 0.8], [0.6, 0.6]], dtype=D)
-STEP_TARGETS = torch.tensor([[0.01, 0.99], [0.99, 0.01], [0.01, 0.99], [0.5, 0.5]], dtype=D)
-STEPS, LR = 25, 2.0
-#: a second layer with 3 outputs: there 2·(out − t)/N differs from (out − t)/rows
-W2_WIDE = torch.tensor([[0.40, 0.50], [0.45, 0.55], [-0.30, 0.20]], dtype=D)
-TARGETS_WIDE = torch.tensor([[0.01, 0.99, 0.5], [0.99, 0.01, 0.2], [0.01, 0.99, 0.7], [0.5, 0.5, 0.1]], dtype=D)
-_STEP_NAMES = ["x", "w1", "b1", "w2", "b2", "target"]
+def _retained(steps, names, start):
+    """Run ``steps`` (a dict-building forward) with every named intermediate kept by ``retain_grad()``,
+    backward from ``start(t)``; returns (t detached, {name: gradient}) in the order of ``names``."""
+    t = steps()
+    for value in t.values():
+        if value.requires_grad and not value.is_leaf:
+            value.retain_grad()
+    start(t)
+    grads = {name: t[name].grad.detach().clone() for name in names}
+    return {k: v.detach().clone() for k, v in t.items()}, grads
 
 
-def _rows_loss(x, w1, b1, w2, b2, target):
-    """A loss whose gradient at the output is (out − t)/rows: right for 2 outputs only."""
-    out = torch.sigmoid(torch.sigmoid(x @ w1.T + b1) @ w2.T + b2)
-    return ((out - target) ** 2).sum() / (2 * len(target))
+def _ce_case(n, classes, seed, largest=None):
+    """A batch of ``n`` rows of ``classes`` logits and its targets (at most ``largest``), through
+    ``ce_steps`` with every step retained: (the steps' values, target, each step's gradient)."""
+    logits = (rand(n, classes, seed=seed) * 2).requires_grad_(True)
+    target = torch.randint(0, classes if largest is None else largest + 1, (n,),
+                           generator=torch.Generator().manual_seed(seed + 1))
+    t, grads = _retained(lambda: ce_steps(logits, target), CE_CHAIN, lambda t: t["loss"].backward())
+    return t, target, grads
 
 
-def _wide_case(net_backward) -> Outcome | tuple[float, str]:
-    """One step of the network with 3 outputs: a failed Outcome, or ``_compare``'s result."""
-    params, one = (W1_222, B1_222, W2_WIDE, B2_222), torch.tensor(1.0, dtype=D)
-    expected = _reference(partial(_net_loss, target=TARGETS_WIDE), (STEP_INPUTS, *params), one)[1:]
-    by_rows = _reference(partial(_rows_loss, target=TARGETS_WIDE), (STEP_INPUTS, *params), one)[1:]
-    trap = (by_rows, "mse_loss's mean runs over every entry of the output: dL/d out = 2·(out − t)/N with "
-                     "N = target.numel() (rows × outputs); (out − t)/rows is right only when there are 2 outputs")
-    got, failed = _by_hand(net_backward, _STEP_NAMES, STEP_INPUTS, *params, TARGETS_WIDE)
-    return failed or _compare(got, expected, ["dw1", "db1", "dw2", "db2"], [trap])
+def _ce_traps(t, target, grads) -> dict[str, list[Trap]]:
+    n = len(target)
+    onehot = F.one_hot(target, t["logits"].shape[1]).to(D)
+    return {
+        "logprobs": [((-onehot,), "the loss is a mean over the N rows: each target entry gets −1/N"),
+                     ((torch.full_like(onehot, -1 / n),), "only each row's target entry enters the loss: the "
+                                                          "other entries of logprobs get 0")],
+        "probs": [((grads["logprobs"] * t["probs"],), "d/dp log p = 1/p: divide by probs")],
+        "counts_sum_inv": [((t["counts"] * grads["probs"],), "counts_sum_inv has shape (N, 1) and is broadcast "
+                                                             "across each row: its gradient sums over the row "
+                                                             "(keepdim=True)")],
+        "counts": [((t["counts_sum_inv"] * grads["probs"],), "counts is used twice, in probs and in counts_sum: "
+                                                             "add the gradient that comes back through counts_sum"),
+                   ((grads["counts_sum"].expand_as(t["counts"]),), "counts is used twice, in probs and in "
+                                                                   "counts_sum: add the direct path through probs")],
+        "logit_maxes": [((-grads["logit_maxes"],), "logit_maxes enters with a minus sign")],
+    }
 
 
-@exercise("04.5", "the backward pass of a training step")
-def _train_step(net_backward) -> Outcome:
-    """``net_backward(x, w1, b1, w2, b2, target) -> (dw1, db1, dw2, db2)``: the gradients of
-    ``mse_loss(sigmoid(sigmoid(x @ w1.T + b1) @ w2.T + b2), target)`` (mean over every entry). The check
-    compares one step of a network with 3 outputs with autograd, then trains the 2-2-2 network for
-    25 SGD steps with your gradients and with autograd's, side by side."""
-    wide = _wide_case(net_backward)
-    if isinstance(wide, Outcome):
-        return Outcome(False, f"with 3 outputs: {wide.detail}")
-    params = [W1_222, B1_222, W2_222, B2_222]
-    names = ["dw1", "db1", "dw2", "db2"]
-    first, worst = None, wide[0]
-    for step in range(STEPS):
-        loss = partial(_net_loss, target=STEP_TARGETS)
-        expected = _reference(loss, (STEP_INPUTS, *params), torch.tensor(1.0, dtype=D))[1:]
-        got, failed = _by_hand(net_backward, _STEP_NAMES, STEP_INPUTS, *params, STEP_TARGETS)
-        compared = failed or _compare(got, expected, names)
+@prediction(
+    "04.b", "what each row of dlogits sums to",
+    why="each row of dlogits is (softmax − one-hot target)/N: the probabilities sum to 1 and the target's 1 is "
+        "taken away, so every row sums to 0. Raising all logits of a row by the same amount changes no "
+        "probability, so the loss has no slope in that direction.",
+    wrong=[(1.0, "the probabilities of a row sum to 1, but the target's 1 is taken away from the correct class: "
+                 "1 − 1"),
+           (-1.0, "the correct class's entry is negative, but the probabilities of the other classes make up for "
+                  "it exactly")],
+)  # fmt: skip
+def _row_sums() -> float:
+    logits = (rand(8, 10, seed=71) * 2).float().requires_grad_(True)
+    target = torch.arange(8) % 10
+    F.cross_entropy(logits, target).backward()
+    return round(float(logits.grad.sum(1).abs().max()), 6) + 0.0
+
+
+@exercise("04.2", "cross-entropy in eight atomic steps, checked in chain order")
+def _ce_chain(ce_backward_steps) -> Outcome:
+    """``ce_backward_steps(t, target) -> {step: gradient}`` for the steps of ``ce_steps`` (``t`` holds
+    each step's value). Judged in chain order from the loss, on a batch of 8 rows of 10 classes, then
+    5 rows of 4, against the gradients autograd leaves in each step kept with ``retain_grad()``."""
+    worst, worst_name = 0.0, ""
+    for n, classes, seed in ((8, 10, 61), (5, 4, 63)):
+        t, target, grads = _ce_case(n, classes, seed)
+        got, failed = by_hand(ce_backward_steps, ["t", "target"], t, target)
+        result = failed or compare_chain(got, grads, CE_LINES, _ce_traps(t, target, grads))
+        if isinstance(result, Outcome):
+            return Outcome(False, f"with {n} rows of {classes} classes: {result.detail}")
+        if result[0] >= worst:
+            worst, worst_name = result
+    return verdict(["every step"], worst, worst_name, verb="matches",
+                   prefix="dlogprobs … dlogits, in chain order, with 8 rows of 10 classes and 5 of 4: ")
+
+
+@exercise("04.3", "cross-entropy fused: dlogits in one expression")
+def _ce_fused(ce_backward) -> Outcome:
+    """``ce_backward(logits, target) -> dlogits`` for ``F.cross_entropy(logits, target)`` (class
+    indices, mean over the batch), compared with the chain of 04.2's eight steps. In the second case
+    the largest class never occurs among the targets."""
+    worst, worst_name = 0.0, ""
+    for n, classes, seed, largest in ((8, 10, 61, None), (5, 4, 65, 2)):
+        t, target, grads = _ce_case(n, classes, seed, largest)
+        probs, onehot = t["probs"], F.one_hot(target, classes).to(D)
+        traps = [(((probs - onehot),), "the loss is the mean over the N rows: divide by N"),
+                 ((probs / n,), "subtract the one-hot target: the correct class's entry is (p − 1)/N"),
+                 (((probs - 1) / n,), "subtract 1 only at each row's correct class, not everywhere")]
+        try:
+            got, failed = by_hand(ce_backward, ["logits", "target"], t["logits"], target)
+        except RuntimeError as error:
+            if "size of tensor a" not in str(error):
+                raise
+            return Outcome(False, f"your code raised RuntimeError: {error}. The targets here never include class "
+                                  f"{classes - 1}, and F.one_hot infers the number of classes from the largest "
+                                  "target: pass num_classes=logits.shape[1]")
+        compared = failed or compare(got, (grads["logits"],), ["dlogits"], traps)
         if isinstance(compared, Outcome):
-            return Outcome(False, compared.detail if step == 0 else f"at step {step + 1}: {compared.detail}")
-        first = first if first is not None else _net_loss(STEP_INPUTS, *params, STEP_TARGETS).item()
-        worst = max(worst, compared[0])
-        params = [p - LR * g.detach().to(D) for p, g in zip(params, got, strict=True)]
-    last = _net_loss(STEP_INPUTS, *params, STEP_TARGETS).item()
-    if not last < first:
-        return Outcome(False, f"the loss went from {first:.4f} to {last:.4f}: it should go down")
-    bound = f"< {SHOWN_AS_BOUND:.0e}" if worst < SHOWN_AS_BOUND else f"{worst:.1e}"
-    return Outcome(True, f"right with 3 outputs; {STEPS} SGD steps (lr {LR}) with your gradients take the 2-2-2 "
-                         f"network's loss from {first:.4f} to {last:.4f}; every step's match autograd's, "
-                         f"max |difference| {bound}")
-
-
-def _bn(x, gamma, beta, eps):
-    return F.batch_norm(x, None, None, gamma, beta, training=True, eps=eps)
-
-
-@exercise("04.8", "batch norm backward, training mode")
-def _batch_norm(batch_norm_backward) -> Outcome:
-    """``batch_norm_backward(x, gamma, dout, eps) -> (dx, dgamma, dbeta)`` for
-    ``F.batch_norm(x, None, None, gamma, beta, training=True, eps=eps)`` on ``x`` of shape (N, C):
-    the batch's own mean and (biased) variance, per column. Tried with N = 6 and N = 3."""
-    worst, worst_name, names = 0.0, "", ["dx", "dgamma", "dbeta"]
-    for (n, c), seed in (((6, 4), 51), ((3, 5), 55)):
-        x, gamma = _rand(n, c, seed=seed) * 2 + 1, _rand(c, seed=seed + 1)
-        beta, dout, eps = _rand(c, seed=seed + 2), _rand(n, c, seed=seed + 3), 1e-5
-        expected = _reference(partial(_bn, eps=eps), (x, gamma, beta), dout)
-        got, failed = _by_hand(batch_norm_backward, ["x", "gamma", "dout", "eps"], x, gamma, dout, eps)
-        compared = failed or _compare(got, expected, names, _bn_traps(x, gamma, dout, eps))
-        if isinstance(compared, Outcome):
-            return Outcome(False, f"with x of shape {(n, c)}: {compared.detail}")
+            return Outcome(False, f"with {n} rows of {classes} classes: {compared.detail}")
         if compared[0] >= worst:
             worst, worst_name = compared
-    return _verdict(names, worst, worst_name, prefix="with x of shapes (6, 4) and (3, 5): ")
+    return verdict(["dlogits"], worst, worst_name, verb="equals the chain of eight steps, as computed by",
+                   prefix="with 8 rows of 10 classes and 5 of 4: ")
+
+
+# ----- batch norm: atomic steps (04.c, 04.4) and fused (04.5) -----------------------------------------
+def bn_steps(x, gamma, beta, eps=1e-5):
+    """Batch norm in training mode in seven named steps over the rows of ``x`` (N, C), as notebook 04
+    writes it; the dict keeps every result."""
+    t = {"x": x}
+    t["mean"] = x.mean(0, keepdim=True)
+    t["diff"] = x - t["mean"]
+    t["diff2"] = t["diff"] ** 2
+    t["var"] = t["diff2"].mean(0, keepdim=True)
+    t["inv_std"] = (t["var"] + eps) ** -0.5
+    t["x_hat"] = t["diff"] * t["inv_std"]
+    t["y"] = gamma * t["x_hat"] + beta
+    return t
+
+
+BN_CHAIN = ("x_hat", "gamma", "beta", "inv_std", "var", "diff2", "diff", "mean", "x")
+BN_LINES = {
+    "x_hat": "y = gamma * x_hat + beta",
+    "gamma": "y = gamma * x_hat + beta",
+    "beta": "y = gamma * x_hat + beta",
+    "inv_std": "x_hat = diff * inv_std",
+    "var": "inv_std = (var + eps) ** -0.5",
+    "diff2": "var = diff2.mean(0, keepdim=True)",
+    "diff": "x_hat = diff * inv_std, and diff2 = diff ** 2",
+    "mean": "diff = x - mean",
+    "x": "diff = x - mean, and mean = x.mean(0, keepdim=True)",
+}
+EPS = 1e-5
+
+
+def _bn_case(n, c, seed):
+    x, gamma, beta = rand(n, c, seed=seed) * 2 + 1, rand(c, seed=seed + 1) * 0.5 + 1, rand(c, seed=seed + 2)
+    dout = rand(n, c, seed=seed + 3)
+    leaves = [v.clone().requires_grad_(True) for v in (x, gamma, beta)]
+    t, grads = _retained(lambda: bn_steps(*leaves, EPS), ("x_hat", "inv_std", "var", "diff2", "diff", "mean"),
+                         lambda t: t["y"].backward(dout))  # fmt: skip
+    grads.update(x=leaves[0].grad, gamma=leaves[1].grad, beta=leaves[2].grad)
+    return t, x, gamma, dout, {name: grads[name] for name in BN_CHAIN}
+
+
+def _bn_step_traps(t, dout, grads) -> dict[str, list[Trap]]:
+    n = len(dout)
+    return {
+        "gamma": [((dout.sum(0),), "that is dbeta: gamma multiplies x_hat, so dgamma = Σ dout·x_hat over the rows")],
+        "beta": [(((dout * t["x_hat"]).sum(0),), "that is dgamma: beta is added, so dbeta = Σ dout over the rows")],
+        "inv_std": [((t["diff"] * grads["x_hat"],), "inv_std has shape (1, C) and is broadcast over the rows: its "
+                                                    "gradient sums over them (keepdim=True)")],
+        "var": [((0.5 * (t["var"] + EPS) ** -1.5 * grads["inv_std"],), "a sign slip: d/dv (v + eps)^(-1/2) = "
+                                                                        "-1/2 (v + eps)^(-3/2)")],
+        "diff2": [((grads["var"].expand_as(t["diff2"]),), "var is the mean over the N rows: each row of diff2 "
+                                                          "counts 1/N")],
+        "diff": [((t["inv_std"] * grads["x_hat"],), "diff is used twice, in x_hat and in diff2: add the gradient "
+                                                    "that comes back through diff2 (the path of the variance)"),
+                 ((2 * t["diff"] * grads["diff2"],), "diff is used twice, in diff2 and in x_hat: add the direct "
+                                                     "path through x_hat")],
+        "mean": [((grads["diff"].sum(0, keepdim=True),), "mean enters diff = x − mean with a minus sign")],
+        "x": [((grads["diff"] + grads["mean"],), "mean = x.mean(0): each of the N rows contributes 1/N to the mean, "
+                                                 "so dx gets dmean/N"),
+              ((grads["diff"],), "x is used twice, in diff and in mean: add the gradient that comes back through "
+                                 "the mean"),
+              ((grads["diff"] + grads["mean"] * n,), "mean = x.mean(0): multiply dmean by 1/N, not by N")],
+    }
+
+
+@prediction(
+    "04.c", "which of dx, dgamma, dbeta change when every row of one column of dout gets 1 more",
+    why="only dbeta = Σ dout changes (by N). A push that raises every output of a column by the same amount is "
+        "something β alone can do: dgamma = Σ dout·x̂ gains Σ x̂ = 0 (x̂ has mean 0), and dx does not change, "
+        "because batch norm's output does not move when its input column shifts.",
+    wrong=[
+        ("dbeta", "right, written as a list: ['dbeta']"),
+        (["dx", "dgamma", "dbeta"], "dgamma = Σ dout·x̂ gains Σ x̂, which is 0 because x̂ has mean 0; and dx is what "
+                                    "x needs, which a uniform push cannot change: only dbeta moves"),
+        (["dx", "dbeta"], "shifting a whole column of x leaves batch norm's output as it was, so a uniform push on "
+                          "the output asks nothing of x: dx does not change"),
+        (["dgamma", "dbeta"], "dgamma = Σ dout·x̂ gains Σ x̂, which is 0 because x̂ has mean 0"),
+        ([], "dbeta = Σ dout over the rows: it grows by N"),
+    ],
+)  # fmt: skip
+def _which_change() -> list[str]:
+    x, gamma, beta = rand(32, 3, seed=81) * 2 + 1, rand(3, seed=82) + 1, rand(3, seed=83)
+    dout = rand(32, 3, seed=84)
+    pushed = dout.clone()
+    pushed[:, 0] += 1
+
+    def grads(d):
+        return reference(lambda *a: F.batch_norm(a[0], None, None, a[1], a[2], training=True, eps=EPS),
+                         (x, gamma, beta), d)
+
+    return [name for name, a, b in zip(("dx", "dgamma", "dbeta"), grads(dout), grads(pushed), strict=True)
+            if not torch.allclose(a, b, atol=1e-9)]
+
+
+@exercise("04.4", "batch norm in seven atomic steps, checked in chain order")
+def _bn_chain(bn_backward_steps) -> Outcome:
+    """``bn_backward_steps(t, gamma, dout) -> {step: gradient}`` for the steps of ``bn_steps`` plus
+    ``gamma`` and ``beta`` (``t`` holds each step's value, ``dout`` arrives at ``y``). Judged in chain
+    order from ``y``, with x of shape (6, 4), then (3, 5)."""
+    worst, worst_name = 0.0, ""
+    for (n, c), seed in (((6, 4), 51), ((3, 5), 55)):
+        t, _, gamma, dout, grads = _bn_case(n, c, seed)
+        got, failed = by_hand(bn_backward_steps, ["t", "gamma", "dout"], t, gamma, dout)
+        result = failed or compare_chain(got, grads, BN_LINES, _bn_step_traps(t, dout, grads))
+        if isinstance(result, Outcome):
+            return Outcome(False, f"with x of shape {(n, c)}: {result.detail}")
+        if result[0] >= worst:
+            worst, worst_name = result
+    return verdict(["every step"], worst, worst_name, verb="matches",
+                   prefix="dx_hat … dx, in chain order, with x of shapes (6, 4) and (3, 5): ")
+
+
+def _bn_by_paths(x, gamma, dout, eps, var=None, mean_n=True, var_n=True, frozen=False):
+    """dx of batch norm from its three paths (direct, through the variance, through the mean), with the
+    slips 04.5 names: ``var`` another variance (``x.var(0)``), ``mean_n`` / ``var_n`` False for a
+    missing 1/N on that path, ``frozen`` for the statistics treated as constants."""
+    n = len(x)
+    mean = x.mean(0)
+    var = x.var(0, unbiased=False) if var is None else var
+    inv_std = (var + eps) ** -0.5
+    dx_hat = dout * gamma
+    direct = dx_hat * inv_std
+    if frozen:
+        return direct
+    dvar = (dx_hat * (x - mean)).sum(0) * -0.5 * inv_std**3
+    dmean = -(dx_hat * inv_std).sum(0)
+    return direct + dvar * 2 * (x - mean) / (n if var_n else 1) + dmean / (n if mean_n else 1)
 
 
 def _bn_unbiased(x, gamma, beta, eps):
@@ -470,10 +395,232 @@ def _bn_unbiased(x, gamma, beta, eps):
 
 
 def _bn_traps(x, gamma, dout, eps) -> list[Trap]:
-    """The gradients when the statistics are treated as constants, and with the unbiased variance."""
-    mean, var = x.mean(0), x.var(0, unbiased=False)
-    frozen = (dout * gamma / (var + eps).sqrt(), (dout * (x - mean) / (var + eps).sqrt()).sum(0), dout.sum(0))
-    unbiased = _reference(partial(_bn_unbiased, eps=eps), (x, gamma, torch.zeros_like(gamma)), dout)
-    return [(frozen, "the mean and variance depend on x too: every row of a column changes them, which adds two "
-                     "terms to dx"),
-            (unbiased, "batch norm normalises with the biased variance, mean((x − mean)²) over N, not N − 1")]
+    n = len(x)
+    unbiased_var = x.var(0, unbiased=True)
+    x_hat_unbiased = (x - x.mean(0)) * (unbiased_var + eps) ** -0.5
+    bessel = (f"x.var(0) divides by N − 1 (Bessel's correction); batch norm's v = mean((x − μ)²) divides by N = "
+              f"{n}: use x.var(0, unbiased=False)")
+    return [
+        ((_bn_by_paths(x, gamma, dout, eps, frozen=True), (dout * (x - x.mean(0)) * (x.var(0, unbiased=False) + eps)
+          ** -0.5).sum(0), dout.sum(0)), "the mean and the variance depend on x too: every row of a column changes "
+                                         "them, which adds two paths to dx"),
+        ((_bn_by_paths(x, gamma, dout, eps, frozen=True),), "the mean and the variance depend on x too: every row of "
+                                                            "a column changes them, which adds two paths to dx"),
+        ((_bn_by_paths(x, gamma, dout, eps, var=unbiased_var),), bessel),
+        (((dout * x_hat_unbiased).sum(0),), bessel),
+        (reference(partial(_bn_unbiased, eps=eps), (x, gamma, torch.zeros_like(gamma)), dout)[:1], bessel),
+        ((_bn_by_paths(x, gamma, dout, eps, mean_n=False),), "the path through μ lost its 1/N: μ = mean(x) over the "
+                                                             "N rows, so ∂μ/∂x = 1/N"),
+        ((_bn_by_paths(x, gamma, dout, eps, var_n=False),), "the path through v lost its 1/N: v = mean((x − μ)²) "
+                                                            "over the N rows, so ∂v/∂x = 2(x − μ)/N"),
+        ((_bn_by_paths(x, gamma, dout, eps, mean_n=False, var_n=False),), "the paths through μ and v both lost their "
+                                                                          "1/N: both are means over the N rows"),
+    ]
+
+
+@exercise("04.5", "batch norm fused: dx in one expression")
+def _bn_fused(batch_norm_backward) -> Outcome:
+    """``batch_norm_backward(x, gamma, dout, eps) -> (dx, dgamma, dbeta)`` for batch norm in training mode
+    on ``x`` of shape (N, C) (the batch's mean and biased variance, per column; the same argument order
+    as ``hooklab.backprop.batch_norm_backward``), compared with the chain of 04.4's steps; tried with
+    N = 6 and N = 3."""
+    worst, worst_name, names = 0.0, "", ["dx", "dgamma", "dbeta"]
+    for (n, c), seed in (((6, 4), 51), ((3, 5), 55)):
+        _, x, gamma, dout, grads = _bn_case(n, c, seed)
+        expected = (grads["x"], grads["gamma"], grads["beta"])
+        got, failed = by_hand(batch_norm_backward, ["x", "gamma", "dout", "eps"], x, gamma, dout, EPS)
+        compared = failed or compare(got, expected, names, _bn_traps(x, gamma, dout, EPS))
+        if isinstance(compared, Outcome):
+            return Outcome(False, f"with x of shape {(n, c)}: {compared.detail}")
+        if compared[0] >= worst:
+            worst, worst_name = compared
+    return verdict(names, worst, worst_name, verb="equal the chain of 04.4's steps, as computed by",
+                   prefix="with x of shapes (6, 4) and (3, 5): ")
+
+
+# ----- convolution and pooling (04.d, 04.6, 04.7) -----------------------------------------------------
+@prediction(
+    "04.d", "how many output positions use each pixel of a 4×4 image (3×3 kernel, padding 1)",
+    why="a pixel is in one patch for each kernel position that covers it: 9 in the middle, 6 on an edge, 4 in a "
+        "corner (there the rest of the window falls on the padding). fold adds every patch's gradient back onto "
+        "its pixels, so a pixel's dx is a sum of that many terms.",
+    wrong=[([[9.0] * 4] * 4, "only the pixels away from the border are in 9 patches: at the border part of the 3×3 "
+                             "window falls on the padding"),
+           ([[1.0] * 4] * 4, "the patches overlap: with a 3×3 kernel and stride 1 each pixel is in several")],
+)  # fmt: skip
+def _coverage() -> list[list[float]]:
+    ones = torch.ones(1, 1, 4, 4)
+    return F.fold(F.unfold(ones, 3, padding=1), (4, 4), 3, padding=1)[0, 0].tolist()
+
+
+@exercise("04.6", "conv2d backward, stride 1, with padding")
+def _conv(conv2d_backward) -> Outcome:
+    """``conv2d_backward(x, w, dout, padding) -> (dx, dw)`` for ``y = F.conv2d(x, w, padding=padding)``
+    (stride 1, no bias); tried with padding 0 on a 6×5 input with a 3×2 kernel, then padding 1."""
+    cases = []
+    for (shape, kernel, padding), seed in ((((2, 3, 6, 5), (4, 3, 3, 2), 0), 9), (((2, 2, 5, 5), (3, 2, 3, 3), 1), 12)):
+        x, w = rand(*shape, seed=seed), rand(*kernel, seed=seed + 1)
+        out = F.conv2d(x, w, padding=padding)
+        dout = rand(*out.shape, seed=seed + 2)
+        cases.append((f"padding={padding}", partial(F.conv2d, padding=padding), {"x": x, "w": w},
+                      {"x": x, "w": w, "dout": dout, "padding": padding}, dout, []))
+    outcome = check_cases(conv2d_backward, cases, "with padding 0 and 1: ")
+    if not outcome.passed and "shape (2, 2, 7, 7), expected (2, 2, 5, 5)" in outcome.detail:
+        return Outcome(False, f"{outcome.detail} (dx has the shape of the padded input: cut the padding off, or "
+                              "fold back with the same padding=..., which drops it)")
+    return outcome
+
+
+@exercise("04.7", "max pooling backward, 2×2 windows")
+def _max_pool(max_pool_backward) -> Outcome:
+    """``max_pool_backward(x, dout) -> dx`` for ``y = F.max_pool2d(x, 2)`` (2×2 windows, stride 2); the
+    inputs have no ties. Tried on x of shape (2, 3, 4, 4), then (1, 2, 6, 8)."""
+    cases = []
+    for shape, seed in (((2, 3, 4, 4), 91), ((1, 2, 6, 8), 93)):
+        x = rand(*shape, seed=seed)
+        dout = rand(shape[0], shape[1], shape[2] // 2, shape[3] // 2, seed=seed + 1)
+        spread = dout.repeat_interleave(2, -2).repeat_interleave(2, -1)
+        traps = [((spread / 4,), "that spreads each window's gradient evenly, as average pooling does: max pooling "
+                                 "sends all of it to the window's largest input, and 0 to the other three"),
+                 ((spread,), "every input of a window got the window's whole gradient: only its largest input "
+                             "should, the other three get 0")]
+        cases.append((f"x of shape {shape}", partial(F.max_pool2d, kernel_size=2), {"x": x},
+                      {"x": x, "dout": dout}, dout, traps))
+    return check_cases(max_pool_backward, cases, "with x of shapes (2, 3, 4, 4) and (1, 2, 6, 8): ")
+
+
+# ----- the capstone: one epoch on the digits (04.e, 04.8) ----------------------------------------------
+LR, BATCH, ACCURACY_TOLERANCE = 0.1, 32, 0.02
+
+
+def digits_cnn() -> nn.Sequential:
+    """The network of notebook 04: conv → batch norm → ReLU → max-pool, twice, then a Linear."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Conv2d(16, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(128, 10))
+
+
+def _course_backward(model, x, y) -> dict[str, torch.Tensor]:
+    """The course's own formulas (``hooklab.backprop``) through every layer of a Sequential, from the
+    layers' inputs and outputs kept on the way forward."""
+    from hooklab.backprop import BACKWARD, losses
+
+    seen = [x]
+    for layer in model:
+        seen.append(layer(seen[-1]))
+    d, grads = losses.softmax_cross_entropy_backward(seen[-1], y), {}
+    for i in reversed(range(len(model))):
+        d, params = BACKWARD[type(model[i])](model[i], seen[i], seen[i + 1], d)
+        grads.update({f"{i}.{k}": g for k, g in params.items() if g is not None})
+    return grads
+
+
+@prediction(
+    "04.e", "whether a right backward pass can give autograd's gradients bit for bit",
+    why="no: the formulas are the same mathematics, but a convolution's weight gradient sums thousands of "
+        "products, and a different kernel adds them in a different order, which rounds differently in the last "
+        "bits of float32. So compare with allclose and print a bound on the difference, never ==.",
+    wrong=[(True, "the mathematics is the same, but the sums run in another order, and float32 rounds each partial "
+                  "sum: the last bits differ")],
+)  # fmt: skip
+def _bit_identical() -> bool:
+    from ..data import digits
+
+    data = digits()
+    x, y = data.x_train[:BATCH], data.y_train[:BATCH]
+    model = digits_cnn()
+    names, params = zip(*model.named_parameters(), strict=True)
+    autograd = dict(zip(names, torch.autograd.grad(F.cross_entropy(model(x), y), params), strict=True))
+    with torch.no_grad():
+        mine = _course_backward(copy.deepcopy(model), x, y)
+    return all(torch.equal(mine[n], autograd[n]) for n in names)
+
+
+def _layer_label(model, name: str) -> str:
+    return f"layer {name} ({type(model.get_submodule(name)).__name__})"
+
+
+def _judge_step(got, expected: dict[str, torch.Tensor], model) -> Outcome | float:
+    """The answer's parameter gradients in chain order from the loss: the first wrong one named, with
+    the layers between it and the last right one (where the slip must be)."""
+    if not isinstance(got, dict):
+        return Outcome(False, f"return a dict {{parameter name: gradient}} with one entry per name of "
+                              f"model.named_parameters() ({', '.join(expected)}), not {type(got).__name__}")
+    layers = [name for name, _ in model.named_children()]
+    worst, last_right = 0.0, None
+    for name in reversed(expected):
+        layer = name.rpartition(".")[0]
+        what = f"{name} ({type(model.get_submodule(layer)).__name__} {name.rpartition('.')[2]})"
+        if name not in got:
+            return Outcome(False, f"no gradient for {what}: return one entry per name of model.named_parameters() "
+                                  f"({', '.join(expected)})")
+        result = one(what, got[name], expected[name])
+        if isinstance(result, Outcome):
+            if "the inputs are float64" in result.detail:
+                return Outcome(False, f"first wrong: {result.detail}")
+            if last_right is None:
+                return Outcome(False, f"first wrong: {result.detail}. The slip is in the loss's gradient or in the "
+                                      f"backward of {_layer_label(model, layer)}")
+            done = last_right.rpartition(".")[0]
+            where = f"in the backward of {_layer_label(model, layer)}"
+            if done != layer:
+                between = layers[layers.index(layer):layers.index(done)]
+                where = (f"in what {_layer_label(model, done)} passes back to its input, or in the backward of "
+                         f"{', '.join(_layer_label(model, n) for n in reversed(between))}")
+            return Outcome(False, f"every gradient from the loss back to {last_right} right; first wrong: "
+                                  f"{result.detail}. The slip is {where}")
+        last_right = name
+        worst = max(worst, result)
+    return worst
+
+
+def _accuracy(model, x, y) -> float:
+    with torch.no_grad():
+        return (model.eval()(x).argmax(1) == y).double().mean().item()
+
+
+@exercise("04.8", "one epoch on the digits with your own backward pass")
+def _capstone(model_backward) -> Outcome:
+    """``model_backward(model, x, y) -> {parameter name: gradient}`` for
+    ``F.cross_entropy(model(x), y)`` on the lesson's CNN, whose parameters do not require grad. The
+    check trains it for one epoch of plain SGD (lr 0.1, batches of 32, float64) with your gradients,
+    compares them at every step with autograd's on a copy of the model, and trains a second copy
+    with autograd alone: the two test accuracies must agree within 0.02."""
+    from ..data import digits
+
+    data = digits()
+    images, test_images = data.x_train.double(), data.x_test.double()
+    mine, theirs = digits_cnn().double(), digits_cnn().double()
+    mine.requires_grad_(False)
+    names = [name for name, _ in mine.named_parameters()]
+    order = torch.randperm(len(data.y_train), generator=torch.Generator().manual_seed(0))
+    worst, steps = 0.0, 0
+    for steps, idx in enumerate(order.split(BATCH), start=1):
+        x, y = images[idx], data.y_train[idx]
+        twin = copy.deepcopy(mine).requires_grad_(True)  # its forward moves only its own running statistics
+        expected = dict(zip(names, torch.autograd.grad(F.cross_entropy(twin(x), y), list(twin.parameters())),
+                            strict=True))
+        got, failed = by_hand(model_backward, ["model", "x", "y"], mine, x, y)
+        result = failed or _judge_step(got, expected, mine)
+        if isinstance(result, Outcome):
+            return Outcome(False, f"at step {steps}: {result.detail}")
+        worst = max(worst, result)
+        with torch.no_grad():
+            for name, p in mine.named_parameters():
+                p -= LR * got[name]
+        loss = F.cross_entropy(theirs(x), y)
+        with torch.no_grad():
+            for p, g in zip(theirs.parameters(), torch.autograd.grad(loss, list(theirs.parameters())), strict=True):
+                p -= LR * g
+    yours, autograd = _accuracy(mine, test_images, data.y_test), _accuracy(theirs, test_images, data.y_test)
+    bound = f"< {SHOWN_AS_BOUND:.0e}" if worst < SHOWN_AS_BOUND else f"{worst:.1e}"
+    if abs(yours - autograd) > ACCURACY_TOLERANCE:
+        return Outcome(False, f"every step's gradients matched autograd's (max |difference| {bound}), but the test "
+                              f"accuracy is {yours:.2f} with yours and {autograd:.2f} with autograd's: does your "
+                              "function run the model forward more than once? Each forward pass in training mode "
+                              "moves batch norm's running statistics")
+    return Outcome(True, f"{steps} steps, and at every one your gradients match autograd's (max |difference| "
+                         f"{bound}); test accuracy after one epoch {yours:.2f} with yours, {autograd:.2f} with "
+                         f"autograd's")
+
