@@ -1,26 +1,42 @@
-"""Checkers of notebook 06: each accepts a worked answer and rejects a typical wrong one."""
+"""Checkers of notebook 06: each accepts a worked answer and rejects a typical wrong one; each
+prediction computes what the lesson shows."""
 
 from __future__ import annotations
 
 import copy
-import json
-from pathlib import Path
+import math
 
 import pytest
 import torch
 from answers import failed
 from torch import nn
-from torch.nn.modules import module as module_hooks
 
-from hooklab.audit import clear_global_hooks, clear_hooks
+import hooklab
 from hooklab.exercises import exercises, grade
-from hooklab.exercises.nb06 import _FIRING_ORDER, ORDER_KINDS
 
 IDS = sorted(id for id in exercises() if id.startswith("06."))
 
 
-def test_notebook_06_has_five_exercises():
-    assert IDS == ["06.1", "06.2", "06.3", "06.4", "06.5"]
+def test_notebook_06_has_five_predictions_and_five_exercises():
+    assert IDS == ["06.1", "06.2", "06.3", "06.4", "06.5", "06.a", "06.b", "06.c", "06.d", "06.e"]
+
+
+# ----- predictions ------------------------------------------------------------------------------
+@pytest.mark.parametrize(("id", "truth"), [("06.a", "head.2."), ("06.b", 4), ("06.c", 0.001), ("06.d", 0.005),
+                                           ("06.e", 4)])
+def test_each_prediction_computes_what_the_lesson_shows(id, truth):
+    assert grade(id, truth).passed
+    computed = exercises()[id].checker.__wrapped__.truth()
+    assert computed == truth if not isinstance(truth, float) else math.isclose(computed, truth, rel_tol=1e-3)
+
+
+@pytest.mark.parametrize(("id", "guess", "hint"), [
+    ("06.a", "head.2", "ends with a dot"), ("06.a", "2.", "whole path"), ("06.b", 3, "Sequential is a module too"),
+    ("06.d", 0.001, "param_groups"), ("06.e", 1, "AccumulateGrad"), ("06.e", 3, "each of the two parameters"),
+    ("06.c", 2.4e-6, "plain SGD only"),
+])  # fmt: skip
+def test_wrong_guesses_get_their_hint(id, guess, hint):
+    failed(id, guess, hint)
 
 
 # ----- 06.1 -----------------------------------------------------------------------------------
@@ -96,70 +112,9 @@ def test_06_1_a_returned_dict_is_explained():
     assert not outcome.passed and "in place" in outcome.detail
 
 
-# ----- 06.3 -----------------------------------------------------------------------------------
-def clip(optimizer, args, kwargs):
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p.grad is not None:
-                norm = p.grad.norm()
-                if norm > 1:
-                    p.grad.mul_(1 / norm)
-
-
-def clip_everything_to_one(optimizer, args, kwargs):
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            p.grad.div_(p.grad.norm())
-
-
-def test_06_3_clip():
-    assert grade("06.3", clip).passed
-    unclipped = grade("06.3", lambda optimizer, args, kwargs: None)
-    assert not unclipped.passed and "to [-3, -4], not [-0.6, -0.8]" in unclipped.detail
-    failed("06.3", clip_everything_to_one, "skip such parameters")
-
-
-def clip_the_first_group(optimizer, args, kwargs):
-    for p in optimizer.param_groups[0]["params"]:
-        norm = p.grad.norm()
-        if norm > 1:
-            p.grad.div_(norm)
-
-
-def clip_without_checking_for_none(optimizer, args, kwargs):
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            norm = p.grad.norm()
-            if norm > 1:
-                p.grad.div_(norm)
-
-
-def test_06_3_every_group_and_a_missing_gradient():
-    first = grade("06.3", clip_the_first_group)
-    assert not first.passed and "second parameter group" in first.detail
-    crashed = grade("06.3", clip_without_checking_for_none)
-    assert not crashed.passed and ".grad is None" in crashed.detail
-
-
-def clip_returning_a_list(optimizer, args, kwargs):
-    clip(optimizer, args, kwargs)
-    return []
-
-
-def test_06_3_a_returned_value_is_explained_without_an_address():
-    outcome = grade("06.3", clip_returning_a_list)
-    assert not outcome.passed and "must return None (or (args, kwargs))" in outcome.detail
-    assert " at 0x" not in outcome.detail
-    assert grade("06.3", lambda optimizer, args, kwargs: clip(optimizer, args, kwargs) or (args, kwargs)).passed
-
-
-def clip_the_total_norm(optimizer, args, kwargs):
-    torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], 1.0)
-
-
-def test_06_3_clipping_the_total_norm_gets_a_hint():
-    outcome = grade("06.3", clip_the_total_norm)
-    assert not outcome.passed and "by its own norm, not the total norm" in outcome.detail
+def test_06_1_reports_the_failed_load():
+    outcome = grade("06.1", lambda module, state_dict, prefix, *rest: None)
+    assert not outcome.passed and "Missing key(s)" in outcome.detail
 
 
 # ----- 06.2 -----------------------------------------------------------------------------------
@@ -214,121 +169,130 @@ def test_06_2_wrong_answers_are_explained(answer, expected):
     assert not outcome.passed and expected in outcome.detail, outcome.detail
 
 
+# ----- 06.3 -----------------------------------------------------------------------------------
+def watch_updates(model, optimizer, clone=True, log=True, biases=False, keep_both=True, formula=False):
+    weights = {name: p for name, p in model.named_parameters() if biases or p.ndim > 1}
+    ratios, before, hooks = {name: [] for name in weights}, {}, hooklab.Hooks()
+
+    def keep(optimizer, args, kwargs):
+        before.update({name: p.detach().clone() if clone else p.detach() for name, p in weights.items()})
+
+    def compare(optimizer, args, kwargs):
+        for name, p in weights.items():
+            if formula:
+                change = optimizer.param_groups[0]["lr"] * p.grad
+            else:
+                change = p.detach() - before[name]
+            ratio = change.std() / before[name].std()
+            ratios[name].append(ratio.log10().item() if log else ratio.item())
+
+    pre = optimizer.register_step_pre_hook(keep)
+    post = optimizer.register_step_post_hook(compare)
+    hooks.add(pre)
+    if keep_both:
+        hooks.add(post)
+    return ratios, hooks
+
+
+def test_06_3_watch_updates():
+    assert grade("06.3", watch_updates).passed
+    as_list = grade("06.3", lambda model, optimizer: (watch_updates(model, optimizer)[0], []))
+    assert not as_list.passed  # an empty list removes nothing
+
+
+@pytest.mark.parametrize(("options", "words"), [
+    ({"clone": False}, ("p.detach().clone()",)),
+    ({"formula": True}, ("lr · grad", "before and after step()")),
+    ({"biases": True}, ("'0.bias'", "weights only (p.ndim > 1)")),
+    ({"keep_both": False}, ("both", "handles")),
+    ({"log": False}, ("log10",)),
+])  # fmt: skip
+def test_06_3_wrong_answers_are_named(options, words):
+    failed("06.3", lambda model, optimizer: watch_updates(model, optimizer, **options), *words)
+
+
+def test_06_3_norms_instead_of_stds_and_a_wrong_return():
+    def norms(model, optimizer):
+        weights = {name: p for name, p in model.named_parameters() if p.ndim > 1}
+        ratios, before = {name: [] for name in weights}, {}
+        pre = optimizer.register_step_pre_hook(
+            lambda o, a, k: before.update({n: p.detach().clone() for n, p in weights.items()}))
+
+        def compare(o, a, k):
+            for n, p in weights.items():
+                ratios[n].append(((p.detach() - before[n]).norm() / before[n].norm()).log10().item())
+
+        return ratios, [pre, optimizer.register_step_post_hook(compare)]
+
+    failed("06.3", norms, "use the stds")
+    failed("06.3", lambda model, optimizer: watch_updates(model, optimizer)[0], "return (ratios, hooks)")
+
+
 # ----- 06.4 -----------------------------------------------------------------------------------
-# The expected order, as torch's Module._call_impl and BackwardHook give it (global hooks before
-# the module's own; each prepend=True puts a hook in front of the module's own, so the last
-# prepended runs first; backward pre-hooks when grad_output is ready, the inner output's tensor
-# hook after them, full backward hooks when grad_input is ready). The first test measures it.
-FIRING = list(_FIRING_ORDER)
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "06_hook_api_tour.ipynb"
+def keep_lr(optimizer, state_dict):
+    groups = [{**saved, "lr": group["lr"]} for saved, group in zip(state_dict["param_groups"], optimizer.param_groups,
+                                                                    strict=True)]
+    return {**state_dict, "param_groups": groups}
 
 
-def _exercise_code() -> str:
-    """The registration code that the text of exercise 06.4 shows."""
-    for cell in json.loads(NOTEBOOK.read_text())["cells"]:
-        source = "".join(cell["source"])
-        if cell["cell_type"] == "markdown" and "### Exercise 06.4" in source:
-            return source.split("```python\n", 1)[1].split("```", 1)[0]
-    pytest.fail("notebook 06 has no exercise 06.4")
+def keep_lr_in_place_of_new_groups(optimizer, state_dict):
+    """Right too: the shallow copy's own "param_groups" key may point at a new list."""
+    pairs = zip(state_dict["param_groups"], optimizer.param_groups, strict=True)
+    state_dict["param_groups"] = [{**saved, "lr": group["lr"]} for saved, group in pairs]
 
 
-def test_06_4_the_expected_order_is_measured_from_the_code_the_exercise_shows():
-    fired = []
-
-    def hook_named(letter):
-        (label,) = [kind for kind in ORDER_KINDS if kind.removesuffix(" (prepend)").endswith(f" {letter}")]
-        return lambda *args: fired.append(label)
-
-    names = {letter: hook_named(letter) for letter in "ABCEFGHIJ"}
-
-    def d(module, args, output):
-        fired.append("forward hook D")
-        output.register_hook(names["J"])
-
-    layer = nn.Linear(2, 1)
-    namespace = {**names, "D": d, "layer": layer, "module_hooks": module_hooks, "torch": torch}
-    try:
-        exec(_exercise_code(), namespace)
-    finally:
-        clear_hooks(layer)
-        clear_global_hooks()
-    assert fired == FIRING
-    assert sorted(ORDER_KINDS) == sorted(_FIRING_ORDER)
+def test_06_4_keep_lr():
+    assert grade("06.4", keep_lr).passed
+    assert grade("06.4", keep_lr_in_place_of_new_groups).passed
 
 
-def test_06_4_the_notebook_lists_the_hooks_the_checker_knows():
-    """The exercise cell spells the shuffled list out; it must be ORDER_KINDS, in the same order."""
-    for cell in json.loads(NOTEBOOK.read_text())["cells"]:
-        source = "".join(cell["source"])
-        if cell["cell_type"] == "code" and source.startswith("hooks_shuffled = ["):
-            namespace = {}
-            exec(source.split("prediction = ", 1)[0], namespace)
-            assert namespace["hooks_shuffled"] == list(ORDER_KINDS)
-            return
-    pytest.fail("notebook 06 has no hooks_shuffled cell")
+def edit_the_shared_groups(optimizer, state_dict):
+    for saved, group in zip(state_dict["param_groups"], optimizer.param_groups, strict=True):
+        saved["lr"] = group["lr"]
 
 
-def test_06_4_predict():
-    assert grade("06.4", FIRING).passed
-    swapped = list(FIRING)
-    swapped[0], swapped[1] = swapped[1], swapped[0]  # the prepended pre-hooks in registration order
-    outcome = grade("06.4", swapped)
-    assert not outcome.passed and "8 of 10" in outcome.detail
-    local_first = list(FIRING)
-    local_first[3:6] = ["forward hook F (prepend)", "forward hook D", "global forward hook E"]
-    failed("06.4", local_first, "7 of 10 hooks in the right place")
-    failed("06.4", FIRING[:-1], "exactly once", "missing: 'backward hook G'")
-    failed("06.4", list(ORDER_KINDS), "1 of 10 hooks in the right place")  # the shuffled stub itself
+def keep_every_current_setting(optimizer, state_dict):
+    groups = [{**group, "params": saved["params"]}
+              for saved, group in zip(state_dict["param_groups"], optimizer.param_groups, strict=True)]
+    return {**state_dict, "param_groups": groups}
 
 
-def test_06_4_a_wrong_order_gets_a_hint_not_the_answer():
-    for wrong in (list(reversed(FIRING)), list(ORDER_KINDS), FIRING[1:] + FIRING[:1]):
-        outcome = failed("06.4", wrong, "in the right place", "which of the two fires first")
-        assert "position" not in outcome.detail and "fires there" not in outcome.detail, outcome.detail
+def first_group_only(optimizer, state_dict):
+    groups = list(state_dict["param_groups"])
+    groups[0] = {**groups[0], "lr": optimizer.param_groups[0]["lr"]}
+    return {**state_dict, "param_groups": groups}
 
 
-def test_06_4_names_the_unknown_and_the_missing_hooks():
-    typo = ["pre-hook C", *FIRING[1:]]
-    outcome = grade("06.4", typo)
-    assert not outcome.passed
-    assert "not a hook of the list: 'pre-hook C'" in outcome.detail
-    assert "missing: 'pre-hook C (prepend)'" in outcome.detail
-    short = grade("06.4", FIRING[:-1])
-    assert "missing: 'backward hook G'" in short.detail and "not a hook" not in short.detail
-    doubled = grade("06.4", [*FIRING[:-1], "forward hook D"])
-    assert "listed twice: 'forward hook D'" in doubled.detail
-    assert "not a str" in grade("06.4", "pre-hook A").detail
+def drop_the_state(optimizer, state_dict):
+    return {**keep_lr(optimizer, state_dict), "state": {}}
 
 
-def test_06_4_letters_or_another_case_are_told_to_use_the_full_strings():
-    letters = [kind.removesuffix(" (prepend)")[-1] for kind in FIRING]
-    assert "".join(letters) == "CBAEFDIHJG"
-    for answer in (letters, [letter.lower() for letter in letters], [*FIRING[:3], *letters[3:]]):
-        outcome = failed("06.4", answer, "full strings of ORDER_KINDS, e.g. 'pre-hook A'")
-        assert "missing" not in outcome.detail and "not a hook of the list" not in outcome.detail, outcome.detail
-    lower = failed("06.4", [kind.lower() for kind in FIRING], "exactly as they are written",
-                   "'pre-hook C (prepend)', not 'pre-hook c (prepend)'")
-    assert "missing" not in lower.detail, lower.detail
-    failed("06.4", [*FIRING[:-1], "Backward hook  G"], "'backward hook G', not 'Backward hook  G'")
+@pytest.mark.parametrize(("answer", "words"), [
+    (edit_the_shared_groups, ("checkpoint you loaded from changed", "shallow copy")),
+    (lambda optimizer, state_dict: None, ("group 0's lr is 0.1 (the checkpoint's)", "0.01")),
+    (keep_every_current_setting, ("momentum is 0.9", "everything but lr")),
+    (first_group_only, ("group 1's lr is 0.05",)),
+    (drop_the_state, ("momentum buffers were not loaded",)),
+    (lambda optimizer, state_dict: [], ("returned list",)),
+])  # fmt: skip
+def test_06_4_wrong_answers_are_named(answer, words):
+    failed("06.4", answer, *words)
 
 
-def test_06_4_does_not_depend_on_the_kernels_global_backward_hook_state(monkeypatch):
-    """The legacy global backward hook, once registered, leaves this flag False for the whole process."""
-    monkeypatch.setattr(module_hooks, "_global_is_full_backward_hook", False)
-    assert grade("06.4", FIRING).passed
+def test_06_4_the_lesson_trap_is_real():
+    """The premise: loading restores the checkpoint's lr."""
+    weight = nn.Parameter(torch.zeros(2))
+    new = torch.optim.Adam([weight], lr=1e-3)
+    new.load_state_dict(torch.optim.Adam([weight], lr=5e-3).state_dict())
+    assert new.param_groups[0]["lr"] == 5e-3
 
 
 def test_checkers_leave_the_random_stream_alone():
     torch.manual_seed(0)
     state = torch.random.get_rng_state()
-    for id, answer in (("06.1", upgrade), ("06.3", clip), ("06.2", out_of_place), ("06.4", FIRING)):
+    for id, answer in (("06.1", upgrade), ("06.2", out_of_place), ("06.3", watch_updates), ("06.4", keep_lr)):
         assert grade(id, answer).passed
     assert torch.equal(torch.random.get_rng_state(), state)
-
-
-def test_06_1_reports_the_failed_load():
-    outcome = grade("06.1", lambda module, state_dict, prefix, *rest: None)
-    assert not outcome.passed and "Missing key(s)" in outcome.detail
 
 
 # ----- 06.5 -----------------------------------------------------------------------------------

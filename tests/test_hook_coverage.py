@@ -1,24 +1,30 @@
-"""The course covers every hook-registering API of the installed torch, and its reference table lists them.
+"""The course covers every hook API of the installed torch, and its reference table lists them.
 
-How an API is found (by introspection of the installed torch, so a torch upgrade that adds a
-hook API makes these tests fail until the course covers it):
-* every public attribute named ``register_*hook*`` of ``torch.Tensor``, ``torch.nn.Module``,
-  ``torch.optim.Optimizer`` and ``torch.autograd.graph.Node``;
+The census (by introspection of the installed torch, so a torch upgrade that adds a hook API makes
+these tests fail until the course covers it):
+* every public attribute named ``register_*hook*`` or ``set_*hook*`` of ``torch.Tensor``,
+  ``torch.nn.Module``, ``torch.optim.Optimizer`` and ``torch.autograd.graph.Node``, and of a saved
+  tensor (``torch._C._autograd.SavedTensor.register_hooks``, what ``grad_fn._raw_saved_*`` are);
 * every name containing ``hook`` in the ``__all__`` of ``torch.nn.modules.module``,
-  ``torch.optim.optimizer`` and ``torch.autograd.graph``, whatever it is called: the
-  ``register_*`` functions, and context managers such as ``saved_tensors_hooks`` and
-  ``node_creation_hook``, so a new hook API of another shape is noticed too;
-* the ``register_*hook*`` methods that the distributed wrappers ``DistributedDataParallel`` and
-  ``FullyShardedDataParallel`` define themselves (their communication hooks).
+  ``torch.optim.optimizer``, ``torch.autograd.graph`` and ``torch.utils.hooks``, whatever it is
+  called: the ``register_*`` functions, context managers such as ``saved_tensors_hooks`` and
+  ``node_creation_hook``, the decorator ``unserializable_hook`` and ``warn_if_has_hooks``, so a new
+  hook API of another shape is noticed too; and every class in those ``__all__`` that is a kind of
+  ``saved_tensors_hooks`` (``save_on_cpu``);
+* the ``register_*hook*`` and ``set_*hook*`` methods that the distributed wrappers
+  ``DistributedDataParallel``, ``FullyShardedDataParallel`` and FSDP2's ``FSDPModule`` define
+  themselves (their communication hooks, ``set_all_reduce_hook``).
 Private APIs (``Module._register_load_state_dict_pre_hook``, ``Module._register_state_dict_hook``)
 are not public and not counted. Public hook APIs outside these owners (CUDA graphs, process groups,
-``register_ddp_comm_hook``, ``torch.package``) are out of scope: ``OUT_OF_SCOPE`` lists them, and a
-test checks that they exist and that notebook 06's "Not covered" section names them.
+``register_ddp_comm_hook``, DDP's ``join_hook``, ``torch.package``) are out of scope:
+``OUT_OF_SCOPE`` lists them, and a test checks that they exist and that the "Not covered" section
+of the field guide G6 names them.
 
 How a call is recognised in a notebook: the code cells of every notebook under ``notebooks/``
 (solutions included) are parsed with ``ast`` (IPython ``%``/``!`` lines are dropped). A call
 counts when it is written as a call: ``x.register_forward_hook(...)`` (an attribute call, any
 receiver) or ``register_module_forward_hook(...)`` (a bare name, after ``from ... import``).
+A decorator counts as a call (``@unserializable_hook``, ``@torch.utils.hooks.unserializable_hook``).
 Mentions in comments, strings, markdown or an attribute without a call do not count. Some
 names are shared by two owners, and the receiver decides which one is meant:
 * ``register_hook``: ``Node.register_hook`` when the receiver mentions ``grad_fn`` or
@@ -47,18 +53,24 @@ import torch
 from torch.autograd import graph as graph_module
 from torch.nn.modules import module as module_module
 from torch.optim import optimizer as optimizer_module
+from torch.utils import hooks as utils_hooks_module
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
-TABLE_NOTEBOOK = NOTEBOOK_DIR / "06_hook_api_tour.ipynb"
-TABLE_HEADING = "Reference table"
-HOOK_NAME = re.compile(r"^register_\w*hook")
+TABLE_NOTEBOOK = NOTEBOOK_DIR / "guide" / "G6_firing_order_and_reference.ipynb"
+LESSON_06 = NOTEBOOK_DIR / "06_hooks_around_training.ipynb"
+GUIDE_G7 = NOTEBOOK_DIR / "guide" / "G7_hooks_around_training.ipynb"
+TABLE_HEADING = r"(?:\d+\.\s+)?Reference table"
+HOOK_NAME = re.compile(r"^(?:register|set)_\w*hook")
 
 #: APIs the course does not call, each with the reason. Keep it short.
-EXCLUDED: dict[str, str] = {}
+EXCLUDED: dict[str, str] = {
+    "torch.utils.hooks.BackwardHook": "the wrapper nn.Module builds for its own full backward hooks; user code never "
+                                      "creates or registers it (guide G3 section 3 shows its views)",
+}
 
-#: public hook APIs outside the owners above, each with the text notebook 06's "Not covered" section
-#: must contain: the course says out loud that its reference table does not reach them
+#: public hook APIs outside the owners above, each with the text the "Not covered" section of the
+#: guide G6 must contain: the course says out loud that its reference table does not reach them
 OUT_OF_SCOPE = {
     "torch.cuda.graphs.register_graph_capture_start_hook": "torch.cuda.graphs.register_graph_*_hook",
     "torch.cuda.graphs.register_graph_destroy_hook": "torch.cuda.graphs.register_graph_*_hook",
@@ -72,12 +84,13 @@ OUT_OF_SCOPE = {
     "torch.package.PackageExporter.register_intern_hook": "torch.package.PackageExporter.register_intern_hook",
     "torch.package.PackageExporter.register_extern_hook": "register_extern_hook",
     "torch.package.PackageExporter.register_mock_hook": "register_mock_hook",
+    "torch.nn.parallel.DistributedDataParallel.join_hook": "torch.nn.parallel.DistributedDataParallel.join_hook",
 }
-NOT_COVERED_HEADING = "Not covered"
+NOT_COVERED_HEADING = r"(?:\d+\.\s+)?Not covered"
 
 
 def _owners():
-    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
     from torch.nn.parallel import DistributedDataParallel
 
     classes = {
@@ -85,11 +98,13 @@ def _owners():
         "torch.nn.Module": (torch.nn.Module, False),
         "torch.optim.Optimizer": (torch.optim.Optimizer, False),
         "torch.autograd.graph.Node": (torch.autograd.graph.Node, False),
+        "torch._C._autograd.SavedTensor": (torch._C._autograd.SavedTensor, False),
         # only what these wrappers define themselves: they inherit Module's hooks
         "torch.nn.parallel.DistributedDataParallel": (DistributedDataParallel, True),
         "torch.distributed.fsdp.FullyShardedDataParallel": (FullyShardedDataParallel, True),
+        "torch.distributed.fsdp.FSDPModule": (FSDPModule, True),
     }
-    modules = (module_module, optimizer_module, graph_module)
+    modules = (module_module, optimizer_module, graph_module, utils_hooks_module)
     return classes, modules
 
 
@@ -104,14 +119,16 @@ def hook_apis() -> dict[str, str]:
                 found[f"{label}.{name}"] = name
     for module in modules:
         for name in module.__all__:
-            if "hook" in name.lower():
+            value = getattr(module, name)
+            saved_tensor_hooks = isinstance(value, type) and issubclass(value, graph_module.saved_tensors_hooks)
+            if "hook" in name.lower() or saved_tensor_hooks:
                 found[f"{module.__name__}.{name}"] = name
     return dict(sorted(found.items()))
 
 
 # ----- recognising calls ------------------------------------------------------------------------
 
-_MODULE_LABELS = {"torch.nn.modules.module", "torch.optim.optimizer", "torch.autograd.graph"}
+_MODULE_LABELS = {"torch.nn.modules.module", "torch.optim.optimizer", "torch.autograd.graph", "torch.utils.hooks"}
 _NODE_TEXT = re.compile(r"\bgrad_fn\b|\bnext_functions\b")
 _OPTIMIZER_CLASSES = {"Optimizer"}
 _pending = [torch.optim.Optimizer]
@@ -201,6 +218,11 @@ def called_apis(tree: ast.Module, apis: dict[str, str]) -> set[str]:
     bound = _bindings(tree)
     found = set()
     for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):  # @unserializable_hook counts as a call
+            for decorator in node.decorator_list:
+                if isinstance(decorator, (ast.Name, ast.Attribute)):
+                    as_call = ast.Module(body=[ast.Expr(ast.Call(decorator, [], []))], type_ignores=[])
+                    found |= called_apis(as_call, apis)
         if not isinstance(node, ast.Call):
             continue
         func = node.func
@@ -249,6 +271,11 @@ def test_introspection_finds_every_family(apis):
         "torch.autograd.graph.register_multi_grad_hook",
         "torch.autograd.graph.saved_tensors_hooks",
         "torch.autograd.graph.node_creation_hook",
+        "torch.autograd.graph.save_on_cpu",
+        "torch._C._autograd.SavedTensor.register_hooks",
+        "torch.distributed.fsdp.FSDPModule.set_all_reduce_hook",
+        "torch.utils.hooks.unserializable_hook",
+        "torch.utils.hooks.warn_if_has_hooks",
     ):
         assert key in apis
     assert not any(name.startswith("_") for name in apis.values())
@@ -292,6 +319,11 @@ def test_a_call_counts_but_a_mention_does_not(apis):
     )
     assert _calls(silent, apis) == set()
     assert _calls("%time x = 1\n!ls\ny = x.register_hook(f)", apis) == {"torch.Tensor.register_hook"}
+    decorated = "@torch.utils.hooks.unserializable_hook\ndef f(grad):\n    pass"
+    assert _calls(decorated, apis) == {"torch.utils.hooks.unserializable_hook"}
+    assert _calls("from torch.utils.hooks import unserializable_hook\n@unserializable_hook\ndef f(grad):\n    pass",
+                  apis) == {"torch.utils.hooks.unserializable_hook"}
+    assert _calls("@functools.cache\ndef f():\n    pass", apis) == set()
 
 
 def test_the_receiver_decides_between_owners(apis):
@@ -329,7 +361,7 @@ def test_every_hook_api_is_called_in_some_notebook(apis):
 
 
 def _table_rows() -> dict[str, str]:
-    """``{API: the row's markdown}`` from the reference table of notebook 06."""
+    """``{API: the row's markdown}`` from the reference table of the guide G6."""
     for source in _cells(TABLE_NOTEBOOK, "markdown"):
         if re.search(rf"^#+ {TABLE_HEADING}\b", source, re.MULTILINE):
             rows = {}
@@ -392,12 +424,13 @@ def test_signatures_in_the_table_name_the_hook_arguments(apis):
     assert "incompatible_keys" in rows["torch.nn.Module.register_load_state_dict_post_hook"]
 
 
-def test_every_link_of_notebook_06_points_at_a_real_section():
+@pytest.mark.parametrize("notebook", [LESSON_06, TABLE_NOTEBOOK, GUIDE_G7], ids=lambda p: p.stem)
+def test_every_link_of_lesson_06_and_its_guides_points_at_a_real_section(notebook):
     """The prose links too (to other notebooks' sections), not only the table's."""
     problems = []
-    for source in _cells(TABLE_NOTEBOOK, "markdown"):
+    for source in _cells(notebook, "markdown"):
         for target, fragment in re.findall(r"\]\(([^)#\s]*\.ipynb|)#([^)\s]+)\)", source):
-            path = (TABLE_NOTEBOOK.parent / target) if target else TABLE_NOTEBOOK
+            path = (notebook.parent / target) if target else notebook
             if not path.exists() or urllib.parse.unquote(fragment) not in _anchors(path):
                 problems.append(f"{target}#{fragment}")
     assert not problems, f"links without a matching heading: {problems}"
@@ -422,7 +455,7 @@ def test_hook_apis_out_of_scope_exist_and_are_named_under_not_covered():
     assert len(sections) == 1, f"{TABLE_NOTEBOOK.name} needs one markdown cell headed {NOT_COVERED_HEADING!r}"
     for dotted, text in OUT_OF_SCOPE.items():
         assert callable(_resolve(dotted)), f"{dotted} is gone from torch: drop it from OUT_OF_SCOPE"
-        assert text in sections[0], f"the Not covered section of notebook 06 does not name {text!r} ({dotted})"
+        assert text in sections[0], f"the Not covered section of the guide G6 does not name {text!r} ({dotted})"
 
 
 # ----- what the reference table says about return values and order, on the installed torch -------
@@ -466,8 +499,9 @@ def test_orders_the_table_states():
     assert loaded == ["child", "root"]
 
 
-def test_measured_claims_of_notebook_06():
-    """What notebook 06 marks as measured on the pinned version: a torch upgrade that changes one fails here."""
+def test_measured_claims_of_lesson_06_and_its_guides():
+    """What lesson 06 and the guides G6 and G7 mark as measured on the pinned version: a torch upgrade
+    that changes one fails here."""
     lin, stricts = torch.nn.Linear(2, 2), []
     with lin.register_load_state_dict_pre_hook(lambda module, sd, prefix, meta, strict, *rest: stricts.append(strict)):
         lin.load_state_dict(lin.state_dict(), strict=False)
@@ -497,3 +531,58 @@ def test_a_buffer_reassigned_in_forward_fires_the_registration_hook():
         counter(torch.ones(1))
         counter(torch.ones(1))
     assert fired == ["calls", "calls"]
+
+
+def test_the_early_firing_warning_comes_once_per_module_call():
+    import warnings
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    handles = [model[0].register_full_backward_hook(lambda m, gi, go: None) for _ in range(2)]
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model(torch.randn(4, 3)).sum().backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert len(caught) == 1  # two hooks on one module call: one warning
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with module_module.register_module_full_backward_hook(lambda m, gi, go: None):
+            model(torch.randn(4, 3)).sum().backward()
+    assert len(caught) == 2  # the Linear and the Sequential around it, whose input needs no grad either
+
+
+def test_saved_tensor_hooks_claims():
+    x = torch.randn(3, requires_grad=True)
+    with torch.autograd.graph.save_on_cpu():
+        y = x.exp()
+    assert y.grad_fn._saved_result.untyped_storage().data_ptr() == y.untyped_storage().data_ptr()  # no copy on CPU
+    packed = []
+    z = x.pow(2)
+    z.grad_fn._raw_saved_self.register_hooks(lambda t: packed.append("pack") or t.detach(), lambda t: t)
+    assert packed == ["pack"]  # packed at once, when registered
+
+
+def test_serialization_claims():
+    import io
+    import warnings
+
+    @utils_hooks_module.unserializable_hook
+    def quiet(grad):
+        return None
+
+    for hook, expected in ((lambda grad: None, 1), (quiet, 0)):
+        t = torch.ones(2, requires_grad=True)
+        t.register_hook(hook)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.save(t, io.BytesIO())
+        assert len(caught) == expected
+
+
+def test_the_optimizer_loads_the_checkpoints_learning_rate():
+    weight = torch.nn.Parameter(torch.zeros(2))
+    new = torch.optim.Adam([weight], lr=1e-3)
+    new.load_state_dict(torch.optim.Adam([weight], lr=5e-3).state_dict())
+    assert new.param_groups[0]["lr"] == 5e-3

@@ -1,4 +1,4 @@
-"""hooklab.order: the firing-order tracer of notebook 06."""
+"""hooklab.order: the firing-order tracer of the field guide G6."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Trace the order in which every kind of forward and backward hook fires, and draw it.
 
-Introduced in notebook 06 (the firing-order chart), after notebooks 01–03 met each hook alone:
+Introduced in the field guide G6 (the firing-order chart), after lessons 01–03 met each hook alone:
 
     firings = trace_firing_order(model, x)
     print(format_order(firings))

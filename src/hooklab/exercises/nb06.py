@@ -1,48 +1,110 @@
-"""Exercises of notebook 06, numbered in the order the notebook asks them: state-dict hooks (06.1),
-a registration hook that makes in-place modules safe for global hooks (06.2), optimizer hooks
-(06.3), the firing order (06.4), and which layer created which autograd node (06.5)."""
+"""Exercises and predictions of notebook 06: hooks around training.
+
+Predictions 06.a-06.e compute their truth with torch. Exercises, in the order the lesson asks them:
+a load_state_dict pre-hook that reads old checkpoints (06.1), a registration hook that makes
+in-place modules safe for global hooks (06.2), optimizer step hooks that measure the update:data
+ratio (06.3), an optimizer load pre-hook that keeps the learning rate (06.4), and which layer created
+which autograd node (06.5). The field guide's exercises on the same hooks are in ``g6.py`` (the
+firing order) and ``g7.py``.
+"""
 
 from __future__ import annotations
 
-import itertools
+import copy
+import math
 
 import torch
 from torch import nn
 from torch.nn.modules import module as module_hooks
 
 from ..hooks import Hooks
-from . import Outcome, compare_tensors, exercise, hint_for
-
-#: the hooks of exercise 06.4, shuffled: one nn.Linear carries them, registered as the notebook shows
-ORDER_KINDS = (
-    "backward hook G",
-    "pre-hook B (prepend)",
-    "forward hook D",
-    "tensor hook J",
-    "global forward hook E",
-    "backward pre-hook I (prepend)",
-    "pre-hook A",
-    "forward hook F (prepend)",
-    "backward pre-hook H",
-    "pre-hook C (prepend)",
-)
-
-#: the order in which they fire. A constant, so that the check registers no hook and works in any
-#: kernel; a test runs the registration code of the notebook's exercise text and measures it again
-_FIRING_ORDER = (
-    "pre-hook C (prepend)",
-    "pre-hook B (prepend)",
-    "pre-hook A",
-    "global forward hook E",
-    "forward hook F (prepend)",
-    "forward hook D",
-    "backward pre-hook I (prepend)",
-    "backward pre-hook H",
-    "tensor hook J",
-    "backward hook G",
-)
+from . import Outcome, exercise, kind_of, prediction
 
 
+# ----- predictions ---------------------------------------------------------------------------------
+@prediction("06.a", "the prefix a load pre-hook on head.2 receives",
+            why="load_state_dict hands each module the dotted path from the model to it, ending in a dot, so that "
+                "its own keys are prefix + 'weight' and prefix + 'bias': 'head.2.'",
+            wrong=[("head.2", "almost: the prefix ends with a dot, so that prefix + 'weight' is the key"),
+                   ("2.", "the prefix is the whole path from the model down to the layer, containers included"),
+                   ("", "the empty prefix is the root model's; a layer inside it gets the path to it")])
+def _prefix() -> str:
+    from ..models import DigitsCNN
+
+    model, seen = DigitsCNN(), []
+    handle = model.head[2].register_load_state_dict_pre_hook(lambda module, sd, prefix, *rest: seen.append(prefix))
+    try:
+        model.load_state_dict(DigitsCNN(seed=1).state_dict())
+    finally:
+        handle.remove()
+    return seen[0]
+
+
+def _count_backward_hook_calls() -> int:
+    calls = []
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    with module_hooks.register_module_full_backward_hook(lambda module, gi, go: calls.append(module)):
+        model(torch.randn(5, 3, requires_grad=True)).sum().backward()
+    return len(calls)
+
+
+@prediction("06.b", "how many calls a global full backward hook gets from a three-layer Sequential",
+            why="a global hook reaches every module that runs, the container included: Linear, Tanh, Linear and the "
+                "Sequential around them, 4 calls",
+            wrong=[(3, "the Sequential is a module too, and it runs: a global hook reaches it as well"),
+                   (2, "Tanh is a module too, and so is the Sequential around the three layers")])
+def _global_calls() -> int:
+    return _count_backward_hook_calls()
+
+
+@prediction("06.c", "how far Adam's first step moves a typical weight",
+            why="Adam divides each gradient entry by the square root of a running average of its squares; after one "
+                "step that average is the entry's own square, so every entry with a gradient moves by lr, 0.001, "
+                "however small its gradient. lr · grad is the step of plain SGD only", rel=0.02)
+def _adam_first_step() -> float:
+    from ..data import digits
+    from ..models import trained_digits_cnn
+
+    data = digits()
+    model = trained_digits_cnn().train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    weight = model.head[2].weight
+    before = weight.detach().clone()
+    nn.functional.cross_entropy(model(data.x_train[:32]), data.y_train[:32]).backward()
+    optimizer.step()
+    return (weight.detach() - before).abs().median().item()
+
+
+@prediction("06.d", "the learning rate after loading an optimizer's checkpoint",
+            why="load_state_dict loads the checkpoint's param_groups whole, hyperparameters included: the lr is "
+                "the old run's, 0.005, not the 0.001 the optimizer was built with",
+            wrong=[(0.001, "load_state_dict replaces the param_groups with the checkpoint's, lr included")])
+def _loaded_lr() -> float:
+    weight = nn.Parameter(torch.zeros(2))
+    old = torch.optim.Adam([weight], lr=5e-3)
+    new = torch.optim.Adam([weight], lr=1e-3)
+    new.load_state_dict(old.state_dict())
+    return new.param_groups[0]["lr"]
+
+
+@prediction("06.e", "how many autograd nodes one nn.Linear creates",
+            why="four: AddmmBackward0 for x @ Wᵀ + b, TBackward0 for the transpose of the weight, and an "
+                "AccumulateGrad node for each parameter, the weight and the bias (leaves get theirs on their first "
+                "use in a graph)",
+            wrong=[(1, "AddmmBackward0 is one; the weight's transpose is an operation too, and each parameter gets an "
+                       "AccumulateGrad node, the place its gradient is added into .grad"),
+                   (2, "there are more: the weight's transpose is an operation, and each of the two parameters gets "
+                       "an AccumulateGrad node"),
+                   (3, "one more: each of the two parameters, weight and bias, gets its own AccumulateGrad node")])
+def _nodes_of_a_linear() -> int:
+    created = []
+    with torch.autograd.graph.node_creation_hook(lambda node: created.append(node.name())):
+        nn.Linear(3, 2)(torch.randn(4, 3))
+    return len(created)
+
+
+# ----- 06.1: reading old checkpoints -----------------------------------------------------------------
 def _checkpoint_model() -> nn.Sequential:
     """Two Linears, at ``0.`` and one level deeper at ``2.0.``, each with a ``batches`` buffer."""
     model = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Sequential(nn.Linear(3, 1)))
@@ -140,72 +202,7 @@ def _rename_keys(upgrade) -> Outcome:
     return Outcome(True, "old and new checkpoints both load, into both Linear layers (at 0. and 2.0.), other keys kept")
 
 
-def _is_args_kwargs(value) -> bool:
-    return isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], tuple) and isinstance(value[1], dict)
-
-
-def _unclipped_outcome(big: torch.Tensor, small: torch.Tensor) -> Outcome:
-    """The step did not clip the gradient of norm 5: say where it moved the weight, and whether the
-    answer clipped by the total norm."""
-    scale_big = big.detach().norm().item() / 5
-    scale_small = (torch.ones(3) - small.detach()).norm().item() / 0.3
-    hint = ""
-    if scale_big < 0.999 and abs(scale_big - scale_small) < 1e-4:
-        hint = ": clip each parameter by its own norm, not the total norm"
-    return Outcome(
-        False, f"the large gradient (norm 5) was not clipped to norm 1: the step moved the weight from "
-        f"[0, 0] to [{big[0]:.4g}, {big[1]:.4g}], not [-0.6, -0.8]{hint}"
-    )
-
-
-@exercise("06.3", "clip each gradient in an optimizer step pre-hook")
-def _clip_in_pre_hook(clip) -> Outcome:
-    """``clip(optimizer, args, kwargs)`` scales each parameter's gradient so its norm is at most 1."""
-    big = nn.Parameter(torch.zeros(2))
-    small = nn.Parameter(torch.ones(3))
-    idle = nn.Parameter(torch.ones(2))  # no gradient: .grad is None
-    wide = nn.Parameter(torch.zeros(4))
-    big.grad = torch.tensor([3.0, 4.0])  # norm 5: must be scaled to norm 1
-    small.grad = torch.tensor([0.2, -0.2, 0.1])  # norm 0.3: must stay as it is
-    wide.grad = torch.tensor([0.0, 2.0, 0.0, 0.0])  # norm 2, in the second group: must be scaled to norm 1
-    optimizer = torch.optim.SGD([{"params": [big, small]}, {"params": [idle, wide]}], lr=1.0)
-    returned = []
-
-    def watched(optimizer, args, kwargs):
-        result = clip(optimizer, args, kwargs)
-        if result is None or _is_args_kwargs(result):
-            return result
-        returned.append(type(result).__name__)
-        return None
-
-    handle = optimizer.register_step_pre_hook(watched)
-    try:
-        optimizer.step()
-    except (AttributeError, TypeError) as error:
-        return hint_for(error, {"NoneType": "the hook failed on a parameter without a gradient (its .grad is None): "
-                                            "skip such parameters"})
-    finally:
-        handle.remove()
-    if returned:
-        return Outcome(False, f"the hook returned a {returned[0]}: a step pre-hook must return None (or (args, "
-                              "kwargs))")
-    expected_big = torch.tensor([-0.6, -0.8])
-    expected_small = torch.ones(3) - torch.tensor([0.2, -0.2, 0.1])
-    if not torch.allclose(big.detach(), expected_big, atol=1e-6):
-        return _unclipped_outcome(big, small)
-    if not torch.allclose(wide.detach(), torch.tensor([0.0, -1.0, 0.0, 0.0]), atol=1e-6):
-        return Outcome(False, f"the large gradient (norm 2) in the second parameter group was not clipped to norm 1 "
-                              f"(the step moved that weight by {wide.detach().norm():.4g}): clip the parameters of "
-                              "every group in optimizer.param_groups")
-    outcome = compare_tensors(small.detach(), expected_small)
-    if not outcome.passed:
-        return Outcome(False, f"a gradient already below norm 1 was changed ({outcome.detail})")
-    if not torch.equal(idle.detach(), torch.ones(2)):
-        return Outcome(False, "a parameter without a gradient was moved by the step: leave it alone")
-    return Outcome(True, "gradients of norm 5 and 2 (in two parameter groups) clipped to 1; a gradient of norm 0.3 "
-                         "and a missing one left alone")
-
-
+# ----- 06.2: a registration hook that makes in-place modules safe -----------------------------------
 def _describe(value) -> str:
     if value is None:
         return "None"
@@ -291,49 +288,183 @@ def _out_of_place(out_of_place) -> Outcome:
               "left alone; a model built under the hook runs backward with a full backward hook on every module")
 
 
-def _quoted(items) -> str:
-    return ", ".join(repr(item) if isinstance(item, str) else f"a {type(item).__name__}" for item in items)
+# ----- 06.3: the update:data ratio from step hooks ------------------------------------------------
+_OPTIMIZERS = (
+    ("Adam (lr 0.01)", lambda params: torch.optim.Adam(params, lr=0.01)),
+    ("SGD with momentum 0.9 (lr 0.1)", lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9)),
+)
+_STEPS = 3
 
 
-@exercise("06.4", "predict the firing order for one layer")
-def _predict_order(prediction) -> Outcome:
-    """``prediction`` lists the hooks of ``ORDER_KINDS`` in the order they fire on the exercise's Linear.
-
-    A wrong order is told how many hooks are in the right place and one neighbouring pair that is
-    the wrong way round, never which hook belongs at a position.
-    """
-    n = len(ORDER_KINDS)
-    if not isinstance(prediction, (list, tuple)):
-        return Outcome(False, f"give a list of the {n} strings of ORDER_KINDS, not {_describe(prediction)}")
-    prediction = list(prediction)
-    unknown = [item for item in prediction if not isinstance(item, str) or item not in ORDER_KINDS]
-    letters = {kind.removesuffix(" (prepend)")[-1] for kind in ORDER_KINDS}
-    if any(isinstance(item, str) and item.strip().upper() in letters for item in unknown):
-        return Outcome(False, "use the full strings of ORDER_KINDS, e.g. 'pre-hook A', not letters alone")
-    by_case = {" ".join(kind.casefold().split()): kind for kind in ORDER_KINDS}
-    near = [(item, by_case[" ".join(item.casefold().split())]) for item in unknown
-            if isinstance(item, str) and " ".join(item.casefold().split()) in by_case]
-    if near:
-        return Outcome(False, f"use the strings of ORDER_KINDS exactly as they are written (case and spaces count), "
-                              f"e.g. {near[0][1]!r}, not {near[0][0]!r}")
-    missing = [kind for kind in ORDER_KINDS if kind not in prediction]
-    twice = [kind for kind in ORDER_KINDS if prediction.count(kind) > 1]
-    if unknown or missing or twice:
-        problems = [
-            f"{label}: {_quoted(items)}"
-            for label, items in (("not a hook of the list", unknown), ("missing", missing), ("listed twice", twice))
-            if items
-        ]
-        return Outcome(False, f"list each hook of ORDER_KINDS exactly once ({'; '.join(problems)})")
-    if prediction == list(_FIRING_ORDER):
-        return Outcome(True, f"all {n} hooks in the order they fire")
-    right = sum(got == real for got, real in zip(prediction, _FIRING_ORDER, strict=True))
-    rank = {kind: i for i, kind in enumerate(_FIRING_ORDER)}
-    first, second = next((a, b) for a, b in itertools.pairwise(prediction) if rank[a] > rank[b])
-    return Outcome(False, f"{right} of {n} hooks in the right place; for example, you put {first!r} right before "
-                          f"{second!r}: which of the two fires first?")
+def _ratio_model() -> nn.Sequential:
+    torch.manual_seed(63)
+    return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 3))
 
 
+def _log_ratio(after: torch.Tensor, before: torch.Tensor) -> float:
+    return ((after - before).std() / before.std()).log10().item()
+
+
+def _remove(hooks) -> None:
+    """Remove what the answer handed back: a Hooks owner, a handle, or a list or tuple of handles."""
+    if isinstance(hooks, (list, tuple)):
+        for handle in hooks:
+            handle.remove()
+    else:
+        hooks.remove()
+
+
+def _train_and_measure(watch_updates, make_optimizer):
+    """Runs _STEPS steps with the answer's hooks; returns (answer's result, expected ratios, lr·grad ratios,
+    log10 of the norm ratios, model, optimizer, batch)."""
+    model = _ratio_model()
+    optimizer = make_optimizer(model.parameters())
+    weights = {name: p for name, p in model.named_parameters() if p.ndim > 1}
+    expected, formula, norms = ({name: [] for name in weights} for _ in range(3))
+    lr = optimizer.param_groups[0]["lr"]
+    result = watch_updates(model, optimizer)
+    g = torch.Generator().manual_seed(6)
+    x, y = torch.randn(16, 4, generator=g), torch.randint(0, 3, (16,), generator=g)
+    for _ in range(_STEPS):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        before = {name: p.detach().clone() for name, p in weights.items()}
+        optimizer.step()
+        for name, p in weights.items():
+            expected[name].append(_log_ratio(p.detach(), before[name]))
+            formula[name].append(((lr * p.grad).std() / before[name].std()).log10().item())
+            norms[name].append(((p.detach() - before[name]).norm() / before[name].norm()).log10().item())
+    return result, expected, formula, norms, model, optimizer, (x, y)
+
+
+def _close(got, want) -> bool:
+    return len(got) == len(want) and all(
+        isinstance(g, (int, float)) and math.isfinite(g) and abs(g - w) <= 1e-4 * max(1.0, abs(w))
+        for g, w in zip(got, want, strict=True))
+
+
+def _wrong_ratios(name: str, got: list, expected: list, formula: list, norms: list, label: str) -> Outcome:
+    """Why ``got`` (the answer's ratios of one weight) is not ``expected``: the slip, in words."""
+    if len(got) != len(expected):
+        return Outcome(False, f"ratios[{name!r}] has {len(got)} entries after {_STEPS} steps of {label}: append one "
+                              "per step, in the post-hook")
+    if any(not isinstance(g, (int, float)) for g in got):
+        return Outcome(False, f"ratios[{name!r}] holds {kind_of(got[0])} entries: append plain floats (.item())")
+    if any(g == -math.inf or g != g for g in got):
+        return Outcome(False, f"ratios[{name!r}] is {got}: the weights before and after the step looked equal. "
+                              "p.detach() shares memory with p, and step() changes p in place: keep p.detach().clone()")
+    if _close(got, formula):
+        return Outcome(False, f"with {label}, your ratios are those of lr · grad, the step of plain SGD: compare the "
+                              "weights before and after step() instead")
+    if _close(got, norms):
+        return Outcome(False, f"ratios[{name!r}] looks like log10 of |Δw| / |w| as norms: use the stds, "
+                              "log10(std(Δw) / std(w before)), as lesson 03 did")
+    if all(g > 0 for g in got) and _close([math.log10(g) for g in got], expected):
+        return Outcome(False, f"ratios[{name!r}] holds the ratios themselves: append their log10")
+    return Outcome(False, f"with {label}, ratios[{name!r}] is {[round(g, 4) for g in got]}, expected "
+                          f"{[round(e, 4) for e in expected]}: log10(std(w after − w before) / std(w before)) per step")
+
+
+@exercise("06.3", "the update:data ratio of every step, from optimizer step hooks")
+def _watch_updates(watch_updates) -> Outcome:
+    """``watch_updates(model, optimizer) -> (ratios, hooks)``: ``ratios[name]`` gets log10(std(Δw) /
+    std(w before)) of every weight (``p.ndim > 1``) at every ``optimizer.step()``, from a step pre-hook
+    that copies the weights and a step post-hook that compares; removing ``hooks`` stops it."""
+    for label, make_optimizer in _OPTIMIZERS:
+        result, expected, formula, norms, model, optimizer, (x, y) = _train_and_measure(watch_updates, make_optimizer)
+        if not isinstance(result, tuple) or len(result) != 2:
+            return Outcome(False, f"return (ratios, hooks), not {kind_of(result)}")
+        ratios, hooks = result
+        if not isinstance(ratios, dict):
+            return Outcome(False, f"ratios must be a dict from weight name to a list, not {kind_of(ratios)}")
+        extra = sorted(set(ratios) - set(expected))
+        if extra:
+            biases = [name for name in extra if name.endswith("bias")]
+            what = "watch the weights only (p.ndim > 1)" if biases else "use the names of model.named_parameters()"
+            return Outcome(False, f"ratios has {extra[0]!r}: {what}; expected {sorted(expected)}")
+        missing = sorted(set(expected) - set(ratios))
+        if missing:
+            return Outcome(False, f"ratios has no {missing[0]!r}: one list per weight of model.named_parameters() "
+                                  f"(p.ndim > 1), expected {sorted(expected)}")
+        for name, want in expected.items():
+            got = list(ratios[name])
+            if not _close(got, want):
+                return _wrong_ratios(name, got, want, formula[name], norms[name], label)
+        try:
+            _remove(hooks)
+        except (AttributeError, TypeError):
+            return Outcome(False, f"hooks must be a hooklab.Hooks or a list of the handles, not {kind_of(hooks)}")
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+        if any(len(ratios[name]) != _STEPS for name in expected):
+            return Outcome(False, "after your hooks were removed, a step still added to ratios: hooks must hold both "
+                                  "handles, the pre-hook's and the post-hook's")
+    return Outcome(True, f"the ratio of both weights at each of {_STEPS} steps, with Adam and with SGD with momentum, "
+                         "measured from the weights themselves; removing the hooks stops it")
+
+
+# ----- 06.4: keep the new learning rate when loading an optimizer's checkpoint ----------------------
+def _sgd(lrs, momentum, seed):
+    torch.manual_seed(seed)
+    params = [nn.Parameter(torch.randn(3)), nn.Parameter(torch.randn(2))]
+    groups = [{"params": [p], "lr": lr} for p, lr in zip(params, lrs, strict=True)]
+    return params, torch.optim.SGD(groups, momentum=momentum, weight_decay=1e-3)
+
+
+def _old_sgd_checkpoint() -> dict:
+    """The state dict of an SGD with two groups (lr 0.1 and 0.05, momentum 0.8) after one step: it holds
+    a momentum buffer per parameter."""
+    params, old = _sgd((0.1, 0.05), 0.8, seed=64)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    old.step()
+    return old.state_dict()
+
+
+@exercise("06.4", "keep the new learning rate when loading an optimizer's checkpoint")
+def _keep_lr(keep_lr) -> Outcome:
+    """``keep_lr(optimizer, state_dict)`` is an optimizer load_state_dict pre-hook: everything of the
+    checkpoint is loaded except each group's ``lr``, which stays the optimizer's own; the caller's
+    checkpoint is left as it was."""
+    checkpoint = _old_sgd_checkpoint()
+    untouched = copy.deepcopy(checkpoint)
+    params, optimizer = _sgd((0.01, 0.002), 0.9, seed=65)
+    returned = []
+
+    def watched(optimizer, state_dict):
+        result = keep_lr(optimizer, state_dict)
+        returned.append(result)
+        return result if result is None or isinstance(result, dict) else None
+
+    with optimizer.register_load_state_dict_pre_hook(watched):
+        optimizer.load_state_dict(checkpoint)
+    if returned and returned[0] is not None and not isinstance(returned[0], dict):
+        return Outcome(False, f"the hook returned {kind_of(returned[0])}: return None (having edited the state_dict "
+                              "it got) or the state dict to load")
+    for i, (group, old_group) in enumerate(zip(checkpoint["param_groups"], untouched["param_groups"], strict=True)):
+        if group != old_group:
+            return Outcome(False, f"the checkpoint you loaded from changed: its group {i} now says lr "
+                                  f"{group.get('lr')}. The hook gets a shallow copy: its 'param_groups' list and "
+                                  "the group dicts in it are the caller's own. Build new groups ({**group, 'lr': ...})")
+    for i, (group, want) in enumerate(zip(optimizer.param_groups, (0.01, 0.002), strict=True)):
+        if group["lr"] != want:
+            source = "the checkpoint's" if group["lr"] == untouched["param_groups"][i]["lr"] else "neither"
+            return Outcome(False, f"after loading, group {i}'s lr is {group['lr']} ({source}): keep the optimizer's "
+                                  f"own, {want}, in every group of optimizer.param_groups")
+        if group["momentum"] != 0.8:
+            return Outcome(False, f"after loading, group {i}'s momentum is {group['momentum']}, the optimizer's own: "
+                                  "take everything but lr from the checkpoint (the checkpoint's momentum is 0.8)")
+    for p, old_state in zip(params, untouched["state"].values(), strict=True):
+        buffer = optimizer.state.get(p, {}).get("momentum_buffer")
+        if buffer is None or not torch.equal(buffer, old_state["momentum_buffer"]):
+            return Outcome(False, "the checkpoint's momentum buffers were not loaded: keep its 'state', and build "
+                                  "each group from the checkpoint's group (its 'params' are numbers), changing only lr")
+    return Outcome(True, "both groups keep their own lr (0.01 and 0.002); the checkpoint's momentum 0.8 and its "
+                         "momentum buffers are loaded; the checkpoint itself is unchanged")
+
+
+# ----- 06.5: which layer created which node ---------------------------------------------------------
 def _leaf_modules(model: nn.Module) -> dict[nn.Module, str]:
     return {module: name for name, module in model.named_modules() if name and not list(module.children())}
 
