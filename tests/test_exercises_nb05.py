@@ -1,125 +1,43 @@
-"""Each checker of notebook 05 accepts a correct answer and rejects wrong ones."""
+"""Notebook 05's checkers accept a correct answer and reject wrong ones; its predictions compute the truth the
+lesson shows and answer the common wrong guesses with their own hint."""
 
 from __future__ import annotations
 
+import copy
+
+import pytest
 import torch
 from answers import failed, run_then_remove
+from torch import nn
 
 import hooklab
-from hooklab.exercises import grade
-from hooklab.saliency import GuidedBackprop
+from hooklab.exercises import exercises, grade
+from hooklab.exercises.nb05 import _Probe, _probe_inputs
+
+# ----- predictions ------------------------------------------------------------------------------
+PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that gets its own hint
+    "05.a": (24, 32, "at most the 24"),
+    "05.b": ([False, True], [True, True], "the ReLU is where it stops"),
+    "05.c": ([1, 0, 0, 0], [1, -1, 0, 0], "plain gradient"),
+    "05.d": (0.7, 0.0, "averages it away"),
+    "05.e": ([0.8, -0.4], [0.8, 0.8], "a pixel that raises one score"),
+}
 
 
-def test_05_3_deconvnet_hook():
-    passed = grade("05.3", lambda m, gi, go: (go[0].clamp(min=0),))
-    assert passed.passed and "deconvnet gradients of 3 digits match" in passed.detail
-    assert grade("05.3", lambda m, gi, go: [torch.relu(go[0])]).passed
-    failed("05.3", lambda m, gi, go: None, "returned None")
-    failed("05.3", lambda m, gi, go: gi, "grad_input unchanged")
-    failed("05.3", lambda m, gi, go: go, "negative gradient")
-    failed("05.3", lambda m, gi, go: (gi[0].abs(),), "off by")
-    failed("05.3", lambda m, gi, go: go[0].clamp(min=0), "tuple", "bare tensor")
+@pytest.mark.parametrize("id", PREDICTIONS)
+def test_prediction_truth_right_guess_and_hint_for_a_wrong_one(id):
+    right, wrong, hint = PREDICTIONS[id]
+    assert exercises()[id].kind == "prediction"
+    assert grade(id, right).passed
+    outcome = grade(id, wrong)
+    assert not outcome.passed and hint in outcome.detail, outcome.detail
 
 
-def test_05_3_the_guided_hook_shown_above_the_exercise_is_not_the_answer():
-    failed("05.3", lambda m, gi, go: (gi[0].clamp(min=0),), "guided backprop's rule")
-    failed("05.3", GuidedBackprop.hook, "guided backprop's rule")
+def test_prediction_05_c_names_the_deconvnet_rule():
+    assert "deconvnet" in grade("05.c", [1.0, 0.0, 1.0, 0.0]).detail
 
 
-def test_05_3_a_hook_that_changes_its_arguments_in_place_fails():
-    def clamp_grad_input_in_place(module, grad_input, grad_output):
-        grad_input[0].clamp_(min=0)
-
-    def clamp_grad_output_in_place(module, grad_input, grad_output):
-        grad_output[0].clamp_(min=0)
-        return grad_output
-
-    failed("05.3", clamp_grad_input_in_place, "changed grad_input in place")
-    failed("05.3", clamp_grad_output_in_place, "changed grad_output in place")
-
-
-def test_05_3_wrong_return_values_get_a_message_instead_of_a_pytorch_error():
-    failed("05.3", lambda m, gi, go: (None,), "one tensor", "its entry is None")
-    failed("05.3", lambda m, gi, go: go[0].clamp(min=0).numpy(), "one tensor", "got ndarray")
-    failed("05.3", lambda m, gi, go: 0, "one tensor", "got int")
-    failed("05.3", lambda m, gi, go: (t.clamp(min=0) for t in go), "one tensor", "got generator")
-    failed("05.3", lambda m, gi, go: (go[0].clamp(min=0), go[0]), "one input", "not 2 entries")
-    failed("05.3", lambda m, gi, go: (go[0].clamp(min=0).double(),), "float64, expected float32")
-    failed("05.3", lambda m, gi, go: (go[0].clamp(min=0).flatten(),), "shape (8,), expected (2, 4)")
-
-
-def test_05_3_the_hook_is_also_checked_on_a_model():
-    def only_on_the_sample(module, grad_input, grad_output):
-        return (grad_output[0].clamp(min=0),) if grad_output[0].dim() == 2 else None
-
-    failed("05.3", only_on_the_sample, "did not change the gradient")
-
-
-def _layer_cam(a, g):
-    return (g.clamp(min=0) * a).sum(dim=1).clamp(min=0)
-
-
-def test_05_5_layer_cam():
-    passed = grade("05.5", _layer_cam)
-    assert passed.passed and "(3, 5, 4) and (1, 3, 3)" in passed.detail
-    assert grade("05.5", lambda a, g: torch.relu((torch.relu(g) * a).sum(1))).passed
-    failed("05.5", lambda a, g: _layer_cam(a, g).tolist(), "as a tensor, got list")
-    failed("05.5", lambda a, g: (g.abs() * a).sum(1).clamp(min=0), "max |difference|", "its own gradient")
-
-
-def test_05_5_the_grad_cam_shown_in_the_notebook_is_not_the_answer():
-    def grad_cam_maps(a, g):  # the last lines of the notebook's grad_cam_by_hand
-        return (g.mean(dim=(2, 3), keepdim=True) * a).sum(dim=1).clamp(min=0)
-
-    failed("05.5", grad_cam_maps, "that is Grad-CAM", "its own position")
-
-
-def test_05_5_a_mean_over_channels_is_told_to_sum():
-    failed("05.5", lambda a, g: (g.clamp(min=0) * a).mean(1).clamp(min=0), "sum over channels, not mean")
-    failed("05.5", lambda a, g: torch.relu((torch.relu(g) * a).mean(dim=1)), "sum over channels, not mean")
-
-
-def test_05_5_each_relu_in_its_place():
-    failed("05.5", lambda a, g: (g * a).sum(1).clamp(min=0), "positive part of its gradient")
-    failed("05.5", lambda a, g: (g.clamp(min=0) * a).sum(1), "after summing")
-    failed("05.5", lambda a, g: (g.clamp(min=0) * a.clamp(min=0)).sum(1).clamp(min=0), "keep their sign")
-
-
-def test_05_5_changing_the_inputs_in_place_fails():
-    def scale_activations_in_place(a, g):
-        return a.mul_(g.clamp(min=0)).sum(1).clamp(min=0)
-
-    def clear_gradients_afterwards(a, g):
-        maps = _layer_cam(a, g)
-        g.zero_()
-        return maps
-
-    failed("05.5", scale_activations_in_place, "changed the activations in place")
-    failed("05.5", clear_gradients_afterwards, "changed the gradients in place")
-    assert grade("05.5", lambda a, g: _layer_cam(a.clone(), g.clone())).passed
-
-
-def test_05_5_shape_and_normalisation_hints():
-    def keepdim(a, g):
-        return (g.clamp(min=0) * a).sum(1, keepdim=True).clamp(min=0)
-
-    def normalised(a, g):
-        maps = _layer_cam(a, g)
-        return maps / maps.flatten(1).amax(dim=1)[:, None, None]
-
-    failed("05.5", keepdim, "shape (3, 1, 5, 4), expected (3, 5, 4)", "channel dimension (dim 1)")
-    failed("05.5", lambda a, g: _layer_cam(a, g)[0], "one map per image")
-    failed("05.5", lambda a, g: (g.clamp(min=0) * a).sum(0).clamp(min=0), "dim 1")
-    failed("05.5", normalised, "as they are")
-
-
-def test_05_5_tries_a_second_batch():
-    def only_three_images(a, g):
-        return _layer_cam(a, g) if len(a) == 3 else torch.zeros(a.shape[0], *a.shape[2:])
-
-    failed("05.5", only_three_images, "(1, 2, 3, 3)")
-
-
+# ----- 05.1 and 05.2 -------------------------------------------------------------------------------
 def _dead(model, layer, x, remove=True, images="all", positions="all", grad=False, finally_=True, keep=None):
     outputs = []
     handle = model.get_submodule(layer).register_forward_hook(lambda m, i, o: outputs.append(o.detach()))
@@ -161,7 +79,7 @@ def test_05_1_every_image_counts():
     failed("05.1", lambda m, layer, x: _dead(m, layer, x, keep=slice(0, -1)), "got channels [2, 9, 10, 12, 13]")
 
 
-def test_05_1_one_forward_pass_without_gradients_with_a_forward_hook():
+def test_05_1_one_forward_pass_of_the_whole_batch_with_a_forward_hook():
     def twice(model, layer, x):
         with torch.no_grad():
             model(x)
@@ -176,7 +94,6 @@ def test_05_1_one_forward_pass_without_gradients_with_a_forward_hook():
             out = model.features[:2](x)
         return (out == 0).flatten(2).all(dim=2).all(dim=0).nonzero().flatten().tolist()
 
-    failed("05.1", lambda m, layer, x: _dead(m, layer, x, grad=True), "gradients enabled", "torch.no_grad()")
     failed("05.1", twice, "ran 2 times")
     failed("05.1", in_two_halves, "ran 2 times")
     failed("05.1", lambda m, layer, x: _dead(m, layer, x[:-1]), "whole batch")
@@ -275,60 +192,11 @@ def test_05_2_one_count_per_pass_and_hooks_removed_on_errors():
     failed("05.2", FirstPassOnly, "1 entries after 3 forward passes")
     failed("05.2", RemovesOnlyWithoutError, "when the body of the with block raised")
 
-
-def _cascade(model, names, *, cumulative=True, deep=True, reseed=True):
-    """A right answer to 05.4; the keyword arguments plant the usual mistakes."""
-    import copy
-
-    if reseed:
-        torch.manual_seed(0)
-    copies, current = [], model
-    for name in names:
-        current = copy.deepcopy(current if cumulative else model) if deep else current
-        current.get_submodule(name).reset_parameters()
-        copies.append(current)
-    return copies
-
-
-def test_05_4_cascade():
-    passed = grade("05.4", _cascade)
-    assert passed.passed and "head.2, features.5, features.2" in passed.detail
-
-
-def test_05_4_typical_mistakes_get_a_hint():
-    failed("05.4", lambda m, names: _cascade(m, names, cumulative=False), "keeps the layers above")
-    failed("05.4", lambda m, names: _cascade(m, names, deep=False), "changed", "copy.deepcopy")
-    failed("05.4", lambda m, names: _cascade(m, names, reseed=False), "torch.manual_seed(0)")
-    failed("05.4", lambda m, names: _cascade(m, names[:2]), "3 names, 2 models")
-    failed("05.4", lambda m, names: _cascade(m, names)[-1], "a list of models")
-    failed("05.4", lambda m, names: _cascade(m, ["features.0", *names[1:]]), "re-draw exactly")
-    failed("05.4", lambda m, names: [m] * len(names), "its own copy")
-
-
-def test_05_4_only_the_seeding_the_text_asks_for_passes():
-    import copy
-
-    def seed_before_each_layer(model, names):
-        copies, current = [], model
-        for name in names:
-            current = copy.deepcopy(current)
-            torch.manual_seed(0)
-            current.get_submodule(name).reset_parameters()
-            copies.append(current)
-        return copies
-
-    def every_copy_from_the_model(model, names):
-        torch.manual_seed(0)
-        copies = []
-        for k in range(len(names)):
-            current = copy.deepcopy(model)
-            for name in names[: k + 1]:
-                current.get_submodule(name).reset_parameters()
-            copies.append(current)
-        return copies
-
-    failed("05.4", seed_before_each_layer, "at the start only")
-    failed("05.4", every_copy_from_the_model, "each copy from the previous one")
+def test_05_1_a_pass_with_gradients_enabled_passes_with_a_note():
+    outcome = grade("05.1", lambda m, layer, x: _dead(m, layer, x, grad=True))
+    assert outcome.passed and "[2, 9, 10, 13]" in outcome.detail
+    assert "gradients enabled" in outcome.detail and "torch.no_grad()" in outcome.detail
+    assert "gradients enabled" not in grade("05.1", _dead).detail
 
 
 def test_05_2_a_late_bound_name_is_told_about_the_loop_variable():
@@ -343,3 +211,303 @@ def test_05_2_a_late_bound_name_is_told_about_the_loop_variable():
             return self
 
     failed("05.2", LateBound, "loop variable", "name=name")
+
+
+# ----- 05.3: guided backpropagation ----------------------------------------------------------------------
+def guided_hook(module, grad_input, grad_output):
+    return (grad_input[0].clamp(min=0),)
+
+
+def input_gradient(model, images, classes):
+    images = images.detach().clone().requires_grad_(True)
+    (gradient,) = torch.autograd.grad(model(images).gather(1, classes[:, None]).sum(), images)
+    return gradient
+
+
+class Guided:
+    """A right answer to 05.3; the keyword arguments plant the usual mistakes."""
+
+    def __init__(self, model, *, find="modules", hook=guided_hook, inplace_off=True, restore=True, remove=True,
+                 clear=True, returns_self=True, backward=False):
+        self.model, self.handles, self.was_inplace = model, [], []
+        self.find, self.hook, self.inplace_off, self.restore, self.remove = find, hook, inplace_off, restore, remove
+        self.clear, self.returns_self, self.backward = clear, returns_self, backward
+
+    def __enter__(self):
+        self.relus = [m for m in getattr(self.model, self.find)() if isinstance(m, nn.ReLU)]
+        for relu in self.relus:
+            self.was_inplace.append(relu.inplace)
+            if self.inplace_off:
+                relu.inplace = False
+            self.handles.append(relu.register_full_backward_hook(self.hook))
+        return self if self.returns_self else None
+
+    def __exit__(self, *exc):
+        for handle in self.handles if self.remove else []:
+            handle.remove()
+        for relu, inplace in zip(self.relus, self.was_inplace, strict=False):
+            if self.restore:
+                relu.inplace = inplace
+        if self.clear:
+            self.handles, self.was_inplace = [], []
+
+    def saliency(self, images, classes):
+        if self.backward:
+            images = images.detach().clone().requires_grad_(True)
+            self.model(images).gather(1, classes[:, None]).sum().backward()
+            return images.grad
+        return input_gradient(self.model, images, classes)
+
+
+def guided(**options):
+    def make(model):
+        return Guided(model, **options)
+
+    return make
+
+
+def test_05_3_guided_backpropagation():
+    outcome = grade("05.3", Guided)
+    assert outcome.passed and "nested in a submodule" in outcome.detail
+
+
+def test_05_3_the_probe_tells_the_rules_apart():
+    """The checker's model: guided, plain, deconvnet and guided-on-direct-children-only all differ."""
+    from hooklab.exercises.nb05 import _DeconvReLUFunction, _gradient, _GuidedReLUFunction, _replaced
+
+    model, (x, classes) = _Probe().eval(), _probe_inputs()
+    maps = [_gradient(m, x, classes) for m in (model, _replaced(model, _GuidedReLUFunction),
+                                                _replaced(model, _DeconvReLUFunction),
+                                                _replaced(model, _GuidedReLUFunction, names={"relu"}))]
+    assert all(not torch.allclose(a, b, atol=1e-4) for i, a in enumerate(maps) for b in maps[i + 1:])
+
+
+def test_05_3_typical_mistakes_get_a_hint():
+    failed("05.3", guided(find="children"), "model.children()", "model.modules()")
+    failed("05.3", guided(inplace_off=False), "inplace to False")
+    failed("05.3", guided(restore=False), "inplace=False, not True", "give each ReLU back")
+    failed("05.3", guided(remove=False), "a hook stayed on the model", "__exit__")
+    failed("05.3", guided(returns_self=False), "return self")
+    failed("05.3", guided(hook=lambda m, gi, go: None), "the plain one")
+    failed("05.3", guided(hook=lambda m, gi, go: (go[0].clamp(min=0),)), "deconvnet")
+    failed("05.3", guided(hook=lambda m, gi, go: (gi[0].abs(),)), "differ")
+    failed("05.3", guided(backward=True), ".grad", "torch.autograd.grad")
+    failed("05.3", Guided(_Probe()), "pass the class GuidedBackpropagation itself")
+
+
+def test_05_3_hooks_go_also_when_the_block_raises_and_the_object_can_be_used_twice():
+    class RemovesOnlyWithoutError(Guided):
+        def __exit__(self, exc_type, *rest):
+            if exc_type is None:
+                super().__exit__(exc_type, *rest)
+
+    class RestoresOnlyOnce(Guided):
+        def __exit__(self, *exc):
+            super().__exit__(*exc)
+            self.restore = False  # a second block keeps inplace off
+
+    failed("05.3", RemovesOnlyWithoutError, "when the body of the with block raised")
+    failed("05.3", RestoresOnlyOnce, "after a second with block", "inplace")
+    assert grade("05.3", guided(clear=False)).passed  # removing a handle twice is harmless
+
+
+def test_05_3_the_legacy_backward_hook_is_named():
+    class Legacy(Guided):
+        def __enter__(self):
+            self.relus = [m for m in self.model.modules() if isinstance(m, nn.ReLU)]
+            for relu in self.relus:
+                self.was_inplace.append(relu.inplace)
+                relu.inplace = False
+                self.handles.append(relu.register_backward_hook(guided_hook))
+            return self
+
+    failed("05.3", Legacy, "register_full_backward_hook")
+
+
+def test_05_3_the_packaged_class_passes():
+    from hooklab.saliency import GuidedBackprop
+
+    class Packaged(GuidedBackprop):
+        def saliency(self, images, classes):
+            return super().saliency(images, classes)
+
+    assert grade("05.3", Packaged).passed
+
+
+# ----- 05.4: the Grad-CAM recorder ---------------------------------------------------------------------
+def recorder(*, clone=True, detach=True, hook="tensor", classes_from="given", remove=True, in_finally=True,
+             zero_grad=True, no_grad=False):
+    """A right answer to 05.4; the keyword arguments plant the usual mistakes."""
+
+    def activation_and_gradient(model, layer, images, classes):
+        kept, module = {}, hooklab.get_layer(model, layer)
+
+        def keep_gradient(grad):
+            kept["gradient"] = grad.detach().clone() if detach else grad
+
+        def forward_hook(m, args, output):
+            out = output.detach() if detach else output
+            kept["activation"] = out.clone() if clone else out
+            output.register_hook(keep_gradient)
+
+        def backward_hook(m, grad_input, grad_output):
+            keep_gradient(grad_output[0])
+
+        handles = [module.register_forward_hook(forward_hook if hook == "tensor" else
+                                                (lambda m, a, o: kept.update(activation=o.detach().clone())))]
+        if hook == "full backward":
+            handles.append(module.register_full_backward_hook(backward_hook))
+
+        def run():
+            with torch.set_grad_enabled(not no_grad):
+                scores = model(images)
+                chosen = {"given": classes, "predicted": scores.argmax(dim=1)}.get(classes_from)
+                score = scores.sum() if chosen is None else scores.gather(1, chosen[:, None]).sum()
+                score.backward()
+            if zero_grad:
+                model.zero_grad(set_to_none=True)
+
+        run_then_remove(run, handles if remove else [], in_finally=in_finally)
+        return kept["activation"], kept["gradient"]
+
+    return activation_and_gradient
+
+
+def test_05_4_recorder():
+    outcome = grade("05.4", recorder())
+    assert outcome.passed and "in-place" in outcome.detail
+
+
+def test_05_4_typical_mistakes_get_a_hint():
+    failed("05.4", recorder(clone=False), "overwritten by the in-place ReLU", ".detach().clone()")
+    failed("05.4", recorder(detach=False), "detached copies")
+    failed("05.4", recorder(hook="full backward"), "tensor hook on the output instead")
+    failed("05.4", recorder(classes_from="predicted"), "predicted class")
+    failed("05.4", recorder(classes_from="all"), "sum of all scores")
+    failed("05.4", recorder(remove=False), "a hook stayed on the model")
+    failed("05.4", recorder(in_finally=False), "when the forward pass raised")
+    failed("05.4", recorder(zero_grad=False), ".grad", "torch.autograd.grad")
+    failed("05.4", recorder(no_grad=True), "gradients enabled")
+    failed("05.4", lambda model, layer, images, classes: recorder()(model, layer, images, classes)[0],
+           "two tensors")
+
+
+def test_05_4_hooklab_record_passes_too():
+    def with_record(model, layer, images, classes):
+        with hooklab.record(model, [layer], backward=True) as rec:
+            scores = model(images)
+            scores.gather(1, classes[:, None]).sum().backward()
+        model.zero_grad(set_to_none=True)
+        return rec[layer].output, rec[layer].grad_output[0]
+
+    assert grade("05.4", with_record).passed
+
+
+# ----- 05.5: Layer-CAM from recorded hooks ----------------------------------------------------------------
+def layer_cam_from(maps):
+    def layer_cam(model, layer, images, classes):
+        activation, gradient = recorder()(model, layer, images, classes)
+        return maps(activation, gradient)
+
+    return layer_cam
+
+
+def right_layer_cam(a, g):
+    return (g.clamp(min=0) * a).sum(dim=1).clamp(min=0)
+
+
+def test_05_5_layer_cam():
+    outcome = grade("05.5", layer_cam_from(right_layer_cam))
+    assert outcome.passed and "(4, 4, 4), (3, 6, 6), (2, 5, 5)" in outcome.detail
+    assert "flatten-head network, 0 of 50 of your Layer-CAM maps" in outcome.detail and "Grad-CAM: 35" in outcome.detail
+
+
+def test_05_5_near_misses_get_a_hint():
+    failed("05.5", layer_cam_from(lambda a, g: (g.mean(dim=(2, 3), keepdim=True) * a).sum(1).clamp(min=0)),
+           "that is Grad-CAM")
+    failed("05.5", layer_cam_from(lambda a, g: (g * a).sum(1).clamp(min=0)), "positive part of its gradient")
+    failed("05.5", layer_cam_from(lambda a, g: (g.clamp(min=0) * a).sum(1)), "after summing")
+    failed("05.5", layer_cam_from(lambda a, g: (g.clamp(min=0) * a).mean(1).clamp(min=0)), "not mean")
+    failed("05.5", layer_cam_from(lambda a, g: (g.clamp(min=0) * a.clamp(min=0)).sum(1).clamp(min=0)),
+           "keep their sign")
+    failed("05.5", layer_cam_from(lambda a, g: right_layer_cam(a, g)[:, None]), "channel dimension (dim 1)")
+    failed("05.5", layer_cam_from(lambda a, g: right_layer_cam(a, g)[0]), "one map per image")
+    failed("05.5", layer_cam_from(lambda a, g: right_layer_cam(a, g).tolist()), "as a tensor, got list")
+
+
+def test_05_5_hooks_and_gradients_are_checked():
+    def leaves_grad(model, layer, images, classes):
+        activation, gradient = recorder(zero_grad=False)(model, layer, images, classes)
+        return right_layer_cam(activation, gradient)
+
+    def leaves_hook(model, layer, images, classes):
+        activation, gradient = recorder(remove=False)(model, layer, images, classes)
+        return right_layer_cam(activation, gradient)
+
+    failed("05.5", leaves_grad, ".grad")
+    failed("05.5", leaves_hook, "a hook stayed on the model")
+
+
+# ----- 05.6: cascading randomisation, on properties --------------------------------------------------
+def _cascade(model, names, *, cumulative=True, deep=True, init="reset", seed=None):
+    """A right answer to 05.6 (any random numbers); the keyword arguments plant the usual mistakes."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    copies, current = [], model
+    for name in names:
+        current = (copy.deepcopy(current if cumulative else model)) if deep else current
+        layer = current.get_submodule(name)
+        if init == "reset":
+            layer.reset_parameters()
+        elif init == "normal":
+            with torch.no_grad():
+                for p in layer.parameters():
+                    p.normal_()
+        copies.append(current)
+    return copies
+
+
+@pytest.mark.parametrize("seed", [None, 0, 7])
+def test_05_6_cascade_passes_whatever_the_random_numbers(seed):
+    outcome = grade("05.6", lambda m, names: _cascade(m, names, seed=seed))
+    assert outcome.passed and "head.2, features.5, features.2" in outcome.detail
+
+
+def test_05_6_the_packaged_cascade_passes():
+    from hooklab.saliency import randomised_cascade
+
+    assert grade("05.6", randomised_cascade).passed
+
+
+def test_05_6_typical_mistakes_get_a_hint():
+    failed("05.6", lambda m, names: _cascade(m, names, cumulative=False), "keeps the layers above it random")
+    failed("05.6", lambda m, names: _cascade(m, names, deep=False), "the model you were given changed")
+    failed("05.6", lambda m, names: _cascade(m, names, init="normal"), "reset_parameters()")
+    failed("05.6", lambda m, names: _cascade(m, names, init="none"), "still holds the trained values")
+    failed("05.6", lambda m, names: _cascade(m, names[:2]), "3 names, 2 models")
+    failed("05.6", lambda m, names: _cascade(m, names)[-1], "a list of models")
+    failed("05.6", lambda m, names: _cascade(m, ["features.0", *names[1:]]), "should have layer 'head.2' re-drawn")
+    failed("05.6", lambda m, names: [m] * len(names), "its own copy")
+
+
+def test_05_6_each_copy_from_the_one_before():
+    def every_copy_from_the_model(model, names):
+        copies = []
+        for k in range(len(names)):
+            current = copy.deepcopy(model)
+            for name in names[: k + 1]:
+                current.get_submodule(name).reset_parameters()
+            copies.append(current)
+        return copies
+
+    def shallow(model, names):
+        copies, current = [], model
+        for name in names:
+            current = copy.copy(current)
+            current.get_submodule(name).reset_parameters()
+            copies.append(current)
+        return copies
+
+    failed("05.6", every_copy_from_the_model, "re-drew 'head.2' again", "copy of model 0")
+    failed("05.6", shallow, "changed")
+

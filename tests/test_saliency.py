@@ -202,3 +202,52 @@ def test_guided_grad_cam_is_saliency_times_upsampled_map(model, images):
         saliency = gb.saliency(images, result.targets)
     assert torch.allclose(got, saliency[:, 0] * upsample(result.maps, (8, 8)))
     assert upsample(result.maps, (8, 8)).shape == (4, 8, 8)
+
+
+# ----- the sanity checks' helpers ----------------------------------------------------------------------
+def test_input_gradient_is_the_plain_gradient_and_touches_no_grad(model, images):
+    from hooklab.saliency import input_gradient
+
+    target = torch.tensor([1, 2, 3, 4])
+    x = images.clone().requires_grad_(True)
+    (expected,) = torch.autograd.grad(model(x).gather(1, target[:, None]).sum(), x)
+    assert torch.allclose(input_gradient(model, images, target), expected)
+    assert all(p.grad is None for p in model.parameters()) and not images.requires_grad
+
+
+def test_rank_correlation_matches_spearman_with_ties():
+    from scipy.stats import spearmanr
+
+    from hooklab.saliency import rank_correlation
+
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.randn(5, 3, 4, generator=generator), torch.randn(5, 3, 4, generator=generator)
+    a[:, 0], b[:, :, 1] = 0.0, 0.0  # ties: whole rows of zeros
+    got = rank_correlation(a, b)
+    expected = [spearmanr(a[i].flatten(), b[i].flatten()).statistic for i in range(5)]
+    assert torch.allclose(got, torch.tensor(expected, dtype=torch.float32), atol=1e-6)
+    assert torch.allclose(rank_correlation(a, -a), torch.full((5,), -1.0))
+    assert torch.isnan(rank_correlation(torch.zeros(1, 4), torch.ones(1, 4))).all()
+    with pytest.raises(ValueError, match="two batches of maps of one shape"):
+        rank_correlation(a, b[:, :2])
+
+
+def test_randomised_cascade_re_draws_from_the_top_and_leaves_the_model_and_the_random_stream(model):
+    from hooklab.saliency import randomised_cascade
+
+    names = ["head.2", "features.5"]
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(5)
+    expected_draw = torch.rand(1)
+    torch.manual_seed(5)
+    first, second = randomised_cascade(model, names)
+    assert torch.equal(torch.rand(1), expected_draw)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert not torch.equal(first.head[2].weight, model.head[2].weight)
+    assert torch.equal(first.features[5].weight, model.features[5].weight)
+    assert torch.equal(second.head[2].weight, first.head[2].weight)
+    assert not torch.equal(second.features[5].weight, model.features[5].weight)
+    again = randomised_cascade(model, names)
+    assert torch.equal(again[1].features[5].weight, second.features[5].weight)
+    with pytest.raises(ValueError, match="reset_parameters"):
+        randomised_cascade(model, ["features.1"])

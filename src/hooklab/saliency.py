@@ -17,6 +17,10 @@ Notebook 05 builds each of these by hand first; this module is what it moves int
   ``grad_cam_map(A, G)`` is that formula before the ReLU, the one ``hooklab.cam_widgets`` uses too.
 * ``guided_grad_cam``: guided backprop saliency times the Grad-CAM map upsampled to the input
   (``guided_parts`` makes it from maps already computed).
+* The sanity checks of notebook 05 (Adebayo et al., 2018): ``input_gradient(model, x, target)``,
+  the plain gradient d score / d input; ``rank_correlation(a, b)``, Spearman's rank correlation of
+  two batches of maps, one number per map (ties get their average rank); and
+  ``randomised_cascade(model, names)``, copies of ``model`` with its layers re-drawn from the top down.
 
 Every handle is owned by the context manager that registered it (a ``hooklab.hooks.Hooks``) and
 removed in ``__exit__``, also when the body raises. ``target=None`` means "the predicted class" of each image; an int is
@@ -32,6 +36,7 @@ the guided ones.
 
 from __future__ import annotations
 
+import copy
 import weakref
 from typing import NamedTuple
 
@@ -44,7 +49,8 @@ from .hooks import Hooks
 from .layers import get_layer
 from .recording import NoGradientError, record
 
-__all__ = ["GradCAM", "GuidedBackprop", "grad_cam", "guided_grad_cam"]
+__all__ = ["GradCAM", "GuidedBackprop", "grad_cam", "guided_grad_cam", "input_gradient", "randomised_cascade",
+           "rank_correlation"]
 
 
 def check_grad_mode(what: str) -> None:
@@ -234,3 +240,58 @@ def guided_parts(model: nn.Module, x: torch.Tensor, maps: torch.Tensor, targets)
         saliency = gb.saliency(x, targets).sum(dim=1)
     cam = upsample(maps, tuple(x.shape[-2:]))
     return {"cam": cam, "saliency": saliency, "guided": saliency * cam}
+
+
+# ----- the sanity checks of notebook 05 --------------------------------------------------------------
+def input_gradient(model: nn.Module, x: torch.Tensor, target=None) -> torch.Tensor:
+    """The plain gradient: d (each image's target score) / d x, same shape as ``x``; ``x`` and the
+    parameters' ``.grad`` are left as they were (``torch.autograd.grad``, not ``backward()``)."""
+    check_inputs(model, x, "the input gradient")
+    check_gradients(model, "the input gradient")
+    wanted = wanted_targets(target, len(x))
+    x = x.detach().clone().requires_grad_(True)
+    with torch.enable_grad():
+        scores = class_scores(model(x), len(x))
+        (grad,) = torch.autograd.grad(_score(scores, targets_for(scores, wanted)), x)
+    return grad
+
+
+def _ranks(t: torch.Tensor) -> torch.Tensor:
+    """Each row's values replaced by their ranks 0 .. n-1, tied values by their average rank."""
+    t = t.detach().flatten(1).double().contiguous()
+    ordered = t.sort(dim=1).values
+    below = torch.searchsorted(ordered, t, side="left")
+    up_to = torch.searchsorted(ordered, t, side="right")
+    return (below + up_to - 1).double() / 2
+
+
+def rank_correlation(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Spearman's rank correlation of two batches of maps of one shape ``(N, ...)``: ``(N,)`` numbers
+    from -1 (reversed order) through 0 (unrelated) to 1 (the same order). Tied values get their
+    average rank, so equal values (a map's zeros) count as equal; a constant map gives ``nan``.
+    Compare ``a.abs()`` with ``b.abs()`` to ask whether the same places are large, whatever the sign."""
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.shape != b.shape or a.dim() < 2:
+        got = [tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in (a, b)]
+        raise ValueError(f"rank_correlation needs two batches of maps of one shape (N, ...), got {got[0]} and {got[1]}")
+    ra, rb = _ranks(a), _ranks(b)
+    ra, rb = ra - ra.mean(dim=1, keepdim=True), rb - rb.mean(dim=1, keepdim=True)
+    return ((ra * rb).sum(dim=1) / (ra.norm(dim=1) * rb.norm(dim=1))).float()
+
+
+def randomised_cascade(model: nn.Module, names: list[str], seed: int = 0) -> list[nn.Module]:
+    """Cascading randomisation (Adebayo et al., 2018): one copy of ``model`` per name; copy ``k`` is
+    copy ``k - 1`` (the model, for the first) with layer ``names[k]`` re-drawn by its
+    ``reset_parameters()``, so it has ``names[:k + 1]`` random. ``model`` is not changed; the draws
+    come from a generator seeded with ``seed``, and the caller's random stream stays as it was."""
+    layers = [get_layer(model, name) for name in names]  # a wrong name fails here, listing close matches
+    without = [name for name, layer in zip(names, layers, strict=True) if not hasattr(layer, "reset_parameters")]
+    if without:
+        raise ValueError(f"layers without reset_parameters() cannot be re-drawn: {without}")
+    copies, current = [], model
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        for name in names:
+            current = copy.deepcopy(current)
+            current.get_submodule(name).reset_parameters()
+            copies.append(current)
+    return copies

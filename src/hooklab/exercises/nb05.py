@@ -1,200 +1,162 @@
-"""Exercises of notebook 05, in its order: dead channels found with a hook (05.1), a watch that counts dead
-channels at every training step (05.2), a deconvnet ReLU hook (05.3), cascading weight randomisation (05.4),
-a Layer-CAM map (05.5)."""
+"""Exercises and predictions of notebook 05, in its order: dead channels found with a forward hook (05.a,
+05.1), why they stay dead and a watch that counts them at every step (05.b, 05.2), guided backpropagation
+as a class of ReLU hooks (05.c, 05.3), the Grad-CAM recorder: a tensor hook registered from a forward hook
+(05.4), the flatten head (05.d) and Layer-CAM with that recorder (05.5), the sanity checks (05.e) and
+cascading weight randomisation (05.6)."""
 
 from __future__ import annotations
 
 import copy
+import functools
+import math
 
 import torch
 from torch import nn
 
 from ..audit import clear_hooks
 from ..hooks import Hooks
-from ..models import DigitsCNN
+from ..models import DigitsCNN, TinyConvNet, trained_digits_cnn
 from ..pytorch_internals import module_hooks
-from . import Outcome, compare_tensors, exercise, hooks_left_when_raising
+from . import Outcome, compare_tensors, exercise, hooks_left_when_raising, kind_of, prediction
 
 
 def _images(seed: int, n: int = 3) -> torch.Tensor:
     return torch.rand(n, 1, 8, 8, generator=torch.Generator().manual_seed(seed))
 
 
-class _DeconvReLU(torch.autograd.Function):
-    """ReLU forward; backward passes on the positive part of the incoming gradient, wherever the input was."""
+@functools.cache
+def _digits():
+    from ..data import digits
 
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        return x.clamp(min=0)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        return grad.clamp(min=0)
+    return digits()
 
 
-class _DeconvReLUModule(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _DeconvReLU.apply(x)
+class _Wrong(Exception):
+    """A problem of the answer found while running it, with the hint to show."""
 
 
-def _input_gradient(model: nn.Module, x: torch.Tensor, target: int) -> torch.Tensor:
-    xg = x.clone().requires_grad_(True)
-    (grad,) = torch.autograd.grad(model(xg)[:, target].sum(), xg)
-    return grad
-
-
-def _deconvnet_saliency(model: nn.Module, x: torch.Tensor, target: int) -> torch.Tensor:
-    """The deconvnet's input gradient without hooks: a copy of ``model`` whose ReLUs use ``_DeconvReLU``."""
-    deconv = copy.deepcopy(model)
-    for name, module in list(deconv.named_modules()):
-        if isinstance(module, nn.ReLU):
-            parent, _, child = name.rpartition(".")
-            setattr(deconv.get_submodule(parent), child, _DeconvReLUModule())
-    return _input_gradient(deconv, x, target)
-
-
-def _hook_result_problem(returned, like: torch.Tensor) -> str | None:
-    """What is wrong with ``returned`` as the new ``grad_input`` of a one-input module, or None."""
-    what = "return a tuple with one tensor, like grad_input"
-    if returned is None:
-        return f"your hook returned None, which leaves grad_input as it is: {what}, holding the new gradient"
-    if isinstance(returned, torch.Tensor):
-        return f"{what}, (new_grad_input,), not a bare tensor"
-    if not isinstance(returned, tuple | list):
-        return f"{what} (got {type(returned).__name__})"
-    if len(returned) != 1:
-        return f"{what} (nn.ReLU has one input), not {len(returned)} entries"
-    new = returned[0]
-    if not isinstance(new, torch.Tensor):
-        kind = "None" if new is None else f"a {type(new).__name__}"
-        return f"{what}: its entry is {kind}, not a tensor"
-    if new.shape != like.shape:
-        return (f"the new gradient has shape {tuple(new.shape)}, expected {tuple(like.shape)}, the shape of "
-                "grad_output[0]")
-    if new.dtype != like.dtype:
-        dtypes = [str(d).removeprefix("torch.") for d in (new.dtype, like.dtype)]
-        return f"the new gradient is {dtypes[0]}, expected {dtypes[1]}: keep the dtype of the gradients you receive"
+def _grads_untouched(model: nn.Module) -> str | None:
+    """A hint when the answer left gradients in the parameters' ``.grad`` (they were all None)."""
+    if any(p.grad is not None for p in model.parameters()):
+        return ("your function left gradients in the model's parameters (.grad): compute the gradient with "
+                "torch.autograd.grad(score, images), or set the .grad back to None afterwards "
+                "(model.zero_grad(set_to_none=True)); a caller in the middle of training would learn from them")
     return None
 
 
-@exercise("05.3", "a deconvnet ReLU hook")
-def _deconvnet_hook(hook) -> Outcome:
-    """``hook(module, grad_input, grad_output)`` is a full backward hook for ``nn.ReLU`` that returns
-    the new ``grad_input`` of the deconvnet rule: the positive part of ``grad_output``, wherever the
-    ReLU's input was; its arguments stay unchanged."""
-    relu_input = torch.tensor([[1.5, -0.5, 2.0, -1.0], [-2.0, 0.5, -0.3, 1.0]])
-    grad_output = torch.tensor([[0.7, 1.2, -0.4, -0.9], [0.3, -1.1, 0.8, 0.6]])
-    grad_input = grad_output * (relu_input > 0)  # what autograd's ReLU passes back
-    gi, go = grad_input.clone(), grad_output.clone()
-    returned = hook(nn.ReLU(), (gi,), (go,))
-    if not torch.equal(gi, grad_input) or not torch.equal(go, grad_output):
-        changed = "grad_input" if not torch.equal(gi, grad_input) else "grad_output"
-        return Outcome(False, f"your hook changed {changed} in place, which backward hooks must not do: "
-                              "compute a new tensor and return it in a tuple")
-    problem = _hook_result_problem(returned, grad_output)
-    if problem:
-        return Outcome(False, problem)
-    new = returned[0].detach()
-    expected = grad_output.clamp(min=0)
-    if not torch.allclose(new, expected):
-        if torch.allclose(new, grad_input.clamp(min=0)):
-            return Outcome(False, "that is guided backprop's rule (it keeps the positive part of grad_input, which "
-                                  "is zero where the ReLU was off); the deconvnet rule starts from grad_output")
-        if torch.allclose(new, grad_input):
-            return Outcome(False, "your hook returned grad_input unchanged: the gradient is the plain one")
-        if torch.allclose(new, grad_output):
-            return Outcome(False, "negative gradient still passes: keep only the positive part of grad_output")
-        diff = (new.double() - expected.double()).abs().max().item()
-        return Outcome(False, f"on a sample call the new gradient is off by up to {diff:.1e}: keep the positive "
-                              "part of grad_output and zero elsewhere")
-    model = DigitsCNN(seed=5).eval()
-    x = _images(7)
-    relus = [m for m in model.modules() if isinstance(m, nn.ReLU)]
-    handles = [relu.register_full_backward_hook(hook) for relu in relus]
+# ----- predictions ------------------------------------------------------------------------------------
+@prediction("05.a", "how many channels of features.3 are dead on all 450 test digits",
+            why="the channels the explorer crossed out for the first digit are zero everywhere for every test "
+                "digit: their input is below zero whatever the digit, so they are dead on the whole test set",
+            wrong=[(0, "a channel dead on one digit may be alive on another, but not these: look again at how "
+                       "many channels are zero for each digit"),
+                   (32, "a channel dead on all the digits is dead on the first one: at most the 24 the explorer "
+                        "crossed out")])
+def _dead_on_test() -> int:
+    model, kept = trained_digits_cnn(), {}
+    handle = model.features[3].register_forward_hook(lambda module, args, output: kept.update(output=output))
     try:
-        got = _input_gradient(model, x, 6)
+        with torch.no_grad():
+            model(_digits().x_test)
     finally:
-        for handle in handles:
-            handle.remove()
-    expected = _deconvnet_saliency(model, x, 6)
-    plain = _input_gradient(model, x, 6)
-    if torch.allclose(got, plain) and not torch.allclose(plain, expected):
-        return Outcome(False, "registered on the ReLUs of a model, your hook did not change the gradient")
-    outcome = compare_tensors(got, expected)
-    if outcome.passed:
-        return Outcome(True, f"deconvnet gradients of 3 digits match ({outcome.detail})")
-    return Outcome(False, f"registered on the ReLUs of a model, deconvnet gradients differ: {outcome.detail}")
+        handle.remove()
+    return int((kept["output"] == 0).flatten(2).all(dim=2).all(dim=0).sum())
 
 
-def _layer_cam_maps(activations: torch.Tensor, gradients: torch.Tensor) -> torch.Tensor:
-    return (gradients.clamp(min=0) * activations).sum(dim=1).clamp(min=0)
+def _blocked() -> dict:
+    """features.3 of the trained network on 64 training digits: its output, and the gradients a full
+    backward hook sees arrive (grad_output) and leave (grad_input)."""
+    import torch.nn.functional as F
+
+    model, data, seen = trained_digits_cnn(), _digits(), {}
+
+    def keep(module, grad_input, grad_output):
+        seen["arrives"], seen["passes"] = grad_output[0], grad_input[0]
+
+    relu = model.features[3]
+    with Hooks() as hooks:
+        hooks.add(relu.register_forward_hook(lambda module, args, output: seen.update(output=output)))
+        hooks.add(relu.register_full_backward_hook(keep))
+        loss = F.cross_entropy(model(data.x_train[:64]), data.y_train[:64])
+        torch.autograd.grad(loss, model.features[2].weight)
+    seen["dead"] = (seen["output"] == 0).flatten(2).all(dim=2).all(dim=0)
+    return seen
 
 
-def _layer_cam_hint(got: torch.Tensor, activations: torch.Tensor, gradients: torch.Tensor) -> str | None:
-    """What a near miss computed, or None."""
-    got = got.detach().double()
-    a, g = activations.double(), gradients.double()
-    near = [
-        ((g.mean(dim=(2, 3), keepdim=True) * a).sum(dim=1).clamp(min=0),
-         "that is Grad-CAM, one weight per channel (its gradient's spatial mean): Layer-CAM weights every "
-         "activation by the positive part of its own gradient, at its own position"),
-        ((g * a).sum(dim=1).clamp(min=0),
-         "almost: weight each activation by the positive part of its gradient (relu of G), not by the gradient"),
-        ((g.clamp(min=0) * a).sum(dim=1),
-         "almost: the map is the positive part of the channel sum (a ReLU after summing)"),
-        ((g.clamp(min=0) * a).mean(dim=1).clamp(min=0),
-         "almost: sum over channels, not mean (a mean divides every map by the number of channels)"),
-        ((g.clamp(min=0) * a.clamp(min=0)).sum(dim=1).clamp(min=0),
-         "the activations keep their sign: only the gradient is clipped before weighting, then the sum"),
-    ]
-    for value, hint in near:
-        if got.shape == value.shape and torch.allclose(got, value, atol=1e-6):
-            return hint
-    expected = _layer_cam_maps(a, g)
-    peak = expected.flatten(1).amax(dim=1)[:, None, None]
-    low = expected.flatten(1).amin(dim=1)[:, None, None]
-    for scaled in (expected / peak, (expected - low) / (peak - low), expected / expected.max()):
-        if got.shape == scaled.shape and torch.allclose(got, scaled, atol=1e-6):
-            return "almost: return the maps as they are (scaling to a maximum of 1 is for display)"
-    return None
+@prediction("05.b", "whether the gradient at a dead channel is zero on arrival, and on leaving the ReLU",
+            why="the gradient arrives from above whatever the channel did (the max-pool hands each window's "
+                "gradient to one position), but a ReLU passes it back only where its input was positive: a dead "
+                "channel's input never is, so what it passes back is all zero, and so is the gradient of the "
+                "weights feeding it",
+            wrong=[([True, True], "the gradient still arrives: the convolution after the max-pool sends each "
+                                  "channel a gradient whatever it did; the ReLU is where it stops"),
+                   ([False, False], "a ReLU passes the gradient back only where its input was positive, and a "
+                                    "dead channel's input is at most 0 everywhere")])
+def _dead_gradients() -> list:
+    seen = _blocked()
+    dead = seen["dead"]
+    return [bool((seen["arrives"][:, dead] == 0).all()), bool((seen["passes"][:, dead] == 0).all())]
 
 
-@exercise("05.5", "a Layer-CAM map that keeps the position")
-def _layer_cam(layer_cam) -> Outcome:
-    """``layer_cam(activations, gradients)``: both ``(N, C, H, W)``; returns the ``(N, H, W)`` maps
-    ``relu(sum_k relu(G_k) * A_k)`` and leaves both inputs unchanged."""
-    generator = torch.Generator().manual_seed(11)
-    details = []
-    for shape in ((3, 6, 5, 4), (1, 2, 3, 3)):
-        activations = torch.rand(*shape, generator=generator) * 1.5 - 0.5  # both signs, as before a ReLU
-        gradients = torch.randn(*shape, generator=generator)
-        expected = _layer_cam_maps(activations, gradients)
-        a, g = activations.clone(), gradients.clone()
-        got = layer_cam(a, g)
-        for name, original, passed in (("activations", activations, a), ("gradients", gradients, g)):
-            if not torch.equal(original, passed):
-                return Outcome(False, f"your function changed the {name} in place: don't modify them, compute "
-                                      "new tensors (the caller still needs them)")
-        if not isinstance(got, torch.Tensor):
-            return Outcome(False, f"return the maps as a tensor, got {type(got).__name__}")
-        where = f"for a batch of shape {shape}"
-        if got.shape != expected.shape:
-            hint = "one (H, W) map per image: sum over the channel dimension (dim 1) only"
-            if got.shape == expected.shape[1:]:
-                hint = "return one map per image of the batch, (N, H, W); " + hint.split(": ", 1)[1]
-            return Outcome(False, f"{where} the result has shape {tuple(got.shape)}, expected "
-                                  f"{tuple(expected.shape)}: {hint}")
-        outcome = compare_tensors(got, expected)
-        if not outcome.passed:
-            hint = _layer_cam_hint(got, activations, gradients) or (
-                f"{outcome.detail}; weight each activation by the positive part of its own gradient, sum over "
-                "channels, keep the positive part"
-            )
-            return Outcome(False, f"{where}: {hint}")
-        details.append(tuple(expected.shape))
-    return Outcome(True, f"maps of shapes {details[0]} and {details[1]} match")
+def _guided_hook(module, grad_input, grad_output):
+    return (grad_input[0].clamp(min=0),)
 
 
+@prediction("05.c", "what guided backprop's ReLU hook passes back",
+            why="a ReLU passes the gradient back where its input was positive (the first two entries); the hook "
+                "then keeps only the positive part of that: [1, 0, 0, 0]",
+            wrong=[([1.0, -1.0, 0.0, 0.0], "that is the plain gradient; the hook's return value replaces it with "
+                                           "its positive part"),
+                   ([1.0, 0.0, 1.0, 0.0], "that would keep the positive part of what arrives from above wherever "
+                                          "the input was (the deconvnet rule, field guide G5); the hook clamps "
+                                          "grad_input, which is already 0 where the input was negative"),
+                   ([1.0, 1.0, 0.0, 0.0], "clamp(min=0) zeroes the negative entry; it does not flip its sign")])
+def _one_guided_relu() -> list:
+    relu = nn.ReLU()
+    x = torch.tensor([2.0, 2.0, -2.0, -2.0], requires_grad=True)
+    with relu.register_full_backward_hook(_guided_hook):
+        (passed,) = torch.autograd.grad(relu(x), x, torch.tensor([1.0, -1.0, 1.0, -1.0]))
+    return passed.tolist()
+
+
+@prediction("05.d", "the share of the flatten head's Grad-CAM maps at features.6 that are all zero",
+            why="with Flatten + Linear, the gradient at each position is that position's own weight; Grad-CAM "
+                "averages it over the positions, and for this network the averaged map sums to a negative "
+                "number for every digit, so its ReLU leaves most maps all zero",
+            wrong=[(0.0, "the pooling head gives none; the flatten head's gradient changes from position to "
+                         "position, and Grad-CAM averages it away"),
+                   (1.0, "not all: for some digits a few cells stay above zero")])
+def _flatten_zero_share() -> float:
+    from ..saliency import grad_cam
+
+    result = grad_cam(trained_digits_cnn("flatten"), _digits().x_test[:50], "features.6")
+    return round((result.maps.flatten(1).amax(dim=1) == 0).float().mean().item(), 2)
+
+
+CORRELATION_CHOICES = (0.8, 0.0, -0.4)
+
+
+@prediction("05.e", "how much guided backprop's and the plain gradient's maps change for another class",
+            why="guided backprop keeps almost the same order of pixels for another class (about 0.8): its map "
+                "shows the strokes, whatever the class; the plain gradient's order reverses (about -0.4): "
+                "pixels that argue for one class argue against another",
+            wrong=[([0.0, 0.0], "neither becomes unrelated: one keeps its order, one reverses it"),
+                   ([0.8, 0.8], "the plain gradient changes with the class: a pixel that raises one score "
+                                "often lowers another"),
+                   ([-0.4, 0.8], "the other way round: guided backprop clamps away what depends on the class")])
+def _another_class() -> list:
+    from ..saliency import GuidedBackprop, input_gradient, rank_correlation
+
+    model, data = trained_digits_cnn(), _digits()
+    x, labels = data.x_test[:50], data.y_test[:50]
+    other = (labels + 5) % 10
+    with GuidedBackprop(model) as gb:
+        guided = rank_correlation(gb.saliency(x, labels), gb.saliency(x, other)).mean().item()
+    plain = rank_correlation(input_gradient(model, x, labels), input_gradient(model, x, other)).mean().item()
+    return [min(CORRELATION_CHOICES, key=lambda c: abs(c - r)) for r in (guided, plain)]
+
+
+# ----- 05.1: dead channels, found with a forward hook ------------------------------------------------
 def _channels(mask: torch.Tensor) -> list[int]:
     return mask.nonzero().flatten().tolist()
 
@@ -244,14 +206,12 @@ _REPLACED = ("a forward hook's return value replaces the layer's output, and you
 
 
 def _wrong_pass(calls: list) -> Outcome | None:
-    """What is wrong with how the model ran, from ``(grad enabled, whole batch, hooked)`` per call."""
+    """What is wrong with how the model ran, from ``(grad enabled, whole batch, hooked)`` per call (gradients
+    enabled is not wrong, only wasteful: the checker's pass message says so)."""
     if len(calls) != 1:
         return Outcome(False, f"the model ran {len(calls)} times: register a forward hook on the layer and call "
                               "model(x) once")
-    grad_enabled, whole_batch, hooked = calls[0]
-    if grad_enabled:
-        return Outcome(False, "the forward pass ran with gradients enabled: run it under torch.no_grad(), the hook "
-                              "only reads the output")
+    _, whole_batch, hooked = calls[0]
     if not whole_batch:
         return Outcome(False, "run the model once on the whole batch x")
     if not hooked:
@@ -307,6 +267,10 @@ def _dead_channels(dead_channels) -> Outcome:
     if wrong:
         return wrong
     expected = _channels((out == 0).flatten(2).all(dim=2).all(dim=0))
+    if calls[0][0]:
+        return Outcome(True, f"channels {expected} of features.1 are dead; no hook left behind, also when the pass "
+                             "raised. One thing to change: the pass ran with gradients enabled, so it built a graph "
+                             "for a backward that never comes; the hook only reads, so run it under torch.no_grad()")
     return Outcome(True, f"channels {expected} of features.1 are dead; one pass without gradients; no hook left "
                          "behind, also when the pass raised")
 
@@ -421,84 +385,490 @@ def _dead_watch(watch_class) -> Outcome:
     return Outcome(True, f"dead channels per pass: {expected}; hooks removed, also when the block raised")
 
 
-# ----- 05.4: cascading weight randomisation ---------------------------------------------------------
+# ----- 05.3: guided backpropagation, a class of ReLU hooks --------------------------------------------------
+class _GuidedReLUFunction(torch.autograd.Function):
+    """Guided backprop's ReLU without hooks: the positive part of the gradient, where the input was positive."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return x.clamp(min=0)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return grad.clamp(min=0) * (x > 0)
+
+
+class _DeconvReLUFunction(torch.autograd.Function):
+    """The deconvnet's ReLU: the positive part of the gradient from above, wherever the input was."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.clamp(min=0)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad.clamp(min=0)
+
+
+class _Applied(nn.Module):
+    def __init__(self, function):
+        super().__init__()
+        self.function = function
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.function.apply(x)
+
+
+class _Probe(nn.Module):
+    """TinyConvNet (two in-place ReLUs, inside a submodule) → Linear → ReLU (a direct child, not in place) →
+    Linear: three class scores for ``(N, 1, 8, 8)`` images."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tiny = TinyConvNet(seed=0, inplace=True)
+        with torch.random.fork_rng():
+            torch.manual_seed(8)
+            self.mix = nn.Linear(36, 12)
+            self.relu = nn.ReLU()
+            self.head = nn.Linear(12, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.relu(self.mix(self.tiny(x).flatten(1))))
+
+
+def _probe_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(9)), torch.tensor([0, 2, 1, 2])
+
+
+def _gradient(model: nn.Module, x: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
+    x = x.clone().requires_grad_(True)
+    (grad,) = torch.autograd.grad(model(x).gather(1, classes[:, None]).sum(), x)
+    return grad
+
+
+def _replaced(model: nn.Module, function, names=None) -> nn.Module:
+    """A copy of ``model`` whose ReLUs (those named in ``names``, or all) apply ``function`` instead."""
+    copied = copy.deepcopy(model)
+    for name, module in list(copied.named_modules()):
+        if isinstance(module, nn.ReLU) and (names is None or name in names):
+            parent, _, child = name.rpartition(".")
+            setattr(copied.get_submodule(parent), child, _Applied(function))
+    return copied
+
+
+def _relu_states(model: nn.Module) -> dict:
+    return {name: m.inplace for name, m in model.named_modules() if isinstance(m, nn.ReLU)}
+
+
+def _hooked_relus(model: nn.Module) -> list[str]:
+    return [name for name, m in model.named_modules() if isinstance(m, nn.ReLU) and module_hooks(m, "_backward_hooks")]
+
+
+def _enter_and_run(cls, model: nn.Module, x: torch.Tensor, classes: torch.Tensor):
+    """Enter the student's class on ``model``, note the hooked ReLUs, return (saliency, hooked names)."""
+    guide = cls(model)
+    with guide as entered:
+        if entered is not guide:
+            raise _Wrong("__enter__ must return the object itself (return self), so that "
+                         "`with GuidedBackpropagation(model) as gbp:` gives it")
+        hooked = _hooked_relus(model)
+        if any(getattr(m, "_is_full_backward_hook", True) is False for m in model.modules()):
+            raise _Wrong("register_backward_hook is the deprecated module backward hook (lesson 03): use "
+                         "register_full_backward_hook")
+        got = entered.saliency(x, classes)
+    return got, hooked
+
+
+_INPLACE = ("a ReLU that works in place refuses a full backward hook (its output is a view that PyTorch "
+            "protects, lesson 03): in __enter__, set each ReLU's inplace to False before you register its hook, "
+            "and give it back in __exit__")
+
+
+def _after_exit(model: nn.Module, before: dict, when: str) -> str | None:
+    """What the block left behind on ``model``: hooks, or a ReLU whose ``inplace`` was not given back."""
+    left = clear_hooks(model)
+    if left:
+        return f"{when}, a hook stayed on the model ({left[0]}): remove every handle in __exit__"
+    changed = [name for name, inplace in _relu_states(model).items() if inplace != before[name]]
+    if changed:
+        return (f"{when}, ReLU '{changed[0]}' has inplace={not before[changed[0]]}, not {before[changed[0]]} as "
+                "before: in __exit__ give each ReLU back the inplace it had")
+    return None
+
+
+def _guided_value_hint(got, model: nn.Module, x: torch.Tensor, classes: torch.Tensor, hooked: list) -> str | None:
+    if not hooked:
+        return ("no full backward hook was on any ReLU inside the with block: in __enter__ register one on each "
+                "nn.ReLU of the model")
+    relus = list(_relu_states(model))
+    if set(hooked) < set(relus):
+        missing = sorted(set(relus) - set(hooked))
+        return (f"only {hooked} got a hook, not {missing}: model.children() lists the direct children only; "
+                "model.modules() walks the whole tree")
+    if not isinstance(got, torch.Tensor) or got.shape != x.shape:
+        shape = tuple(got.shape) if isinstance(got, torch.Tensor) else kind_of(got)
+        return f"saliency should return the gradient of the images, of shape {tuple(x.shape)}, got {shape}"
+    expected = _gradient(_replaced(model, _GuidedReLUFunction), x, classes)
+    if torch.allclose(got, expected, atol=1e-6):
+        return None
+    if torch.allclose(got, _gradient(model, x, classes), atol=1e-6):
+        return ("the gradient is the plain one: your hook must return (grad_input[0].clamp(min=0),), whose value "
+                "replaces what the ReLU passes back")
+    if torch.allclose(got, _gradient(_replaced(model, _DeconvReLUFunction), x, classes), atol=1e-6):
+        return ("that is the deconvnet's rule (the positive part of grad_output, what arrives from above); guided "
+                "backprop keeps the positive part of grad_input")
+    return f"the guided gradients differ: {compare_tensors(got, expected).detail}"
+
+
+@exercise("05.3", "guided backpropagation: a backward hook on every ReLU")
+def _guided_class(cls) -> Outcome:
+    """``GuidedBackpropagation(model)`` is a context manager: inside ``with``, every ``nn.ReLU`` of the model
+    (found with ``modules()``) has a full backward hook returning ``(grad_input[0].clamp(min=0),)``, with
+    ``inplace`` off; ``__exit__`` removes the hooks and gives each ReLU its ``inplace`` back, also when the
+    block raises; ``saliency(images, classes)`` is then the guided gradient."""
+    if not callable(cls):
+        return Outcome(False, f"pass the class GuidedBackpropagation itself, got {kind_of(cls)}")
+    x, classes = _probe_inputs()
+    for attempt in ("run", "raise", "twice"):
+        model = _Probe().eval()
+        before = _relu_states(model)
+        try:
+            if attempt == "run":
+                got, hooked = _enter_and_run(cls, model, x.clone(), classes)
+            elif attempt == "raise":
+                with cls(model):
+                    model(torch.zeros(1, 3, 8, 8))  # the first convolution refuses three channels
+            else:
+                guide = cls(model)
+                with guide:
+                    pass
+                with guide:
+                    got = guide.saliency(x.clone(), classes)
+        except _Wrong as wrong:
+            clear_hooks(model)
+            return Outcome(False, str(wrong))
+        except RuntimeError as error:
+            clear_hooks(model)
+            if "modified inplace" in str(error):
+                return Outcome(False, _INPLACE)
+            if attempt != "raise":
+                raise
+        when = {"run": "after the with block", "raise": "when the body of the with block raised",
+                "twice": "after a second with block on the same object"}[attempt]
+        problem = _after_exit(model, before, when)
+        if problem:
+            return Outcome(False, problem)
+        if attempt == "run":
+            problem = _guided_value_hint(got, model, x, classes, hooked) or _grads_untouched(model)
+            if problem:
+                return Outcome(False, problem)
+        if attempt == "twice" and not torch.allclose(got, _gradient(_replaced(model, _GuidedReLUFunction), x,
+                                                                     classes), atol=1e-6):
+            return Outcome(False, "used in a second with block, the same object no longer gives guided gradients: "
+                                  "start each block from empty lists of handles")
+    return Outcome(True, "guided gradients match on a model with in-place ReLUs nested in a submodule; hooks "
+                         "removed and inplace given back, also when the block raised and on a second use")
+
+
+# ----- 05.4: the Grad-CAM recorder ---------------------------------------------------------------------
+def _inplace_net() -> nn.Module:
+    """conv → ReLU(inplace) → conv → ReLU(inplace) → pool → Linear: the layer "2" is overwritten in place."""
+    with torch.random.fork_rng():
+        torch.manual_seed(12)
+        return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(inplace=True), nn.Conv2d(4, 5, 3, padding=1),
+                             nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(5, 3)).eval()
+
+
+def _two_convs() -> nn.Module:
+    """conv → conv → ReLU → pool → Linear: the output of layer "0" has both signs, and so has its gradient
+    (no ReLU right after it zeroes the gradient where the activation is negative)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(15)
+        return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.Conv2d(4, 6, 3, padding=1), nn.ReLU(),
+                             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 3)).eval()
+
+
+def _gradients(activation: torch.Tensor, scores: torch.Tensor, classes: torch.Tensor) -> dict:
+    """The gradient w.r.t. ``activation`` of the given classes' scores, and of two wrong scores."""
+    wanted = {"gradient": scores.gather(1, classes[:, None]).sum(),
+              "predicted": scores.gather(1, scores.argmax(dim=1, keepdim=True)).sum(), "all": scores.sum()}
+    return {key: torch.autograd.grad(score, activation, retain_graph=True)[0] for key, score in wanted.items()}
+
+
+def _recorder_cases() -> list[dict]:
+    """Three cases: a model, a layer, images and classes; the layer's output and the gradients of
+    ``_gradients``, computed without hooks and without in-place operations."""
+    digits_cnn = DigitsCNN(seed=6).eval()
+    x, classes = _images(30, n=4), torch.tensor([1, 7, 3, 3])
+    activation = digits_cnn.features[:6](x).detach().requires_grad_(True)
+    scores = digits_cnn.head(digits_cnn.features[6](activation))
+    first = {"model": digits_cnn, "layer": "features.5", "x": x, "classes": classes, "activation": activation.detach(),
+             **_gradients(activation, scores, classes)}
+    net = _inplace_net()
+    x, classes = torch.randn(3, 1, 6, 6, generator=torch.Generator().manual_seed(13)), torch.tensor([2, 0, 2])
+    activation = net[2](net[0](x).relu()).detach().requires_grad_(True)
+    scores = net[6](net[5](net[4](activation.relu())))
+    second = {"model": net, "layer": "2", "x": x, "classes": classes, "activation": activation.detach(),
+              **_gradients(activation, scores, classes)}
+    net = _two_convs()
+    x, classes = torch.randn(2, 1, 5, 5, generator=torch.Generator().manual_seed(14)), torch.tensor([1, 2])
+    activation = net[0](x).detach().requires_grad_(True)
+    scores = net[5](net[4](net[3](net[2](net[1](activation)))))
+    third = {"model": net, "layer": "0", "x": x, "classes": classes, "activation": activation.detach(),
+             **_gradients(activation, scores, classes)}
+    return [first, second, third]
+
+
+_ERRORS = {
+    "modified inplace": "a full backward hook fails where an in-place ReLU follows the layer (lesson 03): from the "
+                        "forward hook, register a tensor hook on the output instead",
+    "does not require grad": "register_hook needs a tensor that requires grad: run the pass with gradients enabled "
+                             "(not under torch.no_grad())",
+    "doesn't require grad": "register_hook needs a tensor that requires grad: run the pass with gradients enabled "
+                            "(not under torch.no_grad())",
+}
+
+
+def _call_recorder(answer, model, layer, x, classes):
+    """The answer's result, or a hint for an error a hook of the wrong kind causes."""
+    try:
+        return answer(model, layer, x, classes), None
+    except RuntimeError as error:
+        clear_hooks(model)
+        hint = next((text for part, text in _ERRORS.items() if part in str(error)), None)
+        if hint is None:
+            raise
+        return None, hint
+
+
+def _case_problem(model, x, before_x, where: str) -> str | None:
+    left = clear_hooks(model)
+    if left:
+        return f"{where}: a hook stayed on the model ({left[0]}): remove your forward hook in a finally block"
+    if not torch.equal(x, before_x):
+        return f"{where}: your function changed the images it was given: work on a copy"
+    return _grads_untouched(model)
+
+
+def _pair_problem(got, case: dict, where: str) -> str | None:
+    if not isinstance(got, tuple | list) or len(got) != 2 or not all(isinstance(t, torch.Tensor) for t in got):
+        return f"{where}: return (activation, gradient), two tensors, got {kind_of(got)}"
+    act, grad = got
+    for name, value in (("activation", act), ("gradient", grad)):
+        if value.shape != case[name].shape:
+            return (f"{where}: the {name} has shape {tuple(value.shape)}, expected {tuple(case[name].shape)}, "
+                    "the shape of the layer's output")
+        if value.requires_grad:
+            return (f"{where}: return detached copies (.detach().clone()): the {name} you returned is still "
+                    "attached to the graph, and keeps it alive")
+    if not torch.allclose(act, case["activation"], atol=1e-6):
+        if torch.allclose(act, case["activation"].relu(), atol=1e-6):
+            return (f"{where}: the activation you kept was overwritten by the in-place ReLU after the layer: keep "
+                    "output.detach().clone(), a copy with memory of its own (lesson 02)")
+        return f"{where}: the activation is not the layer's output: {compare_tensors(act, case['activation']).detail}"
+    if not torch.allclose(grad, case["gradient"], atol=1e-6):
+        if torch.allclose(grad, case["predicted"], atol=1e-6):
+            return f"{where}: that is the gradient of each image's predicted class: use the classes you were given"
+        if torch.allclose(grad, case["all"], atol=1e-6):
+            return (f"{where}: that is the gradient of the sum of all scores: take each image's own class score, "
+                    "scores.gather(1, classes[:, None]).sum()")
+        return f"{where}: the gradient differs: {compare_tensors(grad, case['gradient']).detail}"
+    return None
+
+
+@exercise("05.4", "the Grad-CAM recorder: a tensor hook from a forward hook")
+def _recorder(answer) -> Outcome:
+    """``activation_and_gradient(model, layer, images, classes)`` returns detached copies of the layer's output
+    and of the gradient of ``sum_n score[n, classes[n]]`` with respect to it, recorded by a forward hook that
+    registers a tensor hook on the output; it works where an in-place ReLU follows the layer, removes its
+    hook (also when the pass raises), and leaves the images and the parameters' ``.grad`` as they were."""
+    for case in _recorder_cases():
+        model, layer, x, classes = case["model"], case["layer"], case["x"], case["classes"]
+        where = f"at layer '{layer}' of a {type(model).__name__}"
+        before_x = x.clone()
+        got, hint = _call_recorder(answer, model, layer, x, classes)
+        problem = (hint and f"{where}: {hint}") or _case_problem(model, x, before_x, where) or \
+            _pair_problem(got, case, where)
+        if problem:
+            clear_hooks(model)
+            return Outcome(False, problem)
+        wrong = hooks_left_when_raising(
+            lambda model=model, layer=layer, classes=classes: answer(model, layer, torch.zeros(1, 3, 8, 8),
+                                                                     classes[:1]), model)
+        if wrong:
+            return wrong
+    return Outcome(True, "activations and gradients match at a DigitsCNN's features.5, at a layer an in-place "
+                         "ReLU overwrites and at one whose activation and gradient have both signs; no hook left, "
+                         "also when the pass raised; .grad untouched")
+
+
+def _layer_cam_maps(activations: torch.Tensor, gradients: torch.Tensor) -> torch.Tensor:
+    return (gradients.clamp(min=0) * activations).sum(dim=1).clamp(min=0)
+
+
+def _layer_cam_hint(got: torch.Tensor, activations: torch.Tensor, gradients: torch.Tensor) -> str | None:
+    """What a near miss computed, or None."""
+    got = got.detach().double()
+    a, g = activations.double(), gradients.double()
+    near = [
+        ((g.mean(dim=(2, 3), keepdim=True) * a).sum(dim=1).clamp(min=0),
+         "that is Grad-CAM, one weight per channel (its gradient's spatial mean): Layer-CAM weights every "
+         "activation by the positive part of its own gradient, at its own position"),
+        ((g * a).sum(dim=1).clamp(min=0),
+         "almost: weight each activation by the positive part of its gradient (relu of G), not by the gradient"),
+        ((g.clamp(min=0) * a).sum(dim=1),
+         "almost: the map is the positive part of the channel sum (a ReLU after summing)"),
+        ((g.clamp(min=0) * a).mean(dim=1).clamp(min=0),
+         "almost: sum over channels, not mean (a mean divides every map by the number of channels)"),
+        ((g.clamp(min=0) * a.clamp(min=0)).sum(dim=1).clamp(min=0),
+         "the activations keep their sign: only the gradient is clipped before weighting, then the sum"),
+    ]
+    for value, hint in near:
+        if got.shape == value.shape and torch.allclose(got, value, atol=1e-6):
+            return hint
+    expected = _layer_cam_maps(a, g)
+    peak = expected.flatten(1).amax(dim=1)[:, None, None]
+    low = expected.flatten(1).amin(dim=1)[:, None, None]
+    for scaled in (expected / peak, (expected - low) / (peak - low), expected / expected.max()):
+        if got.shape == scaled.shape and torch.allclose(got, scaled, atol=1e-6):
+            return "almost: return the maps as they are (scaling to a maximum of 1 is for display)"
+    return None
+
+
+# ----- 05.5: Layer-CAM, with the recorder's hooks --------------------------------------------------------
+def _flatten_head_payoff(layer_cam) -> str:
+    """The answer on the trained flatten-head network: how many of 50 maps at features.6 are all zero,
+    beside Grad-CAM's."""
+    from ..saliency import grad_cam
+
+    flat, x = trained_digits_cnn("flatten"), _digits().x_test[:50]
+    result = grad_cam(flat, x, "features.6")
+    mine = layer_cam(flat, "features.6", x, result.targets)
+    zero = [int((maps.flatten(1).amax(dim=1) == 0).sum()) for maps in (mine, result.maps)]
+    return (f"on the trained flatten-head network, {zero[0]} of 50 of your Layer-CAM maps at features.6 are all "
+            f"zero (Grad-CAM: {zero[1]})")
+
+
+@exercise("05.5", "a Layer-CAM map that keeps the position, from recorded hooks")
+def _layer_cam(layer_cam) -> Outcome:
+    """``layer_cam(model, layer, images, classes)`` returns the ``(N, H, W)`` maps ``relu(sum_k relu(G_k) * A_k)``
+    from the layer's output ``A`` and the gradient ``G`` of the given classes' scores, recorded with hooks
+    (the recorder of 05.4); no hook is left, the images and the parameters' ``.grad`` stay as they were."""
+    shapes = []
+    for case in _recorder_cases():
+        model, layer, x, classes = case["model"], case["layer"], case["x"], case["classes"]
+        where = f"at layer '{layer}' of a {type(model).__name__}"
+        before_x = x.clone()
+        got, hint = _call_recorder(layer_cam, model, layer, x, classes)
+        problem = (hint and f"{where}: {hint}") or _case_problem(model, x, before_x, where)
+        if problem:
+            clear_hooks(model)
+            return Outcome(False, problem)
+        expected = _layer_cam_maps(case["activation"], case["gradient"])
+        if not isinstance(got, torch.Tensor):
+            return Outcome(False, f"return the maps as a tensor, got {kind_of(got)}")
+        if got.shape != expected.shape:
+            hint = "one (H, W) map per image: sum over the channel dimension (dim 1) only"
+            if got.shape == expected.shape[1:]:
+                hint = "return one map per image of the batch, (N, H, W); " + hint.split(": ", 1)[1]
+            return Outcome(False, f"{where} the maps have shape {tuple(got.shape)}, expected "
+                                  f"{tuple(expected.shape)}: {hint}")
+        if not torch.allclose(got.detach(), expected, atol=1e-6):
+            hint = _layer_cam_hint(got, case["activation"], case["gradient"]) or (
+                f"{compare_tensors(got, expected).detail}; weight each activation by the positive part of its own "
+                "gradient, sum over channels, keep the positive part")
+            return Outcome(False, f"{where}: {hint}")
+        wrong = hooks_left_when_raising(
+            lambda model=model, layer=layer, classes=classes: layer_cam(model, layer, torch.zeros(1, 3, 8, 8),
+                                                                        classes[:1]), model)
+        if wrong:
+            return wrong
+        shapes.append(tuple(expected.shape))
+    return Outcome(True, f"maps of shapes {', '.join(map(str, shapes))} match, no hook left; "
+                         + _flatten_head_payoff(layer_cam))
+
+
+# ----- 05.6: cascading weight randomisation, graded on what the copies are -------------------------------
+_TOP_DOWN = ["head.2", "features.5", "features.2"]
+
+
 def _cascade_model() -> nn.Module:
     return DigitsCNN(seed=4).eval()
 
 
-_TOP_DOWN = ["head.2", "features.5", "features.2"]
+def _layer_params(model: nn.Module, name: str) -> dict:
+    return {key: value.detach() for key, value in model.get_submodule(name).named_parameters()}
 
 
-def _changed(copy_: nn.Module, model: nn.Module) -> set[str]:
-    """Names of the layers (modules with parameters of their own) whose parameters differ."""
-    changed = set()
-    originals = dict(model.named_parameters())
-    for name, value in copy_.named_parameters():
-        if name in originals and not torch.equal(value.detach(), originals[name].detach()):
-            changed.add(name.rpartition(".")[0])
-    return changed
+def _looks_fresh(layer: nn.Module) -> bool:
+    """Whether a Conv2d's or Linear's parameters look drawn by its reset_parameters(): uniform within
+    ±1/sqrt(fan_in) (weight and bias), the weight's spread that of such a uniform draw."""
+    fan_in = layer.weight[0].numel()
+    bound = 1 / math.sqrt(fan_in)
+    within = all(p.detach().abs().max() <= bound * (1 + 1e-6) for p in layer.parameters())
+    spread = layer.weight.detach().std().item() / (bound / math.sqrt(3))
+    return within and 0.8 < spread < 1.2
 
 
 def _cascade_problem(got, model: nn.Module, before: dict) -> str | None:
     if not isinstance(got, list | tuple) or not all(isinstance(m, nn.Module) for m in got):
-        return f"return a list of models, one per layer name, got {_kind_of_models(got)}"
+        what = type(got).__name__ if not isinstance(got, list | tuple) else "a list holding other things"
+        return f"return a list of models, one per layer name, got {what}"
     if len(got) != len(_TOP_DOWN):
         return f"return one model per layer name: {len(_TOP_DOWN)} names, {len(got)} models"
     if any(not torch.equal(v, before[k]) for k, v in model.state_dict().items()):
-        return "the model you were given changed: randomise a copy (copy.deepcopy(model)), never the model itself"
+        return "the model you were given changed: re-draw layers in a copy (copy.deepcopy(model)), never the model"
     if any(m is model for m in got) or len({id(m) for m in got}) < len(got):
         return "each entry must be its own copy of the model (copy.deepcopy), not the same object again"
-    for k, copied in enumerate(got):
-        changed, wanted = _changed(copied, model), set(_TOP_DOWN[: k + 1])
-        if changed == {_TOP_DOWN[k]} and k:
-            return (f"model {k} re-draws only {_TOP_DOWN[k]!r}: a cascade keeps the layers above it random too, "
-                    f"so model {k} re-draws {_TOP_DOWN[: k + 1]}")
-        if changed != wanted:
-            extra, missing = sorted(changed - wanted), sorted(wanted - changed)
-            what = f"also changed {extra}" if extra else f"did not change {missing}"
-            return f"model {k} should re-draw exactly {_TOP_DOWN[: k + 1]}; it {what}"
     return None
 
 
-def _kind_of_models(value) -> str:
-    return type(value).__name__ if not isinstance(value, list | tuple) else "a list holding other things"
+def _copy_problem(k: int, copied: nn.Module, previous: nn.Module, model: nn.Module) -> str | None:
+    """What is wrong with copy ``k`` of the cascade, compared with the copy before it and with the model."""
+    name = _TOP_DOWN[k]
+    for other in (m.get_submodule(name) for m in (model, previous)):
+        if any(p is q for p, q in zip(copied.get_submodule(name).parameters(), other.parameters(), strict=True)):
+            return (f"model {k} shares the parameters of '{name}' with another model: make each copy with "
+                    "copy.deepcopy, so that re-drawing one layer leaves the other models alone")
+    redrawn = _layer_params(copied, name)
+    if any(torch.equal(value, _layer_params(model, name)[key]) for key, value in redrawn.items()):
+        return f"model {k} should have layer '{name}' re-drawn, but it still holds the trained values"
+    if not _looks_fresh(copied.get_submodule(name)):
+        return (f"layer '{name}' of model {k} does not look freshly initialised: re-draw it with its own "
+                "reset_parameters()")
+    for layer in _TOP_DOWN[:k]:
+        if any(not torch.equal(a, b) for a, b in zip(_layer_params(copied, layer).values(),
+                                                      _layer_params(previous, layer).values(), strict=True)):
+            kept = "the model" if all(torch.equal(a, b) for a, b in zip(
+                _layer_params(copied, layer).values(), _layer_params(model, layer).values(), strict=True)) else None
+            if kept:
+                return (f"model {k} re-draws only '{name}': a cascade keeps the layers above it random too, so "
+                        f"model {k} is model {k - 1} (a copy of it) with '{name}' re-drawn as well")
+            return (f"model {k} re-drew '{layer}' again: make model {k} from a copy of model {k - 1}, and re-draw "
+                    f"only '{name}'")
+    for key, value in copied.state_dict().items():
+        layer = key.rpartition(".")[0]
+        if layer not in _TOP_DOWN[: k + 1] and not torch.equal(value, model.state_dict()[key]):
+            return f"model {k} also changed '{key}': re-draw only the layers {_TOP_DOWN[: k + 1]}"
+    return None
 
 
-def _same_weights(models, others) -> bool:
-    return all(torch.equal(a, b) for m1, m2 in zip(models, others, strict=True)
-               for a, b in zip(m1.parameters(), m2.parameters(), strict=True))
-
-
-def _reference_cascade(model: nn.Module) -> list[nn.Module]:
-    """The cascade the exercise asks for: one seed at the start, each copy from the previous one."""
-    torch.manual_seed(0)
-    copies, current = [], model
-    for name in _TOP_DOWN:
-        current = copy.deepcopy(current)
-        current.get_submodule(name).reset_parameters()
-        copies.append(current)
-    return copies
-
-
-@exercise("05.4", "cascading weight randomisation, from the top layer down")
+@exercise("05.6", "cascading weight randomisation, from the top layer down")
 def _cascade(cascade) -> Outcome:
-    """``cascade(model, names)`` returns one copy of ``model`` per name: copy ``k`` has the layers
-    ``names[:k + 1]`` re-drawn by their ``reset_parameters()``; ``model`` is unchanged, and two calls
-    give the same weights (``torch.manual_seed(0)`` first)."""
+    """``cascade(model, names)`` returns one copy of ``model`` per name: copy ``k`` is a copy of copy ``k - 1``
+    (of the model, for the first) with layer ``names[k]`` re-drawn by its ``reset_parameters()``; the model
+    is not changed. Graded on what the copies hold, whatever random numbers were drawn."""
     model = _cascade_model()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    torch.manual_seed(3)  # another state than the answer's own start
     got = cascade(model, list(_TOP_DOWN))
     problem = _cascade_problem(got, model, before)
     if problem:
         return Outcome(False, problem)
-    again = cascade(model, list(_TOP_DOWN))
-    if not _same_weights(got, again):
-        return Outcome(False, "two calls gave different weights: call torch.manual_seed(0) once, as the first line "
-                              "of cascade, so that the cascade is the same at every call")
-    if not _same_weights(got, _reference_cascade(model)):
-        return Outcome(False, "same weights at every call, but not the ones the text asks for: call "
-                              "torch.manual_seed(0) once, at the start only (not before each layer), then make "
-                              "each copy from the previous one and re-draw just its new layer, so the layers are "
-                              "re-drawn in the order of names, each once")
-    return Outcome(True, f"{len(got)} copies, re-drawn from the top: {', '.join(_TOP_DOWN)}; the model unchanged")
+    for k, copied in enumerate(got):
+        problem = _copy_problem(k, copied, got[k - 1] if k else model, model)
+        if problem:
+            return Outcome(False, problem)
+    return Outcome(True, f"{len(got)} copies, re-drawn from the top: {', '.join(_TOP_DOWN)}, each a copy of the one "
+                         "before; the model unchanged")
