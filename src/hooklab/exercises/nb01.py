@@ -79,11 +79,11 @@ def _four_hooks() -> list[list[float]]:
     "01.c",
     "what a hook on m prints for m.sqrt().backward(v), m = [4, 0], v = [1, 0]",
     why="backward starts from v = [1, 0] at the output; the hook on m receives v times the derivative of the "
-        "square root, 1 / (2√m) = [0.25, ∞]: 1 × 0.25 = 0.25, and 0 × ∞, which is NaN in floating point, "
-        "neither 0 nor ∞.",
+        "square root, 1 / (2√m): 1 / (2 × 2) = 0.25. At m = 0, PyTorch computes v / (2√m) = 0 / 0, which is "
+        "NaN in floating point, neither 0 nor ∞.",
     wrong=[
-        ([0.25, 0.0], "0 times a number is 0, but the square root's derivative at 0 is infinite, and 0 × ∞ is "
-                      "NaN in floating point"),
+        ([0.25, 0.0], "0 times a number is 0, but the square root's backward divides by 2√m, which is 0 at "
+                      "m = 0: 0 / 0 is NaN in floating point"),
         ([1.0, 0.0], "that is v, what arrives at the output m.sqrt(); the hook on m receives v times the "
                      "derivative 1 / (2√m)"),
         ([0.5, float("nan")], "the derivative of √m is 1 / (2√m): at m = 4 that is 1 / (2 × 2) = 0.25"),
@@ -98,79 +98,122 @@ def _vjp() -> list[float]:
     return seen[0]
 
 
+def _problem() -> tuple[nn.Module, nn.Module, torch.Tensor, torch.Tensor]:
+    """The lesson's problem: embed, head, a batch whose row 2 is padding (zeros), and the targets."""
+    torch.manual_seed(0)
+    embed, head = nn.Linear(4, 8, bias=False), nn.Linear(8, 3)
+    x, y = torch.randn(3, 4), torch.tensor([0, 2, 1])
+    x[2] = 0.0
+    return embed, head, x, y
+
+
+def _steps(embed: nn.Module, head: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    h = embed(x)
+    ms = h.pow(2).mean(dim=1, keepdim=True)
+    rms = ms.sqrt()
+    normed = h / (rms + 1e-6)
+    return {"h": h, "ms": ms, "rms": rms, "normed": normed, "logits": head(normed)}
+
+
 @prediction(
     "01.d",
-    "what a hook on inp prints on the second backward, and row 0 of inp.grad after it",
-    why="each backward gives inp the gradient 2 (inp + 1), 4 on the diagonal and 2 elsewhere: that is what the "
-        "hook receives, every time. backward adds it into .grad, so after two calls row 0 of inp.grad is "
-        "[8, 4, 4, 4, 4]. zero_() starts .grad again from 0.",
+    "the first step whose gradient holds a NaN, on the way back",
+    why="backward runs from logits back to h. The gradient arriving at rms is 0 in the padded row (the "
+        "derivative of h / (rms + 1e-6) with respect to rms is −h / (rms + 1e-6)², and h is 0 there); the "
+        "square root's backward divides it by 2·√ms = 0, and 0 / 0 is NaN, as in 01.c: ms is first.",
     wrong=[
-        ([[8, 4, 4, 4, 4], [8, 4, 4, 4, 4]], "the hook receives each backward's own gradient, before it is added "
-                                             "to .grad: [4, 2, 2, 2, 2] every time"),
-        ([[4, 2, 2, 2, 2], [4, 2, 2, 2, 2]], "backward adds each call's gradient into .grad: after two calls "
-                                             "it holds 4 + 4 on the diagonal"),
-        ([[2, 1, 1, 1, 1], [4, 2, 2, 2, 2]], "d(inp + 1)²/d inp = 2 (inp + 1): 4 on the diagonal, 2 elsewhere, "
-                                             "per call"),
-        ([[4, 2, 2, 2, 2], [16, 4, 4, 4, 4]], "the calls add, they do not multiply: 4 + 4 on the diagonal"),
+        ("h", "h is the last step backward reaches, and its gradient does hold a NaN, but it got it from a "
+              "step after it: look for the step whose derivative is infinite at 0"),
+        ("rms", "the gradient arriving at rms is 0 in the padded row, not NaN: −h / (rms + 1e-6)² with h = 0. "
+                "The NaN comes one step later, through the square root"),
+        ("normed", "normed's gradient comes from head, a Linear layer with finite weights: no NaN there"),
+        ("logits", "logits' gradient is softmax minus one-hot, finite for any logits"),
     ],
 )
-def _accumulated() -> list[list[float]]:
-    inp = torch.eye(4, 5, requires_grad=True)
-    out = (inp + 1).pow(2)
-    seen = []
-    with inp.register_hook(lambda grad: seen.append(grad[0].tolist())):
-        for _ in range(2):
-            out.backward(torch.ones_like(out), retain_graph=True)
-    return [seen[-1], inp.grad[0].tolist()]
+def _first_nan() -> str:
+    embed, head, x, y = _problem()
+    steps, arrived = _steps(embed, head, x), []
+    with Hooks() as hooks:
+        for name, t in steps.items():
+            hooks.add(t.register_hook(lambda grad, name=name: arrived.append((name, grad.isnan().any().item()))))
+        nn.functional.cross_entropy(steps["logits"], y).backward()
+    return next(name for name, nan in arrived if nan)
 
 
 # ----- 3. Repairing and clipping gradients -------------------------------------------------------
 @prediction(
     "01.e",
-    "a clamping hook against clip_grad_value_ over two backward calls",
-    why="the hook clamps each backward's contribution before it is added to .grad: 0.4 is inside [-0.5, 0.5], "
-        "so both go through and .grad is 0.8. clip_grad_value_ clamps .grad, the sum, afterwards: 0.5.",
+    "how many times the hook repair's gradient at h's padded row is the eps-inside one",
+    why="with the hook on ms the padded row still divides by rms + 1e-6 = 1e-6; with eps inside the root it "
+        "divides by √(0 + 1e-6) = 1e-3. The path through ms gives 0 in both, so the direct path decides: "
+        "1 / 1e-6 against 1 / 1e-3, 1000 times larger.",
     wrong=[
-        ([0.5, 0.5], "the hook never sees the sum: it clamps each backward's 0.4, which is under the limit, "
-                     "and .grad adds them up to 0.8"),
-        ([0.8, 0.8], "clip_grad_value_ clamps what .grad holds after both calls, 0.8, down to 0.5"),
-        ([0.5, 0.8], "swapped: the hook clamps each 0.4 (nothing to clamp), clip_grad_value_ clamps the sum"),
-        ([0.4, 0.5], ".grad is added to on every backward: two calls of 0.4 make 0.8"),
+        (1, "the two repairs give the same embed.weight.grad only because the padded input row is 0; at h the "
+            "padded row is divided by rms + 1e-6 = 1e-6 with the hook, by √(0 + 1e-6) = 1e-3 with eps inside"),
+        (1e6, "with eps inside, the padded row is divided by √(0 + 1e-6) = 1e-3, not by 1: the ratio is "
+              "1e-3 / 1e-6"),
+        (0.001, "upside down: the hook leaves the division by 1e-6, the smaller number, so its gradient is "
+                "the larger one"),
     ],
 )
-def _clip_order() -> list[float]:
-    w = torch.ones(1, requires_grad=True)
-    with w.register_hook(lambda grad: grad.clamp(-0.5, 0.5)):
-        for _ in range(2):
-            (0.4 * w).sum().backward()
-    hooked = w.grad.item()
-    w.grad = None
-    for _ in range(2):
-        (0.4 * w).sum().backward()
-    torch.nn.utils.clip_grad_value_([w], 0.5)
-    return [hooked, w.grad.item()]
-
+def _repair_ratio() -> float:
+    embed, head, x, y = _problem()
+    steps = _steps(embed, head, x)
+    steps["h"].retain_grad()
+    with steps["ms"].register_hook(lambda grad: torch.nan_to_num(grad, nan=0.0)):
+        nn.functional.cross_entropy(steps["logits"], y).backward()
+    h = embed(x)
+    h.retain_grad()
+    nn.functional.cross_entropy(head(nn.functional.rms_norm(h, (8,), eps=1e-6)), y).backward()
+    return (steps["h"].grad[2] / h.grad[2]).mean().item()
 
 # ----- 4. After .grad is updated -----------------------------------------------------------------
+def _mlp() -> nn.Module:
+    """Section 4's MLP: six parameters."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(100, 100), nn.Tanh(), nn.Linear(100, 100), nn.Tanh(), nn.Linear(100, 10))
+
+
+def gradients_alive(model: nn.Module, fuse: object = None) -> tuple[int, int]:
+    """One backward of ``model`` on a fixed batch, with ``fuse(model, 0.1)``'s hooks if given: the most
+    gradients alive at once, and the most bytes they took, counted each time a gradient is accumulated
+    and once more after backward."""
+    alive, peak = [], []
+
+    def count(q):  # runs after the fused step (registered last): q's gradient existed until then
+        grads = [r.grad for r in model.parameters() if r.grad is not None and r is not q]
+        alive.append(1 + len(grads))
+        peak.append(q.nbytes + sum(g.nbytes for g in grads))
+
+    with Hooks() as hooks:
+        for handle in (fuse(model, 0.1) if fuse else []):
+            hooks.add(handle)
+        for q in model.parameters():
+            hooks.add(q.register_post_accumulate_grad_hook(count))
+        torch.manual_seed(1)
+        x, y = torch.randn(64, 100), torch.randint(0, 10, (64,))
+        nn.functional.cross_entropy(model(x), y).backward()
+    grads = [r.grad for r in model.parameters() if r.grad is not None]
+    return max([*alive, len(grads)]), max([*peak, sum(g.nbytes for g in grads)])
+
+
 @prediction(
     "01.f",
-    "what a post-accumulate-grad hook sees in p.grad on the second backward",
-    why="a post-accumulate-grad hook runs after the new gradient is added into .grad: on the second call "
-        "p.grad holds 5 + 5 = [10, 10]. The tensor hook, before accumulation, sees [5, 5] both times.",
+    "the most gradients alive at once, with the fused step and after a plain backward",
+    why="a plain backward leaves all six .grad tensors alive for optimizer.step(). With the step fused in, "
+        "each parameter's hook frees its gradient as soon as it has been added, before the next one arrives: "
+        "one at a time.",
     wrong=[
-        ([5, 5], "that is what the tensor hook sees, the new gradient before it is added; the post-accumulate "
-                 "hook sees .grad after: 5 + 5"),
-        (None, "p is a leaf and its .grad has just been updated when the hook runs: [10, 10]"),
-        ([25, 25], ".grad adds the two gradients, 5 + 5, it does not multiply them"),
+        ([6, 6], "the fused step sets each p.grad to None right after using it, before the next parameter's "
+                 "gradient is accumulated: one at a time"),
+        ([0, 6], "each gradient exists for a moment: it is accumulated into p.grad, then the hook uses and "
+                 "frees it, so one is alive at a time"),
+        ([1, 1], "a plain backward frees none: all six .grad tensors are alive when it returns"),
+        ([1, 3], "a bias has a .grad too: six parameters, six gradients after a plain backward"),
     ],
 )
-def _post_accumulate() -> list[float]:
-    p = torch.ones(2, requires_grad=True)
-    seen = []
-    with p.register_post_accumulate_grad_hook(lambda param: seen.append(param.grad.tolist())):
-        for _ in range(2):
-            (5 * p).sum().backward()
-    return seen[-1]
+def _alive_at_once() -> list[int]:
+    return [gradients_alive(_mlp(), fuse_sgd)[0], gradients_alive(_mlp())[0]]
 
 
 # ----- 5. What autograd keeps for backward -------------------------------------------------------
@@ -204,7 +247,7 @@ def _saved_by_exp() -> int:
     return sum(sizes)
 
 
-# ----- 01.1 to 01.4 ------------------------------------------------------------------------------
+# ----- 01.1 to 01.5 ------------------------------------------------------------------------------
 def _scale_case(scale_grad, factor: float, leaf: bool) -> Outcome | None:
     """The answer on a leaf or on an intermediate tensor: one backward with the hook, one without."""
     x = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
@@ -328,6 +371,58 @@ def _named_norms(grad_norms) -> Outcome:
         True, "one norm per backward under each tensor's own name, gradients unchanged, none for the unused tensor")
 
 
+def _by_hand_case(dms_by_hand) -> tuple[torch.Tensor, torch.Tensor, object] | Outcome:
+    """A batch like the lesson's (row 2 padded), the gradients hooks caught at normed and ms, and the
+    answer's dms from them."""
+    torch.manual_seed(7)  # on the checker's own random stream (see ``exercise``)
+    embed, head = nn.Linear(4, 6, bias=False), nn.Linear(6, 3)
+    x = torch.randn(4, 4, dtype=torch.float64)
+    x[2] = 0.0
+    embed, head = embed.double(), head.double()
+    steps = _steps(embed, head, x)
+    caught = {}
+    with Hooks() as hooks:
+        for name in ("normed", "ms"):
+            hooks.add(steps[name].register_hook(lambda grad, name=name: caught.__setitem__(name, grad)))
+        nn.functional.cross_entropy(steps["logits"], torch.tensor([0, 2, 1, 1])).backward()
+    h, rms = steps["h"].detach(), steps["rms"].detach()
+    return caught["ms"], (caught["normed"], h, rms), dms_by_hand(caught["normed"], h, rms)
+
+
+@exercise("01.3", "derive the gradient at ms by hand")
+def _by_hand(dms_by_hand) -> Outcome:
+    """``dms_by_hand(dnormed, h, rms)`` derives the gradient of the loss with respect to ``ms`` from
+    the gradient caught at ``normed = h / (rms + 1e-6)``, with ``rms = √ms``: the sum over the row of
+    ``dnormed · (−h / (rms + 1e-6)²)``, divided by ``2 · rms``. Compared, Karpathy's ``cmp`` style,
+    with the gradient a hook caught at ``ms``: NaN in the padded row, as autograd computes it."""
+    caught, (dnormed, h, rms), dms = _by_hand_case(dms_by_hand)
+    if not isinstance(dms, torch.Tensor):
+        return Outcome(False, f"dms_by_hand returned {kind_of(dms)}: return a tensor shaped like ms, (rows, 1)")
+    if dms.shape != caught.shape:
+        return Outcome(False, f"dms has the shape {tuple(dms.shape)}, ms has {tuple(caught.shape)}: each row's rms "
+                              "divides every entry of its row, so add up over the row (dim=1, keepdim=True)")
+    real = torch.ones(len(caught), dtype=torch.bool)
+    real[2] = False
+    drms = (dnormed * -h / (rms + 1e-6) ** 2).sum(dim=1, keepdim=True)
+    if torch.allclose(dms[real], -caught[real], rtol=1e-4):
+        return Outcome(False, "dms has the wrong sign: the derivative of h / (rms + 1e-6) with respect to rms is "
+                              "−h / (rms + 1e-6)²")
+    if torch.allclose(dms[real], drms[real], rtol=1e-4):
+        return Outcome(False, "that is the gradient at rms: ms reaches rms through the square root, so multiply "
+                              "by its derivative, 1 / (2√ms) = 1 / (2 rms)")
+    if not torch.allclose(dms[real], caught[real], rtol=1e-4):
+        return Outcome(False, f"in the rows that are not padding, dms is {_rounded(dms[real].flatten())}, the hook "
+                              f"caught {_rounded(caught[real].flatten())}: the chain rule, step by step: drms = sum "
+                              "over the row of dnormed · (−h / (rms + 1e-6)²), then dms = drms / (2 rms)")
+    if not dms[2].isnan().all():
+        return Outcome(False, f"in the padded row your dms is {dms[2].item():g}, but autograd's is NaN: derive "
+                              "what autograd computes (0 / (2 · 0) there), do not repair it")
+    diff = (dms[real] - caught[real]).abs().max().item()
+    return Outcome(True, f"dms against the hook on ms | close: True | max diff: "
+                         f"{'below 1e-12' if diff < 1e-12 else f'{diff:.0e}'} (float64, the rows that are not "
+                         "padding); the padded row NaN in both, 0 / (2 · 0)")
+
+
 def _clamp_model() -> nn.Module:
     """Eleven layers, so that names go up to '10.bias': a pattern such as '?.bias' must name '0.bias' to
     '8.bias' and not '10.bias'."""
@@ -367,7 +462,7 @@ def _tensor_counts(clamped: object) -> Outcome | None:
 
 
 def _clamp_handles(answer: object) -> tuple[list, object] | Outcome:
-    """The answer to 01.3 as (handles, clamped), or the Outcome saying what is wrong with it."""
+    """The answer to 01.4 as (handles, clamped), or the Outcome saying what is wrong with it."""
     if isinstance(answer, tuple | list) and answer and all(is_handle(h) for h in answer):
         return Outcome(False, "return the pair (handles, clamped), got only handles")
     if not (isinstance(answer, tuple | list) and len(answer) == 2):
@@ -440,7 +535,8 @@ def _clamp_grads_outcome(plain, once, twice, matching, pattern, limit) -> Outcom
     return None
 
 
-def _clamp_counts_outcome(counts_once, counts_twice, matching, outside, pattern, limit) -> Outcome | None:
+def _clamp_counts_outcome(counts_once, counts_twice, matching, outside, pattern, limit,
+                          at_or_above=None) -> Outcome | None:
     """What is wrong with the counts of clamped entries after one and two backward passes, if anything."""
     if not isinstance(counts_once, dict):
         return Outcome(False, f"the second item must be a dict from parameter name to a count, got "
@@ -452,6 +548,9 @@ def _clamp_counts_outcome(counts_once, counts_twice, matching, outside, pattern,
         late = (len(matching) > 1 and counts_once[matching[-1]] == sum(outside.values())
                 and all(counts_once[n] == 0 for n in matching[:-1]))
         hint = " (every hook counted under the loop's last name? bind it with name=name)" if late else ""
+        if not late and counts_once == at_or_above:
+            hint = (": an entry exactly at the limit is not changed by the clamp, so it is not counted; count "
+                    "|value| > limit, not >=")
         return Outcome(False, f"with pattern {pattern!r} and limit {limit:g}, after one backward clamped is "
                               f"{counts_once}, but {outside} entries were outside the limits{hint}")
     if counts_twice != {n: 2 * k for n, k in outside.items()}:
@@ -468,6 +567,7 @@ def _clamp_case(clamp_matching, pattern: str, limit: float) -> Outcome | None:
     model.zero_grad(set_to_none=True)
     matching = [n for n in plain if fnmatch.fnmatchcase(n, pattern)]
     outside = {n: int((plain[n].abs() > limit).sum()) for n in matching}
+    at_or_above = {n: int((plain[n].abs() >= limit).sum()) for n in matching}
     watched = []  # registered before the answer's hooks: each incoming gradient and a copy of it
     with Hooks() as watchers:
         for q in model.parameters():
@@ -500,7 +600,8 @@ def _clamp_case(clamp_matching, pattern: str, limit: float) -> Outcome | None:
         return Outcome(False, "the gradient your hook received was changed: the hook changed grad in place; "
                               "return a new tensor (grad.clamp(...), not grad.clamp_(...))")
     wrong = (_clamp_grads_outcome(plain, once, twice, matching, pattern, limit) or as_tensors
-             or _clamp_counts_outcome(counts_once, _counts(clamped), matching, outside, pattern, limit))
+             or _clamp_counts_outcome(counts_once, _counts(clamped), matching, outside, pattern, limit,
+                                   at_or_above))
     if wrong:
         return wrong
     model.zero_grad(set_to_none=True)
@@ -511,18 +612,21 @@ def _clamp_case(clamp_matching, pattern: str, limit: float) -> Outcome | None:
     return None
 
 
-@exercise("01.3", "clamp the gradients of the parameters a pattern names")
+@exercise("01.4", "clamp the gradients of the parameters a pattern names")
 def _clamp(clamp_matching) -> Outcome:
     """``clamp_matching(model, pattern, limit)`` registers, on each parameter whose name matches the
     shell-style ``pattern``, a hook clamping its gradient to ``[-limit, limit]`` and counting the
     entries it clamped; returns ``(handles, clamped)`` with ``clamped[name]`` the running count.
     The hook must return a new tensor, not change ``grad`` in place."""
-    for pattern, limit in (("*.weight", 0.5), ("2.*", 0.2), ("?.bias", 2.0)):
+    model = _clamp_model()
+    _clamp_loss(model).backward()
+    at_limit = model[0].weight.grad.abs().flatten()[0].item()  # a limit that one gradient entry equals exactly
+    for pattern, limit in (("*.weight", 0.5), ("2.*", 0.2), ("?.bias", 2.0), ("0.*", at_limit)):
         wrong = _clamp_case(clamp_matching, pattern, limit)
         if wrong:
             return wrong
-    return Outcome(True, "only the matching parameters clamped, for three patterns and limits, clamped entries "
-                         "counted per name from 0, untouched after remove()")
+    return Outcome(True, "only the matching parameters clamped, for four patterns and limits (one equal to a "
+                         "gradient entry), clamped entries counted per name from 0, untouched after remove()")
 
 
 def _small_model() -> nn.Module:
@@ -531,7 +635,7 @@ def _small_model() -> nn.Module:
 
 
 def _handles_of(handles) -> list | Outcome:
-    """The answer to 01.4 as a list of handles, or the Outcome saying what is wrong with it."""
+    """The answer to 01.5 as a list of handles, or the Outcome saying what is wrong with it."""
     if is_handle(handles):
         return Outcome(False, "fuse_sgd returned one handle: return a list of handles, one per parameter")
     if not isinstance(handles, Iterable) or isinstance(handles, str | torch.Tensor):
@@ -544,7 +648,7 @@ def _handles_of(handles) -> list | Outcome:
     return handles
 
 
-@exercise("01.4", "an SGD step fused into backward")
+@exercise("01.5", "an SGD step fused into backward")
 def _fused_sgd(fuse_sgd) -> Outcome:
     """``fuse_sgd(model, lr)`` registers post-accumulate-grad hooks that update each parameter
     with ``p -= lr * p.grad`` and then free ``p.grad``; returns the list of handles. The second
@@ -608,8 +712,8 @@ def _fused_sgd(fuse_sgd) -> Outcome:
                          f"{n} gradients alive at once during backward (a plain backward keeps all {n})")
 
 
-# ----- 01.5 --------------------------------------------------------------------------------------
-#: the cases 01.5 tries: a name, the model's dtype, and a scale for the inputs (1e5: saved values beyond
+# ----- 01.6 --------------------------------------------------------------------------------------
+#: the cases 01.6 tries: a name, the model's dtype, and a scale for the inputs (1e5: saved values beyond
 #: float16's largest number, 65504, which bfloat16 keeps)
 _HALF_CASES = (("the float32 case", torch.float32, 1.0), ("the float64 case", torch.float64, 1.0),
                ("the case with inputs up to 2e5", torch.float32, 1e5))
@@ -640,9 +744,9 @@ def _dtype(t: torch.Tensor) -> str:
 
 
 def _packed_outcome(saved: list) -> Outcome | None:
-    """What is wrong with what pack kept for each saved tensor ``(t, packed)``, if anything."""
-    for t, packed in saved:
-        inside = _tensors_in(packed)
+    """What is wrong with what pack kept for each saved tensor ``(t, packed, inside)``, if anything:
+    ``inside`` holds the tensors ``packed`` held when pack returned it (unpack may have changed it since)."""
+    for t, packed, inside in saved:
         what = f"the {_dtype(t)} tensor of shape {tuple(t.shape)}"
         if any(item is t for item in inside):
             return Outcome(False, f"pack returned the tensor it received itself (for {what}): return t.detach() "
@@ -665,14 +769,28 @@ def _packed_outcome(saved: list) -> Outcome | None:
 
 def _overflow_outcome(saved: list, label: str) -> Outcome | None:
     """A failed Outcome when pack turned finite values into inf (float16 beyond 65504), else None."""
-    for t, packed in saved:
+    for t, _, inside in saved:
         if t.is_floating_point() and any(item.is_floating_point() and item.isinf().sum() > t.isinf().sum()
-                                         for item in _tensors_in(packed)):
-            kept = next(_dtype(i) for i in _tensors_in(packed) if i.is_floating_point())
+                                         for item in inside):
+            kept = next(_dtype(i) for i in inside if i.is_floating_point())
             return Outcome(False, f"in {label}, pack kept a {_dtype(t)} tensor as {kept}: its entries "
                                   f"beyond {torch.finfo(torch.float16).max:g}, float16's largest number, became inf, "
                                   "and so did the gradients; keep it as bfloat16 (t.to(torch.bfloat16)), which has "
                                   "float32's range")
+    return None
+
+
+def _changed_outcome(saved: list) -> Outcome | None:
+    """A failed Outcome when unpack replaced a tensor inside what pack returned (a list it wrote into)."""
+    for t, packed, inside in saved:
+        now = _tensors_in(packed)
+        if len(now) != len(inside) or any(a is not b for a, b in zip(now, inside, strict=False)):
+            return Outcome(False, f"for the {_dtype(t)} tensor of shape {tuple(t.shape)}, pack returned "
+                                  f"{[_dtype(i) for i in inside]} and after backward it holds "
+                                  f"{[_dtype(i) for i in now]}: "
+                                  "unpack must leave what pack returned as it was (it runs once per use of the saved "
+                                  "tensor); give back a new tensor, kept.to(dtype), without writing it into what "
+                                  "pack returned")
     return None
 
 
@@ -697,11 +815,11 @@ def _half_case(hooks, dtype: torch.dtype, scale: float, label: str) -> tuple[int
     reference = _half_model(dtype)
     _half_loss(reference, dtype, scale).backward()
     plain = {n: p.grad for n, p in reference.named_parameters()}
-    saved, unpacked, original = [], [], {}  # (t, packed), (t, unpacked), id(packed) -> t
+    saved, unpacked, original = [], [], {}  # (t, packed, its tensors then), (t, unpacked), id(packed) -> t
 
     def pack(t):
         packed = hooks.pack_hook(t)
-        saved.append((t, packed))
+        saved.append((t, packed, list(_tensors_in(packed))))
         original[id(packed)] = t
         return packed
 
@@ -720,7 +838,7 @@ def _half_case(hooks, dtype: torch.dtype, scale: float, label: str) -> tuple[int
     except NotImplementedError:
         raise  # the stub: not solved yet
     except Exception as error:  # what the answer kept explains it best, else a known error, else its own
-        wrong = _packed_outcome(saved) or _unpacked_outcome(unpacked)
+        wrong = _changed_outcome(saved) or _packed_outcome(saved) or _unpacked_outcome(unpacked)
         if wrong or not isinstance(error, RuntimeError):
             return wrong or hint_for(error, {})
         return hint_for(error, {
@@ -729,7 +847,8 @@ def _half_case(hooks, dtype: torch.dtype, scale: float, label: str) -> tuple[int
             "dtype": "backward got a tensor of another dtype than it computes in: unpack must give back the "
                      "original dtype",
         })  # fmt: skip
-    wrong = _packed_outcome(saved) or _unpacked_outcome(unpacked) or _overflow_outcome(saved, label)
+    wrong = (_changed_outcome(saved) or _packed_outcome(saved) or _unpacked_outcome(unpacked)
+             or _overflow_outcome(saved, label))
     if wrong:
         return wrong
     for name, p in model.named_parameters():
@@ -741,12 +860,12 @@ def _half_case(hooks, dtype: torch.dtype, scale: float, label: str) -> tuple[int
         if not torch.allclose(p.grad, 2 * once[name], rtol=1e-5, atol=1e-6 * size):
             return Outcome(False, f"a second backward through the same graph gave {name} another gradient: unpack "
                                   "runs once per use, so it must leave what pack returned as it was")
-    full = sum(t.numel() * t.element_size() for t, _ in saved)
-    kept = sum(i.numel() * i.element_size() for _, packed in saved for i in _tensors_in(packed))
+    full = sum(t.numel() * t.element_size() for t, _, _ in saved)
+    kept = sum(i.numel() * i.element_size() for _, _, inside in saved for i in inside)
     return kept, full
 
 
-@exercise("01.5", "keep saved tensors in bfloat16")
+@exercise("01.6", "keep saved tensors in bfloat16")
 def _half(save_in_half) -> Outcome:
     """``save_in_half()`` returns ``saved_tensors_hooks(pack, unpack)`` whose pack keeps a
     floating-point tensor as bfloat16 (2 bytes) and any other tensor as ``t.detach()``, and whose
@@ -766,3 +885,35 @@ def _half(save_in_half) -> Outcome:
     return Outcome(True, f"saved tensors kept in {kept:,} bytes instead of {full:,} (float32), gradients within "
                          "2 % of those without your hooks, float64 given back as float64, values beyond 65504 "
                          "kept finite, and unpack works twice")
+
+
+# ----- worked answers the lesson falls back on ---------------------------------------------------
+def grad_norms(named: dict[str, torch.Tensor]) -> tuple[dict[str, list[float]], list]:
+    """A worked answer to 01.2, for the lesson's next cells while the student's own has not passed."""
+    norms, handles = {name: [] for name in named}, []
+    for name, t in named.items():
+        handles.append(t.register_hook(lambda grad, name=name: norms[name].append(grad.norm().item())))
+    return norms, handles
+
+
+def fuse_sgd(model: nn.Module, lr: float) -> list:
+    """A worked answer to 01.5 (see ``grad_norms``)."""
+
+    def step(p: torch.Tensor) -> None:
+        with torch.no_grad():
+            p.add_(p.grad, alpha=-lr)
+        p.grad = None
+
+    return [p.register_post_accumulate_grad_hook(step) for p in model.parameters()]
+
+
+def save_in_half() -> saved_tensors_hooks:
+    """A worked answer to 01.6 (see ``grad_norms``)."""
+
+    def pack(t: torch.Tensor) -> tuple[torch.Tensor, torch.dtype]:
+        return (t.to(torch.bfloat16) if t.is_floating_point() else t.detach()), t.dtype
+
+    def unpack(packed: tuple[torch.Tensor, torch.dtype]) -> torch.Tensor:
+        return packed[0].to(packed[1])
+
+    return saved_tensors_hooks(pack, unpack)
