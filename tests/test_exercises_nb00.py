@@ -176,6 +176,17 @@ def test_00_2_wants_the_output_alone():
     def with_a_count(module, hook, x):
         return run_right(module, hook, x), 1
 
+    def detached(module, hook, x):
+        with module.register_forward_hook(hook):
+            return module(x).detach()
+
+    def without_grad(module, hook, x):
+        with module.register_forward_hook(hook), torch.no_grad():
+            return module(x)
+
+    failed("00.2", detached, "cut from the autograd graph (.detach()", "could not call backward through it")
+    failed("00.2", without_grad, "cut from the autograd graph", "torch.no_grad()?")
+
     def nothing(module, hook, x):
         run_right(module, hook, x)
 
@@ -346,6 +357,17 @@ def test_00_3_wants_every_leaf_under_its_dotted_name():
            "named_children() gives only the top level")
     failed("00.3", EveryModule, "'body', a module with children", "leaf modules only")
     failed("00.3", ShortNames, "kept under 'early'", "dotted name", "'body.early'")
+
+    class Underscores(Recorder):
+        def layers(self):
+            return [(name.replace(".", "_"), m) for name, m in super().layers()]
+
+    class ByModule(Recorder):
+        def layers(self):
+            return [(m, m) for _, m in super().layers()]
+
+    failed("00.3", Underscores, "the key 'body_early', which is not the name of a module", "dotted name")
+    failed("00.3", ByModule, "the key a Linear, which is not the name of a module")
     failed("00.3", LinearsOnly, "nothing was kept for layer 'body.act'")
 
 
@@ -410,6 +432,20 @@ def test_00_3_hints_at_name_equals_name():
             return self
 
     failed("00.3", LateName, "every output was kept under one name, 'body.act'", "name=name")
+
+
+def test_00_3_keeps_the_last_output_of_a_module_called_twice():
+    class FirstCall(Recorder):
+        def __enter__(self):
+            for name, module in self.layers():
+
+                def keep(module, args, output, name=name):
+                    self.outputs.setdefault(name, output.detach().clone())
+
+                self.handles.append(module.register_forward_hook(keep))
+            return self
+
+    failed("00.3", FirstCall, "the output of its first call", "calls norm twice", "keep the output of the last call")
 
 
 def test_00_3_wants_the_order_the_layers_ran_in():
@@ -534,9 +570,16 @@ def test_00_4_rejects_the_order_of_definition_and_the_last_nan():
             model(x)
         return next((name for name, output in rec.outputs.items() if torch.isnan(output).all()), None)
 
+    def sorted_names(model, x):
+        with Recorder(model) as rec:
+            model(x)
+        return next((name for name in sorted(rec.outputs) if torch.isnan(rec.outputs[name]).any()), None)
+
     failed("00.4", by_definition, "the first layer with a NaN in the order the layers are defined",
-           "'blocks.early.norm' here")
-    failed("00.4", last_nan, "'head' is the last layer whose output holds a NaN", "'blocks.early.norm' here")
+           "'blocks.front.norm' here")
+    failed("00.4", last_nan, "'head' is the last layer whose output holds a NaN", "'blocks.front.norm' here")
+    failed("00.4", sorted_names, "'blocks.back.act' is the first layer with a NaN in alphabetical order",
+           "'blocks.front.norm' here")
     failed("00.4", all_nan, "returned None", "torch.isnan(output).any()")
 
 
@@ -571,17 +614,18 @@ def test_00_4_names_other_slips():
 def test_00_4_cases_are_what_the_checker_says():
     from hooklab.exercises import nb00
 
-    found, by_definition, last = [], [], []
+    found, by_definition, by_name, last = [], [], [], []
     for sign, rows, head_last in nb00._NAN_CASES:
         model = nb00._NanCase(sign, head_last)
         ran = nb00._run_order(model, torch.tensor(rows))
         found.append(nb00._first_nan(ran)[0])
         with_nan = [name for name, _, out in ran if torch.isnan(out).any()]
         by_definition.append(next((name for name, _ in nb00._leaves(model) if name in with_nan), None))
+        by_name.append(next((name for name in sorted(n for n, _, _ in ran) if name in with_nan), None))
         last.append(with_nan[-1] if with_nan else None)
-    assert found == ["blocks.early.norm", "blocks.early.norm", None, "blocks.late.norm"]
-    # the first case tells the three apart: first by definition, last to run, and the answer
-    assert (by_definition[0], last[0]) == ("blocks.late.linear", "head")
+    assert found == ["blocks.front.norm", "blocks.front.norm", None, "blocks.back.norm"]
+    # the first case tells the four apart: first by definition, first by name, last to run, and the answer
+    assert (by_definition[0], by_name[0], last[0]) == ("blocks.back.linear", "blocks.back.act", "head")
 
 
 # ----- predictions -------------------------------------------------------------------------------
@@ -595,18 +639,29 @@ def test_the_predictions_compute_what_the_lesson_shows():
     assert truth("00.a") == 11.0
     assert truth("00.b") == [1, 2, 3]
     assert truth("00.c") == ["embed", "head"]
-    assert truth("00.d") == "RMSNorm"
+    assert truth("00.d") == ["RMSNorm", 6]
 
 
 def test_the_predictions_answer_right_and_give_hints_for_common_wrong_guesses():
     assert grade("00.a", 11).passed and grade("00.b", [1.0, 2.0, 3.0]).passed
-    assert grade("00.c", ["Embed", "'head'"]).passed and grade("00.d", "rmsnorm").passed
+    assert grade("00.c", ["Embed", "'head'"]).passed and grade("00.d", ["rmsnorm", 6.0]).passed
     assert "received times_ten's result" in grade("00.a", 2.0).detail
     assert "does not replace it" in grade("00.b", [1, 1, 1]).detail
     assert "the order the model defines its layers in" in grade("00.c", ["head", "embed"]).detail
-    assert "does not make one" in grade("00.d", "Linear").detail
-    assert "a row of zeros" in grade("00.d", "ReLU").detail
+    assert "does not make one" in grade("00.d", ["Linear", 0]).detail
+    assert "it makes the row of zeros" in grade("00.d", ["ReLU", 6]).detail
+    assert "which row makes the root mean square 0" in grade("00.d", ["RMSNorm", 1]).detail
     assert not grade("00.c", ["embed"]).passed
+
+
+def test_a_guess_of_the_wrong_form_is_told_what_to_write_not_the_answer():
+    for id, guess, words in [("00.a", [11.0], "write one number"), ("00.a", "eleven", "write one number"),
+                             ("00.b", 6, "a list of three numbers"), ("00.c", "embed", "a list of two names"),
+                             ("00.d", "RMSNorm", "a class name and a number")]:
+        detail = grade(id, guess).detail
+        assert words in detail, (id, guess, detail)
+        assert str(truth(id)) not in detail and "11" not in detail
+    assert "without quotes" in grade("00.a", "11").detail
 
 
 def lesson_source(marker: str) -> str:

@@ -14,6 +14,36 @@ from ..pytorch_internals import global_registries, module_hooks
 from . import Outcome, exercise, hint_for, kind_of, prediction
 
 
+class _OtherForm:
+    """A ``wrong=`` entry that matches every guess ``fits`` rejects: its hint says what to write, and not
+    the answer (``why`` states it)."""
+
+    __hash__ = None
+
+    def __init__(self, fits) -> None:
+        self.fits = fits
+
+    def __eq__(self, guess: object) -> bool:
+        return not self.fits(guess)
+
+
+def _number(value: object, spelled: bool = False) -> bool:
+    """Whether ``value`` is a number (with ``spelled``, also a string that spells one: its own hint)."""
+    if isinstance(value, str) and spelled:
+        try:
+            float(value.strip().strip("'\""))
+        except ValueError:
+            return False
+        return True
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _list_of(*fits) -> _OtherForm:
+    """Guesses other than a list (or tuple) whose items pass ``fits``, one test per item."""
+    return _OtherForm(lambda guess: isinstance(guess, list | tuple) and len(guess) == len(fits)
+                      and all(fit(item) for fit, item in zip(fits, guess, strict=True)))
+
+
 # ----- 1. A first hook ---------------------------------------------------------------------------
 @prediction(
     "00.a",
@@ -26,6 +56,8 @@ from . import Outcome, exercise, hint_for, kind_of, prediction
         (2.0, "plus_one received times_ten's result (10), not the layer's own output (1): 10 + 1 = 11"),
         (20.0, "that is plus_one first: the hooks fire in the order they were registered, times_ten first, "
                "and plus_one receives its result: 1 × 10 + 1 = 11"),
+        (_OtherForm(lambda guess: _number(guess, spelled=True)), "write one number, such as 5.0: the one value the "
+                                                                 "layer returns"),
     ],
 )
 def _two_hooks() -> float:
@@ -200,6 +232,7 @@ def _call_like_pytorch(call_like_pytorch) -> Outcome:
         ([1, 1, 1], "registering the same function again does not replace it: each register_forward_hook call "
                     "adds one more entry, and each entry runs"),
         ([1, 0, 0], "nothing removed the first hook: a hook stays until its handle's remove() takes it out"),
+        (_list_of(_number, _number, _number), "write a list of three numbers, one per run, such as [0, 1, 0]"),
     ],
 )
 def _registered_again() -> list[int]:
@@ -306,6 +339,10 @@ def _answer_outcome(answer, plain: torch.Tensor, seen: list, left: list) -> Outc
     if not torch.allclose(answer.detach(), 10 * plain):
         return Outcome(False, "return module(x) as the hook made it (here, 10 times the plain output): run the "
                               "module while your hook is registered")
+    if not answer.requires_grad:
+        return Outcome(False, "your function returned the output cut from the autograd graph (.detach(), or "
+                              "torch.no_grad()?): the caller could not call backward through it. Return module(x) "
+                              "as it is")
     if len(seen) != 1:
         return Outcome(False, f"the hook ran {len(seen)} times for one module call: register it once")
     if left:
@@ -461,6 +498,8 @@ def _first_nan(ran: list) -> tuple[str, nn.Module] | tuple[None, None]:
                                     "runs"),
         (["embed", "blocks.5.norm"], "the blocks run before head, which is called last in forward"),
         (["blocks.0.linear", "head"], "embed runs first: forward calls it before the blocks"),
+        (_list_of(*[lambda item: isinstance(item, str)] * 2), 'write a list of two names, such as ["blocks.0.act", '
+                                                              '"blocks.5.linear"]'),
     ],
 )
 def _recording_order() -> list[str]:
@@ -470,19 +509,32 @@ def _recording_order() -> list[str]:
 
 @prediction(
     "00.d",
-    "the kind of layer that makes the first NaN",
-    why="Linear multiplies and adds, ReLU takes max(v, 0): from finite numbers both give finite numbers. RMSNorm "
-        "divides each row by its root mean square, and a row that a ReLU turned into zeros gives 0 / 0 = NaN.",
+    "the layer that makes the first NaN, and the row it gets",
+    why="Linear multiplies and adds, ReLU takes max(v, 0): from finite numbers neither makes a NaN (Linear could "
+        "only by overflowing float32, past 3e38, into inf - inf: far from these values). RMSNorm divides a row by "
+        "its root mean square, which is 0 only when all six values are 0: 0 / 0 = NaN.",
     wrong=[
-        ("Linear", "a Linear layer multiplies and adds finite numbers, which gives finite numbers (barring overflow); "
-                   "it passes a NaN on, but does not make one"),
-        ("ReLU", "ReLU gives max(v, 0), finite for any finite v. It can turn a whole row into zeros, though: what "
-                 "does the layer after it do with a row of zeros?"),
+        (["RMSNorm", 1], "one 0 among six values leaves the root mean square above 0, and the division finite: "
+                         "which row makes the root mean square 0?"),
+        (["ReLU", 6], "ReLU gives max(v, 0), finite for any finite v: it makes the row of zeros, and the layer "
+                      "after it divides by that row's root mean square"),
+        (["Linear", 0], "a Linear layer multiplies and adds finite numbers far below float32's limit, which gives "
+                        "finite numbers: it passes a NaN on, but does not make one"),
+        (_list_of(lambda item: isinstance(item, str), _number), 'write a list of a class name and a number, such '
+                                                                'as ["Linear", 1]'),
     ],
 )
-def _nan_maker() -> str:
-    _, module = _first_nan(_run_order(*_opening()))
-    return type(module).__name__
+def _nan_maker() -> list:
+    """The kind of the first leaf whose output holds a NaN, and how many values of its first NaN row's
+    input are 0."""
+    model, x = _opening()
+    _, module = _first_nan(_run_order(model, x))
+    seen = []
+    with module.register_forward_hook(lambda m, args, out: seen.append((args[0], out))), torch.no_grad():
+        model(x)
+    given, out = seen[0]
+    row = torch.isnan(out).any(dim=1).nonzero()[0].item()
+    return [type(module).__name__, int((given[row] == 0).sum())]
 
 
 class _Body(nn.Module):
@@ -503,7 +555,7 @@ class _Body(nn.Module):
 
 class _RecorderCase(nn.Module):
     """Defines ``late``, ``norm`` (an RMSNorm: a leaf of the model's own class, without parameters),
-    then ``body`` (``body.early``, ``body.act``), and runs ``body.early``, ``body.act``, ``norm``,
+    then ``body`` (``body.early``, ``body.act``), and runs ``body.early``, ``body.act``, ``norm`` (twice),
     ``late``. A recorder that picks layers by type (Linear, ReLU) or by parameters misses ``norm``."""
 
     def __init__(self) -> None:
@@ -513,7 +565,7 @@ class _RecorderCase(nn.Module):
         self.body = _Body()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.late(self.norm(self.body(x)))
+        return self.late(self.norm(self.norm(self.body(x)) + 1))  # norm runs twice: a recorder keeps its last
 
 
 _RecorderCase.__name__ = "model"  # what a message about a hook left on it says: "... on layer 'late' of the model"
@@ -530,8 +582,9 @@ def _expected(model: _RecorderCase, x: torch.Tensor) -> dict[str, torch.Tensor]:
     with torch.no_grad():
         early = model.body.early(x)
         act = torch.relu(early)
-        norm = act / act.pow(2).mean(dim=1, keepdim=True).sqrt()
-        return {"body.early": early, "body.act": act, "norm": norm, "late": model.late(norm)}
+        first = act / act.pow(2).mean(dim=1, keepdim=True).sqrt()
+        norm = (first + 1) / (first + 1).pow(2).mean(dim=1, keepdim=True).sqrt()
+        return {"body.early": early, "body.act": act, "norm": norm, "late": model.late(norm), "first norm": first}
 
 
 def _container_name(name: str) -> str:
@@ -551,6 +604,12 @@ def _names_outcome(outputs: object) -> Outcome | None:
     if short:
         return Outcome(False, f"an output was kept under {short!r}: keep each one under its dotted name from "
                               f"model.named_modules(), {_SHORT[short]!r}, which says where the layer sits")
+    odd = next((name for name in kept if name not in [*_RAN, "", "body"]), None)
+    if odd is not None:
+        what = repr(odd) if isinstance(odd, str) else f"a {kind_of(odd)}"
+        return Outcome(False, f"rec.outputs has the key {what}, which is not the name of a module of the model: "
+                              "keep each output under its dotted name, as model.named_modules() gives it, such as "
+                              "'body.early'")
     missing = [name for name in _RAN if name not in kept]
     if missing == ["norm"]:
         return Outcome(False, "nothing was kept for layer 'norm', an RMSNorm: a layer of the model's own class, "
@@ -589,6 +648,11 @@ def _values_outcome(outputs: dict, expected: dict[str, torch.Tensor]) -> Outcome
                                   "requires grad): keep output.detach().clone()")
         if name == "body.early" and not torch.equal(kept, expected[name]) and torch.equal(kept, expected["body.act"]):
             return Outcome(False, _IN_PLACE)
+        if name == "norm" and kept.shape == expected[name].shape and torch.allclose(kept, expected["first norm"]):
+            return Outcome(False, "the copy kept for layer 'norm' is the output of its first call, and the model "
+                                  "calls norm twice: keep the output of the last call, which a plain "
+                                  "rec.outputs[name] = ... does by writing over the one before (setdefault keeps "
+                                  "the first)")
         if kept.shape != expected[name].shape or not torch.allclose(kept, expected[name]):
             return Outcome(False, f"the copy kept for layer {name!r} is not what the layer returned: keep the "
                                   "hook's output argument, output.detach().clone()")
@@ -698,27 +762,28 @@ class _NanBlock(nn.Module):
 
 
 class _NanCase(nn.Module):
-    """Defines ``head`` (first, or last with ``head_last``), ``blocks.late``, then ``blocks.early``, and
-    runs ``blocks.early``, ``blocks.late``, ``head``. With ``head`` first, the first layer with a NaN in
-    the order they are defined is ``head``, also the last to run; with ``head`` last, they differ."""
+    """Defines ``head`` (first, or last with ``head_last``), ``blocks.back``, then ``blocks.front``, and
+    runs ``blocks.front``, ``blocks.back``, ``head``. With ``head`` first, the first layer with a NaN in
+    the order they are defined is ``head``, also the last to run; with ``head`` last, they differ. Sorted
+    by name (``back`` before ``front``, ``act`` before ``linear``), the leaves are in a third order."""
 
-    def __init__(self, late_sign: float, head_last: bool = False) -> None:
+    def __init__(self, back_sign: float, head_last: bool = False) -> None:
         super().__init__()
         if not head_last:
             self.head = nn.Linear(3, 2)
-        self.blocks = nn.ModuleDict({"late": _NanBlock(late_sign), "early": _NanBlock(1.0)})
+        self.blocks = nn.ModuleDict({"back": _NanBlock(back_sign), "front": _NanBlock(1.0)})
         if head_last:
             self.head = nn.Linear(3, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.blocks["late"](self.blocks["early"](x)))
+        return self.head(self.blocks["back"](self.blocks["front"](x)))
 
 
 _NanCase.__name__ = "model"
 _NanBlock.__name__ = "Block"
-#: (sign of the late block's weights, input, head defined last): one row dies in blocks.early (first with
-#: ``head`` defined last, where the first NaN by definition, the last NaN and the right answer all differ);
-#: no row dies; every row dies in blocks.late
+#: (sign of the back block's weights, input, head defined last): one row dies in blocks.front (first with
+#: ``head`` defined last, where the first NaN by definition, by name, the last NaN and the right answer all
+#: differ); no row dies; every row dies in blocks.back
 _NAN_CASES = [
     (1.0, [[1.0, 2.0, 3.0], [-1.0, -2.0, -3.0]], True),
     (1.0, [[1.0, 2.0, 3.0], [-1.0, -2.0, -3.0]], False),
@@ -752,6 +817,11 @@ def _nan_outcome(got: object, model: nn.Module, ran: list) -> Outcome | None:
         return Outcome(False, f"{got!r} is the first layer with a NaN in the order the layers are defined "
                               "(named_modules()), and it only passed the NaN on. Search in the order they ran, which "
                               f"rec.outputs keeps, among all the leaves ({expected!r} here)")
+    by_name = next(name for name in sorted(leaves) if name in with_nan)
+    if got == by_name:
+        return Outcome(False, f"{got!r} is the first layer with a NaN in alphabetical order (sorted names?), and it "
+                              "only passed the NaN on: a name says nothing about when its layer ran. Search "
+                              f"rec.outputs in its own order, the order the layers ran ({expected!r} here)")
     if got == with_nan[-1]:
         return Outcome(False, f"{got!r} is the last layer whose output holds a NaN, in the order they ran: it only "
                               "passed the NaN on. Record every leaf and take the first entry of rec.outputs that "
@@ -764,8 +834,8 @@ def _nan_outcome(got: object, model: nn.Module, ran: list) -> Outcome | None:
 def _find_first_nan(first_nan) -> Outcome:
     """``first_nan(model, x)`` returns the dotted name of the first leaf module, in the order the leaves
     ran, whose output holds a NaN, or None; it leaves no hook on the model."""
-    for late_sign, rows, head_last in _NAN_CASES:
-        model, x = _NanCase(late_sign, head_last), torch.tensor(rows)
+    for back_sign, rows, head_last in _NAN_CASES:
+        model, x = _NanCase(back_sign, head_last), torch.tensor(rows)
         ran = _run_order(model, x)
         try:
             got = first_nan(model, x)
