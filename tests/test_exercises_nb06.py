@@ -22,8 +22,8 @@ def test_notebook_06_has_five_predictions_and_five_exercises():
 
 
 # ----- predictions ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("06.a", "head.2."), ("06.b", 4), ("06.c", 0.001), ("06.d", 0.005),
-                                           ("06.e", 4)])
+@pytest.mark.parametrize(("id", "truth"), [("06.a", "head.2."), ("06.d", 4), ("06.b", 0.001), ("06.c", 0.005),
+                                           ("06.e", 2)])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     computed = exercises()[id].checker.__wrapped__.truth()
@@ -31,9 +31,9 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
 
 
 @pytest.mark.parametrize(("id", "guess", "hint"), [
-    ("06.a", "head.2", "ends with a dot"), ("06.a", "2.", "whole path"), ("06.b", 3, "Sequential is a module too"),
-    ("06.d", 0.001, "param_groups"), ("06.e", 1, "AccumulateGrad"), ("06.e", 3, "each of the two parameters"),
-    ("06.c", 2.4e-6, "plain SGD only"),
+    ("06.a", "head.2", "ends with a dot"), ("06.a", "2.", "whole path"), ("06.d", 3, "Sequential is a module too"),
+    ("06.c", 0.001, "param_groups"), ("06.e", 4, "reused"), ("06.e", 3, "the weight's and the bias's"),
+    ("06.b", 2.4e-6, "plain SGD only"), ("06.b", 0.00316, "bias correction"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
@@ -117,7 +117,7 @@ def test_06_1_reports_the_failed_load():
     assert not outcome.passed and "Missing key(s)" in outcome.detail
 
 
-# ----- 06.2 -----------------------------------------------------------------------------------
+# ----- 06.4 -----------------------------------------------------------------------------------
 def out_of_place(module, name, submodule):
     if getattr(submodule, "inplace", False):
         safe = copy.copy(submodule)
@@ -131,12 +131,12 @@ def switch_off_in_place(module, name, submodule):  # changing the module itself 
         submodule.inplace = False
 
 
-def test_06_2_out_of_place():
-    assert grade("06.2", out_of_place).passed
-    assert grade("06.2", switch_off_in_place).passed
+def test_06_4_out_of_place():
+    assert grade("06.4", out_of_place).passed
+    assert grade("06.4", switch_off_in_place).passed
 
 
-def test_06_2_the_checked_model_really_fails_with_its_in_place_modules():
+def test_06_4_the_checked_model_really_fails_with_its_in_place_modules():
     """The premise of the check's last step: unfixed, the model breaks under full backward hooks."""
     from hooklab.exercises.nb06 import _runs_with_a_global_backward_hook
 
@@ -164,13 +164,13 @@ def test_06_2_the_checked_model_really_fails_with_its_in_place_modules():
         (lambda m, n, s: "relu" if getattr(s, "inplace", False) else None, "returned a str"),
     ],
 )
-def test_06_2_wrong_answers_are_explained(answer, expected):
-    outcome = grade("06.2", answer)
+def test_06_4_wrong_answers_are_explained(answer, expected):
+    outcome = grade("06.4", answer)
     assert not outcome.passed and expected in outcome.detail, outcome.detail
 
 
-# ----- 06.3 -----------------------------------------------------------------------------------
-def watch_updates(model, optimizer, clone=True, log=True, biases=False, keep_both=True, formula=False):
+# ----- 06.2 -----------------------------------------------------------------------------------
+def watch_updates(model, optimizer, clone=True, log=True, biases=False, keep_both=True, formula=False, after=False):
     weights = {name: p for name, p in model.named_parameters() if biases or p.ndim > 1}
     ratios, before, hooks = {name: [] for name in weights}, {}, hooklab.Hooks()
 
@@ -183,7 +183,7 @@ def watch_updates(model, optimizer, clone=True, log=True, biases=False, keep_bot
                 change = optimizer.param_groups[0]["lr"] * p.grad
             else:
                 change = p.detach() - before[name]
-            ratio = change.std() / before[name].std()
+            ratio = change.std() / (p.detach() if after else before[name]).std()
             ratios[name].append(ratio.log10().item() if log else ratio.item())
 
     pre = optimizer.register_step_pre_hook(keep)
@@ -194,9 +194,12 @@ def watch_updates(model, optimizer, clone=True, log=True, biases=False, keep_bot
     return ratios, hooks
 
 
-def test_06_3_watch_updates():
-    assert grade("06.3", watch_updates).passed
-    as_list = grade("06.3", lambda model, optimizer: (watch_updates(model, optimizer)[0], []))
+def test_06_2_watch_updates():
+    assert grade("06.2", watch_updates).passed
+    assert grade("06.2", hooklab.exercises.nb06.watch_updates).passed
+    within = grade("06.2", lambda model, optimizer: watch_updates(model, optimizer, after=True))
+    assert within.passed and "before or after" in within.detail  # the std of w after the step: within 0.01
+    as_list = grade("06.2", lambda model, optimizer: (watch_updates(model, optimizer)[0], []))
     assert not as_list.passed  # an empty list removes nothing
 
 
@@ -207,11 +210,11 @@ def test_06_3_watch_updates():
     ({"keep_both": False}, ("both", "handles")),
     ({"log": False}, ("log10",)),
 ])  # fmt: skip
-def test_06_3_wrong_answers_are_named(options, words):
-    failed("06.3", lambda model, optimizer: watch_updates(model, optimizer, **options), *words)
+def test_06_2_wrong_answers_are_named(options, words):
+    failed("06.2", lambda model, optimizer: watch_updates(model, optimizer, **options), *words)
 
 
-def test_06_3_norms_instead_of_stds_and_a_wrong_return():
+def test_06_2_norms_instead_of_stds_and_a_wrong_return():
     def norms(model, optimizer):
         weights = {name: p for name, p in model.named_parameters() if p.ndim > 1}
         ratios, before = {name: [] for name in weights}, {}
@@ -224,11 +227,11 @@ def test_06_3_norms_instead_of_stds_and_a_wrong_return():
 
         return ratios, [pre, optimizer.register_step_post_hook(compare)]
 
-    failed("06.3", norms, "use the stds")
-    failed("06.3", lambda model, optimizer: watch_updates(model, optimizer)[0], "return (ratios, hooks)")
+    failed("06.2", norms, "use the stds")
+    failed("06.2", lambda model, optimizer: watch_updates(model, optimizer)[0], "return (ratios, hooks)")
 
 
-# ----- 06.4 -----------------------------------------------------------------------------------
+# ----- 06.3 -----------------------------------------------------------------------------------
 def keep_lr(optimizer, state_dict):
     groups = [{**saved, "lr": group["lr"]} for saved, group in zip(state_dict["param_groups"], optimizer.param_groups,
                                                                     strict=True)]
@@ -241,9 +244,9 @@ def keep_lr_in_place_of_new_groups(optimizer, state_dict):
     state_dict["param_groups"] = [{**saved, "lr": group["lr"]} for saved, group in pairs]
 
 
-def test_06_4_keep_lr():
-    assert grade("06.4", keep_lr).passed
-    assert grade("06.4", keep_lr_in_place_of_new_groups).passed
+def test_06_3_keep_lr():
+    assert grade("06.3", keep_lr).passed
+    assert grade("06.3", keep_lr_in_place_of_new_groups).passed
 
 
 def edit_the_shared_groups(optimizer, state_dict):
@@ -275,11 +278,11 @@ def drop_the_state(optimizer, state_dict):
     (drop_the_state, ("momentum buffers were not loaded",)),
     (lambda optimizer, state_dict: [], ("returned list",)),
 ])  # fmt: skip
-def test_06_4_wrong_answers_are_named(answer, words):
-    failed("06.4", answer, *words)
+def test_06_3_wrong_answers_are_named(answer, words):
+    failed("06.3", answer, *words)
 
 
-def test_06_4_the_lesson_trap_is_real():
+def test_06_3_the_lesson_trap_is_real():
     """The premise: loading restores the checkpoint's lr."""
     weight = nn.Parameter(torch.zeros(2))
     new = torch.optim.Adam([weight], lr=1e-3)
@@ -290,7 +293,7 @@ def test_06_4_the_lesson_trap_is_real():
 def test_checkers_leave_the_random_stream_alone():
     torch.manual_seed(0)
     state = torch.random.get_rng_state()
-    for id, answer in (("06.1", upgrade), ("06.2", out_of_place), ("06.3", watch_updates), ("06.4", keep_lr)):
+    for id, answer in (("06.1", upgrade), ("06.2", watch_updates), ("06.3", keep_lr), ("06.4", out_of_place)):
         assert grade(id, answer).passed
     assert torch.equal(torch.random.get_rng_state(), state)
 
@@ -347,3 +350,37 @@ def test_06_5_a_node_seen_by_the_wrong_layer_is_named():
 
 def test_06_5_no_dict_is_explained():
     failed("06.5", lambda model, x: [], "return a dict from layer name to a list of node names, not list")
+
+
+def test_the_worked_answers_pass():
+    from hooklab.exercises import nb06
+
+    for id, answer in (("06.1", nb06.upgrade), ("06.2", nb06.watch_updates), ("06.3", nb06.keep_lr),
+                       ("06.4", nb06.out_of_place), ("06.5", nb06.nodes_by_layer)):
+        assert grade(id, answer).passed, id
+
+
+def test_06_4_the_message_names_both_right_ways():
+    failed("06.4", lambda module, name, submodule: None, "return a copy with inplace = False",
+           "set submodule.inplace = False and return None")
+
+
+def start_markers_only(model, x):
+    """Forward pre-hooks only: a node is filed under the last layer that started, even after it returned."""
+    names = {m: n for n, m in model.named_modules() if n and not list(m.children())}
+    running, found = [], {n: [] for n in names.values()}
+
+    def created(node):
+        if running:
+            found[running[-1]].append(node.name())
+
+    with hooklab.Hooks() as hooks, torch.autograd.graph.node_creation_hook(created):
+        for module in names:
+            hooks.add(module.register_forward_pre_hook(lambda module, args: running.append(names[module])))
+        model(x)
+    return found
+
+
+def test_06_5_without_an_end_marker_the_residual_model_fails():
+    failed("06.5", start_markers_only, "residual", "'body.1'", "AddBackward0", "SumBackward1",
+           "a forward hook marks where a layer ends")
