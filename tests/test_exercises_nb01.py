@@ -110,6 +110,7 @@ def test_01_3_rejects_wrong_derivations():
         (lambda dn, h, rms: torch.nan_to_num(dms_right(dn, h, rms)), "do not repair it"),
         (lambda dn, h, rms: (dn * -h / (rms + 1e-6)).sum(1, keepdim=True) / (2 * rms), "step by step"),
         (lambda dn, h, rms: None, "return a tensor"),
+        (lambda dn, h, rms: (dn * -h / rms**2).sum(1, keepdim=True) / (2 * rms), "left out the 1e-6"),
     ]:
         failed("01.3", wrong, *words.split("|"))
 
@@ -303,7 +304,7 @@ def fuse_right(model, lr):
 
 def test_01_5_accepts_a_fused_sgd_step_and_says_how_many_gradients_were_alive():
     outcome = grade("01.5", fuse_right)
-    assert outcome.passed and "at most 1 of the 4 gradients alive at once" in outcome.detail, outcome.detail
+    assert outcome.passed and "at most 1 of the 4 .grad tensors alive at once" in outcome.detail, outcome.detail
 
 
 def test_01_5_rejects_wrong_answers():
@@ -441,6 +442,31 @@ def test_01_6_accepts_a_subclass_like_save_on_cpu():
     assert grade("01.6", SaveInHalf).passed
 
 
+def test_01_6_accepts_a_small_object_holding_the_tensor_and_its_dtype():
+    class Kept:
+        def __init__(self, t, dtype):
+            self.t, self.dtype = t, dtype
+
+    outcome = grade("01.6", half_hooks_with(
+        pack=lambda t: Kept(t.to(torch.bfloat16) if t.is_floating_point() else t.detach(), t.dtype),
+        unpack=lambda kept: kept.t.to(kept.dtype)))
+    assert outcome.passed, outcome.detail
+
+
+def test_01_6_asks_for_a_tuple_when_pack_returns_a_key():
+    store = {}
+
+    def pack(t):
+        store[len(store)] = (t.to(torch.bfloat16) if t.is_floating_point() else t.detach(), t.dtype)
+        return len(store) - 1
+
+    def unpack(key):
+        kept, dtype = store[key]
+        return kept.to(dtype)
+
+    failed("01.6", half_hooks_with(pack=pack, unpack=unpack), "return a tuple (kept, dtype)")
+
+
 def test_01_6_shows_float16_overflowing_beyond_65504():
     outcome = failed("01.6", half_hooks_with(dtype=torch.float16), "inputs up to 2e5", "float16", "65504",
                      "bfloat16")
@@ -465,7 +491,7 @@ def test_01_6_rejects_wrong_answers():
         (half_hooks_with(pack=lambda t: (t.bfloat16(), t.detach(), t.dtype) if t.is_floating_point()
                          else (t.detach(), t.dtype)), "only as bfloat16"),
         (half_hooks_with(unpack=lambda packed: packed[0]), "give back the original dtype"),
-        (half_hooks_with(pack=lambda t: t.dtype), "no tensor in it"),
+        (half_hooks_with(pack=lambda t: t.dtype), "return a tuple (kept, dtype)"),
         (lambda: None, "missing return?"),
         (lambda: (lambda t: t, lambda t: t), "must return saved_tensors_hooks(pack, unpack)"),
     ]:

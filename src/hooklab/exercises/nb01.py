@@ -146,7 +146,8 @@ def _first_nan() -> str:
     "how many times the hook repair's gradient at h's padded row is the eps-inside one",
     why="with the hook on ms the padded row still divides by rms + 1e-6 = 1e-6; with eps inside the root it "
         "divides by √(0 + 1e-6) = 1e-3. The path through ms gives 0 in both, so the direct path decides: "
-        "1 / 1e-6 against 1 / 1e-3, 1000 times larger.",
+        "1 / 1e-6 against 1 / 1e-3, 1000 times larger. Both are true gradients, of two models: eps outside "
+        "the root has a slope of 1e6 near an all-zero row, eps inside one of 1e3.",
     wrong=[
         (1, "the two repairs give the same embed.weight.grad only because the padded input row is 0; at h the "
             "padded row is divided by rms + 1e-6 = 1e-6 with the hook, by √(0 + 1e-6) = 1e-3 with eps inside"),
@@ -176,7 +177,7 @@ def _mlp() -> nn.Module:
 
 def gradients_alive(model: nn.Module, fuse: object = None) -> tuple[int, int]:
     """One backward of ``model`` on a fixed batch, with ``fuse(model, 0.1)``'s hooks if given: the most
-    gradients alive at once, and the most bytes they took, counted each time a gradient is accumulated
+    .grad tensors alive at once, and the most bytes they took, counted each time a gradient is accumulated
     and once more after backward."""
     alive, peak = [], []
 
@@ -199,15 +200,15 @@ def gradients_alive(model: nn.Module, fuse: object = None) -> tuple[int, int]:
 
 @prediction(
     "01.f",
-    "the most gradients alive at once, with the fused step and after a plain backward",
+    "the most .grad tensors alive at once, with the fused step and with a plain backward",
     why="a plain backward leaves all six .grad tensors alive for optimizer.step(). With the step fused in, "
-        "each parameter's hook frees its gradient as soon as it has been added, before the next one arrives: "
-        "one at a time.",
+        "each parameter's hook frees its .grad as soon as it has been added, before the next one arrives: "
+        "one .grad tensor at a time (autograd meanwhile holds the next gradient on its way back, not in a .grad).",
     wrong=[
         ([6, 6], "the fused step sets each p.grad to None right after using it, before the next parameter's "
                  "gradient is accumulated: one at a time"),
-        ([0, 6], "each gradient exists for a moment: it is accumulated into p.grad, then the hook uses and "
-                 "frees it, so one is alive at a time"),
+        ([0, 6], "the count includes the .grad just added, before the step frees it: it exists for a moment, "
+                 "so one is alive at a time"),
         ([1, 1], "a plain backward frees none: all six .grad tensors are alive when it returns"),
         ([1, 3], "a bias has a .grad too: six parameters, six gradients after a plain backward"),
     ],
@@ -404,13 +405,17 @@ def _by_hand(dms_by_hand) -> Outcome:
     real = torch.ones(len(caught), dtype=torch.bool)
     real[2] = False
     drms = (dnormed * -h / (rms + 1e-6) ** 2).sum(dim=1, keepdim=True)
+    no_eps = (dnormed * -h / rms**2).sum(dim=1, keepdim=True) / (2 * rms)
     if torch.allclose(dms[real], -caught[real], rtol=1e-4):
         return Outcome(False, "dms has the wrong sign: the derivative of h / (rms + 1e-6) with respect to rms is "
                               "−h / (rms + 1e-6)²")
     if torch.allclose(dms[real], drms[real], rtol=1e-4):
         return Outcome(False, "that is the gradient at rms: ms reaches rms through the square root, so multiply "
                               "by its derivative, 1 / (2√ms) = 1 / (2 rms)")
-    if not torch.allclose(dms[real], caught[real], rtol=1e-4):
+    if torch.allclose(dms[real], no_eps[real], rtol=1e-9, atol=0.0):
+        return Outcome(False, "close, but you left out the 1e-6: normed = h / (rms + 1e-6), so the derivative "
+                              "with respect to rms is −h / (rms + 1e-6)², not −h / rms² (float64 tells them apart)")
+    if not torch.allclose(dms[real], caught[real], rtol=1e-9, atol=0.0):
         return Outcome(False, f"in the rows that are not padding, dms is {_rounded(dms[real].flatten())}, the hook "
                               f"caught {_rounded(caught[real].flatten())}: the chain rule, step by step: drms = sum "
                               "over the row of dnormed · (−h / (rms + 1e-6)²), then dms = drms / (2 rms)")
@@ -709,7 +714,7 @@ def _fused_sgd(fuse_sgd) -> Outcome:
                 return Outcome(False, f"{name}.grad is still kept: set p.grad = None after the step to free it")
     most = max(alive, default=0)
     return Outcome(True, f"same parameters as torch.optim.SGD for two learning rates, and at most {most} of the "
-                         f"{n} gradients alive at once during backward (a plain backward keeps all {n})")
+                         f"{n} .grad tensors alive at once during backward (a plain backward keeps all {n})")
 
 
 # ----- 01.6 --------------------------------------------------------------------------------------
@@ -732,10 +737,16 @@ def _half_loss(model: nn.Module, dtype: torch.dtype, scale: float) -> torch.Tens
 
 
 def _tensors_in(packed: object) -> list[torch.Tensor]:
-    """The tensors a pack hook's result holds: itself, or the items of a tuple, list or dict."""
+    """The tensors a pack hook's result holds: itself, the items of a tuple, list or dict, or the
+    attributes of an object."""
     if isinstance(packed, torch.Tensor):
         return [packed]
-    items = packed.values() if isinstance(packed, dict) else packed if isinstance(packed, tuple | list) else []
+    if isinstance(packed, dict):
+        items = packed.values()
+    elif isinstance(packed, tuple | list):
+        items = packed
+    else:
+        items = getattr(packed, "__dict__", {}).values()
     return [item for item in items if isinstance(item, torch.Tensor)]
 
 
@@ -753,8 +764,9 @@ def _packed_outcome(saved: list) -> Outcome | None:
                                   "(or a converted copy); a saved tensor that holds itself keeps its graph alive "
                                   "after you drop it, the reference cycle saved_tensors_hooks' docstring warns of")
         if not inside:
-            return Outcome(False, f"pack returned {kind_of(packed)} for {what}, with no tensor in it: keep the "
-                                  "tensor (converted) in what pack returns, unpack needs it")
+            return Outcome(False, f"pack returned {kind_of(packed)} for {what}: return a tuple (kept, dtype), "
+                                  "kept the tensor (as bfloat16 if it is floating-point), so the check can see "
+                                  "what pack keeps")
         if not t.is_floating_point() and any(item.dtype != t.dtype for item in inside):
             return Outcome(False, f"pack converted {what} (cross-entropy's targets) to "
                                   f"{[_dtype(i) for i in inside]}: convert only floating-point tensors "
