@@ -266,8 +266,8 @@ def test_draw_222_draws_the_network_with_the_weights_it_has():
     fig = bp.draw_222(net)
     try:
         texts = {t.get_text() for t in fig.axes[0].texts}
-        assert {"0.15", "0.25", "0.20", "0.30", "0.40", "0.50", "-1.25", "0.55"} <= texts
-        assert {"fc1 (+ 0.35)", "fc2 (+ 0.60)", "x₁", "s2₂"} <= texts and "0.45" not in texts
+        assert {"0.15", "0.25", "0.20", "0.30", "0.40", "0.45", "-1.25", "0.55"} <= texts
+        assert {"fc1 (+ 0.35)", "fc2 (+ 0.60)", "x₁", "s2₂"} <= texts and "0.50" not in texts
         _, ax = plt.subplots()
         assert bp.draw_222(net, ax=ax) is ax.figure  # on the axes given
     finally:

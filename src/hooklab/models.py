@@ -36,10 +36,11 @@ class TinySigmoidNet(nn.Module):
         self.fc2 = nn.Linear(2, 2)
         self.s2 = nn.Sigmoid()
         with torch.no_grad():
-            # one bias shared by both units of a layer, as in the classic worked example
-            self.fc1.weight = nn.Parameter(torch.tensor([[0.15, 0.25], [0.20, 0.30]]))
+            # weight[j, i]: from input i to unit j, laid out so that the forward pass gives the classic
+            # worked example's numbers (net_h1 = 0.3775); one bias shared by both units of a layer, as there
+            self.fc1.weight = nn.Parameter(torch.tensor([[0.15, 0.20], [0.25, 0.30]]))
             self.fc1.bias = nn.Parameter(torch.tensor([0.35]))
-            self.fc2.weight = nn.Parameter(torch.tensor([[0.40, 0.50], [0.45, 0.55]]))
+            self.fc2.weight = nn.Parameter(torch.tensor([[0.40, 0.45], [0.50, 0.55]]))
             self.fc2.bias = nn.Parameter(torch.tensor([0.60]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
