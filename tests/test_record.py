@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -10,7 +12,7 @@ from torch import nn
 
 from hooklab import NoGradientError, UnknownLayerError, record
 from hooklab.audit import leftover_hooks
-from hooklab.recording import open_recordings
+from hooklab.recording import Record
 
 
 def mlp(inplace: bool = True) -> nn.Sequential:
@@ -39,7 +41,7 @@ def test_records_every_leaf_in_execution_order():
         model(torch.randn(4, 3))
     assert [r.name for r in rec] == ["0", "1", "2", "3"]
     assert [r.module_type for r in rec] == ["Linear", "ReLU", "Linear", "Tanh"]
-    assert [r.index for r in rec] == [0, 1, 2, 3]
+    assert [r.call for r in rec] == [0, 0, 0, 0]
     assert rec["2"].output.shape == (4, 2)
     assert not rec["2"].output.requires_grad
 
@@ -105,6 +107,15 @@ def test_backward_records_match_full_backward_hooks():
     for name, (grad_input, grad_output) in reference.items():
         torch.testing.assert_close(rec[name].grad_output[0], grad_output[0])
         torch.testing.assert_close(rec[name].grad_input[0], grad_input[0])
+
+
+def test_a_layers_grad_input_and_the_previous_layers_grad_output_share_one_copy():
+    """The same gradient tensor reaches both tensor hooks (the ReLU's input is the Linear's output):
+    one copy serves both records, as for a layer's output and the next layer's input."""
+    model = mlp(inplace=False)
+    with record(model, backward=True) as rec:
+        model(torch.randn(4, 3)).sum().backward()
+    assert rec["1"].grad_input[0] is rec["0"].grad_output[0]
 
 
 def test_backward_through_in_place_relu_and_resnet_does_not_crash_and_is_right():
@@ -179,22 +190,16 @@ def test_hooks_removed_on_normal_exit_and_on_error():
     assert leftover_hooks(model) == []
 
 
-def test_open_recordings_finds_blocks_entered_by_hand_until_they_exit():
-    model, other = mlp(), mlp()
-    first, second = record(model), record(model, ["0"])
-    assert open_recordings(model) == []
-    first.__enter__()
-    second.__enter__()
-    plain = model[2].register_forward_hook(lambda *args: None)  # not a recording: not reported
-    try:
-        found = open_recordings(model)
-        assert len(found) == 2 and found[0] is first and found[1] is second
-        assert open_recordings(other) == []
-    finally:
-        plain.remove()
-        second.__exit__(None, None, None)
-        first.__exit__(None, None, None)
-    assert open_recordings(model) == []
+def test_a_record_shows_what_a_student_reads():
+    """Its public fields are the ones the course uses; the repr stays the one notebooks print."""
+    public = [f.name for f in dataclasses.fields(Record) if not f.name.startswith("_")]
+    assert public == ["name", "module_type", "call", "inputs", "kwargs", "output"]
+    model = mlp()
+    with record(model, "0") as rec:
+        model(torch.randn(4, 3))
+        model(torch.randn(4, 3))
+    assert repr(rec.calls("0")[0]) == "Record('0', Linear, output (4, 5))"
+    assert repr(rec["0"]) == "Record('0', call=1, Linear, output (4, 5))"
 
 
 def test_repeated_forwards_are_all_recorded_and_clear_forgets_them():

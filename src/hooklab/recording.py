@@ -1,43 +1,36 @@
-"""Record what chosen modules receive and return, forward and (optionally) backward.
+"""``record``: what chosen modules receive and return, one ``Record`` per call, and their gradients.
 
-``record`` is the course's recorder (built by hand in notebook 00, used from 02 on):
-
-    with record(model, backward=True) as rec:
+    with record(model, backward=True) as rec:    # every leaf module; record(model, ["fc"]) one
         model(x).sum().backward()
-    rec["fc1"].output, rec["fc1"].grad_output[0]
+    rec["fc"].output, rec["fc"].grad_output[0]
 
-* One ``Record`` per module call, in execution order: a module called twice in one forward
-  (torchvision's ResNet reuses each block's ReLU) has two records, ``call=0`` and ``call=1``.
-* A record holds detached copies (``.detach().clone()``), so a later in-place operation
-  (``ReLU(inplace=True)``, ``out += identity``, your own code) cannot change it. The output is
-  copied when the module returns; the inputs before it runs when the module may write into them
-  (``inplace=True``, or any module not from ``torch.nn``), else when it returns. One layer's output
-  is usually the next layer's input: while PyTorch's version counter says that no in-place
-  operation wrote into it in between, their records share one copy (so clone a record's tensor
-  before changing it in place). A write PyTorch does not count (through ``.data``, or a NumPy
-  array made from the tensor) in between is not seen by the second record.
-* ``backward=True`` records ``grad_output`` (gradient w.r.t. each output tensor) and
-  ``grad_input`` (w.r.t. each positional input, ``None`` where the input needs no grad), the
-  tuples a full backward hook receives. ``grad_output`` comes from a tensor hook on each output,
-  so it is exactly what a tensor hook you register on that output receives. ``grad_input`` comes
-  from a tensor hook on a view of each input, made before the module runs (so it sees only the
-  gradient flowing back through this module); a module returning its input unchanged (an
-  ``Identity``, ``StochasticDepth`` in eval mode) gets its input back and ``grad_input`` equal to
-  ``grad_output``. Run ``backward()`` inside the ``with`` block; with several, each record keeps
-  the gradients of the last one.
-* Every hook is removed when the block ends, also when it raises. A ``Recording`` is entered once.
-* Keyword arguments are kept in ``Record.kwargs``; ``grad_input`` covers positional tensors only
-  and says so (``NoGradientError``) when tensors that need grad came as keywords or in a list.
-* A forward hook of your own that replaces a module's output is seen by the record if it was
-  registered before the ``with`` block (hooks run in the order they were registered).
+* ``record(model, layers=None, *, types=None, backward=False)`` makes a ``Recording``, the context
+  manager above: ``rec[name]`` (a layer's last call), ``rec.calls(name)``, ``rec.names``,
+  ``rec.records`` (in the order the modules ran), ``rec.summary()``.
+* ``Record``: one call of one module: ``name``, ``module_type``, ``call`` (0, 1, … for a module
+  called twice, as ResNet calls each block's ReLU), ``inputs``, ``kwargs``, ``output``, and with
+  ``backward=True`` ``grad_input``, ``grad_output``.
+* ``NoGradientError``: raised by ``grad_input`` / ``grad_output`` when no gradient came; it says why.
+
+It is the recorder you built in notebooks 00 and 02 (one record per call, the inputs copied by a
+pre-hook before the call and the output by a forward hook with ``.detach().clone()``, every handle
+removed in ``__exit__``, also when the block raises), plus:
+
+* a pre-hook only where a module may write into its inputs (``inplace=True``, or a module from
+  outside ``torch.nn``); the forward hook copies the other modules' inputs;
+* one copy shared by a layer's output and the next layer's input (and by their gradients), while
+  nothing wrote into the tensor in between;
+* keyword arguments, and a ``Record`` with named fields instead of a tuple;
+* with ``backward=True``, tensor hooks for the gradients (``Recording._watch_inputs`` says why the
+  one for ``grad_input`` goes on a view of the input).
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-import itertools
 import weakref
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,246 +59,59 @@ NOT_REACHED = (
 )
 
 
-@dataclass(repr=False, slots=True)
+@dataclass(eq=False, slots=True)
 class Record:
-    """What one call of one module saw: ``inputs``, ``kwargs``, ``output`` (detached copies), and with
-    ``backward=True`` ``grad_input`` and ``grad_output`` (``NoGradientError`` says why one is missing)."""
+    """What one call of one module saw. ``inputs``, ``kwargs``, ``output`` and the gradients are
+    detached copies: a later in-place operation (``ReLU(inplace=True)``, ``out += identity``) cannot
+    change them, but two records may share one (a layer's output is the next layer's input), so
+    clone one before changing it in place."""
 
-    name: str
-    module_type: str
-    call: int = 0
-    index: int = 0
-    inputs: tuple = ()
-    kwargs: dict = field(default_factory=dict)
-    output: Any = None
-    why_no_grad: str = NOT_ASKED  # what NoGradientError says while no gradient has arrived
-    grad_input_problem: str | None = None  # why grad_input cannot be trusted, when it cannot
-    _grad_input: list | tuple = ()
-    _grad_output: list | tuple = ()
-    _got_grad: bool = False
-    _views: list | tuple = ()  # (view handed to the module, original input, its version)
+    name: str  # the layer's name in model.named_modules()
+    module_type: str  # "Conv2d", "ReLU", ...
+    call: int = 0  # 0 for the module's first call in the block, 1 for its second, ...
+    inputs: tuple = ()  # the positional arguments, as the module received them
+    kwargs: dict = field(default_factory=dict)  # the keyword arguments
+    output: Any = None  # what it returned (as changed by your forward hooks registered before record)
+    _gradients: _Gradients | None = field(default=None, repr=False)  # None: recorded without backward=True
 
     @property
     def grad_output(self) -> tuple:
-        if not self._got_grad:
-            raise NoGradientError(f"no gradient reached {self.name!r}: {self.why_no_grad}")
-        return tuple(self._grad_output)
+        """The gradient w.r.t. each output tensor (what a tensor hook on it receives), from the last
+        backward() inside the block."""
+        return tuple(self._arrived().outputs)
 
     @property
     def grad_input(self) -> tuple:
-        if not self._got_grad:
-            raise NoGradientError(f"no gradient reached {self.name!r}: {self.why_no_grad}")
-        if self.grad_input_problem:
-            raise NoGradientError(self.grad_input_problem)
-        return tuple(self._grad_input)
+        """The gradient w.r.t. each positional input through this module only (``None`` where the
+        input needs no grad), as a full backward hook receives it. ``NoGradientError`` where it
+        cannot be observed: the module wrote into its input, or got tensors needing grad as keyword
+        arguments or inside a list."""
+        gradients = self._arrived()
+        if gradients.input_problem:
+            raise NoGradientError(gradients.input_problem)
+        return tuple(gradients.inputs)
+
+    def _arrived(self) -> _Gradients:
+        """The gradients, once backward() has delivered one to an output; else why not."""
+        gradients = self._gradients
+        if gradients is None or all(g is None for g in gradients.outputs):
+            reason = NOT_ASKED if gradients is None else gradients.missing
+            raise NoGradientError(f"no gradient reached {self.name!r}: {reason}")
+        return gradients
 
     def __repr__(self) -> str:
         call = f", call={self.call}" if self.call else ""
         return f"Record({self.name!r}{call}, {self.module_type}, output {shape_of(self.output)})"
 
 
-class Recording:
-    """The records of one ``with record(...)`` block. Iterable, indexable by layer name."""
+@dataclass(eq=False, slots=True)
+class _Gradients:
+    """A record's gradients, filled in during backward() by the tensor hooks of its ``Recording``."""
 
-    def __init__(self, model: nn.Module, modules: dict[str, nn.Module], backward: bool):
-        self.model = model
-        self.modules = modules
-        self.backward = backward
-        self.records: list[Record] = []
-        self._calls: dict[str, int] = {}  # calls so far, per layer
-        self._started: dict[str, list[Record]] = {}  # records begun before their module ran, per layer
-        self._copies: dict[int, tuple] = {}  # id(tensor) -> (weak reference to it, its version, its copy)
-        self._hooks = Hooks()  # the module hooks, for the whole block
-        self._grad_hooks = Hooks()  # the tensor hooks of the passes recorded so far
-        self._entered = False  # a recording is one `with` block: its records and call numbers belong to it
-
-    # ----- reading -------------------------------------------------------------------------
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def __iter__(self):
-        return iter(self.records)
-
-    @property
-    def names(self) -> list[str]:
-        """Recorded layer names in the order of their first call."""
-        return list(dict.fromkeys(r.name for r in self.records))
-
-    def calls(self, name: str) -> list[Record]:
-        """Every record of one layer, in call order."""
-        if name not in self.modules:
-            select_layers(self.model, [name])  # raises UnknownLayerError with close matches
-            if f"_orig_mod.{name}" in self.modules:
-                raise KeyError(f"this is a torch.compile'd model: its layer {name!r} is recorded as '_orig_mod.{name}'")
-            raise KeyError(f"{name!r} is a layer of the model but was not chosen for recording")
-        return [r for r in self.records if r.name == name]
-
-    def __getitem__(self, name: str) -> Record:
-        """The last record of layer ``name``."""
-        found = self.calls(name)
-        if not found:
-            raise KeyError(f"layer {name!r} was chosen but has not been called yet")
-        return found[-1]
-
-    def summary(self) -> str:
-        """One line per record: position, name, call, type, output shape."""
-        width = max([len("layer"), *(len(r.name) for r in self.records)])
-        lines = [f"{'#':>3}  {'layer':<{width}}  call  {'type':<18} output shape"]
-        for r in self.records:
-            lines.append(f"{r.index:>3}  {r.name:<{width}}  {r.call:>4}  {r.module_type:<18} {shape_of(r.output)}")
-        return "\n".join(lines)
-
-    def clear(self) -> None:
-        """Forget every record (the module hooks stay while the block runs)."""
-        self._grad_hooks.remove()
-        self.records.clear()
-        self._calls.clear()
-        self._copies.clear()
-
-    # ----- the block -----------------------------------------------------------------------
-    def __enter__(self) -> Recording:
-        if self._entered:
-            raise RuntimeError("this recording was already used in a `with` block; call record(...) again for a "
-                               "second recording")
-        self._entered = True
-        try:
-            for name, module in self.modules.items():
-                if self.backward or may_write_into_input(module):
-                    before = functools.partial(self._before, name)
-                    self._hooks.add(module.register_forward_pre_hook(before, with_kwargs=True))
-                after = functools.partial(self._after, name)
-                self._hooks.add(module.register_forward_hook(after, with_kwargs=True))
-        except BaseException:
-            self._hooks.remove()
-            raise
-        _OPEN[next(_OPENED)] = self
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self._hooks.remove()
-        self._grad_hooks.remove()
-        self._started.clear()
-        self._copies.clear()
-        for key in [k for k, r in _OPEN.items() if r is self]:
-            del _OPEN[key]
-        if exc is not None and self.backward and self.records and all(r.why_no_grad != NOT_REACHED for r in self):
-            reasons = "; ".join(sorted({r.why_no_grad for r in self}))
-            exc.add_note(f"hooklab.record: no recorded module's output needed a gradient: {reasons}")
-
-    # ----- the hooks -----------------------------------------------------------------------
-    def _before(self, name: str, module: nn.Module, args: tuple, kwargs: dict):
-        """Forward pre-hook: start the record with the inputs as they come in (a module working in
-        place would otherwise show its result as its input)."""
-        rec = Record(name, type(module).__name__, inputs=self._keep(args), kwargs=self._keep(kwargs))
-        self._started.setdefault(name, []).append(rec)
-        if self.backward and torch.is_grad_enabled():
-            return self._watch_inputs(rec, module, args, kwargs)
-        return None
-
-    def _after(self, name: str, module: nn.Module, args: tuple, kwargs: dict, output: Any):
-        """Forward hook: finish the record with the output (and, backward, hook the gradients)."""
-        started = self._started.get(name)
-        if started:
-            rec = started.pop()
-        else:  # no pre-hook: the module does not write into its inputs, so they are as they came in
-            rec = Record(name, type(module).__name__, inputs=self._keep(args), kwargs=self._keep(kwargs))
-        rec.call = self._calls.get(name, 0)
-        self._calls[name] = rec.call + 1
-        rec.index = len(self.records)
-        self.records.append(rec)
-        returned = self._give_inputs_back(rec, output) if rec._views else output
-        rec.output = self._keep(returned)
-        if self.backward:
-            self._watch_output(rec, returned)
-        return returned if returned is not output else None
-
-    def _watch_inputs(self, rec: Record, module: nn.Module, args: tuple, kwargs: dict):
-        """Hook the gradient w.r.t. each positional input. The module gets a view of each input that
-        needs grad: a hook on it sees only the gradient flowing back through this module, not that
-        of the input's other users. A module with ``inplace=True`` gets the input itself, since a hook
-        on a view that is then written into never fires."""
-        rec._grad_input = [None] * len(args)
-        rec.grad_input_problem = hidden_inputs(rec.name, args, kwargs)
-        in_place = bool(getattr(module, "inplace", False))
-        new_args, rec._views = list(args), []
-        for i, a in enumerate(args):
-            if isinstance(a, torch.Tensor) and a.requires_grad:
-                if not in_place:
-                    new_args[i] = a[...]  # a view: same memory, same strides
-                    rec._views.append((new_args[i], a, version(new_args[i])))
-                self._grad_hooks.add(new_args[i].register_hook(self._store(rec, rec._grad_input, i)))
-        return (tuple(new_args), kwargs) if rec._views else None
-
-    def _give_inputs_back(self, rec: Record, output: Any) -> Any:
-        """A module that returned the view it was given gets its real input back (a later in-place
-        write into a view would silence every hook on it), with ``grad_input`` hooked there."""
-        originals = {}
-        for i, (view, original, before) in enumerate(rec._views):
-            if version(view) != before:
-                rec.grad_input_problem = (
-                    f"{rec.name!r} ({rec.module_type}) wrote into its input in place, so the gradient w.r.t. its "
-                    "input cannot be observed; give the module an attribute inplace=True (record then hooks its "
-                    "real input) or make it compute a new tensor")
-            originals[id(view)] = (view, original, i)
-        rec._views = []
-
-        swapped = []
-
-        def swap(t: torch.Tensor) -> torch.Tensor:
-            view, original, i = originals.get(id(t), (None, None, None))
-            if view is not t:
-                return t
-            self._grad_hooks.add(original.register_hook(self._store(rec, rec._grad_input, i)))
-            swapped.append(i)
-            return original
-
-        returned = map_tensors(swap, output)
-        return returned if swapped else output
-
-    def _watch_output(self, rec: Record, output: Any) -> None:
-        """Hook the gradient w.r.t. each output tensor, or note why none can come."""
-        tensors = tensors_in(output)
-        if not torch.is_grad_enabled():
-            rec.why_no_grad = GRAD_MODE_OFF
-        elif not any(t.requires_grad for t in tensors):
-            rec.why_no_grad = why_no_grad_output(output, tensors)
-        else:
-            rec.why_no_grad = NOT_REACHED
-            rec._grad_output = [None] * len(tensors)
-            for i, t in enumerate(tensors):
-                if t.requires_grad:
-                    self._grad_hooks.add(t.register_hook(self._store(rec, rec._grad_output, i, arrived=True)))
-
-    @staticmethod
-    def _store(rec: Record, values: list, i: int, arrived: bool = False) -> Callable:
-        def hook(grad: torch.Tensor) -> None:
-            # copied: autograd may hand the same buffer on as a leaf's .grad, which changes later
-            values[i] = grad.detach().clone()
-            rec._got_grad = rec._got_grad or arrived
-
-        return hook
-
-    # ----- copies ------------------------------------------------------------------------------
-    def _keep(self, value: Any) -> Any:
-        """``value`` with every tensor in it replaced by a detached copy."""
-        return map_tensors(self._copy, value)
-
-    def _copy(self, t: torch.Tensor) -> torch.Tensor:
-        """One copy per tensor and version: the records of a layer's output and of the next layer's
-        input share it while no in-place operation wrote into the tensor."""
-        v = version(t)
-        seen = self._copies.get(id(t))
-        if seen is not None and seen[0]() is t and seen[1] == v:
-            return seen[2]
-        copy = t.detach().clone()
-        if v is not None and not torch.compiler.is_compiling():
-            self._copies[id(t)] = (weakref.ref(t), v, copy)
-        return copy
-
-
-#: the recordings entered and not exited yet, in the order they were entered
-_OPEN: weakref.WeakValueDictionary[int, Recording] = weakref.WeakValueDictionary()
-_OPENED = itertools.count()
+    inputs: list  # grad_input: one entry per positional argument
+    outputs: list = field(default_factory=list)  # grad_output: one entry per output tensor
+    missing: str = NOT_REACHED  # what NoGradientError says while no gradient has reached the outputs
+    input_problem: str | None = None  # why grad_input cannot be observed, when it cannot
 
 
 def record(
@@ -320,16 +126,219 @@ def record(
     layers: layer names (``named_modules()`` names, e.g. ``"layer1.0.conv1"``); default: every
         leaf module. An unknown name raises ``UnknownLayerError`` listing close matches.
     types: keep only modules of these types (e.g. ``nn.Conv2d``).
-    backward: also record ``grad_input`` / ``grad_output``; run ``backward()`` inside the block.
+    backward: also record ``grad_input`` / ``grad_output``; run ``backward()`` inside the block
+        (after several, each record keeps the gradients of the last).
     """
     return Recording(model, select_layers(model, layers, types), backward=backward)
 
 
-def open_recordings(model: nn.Module) -> list[Recording]:
-    """The ``record`` blocks on ``model``'s modules entered and not exited yet (a notebook cell that
-    called ``__enter__`` by hand, say). Exit them with ``__exit__(None, None, None)``."""
-    mine = {id(m) for m in model.modules()}
-    return [r for r in _OPEN.values() if any(id(m) in mine for m in r.modules.values())]
+class Recording:
+    """The records of one ``with record(...)`` block, in the order the modules ran. Iterable,
+    indexable by layer name; entered once."""
+
+    def __init__(self, model: nn.Module, modules: dict[str, nn.Module], backward: bool):
+        self.model = model
+        self.modules = modules
+        self.backward = backward
+        self.records: list[Record] = []
+        self._by_name: dict[str, list[Record]] = defaultdict(list)  # each layer's records, in call order
+        self._started: dict[str, list] = {}  # (record, views) begun by a pre-hook, waiting for the module
+        self._copies: dict[int, tuple] = {}  # id(tensor) -> (weak reference to it, its version, its copy)
+        self._hooks = Hooks()  # the module hooks, for the whole block
+        self._grad_hooks = Hooks()  # the tensor hooks of the passes recorded so far
+        self._entered = False
+
+    # ----- reading -------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self):
+        return iter(self.records)
+
+    @property
+    def names(self) -> list[str]:
+        """Recorded layer names in the order of their first call."""
+        return list(self._by_name)
+
+    def calls(self, name: str) -> list[Record]:
+        """Every record of one layer, in call order."""
+        if name not in self.modules:
+            select_layers(self.model, [name])  # raises UnknownLayerError with close matches
+            if f"_orig_mod.{name}" in self.modules:
+                raise KeyError(f"this is a torch.compile'd model: its layer {name!r} is recorded as '_orig_mod.{name}'")
+            raise KeyError(f"{name!r} is a layer of the model but was not chosen for recording")
+        return list(self._by_name.get(name, ()))
+
+    def __getitem__(self, name: str) -> Record:
+        """The last record of layer ``name``."""
+        found = self.calls(name)
+        if not found:
+            raise KeyError(f"layer {name!r} was chosen but has not been called yet")
+        return found[-1]
+
+    def summary(self) -> str:
+        """One line per record: position, name, call, type, output shape."""
+        width = max([len("layer"), *(len(r.name) for r in self.records)])
+        lines = [f"{'#':>3}  {'layer':<{width}}  call  {'type':<18} output shape"]
+        for i, r in enumerate(self.records):
+            lines.append(f"{i:>3}  {r.name:<{width}}  {r.call:>4}  {r.module_type:<18} {shape_of(r.output)}")
+        return "\n".join(lines)
+
+    def clear(self) -> None:
+        """Forget every record (the module hooks stay while the block runs)."""
+        self._grad_hooks.remove()
+        self.records.clear()
+        self._by_name.clear()
+        self._copies.clear()
+
+    # ----- the with block ----------------------------------------------------------------------------
+    def __enter__(self) -> Recording:
+        if self._entered:
+            raise RuntimeError("this recording was already used in a `with` block; call record(...) again for a "
+                               "second recording")
+        self._entered = True
+        try:
+            for name, module in self.modules.items():  # partial(hook, name): your loop's `name=name`
+                if self.backward or may_write_into_input(module):
+                    before = functools.partial(self._before, name)
+                    self._hooks.add(module.register_forward_pre_hook(before, with_kwargs=True))
+                after = functools.partial(self._after, name)
+                self._hooks.add(module.register_forward_hook(after, with_kwargs=True))
+        except BaseException:
+            self._hooks.remove()
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._hooks.remove()
+        self._grad_hooks.remove()
+        self._started.clear()
+        self._copies.clear()
+        if exc is not None and self.backward:  # say so if no recorded output could get a gradient
+            reasons = {r._gradients.missing for r in self.records if r._gradients}
+            if reasons and NOT_REACHED not in reasons:
+                why = "; ".join(sorted(reasons))
+                exc.add_note(f"hooklab.record: no recorded module's output needed a gradient: {why}")
+
+    # ----- the forward hooks -------------------------------------------------------------------------
+    def _before(self, name: str, module: nn.Module, args: tuple, kwargs: dict):
+        """Forward pre-hook, on a module that may write into its inputs (or on every module, when
+        recording gradients): start the record with the inputs as they come in."""
+        rec, views = self._begin(name, module, args, kwargs), ()
+        if self.backward and torch.is_grad_enabled():
+            args, views = self._watch_inputs(rec, module, args, kwargs)
+        self._started.setdefault(name, []).append((rec, views))
+        return (args, kwargs) if views else None
+
+    def _after(self, name: str, module: nn.Module, args: tuple, kwargs: dict, output: Any):
+        """Forward hook: finish the record with a copy of the output."""
+        started = self._started.get(name)
+        if started:
+            rec, views = started.pop()
+        else:  # no pre-hook: the module cannot have written into its inputs, so copy them now
+            rec, views = self._begin(name, module, args, kwargs), ()
+        calls = self._by_name[name]
+        rec.call = len(calls)
+        calls.append(rec)
+        self.records.append(rec)
+        if not self.backward:
+            rec.output = map_tensors(self._copy, output)
+            return None
+        returned = self._give_inputs_back(rec, views, output) if views else output
+        rec.output = map_tensors(self._copy, returned)
+        self._watch_output(rec, returned)
+        return returned if returned is not output else None
+
+    def _begin(self, name: str, module: nn.Module, args: tuple, kwargs: dict) -> Record:
+        """A record of this call, with copies of its inputs."""
+        kept = map_tensors(self._copy, kwargs) if kwargs else {}
+        return Record(name, type(module).__name__, inputs=map_tensors(self._copy, args), kwargs=kept)
+
+    # ----- copies ------------------------------------------------------------------------------------
+    def _copy(self, t: torch.Tensor) -> torch.Tensor:
+        """``t.detach().clone()``, made once per tensor and version: a layer's output is usually the
+        next layer's input, and both records share one copy while PyTorch's version counter says
+        that nothing wrote into the tensor in between (a write it does not count, through ``.data``
+        or a NumPy array, is not seen)."""
+        v = version(t)
+        seen = self._copies.get(id(t))
+        if seen is not None and seen[1] == v and seen[0]() is t:
+            return seen[2]
+        kept = t.detach().clone()
+        if v is not None and not torch.compiler.is_compiling():
+            self._copies[id(t)] = (weakref.ref(t), v, kept)
+        return kept
+
+    # ----- the gradients (backward=True) ----------------------------------------------------------
+    def _watch_inputs(self, rec: Record, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, list]:
+        """Hook the gradient w.r.t. each positional input that needs grad; returns the arguments the
+        module gets instead, and the views among them as ``(view, original, i, version)``."""
+        rec._gradients = _Gradients([None] * len(args), input_problem=hidden_inputs(rec.name, args, kwargs))
+        in_place = bool(getattr(module, "inplace", False))
+        new_args, views = list(args), []
+        for i, a in enumerate(args):
+            if not (isinstance(a, torch.Tensor) and a.requires_grad):
+                continue
+            # grad_input is the gradient flowing back through this module only. A hook on the input
+            # itself would get the sum over all its users (a ResNet block's input also feeds the
+            # shortcut), so the module gets a view, `a[...]` (same memory, used by this module
+            # alone), and the hook goes on the view. Not for an in-place module: a hook on a view
+            # that is then written into never fires, so it keeps its real input, hooked.
+            if not in_place:
+                new_args[i] = a[...]
+                views.append((new_args[i], a, i, version(new_args[i])))
+            self._grad_hooks.add(new_args[i].register_hook(self._store(rec._gradients.inputs, i)))
+        return tuple(new_args), views
+
+    def _give_inputs_back(self, rec: Record, views: list, output: Any) -> Any:
+        """The module ran on the views of ``_watch_inputs``: check that it did not write into them,
+        and put the real input back where it returned a view (``Identity`` returns its input)."""
+        by_id, swapped = {}, []
+        for view, original, i, before in views:
+            if version(view) != before:  # it wrote into the view: PyTorch will call no hook on it
+                rec._gradients.input_problem = (
+                    f"{rec.name!r} ({rec.module_type}) wrote into its input in place, so the gradient w.r.t. its "
+                    "input cannot be observed; give the module an attribute inplace=True (record then hooks its "
+                    "real input) or make it compute a new tensor")
+            by_id[id(view)] = (view, original, i)
+
+        def swap(t: torch.Tensor) -> torch.Tensor:
+            # A view going out could be written into by what comes next (EfficientNet's block adds
+            # `result += input` after StochasticDepth returns its input), silencing every hook on
+            # it. So the real input goes out instead, hooked for grad_input (= grad_output here).
+            view, original, i = by_id.get(id(t), (None, None, None))
+            if view is not t:
+                return t
+            self._grad_hooks.add(original.register_hook(self._store(rec._gradients.inputs, i)))
+            swapped.append(i)
+            return original
+
+        returned = map_tensors(swap, output)
+        return returned if swapped else output
+
+    def _watch_output(self, rec: Record, output: Any) -> None:
+        """Hook the gradient w.r.t. each output tensor, or note why none can come."""
+        tensors = tensors_in(output)
+        gradients = rec._gradients or _Gradients([])
+        rec._gradients = gradients
+        if not torch.is_grad_enabled() or not any(t.requires_grad for t in tensors):
+            gradients.missing = why_no_grad_output(output, tensors)
+            return
+        gradients.outputs = [None] * len(tensors)
+        for i, t in enumerate(tensors):
+            if t.requires_grad:
+                self._grad_hooks.add(t.register_hook(self._store(gradients.outputs, i)))
+
+    def _store(self, values: list, i: int) -> Callable:
+        """A tensor hook that keeps a copy of the gradient it receives as ``values[i]``: autograd
+        may hand the same buffer on as a leaf's ``.grad``, which changes later. Shared like the
+        forward copies (``_copy``): a layer's grad_input is often the grad_output of the one before."""
+        copy = self._copy
+
+        def hook(grad: torch.Tensor) -> None:
+            values[i] = copy(grad)
+
+        return hook
 
 
 def may_write_into_input(module: nn.Module) -> bool:
