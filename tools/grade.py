@@ -5,7 +5,7 @@ Each notebook is run top to bottom in a fresh kernel, in the course's environmen
 memory: the student's file is not changed. A cell that raises does not stop the run (the next
 cells may still reach their checks), and neither does a cell that runs longer than ``--timeout``
 seconds (``GRADE_ARGS="--timeout 60"``; default 300): the kernel is interrupted and the next cell
-runs. Then, for every exercise of that notebook (``04.1``–``04.9`` for a file whose name holds
+runs. Then, for every exercise of that notebook (``04.1``, ``04.2``, … for a file whose name holds
 ``04_`` or ``04-``, e.g. ``anna_04_backprop.ipynb``; ``G1.1``… for a field guide notebook, whose
 name holds ``G1_``, e.g. ``anna_G1_tensor_and_graph_hooks.ipynb``), the report gives the verdict
 of its last ``check(...)``: passed, failed (with the checker's reason), not solved yet, or not

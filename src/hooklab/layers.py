@@ -1,6 +1,6 @@
 """Pick layers by name, with errors that say what names exist.
 
-Introduced in notebook 00; every recorder and explorer of the course uses it.
+Introduced in notebook 02 (with `hooklab.record`); every recorder and explorer of the course uses it.
 """
 
 from __future__ import annotations

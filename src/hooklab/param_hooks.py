@@ -19,7 +19,7 @@ Contract
 * ``params``: parameter names (``"fc.bias"``) or module names (``"fc"``: all its parameters);
   default: every parameter that requires grad. An unknown name raises
   ``UnknownParameterError`` listing close matches; a frozen parameter raises ``ValueError``.
-* ``grad_stats`` is notebook 01's ``GradientCheck`` done right: one row of statistics (default:
+* ``grad_stats`` is the field guide's ``GradientCheck`` (G1) done right: one row of statistics (default:
   mean and norm) per gradient, in the order the gradients arrive, handles owned.
 """
 
