@@ -8,7 +8,7 @@ import torch
 from answers import failed, run_then_remove
 from torch import nn
 
-from hooklab.exercises import exercises, grade
+from hooklab.exercises import exercises, grade, nb02
 
 IDS = sorted(id for id in exercises() if id.startswith("02."))
 
@@ -17,25 +17,43 @@ def test_notebook_02_has_five_predictions_and_five_exercises():
     assert IDS == ["02.1", "02.2", "02.3", "02.4", "02.5", "02.a", "02.b", "02.c", "02.d", "02.e"]
 
 
+@pytest.mark.parametrize(("id", "answer"), [("02.1", nb02.output_stds), ("02.2", nb02.rescale_to_unit_std),
+                                            ("02.3", nb02.StepStats), ("02.4", nb02.Recorder),
+                                            ("02.5", nb02.CallRecorder)])  # fmt: skip
+def test_the_worked_answers_the_lesson_falls_back_on_pass(id, answer):
+    result = grade(id, answer)
+    assert result.passed, result.detail
+
+
 # ----- predictions ---------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("02.a", 100_000), ("02.b", 14.0), ("02.c", 75), ("02.d", 0.0),
-                                           ("02.e", 1.0)])  # fmt: skip
+@pytest.mark.parametrize(("id", "truth"), [("02.a", "features.0"), ("02.b", 14.0), ("02.c", 0.0),
+                                           ("02.d", [True, False, True, False]), ("02.e", 75)])  # fmt: skip
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     assert exercises()[id].checker.__wrapped__.truth() == truth
 
 
+def test_02a_why_quotes_the_measured_factors():
+    factors = nb02._shrink_factors()
+    assert round(factors["features.0"]) == 28
+    assert 5 <= min(factors.values()) and max(f for n, f in factors.items() if n != "features.0") <= 12
+    assert all(5 <= f <= 30 for f in factors.values())  # the lesson's "5 to 30 times"
+
+
 @pytest.mark.parametrize(("id", "guess", "words"), [
-    ("02.a", 1_000, "four layers"), ("02.b", 8.0, "pre-hook ran too"), ("02.b", 7.0, "replaces the output"),
-    ("02.c", 67, "twice"), ("02.d", -1.0, "shares its memory"), ("02.e", 0.5, "biases"),
+    ("02.a", "features.5", "the least"), ("02.a", "'head.2'", "fewer"), ("02.b", 8.0, "pre-hook ran too"),
+    ("02.b", 7.0, "replaces the output"), ("02.c", 1.0, "never comes back"), ("02.c", 0.5, "whole channels"),
+    ("02.e", 67, "twice"), ("02.d", [True, True, True, True], "shares memory"),
+    ("02.d", [True, False, True, True], "forward hook runs after"),
 ])  # fmt: skip
 def test_a_common_wrong_guess_gets_its_own_hint(id, guess, words):
     failed(id, guess, words)
 
 
 # ----- 02.1 -------------------------------------------------------------------------------------------
-def stds_answer(which="leaves", late=False, of="output", key="name", in_finally=True):
-    """An answer to 02.1: one forward hook per leaf keeps its output's std (variations: wrong)."""
+def stds_answer(which="leaves", late=False, of="output", key="name", in_finally=True, returns=False):
+    """An answer to 02.1: one forward hook per leaf keeps its output's std (variations: wrong).
+    ``returns``: the hook is a lambda that returns a tuple, which replaces the output."""
     def output_stds(model, x):
         stds, handles = {}, []
 
@@ -46,6 +64,8 @@ def stds_answer(which="leaves", late=False, of="output", key="name", in_finally=
                     continue
                 if late:
                     hook = lambda m, args, out: stds.__setitem__(name, out.std().item())  # noqa: B023, E731
+                elif returns:
+                    hook = lambda m, args, out, name=name: (stds.__setitem__(name, out.std().item()), out)  # noqa: E731
                 else:
                     def hook(m, args, out, name=name):
                         value = out if of == "output" else args[0]
@@ -67,12 +87,12 @@ def test_02_1_accepts_one_hook_per_leaf_and_tensor_values():
         stds, handles = {}, []
         for name, module in model.named_modules():
             if name and not list(module.children()):
-                keep = lambda m, a, out, name=name: stds.update({name: out.std()})  # noqa: E731
+                keep = lambda m, a, out, name=name: stds.update({name: out.std()}) or out  # noqa: E731
                 handles.append(module.register_forward_hook(keep))
         run_then_remove(lambda: model(x), handles)
         return stds
 
-    assert grade("02.1", tensors).passed
+    assert grade("02.1", tensors).passed  # returning the output itself replaces nothing
 
 
 def test_02_1_names_the_slip():
@@ -86,16 +106,41 @@ def test_02_1_names_the_slip():
     failed("02.1", lambda model, x: None, "None (missing return?)")
 
 
+def test_02_1_says_when_a_hook_returned_a_value_that_replaced_the_output():
+    failed("02.1", stds_answer(returns=True), "received a tuple", "your hook returned a value",
+           "replaced the layer's output", "returns None")
+
+
+def test_02_1_says_which_leaves_are_missing_and_when_nothing_ran():
+    def only_linear(model, x):
+        stds, handles = {}, []
+        for name, module in model.named_modules():
+            if isinstance(module, nn.Linear):
+                keep = lambda m, a, out, name=name: stds.update({name: out.std().item()})  # noqa: E731
+                handles.append(module.register_forward_hook(keep))
+        run_then_remove(lambda: model(x), handles)
+        return stds
+
+    failed("02.1", only_linear, "every leaf", "whatever its type")
+    failed("02.1", lambda model, x: {}, "empty")
+
+
 # ----- 02.2 -------------------------------------------------------------------------------------------
 def rescaling(how="in place", grad_off=True, one_pass=False, passes=1, in_finally=True):
-    """An answer to 02.2: one layer per pass, its forward hook divides its weight by its output's std."""
+    """An answer to 02.2: one layer per pass, its forward hook divides its weight by its output's std
+    (``one_pass``: every hook at once, ``passes`` forward passes; ``how="both"``: the hook also returns
+    the rescaled output, which makes one pass enough)."""
     def unit_std(module, args, output):
-        if how == "in place":
-            module.weight.div_(output.std())
+        std = output.std()
+        if how in ("in place", "both"):
+            module.weight.div_(std)
         elif how == "new Parameter":
-            module.weight = nn.Parameter(module.weight.detach() / output.std())
-        elif how == "output":
-            return output / output.std()
+            module.weight = nn.Parameter(module.weight.detach() / std)
+        elif how == "tuple":
+            module.weight.div_(std)
+            return output / std, std
+        if how in ("output", "both"):
+            return output / std
         return None
 
     def forward(model, x):
@@ -119,8 +164,8 @@ def rescaling(how="in place", grad_off=True, one_pass=False, passes=1, in_finall
     return rescale_to_unit_std
 
 
-def test_02_2_accepts_one_layer_per_pass_or_enough_passes_with_every_hook():
-    for answer in (rescaling(), rescaling(one_pass=True, passes=3)):
+def test_02_2_accepts_one_layer_per_pass_one_pass_returning_the_output_or_enough_passes():
+    for answer in (rescaling(), rescaling(how="both", one_pass=True), rescaling(one_pass=True, passes=3)):
         result = grade("02.2", answer)
         assert result.passed, result.detail
 
@@ -128,105 +173,16 @@ def test_02_2_accepts_one_layer_per_pass_or_enough_passes_with_every_hook():
 def test_02_2_names_the_slip():
     failed("02.2", rescaling(how="new Parameter"), "new weight Parameter", "in place")
     failed("02.2", rescaling(grad_off=False), "torch.no_grad()")
-    failed("02.2", rescaling(one_pass=True), "gives std", "one layer per forward pass")
+    failed("02.2", rescaling(one_pass=True), "gives std", "one layer per forward pass", "output / std")
     failed("02.2", rescaling(how="output"), "no weight changed")
     failed("02.2", rescaling(in_finally=False), "finally")
+    failed("02.2", rescaling(how="tuple", one_pass=True), "received a tuple", "replaced the layer's output")
 
 
-# ----- 02.3 and 02.4: recorders -------------------------------------------------------------------------
-def recorder(inputs=False, where="pre", copy=lambda t: t.detach().clone(), copy_out=None, late=False,
-             leaves_only=False, records_as="list", append_at="end", enter_returns_self=True):
-    """A recorder class: one record per call (variations: wrong). ``inputs``: also keep the inputs, copied
-    in a pre-hook (``where="pre"``) or, wrong for in-place layers, in the forward hook."""
-    copy_out = copy_out or copy
-
-    class Recorder:
-        def __init__(self, model):
-            self.model, self.handles, self.waiting = model, [], {}
-            self.records = {} if records_as == "dict" else []
-
-        def keep(self, name, inputs_, output):
-            entry = (name, inputs_, copy_out(output)) if inputs else (name, copy_out(output))
-            if records_as == "dict":
-                self.records[name] = entry
-            else:
-                self.records.append(entry)
-
-        def __enter__(self):
-            for name, module in self.model.named_modules():
-                if not name or (leaves_only and next(module.children(), None) is not None):
-                    continue
-                if late:  # the slip: both hooks read the loop variable after the loop has ended
-                    def before(m, args):
-                        self.waiting.setdefault(name, []).append(tuple(copy(a) for a in args))  # noqa: B023
-
-                    def after(m, args, output):
-                        kept = self.waiting[name].pop() if inputs else ()  # noqa: B023
-                        self.keep(name, kept, output)  # noqa: B023
-                else:
-                    def before(m, args, name=name):
-                        self.waiting.setdefault(name, []).append(tuple(copy(a) for a in args))
-
-                    def after(m, args, output, name=name):
-                        pre = inputs and where == "pre"
-                        kept = self.waiting[name].pop() if pre else tuple(copy(a) for a in args)
-                        self.keep(name, kept, output)
-
-                if inputs and (where == "pre" or late):
-                    self.handles.append(module.register_forward_pre_hook(before))
-                if append_at == "start":
-                    hook = lambda m, args, name=name: self.records.append((name, args[0].detach().clone()))  # noqa: E731
-                    self.handles.append(module.register_forward_pre_hook(hook))
-                else:
-                    self.handles.append(module.register_forward_hook(after))
-            return self if enter_returns_self else None
-
-        def __exit__(self, *exc):
-            for handle in self.handles:
-                handle.remove()
-
-    return Recorder
-
-
-def test_02_3_accepts_one_record_per_call():
-    result = grade("02.3", recorder())
-    assert result.passed, result.detail
-
-
-def test_02_3_names_the_slip():
-    failed("02.3", recorder(late=True), "name=name")
-    failed("02.3", recorder(records_as="dict"), "can run twice")
-    failed("02.3", recorder(leaves_only=True), "containers too")
-    failed("02.3", recorder(append_at="start"), "wrong order", "when each call ends")
-    failed("02.3", recorder(copy=lambda t: t.clone()), "autograd graph")
-    failed("02.3", recorder(enter_returns_self=False), "return self")
-
-    class Forgets(recorder()):
-        def __exit__(self, *exc):
-            pass
-
-    outcome = failed("02.3", Forgets, "forward hook is still registered on layer", "__exit__")
-    assert "_forward" not in outcome.detail
-
-
-def test_02_4_accepts_inputs_copied_in_a_pre_hook():
-    result = grade("02.4", recorder(inputs=True))
-    assert result.passed, result.detail
-
-
-def test_02_4_names_the_slip():
-    failed("02.4", recorder(inputs=True, where="forward"), "forward pre-hook", "overwrote")
-    failed("02.4", recorder(inputs=True, copy=lambda t: t.detach(), copy_out=lambda t: t.detach().clone()),
-           "clone")
-    failed("02.4", recorder(inputs=True, copy_out=lambda t: t.detach()), "output kept for record", "clone")
-    failed("02.4", recorder(inputs=True, copy=lambda t: t.clone()), "autograd graph")
-    failed("02.4", recorder(), "(name, inputs, output) triple")
-    failed("02.4", recorder(inputs=True, late=True), "name=name")
-
-
-# ----- 02.5 -------------------------------------------------------------------------------------------
-def step_stats(late=False, as_tensor=False, of="output"):
-    """An answer to 02.5: one forward hook per named layer appends three numbers (variations: wrong)."""
+# ----- 02.3 -------------------------------------------------------------------------------------------
+def step_stats(late=False, as_tensor=False, of="output", population=False, returns=False):
+    """An answer to 02.3: one forward hook per named layer appends three numbers (variations: wrong).
+    ``returns``: a lambda hook returning the tuple of its three appends, which replaces the output."""
     class StepStats:
         def __init__(self, model, names):
             self.model, self.names, self.handles = model, names, []
@@ -241,10 +197,15 @@ def step_stats(late=False, as_tensor=False, of="output"):
                     out = (output if of == "output" else args[0]).detach()
                     value = (lambda t: t) if as_tensor else (lambda t: t.item())
                     self.means[key].append(value(out.mean()))
-                    self.stds[key].append(value(out.std()))
+                    self.stds[key].append(value(out.std(unbiased=not population)))
                     self.zeros[key].append(value((out == 0).float().mean()))
 
-                self.handles.append(self.model.get_submodule(name).register_forward_hook(keep))
+                hook = keep
+                if returns:
+                    hook = lambda m, a, o, name=name: (self.means[name].append(o.mean().item()),  # noqa: E731
+                                                       self.stds[name].append(o.std().item()),
+                                                       self.zeros[name].append((o == 0).float().mean().item()))
+                self.handles.append(self.model.get_submodule(name).register_forward_hook(hook))
             return self
 
         def __exit__(self, *exc):
@@ -254,32 +215,153 @@ def step_stats(late=False, as_tensor=False, of="output"):
     return StepStats
 
 
-def test_02_5_accepts_numbers_per_call():
-    result = grade("02.5", step_stats())
+def test_02_3_accepts_numbers_per_call():
+    result = grade("02.3", step_stats())
     assert result.passed, result.detail
 
 
+def test_02_3_names_the_slip():
+    failed("02.3", step_stats(late=True), "name=name", "last name")
+    failed("02.3", step_stats(as_tensor=True), "keeps tensors", ".item()")
+    failed("02.3", step_stats(of="input"), "expected")
+    failed("02.3", step_stats(population=True), "population std", "unbiased=False", "use .std()")
+
+
+def test_02_3_says_when_a_hook_returned_a_value_that_replaced_the_output():
+    outcome = failed("02.3", step_stats(returns=True), "your hook on layer '1' returned a value, the tuple (NoneType, ",
+                     "replaced the layer's output", "returns None")
+    assert "TypeError" not in outcome.detail
+
+
+# ----- 02.4 and 02.5: recorders -------------------------------------------------------------------------
+def recorder(per_call=True, where="pre", copy=lambda t: t.detach().clone(), copy_out=None, late=False,
+             leaves_only=None, records_as="list", append_at="end", enter_returns_self=True, waiting="stack",
+             returns_copies=False):
+    """A recorder class (variations: wrong). ``per_call``: 02.5's, one ``(name, inputs, output)`` per call
+    of every submodule; else 02.4's, ``inputs`` and ``outputs`` dicts over the leaves. Inputs are copied
+    in a pre-hook (``where="pre"``) or, wrong for in-place layers, in the forward hook. ``waiting``: how
+    a call's two hooks meet: one ``stack`` for all modules, a stack per name (``name stack``), one slot
+    per name (``slot``, wrong for a module called inside its own call) or a slot popped (``slot pop``)."""
+    copy_out = copy_out or copy
+    leaves_only = (not per_call) if leaves_only is None else leaves_only
+
+    class Recorder:
+        def __init__(self, model):
+            self.model, self.handles, self.records = model, [], {} if records_as == "dict" else []
+            self.waiting = [] if waiting == "stack" else {}
+            self.inputs, self.outputs = {}, {}
+
+        def put_aside(self, name, args):
+            copies = tuple(copy(a) for a in args)
+            if waiting == "stack":
+                self.waiting.append(copies)
+            elif waiting == "name stack":
+                self.waiting.setdefault(name, []).append(copies)
+            else:
+                self.waiting[name] = copies
+            return copies
+
+        def take(self, name):
+            if waiting == "stack":
+                return self.waiting.pop()
+            if waiting == "name stack":
+                return self.waiting[name].pop()
+            return self.waiting.pop(name) if waiting == "slot pop" else self.waiting[name]
+
+        def keep(self, name, inputs, output):
+            if not per_call:
+                self.inputs[name], self.outputs[name] = inputs, copy_out(output)
+            elif records_as == "dict":
+                self.records[name] = (name, inputs, copy_out(output))
+            else:
+                self.records.append((name, inputs, copy_out(output)))
+
+        def __enter__(self):
+            for name, module in self.model.named_modules():
+                if not name or (leaves_only and next(module.children(), None) is not None):
+                    continue
+                if late:  # the slip: both hooks read the loop variable after the loop has ended
+                    def before(m, args):
+                        self.put_aside(name, args)  # noqa: B023
+
+                    def after(m, args, output):
+                        self.keep(name, self.take(name), output)  # noqa: B023
+                else:
+                    def before(m, args, name=name):
+                        copies = self.put_aside(name, args)
+                        return copies if returns_copies else None
+
+                    def after(m, args, output, name=name):
+                        kept = self.take(name) if where == "pre" else tuple(copy(a) for a in args)
+                        self.keep(name, kept, output)
+
+                if where == "pre":
+                    self.handles.append(module.register_forward_pre_hook(before))
+                if append_at == "start":
+                    hook = lambda m, args, name=name: self.records.append((name, (), args[0].detach().clone()))  # noqa: E731
+                    self.handles.append(module.register_forward_pre_hook(hook))
+                else:
+                    self.handles.append(module.register_forward_hook(after))
+            return self if enter_returns_self else None
+
+        def __exit__(self, *exc):
+            for handle in self.handles:
+                handle.remove()
+
+    return Recorder
+
+
+def test_02_4_accepts_inputs_copied_in_a_pre_hook():
+    result = grade("02.4", recorder(per_call=False, waiting="slot"))
+    assert result.passed, result.detail
+
+
+def test_02_4_names_the_slip():
+    kw = {"per_call": False, "waiting": "slot"}
+    failed("02.4", recorder(**kw, where="forward"), "forward pre-hook", "overwrote")
+    failed("02.4", recorder(**kw, copy=lambda t: t.detach(), copy_out=lambda t: t.detach().clone()), "clone")
+    failed("02.4", recorder(**kw, copy_out=lambda t: t.detach()), "output kept for layer '0'", "clone")
+    failed("02.4", recorder(**kw, copy=lambda t: t.clone()), "autograd graph")
+    failed("02.4", recorder(**kw, late=True), "name=name")
+    failed("02.4", recorder(**kw, leaves_only=False), "not leaves")
+    failed("02.4", recorder(**kw, returns_copies=True), "your pre-hook on layer '0' returned a value",
+           "replaced the layer's inputs")
+    failed("02.4", recorder(**kw, enter_returns_self=False), "return self", "Recorder(model)")
+
+
+def test_02_5_accepts_one_stack_or_a_stack_per_name():
+    for answer in (recorder(), recorder(waiting="name stack")):
+        result = grade("02.5", answer)
+        assert result.passed, result.detail
+
+
+def test_02_5_fails_a_slot_per_name_because_a_module_runs_inside_its_own_call():
+    failed("02.5", recorder(waiting="slot"), "('3', its outer call)", "inside it", "stack")
+    failed("02.5", recorder(waiting="slot pop"), "KeyError", "stack", "append in the pre-hook")
+
+
 def test_02_5_names_the_slip():
-    failed("02.5", step_stats(late=True), "name=name", "last name")
-    failed("02.5", step_stats(as_tensor=True), "keeps tensors", ".item()")
-    failed("02.5", step_stats(of="input"), "expected")
+    failed("02.5", recorder(late=True), "name=name")
+    failed("02.5", recorder(records_as="dict"), "can run twice")
+    failed("02.5", recorder(leaves_only=True), "containers too")
+    failed("02.5", recorder(append_at="start"), "wrong order", "when each call ends")
+    failed("02.5", recorder(copy=lambda t: t.clone()), "autograd graph")
+    failed("02.5", recorder(where="forward"), "forward pre-hook", "overwrote")
+    failed("02.5", recorder(copy=lambda t: t.detach(), copy_out=lambda t: t.detach().clone()), "clone")
+    failed("02.5", recorder(copy_out=lambda t: t.detach()), "output kept for record", "clone")
+    failed("02.5", recorder(per_call=False), "0 records for 15 calls")
+    failed("02.5", recorder(returns_copies=True), "returned a value", "replaced the layer's inputs")
+    failed("02.5", recorder(enter_returns_self=False), "return self")
+
+    class Forgets(recorder()):
+        def __exit__(self, *exc):
+            pass
+
+    outcome = failed("02.5", Forgets, "pre-hook is still registered on layer", "__exit__")
+    assert "_forward" not in outcome.detail
 
 
 def test_no_message_names_a_private_attribute():
     """A student reads 'a forward hook is still registered on layer ...', never PyTorch's dict names."""
     details = [grade("02.1", stds_answer(in_finally=False)).detail, grade("02.2", rescaling(in_finally=False)).detail]
     assert all("still registered" in d and "_forward" not in d and "hooks_dict" not in d for d in details)
-
-
-def test_02_1_says_which_leaves_are_missing_and_when_nothing_ran():
-    def only_linear(model, x):
-        stds, handles = {}, []
-        for name, module in model.named_modules():
-            if isinstance(module, nn.Linear):
-                keep = lambda m, a, out, name=name: stds.update({name: out.std().item()})  # noqa: E731
-                handles.append(module.register_forward_hook(keep))
-        run_then_remove(lambda: model(x), handles)
-        return stds
-
-    failed("02.1", only_linear, "every leaf", "whatever its type")
-    failed("02.1", lambda model, x: {}, "empty")

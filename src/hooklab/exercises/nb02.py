@@ -1,10 +1,14 @@
 """Predictions and exercises of notebook 02: module forward hooks.
 
 The lesson's problem is a digits CNN whose weights are drawn with std 0.01: its loss does not
-move. The predictions recompute what the lesson's next cell shows (``_fresh`` and ``_train`` are
-the lesson's ``fresh`` and ``train``); the exercises are the hooks of each section: one hook per
-layer (02.1), a hook that changes weights (02.2), the student's recorder growing (02.3, 02.4) and
-statistics kept at every training step (02.5).
+move. The predictions recompute what the lesson shows (``_fresh`` and ``_train`` are the lesson's
+``fresh`` and ``train``); the exercises are the hooks of each section: one hook per layer (02.1),
+a hook that changes weights (02.2), statistics kept at every training step (02.3), and the
+student's recorder growing: inputs and outputs safe from in-place layers (02.4), then one record
+per call (02.5).
+
+At the end, the worked answers the lesson falls back on while a student's own has not passed
+(``output_stds``, ``rescale_to_unit_std``, ``StepStats``, ``Recorder``, ``CallRecorder``).
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import re
 
 import torch
 import torch.nn.functional as F
@@ -57,6 +62,61 @@ def left_when_raising(call, model: nn.Module) -> Outcome | None:
 
 LATE_BINDING = ("a function made in a loop looks up the loop variable when it runs, after the loop has ended; "
                 "pin each hook's own name with a default argument: lambda module, args, output, name=name: ...")
+RETURNED = ("which replaced the layer's {what} (a value a hook returns takes its place); a hook that only "
+            "looks returns None")
+
+
+# ----- hooks that return a value -------------------------------------------------------------------
+class _Replacements:
+    """The checker's own hooks around the answer's: on every module, one pre-hook and one forward hook
+    put first (``prepend=True``) and one of each registered after the answer's. They note each module
+    whose inputs or output the answer's hooks replaced by returning a value."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.found: list[tuple[str, str, object]] = []  # (layer, "inputs" or "output", the value returned)
+        self.handles = []
+        for name, module in model.named_modules():
+            seen = {}
+            self.handles += [
+                module.register_forward_pre_hook(functools.partial(self._first, seen, "inputs"), prepend=True),
+                module.register_forward_pre_hook(functools.partial(self._last, seen, "inputs", name)),
+                module.register_forward_hook(functools.partial(self._first, seen, "output"), prepend=True),
+                module.register_forward_hook(functools.partial(self._last, seen, "output", name)),
+            ]
+
+    @staticmethod
+    def _first(seen, what, module, args, *output):
+        seen[what] = output[0] if output else args
+
+    def _last(self, seen, what, name, module, args, *output):
+        now = output[0] if output else args
+        if now is not seen.get(what) and not any(layer == name and kind == what for layer, kind, _ in self.found):
+            self.found.append((name, what, now[0] if what == "inputs" and len(now) == 1 else now))
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    def outcome(self) -> Outcome:
+        name, what, value = self.found[0]
+        hook = "pre-hook" if what == "inputs" else "hook"
+        shown = f"the tuple {kind_of(value)}" if isinstance(value, tuple) else f"a {kind_of(value)}"
+        return Outcome(False, f"your {hook} on layer {name!r} returned a value, {shown}, "
+                              + RETURNED.format(what=what))
+
+
+_NOT_A_TENSOR = re.compile(r"must be Tensor, not (\w+)|arguments - got \((\w+),|'(\w+)' object has no attribute")
+
+
+def _returned_hint(error: Exception) -> Outcome | None:
+    """A failed Outcome when ``error`` is a layer refusing a value that is not a tensor, which is what a
+    forward hook returning, say, a tuple makes happen downstream; else None."""
+    match = _NOT_A_TENSOR.search(str(error)) if isinstance(error, TypeError | AttributeError) else None
+    kind = next((group for group in match.groups() if group), None) if match else None
+    if kind not in {"tuple", "list", "dict", "float", "int", "str", "bool"}:
+        return None
+    return Outcome(False, f"a layer received a {kind} where a tensor belongs: your hook returned a value, "
+                          + RETURNED.format(what="output"))
 
 
 # ----- the lesson's network and training loop ------------------------------------------------------
@@ -76,10 +136,7 @@ def _fresh(std: float | None = 0.01) -> nn.Module:
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, nn.Conv2d | nn.Linear):
-                if std is None:
-                    nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
-                else:
-                    m.weight.normal_(0, std)
+                m.weight.normal_(0, std or (2 / m.weight[0].numel()) ** 0.5)
                 m.bias.zero_()
     return model
 
@@ -100,21 +157,36 @@ def _train(model: nn.Module, steps: int = 100, lr: float = 0.1, batch: int = 64)
 
 
 # ----- the predictions -----------------------------------------------------------------------------
-SHRINK_CHOICES = (10, 1_000, 100_000)
+WEIGHTED = ("features.0", "features.2", "features.5", "head.2")
 
 
-@prediction("02.a", "how much smaller the logits' spread is than the input's",
-            why="each Conv2d or Linear multiplies the spread by about 0.01·√(fan-in), 0.03 to 0.2 here, and each "
-                "ReLU and the pooling shrink it more: four such layers make it about 80,000 times smaller",
-            wrong=[(10, "far more: each of the four layers with weights shrinks the spread by 5 to 40 times, not "
-                        "the whole network"),
-                   (1_000, "more: four layers with weights each shrink it 5 to 40 times, and the ReLUs and the "
-                           "average pool shrink it further")])
-def _logit_shrink() -> int:
-    x = _digits().x_train[:256]
-    with torch.no_grad():
-        ratio = (x.std() / _fresh(0.01)(x).std()).item()
-    return min(SHRINK_CHOICES, key=lambda choice: abs(math.log10(choice) - math.log10(ratio)))
+def _shrink_factors() -> dict[str, float]:
+    """How many times each layer with weights of the std-0.01 network shrinks the spread of its input."""
+    model, factors, handles = _fresh(0.01), {}, []
+    for name in WEIGHTED:
+        handles.append(model.get_submodule(name).register_forward_hook(
+            lambda module, args, output, name=name: factors.__setitem__(name, (args[0].std() / output.std()).item())))
+    try:
+        with torch.no_grad():
+            model(_digits().x_train[:256])
+    finally:
+        for handle in handles:
+            handle.remove()
+    return factors
+
+
+@prediction("02.a", "which layer with weights shrinks the spread the most",
+            why="with weights of std 0.01 a layer multiplies the spread by about 0.01·√fan_in, so the fewer inputs "
+                "each output adds up, the more it shrinks: features.0 adds up only 9 (0.01·3 = 0.03; measured: 28 "
+                "times smaller), the others 64 to 288 (5 to 12 times)",
+            wrong=[("features.5", "features.5 adds up the most inputs per output (fan_in 288), so it shrinks the "
+                                  "spread the least: 0.01·√288 ≈ 0.17"),
+                   ("head.2", "head.2 adds up 64 inputs per output: 0.01·√64 = 0.08; one layer adds up fewer"),
+                   ("features.2", "features.2 adds up 144 inputs per output: 0.01·√144 = 0.12; one layer adds up "
+                                  "fewer")])
+def _most_shrinking() -> str:
+    factors = _shrink_factors()
+    return max(factors, key=factors.get)
 
 
 def _doubled_layer() -> nn.Linear:
@@ -143,16 +215,86 @@ def _doubled() -> float:
             post.remove()
 
 
-@prediction("02.c", "how many names a forward hook on every submodule of resnet18 appends",
-            why="67 modules are hooked, but each of the 8 blocks calls its one ReLU twice (after bn1, and after "
+def live_channels(output: torch.Tensor) -> float:
+    """The share of a feature map's channels that are positive somewhere in the batch (N, C, H, W): the
+    others output 0 for every image, so no gradient passes them back."""
+    return (output.detach().amax(dim=(0, 2, 3)) > 0).float().mean().item()
+
+
+@prediction("02.c", "the share of features.6's channels still live after 100 steps",
+            why="none: each step moves a bias about a thousand times more than the weights, up or down, and a "
+                "channel whose bias falls below everything its weights produce outputs 0 for every digit; it gets "
+                "no gradient and never moves again, so channels die one by one until none is left",
+            wrong=[(1.0, "a channel that outputs 0 for every digit gets no gradient, so it never comes back: dead "
+                         "channels only add up"),
+                   (0.5, "half is what a ReLU zeroes of each output, but here whole channels die, and a dead "
+                         "channel never comes back")])
+def _live_share() -> float:
+    model, live = _fresh(0.01), []
+    handle = model.features[6].register_forward_hook(lambda module, args, output: live.append(live_channels(output)))
+    try:
+        _train(model)
+    finally:
+        handle.remove()
+    return live[-1]
+
+
+def _resnet18():
+    import torchvision
+
+    return torchvision.models.resnet18(weights=None).eval()
+
+
+def _four_copies(image: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The lesson's four copies around resnet18's stem: bn1's output in its forward hook, and the ReLU's
+    input in its pre-hook (twice) and in its forward hook."""
+    resnet, kept = _resnet18(), {}
+
+    def before(module, args):
+        kept["pre-hook, .detach()"] = args[0].detach()
+        kept["pre-hook, .detach().clone()"] = args[0].detach().clone()
+
+    handles = [resnet.bn1.register_forward_hook(
+                   lambda module, args, output: kept.__setitem__("bn1's hook, .detach().clone()",
+                                                                 output.detach().clone())),
+               resnet.relu.register_forward_pre_hook(before),
+               resnet.relu.register_forward_hook(
+                   lambda module, args, output: kept.__setitem__("forward hook, .detach().clone()",
+                                                                 args[0].detach().clone()))]
+    try:
+        with torch.no_grad():
+            resnet(image)
+    finally:
+        for handle in handles:
+            handle.remove()
+    order = ["bn1's hook, .detach().clone()", "pre-hook, .detach()", "pre-hook, .detach().clone()",
+             "forward hook, .detach().clone()"]
+    return {label: kept[label] for label in order}
+
+
+@prediction("02.d", "which of four copies of the ReLU's input still hold negative values",
+            why="a .detach() copy shares memory with the tensor, so the in-place ReLU overwrites it later; a "
+                ".clone() made before the ReLU runs keeps the values; and by the time the ReLU's forward hook runs, "
+                "args[0] holds the ReLU's result, so a clone made there copies no negatives",
+            wrong=[([True, True, True, True], "two of them lost their negatives: a .detach() copy shares memory, "
+                                              "and a forward hook runs after the in-place ReLU wrote its result"),
+                   ([True, True, True, False], "the pre-hook's .detach() copy is taken before the ReLU runs, but it "
+                                               "shares memory with the tensor the ReLU then overwrites"),
+                   ([True, False, True, True], "the ReLU's forward hook runs after the ReLU has written its result "
+                                               "into args[0]: a clone made then copies that result")])
+def _which_keep_negatives() -> list[bool]:
+    return [bool((kept < 0).any()) for kept in _four_copies(torch.randn(1, 3, 64, 64)).values()]
+
+
+@prediction("02.e", "how many names a forward hook on every submodule of resnet18 appends",
+            why="67 modules are hooked, and each of the 8 blocks calls its one ReLU twice (after bn1, and after "
                 "the residual sum): 67 + 8 = 75 calls",
             wrong=[(67, "one name per call, and each of the 8 blocks calls its ReLU twice"),
                    (52, "containers (the blocks, layer1 …) are submodules too, and each block calls its ReLU "
-                        "twice")])
+                        "twice"),
+                   (60, "each block calls its ReLU twice, and the containers are hooked too: 67 modules")])
 def _resnet_calls() -> int:
-    import torchvision
-
-    resnet = torchvision.models.resnet18(weights=None).eval()
+    resnet = _resnet18()
     calls, handles = [], []
     for name, module in resnet.named_modules():
         if name:
@@ -164,42 +306,6 @@ def _resnet_calls() -> int:
         for handle in handles:
             handle.remove()
     return len(calls)
-
-
-@prediction("02.d", "the smallest value of bn1's output kept with .detach()",
-            why="the in-place ReLU after bn1 writes its result into bn1's output tensor, and a .detach() copy "
-                "shares that memory: it holds the ReLU's result, whose smallest value is 0",
-            wrong=[(-1.0, "bn1's output did hold negative values, but .detach() shares its memory, and the ReLU "
-                          "after it works in place")])
-def _detached_min() -> float:
-    import torchvision
-
-    resnet = torchvision.models.resnet18(weights=None).eval()
-    kept = {}
-    handle = resnet.bn1.register_forward_hook(lambda module, args, output: kept.update(bn1=output.detach()))
-    try:
-        with torch.no_grad():
-            resnet(torch.randn(1, 3, 64, 64))
-    finally:
-        handle.remove()
-    return kept["bn1"].min().item()
-
-
-@prediction("02.e", "the share of zeros in features.6's output after 100 steps",
-            why="every value is 0: the biases of features.5 drift below zero by about 0.001 while its weights "
-                "give only about 0.0001, so the ReLU zeroes everything, and no gradient passes a ReLU that "
-                "outputs zero: the layer never comes back",
-            wrong=[(0.5, "that is where it starts (a ReLU zeroes about half of a centred input); watch what the "
-                         "biases do while the weights stay tiny")])
-def _dead_share() -> float:
-    model, zeros = _fresh(0.01), []
-    handle = model.features[6].register_forward_hook(
-        lambda module, args, output: zeros.append((output == 0).float().mean().item()))
-    try:
-        _train(model)
-    finally:
-        handle.remove()
-    return zeros[-1]
 
 
 # ----- 02.1: the spread of every layer's output ------------------------------------------------------
@@ -286,6 +392,12 @@ def _output_stds(output_stds) -> Outcome:
     x = torch.randn(32, 4, generator=torch.Generator().manual_seed(0))
     try:
         got = output_stds(model, x)
+    except (TypeError, AttributeError) as error:
+        left_on(model)
+        returned = _returned_hint(error)
+        if returned:
+            return returned
+        raise
     finally:
         left = left_on(model)
     if left:
@@ -358,7 +470,8 @@ def _rescaled_outcome(model: nn.Module, before: dict, x: torch.Tensor) -> Outcom
     if far is not None:
         return Outcome(False, f"afterwards layer {far!r} gives std {got[far]:.4g} on x, not 1: it was measured "
                               "before the layers before it were rescaled; rescale one layer per forward pass, "
-                              "in the order they run")
+                              "in the order they run, or in one pass with each hook also returning output / std, "
+                              "so that the next layer sees the rescaled output")
     return None
 
 
@@ -391,6 +504,12 @@ def _rescale(rescale_to_unit_std) -> Outcome:
             return Outcome(False, "autograd refuses to change a parameter in place while it records: divide the "
                                   "weight under torch.no_grad()")
         raise
+    except (TypeError, AttributeError) as error:
+        left_on(model)
+        returned = _returned_hint(error)
+        if returned:
+            return returned
+        raise
     finally:
         left = left_on(model)
     if left:
@@ -407,60 +526,37 @@ def _rescale(rescale_to_unit_std) -> Outcome:
                          "keeps the same Parameters), no hook left behind")
 
 
-# ----- 02.3 and 02.4: the recorder grows --------------------------------------------------------------
-class _Block(nn.Module):
-    """A small residual block that calls its ReLU twice, like torchvision's BasicBlock, and uses a
-    borrowed activation ``act`` inside ``extra``."""
-
-    def __init__(self, act: nn.Module, inplace: bool = False) -> None:
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-        self.relu = nn.ReLU(inplace=inplace)
-        self.extra = nn.Sequential(nn.Linear(4, 4), act)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.relu(self.fc(x))
-        return self.relu(self.extra(out) + x)
+# ----- running an answer's recorder ---------------------------------------------------------------------
+def _pre_hooked(model: nn.Module) -> bool:
+    """Whether the answer put a forward pre-hook on ``model`` or a submodule."""
+    return any(module_hooks(m, "_forward_pre_hooks") for m in model.modules())
 
 
-def _calls_model(inplace: bool = False) -> nn.Module:
-    """Calls ``1`` (a Tanh) at the top and again inside ``2.extra``; ``2.relu`` twice per forward."""
-    torch.manual_seed(2)  # on the checker's own random stream (see ``exercise``)
-    act = nn.Tanh()
-    return nn.Sequential(nn.Linear(3, 4), act, _Block(act, inplace=inplace), nn.Sequential(nn.Linear(4, 2)))
-
-
-def _reference_calls(model: nn.Module, x: torch.Tensor) -> list[tuple[str, tuple, torch.Tensor]]:
-    """``(name, inputs, output)`` of every submodule call of ``model(x)``, in the order the calls end,
-    computed on a copy without in-place operations."""
-    plain = copy.deepcopy(model)
-    for m in plain.modules():
-        if hasattr(m, "inplace"):
-            m.inplace = False
-    records, handles = [], []
-    for name, m in plain.named_modules():
-        if name:
-            handles.append(m.register_forward_hook(
-                lambda m, args, out, name=name: records.append((name, tuple(a.detach().clone() for a in args),
-                                                                out.detach().clone()))))
+def _entered(recorder_class, model: nn.Module, run, on_enter=None) -> tuple[object, Outcome | None]:
+    """Make the answer's recorder for ``model``, run ``run()`` inside its ``with`` block, with the checker's
+    own hooks watching for hooks that return a value; the recorder, or what went wrong. ``on_enter()``
+    runs first in the block, before the checker adds its hooks."""
+    recorder, watch = recorder_class(model), None
     try:
-        with torch.no_grad():
-            plain(x)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return records
-
-
-def _entered(recorder_class, model: nn.Module, run) -> tuple[object, Outcome | None]:
-    """Make the answer's recorder for ``model``, run ``run()`` inside its ``with`` block; the recorder,
-    or what went wrong with the block itself."""
-    recorder = recorder_class(model)
-    with recorder as rec:
-        if rec is not recorder:
-            return None, Outcome(False, f"__enter__ returned {kind_of(rec)}: return self, so that `with "
-                                        "Recorder(model) as rec:` gives the recorder")
-        run()
+        with recorder as rec:
+            if rec is not recorder:
+                return None, Outcome(False, f"__enter__ returned {kind_of(rec)}: return self, so that `with "
+                                            f"{type(recorder).__name__}(model) as rec:` gives the recorder")
+            if on_enter is not None:
+                on_enter()
+            watch = _Replacements(model)
+            try:
+                run()
+            finally:
+                watch.remove()
+    except Exception:
+        if watch is not None and watch.found:
+            left_on(model)
+            return None, watch.outcome()
+        raise
+    if watch.found:
+        left_on(model)
+        return None, watch.outcome()
     left = left_on(model)
     if left:
         return None, Outcome(False, f"after the with block {left[0]}: keep every handle in self.handles, "
@@ -468,39 +564,10 @@ def _entered(recorder_class, model: nn.Module, run) -> tuple[object, Outcome | N
     return recorder, None
 
 
-def _record_list(recorder, size: int) -> tuple[list | None, Outcome | None]:
-    records = getattr(recorder, "records", None)
-    if isinstance(records, dict):
-        return None, Outcome(False, "records is a dict: keyed by name it keeps one output per layer, but a layer "
-                                    "can run twice; append one entry per call to a list")
-    if not isinstance(records, list):
-        return None, Outcome(False, f"self.records should be a list, got {kind_of(records)}")
-    bad = next((r for r in records if not (isinstance(r, tuple | list) and len(r) == size)), None)
-    if bad is not None:
-        what = "(name, output) pair" if size == 2 else "(name, inputs, output) triple"
-        return None, Outcome(False, f"each record should be one {what}, got {kind_of(bad)}")
-    return records, None
-
-
-def _names_outcome(names: list, expected: list[str]) -> Outcome | None:
-    """What is wrong with the recorded names and their order, if anything."""
-    if names and all(isinstance(n, nn.Module) for n in names):
-        return Outcome(False, "the records hold modules where the names belong: use the names of "
-                              "named_modules(), like '2.relu'")
-    if "" in names:
-        return Outcome(False, "leave out the root (name ''): record the submodules")
-    if len(names) == len(expected) and len(set(names)) == 1 and len(set(expected)) > 1:
-        return Outcome(False, f"every record is named {names[0]!r}, the last module hooked: {LATE_BINDING}")
-    if sorted(map(str, names)) != sorted(expected):
-        missing = sorted(set(expected) - set(map(str, names)))
-        twice = sorted({n for n in expected if expected.count(n) == 2})
-        extra = f" (missing {missing})" if missing else ""
-        return Outcome(False, f"{len(names)} records for {len(expected)} calls{extra}: hook every submodule, "
-                              f"containers too; {twice} run twice per forward and get two records each")
-    if list(names) != expected:
-        return Outcome(False, "the right records in the wrong order: append in the forward hook, when each call "
-                              "ends (a container ends after its children)")
-    return None
+def _raise_inside(recorder, model: nn.Module, x: torch.Tensor | None = None) -> None:
+    """A forward pass that raises inside the recorder's with block: the first Linear refuses 7 features."""
+    with recorder:
+        model(torch.randn(2, 7) if x is None else x)
 
 
 def _tensor_outcome(what: str, got, want: torch.Tensor) -> Outcome | None:
@@ -514,112 +581,39 @@ def _tensor_outcome(what: str, got, want: torch.Tensor) -> Outcome | None:
     return None
 
 
-@exercise("02.3", "a recorder with one record per call")
-def _call_recorder(CallRecorder) -> Outcome:
-    """``with CallRecorder(model) as rec: model(x)`` fills ``rec.records`` with one ``(name, output)`` per
-    call of every submodule, in the order the calls end."""
-    model = _calls_model()
-    x = torch.randn(2, 3, generator=torch.Generator().manual_seed(4), requires_grad=True)
-    expected = _reference_calls(model, x)
-    try:
-        recorder, wrong = _entered(CallRecorder, model, lambda: model(x))
-    finally:
-        left_on(model)
-    if wrong:
-        return wrong
-    records, wrong = _record_list(recorder, 2)
-    if wrong:
-        return wrong
-    wrong = _names_outcome([name for name, _ in records], [name for name, _, _ in expected])
-    if wrong:
-        return wrong
-    for i, ((name, out), (_, _, want)) in enumerate(zip(records, expected, strict=True), start=1):
-        wrong = _tensor_outcome(f"the output of record {i} ({name!r})", out, want)
-        if wrong:
-            return wrong
-    broken = _calls_model()
-    recorder = CallRecorder(broken)
-    failed = left_when_raising(lambda: _raise_inside(recorder, broken), broken)
-    if failed:
-        return failed
-    return Outcome(True, f"{len(expected)} records in the order the calls end, '1' and '2.relu' twice each, "
-                         "detached copies, no hook left after the with block")
+def _lost_negatives(got, want: torch.Tensor) -> bool:
+    """Whether ``got`` looks like ``want`` after a ReLU wrote into it: no negative value left."""
+    return (isinstance(got, torch.Tensor) and got.shape == want.shape and bool((want < 0).any())
+            and bool((got >= 0).all()))
 
 
-def _raise_inside(recorder, model: nn.Module) -> None:
-    """A forward pass that raises inside the recorder's with block: the first Linear refuses 7 features."""
-    with recorder:
-        model(torch.randn(2, 7))
-
-
-def _kept_inputs_outcome(records: list, expected: list, pre_hooked: bool) -> Outcome | None:
-    """What is wrong with the inputs kept per call, if anything."""
-    for i, ((name, inputs, _), (_, want, _)) in enumerate(zip(records, expected, strict=True), start=1):
-        if not isinstance(inputs, tuple | list) or len(inputs) != len(want):
-            return Outcome(False, f"record {i} ({name!r}): inputs should be a tuple of the {len(want)} positional "
-                                  f"inputs (args), got {kind_of(inputs)}")
-        for got, right in zip(inputs, want, strict=True):
-            if isinstance(got, torch.Tensor) and got.shape == right.shape and (right < 0).any() and (got >= 0).all():
-                if not pre_hooked:
-                    return Outcome(False, f"the input kept for record {i} ({name!r}) has no negative values: a "
-                                          "forward hook runs after the in-place ReLU overwrote it; copy the inputs "
-                                          "in a forward pre-hook")
-                return Outcome(False, f"the input kept for record {i} ({name!r}) has no negative values: it "
-                                      "shares memory with the tensor the in-place ReLU overwrote; .clone() it")
-            wrong = _tensor_outcome(f"the input of record {i} ({name!r})", got, right)
-            if wrong:
-                return wrong
-    return None
-
-
-def _kept_outputs_outcome(records: list, expected: list) -> Outcome | None:
-    for i, ((name, _, out), (_, _, want)) in enumerate(zip(records, expected, strict=True), start=1):
-        if isinstance(out, torch.Tensor) and out.shape == want.shape and (want < 0).any() and (out >= 0).all():
-            return Outcome(False, f"the output kept for record {i} ({name!r}) has no negative values although that "
-                                  "call gave some: the in-place ReLU after it overwrote the memory your copy "
-                                  "shares; keep output.detach().clone()")
-        wrong = _tensor_outcome(f"the output of record {i} ({name!r})", out, want)
+def _inputs_outcome(where: str, inputs, want: tuple, pre_hooked: bool) -> Outcome | None:
+    """What is wrong with the inputs kept for one call, if anything."""
+    if not isinstance(inputs, tuple | list) or len(inputs) != len(want):
+        return Outcome(False, f"{where}: keep a tuple of the {len(want)} positional inputs (args), got "
+                              f"{kind_of(inputs)}")
+    for got, right in zip(inputs, want, strict=True):
+        if _lost_negatives(got, right):
+            if not pre_hooked:
+                return Outcome(False, f"the input kept for {where} has no negative values: a forward hook runs "
+                                      "after the in-place ReLU overwrote it; copy the inputs in a forward pre-hook")
+            return Outcome(False, f"the input kept for {where} has no negative values: it shares memory with the "
+                                  "tensor the in-place ReLU overwrote; .clone() it")
+        wrong = _tensor_outcome(f"the input kept for {where}", got, right)
         if wrong:
             return wrong
     return None
 
 
-@exercise("02.4", "a recorder that keeps each call's inputs, safe from in-place layers")
-def _recorder(Recorder) -> Outcome:
-    """``with Recorder(model) as rec: model(x)`` fills ``rec.records`` with one ``(name, inputs, output)``
-    per call of every submodule, the inputs as they were before the call, all detached copies."""
-    model = _calls_model(inplace=True)
-    x = torch.linspace(-2, 2, 6).reshape(2, 3).requires_grad_()
-    expected = _reference_calls(model, x)
-    pre_hooked = []
-
-    def run():
-        pre_hooked.append(any(module_hooks(m, "_forward_pre_hooks") for m in model.modules()))
-        model(x).sum().backward()
-
-    try:
-        recorder, wrong = _entered(Recorder, model, run)
-    finally:
-        left_on(model)
-    if wrong:
-        return wrong
-    records, wrong = _record_list(recorder, 3)
-    if wrong:
-        return wrong
-    wrong = (_names_outcome([name for name, _, _ in records], [name for name, _, _ in expected])
-             or _kept_inputs_outcome(records, expected, pre_hooked[0]) or _kept_outputs_outcome(records, expected))
-    if wrong:
-        return wrong
-    broken = _calls_model(inplace=True)
-    recorder = Recorder(broken)
-    failed = left_when_raising(lambda: _raise_inside(recorder, broken), broken)
-    if failed:
-        return failed
-    return Outcome(True, f"{len(expected)} records, each with its inputs from before the call (the in-place "
-                         "ReLU's negative inputs too) and its output, all detached copies; no hook left")
+def _output_outcome(where: str, out, want: torch.Tensor) -> Outcome | None:
+    if _lost_negatives(out, want):
+        return Outcome(False, f"the output kept for {where} has no negative values although that call gave some: "
+                              "the in-place ReLU after it overwrote the memory your copy shares; keep "
+                              "output.detach().clone()")
+    return _tensor_outcome(f"the output kept for {where}", out, want)
 
 
-# ----- 02.5: statistics at every step --------------------------------------------------------------------
+# ----- 02.3: statistics at every step --------------------------------------------------------------------
 def _stats_model() -> nn.Module:
     torch.manual_seed(9)
     return nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 8), nn.ReLU()), nn.Linear(8, 3))
@@ -629,14 +623,15 @@ STATS_NAMES = ["1", "2.1", "3"]
 
 
 def _stats_expected(model: nn.Module, batches: list[torch.Tensor]) -> dict[str, dict[str, list[float]]]:
-    rows = {"means": {n: [] for n in STATS_NAMES}, "stds": {n: [] for n in STATS_NAMES},
-            "zeros": {n: [] for n in STATS_NAMES}}
+    """The three numbers of each named layer at each call, and the population std (a common slip)."""
+    rows = {field: {n: [] for n in STATS_NAMES} for field in ("means", "stds", "zeros", "population")}
     handles = []
     for name in STATS_NAMES:
         def hook(m, args, out, name=name):
             rows["means"][name].append(out.mean().item())
             rows["stds"][name].append(out.std().item())
             rows["zeros"][name].append((out == 0).float().mean().item())
+            rows["population"][name].append(out.std(unbiased=False).item())
 
         handles.append(model.get_submodule(name).register_forward_hook(hook))
     try:
@@ -647,6 +642,10 @@ def _stats_expected(model: nn.Module, batches: list[torch.Tensor]) -> dict[str, 
         for handle in handles:
             handle.remove()
     return rows
+
+
+def _close(value, right: float) -> bool:
+    return isinstance(value, int | float) and math.isclose(value, right, rel_tol=1e-4, abs_tol=1e-7)
 
 
 def _stats_outcome(stats, expected: dict) -> Outcome | None:
@@ -670,14 +669,19 @@ def _stats_outcome(stats, expected: dict) -> Outcome | None:
                 return Outcome(False, f"self.{field}[{name!r}] keeps tensors: keep plain numbers (.item()), so "
                                       "that nothing of the layer's output stays in memory")
             for step, (value, right) in enumerate(zip(kept, expected[field][name], strict=True), start=1):
-                if not isinstance(value, int | float) or not math.isclose(value, right, rel_tol=1e-4, abs_tol=1e-7):
-                    shown = f"{value:.4g}" if isinstance(value, int | float) else kind_of(value)
-                    return Outcome(False, f"self.{field}[{name!r}] at call {step}: {shown}, expected {right:.4g} "
-                                          "(of the layer's output)")
+                if _close(value, right):
+                    continue
+                shown = f"{value:.4g}" if isinstance(value, int | float) else kind_of(value)
+                if field == "stds" and _close(value, expected["population"][name][step - 1]):
+                    return Outcome(False, f"self.stds[{name!r}] at call {step}: {shown}, expected {right:.4g}: "
+                                          "that is the population std (unbiased=False, dividing by n); use "
+                                          ".std(), which divides by n − 1")
+                return Outcome(False, f"self.{field}[{name!r}] at call {step}: {shown}, expected {right:.4g} "
+                                      "(of the layer's output)")
     return None
 
 
-@exercise("02.5", "statistics of chosen layers at every step")
+@exercise("02.3", "statistics of chosen layers at every step")
 def _step_stats(StepStats) -> Outcome:
     """``with StepStats(model, names) as stats:`` any forward passes; ``stats.means[name]``,
     ``stats.stds[name]`` and ``stats.zeros[name]`` get one number per call of that layer."""
@@ -702,3 +706,324 @@ def _step_stats(StepStats) -> Outcome:
         return failed
     return Outcome(True, "mean, std and share of zeros of each named layer at each of 3 steps, as plain numbers; "
                          "no hook left after the with block")
+
+
+# ----- 02.4: inputs and outputs, safe from in-place layers -------------------------------------------------
+def _inplace_model() -> nn.Module:
+    """Leaves in nested containers; the in-place ReLU ``1`` overwrites the output of ``0`` and its own input."""
+    torch.manual_seed(4)
+    return nn.Sequential(nn.Linear(3, 4), nn.ReLU(inplace=True), nn.Sequential(nn.Linear(4, 4), nn.Tanh()),
+                         nn.Linear(4, 2))
+
+
+def _plain_copy(model: nn.Module) -> nn.Module:
+    plain = copy.deepcopy(model)
+    for m in plain.modules():
+        if hasattr(m, "inplace"):
+            m.inplace = False
+    return plain
+
+
+def _reference_calls(model: nn.Module, x: torch.Tensor, leaves_only: bool = False) -> list[tuple]:
+    """``(name, inputs, output)`` of every submodule call of ``model(x)`` (or of every leaf), in the order
+    the calls end, computed on a copy without in-place operations."""
+    plain = _plain_copy(model)
+    records, handles = [], []
+    for name, m in plain.named_modules():
+        if name and (not leaves_only or next(m.children(), None) is None):
+            handles.append(m.register_forward_hook(
+                lambda m, args, out, name=name: records.append((name, tuple(a.detach().clone() for a in args),
+                                                                out.detach().clone()))))
+    try:
+        with torch.no_grad():
+            plain(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return records
+
+
+def _keys_outcome(field: str, got, expected: list[str]) -> Outcome | None:
+    if not isinstance(got, dict):
+        return Outcome(False, f"rec.{field} should be a dict {{layer name: copy}}, got {kind_of(got)}")
+    keys = list(got)
+    if keys and all(isinstance(key, nn.Module) for key in keys):
+        return Outcome(False, f"the keys of rec.{field} are modules: key it by the names named_modules() gives")
+    if len(keys) == 1 and keys[0] == expected[-1]:
+        return Outcome(False, f"rec.{field} holds only {keys[0]!r}, the last layer hooked: every hook wrote under "
+                              f"the same name; {LATE_BINDING}")
+    if sorted(map(str, keys)) != sorted(expected):
+        missing = sorted(set(expected) - set(map(str, keys)))
+        extra = sorted(set(map(str, keys)) - set(expected))
+        return Outcome(False, f"rec.{field} should hold every leaf, {expected}" + (f"; missing {missing}" if missing
+                              else "") + (f"; not leaves: {extra}" if extra else ""))
+    return None
+
+
+@exercise("02.4", "a recorder that keeps inputs and outputs, safe from in-place layers")
+def _recorder(Recorder) -> Outcome:
+    """``with Recorder(model) as rec: model(x)`` fills ``rec.inputs[name]`` (the positional inputs of each leaf
+    as they were before the call) and ``rec.outputs[name]``, all detached copies."""
+    model = _inplace_model()
+    x = torch.linspace(-2, 2, 6).reshape(2, 3).requires_grad_()
+    expected = {name: (inputs, out) for name, inputs, out in _reference_calls(model, x, leaves_only=True)}
+    pre_hooked = []
+    try:
+        recorder, wrong = _entered(Recorder, model, lambda: model(x), lambda: pre_hooked.append(_pre_hooked(model)))
+    finally:
+        left_on(model)
+    if wrong:
+        return wrong
+    for field in ("outputs", "inputs"):
+        wrong = _keys_outcome(field, getattr(recorder, field, None), list(expected))
+        if wrong:
+            return wrong
+    for name, (inputs, out) in expected.items():
+        wrong = (_inputs_outcome(f"layer {name!r}", recorder.inputs[name], inputs, pre_hooked[0])
+                 or _output_outcome(f"layer {name!r}", recorder.outputs[name], out))
+        if wrong:
+            return wrong
+    broken = _inplace_model()
+    recorder = Recorder(broken)
+    failed = left_when_raising(lambda: _raise_inside(recorder, broken), broken)
+    if failed:
+        return failed
+    return Outcome(True, f"the inputs and output of all {len(expected)} leaves, the in-place ReLU's negative input "
+                         "and the negative output it overwrote included, all detached copies; no hook left")
+
+
+# ----- 02.5: one record per call ---------------------------------------------------------------------------
+class _Block(nn.Module):
+    """A small residual block that calls its ReLU twice, like torchvision's BasicBlock, and uses a
+    borrowed activation ``act`` inside ``extra``."""
+
+    def __init__(self, act: nn.Module, inplace: bool = False) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.relu = nn.ReLU(inplace=inplace)
+        self.extra = nn.Sequential(nn.Linear(4, 4), act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.relu(self.fc(x))
+        return self.relu(self.extra(out) + x)
+
+
+class _Again(nn.Module):
+    """Calls itself once inside its own call, as a recursive model does: the inner call starts after the
+    outer one and ends before it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, inner: bool = False) -> torch.Tensor:
+        h = self.fc(x)
+        return h if inner else h + self(h.tanh(), inner=True)
+
+
+def _calls_model(inplace: bool = True) -> nn.Module:
+    """Calls ``1`` (a Tanh) at the top and again inside ``2.extra``; ``2.relu`` twice per forward; ``3`` calls
+    itself inside its own call (so ``3`` and ``3.fc`` run twice)."""
+    torch.manual_seed(2)  # on the checker's own random stream (see ``exercise``)
+    act = nn.Tanh()
+    return nn.Sequential(nn.Linear(3, 4), act, _Block(act, inplace=inplace), _Again(), nn.Sequential(nn.Linear(4, 2)))
+
+
+def _record_list(recorder, size: int) -> tuple[list | None, Outcome | None]:
+    records = getattr(recorder, "records", None)
+    if isinstance(records, dict):
+        return None, Outcome(False, "records is a dict: keyed by name it keeps one record per layer, but a layer "
+                                    "can run twice; append one entry per call to a list")
+    if not isinstance(records, list):
+        return None, Outcome(False, f"self.records should be a list, got {kind_of(records)}")
+    bad = next((r for r in records if not (isinstance(r, tuple | list) and len(r) == size)), None)
+    if bad is not None:
+        return None, Outcome(False, f"each record should be one (name, inputs, output) triple, got {kind_of(bad)}")
+    return records, None
+
+
+def _names_outcome(names: list, expected: list[str]) -> Outcome | None:
+    """What is wrong with the recorded names and their order, if anything."""
+    if names and all(isinstance(n, nn.Module) for n in names):
+        return Outcome(False, "the records hold modules where the names belong: use the names of "
+                              "named_modules(), like '2.relu'")
+    if "" in names:
+        return Outcome(False, "leave out the root (name ''): record the submodules")
+    if len(names) == len(expected) and len(set(names)) == 1 and len(set(expected)) > 1:
+        return Outcome(False, f"every record is named {names[0]!r}, the last module hooked: {LATE_BINDING}")
+    if sorted(map(str, names)) != sorted(expected):
+        missing = sorted(set(expected) - set(map(str, names)))
+        twice = sorted({n for n in expected if expected.count(n) == 2})
+        extra = f" (missing {missing})" if missing else ""
+        return Outcome(False, f"{len(names)} records for {len(expected)} calls{extra}: hook every submodule, "
+                              f"containers too; {twice} run twice per forward and get two records each")
+    if list(names) != expected:
+        return Outcome(False, "the right records in the wrong order: append in the forward hook, when each call "
+                              "ends (a container ends after its children)")
+    return None
+
+
+def _nested_outcome(records: list, expected: list) -> Outcome | None:
+    """Whether the outer call of ``3``, which calls itself, kept the inputs of the inner call instead."""
+    inner_inputs = next(inputs for name, inputs, _ in expected if name == "3")  # the inner call ends first
+    outer = max(i for i, (name, _, _) in enumerate(records) if name == "3")
+    got = records[outer][1]
+    if (isinstance(got, tuple | list) and len(got) == 1 and isinstance(got[0], torch.Tensor)
+            and got[0].shape == inner_inputs[0].shape and torch.allclose(got[0], inner_inputs[0])):
+        return Outcome(False, f"record {outer + 1} ('3', its outer call) holds the inputs of the call of '3' made "
+                              "inside it: '3' calls itself, so a second call starts before the first ends; put "
+                              "inputs aside on a stack: append in the pre-hook, pop in the forward hook")
+    return None
+
+
+@exercise("02.5", "a recorder with one record per call, inputs included")
+def _call_recorder(CallRecorder) -> Outcome:
+    """``with CallRecorder(model) as rec: model(x)`` fills ``rec.records`` with one ``(name, inputs, output)``
+    per call of every submodule, in the order the calls end, the inputs as they were before the call."""
+    model = _calls_model()
+    x = torch.linspace(-2, 2, 6).reshape(2, 3).requires_grad_()
+    expected = _reference_calls(model, x)
+    pre_hooked = []
+    try:  # a forward and a backward in the block: recording must leave training as it was
+        recorder, wrong = _entered(CallRecorder, model, lambda: model(x).sum().backward(),
+                                   lambda: pre_hooked.append(_pre_hooked(model)))
+    except (KeyError, IndexError) as error:
+        left_on(model)
+        return Outcome(False, f"your code raised {type(error).__name__}: {error}: a forward hook found no inputs "
+                              "waiting for its call; calls nest ('3' even runs inside its own call), so keep "
+                              "inputs on a stack: append in the pre-hook, pop in the forward hook")
+    finally:
+        left_on(model)
+    if wrong:
+        return wrong
+    records, wrong = _record_list(recorder, 3)
+    if wrong:
+        return wrong
+    wrong = _names_outcome([name for name, _, _ in records], [name for name, _, _ in expected])
+    if wrong:
+        return wrong
+    wrong = _nested_outcome(records, expected)
+    if wrong:
+        return wrong
+    for i, ((name, inputs, out), (_, want_in, want_out)) in enumerate(zip(records, expected, strict=True), start=1):
+        where = f"record {i} ({name!r})"
+        wrong = _inputs_outcome(where, inputs, want_in, pre_hooked[0]) or _output_outcome(where, out, want_out)
+        if wrong:
+            return wrong
+    broken = _calls_model()
+    recorder = CallRecorder(broken)
+    failed = left_when_raising(lambda: _raise_inside(recorder, broken), broken)
+    if failed:
+        return failed
+    return Outcome(True, f"{len(expected)} records in the order the calls end ('1', '2.relu', '3' and '3.fc' twice "
+                         "each, '3' once inside its own call), each with its inputs from before the call and its "
+                         "output, all detached copies; backward ran; no hook left")
+
+
+# ----- worked answers the lesson falls back on ------------------------------------------------------------
+# A lesson cell uses the student's answer once its check passed, and one of these until then:
+#     if not passed("02.1"):
+#         from hooklab.exercises.nb02 import output_stds
+def output_stds(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
+    """02.1: ``{name: std of the output}`` of every leaf of ``model`` for one ``model(x)``."""
+    stds, handles = {}, []
+    try:
+        for name, module in model.named_modules():
+            if next(module.children(), None) is None:
+                handles.append(module.register_forward_hook(
+                    lambda module, args, output, name=name: stds.__setitem__(name, output.std().item())))
+        model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return stds
+
+
+def rescale_to_unit_std(model: nn.Module, x: torch.Tensor) -> nn.Module:
+    """02.2: each Conv2d and Linear weight divided in place by its output's std on ``x``, one layer per pass."""
+
+    def unit_std(module, args, output):
+        module.weight.div_(output.std())
+
+    for layer in [m for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear)]:
+        handle = layer.register_forward_hook(unit_std)
+        try:
+            with torch.no_grad():
+                model(x)
+        finally:
+            handle.remove()
+    return model
+
+
+class StepStats:
+    """02.3: ``with StepStats(model, names) as stats:``; ``stats.means[name]``, ``stds[name]``, ``zeros[name]``:
+    one number per call of each named layer."""
+
+    def __init__(self, model: nn.Module, names: list[str]) -> None:
+        self.model, self.names, self.handles = model, names, []
+        self.means, self.stds, self.zeros = ({name: [] for name in names} for _ in range(3))
+
+    def keep(self, name, module, args, output):
+        out = output.detach()
+        self.means[name].append(out.mean().item())
+        self.stds[name].append(out.std().item())
+        self.zeros[name].append((out == 0).float().mean().item())
+
+    def __enter__(self):
+        for name in self.names:
+            hook = functools.partial(self.keep, name)
+            self.handles.append(self.model.get_submodule(name).register_forward_hook(hook))
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+
+
+class Recorder:
+    """02.4: ``rec.inputs[name]`` and ``rec.outputs[name]`` for every leaf, copied before in-place layers run."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model, self.inputs, self.outputs, self.handles = model, {}, {}, []
+
+    def keep_inputs(self, name, module, args):
+        self.inputs[name] = tuple(a.detach().clone() for a in args)
+
+    def keep_output(self, name, module, args, output):
+        self.outputs[name] = output.detach().clone()
+
+    def __enter__(self):
+        for name, module in self.model.named_modules():
+            if next(module.children(), None) is None:
+                self.handles.append(module.register_forward_pre_hook(functools.partial(self.keep_inputs, name)))
+                self.handles.append(module.register_forward_hook(functools.partial(self.keep_output, name)))
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+
+
+class CallRecorder:
+    """02.5: ``rec.records``: one ``(name, inputs, output)`` per call of every submodule, in the order the
+    calls end."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model, self.records, self.handles, self.waiting = model, [], [], []
+
+    def put_aside(self, module, args):
+        self.waiting.append(tuple(a.detach().clone() for a in args))
+
+    def keep(self, name, module, args, output):
+        self.records.append((name, self.waiting.pop(), output.detach().clone()))
+
+    def __enter__(self):
+        for name, module in self.model.named_modules():
+            if name:
+                self.handles.append(module.register_forward_pre_hook(self.put_aside))
+                self.handles.append(module.register_forward_hook(functools.partial(self.keep, name)))
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
