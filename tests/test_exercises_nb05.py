@@ -19,8 +19,8 @@ PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that get
     "05.a": (24, 32, "at most the 24"),
     "05.b": ([False, True], [True, True], "the ReLU is where it stops"),
     "05.c": ([1, 0, 0, 0], [1, -1, 0, 0], "plain gradient"),
-    "05.d": (0.7, 0.0, "averages it away"),
-    "05.e": ([0.8, -0.4], [0.8, 0.8], "a pixel that raises one score"),
+    "05.d": ("most", "none", "score minus the bias"),
+    "05.e": (0.8, -0.4, "clamps every negative gradient"),
 }
 
 
@@ -61,13 +61,19 @@ def test_05_1_dead_channels():
     failed("05.1", lambda m, layer, x: torch.arange(16).tolist(), "the model ran 0 times")
 
 
-def test_05_1_accepts_hooklab_record_and_a_tensor_of_indices():
+def test_05_1_rejects_hooklab_record_and_accepts_a_tensor_of_indices():
     def with_record(model, layer, x):
         with hooklab.record(model, [layer]) as rec, torch.no_grad():
             model(x)
         return (rec[layer].output == 0).flatten(2).all(dim=2).all(dim=0).nonzero()
 
-    assert grade("05.1", with_record).passed
+    failed("05.1", with_record, "you used hooklab.record", "register_forward_hook")
+    assert grade("05.1", lambda m, layer, x: torch.tensor(_dead(m, layer, x))).passed
+
+
+def test_05_d_bands_and_05_e_is_one_number():
+    assert grade("05.d", "a few").passed is False and grade("05.d", "Most").passed
+    assert "averages" not in grade("05.e", 0.0).detail and not grade("05.e", 0.0).passed
 
 
 def test_05_1_the_hook_must_be_removed_when_the_forward_pass_raises():

@@ -20,7 +20,11 @@ Notebook 05 builds each of these by hand first; this module is what it moves int
 * The sanity checks of notebook 05 (Adebayo et al., 2018): ``input_gradient(model, x, target)``,
   the plain gradient d score / d input; ``rank_correlation(a, b)``, Spearman's rank correlation of
   two batches of maps, one number per map (ties get their average rank); and
-  ``randomised_cascade(model, names)``, copies of ``model`` with its layers re-drawn from the top down.
+  ``randomised_cascade(model, names)``, copies of ``model`` with its layers re-drawn from the top down;
+  ``ranks(maps)``, each map's values replaced by their ranks from 0 to 1 (what Spearman's correlation compares).
+* Worked versions of notebook 05's exercises, which its cells use until your own answer passes:
+  ``dead_channels(model, layer, x)`` (05.1), ``DeadWatch(model, layers)`` (05.2) and
+  ``layer_cam(model, layer, x, classes)`` (05.5).
 
 Every handle is owned by the context manager that registered it (a ``hooklab.hooks.Hooks``) and
 removed in ``__exit__``, also when the body raises. ``target=None`` means "the predicted class" of each image; an int is
@@ -49,8 +53,8 @@ from .hooks import Hooks
 from .layers import get_layer
 from .recording import NoGradientError, record
 
-__all__ = ["GradCAM", "GuidedBackprop", "grad_cam", "guided_grad_cam", "input_gradient", "randomised_cascade",
-           "rank_correlation"]
+__all__ = ["DeadWatch", "GradCAM", "GuidedBackprop", "dead_channels", "grad_cam", "guided_grad_cam",
+           "input_gradient", "layer_cam", "randomised_cascade", "rank_correlation", "ranks"]
 
 
 def check_grad_mode(what: str) -> None:
@@ -295,3 +299,68 @@ def randomised_cascade(model: nn.Module, names: list[str], seed: int = 0) -> lis
             current.get_submodule(name).reset_parameters()
             copies.append(current)
     return copies
+
+
+def ranks(maps: torch.Tensor) -> torch.Tensor:
+    """Each map of a batch ``(N, ...)`` with its values replaced by their ranks scaled to 0 .. 1 (0 the
+    smallest value, 1 the largest; tied values share their average rank), in the maps' shape: the
+    numbers whose correlation ``rank_correlation`` computes, so one colour scale fits every map."""
+    r = _ranks(maps)
+    return (r / max(r.shape[1] - 1, 1)).float().reshape(maps.shape)
+
+
+# ----- worked versions of notebook 05's exercises ----------------------------------------------------
+def _dead_mask(output: torch.Tensor) -> torch.Tensor:
+    """Channels of an ``(N, C, ...)`` output that are zero for every image and every position."""
+    return (output == 0).flatten(2).all(dim=2).all(dim=0)
+
+
+def dead_channels(model: nn.Module, layer: str, x: torch.Tensor) -> list[int]:
+    """The sorted channels of ``layer`` dead on the batch ``x`` (zero for every image and every
+    position), read by a forward hook during one pass without gradients (exercise 05.1)."""
+    kept = []
+    handle = get_layer(model, layer).register_forward_hook(lambda module, args, output: kept.append(output))
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        handle.remove()
+    return _dead_mask(kept[0]).nonzero().flatten().tolist()
+
+
+class DeadWatch:
+    """``with DeadWatch(model, names) as watch:`` appends to ``watch.counts[name]`` the number of
+    channels of layer ``name`` dead on each batch that passes through it (exercise 05.2)."""
+
+    def __init__(self, model: nn.Module, layers: list[str]):
+        self.model, self.layers = model, list(layers)
+        self.counts: dict[str, list[int]] = {name: [] for name in self.layers}
+        self._hooks = Hooks()
+
+    def _counter(self, name: str):
+        def count(module, args, output):
+            self.counts[name].append(int(_dead_mask(output).sum()))
+
+        return count
+
+    def __enter__(self) -> DeadWatch:
+        for name in self.layers:
+            self._hooks.add(get_layer(self.model, name).register_forward_hook(self._counter(name)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._hooks.remove()
+
+
+def layer_cam(model: nn.Module, layer: str, x: torch.Tensor, classes) -> torch.Tensor:
+    """Layer-CAM (Jiang et al., 2021), ``relu(sum_k relu(G_k) * A_k)``: every activation weighted by
+    the positive part of its own gradient, ``(N, H, W)`` at the layer's resolution (exercise 05.5)."""
+    check_inputs(model, x, "Layer-CAM")
+    check_gradients(model, "Layer-CAM")
+    with record(model, layer, backward=True) as rec, torch.enable_grad():
+        x = x.detach().clone().requires_grad_(True)
+        scores = class_scores(model(x), len(x))
+        torch.autograd.grad(_score(scores, targets_for(scores, wanted_targets(classes, len(x)))), x)
+    last = rec.calls(layer)[-1]  # a layer called twice is explained at its last call, as in Grad-CAM
+    activation, gradient = last.output, last.grad_output[0]
+    return (gradient.clamp(min=0) * activation).sum(dim=1).clamp(min=0)

@@ -119,41 +119,48 @@ def _one_guided_relu() -> list:
     return passed.tolist()
 
 
-@prediction("05.d", "the share of the flatten head's Grad-CAM maps at features.6 that are all zero",
+SHARE_BANDS = ("none", "a few", "most", "all")
+
+
+def _band(share: float) -> str:
+    """A share of maps in words: none (0), a few (below half), most (half or more, not all), all (1)."""
+    return "none" if share == 0 else "all" if share == 1 else "a few" if share < 0.5 else "most"
+
+
+@prediction("05.d", "how many of the flatten head's Grad-CAM maps at features.6 are all zero",
             why="with Flatten + Linear, the gradient at each position is that position's own weight; Grad-CAM "
                 "averages it over the positions, and for this network the averaged map sums to a negative "
-                "number for every digit, so its ReLU leaves most maps all zero",
-            wrong=[(0.0, "the pooling head gives none; the flatten head's gradient changes from position to "
-                         "position, and Grad-CAM averages it away"),
-                   (1.0, "not all: for some digits a few cells stay above zero")])
-def _flatten_zero_share() -> float:
+                "number for most digits, so its ReLU leaves most maps all zero",
+            wrong=[("none", "the pooling head gives none, because its map sums to the score minus the bias; the "
+                            "flatten head's map sums to something else, and the ReLU clears every map whose "
+                            "cells are all below zero"),
+                   ("all", "not all: for some digits a few cells stay above zero")])
+def _flatten_zero_share() -> str:
     from ..saliency import grad_cam
 
     result = grad_cam(trained_digits_cnn("flatten"), _digits().x_test[:50], "features.6")
-    return round((result.maps.flatten(1).amax(dim=1) == 0).float().mean().item(), 2)
+    return _band((result.maps.flatten(1).amax(dim=1) == 0).float().mean().item())
 
 
 CORRELATION_CHOICES = (0.8, 0.0, -0.4)
 
 
-@prediction("05.e", "how much guided backprop's and the plain gradient's maps change for another class",
-            why="guided backprop keeps almost the same order of pixels for another class (about 0.8): its map "
-                "shows the strokes, whatever the class; the plain gradient's order reverses (about -0.4): "
-                "pixels that argue for one class argue against another",
-            wrong=[([0.0, 0.0], "neither becomes unrelated: one keeps its order, one reverses it"),
-                   ([0.8, 0.8], "the plain gradient changes with the class: a pixel that raises one score "
-                                "often lowers another"),
-                   ([-0.4, 0.8], "the other way round: guided backprop clamps away what depends on the class")])
-def _another_class() -> list:
-    from ..saliency import GuidedBackprop, input_gradient, rank_correlation
+@prediction("05.e", "how much guided backprop's map changes for another class",
+            why="below the first ReLU, guided backprop's gradient is never negative and is non-zero only where a "
+                "unit was active, the same units for every class: both maps add up the first layer's filters over "
+                "the same places, so the order of the pixels hardly changes (about 0.8)",
+            wrong=[(0.0, "the class changes only the weights of the last layer; at every ReLU below it, the "
+                         "negative part is clamped away and the same active units let the rest through"),
+                   (-0.4, "a reversed order needs gradients that change sign with the class, and guided backprop "
+                          "clamps every negative gradient to 0 at each ReLU")])
+def _another_class() -> float:
+    from ..saliency import GuidedBackprop, rank_correlation
 
     model, data = trained_digits_cnn(), _digits()
     x, labels = data.x_test[:50], data.y_test[:50]
-    other = (labels + 5) % 10
     with GuidedBackprop(model) as gb:
-        guided = rank_correlation(gb.saliency(x, labels), gb.saliency(x, other)).mean().item()
-    plain = rank_correlation(input_gradient(model, x, labels), input_gradient(model, x, other)).mean().item()
-    return [min(CORRELATION_CHOICES, key=lambda c: abs(c - r)) for r in (guided, plain)]
+        guided = rank_correlation(gb.saliency(x, labels), gb.saliency(x, (labels + 5) % 10)).mean().item()
+    return min(CORRELATION_CHOICES, key=lambda c: abs(c - guided))
 
 
 # ----- 05.1: dead channels, found with a forward hook ------------------------------------------------
@@ -205,13 +212,24 @@ _REPLACED = ("a forward hook's return value replaces the layer's output, and you
              "keep what you need in the hook and return nothing")
 
 
+def _from_record(hook) -> bool:
+    """Whether a forward hook is one that ``hooklab.record`` registered."""
+    from ..recording import Recording
+
+    return isinstance(getattr(getattr(hook, "func", None), "__self__", None), Recording)
+
+
 def _wrong_pass(calls: list) -> Outcome | None:
-    """What is wrong with how the model ran, from ``(grad enabled, whole batch, hooked)`` per call (gradients
-    enabled is not wrong, only wasteful: the checker's pass message says so)."""
+    """What is wrong with how the model ran, from ``(grad enabled, whole batch, hooked, hooklab.record used)``
+    per call (gradients enabled is not wrong, only wasteful: the checker's pass message says so)."""
+    if any(call[3] for call in calls):
+        return Outcome(False, "you used hooklab.record: this exercise asks for your own forward hook; register "
+                              "one with hooklab.get_layer(model, layer).register_forward_hook(...) and remove "
+                              "it in a finally block")
     if len(calls) != 1:
         return Outcome(False, f"the model ran {len(calls)} times: register a forward hook on the layer and call "
                               "model(x) once")
-    _, whole_batch, hooked = calls[0]
+    _, whole_batch, hooked, _ = calls[0]
     if not whole_batch:
         return Outcome(False, "run the model once on the whole batch x")
     if not hooked:
@@ -233,7 +251,8 @@ def _dead_channels(dead_channels) -> Outcome:
         given = args[0] if args else None
         whole = isinstance(given, torch.Tensor) and given.shape == x.shape and torch.equal(given, x)
         others = set(module_hooks(layer, "_forward_hooks")) - {layer_handle.id}
-        calls.append((torch.is_grad_enabled(), whole, bool(others)))
+        recorded = any(_from_record(hook) for hook in module_hooks(layer, "_forward_hooks").values())
+        calls.append((torch.is_grad_enabled(), whole, bool(others), recorded))
 
     def layer_output(module, args, output):
         seen["output"] = output
