@@ -39,9 +39,9 @@ def answer_with(attach, names=None, cleanup_in_finally=True):
 # ----- predictions ------------------------------------------------------------------------------
 PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that gets its own hint
     "03.a": (["s2", "fc2", "s1", "fc1"], ["fc1", "s1", "fc2", "s2"], "order of the forward pass"),
-    "03.b": ([0, 0, 0], None, "not tensors"),
+    "03.b": ([[2, 2, 2], None, [1, 1, 1]], [[2, 2, 2], 3, [1, 1, 1]], "not a tensor"),
     "03.c": ([0.5, 1], [0.5, 10], "reaches only the earlier layers"),
-    "03.d": ("forward", "backward", "when it happens"),
+    "03.d": (["bn1", "relu", "bn2"], ["bn1", "bn2"], "inputs are views as well"),
     "03.e": (0.25, 0.5, "σ(0)"),
 }
 
@@ -55,10 +55,26 @@ def test_prediction_truth_right_guess_and_hint_for_a_wrong_one(id):
     assert not outcome.passed and hint in outcome.detail, outcome.detail
 
 
-def test_prediction_03_b_tells_the_true_gradient_from_the_slot():
-    outcome = grade("03.b", [1, 1, 1])
-    assert not outcome.passed and "true dL/db" in outcome.detail and "zeros" in outcome.detail
-    assert "zeros" in grade("03.b", [0.0, 0.0, 0.0]).detail  # why is shown to a right guess too
+def test_prediction_03_b_takes_none_or_the_string_none_and_explains_the_slip():
+    assert grade("03.b", [[2, 2, 2], "None", [1, 1, 1]]).passed
+    assert "w · scale" in grade("03.b", [[1, 1, 1], None, [1, 1, 1]]).detail
+    assert "one entry per positional argument" in grade("03.b", [[2, 2, 2], [1, 1, 1]]).detail
+    assert "added once" in grade("03.b", [[2, 2, 2], None, [2, 2, 2]]).detail
+    for scale_slot in (0, [0, 0, 0], [3, 3, 3]):
+        assert "its entry is None" in grade("03.b", [[2, 2, 2], scale_slot, [1, 1, 1]]).detail
+
+
+def test_prediction_03_d_names_what_each_partial_list_missed():
+    assert "bn1's output goes straight into the in-place ReLU" in grade("03.d", ["bn2"]).detail
+    assert "out += identity" in grade("03.d", ["bn1"]).detail
+    assert "forward pass" in grade("03.d", []).detail
+    assert "conv2's output goes into bn2" in grade("03.d", ["bn1", "relu", "conv2", "bn2"]).detail
+    assert grade("03.d", ("BN1", " relu", "bn2")).passed  # names compared the way a person writes them
+
+
+def test_prediction_03_e_tells_a_number_written_as_a_string():
+    outcome = grade("03.e", "0.25")
+    assert not outcome.passed and "write a number, not a string" in outcome.detail, outcome.detail
 
 
 # ----- 03.1 ------------------------------------------------------------------------------------
@@ -147,87 +163,65 @@ def test_03_1_rejects_the_legacy_backward_hook():
     assert not outcome.passed and "deprecated" in outcome.detail
 
 
+
+
+def test_03_1_rejects_tensors_where_floats_are_asked():
+    def tensors(model, x):
+        return {name: torch.tensor(gain) for name, gain in gains_right(model, x).items()}
+
+    failed("03.1", tensors, "is a tensor", ".item()")
+
+
 # ----- 03.2 ------------------------------------------------------------------------------------
-def per_sample(factor):
-    """A backward pre-hook answer that multiplies sample n of grad_output[0] by factor(norms, max_norm)[n]."""
+def pre_hook_answer(new_grad):
+    """A cap_grad_output answer: a backward pre-hook returning (new_grad(g, max_norm),)."""
 
-    def answer(module, max_norm):
-        def hook(m, grad_output):
-            g = grad_output[0]
-            norms = g.flatten(1).norm(dim=1)
-            return (g * factor(norms, max_norm).view(-1, *[1] * (g.dim() - 1)),)
+    def cap_grad_output(module, max_norm):
+        return module.register_full_backward_pre_hook(lambda m, go: (new_grad(go[0], max_norm),))
 
-        return module.register_full_backward_pre_hook(hook)
-
-    return answer
+    return cap_grad_output
 
 
-clip_right = per_sample(lambda norms, limit: (limit / norms).clamp(max=1))
+cap_right = pre_hook_answer(lambda g, limit: g * (limit / g.norm()).clamp(max=1))
 
 
-def test_03_2_accepts_per_sample_clipping():
-    outcome = grade("03.2", clip_right)
+def test_03_2_accepts_one_factor_for_the_whole_gradient():
+    outcome = grade("03.2", cap_right)
     assert outcome.passed, outcome.detail
 
 
-def test_03_2_rejects_a_full_backward_hook():  # it returns grad_input: the weight gradient is not clipped
-    def clip_after(module, limit):
-        def hook(m, grad_input, grad_output):
-            g = grad_input[0]
-            return (g * (limit / g.flatten(1).norm(dim=1)).clamp(max=1).view(-1, *[1] * (g.dim() - 1)),)
+def test_03_2_rejects_a_full_backward_hook():  # it returns grad_input: the weight gradient is not capped
+    def cap_after(module, limit):
+        return module.register_full_backward_hook(
+            lambda m, gi, go: (gi[0] * (limit / gi[0].norm()).clamp(max=1),))
 
-        return module.register_full_backward_hook(hook)
-
-    outcome = grade("03.2", clip_after)
-    assert not outcome.passed and "weight.grad" in outcome.detail and "unclipped" in outcome.detail, outcome.detail
+    failed("03.2", cap_after, "weight.grad", "without the cap", "too late")
 
 
 def test_03_2_explains_the_legacy_backward_hook():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # the deprecation warning of the student's own call
         outcome = grade("03.2", lambda module, limit: module.register_backward_hook(lambda m, gi, go: None))
-    assert not outcome.passed and "deprecated" in outcome.detail and "ran after" not in outcome.detail, outcome.detail
+    assert not outcome.passed and "deprecated" in outcome.detail and "pre_hook" in outcome.detail, outcome.detail
 
 
-def test_03_2_rejects_clamping_each_element():
-    answer = lambda module, limit: module.register_full_backward_pre_hook(  # noqa: E731
-        lambda m, go: tuple(g.clamp(-limit, limit) for g in go)
-    )
-    outcome = grade("03.2", answer)
-    assert not outcome.passed and "each element" in outcome.detail, outcome.detail
+def test_03_2_rejects_clamping_each_element_and_a_factor_per_sample_or_row():
+    failed("03.2", pre_hook_answer(lambda g, limit: g.clamp(-limit, limit)), "each element was clamped")
+    failed("03.2", pre_hook_answer(lambda g, limit: g * (limit / g.flatten(1).norm(dim=1)).clamp(max=1).view(
+        -1, *[1] * (g.dim() - 1))), "each sample got its own factor")
+    failed("03.2", pre_hook_answer(lambda g, limit: g * (limit / g.norm(dim=-1, keepdim=True)).clamp(max=1)),
+           "own factor")
+    failed("03.2", pre_hook_answer(lambda g, limit: g * (limit / g.norm(dim=-1, keepdim=True)).clamp(max=1)
+                                   if g.dim() == 3 else g * (limit / g.norm()).clamp(max=1)),
+           "2 sequences of 3 tokens", "each row got its own factor")
 
 
-def test_03_2_rejects_one_factor_for_the_batch():
-    answer = lambda module, limit: module.register_full_backward_pre_hook(  # noqa: E731
-        lambda m, go: (go[0] * min(1.0, limit / go[0].norm().item()),)
-    )
-    outcome = grade("03.2", answer)
-    assert not outcome.passed and "one factor" in outcome.detail, outcome.detail
+def test_03_2_rejects_scaling_a_gradient_within_the_limit():
+    failed("03.2", pre_hook_answer(lambda g, limit: g * (limit / g.norm())), "within the limit", "unchanged")
 
 
-def test_03_2_rejects_scaling_samples_within_the_limit():
-    outcome = grade("03.2", per_sample(lambda norms, limit: limit / norms))
-    assert not outcome.passed and "unchanged" in outcome.detail, outcome.detail
-
-
-def test_03_2_rejects_clipping_each_row_of_a_sequence():
-    def per_row(module, limit):
-        return module.register_full_backward_pre_hook(
-            lambda m, go: (go[0] * (limit / go[0].norm(dim=-1, keepdim=True)).clamp(max=1),)
-        )
-
-    outcome = grade("03.2", per_row)
-    assert not outcome.passed and "(2, 3, 3)" in outcome.detail and "all of its elements" in outcome.detail, (
-        outcome.detail
-    )
-
-
-def test_03_2_rejects_no_clipping():
-    outcome = grade("03.2", lambda module, limit: module.register_full_backward_pre_hook(lambda m, go: None))
-    assert not outcome.passed
-
-
-def test_03_2_says_when_no_handle_was_returned():
+def test_03_2_rejects_no_cap_and_says_when_no_handle_was_returned():
+    failed("03.2", lambda module, limit: module.register_full_backward_pre_hook(lambda m, go: None), "without the cap")
     for returned in (True, None):
         failed("03.2", lambda module, limit, r=returned: module.register_full_backward_pre_hook(lambda m, go: None)
                and r, "must return the handle")
@@ -236,8 +230,7 @@ def test_03_2_says_when_no_handle_was_returned():
 def test_03_2_rejects_an_in_place_change_and_explains_a_reassigned_name():
     def in_place(module, limit):  # right numbers, but the docs say a hook should not modify its arguments
         def hook(m, grad_output):
-            g = grad_output[0]
-            g.mul_((limit / g.flatten(1).norm(dim=1)).clamp(max=1).view(-1, *[1] * (g.dim() - 1)))
+            grad_output[0].mul_((limit / grad_output[0].norm()).clamp(max=1))
 
         return module.register_full_backward_pre_hook(hook)
 
@@ -249,27 +242,12 @@ def test_03_2_rejects_an_in_place_change_and_explains_a_reassigned_name():
 
         return module.register_full_backward_pre_hook(hook)
 
-    outcome = grade("03.2", reassigns)
-    assert not outcome.passed and "return the new tuple" in outcome.detail, outcome.detail
-
-
-def norm_over(dim):
-    return lambda module, limit: module.register_full_backward_pre_hook(
-        lambda m, go: (go[0] * (limit / go[0].norm(dim=dim, keepdim=True)).clamp(max=1),)
-    )
-
-
-def test_03_2_names_a_norm_over_the_wrong_axis():
-    batch = grade("03.2", norm_over(0))
-    assert not batch.passed and "dim=0" in batch.detail and "(5, 3)" in batch.detail, batch.detail
-    tokens = grade("03.2", norm_over(1))  # right for 2-D gradients, wrong for (batch, tokens, features)
-    assert not tokens.passed and "tokens axis" in tokens.detail and "(2, 3, 3)" in tokens.detail, tokens.detail
+    failed("03.2", reassigns, "return the new tuple")
 
 
 def test_03_2_explains_a_bare_tensor_returned():
     outcome = grade("03.2", lambda module, limit: module.register_full_backward_pre_hook(
-        lambda m, go: go[0] * (limit / go[0].flatten(1).norm(dim=1)).clamp(max=1).view(-1, *[1] * (go[0].dim() - 1))
-    ))
+        lambda m, go: go[0] * (limit / go[0].norm()).clamp(max=1)))
     assert not outcome.passed and "(new_grad,)" in outcome.detail and "raised" not in outcome.detail, outcome.detail
 
 
@@ -277,9 +255,9 @@ def test_legacy_hook_advice_fits_each_exercise():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         gains = grade("03.1", answer_with(gain_hook("register_backward_hook")))
-        clip = grade("03.2", lambda module, limit: module.register_backward_hook(lambda m, gi, go: None))
+        cap = grade("03.2", lambda module, limit: module.register_backward_hook(lambda m, gi, go: None))
     assert "use register_full_backward_hook" in gains.detail, gains.detail
-    assert "register_full_backward_pre_hook" in clip.detail and "use register_full_backward_hook" not in clip.detail
+    assert "register_full_backward_pre_hook" in cap.detail and "use register_full_backward_hook" not in cap.detail
     assert "section 1" not in gains.detail and "guide" in gains.detail, gains.detail
 
 
@@ -336,8 +314,10 @@ def test_03_3_explains_full_backward_hooks_and_a_forward_hook_that_returns_the_h
 
 
 def test_03_3_names_a_gradient_caught_after_the_in_place_change():
-    failed("03.3", output_grads_with("hook after forward"), "conv1", "after that change", "forward hook")
-    failed("03.3", output_grads_with("retain_grad"), "after that change")
+    failed("03.3", output_grads_with("hook after forward"), "conv1", "registered after the change", "forward hook")
+    # retain_grad called in the forward hook, before the in-place change: its .grad follows the tensor anyway
+    failed("03.3", output_grads_with("retain_grad"), "retain_grad, whose .grad follows the tensor to its latest "
+           "version", "wherever you called it")
 
 
 def test_03_3_rejects_the_legacy_hook_hooks_left_behind_and_wrong_keys():
@@ -367,91 +347,125 @@ def test_03_3_names_the_model_and_layer_of_a_wrong_gradient():
     failed("03.3", right_on_the_conv_net_only, "on resnet18's block", "bn1")
 
 
+
 # ----- 03.4 ------------------------------------------------------------------------------------
-def tracker(kind="tensor hook", returns_handle=False, as_list=False, skip_no_grad=True):
-    """An answer to 03.5: a forward hook per module registers a tensor hook on the output when it requires
-    grad (variations: a full backward hook, the output's own std, a lambda returning the tensor hook's handle,
-    a hook registered under no_grad too)."""
-    def track_grad_std(model, names):
-        stds, handles = {name: [] for name in names}, []
-        for name in names:
-            module = model.get_submodule(name)
-            if kind == "full backward hook":
-                hook = lambda m, gi, go, name=name: stds[name].append(go[0].std().item())  # noqa: E731
-                handles.append(module.register_full_backward_hook(hook))
-                continue
+def tracker_class(kind="tensor hook", returns_handle=False, skip_no_grad=True, late_binding=False, as_tensors=False,
+                  ratio="right", returns_self=True, keeps_handles=True):  # fmt: skip
+    """An answer to 03.4: ``GradTracker`` as the lesson's stub gives it, with ``__enter__`` filled in (variations:
+    a full backward hook, the output's own std, a lambda returning the tensor hook's handle, no requires_grad
+    check, the loop variable looked up late, tensors kept, a wrong ratio, no ``return self``, handles not kept)."""
+    ratios = {
+        "right": lambda lr, w: ((lr * w.grad).std() / w.std()).log10(),
+        "no log10": lambda lr, w: (lr * w.grad).std() / w.std(),
+        "no lr": lambda lr, w: (w.grad.std() / w.std()).log10(),
+    }
 
-            def forward_hook(m, args, output, name=name):
-                if skip_no_grad and not output.requires_grad:
-                    return None
-                if kind == "output std":
-                    stds[name].append(output.std().item())
-                    return None
-                handle = output.register_hook(lambda g: stds[name].append(g.std().item()))
-                return handle if returns_handle else None
+    class GradTracker:
+        def __init__(self, model, names, lr=0.05):
+            self.model, self.names, self.lr, self.hooks = model, names, lr, hooklab.Hooks()
+            self.grad_stds = {name: [] for name in names}
+            self.ratios = {name: [] for name in names}
 
-            handles.append(module.register_forward_hook(forward_hook))
-        if as_list:
-            return stds, handles
-        hooks = hooklab.Hooks()
-        for handle in handles:
-            hooks.add(handle)
-        return stds, hooks
+        def __enter__(self):
+            for name in self.names:
+                module = self.model.get_submodule(name)
 
-    return track_grad_std
+                def number(t):
+                    return t if as_tensors else t.item()
+
+                def keep_ratio(weight, name=name):
+                    self.ratios[self.names[-1] if late_binding else name].append(number(ratios[ratio](self.lr, weight)))
+
+                if kind == "full backward hook":
+                    handle = module.register_full_backward_hook(
+                        lambda m, gi, go, name=name: self.grad_stds[name].append(number(go[0].std())))
+                else:
+                    def forward_hook(m, args, output, name=name):
+                        key = self.names[-1] if late_binding else name
+                        if skip_no_grad and not output.requires_grad:
+                            return None
+                        if kind == "output std":
+                            self.grad_stds[key].append(number(output.std()))
+                            return None
+                        handle = output.register_hook(lambda g: self.grad_stds[key].append(number(g.std())))
+                        return handle if returns_handle else None
+
+                    handle = module.register_forward_hook(forward_hook)
+                second = module.weight.register_post_accumulate_grad_hook(keep_ratio)
+                if keeps_handles:
+                    self.hooks.add(handle)
+                    self.hooks.add(second)
+            return self if returns_self else None
+
+        def __exit__(self, *exc):
+            self.hooks.remove()
+
+    return GradTracker
 
 
-def test_03_4_accepts_a_forward_hook_with_a_tensor_hook_and_a_list_of_handles():
-    for answer in (tracker(), tracker(as_list=True)):
-        result = grade("03.4", answer)
-        assert result.passed, result.detail
+def test_03_4_accepts_the_worked_answer():
+    outcome = grade("03.4", tracker_class())
+    assert outcome.passed, outcome.detail
+
+
+def test_03_4_names_the_late_bound_loop_variable():
+    failed("03.4", tracker_class(late_binding=True), "every hook wrote under the last name, '4'", "name=name")
+
+
+def test_03_4_rejects_tensors_where_floats_are_asked():
+    failed("03.4", tracker_class(as_tensors=True), "grad_stds['0'] holds tensors", ".item()")
 
 
 def test_03_4_rejects_full_backward_hooks_returned_handles_and_output_stds():
-    failed("03.4", tracker(kind="full backward hook"), "in-place", "tensor hook")
-    failed("03.4", tracker(returns_handle=True), "returned the tensor hook's handle")
-    failed("03.4", tracker(kind="output std"), "expected", "gradient")
+    failed("03.4", tracker_class(kind="full backward hook"), "in-place", "tensor hook")
+    failed("03.4", tracker_class(returns_handle=True), "returned the tensor hook's handle")
+    failed("03.4", tracker_class(kind="output std"), "grad_stds['0']", "the std of dL/d(output)")
 
 
 def test_03_4_explains_a_tensor_hook_on_an_evaluation_output():
-    failed("03.4", tracker(skip_no_grad=False), "torch.no_grad()", "output.requires_grad")
+    failed("03.4", tracker_class(skip_no_grad=False), "torch.no_grad()", "output.requires_grad")
 
 
-def test_03_4_rejects_a_tracker_that_keeps_going_after_removal():
-    def never_stops(model, names):
-        stds, _ = tracker()(model, names)
-        return stds, []  # nothing to remove: the hooks stay and keep adding values
+def test_03_4_names_a_ratio_without_log10_or_lr():
+    failed("03.4", tracker_class(ratio="no log10"), "ratios['0']", "take log10")
+    failed("03.4", tracker_class(ratio="no lr"), "ratios['0']", "lr · weight.grad")
 
-    failed("03.4", never_stops, "removing the returned hooks left a hook")
+
+def test_03_4_rejects_a_missing_return_self_and_hooks_kept_nowhere():
+    failed("03.4", tracker_class(returns_self=False), "__enter__ must return self", "None")
+    failed("03.4", tracker_class(keeps_handles=False), "after the with block", "still registered", "self.hooks.add")
 
 
 # ----- 03.5 ------------------------------------------------------------------------------------
-def vanishing_with(pick="first in backward order", kind="tensor hook", in_finally=True, fixed_limit=None):
-    """An answer to 03.5: a tensor hook (registered in a forward hook) on every Linear's output appends
-    (name, std) in the order backward reaches them; ``pick`` chooses from them (variations: a full backward
-    hook, a limit of its own, the hooks removed only when nothing raised)."""
+def vanishing_with(pick="first in backward order", kind="tensor hook", in_finally=True, fixed_ratio=None,
+                   compare="ratio"):  # fmt: skip
+    """An answer to 03.5: a tensor hook (registered in a forward hook) on every Linear's output appends (name, std)
+    in the order backward reaches them; ``pick`` chooses from them (variations: a full backward hook, the weights'
+    gradients, a ratio of its own, the ratio used as an absolute limit, the hooks removed only when nothing
+    raised)."""
 
-    def vanishing_point(model, x, y, limit=1e-5):
-        limit = fixed_limit or limit
+    def vanishing_point(model, x, y, ratio=1e-3):
+        ratio = fixed_ratio or ratio
         seen, handles = [], []
+        linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
 
         def run():
-            for name, module in model.named_modules():
-                if not isinstance(module, nn.Linear):
-                    continue
+            for name, module in linears:
                 if kind == "full backward hook":
                     handles.append(module.register_full_backward_hook(
                         lambda m, gi, go, name=name: seen.append((name, go[0].std().item()))))
-                    continue
+                elif kind == "tensor hook":
+                    def forward_hook(m, args, output, name=name):
+                        output.register_hook(lambda g: seen.append((name, g.std().item())))
 
-                def forward_hook(m, args, output, name=name):
-                    output.register_hook(lambda g: seen.append((name, g.std().item())))
-
-                handles.append(module.register_forward_hook(forward_hook))
+                    handles.append(module.register_forward_hook(forward_hook))
             F.cross_entropy(model(x), y).backward()
+            if kind == "weight.grad":
+                seen.extend((name, m.weight.grad.std().item()) for name, m in reversed(linears))
 
         run_then_remove(run, handles, in_finally=in_finally)
         stds = dict(seen)
+        limit = ratio if compare == "absolute" else ratio * stds[linears[-1][0]]
         backward_order = [name for name, _ in seen]
         order = {"first in backward order": backward_order, "first in forward order": backward_order[::-1],
                  "sorted as strings": sorted(stds, reverse=True)}.get(pick)  # fmt: skip
@@ -463,7 +477,7 @@ def vanishing_with(pick="first in backward order", kind="tensor hook", in_finall
     return vanishing_point
 
 
-def test_03_5_accepts_the_first_layer_below_the_limit_in_backward_order():
+def test_03_5_accepts_the_first_layer_below_the_ratio_in_backward_order():
     outcome = grade("03.5", vanishing_with())
     assert outcome.passed, outcome.detail
 
@@ -472,17 +486,28 @@ def test_03_5_names_each_wrong_order():
     failed("03.5", vanishing_with("first in forward order"), "deep sigmoid network", "expected '10', got '0'",
            "counted from the input")
     failed("03.5", vanishing_with("sorted as strings"), "expected '10', got '8'", "sorted as strings")
-    failed("03.5", vanishing_with("smallest"), "counted from the input and it has the smallest gradient std")
+    failed("03.5", vanishing_with("smallest"), "'0' has the smallest gradient std")
 
-    def smallest_unless_right_elsewhere(model, x, y, limit=1e-5):  # wrong only where the smallest is not the first
-        return vanishing_with("first in backward order" if len(model) == 19 else "smallest")(model, x, y, limit)
+    def smallest_unless_right_elsewhere(model, x, y, ratio=1e-3):  # wrong only where the smallest is not the first
+        return vanishing_with("first in backward order" if len(model) == 19 else "smallest")(model, x, y, ratio)
 
     failed("03.5", smallest_unless_right_elsewhere, "layers '6' and '4' large", "expected '10', got '6'",
-           "it has the smallest gradient std;")
+           "'6' has the smallest gradient std")
 
 
-def test_03_5_rejects_a_limit_of_its_own_full_backward_hooks_and_hooks_left_behind():
-    failed("03.5", vanishing_with(fixed_limit=1e-5), "limit=1e-3", "use the limit you are given")
+def test_03_5_names_the_weights_gradients_as_the_wrong_quantity():
+    outcome = failed("03.5", vanishing_with(kind="weight.grad"), "first layer's output is tiny", "return None, not '2'",
+                     "weights' gradients (weight.grad)", "the layer's input is small")
+    assert "counted from the input" not in outcome.detail and "hooks fire" not in outcome.detail, outcome.detail
+
+
+def test_03_5_names_a_ratio_used_as_an_absolute_limit():
+    failed("03.5", vanishing_with(compare="absolute"), "deep sigmoid network", "expected '10', got '14'",
+           "below 0.001 itself", "ratio × the std at the last Linear's output ('18')", "batch size")
+
+
+def test_03_5_rejects_a_ratio_of_its_own_full_backward_hooks_and_hooks_left_behind():
+    failed("03.5", vanishing_with(fixed_ratio=1e-3), "ratio=0.1", "use the ratio you are given")
     with warnings.catch_warnings():  # layer '0' of the sigmoid network: no input requires grad
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
         failed("03.5", vanishing_with(kind="full backward hook"), "in-place ReLUs", "tensor hook on the output")
@@ -490,10 +515,10 @@ def test_03_5_rejects_a_limit_of_its_own_full_backward_hooks_and_hooks_left_behi
 
 
 def test_03_5_says_what_to_return():
-    failed("03.5", lambda model, x, y, limit=1e-5: None, "'10'", "you returned None")
-    failed("03.5", lambda model, x, y, limit=1e-5: 10, "a str", "not int")
+    failed("03.5", lambda model, x, y, ratio=1e-3: None, "'10'", "you returned None")
+    failed("03.5", lambda model, x, y, ratio=1e-3: 10, "a str", "not int")
 
-    def always_a_name(model, x, y, limit=1e-5):
-        return vanishing_with()(model, x, y, limit) or "0"
+    def always_a_name(model, x, y, ratio=1e-3):
+        return vanishing_with()(model, x, y, ratio) or "0"
 
     failed("03.5", always_a_name, "He-initialised", "return None")

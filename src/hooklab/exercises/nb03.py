@@ -1,7 +1,9 @@
 """Exercises and predictions of notebook 03: module backward hooks.
 
 Predictions 03.a-03.e compute their truth with torch; exercises 03.1-03.5 are the hooks the lesson's
-sections are about. The guide's exercises on the same hooks are in ``g3.py``.
+sections are about: the gain of each layer (full backward hooks), a cap on the gradient entering a layer
+(a backward pre-hook), the gradient at an output changed in place (a tensor hook from a forward hook), a
+gradient tracker class, and the vanishing point. The guide's exercises on the same hooks are in ``g3.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..audit import clear_hooks
+from ..audit import clear_hooks, leftover_hooks
 from ..models import TinyConvNet, TinySigmoidNet
 from . import (
     Outcome,
@@ -103,28 +105,33 @@ class _ScaleAdd(nn.Module):
         return a * self.w * scale + b
 
 
+_SCALE_SLOT = ("scale is a number, not a tensor: autograd computes no gradient for it, and its entry is None "
+               "(documented)")  # fmt: skip
+
+
 @prediction(
-    "03.b", "grad_input's entry for a tensor input that needs no grad",
-    why="b needs no grad, so autograd never computes dL/db (which would be [1, 1, 1]): the hook's wrapper marks b "
-        "as not differentiable and its slot holds zeros. None is only for arguments that are not tensors, like "
-        "scale (and for every entry when no input requires grad).",
+    "03.b", "the grad_input of ScaleAdd when a and b require grad",
+    why="one entry per positional argument: dL/da = w · scale = [2, 2, 2], None for the number scale, and "
+        "dL/db = [1, 1, 1], since b is added once.",
     wrong=[
-        (None, "None is for arguments that are not tensors, like scale, and for every entry when no input requires "
-               "grad; b is a tensor and a requires grad: b's slot holds zeros"),
-        ([1.0, 1.0, 1.0], "that is the true dL/db, but b needs no grad, so nothing computes it: its slot holds "
-                          "zeros"),
-        ([2.0, 2.0, 2.0], "that is a's entry, dL/da = w · scale; b needs no grad: its slot holds zeros"),
+        ([[1.0] * 3, None, [1.0] * 3], "dL/da is w · scale: a is multiplied by w (ones) and by scale (2)"),
+        ([[2.0] * 3, 3.0, [1.0] * 3], _SCALE_SLOT),
+        ([[2.0] * 3, [3.0] * 3, [1.0] * 3], _SCALE_SLOT),
+        ([[2.0] * 3, 0.0, [1.0] * 3], _SCALE_SLOT),
+        ([[2.0] * 3, [0.0] * 3, [1.0] * 3], _SCALE_SLOT),
+        ([[2.0] * 3, [1.0] * 3], "grad_input has one entry per positional argument of forward, the number scale "
+                                 "included: its entry is None"),
+        ([[2.0] * 3, None, [2.0] * 3], "b is added once, not multiplied by scale: dL/db = [1, 1, 1]"),
     ],
 )  # fmt: skip
-def _slot_of_b() -> list[float] | None:
+def _scale_add_grad_input() -> list:
     module, seen = _ScaleAdd(), {}
     handle = module.register_full_backward_hook(lambda m, gi, go: seen.update(gi=gi))
     try:
-        module(torch.ones(3, requires_grad=True), 2.0, torch.ones(3)).sum().backward()
+        module(torch.ones(3, requires_grad=True), 2.0, torch.ones(3, requires_grad=True)).sum().backward()
     finally:
         handle.remove()
-    b_slot = seen["gi"][2]
-    return None if b_slot is None else b_slot.tolist()
+    return [None if g is None else g.tolist() for g in seen["gi"]]
 
 
 @prediction(
@@ -161,32 +168,36 @@ def _weight_factors() -> list[float]:
     return [(halved / plain).mean().item(), (times_ten / plain).mean().item()]
 
 
+_RELU_TOO = ("relu fails too: a hooked module's inputs are views as well, and an in-place ReLU writes into its "
+             "input")  # fmt: skip
+
+
 @prediction(
-    "03.d", "when a full backward hook on resnet18's layer1.0.bn2 goes wrong",
-    why="the forward pass fails: with the hook, bn2 hands out a view of its output, and `out += identity` changes "
-        "that view in place, which autograd refuses as it happens.",
+    "03.d", "which children of resnet18's layer1.0 fail with a full backward hook",
+    why="bn1's output goes into the in-place ReLU, the hooked relu writes into its own input, and bn2's output gets "
+        "`out += identity`: each changes a view the hook made, in place. conv1's and conv2's outputs only go into "
+        "a batch norm, which makes a new tensor.",
     wrong=[
-        ("backward", "autograd checks an in-place change of a view when it happens, in the forward pass: the "
-                     "error comes before any backward"),
-        ("never", "the hook makes bn2's output a view that autograd protects, and `out += identity` changes it in "
-                  "place: the forward pass raises"),
+        (["bn1", "bn2"], _RELU_TOO),
+        (["bn2"], "bn1's output goes straight into the in-place ReLU, which writes into it; and " + _RELU_TOO),
+        (["bn1"], "bn2's output gets `out += identity`, an in-place addition; and " + _RELU_TOO),
+        ([], "the views are changed in place during the forward pass, and autograd refuses that as it happens"),
+        (["bn1", "relu", "conv2", "bn2"], "conv2's output goes into bn2, which makes a new tensor: nothing changes "
+                                          "conv2's output in place"),
     ],
 )  # fmt: skip
-def _when_it_fails() -> str:
+def _children_that_fail() -> list[str]:
     import torchvision
 
     torch.manual_seed(0)
-    block = torchvision.models.resnet18(weights=None).layer1[0]
-    with block.bn2.register_full_backward_hook(lambda m, gi, go: None):
-        try:
-            out = block(torch.randn(1, 64, 8, 8))
-        except RuntimeError:
-            return "forward"
-        try:
-            out.sum().backward()
-        except RuntimeError:
-            return "backward"
-    return "never"
+    block, failing = torchvision.models.resnet18(weights=None).layer1[0], []
+    for name, child in block.named_children():
+        with child.register_full_backward_hook(lambda m, gi, go: None):
+            try:
+                block(torch.randn(1, 64, 8, 8))
+            except RuntimeError:
+                failing.append(name)
+    return failing
 
 
 @prediction(
@@ -253,10 +264,14 @@ def _gains(gradient_gains) -> Outcome:
                               "(use x as it is given)")
     if sorted(got) != sorted(expected):
         return Outcome(False, f"expected the layers {sorted(expected)}, got {sorted(got)}")
+    tensors = [name for name, v in got.items() if isinstance(v, torch.Tensor)]
+    if tensors:
+        return Outcome(False, f"layer {tensors[0]!r}: the gain is a tensor; make each gain a float with .item(), "
+                              "as the exercise asks: a plain number, which keeps no tensor's memory alive")
     try:
-        values = {name: float(v.detach() if isinstance(v, torch.Tensor) else v) for name, v in got.items()}
-    except (TypeError, ValueError, RuntimeError):
-        return Outcome(False, "every gain should be one number (a float or a one-element tensor)")
+        values = {name: float(v) for name, v in got.items()}
+    except (TypeError, ValueError):
+        return Outcome(False, "every gain should be one number, a float")
     if all(math.isclose(values[n] * expected[n], 1, rel_tol=1e-4) for n in expected):
         return Outcome(False, "every gain is upside down: grad_input is the gradient the module sends on to "
                               "earlier layers, so divide |grad_input[0]| by |grad_output[0]|")
@@ -274,47 +289,43 @@ def _gains(gradient_gains) -> Outcome:
                          f"multiplies the gradient by {expected[loudest]:.1f}")
 
 
-# ----- 03.2: clip each sample's gradient -------------------------------------------------------------
+
+# ----- 03.2: cap the gradient entering a layer ---------------------------------------------------------
+def _cap_cases() -> list[tuple[str, float, torch.Tensor, torch.Tensor]]:
+    """(what, max_norm, input, grad_output arriving at the layer): a batch of vectors whose gradient is over the
+    limit as a whole, though two of its samples are within it; one whose gradient is within the limit; and a batch
+    of 3-token sequences over the limit."""
+    g = torch.Generator().manual_seed(4)
+    over = torch.tensor([[5.0, -0.1], [-3.0, 0.2], [0.3, -0.4], [0.4, 9.0], [0.6, 0.0]])  # norm 11.2
+    within = torch.tensor([[0.2, -0.1], [0.1, 0.3], [-0.2, 0.0]])  # norm 0.44
+    tokens = torch.randn(2, 3, 2, generator=g) * 4
+    return [("a batch of 5 vectors over the limit", 1.0, torch.randn(5, 3, generator=g), over),
+            ("a batch within the limit", 1.0, torch.randn(3, 3, generator=g), within),
+            ("a batch of 2 sequences of 3 tokens, over the limit", 0.5, torch.randn(2, 3, 3, generator=g), tokens)]
+
+
+def _capped(g: torch.Tensor, max_norm: float) -> torch.Tensor:
+    return g * min(1.0, max_norm / g.norm().item())
+
+
 def _per_sample(g: torch.Tensor, factor) -> torch.Tensor:
     """``g`` with sample ``n`` (``g[n]``, all its elements) multiplied by ``factor(norms)[n]``."""
     norms = g.flatten(1).norm(dim=1)
     return g * factor(norms).view(-1, *[1] * (g.dim() - 1))
 
 
-def _clip_cases() -> list[tuple[float, torch.Tensor, torch.Tensor]]:
-    """(max_norm, input, grad_output arriving at the layer): a batch of vectors, in which two
-    samples are within the limit, and a batch of 3-token sequences, whose first sample has every
-    row within the limit but not as a whole."""
-    g = torch.Generator().manual_seed(4)
-    vectors = torch.tensor([[5.0, -0.1], [-3.0, 0.2], [0.3, -0.4], [0.4, 9.0], [0.6, 0.0]])
-    rows = torch.randn(2, 3, 2, generator=g)
-    tokens = torch.stack([rows[0] / rows[0].norm(dim=-1, keepdim=True) * 0.4,  # rows 0.4, sample 0.69
-                          rows[1] / rows[1].norm() * 0.2])  # sample 0.2
-    return [(1.0, torch.randn(5, 3, generator=g), vectors), (0.5, torch.randn(2, 3, 3, generator=g), tokens)]
-
-
-_CLIP_MISTAKES = (  # (what was done instead, transform of grad_output, message); "per row" and "over dim 1"
-    # first: on the token batch they may equal "unclipped", and only an answer right on the vector batch gets there
-    ("per row", lambda g, m: g * (m / g.norm(dim=-1, keepdim=True)).clamp(max=1),
-     "each row of a (batch, tokens, features) gradient was clipped on its own; a sample is grad_output[0][n] "
-     "with all its tokens: take the norm over all of its elements"),
-    ("over dim 1", lambda g, m: g * (m / g.norm(dim=1, keepdim=True)).clamp(max=1),
-     "the norm was taken over dim=1 only: on a (batch, tokens, features) gradient that is the tokens axis, so "
-     "each feature got its own factor; a sample is grad_output[0][n] with all its elements: g.flatten(1) puts "
-     "them in one row"),
-    ("over the batch", lambda g, m: g * (m / g.norm(dim=0, keepdim=True)).clamp(max=1),
-     "the norm was taken over dim=0, the batch axis, so it mixes the samples; take one norm per sample, over "
-     "all of grad_output[0][n]'s elements"),
-    ("unclipped", lambda g, m: g, "it is the unclipped weight gradient: nothing changed grad_output before the "
-                                  "module's own backward used it (a hook that runs after it is too late, and "
-                                  "reassigning a local name inside the hook changes nothing: return the new "
-                                  "tuple)"),
-    ("clamped", lambda g, m: g.clamp(-m, m), "each element was clamped on its own; scale each sample's gradient "
-                                             "as a whole, so its direction stays the same"),
-    ("one factor", lambda g, m: g * min(1.0, m / g.norm().item()), "the whole batch was scaled by one factor; "
-                                                                    "each sample needs its own"),
-    ("normalized", lambda g, m: _per_sample(g, lambda n: m / n), "samples whose norm was already at most max_norm "
-                                                                 "were scaled too: they must stay unchanged"),
+_CAP_MISTAKES = (  # (transform of grad_output, message), tried in this order
+    (lambda g, m: g, "it is the weight gradient without the cap: nothing changed grad_output before the module's "
+                     "own backward used it (a full backward hook runs after it, too late; and reassigning a local "
+                     "name inside the hook changes nothing: return the new tuple)"),
+    (lambda g, m: g.clamp(-m, m), "each element was clamped on its own, which turns the gradient's direction; "
+                                  "scale the whole gradient by one factor, max_norm / norm"),
+    (lambda g, m: _per_sample(g, lambda n: (m / n).clamp(max=1)), "each sample got its own factor; cap the gradient "
+                                                                  "as a whole: one norm over all its elements"),
+    (lambda g, m: g * (m / g.norm(dim=-1, keepdim=True)).clamp(max=1), "each row got its own factor; cap the "
+                                                                       "gradient as a whole: one norm over all "
+                                                                       "its elements"),
+    (lambda g, m: g * (m / g.norm()), "a gradient already within max_norm was scaled too: it must stay unchanged"),
 )
 
 
@@ -323,51 +334,54 @@ def _linear_grads(layer: nn.Linear, x: torch.Tensor, used: torch.Tensor) -> tupl
     return used.flatten(0, -2).T @ x.detach().flatten(0, -2), used @ layer.weight.detach()
 
 
-@exercise("03.2", "clip each sample's grad_output before the layer's backward")
-def _clip(clip_grad_output) -> Outcome:
-    """``clip_grad_output(module, max_norm)`` registers a full backward pre-hook that rescales each
-    sample ``grad_output[0][n]`` to an L2 norm of at most ``max_norm`` and returns its handle."""
-    for max_norm, x, upstream in _clip_cases():
-        torch.manual_seed(4)
-        layer = nn.Linear(3, 2)
-        x = x.clone().requires_grad_()
-        handle = clip_grad_output(layer, max_norm)
-        failed = not_a_handle(handle, "clip_grad_output", layer)
-        if failed:
-            return failed
-        given = upstream.clone()  # what the caller passes to backward(): a hook must leave it alone
-        try:
-            layer(x).backward(given)
-        except RuntimeError as error:
-            if "returned an invalid number of grad_output" in str(error):
-                return Outcome(False, "the pre-hook returned something that is not a one-element tuple: its return "
-                                      "value replaces the whole grad_output tuple, so return (new_grad,), not the "
-                                      "bare tensor (PyTorch counted its rows as entries)")
-            if not _used_legacy_hook(layer):
-                raise
-        finally:
-            handle.remove()
-        if _used_legacy_hook(layer):
-            return Outcome(False, _LEGACY_CLIP)
-        if clear_hooks(layer):
-            return Outcome(False, "removing the returned handle left a hook behind: return the hook's handle")
-        shape = f"a batch of shape {tuple(x.shape)}"
-        if not torch.equal(given, upstream):
-            return Outcome(False, f"{shape}: your hook changed grad_output in place, and with it the gradient the "
-                                  "caller passed to backward(); a hook should not modify its arguments (documented): "
-                                  "return the new tuple instead")
-        clipped = _per_sample(upstream, lambda norms, m=max_norm: (m / norms).clamp(max=1))
-        expected_w, expected_x = _linear_grads(layer, x, clipped)
-        weight_ok = compare_tensors(layer.weight.grad, expected_w)
-        if not weight_ok.passed:
-            for _, transform, message in _CLIP_MISTAKES:
-                if compare_tensors(layer.weight.grad, _linear_grads(layer, x, transform(upstream, max_norm))[0]).passed:
-                    return Outcome(False, f"{shape}: weight.grad: {weight_ok.detail}; {message}")
-        failed = _first_failure(("weight.grad", weight_ok), ("input gradient", compare_tensors(x.grad, expected_x)))
-        if failed:
-            return Outcome(False, f"{shape}: {failed.detail}")
-    return Outcome(True, "on both batches, the weight gradient and the input gradient used grad_output "
-                         "clipped sample by sample")
+def _cap_outcome(cap_grad_output, what: str, max_norm: float, x: torch.Tensor, upstream: torch.Tensor) -> Outcome:
+    torch.manual_seed(4)
+    layer = nn.Linear(3, 2)
+    x = x.clone().requires_grad_()
+    handle = cap_grad_output(layer, max_norm)
+    failed = not_a_handle(handle, "cap_grad_output", layer)
+    if failed:
+        return failed
+    given = upstream.clone()  # what the caller passes to backward(): a hook must leave it alone
+    try:
+        layer(x).backward(given)
+    except RuntimeError as error:
+        if "returned an invalid number of grad_output" in str(error):
+            return Outcome(False, "the pre-hook returned something that is not a one-element tuple: its return value "
+                                  "replaces the whole grad_output tuple, so return (new_grad,), not the bare tensor "
+                                  "(PyTorch counted its rows as entries)")
+        if not _used_legacy_hook(layer):
+            raise
+    finally:
+        handle.remove()
+    if _used_legacy_hook(layer):
+        return Outcome(False, _LEGACY_CLIP)
+    if clear_hooks(layer):
+        return Outcome(False, "removing the returned handle left a hook behind: return the hook's handle")
+    if not torch.equal(given, upstream):
+        return Outcome(False, f"{what}: your hook changed grad_output in place, and with it the gradient the caller "
+                              "passed to backward(); a hook should not modify its arguments (documented): return "
+                              "the new tuple instead")
+    expected_w, expected_x = _linear_grads(layer, x, _capped(upstream, max_norm))
+    weight_ok = compare_tensors(layer.weight.grad, expected_w)
+    if not weight_ok.passed:
+        for transform, message in _CAP_MISTAKES:
+            if compare_tensors(layer.weight.grad, _linear_grads(layer, x, transform(upstream, max_norm))[0]).passed:
+                return Outcome(False, f"{what}: weight.grad: {weight_ok.detail}; {message}")
+    failed = _first_failure(("weight.grad", weight_ok), ("input gradient", compare_tensors(x.grad, expected_x)))
+    return Outcome(False, f"{what}: {failed.detail}") if failed else Outcome(True, "")
+
+
+@exercise("03.2", "cap the gradient entering a layer, before the layer uses it")
+def _cap(cap_grad_output) -> Outcome:
+    """``cap_grad_output(module, max_norm)`` registers a full backward pre-hook that scales ``grad_output[0]``
+    down to a norm of at most ``max_norm`` (one factor for the whole tensor) and returns its handle."""
+    for case in _cap_cases():
+        outcome = _cap_outcome(cap_grad_output, *case)
+        if not outcome.passed:
+            return outcome
+    return Outcome(True, "over the limit, the weight gradient and the input gradient both used the capped "
+                         "grad_output; within it, nothing changed")
 
 
 # ----- 03.3: the gradient at an output that is changed in place ------------------------------------------
@@ -426,8 +440,10 @@ def _output_grads_outcome(output_grads, model: nn.Module, names: list[str], x: t
             continue
         if isinstance(got[name], torch.Tensor) and compare_tensors(got[name], past).passed:
             return Outcome(False, f"{name}: this is the gradient w.r.t. what the next in-place operation made of the "
-                                  "output: your tensor hook (or retain_grad) was attached after that change; attach "
-                                  "it in a forward hook, which runs before anything else touches the output")
+                                  "output. Two ways get there: retain_grad, whose .grad follows the tensor to its "
+                                  "latest version, the in-place result, wherever you called it; or a tensor hook "
+                                  "registered after the change. A tensor hook registered in a forward hook keeps "
+                                  "the gradient w.r.t. the value the module returned")
         return Outcome(False, f"{name}: {outcome.detail}")
     return Outcome(True, "")
 
@@ -454,7 +470,12 @@ def _output_grads(output_grads) -> Outcome:
                          "on the same network without in-place operations")
 
 
+
+
 # ----- 03.4: a gradient tracker ---------------------------------------------------------------------
+_TRACKED, _LR = ["0", "2", "4"], 0.1
+
+
 def _in_place_mlp() -> nn.Sequential:
     """Linear → in-place ReLU → Linear → in-place ReLU → Linear: a full backward hook on '0' or '2' fails."""
     torch.manual_seed(3)
@@ -462,76 +483,129 @@ def _in_place_mlp() -> nn.Sequential:
                          nn.Linear(8, 3))
 
 
-def _reference_stds(batches: list[torch.Tensor]) -> dict[str, list[float]]:
-    """std of dL/d(output of '0', '2', '4') for each batch, on the same MLP without in-place ReLUs."""
+def _reference_tracks(batches: list[torch.Tensor]) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Per batch, the std of dL/d(output of '0', '2', '4') and log10(std(lr · weight.grad) / std(weight)), on
+    the same MLP without in-place ReLUs."""
     model = _in_place_mlp()
-    stds: dict[str, list[float]] = {"0": [], "2": [], "4": []}
+    stds: dict[str, list[float]] = {name: [] for name in _TRACKED}
+    ratios: dict[str, list[float]] = {name: [] for name in _TRACKED}
     for x in batches:
         h0 = model[0](x)
         h2 = model[2](torch.relu(h0))
         h4 = model[4](torch.relu(h2))
-        for name, g in zip(stds, torch.autograd.grad(h4.pow(2).sum(), [h0, h2, h4]), strict=True):
-            stds[name].append(g.std().item())
-    return stds
+        weights = [model.get_submodule(name).weight for name in _TRACKED]
+        grads = torch.autograd.grad(h4.pow(2).sum(), [h0, h2, h4, *weights])
+        for k, name in enumerate(_TRACKED):
+            stds[name].append(grads[k].std().item())
+            ratios[name].append(((_LR * grads[3 + k]).std() / weights[k].std()).log10().item())
+    return stds, ratios
 
 
-def _remove_all(hooks) -> None:
-    """``hooks`` as the answer returned it: a ``hooklab.Hooks``, one handle or a list of handles."""
-    if isinstance(hooks, list | tuple):
-        for handle in hooks:
-            handle.remove()
-    else:
-        hooks.remove()
-
-
-def _tracked_run(track_grad_std, model: nn.Module, batches: list[torch.Tensor]):
-    """The answer's stds over three steps, each followed by an evaluation forward under ``no_grad``, then the
-    hooks removed, then one more step."""
-    stds, hooks = track_grad_std(model, ["0", "2", "4"])
-    try:
+def _tracked_run(tracker_class, model: nn.Module, batches: list[torch.Tensor]):
+    """The answer's tracker over three steps (each followed by an evaluation forward under ``no_grad``), then one
+    more step after its ``with`` block; and what its ``__enter__`` returned."""
+    tracker = tracker_class(model, list(_TRACKED), lr=_LR)
+    with tracker as entered:
         for x in batches:
+            model.zero_grad()
             model(x).pow(2).sum().backward()
             with torch.no_grad():
                 model(x)  # an evaluation pass: no backward, no gradient
-    finally:
-        _remove_all(hooks)
-    model(batches[0]).pow(2).sum().backward()  # after the removal: nothing may be added
-    return stds
+    model.zero_grad()
+    model(batches[0]).pow(2).sum().backward()  # after the block: nothing may be added
+    return tracker, entered
 
 
-@exercise("03.4", "track the std of each layer's output gradient")
-def _track(track_grad_std) -> Outcome:
-    """``track_grad_std(model, names)`` returns ``(stds, hooks)``: ``stds[name]`` gets the std of dL/d(output)
-    of module ``name`` on every backward until ``hooks`` is removed."""
+def _clear_all_hooks(model: nn.Module) -> list[str]:
+    """What ``leftover_hooks`` reports on ``model``; then its module hooks and its parameters' tensor hooks are
+    dropped (``clear_hooks`` leaves parameter hooks alone)."""
+    left = leftover_hooks(model)
+    clear_hooks(model)
+    for p in model.parameters():
+        for hooks in (p._backward_hooks, p._post_accumulate_grad_hooks):
+            if hooks:
+                hooks.clear()
+    return left
+
+
+def _one_number_each(table: object, what: str) -> Outcome | None:
+    """A failed Outcome unless ``table`` is ``{name: [float, ...]}`` for the tracked names."""
+    if not isinstance(table, dict) or sorted(table) != sorted(_TRACKED):
+        return Outcome(False, f"{what} must stay a dict with a list per name {_TRACKED}, got {kind_of(table)}")
+    for name, values in table.items():
+        if any(isinstance(v, torch.Tensor) for v in values):
+            return Outcome(False, f"{what}[{name!r}] holds tensors; append plain numbers with .item(), as the "
+                                  "exercise asks: a tensor per layer and step keeps its memory for the whole run")
+    return None
+
+
+def _late_binding(table: dict[str, list], steps: int) -> bool:
+    """Every value under the last name: the hooks made in a loop all looked the loop variable up when they ran."""
+    return all(not table[name] for name in _TRACKED[:-1]) and len(table[_TRACKED[-1]]) == steps * len(_TRACKED)
+
+
+def _ratio_mistake(got: list[float], want: list[float]) -> str:
+    """What a ratio that does not match was computed as instead, if it is a common slip."""
+    for transform, slip in (
+        (lambda r: 10**r, "take log10 of the ratio"),
+        (lambda r: r - math.log10(_LR), "the update SGD makes is lr · weight.grad: multiply the gradient by lr"),
+        (lambda r: 10**r / _LR, "the update SGD makes is lr · weight.grad, and the ratio goes in log10"),
+    ):
+        if all(math.isclose(a, transform(b), rel_tol=1e-4) for a, b in zip(got, want, strict=True)):
+            return f": {slip}"
+    return " (log10 of std(lr · weight.grad) / std(weight), once .grad is complete)"
+
+
+@exercise("03.4", "a gradient tracker: the gradient's std and the update:data ratio of each layer")
+def _track(tracker_class) -> Outcome:
+    """``tracker_class(model, names, lr)`` is a context manager; inside its ``with`` block, every backward appends
+    to ``tracker.grad_stds[name]`` the std of dL/d(output of module name) and to ``tracker.ratios[name]``
+    log10(std(lr · weight.grad) / std(weight)); nothing is added after the block."""
     model = _in_place_mlp()
     g = torch.Generator().manual_seed(8)
     batches = [torch.randn(5, 6, generator=g) * (k + 1) for k in range(3)]
     try:
-        stds = _tracked_run(track_grad_std, model, batches)
+        tracker, entered = _tracked_run(tracker_class, model, batches)
     except (TypeError, RuntimeError, AttributeError) as error:
-        clear_hooks(model)
+        _clear_all_hooks(model)
         return hint_for(error, {
             "BackwardHookFunction is a view": _FULL_HOOK_IN_PLACE,
             "RemovableHandle": _RETURNED_HANDLE,
-            "has no attribute 'remove'": "return (stds, hooks) where hooks is a hooklab.Hooks or a list of handles",
             "doesn't require gradient": "the check evaluates the model under torch.no_grad() between steps: those "
                 "outputs need no gradient and cannot take a tensor hook; register one only when "
                 "output.requires_grad",
         })  # fmt: skip
-    if clear_hooks(model):
-        return Outcome(False, "removing the returned hooks left a hook on the model")
-    expected = _reference_stds(batches)
-    if not isinstance(stds, dict) or sorted(stds) != sorted(expected):
-        return Outcome(False, f"stds must be a dict with the keys {sorted(expected)}, got {kind_of(stds)}")
-    for name, want in expected.items():
-        got = [float(v) for v in stds[name]]
-        if len(got) != len(want):
-            return Outcome(False, f"{name!r}: {len(got)} values for 3 backward passes (and none after the removal)")
-        if not all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(got, want, strict=True)):
-            return Outcome(False, f"{name!r}: stds {[f'{v:.4g}' for v in got]}, expected "
-                                  f"{[f'{v:.4g}' for v in want]} (the std of the gradient w.r.t. the output)")
+    except BaseException:  # the answer's own error (or the stub's NotImplementedError): no hook stays
+        _clear_all_hooks(model)
+        raise
+    left = _clear_all_hooks(model)
+    if left:
+        return Outcome(False, f"after the with block {left[0]}: keep every handle with self.hooks.add(...), so "
+                              "that __exit__ removes it")
+    if entered is not tracker:
+        return Outcome(False, f"__enter__ must return self (got {kind_of(entered)}), so that `with GradTracker(...) "
+                              "as tracker:` gives the tracker")
+    want_stds, want_ratios = _reference_tracks(batches)
+    for what, table, want in (("grad_stds", tracker.grad_stds, want_stds), ("ratios", tracker.ratios, want_ratios)):
+        failed = _one_number_each(table, what)
+        if failed:
+            return failed
+        if _late_binding(table, len(batches)):
+            return Outcome(False, f"every hook wrote under the last name, {_TRACKED[-1]!r}, and the others got "
+                                  "nothing: a function made in a loop looks the loop variable up when it runs, after "
+                                  "the loop; bind it with name=name (a default argument)")
+        for name, values in want.items():
+            got = [float(v) for v in table[name]]
+            if len(got) != len(values):
+                return Outcome(False, f"{what}[{name!r}]: {len(got)} values for {len(values)} backward passes in the "
+                                      "block (and none after it)")
+            if not all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(got, values, strict=True)):
+                hint = (" (the std of dL/d(output), the gradient a tensor hook on the output receives)"
+                        if what == "grad_stds" else _ratio_mistake(got, values))  # fmt: skip
+                return Outcome(False, f"{what}[{name!r}]: {[f'{v:.4g}' for v in got]}, expected "
+                                      f"{[f'{v:.4g}' for v in values]}{hint}")
     return Outcome(True, "three steps tracked on every layer, in-place ReLUs and all, evaluation passes under "
-                         "no_grad skipped, nothing after the removal")
+                         "no_grad skipped, nothing after the with block")
 
 
 # ----- 03.5: where the gradient vanishes -------------------------------------------------------------------
@@ -543,7 +617,8 @@ def _sigmoid_mlp(depth: int = 9, width: int = 16) -> nn.Sequential:
 
 
 def _relu_mlp(scales: dict[str, float], depth: int = 8, width: int = 16) -> nn.Sequential:
-    """6 → depth × (Linear → in-place ReLU) → Linear → 5, He init, then the weights of ``scales`` multiplied."""
+    """6 → depth × (Linear → in-place ReLU) → Linear → 5, He init, then the weights of ``scales`` multiplied;
+    ``scales["0+bias"]`` multiplies layer '0''s weight and bias (its output becomes tiny)."""
     torch.manual_seed(2)
     layers = [m for k in range(depth) for m in (nn.Linear(6 if k == 0 else width, width), nn.ReLU(inplace=True))]
     model = nn.Sequential(*layers, nn.Linear(width, 5))
@@ -551,60 +626,79 @@ def _relu_mlp(scales: dict[str, float], depth: int = 8, width: int = 16) -> nn.S
         for layer in model[::2]:
             nn.init.kaiming_uniform_(layer.weight, nonlinearity="relu")
         for name, scale in scales.items():
-            model.get_submodule(name).weight.mul_(scale)
+            layer = model.get_submodule(name.removesuffix("+bias"))
+            layer.weight.mul_(scale)
+            if name.endswith("+bias"):
+                layer.bias.mul_(scale)
     return model
 
 
-def _output_grad_stds(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-    """std of dL/d(output) of every Linear, in forward order, computed without in-place operations."""
+def _gradient_stds(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor) -> tuple[dict, dict]:
+    """The std of dL/d(output) and of weight.grad of every Linear, in forward order, computed without in-place
+    operations."""
     h, outputs, names = x, [], []
     for name, module in model.named_children():
         h = torch.relu(h) if isinstance(module, nn.ReLU) else module(h)
         if isinstance(module, nn.Linear):
             outputs.append(h)
             names.append(name)
-    grads = torch.autograd.grad(F.cross_entropy(h, y), outputs)
-    return {name: g.std().item() for name, g in zip(names, grads, strict=True)}
+    weights = [model.get_submodule(name).weight for name in names]
+    grads = torch.autograd.grad(F.cross_entropy(h, y), outputs + weights)
+    return ({name: g.std().item() for name, g in zip(names, grads[: len(names)], strict=True)},
+            {name: g.std().item() for name, g in zip(names, grads[len(names):], strict=True)})  # fmt: skip
 
 
 def _first_below(names, stds: dict[str, float], limit: float) -> str | None:
     return next((name for name in names if stds[name] < limit), None)
 
 
-def _vanishing_mistakes(stds: dict[str, float], limit: float, want: str | None) -> dict[str, str]:
-    """Plausible wrong answers (a name) with what each did."""
-    below = [name for name in stds if stds[name] < limit]
-    if not below:
-        return {}
-    reasons: dict[str, list[str]] = {}
+def _vanishing_mistakes(stds: dict, weight_stds: dict, ratio: float, want: str | None) -> dict[str, str]:
+    """Plausible wrong answers (a name, or None) with what each did."""
+    names = list(stds)  # forward order
+    last = names[-1]
+    limit = ratio * stds[last]
+    reasons: dict[str | None, list[str]] = {}
     for name, reason in (
-        (below[0], "it is the first layer below the limit counted from the input"),
-        (min(below, key=stds.get), "it has the smallest gradient std"),
-        (_first_below(sorted(stds, reverse=True), stds, limit), "the names were sorted as strings, where '8' comes "
-                                                                "after '10'"),
+        (_first_below(reversed(names), weight_stds, ratio * weight_stds[last]),
+         "you compared the weights' gradients (weight.grad); a weight's gradient is its layer's input times "
+         "dL/d(output), so it is also small where the layer's input is small. Compare dL/d(output), what a tensor "
+         "hook on each Linear's output receives"),
+        (_first_below(reversed(names), stds, ratio), f"{{got}} is the first layer whose std is below {ratio:g} "
+         f"itself; compare each std with ratio × the std at the last Linear's output ({last!r}), so that the rule "
+         "does not depend on the batch size"),
+        (_first_below(names, stds, limit), "{got} is the first layer below the limit counted from the input; "
+         "backward meets the layers from the loss end: take the order the hooks fire in (or the forward order, "
+         "reversed)"),
+        (_first_below(sorted(names, reverse=True), stds, limit), "the names were sorted as strings, where '8' comes "
+         "after '10': take the order the hooks fire in (or the forward order, reversed)"),
+        (min(names, key=stds.get), "{got} has the smallest gradient std; the vanishing point is the first layer "
+         "below the limit on the way back from the loss"),
     ):  # fmt: skip
         reasons.setdefault(name, []).append(reason)
     reasons.pop(want, None)
-    return {name: " and ".join(found) + "; backward meets the layers from the loss end, and the gradient fell below "
-            "the limit earlier on that way: take the order the hooks fire in (or the forward order, reversed)"
-            for name, found in reasons.items()}  # fmt: skip
+    return {name: "; or ".join(found) for name, found in reasons.items()}
+
+
+def _vanishing_cases():
+    return (
+        ("the deep sigmoid network", _sigmoid_mlp, {}),
+        ("the deep sigmoid network with ratio=0.1", _sigmoid_mlp, {"ratio": 0.1}),
+        ("a He-initialised ReLU network with in-place ReLUs", lambda: _relu_mlp({}), {}),
+        ("a ReLU network whose first layer's output is tiny (its weight and bias × 1e-4)",
+         lambda: _relu_mlp({"0+bias": 1e-4}), {}),
+        ("a ReLU network whose layer '12' has tiny weights, and layers '6' and '4' large ones",
+         lambda: _relu_mlp({"12": 1e-6, "6": 10.0, "4": 1e4}), {}),
+    )  # fmt: skip
 
 
 @exercise("03.5", "the layer where the gradient vanishes, seen from the loss")
 def _vanishing(vanishing_point) -> Outcome:
-    """``vanishing_point(model, x, y, limit=1e-5)`` runs one backward of ``F.cross_entropy(model(x), y)`` and
+    """``vanishing_point(model, x, y, ratio=1e-3)`` runs one backward of ``F.cross_entropy(model(x), y)`` and
     returns the name of the first ``Linear``, in the order backward reaches them, whose output gradient has a
-    std below ``limit``, or None."""
+    std below ``ratio`` times that of the last ``Linear``'s output gradient, or None."""
     g = torch.Generator().manual_seed(11)
     x, y = torch.randn(12, 6, generator=g), torch.randint(0, 5, (12,), generator=g)
-    cases = (
-        ("the deep sigmoid network", _sigmoid_mlp, {}),
-        ("the deep sigmoid network with limit=1e-3", _sigmoid_mlp, {"limit": 1e-3}),
-        ("a He-initialised ReLU network with in-place ReLUs", lambda: _relu_mlp({}), {}),
-        ("a ReLU network whose layer '12' has tiny weights, and layers '6' and '4' large ones",
-         lambda: _relu_mlp({"12": 1e-6, "6": 10.0, "4": 1e4}), {}),
-    )  # fmt: skip
-    for label, build, kwargs in cases:
+    for label, build, kwargs in _vanishing_cases():
         model = build()
         try:
             got = vanishing_point(model, x.clone(), y.clone(), **kwargs)
@@ -615,25 +709,27 @@ def _vanishing(vanishing_point) -> Outcome:
         left = clear_hooks(model)
         if left:
             return Outcome(False, f"on {label}: remove your hooks before returning: {left[0]}")
-        limit = kwargs.get("limit", 1e-5)
-        stds = _output_grad_stds(build(), x, y)
-        want = _first_below(reversed(stds), stds, limit)
+        ratio = kwargs.get("ratio", 1e-3)
+        stds, weight_stds = _gradient_stds(build(), x, y)
+        last = list(stds)[-1]
+        want = _first_below(reversed(stds), stds, ratio * stds[last])
         if got is not None and not isinstance(got, str):
             return Outcome(False, f"return a layer's name (a str, as named_modules gives it) or None, "
                                   f"not {kind_of(got)}")
         if got == want:
             continue
+        if kwargs and got == _first_below(reversed(stds), stds, 1e-3 * stds[last]):
+            return Outcome(False, f"on {label}: that is the answer for ratio=1e-3; use the ratio you are given")
+        hint = _vanishing_mistakes(stds, weight_stds, ratio, want).get(got, "").replace("{got}", repr(got))
         if want is None:
-            return Outcome(False, f"on {label}: no Linear's output gradient has a std below {limit:g}: return None, "
-                                  f"not {got!r}")
-        if got is None:
-            return Outcome(False, f"on {label}: the output gradient of layer {want!r} has a std of {stds[want]:.2g}, "
-                                  f"below {limit:g}, and you returned None")
-        if kwargs and got == _first_below(reversed(stds), stds, 1e-5):
-            return Outcome(False, f"on {label}: that is the answer for limit=1e-5; use the limit you are given")
-        hint = _vanishing_mistakes(stds, limit, want).get(got, "")
+            return Outcome(False, f"on {label}: no Linear's output gradient has a std below {ratio:g} × that of "
+                                  f"layer {last!r}: return None, not {got!r}" + (f": {hint}" if hint else ""))
+        if got is None and not hint:
+            return Outcome(False, f"on {label}: the output gradient of layer {want!r} has a std of "
+                                  f"{stds[want] / stds[last]:.2g} × that of layer {last!r}, below {ratio:g}, and you "
+                                  "returned None")
         return Outcome(False, f"on {label}: expected {want!r}, got {got!r}" + (f": {hint}" if hint else ""))
     model = _sigmoid_mlp()
     failed = hooks_left_when_raising(lambda: vanishing_point(model, torch.randn(3, 7), y[:3]), model)
-    return failed or Outcome(True, "on every network, the first layer below the limit on the way back from the "
+    return failed or Outcome(True, "on every network, the first layer below the ratio on the way back from the "
                                    "loss, and None where the gradient never vanishes")
