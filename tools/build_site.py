@@ -144,10 +144,12 @@ def local_links(page: str) -> str:
 
 def title_and_goals(nb) -> tuple[str, str]:
     """The notebook's H1 title and the markdown of its learning goals: the list after a bold line
-    "**After this notebook you will be able to**" (or "**You will be able to:**")."""
+    "**After this notebook you will be able to**" (or "**You will be able to:**", "**After this lesson you
+    can**"); a lesson that opens straight with its problem has none."""
     first = next((c.source for c in nb.cells if c.cell_type == "markdown"), "")
     title = next((line[2:].strip() for line in first.splitlines() if line.startswith("# ")), "")
-    goals = re.search(r"\*\*(?:After [^*\n]*)?[Yy]ou will be able to:?\*\*:?\n((?:[-*] .*\n?(?:  .*\n?)*)+)", first)
+    bold = r"\*\*(?:After [^*\n]*)?(?:[Yy]ou will be able to|you can):?\*\*:?\n"
+    goals = re.search(bold + r"((?:[-*] .*\n?(?:  .*\n?)*)+)", first)
     return title, goals[1] if goals else ""
 
 
