@@ -10,27 +10,11 @@ from torch import nn
 
 from ..models import DigitsCNN
 from . import Outcome, compare_tensors, exercise
+from .nb05 import _Applied, _DeconvReLUFunction
 
 
 def _images(seed: int, n: int = 3) -> torch.Tensor:
     return torch.rand(n, 1, 8, 8, generator=torch.Generator().manual_seed(seed))
-
-
-class _DeconvReLU(torch.autograd.Function):
-    """ReLU forward; backward passes on the positive part of the incoming gradient, wherever the input was."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
-        return x.clamp(min=0)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
-        return grad.clamp(min=0)
-
-
-class _DeconvReLUModule(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _DeconvReLU.apply(x)
 
 
 def _input_gradient(model: nn.Module, x: torch.Tensor, target: int) -> torch.Tensor:
@@ -40,12 +24,12 @@ def _input_gradient(model: nn.Module, x: torch.Tensor, target: int) -> torch.Ten
 
 
 def _deconvnet_saliency(model: nn.Module, x: torch.Tensor, target: int) -> torch.Tensor:
-    """The deconvnet's input gradient without hooks: a copy of ``model`` whose ReLUs use ``_DeconvReLU``."""
+    """The deconvnet's input gradient without hooks: a copy of ``model`` whose ReLUs use ``_DeconvReLUFunction``."""
     deconv = copy.deepcopy(model)
     for name, module in list(deconv.named_modules()):
         if isinstance(module, nn.ReLU):
             parent, _, child = name.rpartition(".")
-            setattr(deconv.get_submodule(parent), child, _DeconvReLUModule())
+            setattr(deconv.get_submodule(parent), child, _Applied(_DeconvReLUFunction))
     return _input_gradient(deconv, x, target)
 
 
