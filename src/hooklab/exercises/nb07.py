@@ -1,0 +1,542 @@
+"""Exercises and predictions of notebook 07: hooks inside the tools you use.
+
+``spec`` is the lesson's acceptance test: four requirements on the digits CNN, each measured on a
+plain training step and on the student's own tool. Predictions 07.a-07.e compute their truth with
+torch. Exercises, in the order the lesson asks them: pruning with a forward pre-hook (07.1),
+per-sample gradients of a Linear layer from a forward hook and a tensor hook (07.2), and of a
+Conv2d through ``unfold`` (07.3), compressing what autograd saves (07.4), and an SGD step fused
+into backward with post-accumulate-grad hooks (07.5). ``prune_by_hand``, ``grad_sample_hooks``,
+``conv_grad_sample``, ``pack_bf16``/``unpack_bf16`` and ``fuse_sgd`` are worked answers: the
+lesson goes on with them while the student's own has not passed.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import Outcome, exercise, kind_of, not_a_handle, prediction
+
+LR, CLIP, BATCH = 0.1, 1.0, 64
+ACTIVATION_BUDGET = 6_000_000  # bytes autograd may keep for a batch of 256
+GRADIENT_BUDGET = 80_000  # bytes of gradients alive at once
+
+
+# ----- the problem: four requirements --------------------------------------------------------------
+def _model():
+    from ..models import trained_digits_cnn
+
+    return trained_digits_cnn()
+
+
+def _batch(n: int = BATCH):
+    from ..data import digits
+
+    data = digits()
+    return data.x_train[:n].clone(), data.y_train[:n].clone()
+
+
+def plain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float = LR) -> None:
+    """One step of plain SGD on the mean cross-entropy."""
+    model.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= lr * p.grad
+
+
+def conv_zeros_after_step(prune: Callable | None = None) -> float:
+    """The share of conv weights that are 0 after ``prune`` (a function of a module) and one step."""
+    model = _model()
+    convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
+    for conv in convs if prune else ():
+        prune(conv, "weight", 0.5)
+    x, y = _batch()
+    plain_step(model, x, y)
+    model(x)  # the forward pass after the step, where a pruned weight is recomputed
+    zeros = sum((conv.weight == 0).sum().item() for conv in convs)
+    return zeros / sum(conv.weight.numel() for conv in convs)
+
+
+def influence(step: Callable = plain_step) -> float:
+    """How far the update moves when image 0 of the batch (its pixels ×5, its label wrong) is replaced by a
+    copy of image 1: the norm of the difference of the two updates (the same random numbers for both)."""
+    x, y = _batch()
+    x[0], y[0] = 5 * x[0], (y[0] + 1) % 10
+    updates = []
+    for replaced in (False, True):
+        model = _model()
+        before = [p.detach().clone() for p in model.parameters()]
+        xx, yy = x.clone(), y.clone()
+        if replaced:
+            xx[0], yy[0] = x[1], y[1]
+        torch.manual_seed(0)
+        step(model, xx, yy)
+        updates.append(torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before, strict=True)]))
+    return (updates[0] - updates[1]).norm().item()
+
+
+def saved_bytes(pack: Callable | None = None, unpack: Callable | None = None, n: int = 256) -> int:
+    """Bytes that autograd keeps for backward in one forward pass of a batch of ``n`` digits: the sizes of
+    the tensors ``pack`` returns (of the tensors given to it, without hooks). A pack that returns a tuple is
+    counted by the tensors in it."""
+    pack, unpack = pack or (lambda t: t), unpack or (lambda t: t)
+    total = 0
+
+    def counting(t):
+        nonlocal total
+        packed = pack(t)
+        total += sum(p.numel() * p.element_size() for p in _tensors_in(packed))
+        return packed
+
+    model = _model()
+    x, y = _batch(n)
+    with torch.autograd.graph.saved_tensors_hooks(counting, unpack):
+        loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    return total
+
+
+def _tensors_in(packed) -> list[torch.Tensor]:
+    if isinstance(packed, torch.Tensor):
+        return [packed]
+    if isinstance(packed, tuple | list):
+        return [t for item in packed for t in _tensors_in(item)]
+    return []
+
+
+def gradient_peak(fuse: Callable | None = None, steps: int = 1) -> int:
+    """The most bytes of parameter gradients alive at once during a training step: plain SGD, or the step
+    that ``fuse(model, lr)`` puts into backward (then the step is only forward and backward)."""
+    model = _model()
+    params = list(model.parameters())
+    handles = fuse(model, LR) if fuse else []
+    peak = 0
+
+    def alive(extra: int = 0) -> int:
+        return extra + sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
+
+    def before_accumulate(grad):  # a tensor hook on a leaf runs before its gradient is stored
+        nonlocal peak
+        peak = max(peak, alive(grad.numel() * grad.element_size()))
+
+    watches = [p.register_hook(before_accumulate) for p in params]
+    try:
+        x, y = _batch()
+        for _ in range(steps):
+            if fuse:
+                F.cross_entropy(model(x), y).backward()
+            else:
+                plain_step(model, x, y)
+            peak = max(peak, alive())
+    finally:
+        for handle in [*watches, *handles]:
+            handle.remove()
+    return peak
+
+
+def spec(prune=None, step=None, pack=None, unpack=None, fuse=None) -> None:
+    """Print the four requirements, each measured on plain training and on your tool where it is given."""
+    rows = [
+        ("half of each conv weight stays 0 after a step", lambda t: conv_zeros_after_step(t), prune,
+         lambda v: v >= 0.5, lambda v: f"{v:.0%} zero"),
+        (f"one image moves the update by ≤ {2 * CLIP * LR / BATCH:.4f}", lambda t: influence(t or plain_step), step,
+         lambda v: v <= 2 * CLIP * LR / BATCH * 1.001, lambda v: f"{v:.4f}"),
+        (f"autograd keeps ≤ {ACTIVATION_BUDGET / 1e6:.0f} MB for 256 digits",
+         lambda t: saved_bytes(*(t or (None, None))), (pack, unpack) if pack else None,
+         lambda v: v <= ACTIVATION_BUDGET, lambda v: f"{v / 1e6:.2f} MB"),
+        (f"gradients alive at once ≤ {GRADIENT_BUDGET / 1e3:.0f} kB", lambda t: gradient_peak(t), fuse,
+         lambda v: v <= GRADIENT_BUDGET, lambda v: f"{v / 1e3:.1f} kB"),
+    ]
+    print(f"{'requirement':<48}{'plain':>12}   {'yours':<16}")
+    for words, measure, tool, ok, show in rows:
+        marks = [("✓ " if ok(v) else "✗ ") + show(v) for v in (measure(None), *([measure(tool)] if tool else []))]
+        print(f"{words:<48}{marks[0]:>12}   {marks[1] if tool else 'not yet':<16}")
+
+
+# ----- worked answers ------------------------------------------------------------------------------
+def prune_by_hand(module: nn.Module, name: str, amount: float):
+    """What ``prune.l1_unstructured`` does: keep the weights in ``name + '_orig'``, the mask (0 for the
+    ``amount`` share of smallest |w|) in the buffer ``name + '_mask'``, and recompute ``name`` from both in a
+    forward pre-hook. Returns the hook's handle."""
+    weight = getattr(module, name)
+    k = round(amount * weight.numel())
+    mask = torch.ones_like(weight)
+    mask.view(-1)[weight.detach().abs().flatten().topk(k, largest=False).indices] = 0
+    del module._parameters[name]
+    module.register_parameter(name + "_orig", nn.Parameter(weight.detach().clone()))
+    module.register_buffer(name + "_mask", mask)
+
+    def apply_mask(module, args):
+        setattr(module, name, getattr(module, name + "_orig") * getattr(module, name + "_mask"))
+
+    apply_mask(module, ())
+    return module.register_forward_pre_hook(apply_mask)
+
+
+def conv_grad_sample(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Each sample's weight gradient of a Conv2d from its input ``a`` and the gradient of its output ``g``:
+    the conv is a matrix product of the weight with ``unfold(a)``, so per sample it is ``g @ unfold(a)ᵀ``."""
+    cols = F.unfold(a, layer.kernel_size, dilation=layer.dilation, padding=layer.padding, stride=layer.stride)
+    return torch.einsum("nol,nkl->nok", g.flatten(2), cols).reshape(len(a), *layer.weight.shape)
+
+
+def grad_sample_hooks(layer: nn.Module) -> list:
+    """Opacus's mechanism: a forward hook keeps the layer's input and hooks its output, whose gradient gives
+    each sample's gradient in ``weight.grad_sample`` and ``bias.grad_sample`` (of each sample's own loss: the
+    mean loss hands each sample 1/N of it). Returns the forward hook's handle in a list."""
+
+    def keep(module, args, output):
+        a = args[0].detach()
+
+        def per_sample(g):
+            g = g * len(a)  # the loss is a mean: undo its 1/N
+            if isinstance(module, nn.Conv2d):
+                module.weight.grad_sample = conv_grad_sample(module, a, g)
+                module.bias.grad_sample = g.sum((2, 3))
+            else:
+                module.weight.grad_sample = torch.einsum("no,ni->noi", g, a)
+                module.bias.grad_sample = g
+
+        output.register_hook(per_sample)
+
+    return [layer.register_forward_hook(keep)]
+
+
+def private_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float = LR, clip: float = CLIP,
+                 noise: float = 0.5, hooks: Callable = grad_sample_hooks) -> None:
+    """DP-SGD (Abadi et al., 2016): each sample's gradient clipped to norm ``clip``, summed, Gaussian noise of
+    std ``noise * clip`` added, divided by the batch size."""
+    layers = [m for m in model.modules() if isinstance(m, nn.Linear | nn.Conv2d)]
+    handles = [h for layer in layers for h in hooks(layer)]
+    try:
+        F.cross_entropy(model(x), y).backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    params = [p for layer in layers for p in (layer.weight, layer.bias)]
+    norms = torch.stack([p.grad_sample.flatten(1).norm(dim=1) for p in params]).norm(dim=0)
+    scale = (clip / norms).clamp(max=1.0)
+    with torch.no_grad():
+        for p in params:
+            summed = torch.einsum("n,n...->...", scale, p.grad_sample)
+            p -= lr * (summed + noise * clip * torch.randn_like(p)) / len(x)
+            p.grad, p.grad_sample = None, None
+
+
+def pack_bf16(t: torch.Tensor):
+    """Keep a float tensor as bfloat16 (half the bytes) with its dtype; anything else as it is."""
+    return (t.dtype, t.to(torch.bfloat16)) if t.is_floating_point() else (None, t)
+
+
+def unpack_bf16(packed):
+    dtype, t = packed
+    return t if dtype is None else t.to(dtype)
+
+
+def fuse_sgd(model: nn.Module, lr: float) -> list:
+    """The SGD step of each parameter, taken as soon as its gradient is accumulated, and the gradient freed
+    (the PyTorch tutorial on fusing the optimizer step into backward). Returns the handles."""
+
+    def step(p):
+        with torch.no_grad():
+            p -= lr * p.grad
+        p.grad = None
+
+    return [p.register_post_accumulate_grad_hook(step) for p in model.parameters()]
+
+
+# ----- predictions ---------------------------------------------------------------------------------
+@prediction("07.a", "the share of a pruned weight that is 0 after an SGD step and a forward pass",
+            why="the optimizer moves weight_orig, the parameter; the forward pre-hook multiplies it by the mask "
+                "again before each forward pass, so the pruned half stays 0: 0.5",
+            wrong=[(0.0, "the optimizer moves weight_orig, not weight; the forward pre-hook multiplies it by the "
+                         "mask again before each forward pass")])
+def _zeros_after_step() -> float:
+    from torch.nn.utils import prune
+
+    model = _model()
+    prune.l1_unstructured(model.features[0], "weight", amount=0.5)
+    x, y = _batch()
+    plain_step(model, x, y)
+    model(x)
+    return (model.features[0].weight == 0).float().mean().item()
+
+
+@prediction("07.b", "the sum of the 32 per-sample gradients over the weight.grad of the mean loss",
+            why="the mean loss is (l_1 + … + l_32) / 32, so weight.grad is the mean of the per-sample "
+                "gradients, and their sum is 32 times it",
+            wrong=[(1, "weight.grad is of the mean loss: the mean of the per-sample gradients, not their sum"),
+                   (1 / 32, "the other way round: the sum is larger than the mean")])
+def _sum_over_grad() -> float:
+    from torch.func import functional_call, grad, vmap
+
+    model = _model()
+    x, y = _batch(32)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    per_sample = vmap(grad(lambda p, xi, yi: F.cross_entropy(functional_call(model, p, (xi[None],)), yi[None])),
+                      in_dims=(None, 0, 0))(params, x, y)["head.2.weight"]
+    F.cross_entropy(model(x), y).backward()
+    return (per_sample.sum(0).norm() / model.head[2].weight.grad.norm()).item()
+
+
+@prediction("07.c", "the norm of the wrong image's share of the clipped mean gradient",
+            why="clipping makes its gradient's norm at most C = 1, and the mean divides it by the 64 images: "
+                "1/64 = 0.0156, however wrong the image is",
+            wrong=[(1, "clipped to norm 1, yes, but the mean then divides it by the 64 images"),
+                   (2 / 64, "that bounds the change when it is replaced by another image (its share and the "
+                            "other's); its own share is at most C/64")])
+def _clipped_share() -> float:
+    model = _model()
+    x, y = _batch()
+    x[0], y[0] = 5 * x[0], (y[0] + 1) % 10
+    handles = [h for m in model.modules() if isinstance(m, nn.Linear | nn.Conv2d) for h in grad_sample_hooks(m)]
+    try:
+        F.cross_entropy(model(x), y).backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    own = torch.cat([p.grad_sample[0].flatten() for p in model.parameters()])
+    return (own * min(1.0, CLIP / own.norm().item()) / BATCH).norm().item()
+
+
+@prediction("07.d", "the bytes autograd keeps for Linear(64, 10) on 256 inputs that need no gradient",
+            why="the weight's gradient g.T @ x needs the input x (256 × 64 floats × 4 bytes); the weight is "
+                "needed only for the input's gradient, which nobody asked for: 65,536 bytes",
+            wrong=[(65536 + 2560, "the weight is needed only for the gradient of the input, and the input needs none"),
+                   (0, "the weight needs a gradient, and its gradient g.T @ x needs the input x")])
+def _linear_saves() -> int:
+    torch.manual_seed(0)
+    layer, sizes = nn.Linear(64, 10), []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: sizes.append(t.numel() * t.element_size()) or t,
+                                                  lambda t: t):
+        out = layer(torch.randn(256, 64))
+    out.sum().backward()
+    return sum(sizes)
+
+
+@prediction("07.e", "the most bytes of gradients alive at once with the fused SGD step",
+            why="each parameter's gradient is freed as soon as its step is taken, so at most one is alive: the "
+                "largest, features.5.weight (64 × 32 × 3 × 3 floats × 4 bytes = 73,728 bytes)",
+            wrong=[(95_784, "that is every gradient at once, plain SGD's peak; the fused step frees each one "
+                            "right after its update")])
+def _fused_peak() -> int:
+    return gradient_peak(fuse_sgd)
+
+
+# ----- exercises -----------------------------------------------------------------------------------
+def _call(answer, what: str, *args) -> Outcome | object:
+    if not callable(answer):
+        return Outcome(False, f"pass your function itself (`{what}`), not {kind_of(answer)}")
+    return answer(*args)
+
+
+@exercise("07.1", "prune with a forward pre-hook")
+def _check_prune(answer) -> Outcome:
+    from torch.nn.utils import prune
+
+    torch.manual_seed(0)
+    theirs, ours = nn.Conv2d(3, 4, 3), None
+    ours = copy.deepcopy(theirs)
+    handle = _call(answer, "prune_by_hand", ours, "weight", 0.3)
+    if isinstance(handle, Outcome):
+        return handle
+    if (bad := not_a_handle(handle, "prune_by_hand", ours)) is not None:
+        return bad
+    prune.l1_unstructured(theirs, "weight", amount=0.3)
+    try:
+        keys, want = list(ours.state_dict()), list(theirs.state_dict())
+        if sorted(keys) != sorted(want):
+            return Outcome(False, f"the state_dict keys are {sorted(keys)}, torch's pruning gives {sorted(want)}: keep "
+                                  "the parameter as 'weight_orig' and the mask as the buffer 'weight_mask'")
+        if not torch.equal(ours.weight_mask, theirs.weight_mask):
+            kept = lambda m: (m.weight_mask * m.weight_orig.abs()).sum()  # noqa: E731
+            kept_large = kept(ours) < kept(theirs)
+            return Outcome(False, "your mask zeroes other weights than l1_unstructured's: it zeroes the "
+                                  + ("largest |w|; prune the smallest" if kept_large else
+                                     f"{int((ours.weight_mask == 0).sum())} weights, it zeroes "
+                                     f"{int((theirs.weight_mask == 0).sum())} (30 % of {theirs.weight.numel()})"))
+        x = torch.randn(2, 3, 6, 6)
+        for module in (ours, theirs):
+            opt = torch.optim.SGD(module.parameters(), lr=0.5)
+            module(x).square().sum().backward()
+            opt.step()
+        if not torch.allclose(ours(x), theirs(x), atol=1e-5):
+            zeros = (ours.weight == 0).float().mean().item()
+            return Outcome(False, f"after an SGD step, only {zeros:.0%} of the weight is 0: the optimizer moves "
+                                  "weight_orig, so recompute weight = weight_orig * weight_mask in a forward "
+                                  "pre-hook before every forward pass")
+        return Outcome(True, "the same masks, keys and outputs as prune.l1_unstructured, before and after a step")
+    finally:
+        handle.remove()
+
+
+def _per_sample_truth(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    from torch.func import functional_call, grad, vmap
+
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    loss = lambda p, xi, yi: F.cross_entropy(functional_call(model, p, (xi[None],)), yi[None])  # noqa: E731
+    return vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
+
+
+def _grad_samples(answer, model: nn.Module, layers: list, x, y) -> Outcome | None:
+    handles = []
+    try:
+        for layer in layers:
+            got = _call(answer, "grad_sample_hooks", layer)
+            if isinstance(got, Outcome):
+                return got
+            got = list(got) if isinstance(got, list | tuple) else got
+            if (bad := not_a_handle(got[0] if isinstance(got, list) and got else got, "grad_sample_hooks",
+                                    *model.modules())) is not None:
+                return bad
+            handles += got if isinstance(got, list) else [got]
+        F.cross_entropy(model(x), y).backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return None
+
+
+def _compare_samples(model: nn.Module, names: list[str], truth: dict) -> Outcome:
+    n = next(iter(truth.values())).shape[0]
+    for name in names:
+        p = model.get_parameter(name)
+        got = getattr(p, "grad_sample", None)
+        if not isinstance(got, torch.Tensor):
+            return Outcome(False, f"{name} has no grad_sample after backward: set it in the hook on the layer's output")
+        want = truth[name]
+        if got.shape != want.shape:
+            summed = " (summed over the batch?)" if got.shape == want.shape[1:] else ""
+            return Outcome(False, f"{name}.grad_sample has shape {tuple(got.shape)}, want {tuple(want.shape)}: one "
+                                  f"gradient per sample{summed}")
+        if torch.allclose(got * n, want, atol=1e-5, rtol=1e-4):
+            return Outcome(False, f"{name}.grad_sample is {n} times too small: the loss is a mean, so the output's "
+                                  "gradient holds each sample's gradient divided by the batch size")
+        if not torch.allclose(got, want, atol=1e-5, rtol=1e-4):
+            diff = (got - want).abs().max().item()
+            return Outcome(False, f"{name}.grad_sample differs from torch.func's per-sample gradients by up to "
+                                  f"{diff:.1e}")
+    return Outcome(True, "each sample's weight and bias gradients equal torch.func's vmap(grad(...)), to 1e-5")
+
+
+@exercise("07.2", "per-sample gradients of a Linear layer from hooks")
+def _check_linear_samples(answer) -> Outcome:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))
+    x, y = torch.randn(6, 5), torch.tensor([0, 1, 2, 0, 1, 2])
+    truth = _per_sample_truth(model, x, y)
+    failed = _grad_samples(answer, model, [model[0], model[2]], x, y)
+    return failed or _compare_samples(model, ["0.weight", "0.bias", "2.weight", "2.bias"], truth)
+
+
+@exercise("07.3", "per-sample gradients of a Conv2d via unfold")
+def _check_conv_samples(answer) -> Outcome:
+    if not callable(answer):
+        return Outcome(False, f"pass your function itself (`conv_grad_sample`), not {kind_of(answer)}")
+    torch.manual_seed(0)
+    for layer in (nn.Conv2d(2, 3, 3, padding=1), nn.Conv2d(2, 3, 3, stride=2), nn.Conv2d(3, 2, (2, 3), padding=(1, 0))):
+        a = torch.randn(5, layer.in_channels, 7, 7)
+        model = nn.Sequential(layer, nn.Flatten(), nn.Linear(layer(a)[0].numel(), 4))
+        y = torch.tensor([0, 1, 2, 3, 0])
+        want = _per_sample_truth(model, a, y)["0.weight"]
+        out = layer(a)  # each sample's loss, summed: the output's gradient is each sample's own
+        (g,) = torch.autograd.grad(F.cross_entropy(model[2](model[1](out)), y, reduction="sum"), out)
+        where = f"Conv2d(kernel {layer.kernel_size}, stride {layer.stride}, padding {layer.padding})"
+        try:
+            got = answer(layer, a, g)
+        except RuntimeError as error:
+            first = str(error).splitlines()[0][:120]
+            return Outcome(False, f"for a {where}, your function raised RuntimeError ({first}): unfold with the "
+                                  "layer's kernel_size, padding and stride, so there is one patch per output position")
+        if not isinstance(got, torch.Tensor):
+            return Outcome(False, f"conv_grad_sample returned {kind_of(got)}, want a tensor of shape "
+                                  f"{tuple(want.shape)}")
+        if got.shape != want.shape:
+            return Outcome(False, f"for a {where}: shape {tuple(got.shape)}, want {tuple(want.shape)} (N, out, in, kh, "
+                                  "kw); unfold with the layer's kernel_size, padding and stride")
+        if not torch.allclose(got, want, atol=1e-5, rtol=1e-4):
+            return Outcome(False, f"for a {where}: differs from torch.func's per-sample gradient by up to "
+                                  f"{(got - want).abs().max().item():.1e}: unfold with the layer's padding and stride")
+    return Outcome(True, "equal to torch.func's per-sample gradients for three convs (padding, stride, a 2×3 kernel)")
+
+
+@exercise("07.4", "compress what autograd saves")
+def _check_compress(answer) -> Outcome:
+    if not (isinstance(answer, tuple) and len(answer) == 2 and all(callable(f) for f in answer)):
+        return Outcome(False, f"pass the pair of functions (pack, unpack), got {kind_of(answer)}")
+    pack, unpack = answer
+    probes = ((torch.randn(3, 4), "a float32 tensor"), (torch.tensor([[3, 70000]]), "max-pooling's int64 indices"))
+    for t, what in probes:
+        back = unpack(pack(t))
+        if not isinstance(back, torch.Tensor) or back.dtype != t.dtype:
+            keep = " (keep tensors that are not floating point as they are)" if t.dtype == torch.int64 else ""
+            got = back.dtype if isinstance(back, torch.Tensor) else kind_of(back)
+            return Outcome(False, f"unpack(pack(t)) for {what} gives {got}, "
+                                  f"not {t.dtype}: unpack must give back the dtype that was packed{keep}")
+        if t.dtype == torch.int64 and not torch.equal(back, t):
+            return Outcome(False, "max-pooling saves its indices as int64, and bfloat16 cannot hold 70000 exactly: "
+                                  "keep tensors that are not floating point as they are")
+    model, x, y = _model(), *_batch(256)
+    F.cross_entropy(model(x), y).backward()
+    want = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+        loss = F.cross_entropy(model(x), y)
+    loss.backward()
+    for (name, p), w in zip(model.named_parameters(), want, strict=True):
+        if p.grad is None or p.grad.dtype != w.dtype:
+            return Outcome(False, f"{name}'s gradient came back as {None if p.grad is None else p.grad.dtype}: unpack "
+                                  "must give back the dtype that was packed")
+        err = ((p.grad - w).norm() / w.norm()).item()
+        if err > 0.02:
+            return Outcome(False, f"{name}'s gradient is {err:.1%} off: more than bfloat16's rounding")
+    kept = saved_bytes(pack, unpack)
+    if kept > 0.6 * saved_bytes():
+        return Outcome(False, f"autograd still keeps {kept / 1e6:.2f} MB of {saved_bytes() / 1e6:.2f} MB: store float "
+                              "tensors as bfloat16 in pack")
+    return Outcome(True, f"gradients within 2 % of the plain ones, {kept / 1e6:.2f} MB kept instead of "
+                         f"{saved_bytes() / 1e6:.2f} MB")
+
+
+@exercise("07.5", "fuse the SGD step into backward")
+def _check_fuse(answer) -> Outcome:
+    if not callable(answer):
+        return Outcome(False, f"pass your function itself (`fuse_sgd`), not {kind_of(answer)}")
+    torch.manual_seed(0)
+    ours, theirs = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 2)), None
+    theirs = copy.deepcopy(ours)
+    x, y = torch.randn(8, 4), torch.randn(8, 2)
+    handles = answer(ours, 0.1)
+    if not isinstance(handles, list | tuple) or not handles:
+        from ..audit import clear_hooks
+
+        clear_hooks(ours)
+        return Outcome(False, f"fuse_sgd must return the list of handles, got {kind_of(handles)}")
+    opt = torch.optim.SGD(theirs.parameters(), lr=0.1)
+    try:
+        for _ in range(3):
+            (ours(x) - y).square().mean().backward()
+            opt.zero_grad()
+            (theirs(x) - y).square().mean().backward()
+            opt.step()
+            left = [name for name, p in ours.named_parameters() if p.grad is not None]
+            if left:
+                return Outcome(False, f"after backward, {left[0]}.grad is still there: set p.grad = None in the hook, "
+                                      "or the gradients' memory is not saved")
+    except RuntimeError as error:
+        if "leaf Variable that requires grad" in str(error):
+            return Outcome(False, "an in-place update of a parameter must run under torch.no_grad()")
+        raise
+    finally:
+        for handle in handles:
+            handle.remove()
+    for (name, a), b in zip(ours.named_parameters(), theirs.parameters(), strict=True):
+        if not torch.allclose(a, b, atol=1e-6):
+            return Outcome(False, f"after 3 steps {name} differs from torch.optim.SGD's by "
+                                  f"{(a - b).abs().max().item():.1e}: the step is p -= lr * p.grad")
+    return Outcome(True, "the same weights as torch.optim.SGD after 3 steps, and no gradient left after backward")

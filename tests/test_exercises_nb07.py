@@ -1,0 +1,166 @@
+"""Checkers of notebook 07: each accepts a worked answer and rejects the plausible wrong ones with a
+message naming the slip; each prediction computes what the lesson shows; ``spec`` passes on the worked
+tools and fails on plain training."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from answers import failed
+from torch import nn
+
+from hooklab.exercises import exercises, grade, nb07
+
+IDS = sorted(id for id in exercises() if id.startswith("07."))
+
+
+def test_notebook_07_has_five_predictions_and_five_exercises():
+    assert IDS == ["07.1", "07.2", "07.3", "07.4", "07.5", "07.a", "07.b", "07.c", "07.d", "07.e"]
+
+
+# ----- predictions ------------------------------------------------------------------------------
+@pytest.mark.parametrize(("id", "truth"), [("07.a", 0.5), ("07.b", 32), ("07.c", 1 / 64), ("07.d", 65536),
+                                           ("07.e", 73728)])
+def test_each_prediction_computes_what_the_lesson_shows(id, truth):
+    assert grade(id, truth).passed
+    computed = exercises()[id].checker.__wrapped__.truth()
+    assert math.isclose(computed, truth, rel_tol=1e-4)
+
+
+@pytest.mark.parametrize(("id", "guess", "hint"), [
+    ("07.a", 0.0, "weight_orig"), ("07.b", 1, "mean of the per-sample"), ("07.c", 1, "divides it by the 64"),
+    ("07.d", 65536 + 2560, "only for the gradient of the input"), ("07.e", 95_784, "every gradient at once"),
+])  # fmt: skip
+def test_wrong_guesses_get_their_hint(id, guess, hint):
+    failed(id, guess, hint)
+
+
+# ----- the problem ------------------------------------------------------------------------------
+def test_plain_training_fails_every_requirement_and_the_worked_tools_meet_them():
+    assert nb07.conv_zeros_after_step() == 0 and nb07.conv_zeros_after_step(nb07.prune_by_hand) >= 0.5
+    bound = 2 * nb07.CLIP * nb07.LR / nb07.BATCH
+    assert nb07.influence() > 10 * bound and nb07.influence(nb07.private_step) <= bound
+    assert nb07.saved_bytes() > nb07.ACTIVATION_BUDGET >= nb07.saved_bytes(nb07.pack_bf16, nb07.unpack_bf16)
+    assert nb07.gradient_peak() > nb07.GRADIENT_BUDGET >= nb07.gradient_peak(nb07.fuse_sgd)
+
+
+def test_private_step_without_noise_is_plain_sgd_when_nothing_is_clipped():
+    model, plain = nb07._model(), nb07._model()
+    x, y = nb07._batch(8)
+    nb07.private_step(model, x, y, clip=1e6, noise=0.0)
+    nb07.plain_step(plain, x, y)
+    for a, b in zip(model.parameters(), plain.parameters(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+# ----- 07.1 -------------------------------------------------------------------------------------
+def _prune(mask_rule="smallest", hook=True, names=("_orig", "_mask")):
+    def prune_by_hand(module, name, amount):
+        weight = getattr(module, name)
+        k = round(amount * weight.numel())
+        mask = torch.ones_like(weight)
+        mask.view(-1)[weight.detach().abs().flatten().topk(k, largest=mask_rule != "smallest").indices] = 0
+        del module._parameters[name]
+        module.register_parameter(name + names[0], nn.Parameter(weight.detach().clone()))
+        module.register_buffer(name + names[1], mask)
+
+        def apply(module, args):
+            setattr(module, name, getattr(module, name + names[0]) * getattr(module, name + names[1]))
+
+        apply(module, ())
+        return module.register_forward_pre_hook(apply if hook else (lambda module, args: None))
+
+    return prune_by_hand
+
+
+def test_07_1_accepts_the_worked_answer():
+    assert grade("07.1", nb07.prune_by_hand).passed
+
+
+def test_07_1_names_each_slip():
+    failed("07.1", _prune(mask_rule="largest"), "largest |w|")
+    failed("07.1", _prune(hook=False), "forward pre-hook")
+    failed("07.1", _prune(names=("_kept", "_mask")), "weight_orig")
+    failed("07.1", lambda module, name, amount: None, "handle")
+    failed("07.1", nb07.prune_by_hand(nn.Linear(2, 2), "weight", 0.5), "function itself")
+
+
+# ----- 07.2 and 07.3 ------------------------------------------------------------------------------
+def _linear_hooks(scale=True, summed=False):
+    def grad_sample_hooks(layer):
+        def keep(module, args, output):
+            a = args[0].detach()
+
+            def per_sample(g):
+                g = g * len(a) if scale else g
+                w = torch.einsum("no,ni->noi", g, a)
+                module.weight.grad_sample = w.sum(0) if summed else w
+                module.bias.grad_sample = g
+
+            output.register_hook(per_sample)
+
+        return [layer.register_forward_hook(keep)]
+
+    return grad_sample_hooks
+
+
+def test_07_2_accepts_the_worked_answer_and_names_each_slip():
+    assert grade("07.2", nb07.grad_sample_hooks).passed
+    failed("07.2", _linear_hooks(scale=False), "times too small", "mean")
+    failed("07.2", _linear_hooks(summed=True), "summed over the batch")
+    failed("07.2", lambda layer: [layer.register_forward_hook(lambda *args: None)], "no grad_sample")
+    failed("07.2", lambda layer: "hooks", "handle")
+
+
+def test_07_3_accepts_the_worked_answer_and_names_each_slip():
+    assert grade("07.3", nb07.conv_grad_sample).passed
+
+    def no_padding(layer, a, g):
+        patches = F.unfold(a, layer.kernel_size, stride=layer.stride)
+        return torch.einsum("nol,nkl->nok", g.flatten(2), patches).reshape(len(a), *layer.weight.shape)
+
+    def no_stride(layer, a, g):
+        patches = F.unfold(a, layer.kernel_size, padding=layer.padding)
+        return torch.einsum("nol,nkl->nok", g.flatten(2), patches).reshape(len(a), *layer.weight.shape)
+
+    failed("07.3", no_padding, "padding")
+    failed("07.3", no_stride, "stride")
+    failed("07.3", lambda layer, a, g: g.sum(0), "shape")
+
+
+# ----- 07.4 -------------------------------------------------------------------------------------
+def test_07_4_accepts_the_worked_answer_and_names_each_slip():
+    assert grade("07.4", (nb07.pack_bf16, nb07.unpack_bf16)).passed
+    failed("07.4", (lambda t: t.to(torch.bfloat16), lambda t: t.float()), "int64")
+    failed("07.4", (lambda t: t.to(torch.bfloat16), lambda t: t.to(torch.float32) if t.dtype == torch.bfloat16 else t),
+           "int64")
+    failed("07.4", (lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t, lambda t: t), "dtype")
+    failed("07.4", (lambda t: t, lambda t: t), "bfloat16")
+    failed("07.4", nb07.pack_bf16, "pair")
+
+
+# ----- 07.5 -------------------------------------------------------------------------------------
+def test_07_5_accepts_the_worked_answer_and_names_each_slip():
+    assert grade("07.5", nb07.fuse_sgd).passed
+
+    def keeps_grad(model, lr):
+        def step(p):
+            with torch.no_grad():
+                p -= lr * p.grad
+
+        return [p.register_post_accumulate_grad_hook(step) for p in model.parameters()]
+
+    def wrong_sign(model, lr):
+        def step(p):
+            with torch.no_grad():
+                p += lr * p.grad
+            p.grad = None
+
+        return [p.register_post_accumulate_grad_hook(step) for p in model.parameters()]
+
+    failed("07.5", keeps_grad, "p.grad = None")
+    failed("07.5", wrong_sign, "p -= lr * p.grad")
+    failed("07.5", lambda model, lr: None, "list of handles")
