@@ -300,3 +300,79 @@ def test_14_no_silent_mixing_with_guided_backprop(model, x):
         assert cam(x).maps.shape == (4, 8, 8)  # fine again once the block has ended
     with GuidedBackprop(_FunctionalReLU()) as gb, pytest.raises(ValueError, match=r"no nn\.ReLU ran in the forward"):
         gb.saliency(x)
+
+
+# ----- the mistakes of issue 25's bad-input table -----------------------------------------------
+def test_15_a_grey_image_into_resnet18_is_refused_before_running():
+    resnet = torchvision.models.resnet18(weights=None, num_classes=4).eval()
+    grey = torch.rand(1, 1, 32, 32)
+    message = r"ResNet wants 3 channels \(its first convolution 'conv1' takes 3\).*have 1: .*x\.expand\(-1, 3, -1, -1\)"
+    every_entry_point_raises(resnet, grey, "layer4", ValueError, message)
+    with pytest.raises(ValueError, match=message):
+        GradCamPicker(resnet, grey, [0], ["layer4"])
+    assert grad_cam(resnet, grey.expand(-1, 3, -1, -1), "layer4").maps.shape == (1, 1, 1)  # the fix works
+
+
+def test_16_a_model_on_the_meta_device_is_told_to_load_real_weights(x):
+    meta = DigitsCNN().to("meta").eval()
+    message = r"'meta' device: meta tensors hold no data.*to_empty\(device='cpu'\).*load_state_dict"
+    every_entry_point_raises(meta, x, "features.6", ValueError, message)
+    with pytest.raises(ValueError, match=r"images are on the 'meta' device"):
+        grad_cam(DigitsCNN().eval(), x.to("meta"), "features.6")
+
+
+def test_17_swapped_arguments_are_named_without_a_tensor_dump(model, x):
+    for call, name in ((lambda: grad_cam(model, "features.6", x), "grad_cam"),
+                       (lambda: guided_grad_cam(model, "features.6", x), "guided_grad_cam")):
+        with pytest.raises(TypeError, match=rf"{name}\(model, x, layer\) takes the images before the layer name") as e:
+            call()
+        assert r"a float32 tensor of shape (4, 1, 8, 8)" in str(e.value) and "tensor([" not in str(e.value)
+        assert len(str(e.value)) < 250
+    with pytest.raises(TypeError, match=r"not a float32 tensor of shape \(4, 1, 8, 8\)") as e:
+        GradCAM(model, x)
+    assert "tensor([" not in str(e.value)
+    with pytest.raises(TypeError, match=r"got str 'features.6': is it a layer name\?"):
+        LayerExplorer(model, "features.6")
+    with pytest.raises(TypeError, match=r"target must be .*got a float32 tensor of shape \(4, 10\)") as e:
+        grad_cam(model, x, "features.6", torch.rand(4, 10))
+    assert "tensor([" not in str(e.value)
+
+
+def test_18_a_nan_pixel_is_said_not_explained_silently(model, x):
+    bad = x.clone()
+    bad[1, 0, 2, 3] = float("nan")
+    with pytest.warns(UserWarning, match=r"the input holds NaN in 1 value of image 1: every score"):
+        explorer = LayerExplorer(model, bad)
+    assert "the input holds NaN" not in explorer.summary("features.0", index=0)  # image 0 is fine
+    assert "the input holds NaN: every score and gradient" in explorer.summary("features.0", index=1)
+    with pytest.warns(UserWarning, match="the input holds NaN"):
+        picker = GradCamPicker(model, bad, [0, 1, 2, 3], ["features.6"])
+    assert "the input holds NaN" in picker.describe(picker.compute("features.6", 1, 1))
+    bad[3, 0, 0, 0] = float("inf")
+    with pytest.warns(UserWarning, match=r"NaN and inf in 2 values of 2 images \(first: 1\)"):
+        grad_cam(model, bad, "features.6")
+
+
+class _Scaled(nn.Module):
+    """A digits CNN whose scores a bare parameter multiplies."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = DigitsCNN(seed=2)
+        self.scale = nn.Parameter(torch.tensor([2.0]))
+
+    def forward(self, x):
+        return self.net(x) * self.scale
+
+
+def test_19_random_weights_re_draw_bare_parameters_too(x):
+    from hooklab.cam_widgets import bare_parameters
+
+    model = _Scaled().eval()
+    assert list(bare_parameters(model)) == ["scale"]
+    picker = GradCamPicker(model, x, [0, 1, 2, 3], ["net.features.6"])
+    parts = picker.compute("net.features.6", 1, 0, weights="random")
+    assert not torch.equal(picker._random.scale, model.scale) and torch.equal(model.scale, torch.tensor([2.0]))
+    assert all(not torch.equal(a, b) for a, b in zip(picker._random.parameters(), model.parameters(), strict=True))
+    said = "parameters outside any layer, re-drawn from a normal of their own mean and std: 'scale'"
+    assert said in picker.describe(parts)

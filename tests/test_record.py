@@ -155,7 +155,7 @@ def test_first_layer_grad_input_is_none_when_input_needs_no_grad():
 
 def test_no_gradient_errors_say_why():
     model = mlp()
-    with record(model, backward=True) as rec:
+    with pytest.warns(UserWarning, match="built no graph"), record(model, backward=True) as rec:
         with torch.no_grad():
             model(torch.randn(2, 3))
     with pytest.raises(NoGradientError, match="gradients disabled"):

@@ -207,3 +207,98 @@ def test_trace_firing_order_explains_a_tuple_output_and_a_frozen_model():
     with pytest.raises(RuntimeError, match="nothing to run backward through"):
         trace_firing_order(frozen, torch.randn(2, 3))
     assert not leftover_hooks(frozen)
+
+
+# ----- the mistakes of issue 25's bad-input table -----------------------------------------------
+def test_a_recording_used_without_with_says_so():
+    """``rec = record(m); m(x); rec[...]``: the with block was forgotten, not the layer's call."""
+    model, x = mlp(), torch.randn(3, 4)
+    rec = record(model)
+    model(x)
+    for read in (lambda: rec["0"], lambda: rec.calls("0"), rec.summary):
+        with pytest.raises(RuntimeError, match=r"never entered.*`with record\(model\) as rec:`"):
+            read()
+    with pytest.raises(LookupError, match="close matches: '0'"):  # a wrong name still says so first
+        rec["00"]
+    assert not leftover_hooks(model)
+
+
+def test_a_forward_pass_under_no_grad_with_backward_true_warns_at_the_end_of_the_block():
+    """backward() after the block then fails in torch's words; hooklab has said why already."""
+    model, x = mlp(), torch.randn(3, 4)
+    with (pytest.warns(UserWarning, match=r"ran under torch.no_grad\(\).*built no graph.*torch.enable_grad"),
+          torch.no_grad(), record(model, backward=True) as rec):
+        out = model(x)
+    with pytest.raises(RuntimeError, match="does not require grad"):
+        out.sum().backward()
+    with pytest.raises(NoGradientError, match=r"built no graph.*call backward\(\) inside"):
+        _ = rec["0"].grad_output
+
+
+def test_no_warning_when_gradients_were_on(recwarn):
+    model, x = mlp(), torch.randn(3, 4)
+    with record(model, backward=True):
+        model(x).sum().backward()
+    with torch.no_grad(), record(model):  # no_grad without backward=True is the usual way to look
+        model(x)
+    assert not recwarn.list
+
+
+@pytest.mark.parametrize("layers", ["module", "list"])
+def test_a_container_passed_as_a_module_is_named_not_its_first_child(layers):
+    model = nn.Sequential()
+    model.add_module("features", nn.Sequential(nn.Linear(4, 4), nn.ReLU()))
+    chosen = model.features if layers == "module" else [model.features]
+    with pytest.raises(TypeError, match=r"the Sequential 'features' itself; pass its name, 'features'") as error:
+        record(model, chosen)
+    assert "Linear(" not in str(error.value)
+    with pytest.raises(TypeError, match="you passed the model itself"):
+        record(model, model)
+    with pytest.raises(TypeError, match="a Linear that is not a submodule of Sequential"):
+        get_layer(model, nn.Linear(2, 2))
+
+
+def test_a_tensor_passed_as_a_layer_name_is_described_not_dumped():
+    x = torch.randn(2, 3, 32, 32)
+    for call in (lambda: record(mlp(), x), lambda: get_layer(mlp(), x), lambda: record(mlp(), [x])):
+        described = r"not a float32 tensor of shape \(2, 3, 32, 32\).*order of the arguments"
+        with pytest.raises(TypeError, match=described) as e:
+            call()
+        assert len(str(e.value)) < 200 and "tensor([" not in str(e.value)
+
+
+def bn_net() -> nn.Sequential:
+    return nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+
+
+def test_a_model_in_train_mode_with_batchnorm_warns_once(recwarn):
+    from hooklab import TrainModeWarning
+
+    model, x = bn_net(), torch.randn(5, 4)
+    with pytest.warns(TrainModeWarning, match=r"train mode.*running statistics.*'1'.*model.eval\(\)"):
+        with record(model, "3"):
+            model(x)
+    assert len([w for w in recwarn.list if issubclass(w.category, TrainModeWarning)]) == 0  # pytest.warns took it
+    with record(model):  # the same model again: said once already
+        model(x)
+    with record(model.eval()):  # eval mode: nothing to say
+        model(x)
+    with record(bn_net().eval()), record(mlp()):  # eval mode, or no BatchNorm
+        pass
+    assert not [w for w in recwarn.list if issubclass(w.category, TrainModeWarning)]
+
+
+def test_hooklabs_own_tools_do_not_warn_about_train_mode(recwarn):
+    """verify() runs a model in train mode on purpose (and puts the statistics back)."""
+    from hooklab.backprop.verify import verify
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    verify(model, torch.randn(5, 4))
+    assert not [w for w in recwarn.list if "train mode" in str(w.message)]
+
+
+def test_trace_firing_order_under_no_grad_says_gradients_are_off():
+    model = mlp()
+    with torch.no_grad(), pytest.raises(RuntimeError, match=r"gradients are disabled here \(torch.no_grad\(\)"):
+        trace_firing_order(model, torch.randn(2, 4))
+    assert not leftover_hooks(model)

@@ -437,9 +437,12 @@ def test_weight_randomisation_leaves_the_model_and_the_random_numbers_alone(mode
         def forward(self, x):
             return x * self.scale
 
-    fixed = nn.Sequential(Scale(), nn.AdaptiveAvgPool2d(1), nn.Flatten()).eval()
+    bare = nn.Sequential(Scale(), nn.AdaptiveAvgPool2d(1), nn.Flatten()).eval()
+    random_bare = GradCamPicker(bare, torch.rand(1, 1, 4, 4), [0], ["0"])._model("random")  # re-drawn too
+    assert not torch.equal(random_bare[0].scale, bare[0].scale) and torch.equal(bare[0].scale, torch.ones(1, 1, 1, 1))
+    no_weights = nn.Sequential(nn.Identity(), nn.AdaptiveAvgPool2d(1), nn.Flatten()).eval()
     with pytest.raises(ValueError, match=r"changed none of them: its layers need a reset_parameters\(\) method"):
-        GradCamPicker(fixed, torch.rand(1, 1, 4, 4), [0], ["0"])._model("random")
+        GradCamPicker(no_weights, torch.rand(1, 1, 4, 4), [0], ["0"])._model("random")
     assert _rank_correlation(torch.arange(9.0), -torch.arange(9.0)) == pytest.approx(-1.0)
 
 

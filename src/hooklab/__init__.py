@@ -3,7 +3,7 @@
 from .course import setup
 from .hooks import Hooks
 from .layers import UnknownLayerError, get_layer, layer_names, leaf_names, select_layers
-from .recording import NoGradientError, Record, Recording, record
+from .recording import NoGradientError, Record, Recording, TrainModeWarning, record
 
 __version__ = "0.1.0"
 
@@ -12,6 +12,7 @@ __all__ = [
     "NoGradientError",
     "Record",
     "Recording",
+    "TrainModeWarning",
     "UnknownLayerError",
     "get_layer",
     "layer_names",

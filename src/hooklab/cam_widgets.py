@@ -15,10 +15,10 @@
   Options: the colour scale of the map (``scale="own"``, or ``"shared"`` with the predicted
   class's map, so a weak map looks weak), the signed map before the ReLU (``signed=True``), and
   the weight randomisation sanity check (``weights="random"``: the same model with every layer
-  re-drawn; Adebayo et al. 2018: a map that does not change when the weights are randomised
-  explains nothing). ``render(...)`` prints and returns the picture in a pyplot figure,
-  ``figure(parts)`` in a figure pyplot does not track; ``widget()`` is the same code behind
-  controls (a ``hooklab.widgets.Panel``).
+  re-drawn, and every bare ``nn.Parameter`` outside the layers, ``bare_parameters``; Adebayo et
+  al. 2018: a map that does not change when the weights are randomised explains nothing).
+  ``render(...)`` prints and returns the picture in a pyplot figure, ``figure(parts)`` in a figure
+  pyplot does not track; ``widget()`` is the same code behind controls (a ``hooklab.widgets.Panel``).
 
 What is kept, so that a move of the widget waits for as little as it can: per image and model
 (trained or random), one forward pass with its graph (the last few); on it, per class, one
@@ -42,7 +42,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from .checks import check_index, check_inputs, class_scores, drawn, new_figure, targets_for, wanted_targets
+from .checks import (
+    check_index,
+    check_inputs,
+    class_scores,
+    drawn,
+    new_figure,
+    non_finite_kinds,
+    targets_for,
+    wanted_targets,
+)
 from .data import to_display
 from .hooks import Hooks
 from .layers import get_layer, unknown_name_hint
@@ -376,8 +385,11 @@ class GradCamPicker:
         name = "Grad-CAM" if parts["method"] == "guided Grad-CAM" else parts["method"]
         row, col = divmod(int(cam.flatten().argmax()), cam.shape[1])
         trained = self._pass(index, "trained").predicted
+        kinds = non_finite_kinds(self.images[index])
         lines = [f"image {index}: label {int(self.labels[index])}, predicted {trained}; "
                  f"class {parts['target']} (score {parts['score']:.4f}) explained at {layer}",
+                 *([f"  the input holds {kinds}: every score, gradient and map computed from it is NaN "
+                    "(replace those values, e.g. images.nan_to_num(0.0))"] if kinds else []),
                  f"  {name} {tuple(cam.shape)}: max {cam.max():.4f} at row {row}, col {col}; "
                  f"{(cam > 0).float().mean():.1%} of cells > 0; sum before ReLU {parts['raw'].sum():.4f}"]
         if "guided" in parts:
@@ -389,6 +401,10 @@ class GradCamPicker:
                       f"{parts['predicted']}): rank correlation with the trained model's map {rho:.2f}",
                       "  (a map that stays the same when the weights are random explains nothing: "
                       "Adebayo et al. 2018)"]
+            bare = list(bare_parameters(self._random))
+            if bare:  # re-drawn too, though no layer's reset_parameters() covers them
+                lines.append(f"  parameters outside any layer, re-drawn from a normal of their own mean and std: "
+                             f"{', '.join(map(repr, bare[:4]))}{' …' if len(bare) > 4 else ''}")
         return "\n".join(lines)
 
     def _panels(self, parts: dict, scale: str, signed: bool) -> list[_Panel]:
@@ -545,18 +561,45 @@ class GradCamPicker:
 def _randomised(model: nn.Module, seed: int) -> tuple[nn.Module, int]:
     """A copy of ``model`` with every layer re-drawn by its ``reset_parameters()`` (its default
     initialisation) from ``seed``, or the next seed if that gives the very same weights (a model
-    built from that seed); the caller's random numbers stay untouched."""
+    built from that seed); the caller's random numbers stay untouched. A parameter that no
+    ``reset_parameters()`` covers (a bare ``nn.Parameter`` of a module of your own) is re-drawn
+    too, from a normal distribution with its own mean and standard deviation (``bare_parameters``)."""
     copied = copy.deepcopy(model)
+    bare = bare_parameters(copied)
     with torch.random.fork_rng(devices=[]):
         for attempt in range(seed, seed + 3):
             torch.manual_seed(attempt)
             for module in copied.modules():
                 if hasattr(module, "reset_parameters"):
                     module.reset_parameters()
+            with torch.no_grad():
+                for p in bare.values():
+                    _redraw(p)
             if not all(torch.equal(a, b) for a, b in zip(copied.parameters(), model.parameters(), strict=True)):
                 return copied, attempt
     raise ValueError(f"re-drawing the weights of {type(model).__name__} changed none of them: its layers need a "
                      "reset_parameters() method (as torch.nn's layers have)")
+
+
+def bare_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The parameters that no ``reset_parameters()`` re-draws: those held directly by a module
+    that has no such method (``self.scale = nn.Parameter(...)`` in a module of your own), by name."""
+    covered = {id(p) for m in model.modules() if hasattr(m, "reset_parameters") for p in m.parameters(recurse=False)}
+    bare: dict[str, nn.Parameter] = {}
+    for name, p in model.named_parameters():
+        if id(p) not in covered and all(p is not q for q in bare.values()):
+            bare[name] = p
+    return bare
+
+
+def _redraw(p: torch.Tensor) -> None:
+    """Fill ``p`` from a normal distribution with its own mean and standard deviation (one value, or
+    values all equal: the spread is the mean's size, or 1 for zeros)."""
+    mean = float(p.mean()) if p.numel() else 0.0
+    std = float(p.std()) if p.numel() > 1 else 0.0
+    if not std > 0:
+        std = abs(mean) or 1.0
+    p.normal_(mean, std)
 
 
 def _rank_correlation(a: torch.Tensor, b: torch.Tensor) -> float:

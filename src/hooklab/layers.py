@@ -10,6 +10,8 @@ from collections.abc import Iterable
 
 from torch import nn
 
+from .checks import short
+
 __all__ = ["UnknownLayerError", "get_layer", "layer_names", "leaf_names", "select_layers"]
 
 
@@ -57,15 +59,37 @@ def leaf_names(model: nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if _is_leaf(m)]
 
 
-def _check_name(name: object) -> None:
+def _check_name(name: object, model: nn.Module | None = None) -> None:
+    if isinstance(name, nn.Module):
+        raise TypeError(_module_given(name, model))
     if not isinstance(name, str):
-        hint = f"; did you mean {str(name)!r}?" if isinstance(name, int) else ""
-        raise TypeError(f"layer names are strings such as 'features.0', not {name!r} ({type(name).__name__}){hint}")
+        hint = f"; did you mean {str(name)!r}?" if isinstance(name, int) and not isinstance(name, bool) else ""
+        if hasattr(name, "shape"):
+            hint = "; are those your images? check the order of the arguments"
+        got = f"{short(name)} ({type(name).__name__})"
+        raise TypeError(f"layer names are strings such as 'features.0', not {got}{hint}")
+
+
+def _module_given(module: nn.Module, model: nn.Module | None) -> str:
+    """What to say when a module was passed where its name belongs."""
+    name = next((n for n, m in model.named_modules() if m is module), None) if model is not None else None
+    kind = type(module).__name__
+    if name is None:
+        where = f" of {type(model).__name__}" if model is not None else ""
+        return (f"layers are chosen by name (strings such as 'features.0'), not by module: you passed a {kind} "
+                f"that is not a submodule{where}")
+    if name == "":
+        return (f"layers are chosen by name, not by module: you passed the model itself ({kind}); "
+                "leave layers out to record every leaf layer")
+    child = next((c for c, _ in module.named_children()), None)
+    inside = "" if child is None else f" (or the names of the layers inside it, such as '{name}.{child}')"
+    return (f"layers are chosen by name, not by module: you passed the {kind} {name!r} itself; "
+            f"pass its name, {name!r}{inside}")
 
 
 def get_layer(model: nn.Module, name: str) -> nn.Module:
     """``model.get_submodule(name)`` with an error listing close matches for a wrong name."""
-    _check_name(name)
+    _check_name(name, model)
     try:
         return model.get_submodule(name)
     except AttributeError:
@@ -87,15 +111,17 @@ def select_layers(
     if types is not None:
         kinds = types if isinstance(types, tuple) else (types,)
         if not kinds or not all(isinstance(k, type) and issubclass(k, nn.Module) for k in kinds):
-            raise TypeError(f"types must be module classes such as nn.Linear (or a tuple of them), not {types!r}")
+            raise TypeError(f"types must be module classes such as nn.Linear (or a tuple of them), not {short(types)}")
+    if isinstance(layers, nn.Module):  # iterable (a Sequential), but meant as one layer
+        raise TypeError(_module_given(layers, model))
     if isinstance(layers, str):
         layers = [layers]
     if layers is not None:
-        if not isinstance(layers, Iterable):
-            _check_name(layers)
+        if not isinstance(layers, Iterable) or hasattr(layers, "shape"):  # one tensor: not a list of names
+            _check_name(layers, model)
         layers = list(layers)
         for name in layers:
-            _check_name(name)
+            _check_name(name, model)
         if not layers:
             raise ValueError("no layer names given: pass some names, or layers=None for every leaf module")
         chosen = {name: get_layer(model, name) for name in layers}

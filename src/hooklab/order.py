@@ -157,6 +157,10 @@ def trace_firing_order(
 ) -> list[Firing]:
     """Run one forward and one backward pass with every kind of hook on ``layers``; see module doc."""
     chosen = select_layers(model, layers)
+    if not torch.is_grad_enabled():
+        raise RuntimeError("trace_firing_order runs a backward pass, and gradients are disabled here "
+                           "(torch.no_grad() or torch.inference_mode()): the forward pass would build no graph; "
+                           "call it outside that block (or inside `with torch.enable_grad():`)")
     saved_grads = {p: p.grad for p in model.parameters()}
     for p in saved_grads:  # accumulate into fresh .grad, so the old tensors are never changed
         p.grad = None

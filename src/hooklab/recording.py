@@ -11,6 +11,10 @@
   called twice, as ResNet calls each block's ReLU), ``inputs``, ``kwargs``, ``output``, and with
   ``backward=True`` ``grad_input``, ``grad_output``.
 * ``NoGradientError``: raised by ``grad_input`` / ``grad_output`` when no gradient came; it says why.
+* ``TrainModeWarning``: shown when a ``with record(...)`` block starts on a model whose BatchNorm
+  layers are in train mode (once per model): each pass in the block updates their running
+  statistics. ``model.eval()`` first, or ``warnings.filterwarnings("ignore", category=TrainModeWarning)``
+  when you mean to train.
 
 It is the recorder you built in notebooks 00 and 02 (one record per call, the inputs copied by a
 pre-hook before the call and the output by a forward hook with ``.detach().clone()``, every handle
@@ -29,6 +33,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import sys
+import warnings
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -42,15 +48,30 @@ from .hooks import Hooks
 from .layers import select_layers
 from .pytorch_internals import version
 
-__all__ = ["NoGradientError", "Record", "Recording", "record"]
+__all__ = ["NoGradientError", "Record", "Recording", "TrainModeWarning", "record"]
 
 
 class NoGradientError(RuntimeError):
     """A gradient was asked for but none reached that module; the message says why."""
 
 
+class TrainModeWarning(UserWarning):
+    """A recording starts on a model whose BatchNorm layers are in train mode (``model.eval()``)."""
+
+
 NOT_ASKED = "this recording was made without backward=True: use record(..., backward=True) to record gradients"
-GRAD_MODE_OFF = "the forward pass ran with gradients disabled (torch.no_grad / inference_mode)"
+GRAD_MODE_OFF = (
+    "the forward pass ran with gradients disabled (torch.no_grad() or torch.inference_mode()), so it built no "
+    "graph for backward() to go through: run the model outside torch.no_grad() (or inside `with "
+    "torch.enable_grad():`) and call backward() inside the `with record(..., backward=True)` block")
+NO_GRAPH = (
+    "record(..., backward=True): the forward pass in this block ran under torch.no_grad() (or "
+    "torch.inference_mode()), so it built no graph: no gradient was recorded, and a backward() after it fails "
+    "(\"element 0 of tensors does not require grad\"); run the model with gradients on (outside torch.no_grad(), or "
+    "inside `with torch.enable_grad():`) and call backward() inside the block")
+NOT_ENTERED = (
+    "this recording was never entered, so it recorded nothing: record(...) records only inside a `with` block; "
+    "write `with record(model) as rec:` and run the model inside the block")
 NOT_REACHED = (
     "call backward() inside the `with record(..., backward=True)` block, after the forward pass (if you did, "
     "this module's output does not contribute to what backward() started from, or it is a view that a later "
@@ -167,6 +188,8 @@ class Recording:
             if f"_orig_mod.{name}" in self.modules:
                 raise KeyError(f"this is a torch.compile'd model: its layer {name!r} is recorded as '_orig_mod.{name}'")
             raise KeyError(f"{name!r} is a layer of the model but was not chosen for recording")
+        if not self._entered:
+            raise RuntimeError(NOT_ENTERED)
         return list(self._by_name.get(name, ()))
 
     def __getitem__(self, name: str) -> Record:
@@ -178,6 +201,8 @@ class Recording:
 
     def summary(self) -> str:
         """One line per record: position, name, call, type, output shape."""
+        if not self._entered:
+            raise RuntimeError(NOT_ENTERED)
         width = max([len("layer"), *(len(r.name) for r in self.records)])
         lines = [f"{'#':>3}  {'layer':<{width}}  call  {'type':<18} output shape"]
         for i, r in enumerate(self.records):
@@ -197,6 +222,8 @@ class Recording:
             raise RuntimeError("this recording was already used in a `with` block; call record(...) again for a "
                                "second recording")
         self._entered = True
+        if not sys._getframe(1).f_globals.get("__name__", "").startswith("hooklab."):  # hooklab's tools know
+            warn_train_mode(self.model)
         try:
             for name, module in self.modules.items():  # partial(hook, name): your loop's `name=name`
                 if self.backward or may_write_into_input(module):
@@ -214,6 +241,9 @@ class Recording:
         self._grad_hooks.remove()
         self._started.clear()
         self._copies.clear()
+        if exc is None and self.backward and self.records and all(
+                r._gradients is not None and r._gradients.missing == GRAD_MODE_OFF for r in self.records):
+            warnings.warn(NO_GRAPH, stacklevel=2)
         if exc is not None and self.backward:  # say so if no recorded output could get a gradient
             reasons = {r._gradients.missing for r in self.records if r._gradients}
             if reasons and NOT_REACHED not in reasons:
@@ -339,6 +369,26 @@ class Recording:
             values[i] = copy(grad)
 
         return hook
+
+
+#: the models warned about (TrainModeWarning is shown once per model)
+_WARNED: weakref.WeakSet = weakref.WeakSet()
+
+
+def warn_train_mode(model: nn.Module) -> None:
+    """``TrainModeWarning`` if the model's BatchNorm layers would update their running statistics
+    (train mode), once per model."""
+    if model in _WARNED:
+        return
+    norms = [n for n, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._NormBase)
+             and m.training and getattr(m, "running_mean", None) is not None]
+    if not norms:
+        return
+    _WARNED.add(model)
+    shown = ", ".join(repr(n) for n in norms[:3]) + (f" and {len(norms) - 3} more" if len(norms) > 3 else "")
+    warnings.warn(f"{type(model).__name__} is in train mode: each forward pass in this block updates the running "
+                  f"statistics of its BatchNorm layers ({shown}); call model.eval() first if you only want to look "
+                  "(shown once per model)", TrainModeWarning, stacklevel=3)
 
 
 def may_write_into_input(module: nn.Module) -> bool:

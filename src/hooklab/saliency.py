@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checks import check_inputs, class_scores, targets_for, wanted_targets
+from .checks import check_inputs, class_scores, short, targets_for, wanted_targets
 from .hooks import Hooks
 from .layers import get_layer
 from .recording import NoGradientError, record
@@ -212,8 +212,16 @@ def grad_cam_map(activations: torch.Tensor, gradients: torch.Tensor) -> torch.Te
     return (channel_weights(gradients)[:, :, None, None] * activations).sum(dim=1)
 
 
+def check_order(what: str, x, layer) -> None:
+    """Raise if the images and the layer name of ``what(model, x, layer)`` came the other way round."""
+    if isinstance(x, str) and not isinstance(layer, str):
+        raise TypeError(f"{what}(model, x, layer) takes the images before the layer name: it got the name {x!r} "
+                        f"as x and {short(layer)} as layer; call {what}(model, x, {x!r})")
+
+
 def grad_cam(model: nn.Module, x: torch.Tensor, layer: str, target=None) -> CamResult:
     """One-shot Grad-CAM: hooks registered, used and removed inside this call."""
+    check_order("grad_cam", x, layer)
     with GradCAM(model, layer) as cam:
         return cam(x, target)
 
@@ -232,6 +240,7 @@ def guided_grad_cam_parts(model: nn.Module, x: torch.Tensor, layer: str, target=
     """What guided Grad-CAM is made of, for a batch: the Grad-CAM ``result``, its maps upsampled
     to the input (``cam``), the guided-backprop ``saliency`` summed over colour channels, and their
     product (``guided``)."""
+    check_order("guided_grad_cam", x, layer)
     result = grad_cam(model, x, layer, target)
     return {"result": result, **guided_parts(model, x, result.maps, result.targets)}
 

@@ -36,7 +36,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from .checks import check_index, check_inputs, class_scores, targets_for, wanted_targets
+from .checks import check_index, check_inputs, class_scores, non_finite_kinds, targets_for, wanted_targets
 from .layers import unknown_name_hint
 from .picture import DARK, Canvas, Picture, colour_bar, colours, shrink
 from .plots import tile_channels
@@ -223,6 +223,12 @@ class LayerExplorer:
             self._cache[key] = describe_tensor(maps)
         return self._cache[key]
 
+    def _input_warning(self, index: int) -> list[str]:
+        """One line if image ``index`` holds NaN or inf (what a score of nan comes from), else none."""
+        kinds = non_finite_kinds(self.x[index])
+        return [f"  the input holds {kinds}: every score and gradient computed from it is NaN, and so is this "
+                "pass (replace those values, e.g. x.nan_to_num(0.0))"] if kinds else []
+
     def dead(self, layer: str, *, index: int = 0, target=None) -> list[int]:
         """Channels whose activation is zero at every position for this image ("dead" here)."""
         run = self._get(layer, 0, "activation", index, target)[0]
@@ -237,6 +243,7 @@ class LayerExplorer:
         page = channel // _TILES * _TILES
         lines = [f"image {run.index} of {len(self.x)}: class {run.target} explained (score {run.score:.4g}), "
                  f"predicted {run.predicted}",
+                 *self._input_warning(run.index),
                  f"{layer} ({self.types[layer]}) shape {tuple(maps.shape)}, channel {channel} of {len(maps)}; "
                  f"tiles: {kind}, channels {page}–{min(page + _TILES, len(maps)) - 1}"]
         both = (("activation", run.activations[layer]), ("gradient", run.gradients[layer]))
