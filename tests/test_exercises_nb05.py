@@ -16,7 +16,7 @@ from hooklab.exercises.nb05 import _Probe, _probe_inputs
 
 # ----- predictions ------------------------------------------------------------------------------
 PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that gets its own hint
-    "05.a": (24, 32, "at most the 24"),
+    "05.a": (["the same", 1], ["lower", 1], "changes no number"),
     "05.b": ([False, True], [True, True], "the ReLU is where it stops"),
     "05.c": ([1, 0, 0, 0], [1, -1, 0, 0], "plain gradient"),
     "05.d": ("most", "none", "score minus the bias"),
@@ -396,6 +396,33 @@ def test_05_4_typical_mistakes_get_a_hint():
     failed("05.4", recorder(no_grad=True), "gradients enabled")
     failed("05.4", lambda model, layer, images, classes: recorder()(model, layer, images, classes)[0],
            "two tensors")
+
+
+def kept_output(how):
+    """A 05.4 answer that keeps the output tensor itself and takes its gradient later, instead of a tensor hook."""
+
+    def activation_and_gradient(model, layer, images, classes):
+        kept = {}
+
+        def keep(module, args, output):
+            kept.update(tensor=output, activation=output.detach().clone())
+            if how == "retain_grad":
+                output.retain_grad()
+
+        with hooklab.get_layer(model, layer).register_forward_hook(keep):
+            x = images.clone().requires_grad_(True)
+            score = model(x).gather(1, classes[:, None]).sum()
+            if how == "retain_grad":
+                torch.autograd.grad(score, x)
+                return kept["activation"], kept["tensor"].grad
+            return kept["activation"], torch.autograd.grad(score, kept["tensor"])[0]
+
+    return activation_and_gradient
+
+
+def test_05_4_keeping_the_output_tensor_instead_of_a_tensor_hook_is_named():
+    for how in ("retain_grad", "autograd.grad"):
+        failed("05.4", kept_output(how), "output tensor itself", "register a tensor hook on output")
 
 
 def test_05_4_hooklab_record_passes_too():

@@ -1,8 +1,8 @@
-"""Exercises and predictions of notebook 05, in its order: dead channels found with a forward hook (05.a,
-05.1), why they stay dead and a watch that counts them at every step (05.b, 05.2), guided backpropagation
-as a class of ReLU hooks (05.c, 05.3), the Grad-CAM recorder: a tensor hook registered from a forward hook
-(05.4), the flatten head (05.d) and Layer-CAM with that recorder (05.5), the sanity checks (05.e) and
-cascading weight randomisation (05.6)."""
+"""Exercises and predictions of notebook 05, in its order: dead channels found with a forward hook, and
+what zeroing them does (05.a, 05.1), why they stay dead and a watch that counts them at every step (05.b,
+05.2), guided backpropagation as a class of ReLU hooks (05.c, 05.3), the Grad-CAM recorder: a tensor hook
+registered from a forward hook (05.4), the flatten head (05.d) and Layer-CAM with that recorder (05.5),
+the sanity checks (05.e) and cascading weight randomisation (05.6)."""
 
 from __future__ import annotations
 
@@ -45,22 +45,42 @@ def _grads_untouched(model: nn.Module) -> str | None:
 
 
 # ----- predictions ------------------------------------------------------------------------------------
-@prediction("05.a", "how many channels of features.3 are dead on all 450 test digits",
-            why="the channels the explorer crossed out for the first digit are zero everywhere for every test "
-                "digit: their input is below zero whatever the digit, so they are dead on the whole test set",
-            wrong=[(0, "a channel dead on one digit may be alive on another, but not these: look again at how "
-                       "many channels are zero for each digit"),
-                   (32, "a channel dead on all the digits is dead on the first one: at most the 24 the explorer "
-                        "crossed out")])
-def _dead_on_test() -> int:
-    model, kept = trained_digits_cnn(), {}
+def _zeroed(model: nn.Module, channels: torch.Tensor) -> torch.Tensor:
+    """The trained network's predictions for the test digits, with a forward hook on features.3 whose
+    return value sets the given channels to 0."""
+
+    def hook(module, args, output):
+        output = output.clone()
+        output[:, channels] = 0
+        return output
+
+    with model.features[3].register_forward_hook(hook), torch.no_grad():
+        return model(_digits().x_test).argmax(dim=1)
+
+
+@prediction("05.a", "what setting the dead, then the live channels of features.3 to 0 does to the test digits",
+            why="the 24 dead channels are already 0 at every position for every test digit, so setting them to 0 "
+                "changes nothing, to the last bit; with the 8 others at 0 as well, everything above features.3 "
+                "sees the same zeros for every digit, so every digit gets the same scores and the same class",
+            wrong=[(["lower", 1], "the 24 channels are 0 everywhere for every test digit already: setting them to "
+                                  "0 changes no number, so no prediction"),
+                   (["the same", 10], "with the 8 live channels at 0, all 32 are 0 for every digit: what the "
+                                      "layers above see no longer depends on the digit, so neither do the scores"),
+                   (["lower", 10], "both: the 24 are 0 for every test digit already, so zeroing them changes "
+                                   "nothing; and with all 32 at 0 the scores no longer depend on the digit"),
+                   (["the same", 8], "count classes, not channels: with all 32 channels at 0, every digit gets "
+                                     "the same scores, so the same one class")])
+def _zeroing() -> list:
+    model, data, kept = trained_digits_cnn(), _digits(), {}
     handle = model.features[3].register_forward_hook(lambda module, args, output: kept.update(output=output))
     try:
         with torch.no_grad():
-            model(_digits().x_test)
+            before = model(data.x_test).argmax(dim=1)
     finally:
         handle.remove()
-    return int((kept["output"] == 0).flatten(2).all(dim=2).all(dim=0).sum())
+    dead = (kept["output"] == 0).flatten(2).all(dim=2).all(dim=0)
+    same = torch.equal(_zeroed(model, dead), before)
+    return ["the same" if same else "lower", len(_zeroed(model, ~dead).unique())]
 
 
 def _blocked() -> dict:
@@ -146,13 +166,15 @@ CORRELATION_CHOICES = (0.8, 0.0, -0.4)
 
 
 @prediction("05.e", "how much guided backprop's map changes for another class",
-            why="below the first ReLU, guided backprop's gradient is never negative and is non-zero only where a "
-                "unit was active, the same units for every class: both maps add up the first layer's filters over "
-                "the same places, so the order of the pixels hardly changes (about 0.8)",
-            wrong=[(0.0, "the class changes only the weights of the last layer; at every ReLU below it, the "
-                         "negative part is clamped away and the same active units let the rest through"),
+            why="at every ReLU guided backprop passes back only positive gradient, and only where the ReLU's input "
+                "was positive in the forward pass (05.c): that mask is set by the digit, not by the class, and "
+                "every negative part the class brings is clamped away, so the order of the pixels hardly changes "
+                "(about 0.8)",
+            wrong=[(0.0, "the class only chooses which score the backward pass starts from; at every ReLU below the "
+                         "head, 05.c's rule lets gradient through only where the ReLU was on for this digit, the same "
+                         "places for every class, and clamps the negative part away"),
                    (-0.4, "a reversed order needs gradients that change sign with the class, and guided backprop "
-                          "clamps every negative gradient to 0 at each ReLU")])
+                          "clamps every negative gradient to 0 at each ReLU (05.c)")])
 def _another_class() -> float:
     from ..saliency import GuidedBackprop, rank_correlation
 
@@ -629,8 +651,10 @@ def _recorder_cases() -> list[dict]:
     x, classes = torch.randn(3, 1, 6, 6, generator=torch.Generator().manual_seed(13)), torch.tensor([2, 0, 2])
     activation = net[2](net[0](x).relu()).detach().requires_grad_(True)
     scores = net[6](net[5](net[4](activation.relu())))
+    after_relu = activation.detach().relu().requires_grad_(True)  # what the kept output tensor becomes
+    (past_relu,) = torch.autograd.grad(net[6](net[5](net[4](after_relu))).gather(1, classes[:, None]).sum(), after_relu)
     second = {"model": net, "layer": "2", "x": x, "classes": classes, "activation": activation.detach(),
-              **_gradients(activation, scores, classes)}
+              "past_relu": past_relu, **_gradients(activation, scores, classes)}
     net = _two_convs()
     x, classes = torch.randn(2, 1, 5, 5, generator=torch.Generator().manual_seed(14)), torch.tensor([1, 2])
     activation = net[0](x).detach().requires_grad_(True)
@@ -682,6 +706,13 @@ def _pair_problem(got, case: dict, where: str) -> str | None:
         if value.requires_grad:
             return (f"{where}: return detached copies (.detach().clone()): the {name} you returned is still "
                     "attached to the graph, and keeps it alive")
+    kept_tensor = "past_relu" in case and torch.allclose(grad, case["past_relu"], atol=1e-6)
+    if kept_tensor:
+        return (f"{where}: you took the gradient of the output tensor itself (its .grad after retain_grad(), or "
+                "torch.autograd.grad with respect to it): the in-place ReLU after the layer made that tensor the "
+                "ReLU's result, so its gradient is the one leaving the ReLU, not the one reaching the layer's output. "
+                "Inside the forward hook, register a tensor hook on output: it receives the gradient of the layer's "
+                "output as it was when you registered it (lesson 03)")
     if not torch.allclose(act, case["activation"], atol=1e-6):
         if torch.allclose(act, case["activation"].relu(), atol=1e-6):
             return (f"{where}: the activation you kept was overwritten by the in-place ReLU after the layer: keep "
