@@ -449,8 +449,10 @@ def _check_conv_samples(answer) -> Outcome:
         where = f"Conv2d(kernel {layer.kernel_size}, stride {layer.stride}, padding {layer.padding})"
         try:
             got = answer(layer, a, g)
+        except NotImplementedError:
+            raise
         except RuntimeError as error:
-            first = str(error).splitlines()[0][:120]
+            first = (str(error).splitlines() or [""])[0][:120]
             return Outcome(False, f"for a {where}, your function raised RuntimeError ({first}): unfold with the "
                                   "layer's kernel_size, padding and stride, so there is one patch per output position")
         if not isinstance(got, torch.Tensor):
