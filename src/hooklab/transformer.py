@@ -1,0 +1,130 @@
+"""A small transformer with named places to hook, and the toy task it solves.
+
+The task is **induction**: a sequence of ``HALF`` random tokens, all different, is repeated once.
+In the second half each next token can be read off the first half: find the earlier copy of the
+current token and say the token that followed it. Two layers of attention are the classic way to do
+it (Olsson et al., 2022, "In-context Learning and Induction Heads"): a head in layer 0 copies each
+position's previous token into it, and a head in layer 1 looks for the position whose previous token
+is the current one, and copies its token.
+
+Every intermediate value passes through a ``HookPoint``, an ``nn.Identity`` with a name, so that a
+forward hook can read or replace it: the residual stream before and after each block, each
+attention layer's pattern (``(N, heads, query, key)``) and its heads' outputs (``(N, pos, heads,
+d_head)``), and each block's attention and MLP outputs. TransformerLens builds its models the same
+way.
+
+``trained_transformer()`` loads the weights that ship with hooklab (``tools/train_transformer.py``
+wrote them).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import nn
+
+__all__ = ["HALF", "VOCAB", "HookPoint", "TinyTransformer", "induction_accuracy", "induction_batch",
+           "trained_transformer"]
+
+VOCAB = 24  # token 0 is never drawn: the tokens of a sequence are 1 … 23
+HALF = 8  # a sequence is HALF random tokens, then the same tokens again
+
+
+class HookPoint(nn.Identity):
+    """Returns its input unchanged: a named place for a forward hook to read or replace a value."""
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention whose pattern and per-head outputs pass through hook points."""
+
+    def __init__(self, d_model: int, heads: int) -> None:
+        super().__init__()
+        self.heads, self.d_head = heads, d_model // heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+        self.hook_pattern = HookPoint()  # (N, heads, query position, key position), rows sum to 1
+        self.hook_z = HookPoint()  # (N, position, heads, d_head): each head's output before `out`
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, t, d = x.shape
+        q, k, v = self.qkv(x).view(n, t, 3, self.heads, self.d_head).unbind(2)
+        scores = torch.einsum("nqhd,nkhd->nhqk", q, k) / math.sqrt(self.d_head)
+        future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        pattern = self.hook_pattern(scores.masked_fill(future, float("-inf")).softmax(dim=-1))
+        z = self.hook_z(torch.einsum("nhqk,nkhd->nqhd", pattern, v))
+        return self.out(z.reshape(n, t, d))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm: x + attention(ln(x)), then + MLP(ln(x)); the residual stream through hook points."""
+
+    def __init__(self, d_model: int, heads: int) -> None:
+        super().__init__()
+        self.hook_resid_pre = HookPoint()
+        self.ln1, self.attn = nn.LayerNorm(d_model), Attention(d_model, heads)
+        self.hook_attn_out = HookPoint()
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+        self.hook_mlp_out = HookPoint()
+        self.hook_resid_post = HookPoint()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.hook_resid_pre(x)
+        x = x + self.hook_attn_out(self.attn(self.ln1(x)))
+        return self.hook_resid_post(x + self.hook_mlp_out(self.mlp(self.ln2(x))))
+
+
+class TinyTransformer(nn.Module):
+    """Token and position embeddings, ``layers`` blocks, a final LayerNorm and the unembedding: tokens
+    ``(N, T)`` in, logits ``(N, T, VOCAB)`` out, the logits at position i predicting token i + 1."""
+
+    def __init__(self, layers: int = 2, d_model: int = 64, heads: int = 4, seed: int = 0) -> None:
+        super().__init__()
+        with torch.random.fork_rng():
+            torch.manual_seed(seed)
+            self.embed = nn.Embedding(VOCAB, d_model)
+            self.pos_embed = nn.Embedding(2 * HALF, d_model)
+            self.hook_embed = HookPoint()
+            self.blocks = nn.ModuleList(Block(d_model, heads) for _ in range(layers))
+            self.ln_final = nn.LayerNorm(d_model)
+            self.unembed = nn.Linear(d_model, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long:
+            got = f"{tuple(tokens.shape)} {tokens.dtype}" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+            raise ValueError(f"TinyTransformer expects tokens as a (N, T) tensor of int64, got {got}: "
+                             "make them with induction_batch(n)")
+        if tokens.shape[1] > 2 * HALF:
+            raise ValueError(f"TinyTransformer reads at most {2 * HALF} tokens, got {tokens.shape[1]}")
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.hook_embed(self.embed(tokens) + self.pos_embed(positions))
+        for block in self.blocks:
+            x = block(x)
+        return self.unembed(self.ln_final(x))
+
+
+def induction_batch(n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """``n`` sequences of ``HALF`` different random tokens (1 … VOCAB-1), each repeated: ``(n, 2·HALF)``."""
+    keys = torch.rand(n, VOCAB - 1, generator=generator)
+    first = keys.argsort(dim=1)[:, :HALF] + 1
+    return torch.cat([first, first], dim=1)
+
+
+def induction_accuracy(model: nn.Module, tokens: torch.Tensor) -> float:
+    """The share of the second half's tokens (after the first repeated one) that the model predicts."""
+    with torch.no_grad():
+        predicted = model(tokens)[:, HALF:-1].argmax(dim=-1)
+    return (predicted == tokens[:, HALF + 1:]).float().mean().item()
+
+
+def weights_path() -> Path:
+    return Path(__file__).with_name("weights") / "tiny_transformer.pt"
+
+
+def trained_transformer() -> TinyTransformer:
+    """The ``TinyTransformer`` trained on the induction task by ``tools/train_transformer.py``, in eval mode."""
+    model = TinyTransformer()
+    model.load_state_dict(torch.load(weights_path(), weights_only=True))
+    return model.eval()
