@@ -22,7 +22,7 @@ def test_notebook_06_has_five_predictions_and_five_exercises():
 
 
 # ----- predictions ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("06.a", "head.2."), ("06.d", 4), ("06.b", 0.001), ("06.c", 0.005),
+@pytest.mark.parametrize(("id", "truth"), [("06.a", "head.2."), ("06.d", "4.1"), ("06.b", 0.001), ("06.c", 0.005),
                                            ("06.e", 2)])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
@@ -31,7 +31,10 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
 
 
 @pytest.mark.parametrize(("id", "guess", "hint"), [
-    ("06.a", "head.2", "ends with a dot"), ("06.a", "2.", "whole path"), ("06.d", 3, "Sequential is a module too"),
+    ("06.a", "head.2", "ends with a dot"), ("06.a", "2.", "whole path"),
+    ("06.d", "runs", "before the new head existed"),
+    ("06.d", "4.0", "only makes the view"), ("06.d", "1", "made the ReLUs at '1' and '3' out of place"),
+    ("06.d", 4.1, "as a string"), ("06.d", "4", "innermost module"),
     ("06.c", 0.001, "param_groups"), ("06.e", 4, "reused"), ("06.e", 3, "the weight's and the bias's"),
     ("06.b", 2.4e-6, "plain SGD only"), ("06.b", 0.00316, "bias correction"),
 ])  # fmt: skip
@@ -384,3 +387,33 @@ def start_markers_only(model, x):
 def test_06_5_without_an_end_marker_the_residual_model_fails():
     failed("06.5", start_markers_only, "residual", "'body.1'", "AddBackward0", "SumBackward1",
            "a forward hook marks where a layer ends")
+
+
+# ----- resume: the trainer the lesson may not edit ---------------------------------------------------
+def test_resume_loads_both_states_and_leaves_the_checkpoint_as_it_was():
+    """The lesson resumes from one checkpoint many times: each run must start from the same state.
+    (An optimizer's state_dict() holds its live tensors, and load_state_dict keeps them: without a copy,
+    the first run's steps would change the checkpoint the next run loads.)"""
+    from hooklab.exercises.nb06 import resume
+    from hooklab.models import DigitsCNN
+
+    source = DigitsCNN(seed=3)
+    saved_optimizer = torch.optim.Adam(source.parameters(), lr=5e-3)
+    for p in source.parameters():
+        p.grad = torch.ones_like(p)
+    saved_optimizer.step()
+    checkpoint = {"model": source.state_dict(), "optimizer": saved_optimizer.state_dict()}
+    untouched = copy.deepcopy(checkpoint)
+    model = DigitsCNN()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    seen = []
+    with optimizer.register_step_pre_hook(lambda o, args, kwargs: seen.append(o.param_groups[0]["lr"])):
+        losses = resume(model, optimizer, checkpoint)
+    assert len(losses) == len(seen) == 43 and set(seen) == {5e-3}  # the trap the lesson finds
+    for key, value in untouched["model"].items():
+        assert torch.equal(checkpoint["model"][key], value)
+    for index, state in untouched["optimizer"]["state"].items():
+        for name, value in state.items():
+            assert torch.equal(checkpoint["optimizer"]["state"][index][name], value), (index, name)
+    fresh = DigitsCNN()
+    resume(fresh, torch.optim.Adam(fresh.parameters(), lr=1e-3), {"model": checkpoint["model"]})  # no optimizer

@@ -1,12 +1,15 @@
-"""Exercises and predictions of notebook 06: hooks around training.
+"""Exercises and predictions of notebook 06: hooks around training, and ``resume``, the trainer the
+lesson may not edit.
 
-Predictions 06.a-06.e compute their truth with torch. Exercises, in the order the lesson asks them:
-a load_state_dict pre-hook that reads old checkpoints (06.1), optimizer step hooks that measure the
-update:data ratio (06.2), an optimizer load pre-hook that keeps the learning rate (06.3), a
-registration hook that makes in-place modules safe for global hooks (06.4), and which layer created
-which autograd node (06.5). ``upgrade``, ``watch_updates``, ``keep_lr``, ``out_of_place`` and
-``nodes_by_layer`` are worked answers: the lesson goes on with them while the student's own has not
-passed. The field guide's exercises on the same hooks are in ``g6.py`` (the
+``resume(model, optimizer, checkpoint)`` stands for a trainer in someone else's package: it loads a
+checkpoint and trains one epoch in one call, so nothing of the student's runs between loading and the
+first step, except a hook. Predictions 06.a-06.e compute their truth with torch. Exercises, in the
+order the lesson asks them: a load_state_dict pre-hook that reads old checkpoints (06.1), optimizer
+step hooks that measure the update:data ratio (06.2), an optimizer load pre-hook that keeps the
+learning rate (06.3), a registration hook that makes in-place modules safe for global hooks (06.4),
+and which layer created which autograd node (06.5). ``upgrade``, ``watch_updates``, ``keep_lr``,
+``out_of_place`` and ``nodes_by_layer`` are worked answers: the lesson goes on with them while the
+student's own has not passed. The field guide's exercises on the same hooks are in ``g6.py`` (the
 firing order) and ``g7.py``.
 """
 
@@ -42,22 +45,38 @@ def _prefix() -> str:
     return seen[0]
 
 
-def _count_backward_hook_calls() -> int:
-    calls = []
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
-    with module_hooks.register_module_full_backward_hook(lambda module, gi, go: calls.append(module)):
-        model(torch.randn(5, 3, requires_grad=True)).sum().backward()
-    return len(calls)
+def _head_swapped_after_the_loop() -> nn.Sequential:
+    """The lesson's model after the loop made every module out of place, then fine-tuning's new head."""
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 1))
+    model[4] = nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True), nn.Linear(3, 1))
+    return model
 
 
-@prediction("06.d", "how many calls a global full backward hook gets from a three-layer Sequential",
-            why="a global hook reaches every module that runs, the container included: Linear, Tanh, Linear and the "
-                "Sequential around them, 4 calls",
-            wrong=[(3, "the Sequential is a module too, and it runs: a global hook reaches it as well"),
-                   (2, "Tanh is a module too, and so is the Sequential around the three layers")])
-def _global_calls() -> int:
-    return _count_backward_hook_calls()
+@prediction("06.d", "which module fails under a global hook once a new head is swapped in after the loop",
+            why="the loop ran before the new head existed, so the head's ReLU is still in-place: the global hook "
+                "makes the output of the Linear before it a view (lesson 03 §3), and the ReLU at '4.1' writes into "
+                "it in place, so its forward fails",
+            wrong=[("runs", "the loop ran before the new head existed: its ReLU(inplace=True) is still in-place, and "
+                            "the global hook makes the output it writes into a view (lesson 03 §3)"),
+                   ("4.0", "the Linear at '4.0' only makes the view; the module that writes into it in place, the "
+                           "ReLU after it, is the one whose forward fails"),
+                   ("4", "the new head's own forward is running, but the failing write is its child's: name the "
+                         "innermost module, as named_modules() does"),
+                   ("1", "the loop made the ReLUs at '1' and '3' out of place; only the head swapped in afterwards "
+                         "kept an in-place ReLU"),
+                   ("3", "the loop made the ReLUs at '1' and '3' out of place; only the head swapped in afterwards "
+                         "kept an in-place ReLU"),
+                   (4.1, "write the module's name as a string, with quotes: '4.1'")])
+def _failing_module() -> str:
+    model, started = _head_swapped_after_the_loop(), []
+    with Hooks() as hooks, module_hooks.register_module_full_backward_hook(_no_change):
+        for name, module in model.named_modules():
+            hooks.add(module.register_forward_pre_hook(lambda module, args, name=name: started.append(name)))
+        try:
+            model(torch.randn(5, 3, requires_grad=True)).sum().backward()
+        except RuntimeError:
+            return started[-1]
+    return "runs"
 
 
 @prediction("06.b", "how far Adam's first step moves a typical weight",
@@ -560,6 +579,29 @@ def _nodes_by_layer(nodes_by_layer) -> Outcome:
 
 
 _reference = nodes_by_layer  # the checker's own copy: its argument is called nodes_by_layer too
+
+
+# ----- the trainer the lesson may not edit ------------------------------------------------------------
+def resume(model: nn.Module, optimizer: torch.optim.Optimizer, checkpoint: dict, seed: int = 0) -> list[float]:
+    """Load ``checkpoint["model"]`` into ``model`` and, when there is one, ``checkpoint["optimizer"]``
+    into ``optimizer``; then train one epoch over the training digits, batches of 32 in the order
+    ``seed`` draws. Returns the loss of every step."""
+    from ..data import digits
+
+    checkpoint = copy.deepcopy(checkpoint)  # as if read from disk: steps never change the caller's tensors
+    model.load_state_dict(checkpoint["model"])
+    if "optimizer" in checkpoint:
+        optimizer.load_state_dict(checkpoint["optimizer"])
+    data, losses = digits(), []
+    order = torch.randperm(len(data.y_train), generator=torch.Generator().manual_seed(seed))
+    model.train()
+    for batch in order.split(32):
+        loss = nn.functional.cross_entropy(model(data.x_train[batch]), data.y_train[batch])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
 
 
 # ----- worked answers: the lesson goes on with these while the student's own have not passed -----
