@@ -87,7 +87,7 @@ def test_the_predictions_truths():
     assert truth("04.b") == 0.0
     assert truth("04.c") == ["dbeta"]
     assert truth("04.d") == [[4, 6, 6, 4], [6, 9, 9, 6], [6, 9, 9, 6], [4, 6, 6, 4]]
-    assert truth("04.e") is False
+    assert truth("04.e") == "5"
 
 
 @pytest.mark.parametrize(("id", "guess", "words"), [
@@ -98,7 +98,13 @@ def test_the_predictions_truths():
     ("04.c", ["dx", "dbeta"], "Σ y = γ·Σ x̂ + N·β = N·β does not depend on x"),
     ("04.c", ["dx", "dgamma", "dbeta"], "x̂ has mean 0"),
     ("04.d", [[9] * 4] * 4, "falls on the padding"),
-    ("04.e", True, "as the fused dlogits did"),
+    ("04.b", 1 / 32, "scaling 0 gives 0"),
+    ("04.b", 1e-3, "the probabilities sum to 1 and the target's 1 is taken away"),
+    ("04.b", "0", "write a number, not a string"),
+    ("04.e", "4", "only because of what arrived at its output"),
+    ("04.e", "1", "the walk goes from the loss back"),
+    ("04.e", None, "the slip is there"),
+    ("04.e", 5, "a layer's name is a string"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_own_hint(id, guess, words):
     outcome = grade(id, guess)
@@ -106,9 +112,10 @@ def test_wrong_guesses_get_their_own_hint(id, guess, words):
 
 
 @pytest.mark.parametrize(("id", "guess"), [("04.a", [0.187, 0.176]), ("04.a", [0.18, 0.18]), ("04.b", 0),
+                                           ("04.b", 1e-7), ("04.b", -1.5e-8), ("04.b", 0.0),
                                            ("04.c", ["DBeta"]),
                                            ("04.d", [[4, 6, 6, 4], [6, 9, 9, 6], [6, 9, 9, 6], [4, 6, 6, 4]]),
-                                           ("04.e", False)])
+                                           ("04.e", "5"), ("04.e", " '5' ")])
 def test_right_guesses_pass(id, guess):
     assert grade(id, guess).passed
 
@@ -236,25 +243,30 @@ def test_04_3_says_it_equals_the_chain():
                       "autograd; max |difference| < 1e-12")
 
 
-def fused_bn(var=lambda x: x.var(0, unbiased=False), mean_n=True, var_n=True, frozen=False):
+def fused_bn(var=lambda x: x.var(0, unbiased=False), mean_n=True, var_n=True, frozen=False, paths=("mean", "var")):
     def batch_norm_backward(x, gamma, dout, eps):
         n, inv_std = len(x), (var(x) + eps) ** -0.5
         x_hat, g = (x - x.mean(0)) * inv_std, dout * gamma
         if frozen:
             return g * inv_std, (dout * x_hat).sum(0), dout.sum(0)
-        dx = inv_std * (g - g.sum(0) / (n if mean_n else 1) - x_hat * (g * x_hat).sum(0) / (n if var_n else 1))
-        return dx, (dout * x_hat).sum(0), dout.sum(0)
+        through_mean = g.sum(0) / (n if mean_n else 1) if "mean" in paths else 0
+        through_var = x_hat * (g * x_hat).sum(0) / (n if var_n else 1) if "var" in paths else 0
+        return inv_std * (g - through_mean - through_var), (dout * x_hat).sum(0), dout.sum(0)
     return batch_norm_backward
 
 
-def by_three_paths(mean_n=True, var_n=True):
-    """04.5 written as the sum of its three paths, with a 1/N lost on one of them."""
+def by_three_paths(mean_n=True, var_n=True, paths=("mean", "var")):
+    """04.5 written as the sum of its three paths, with a 1/N lost on one of them, or a path dropped."""
     def batch_norm_backward(x, gamma, dout, eps):
         n, mean, var = len(x), x.mean(0), x.var(0, unbiased=False)
         inv_std, dx_hat = (var + eps) ** -0.5, dout * gamma
         dvar = (dx_hat * (x - mean)).sum(0) * -0.5 * inv_std**3
         dmean = -(dx_hat * inv_std).sum(0)
-        dx = dx_hat * inv_std + dvar * 2 * (x - mean) / (n if var_n else 1) + dmean / (n if mean_n else 1)
+        dx = dx_hat * inv_std
+        if "var" in paths:
+            dx = dx + dvar * 2 * (x - mean) / (n if var_n else 1)
+        if "mean" in paths:
+            dx = dx + dmean / (n if mean_n else 1)
         return dx, (dout * (x - mean) * inv_std).sum(0), dout.sum(0)
     return batch_norm_backward
 
@@ -278,6 +290,10 @@ BESSEL = "x.var(0) divides by N − 1 (Bessel's correction); batch norm's v = me
     (fused_bn(var_n=False), "the path through v lost its 1/N: v = mean((x − μ)²) over the N rows"),
     (by_three_paths(var_n=False), "the path through v lost its 1/N"),
     (fused_bn(mean_n=False, var_n=False), "the paths through μ and v both lost their 1/N"),
+    (fused_bn(paths=("var",)), "dx lacks the path through the mean μ"),
+    (by_three_paths(paths=("var",)), "adds −γ·inv_std·mean(dout) to each row"),
+    (fused_bn(paths=("mean",)), "dx lacks the path through the variance v"),
+    (by_three_paths(paths=("mean",)), "adds −γ·inv_std·x̂·mean(dout·x̂) to each row"),
     (fused_bn(frozen=True), "with x of shape (6, 4): dx: max |difference| 6.1e-01 (the mean and the variance depend "
                             "on x too"),
     (lambda x, gamma, dout, eps: [g / len(x) if i else g for i, g in enumerate(fused_bn()(x, gamma, dout, eps))],
