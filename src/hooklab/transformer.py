@@ -1,8 +1,9 @@
 """A small transformer with named places to hook, and the toy task it solves.
 
-The task is **induction**: a sequence of ``HALF`` random tokens, all different, is repeated once.
-In the second half each next token can be read off the first half: find the earlier copy of the
-current token and say the token that followed it. Two layers of attention are the classic way to do
+The task is **induction**: a run of 5 to ``HALF`` random tokens, all different, is repeated once, and
+random tokens fill the sequence up to ``2·HALF``. In the repeat, each next token can be read off the
+first run: find the earlier copy of the current token and say the token that followed it. The run's
+length varies, so no fixed offset finds the copy. Two layers of attention are the classic way to do
 it (Olsson et al., 2022, "In-context Learning and Induction Heads"): a head in layer 0 copies each
 position's previous token into it, and a head in layer 1 looks for the position whose previous token
 is the current one, and copies its token.
@@ -26,10 +27,11 @@ import torch
 from torch import nn
 
 __all__ = ["HALF", "VOCAB", "HookPoint", "TinyTransformer", "induction_accuracy", "induction_batch",
-           "trained_transformer"]
+           "induction_mask", "trained_transformer"]
 
 VOCAB = 24  # token 0 is never drawn: the tokens of a sequence are 1 … 23
-HALF = 8  # a sequence is HALF random tokens, then the same tokens again
+HALF = 8  # a sequence is 2·HALF tokens: a run of 5 … HALF different tokens, the run again, random tokens
+SHORTEST = 5
 
 
 class HookPoint(nn.Identity):
@@ -106,17 +108,33 @@ class TinyTransformer(nn.Module):
 
 
 def induction_batch(n: int, generator: torch.Generator | None = None) -> torch.Tensor:
-    """``n`` sequences of ``HALF`` different random tokens (1 … VOCAB-1), each repeated: ``(n, 2·HALF)``."""
-    keys = torch.rand(n, VOCAB - 1, generator=generator)
-    first = keys.argsort(dim=1)[:, :HALF] + 1
-    return torch.cat([first, first], dim=1)
+    """``n`` sequences ``(n, 2·HALF)`` of tokens 1 … VOCAB-1: a run of 5 … HALF different tokens, the same
+    run again, then random tokens."""
+    tokens = torch.randint(1, VOCAB, (n, 2 * HALF), generator=generator)
+    lengths = torch.randint(SHORTEST, HALF + 1, (n,), generator=generator)
+    runs = torch.rand(n, VOCAB - 1, generator=generator).argsort(dim=1)[:, :HALF] + 1
+    for row, (run, length) in enumerate(zip(runs, lengths.tolist(), strict=True)):
+        tokens[row, :length] = run[:length]
+        tokens[row, length:2 * length] = run[:length]
+    return tokens
+
+
+def induction_mask(tokens: torch.Tensor) -> torch.Tensor:
+    """Where the next token can be read off the run, ``(n, 2·HALF - 1)``: the positions of the repeat
+    whose next token is still in the repeat (position i predicts token i + 1)."""
+    t = tokens.shape[1]
+    lengths = torch.tensor([next(length for length in range(SHORTEST, HALF + 1)
+                                 if torch.equal(row[:length], row[length:2 * length])) for row in tokens])
+    positions = torch.arange(t - 1)
+    return (positions >= lengths[:, None]) & (positions < 2 * lengths[:, None] - 1)
 
 
 def induction_accuracy(model: nn.Module, tokens: torch.Tensor) -> float:
-    """The share of the second half's tokens (after the first repeated one) that the model predicts."""
+    """The share of the predictable tokens (``induction_mask``) that the model predicts."""
     with torch.no_grad():
-        predicted = model(tokens)[:, HALF:-1].argmax(dim=-1)
-    return (predicted == tokens[:, HALF + 1:]).float().mean().item()
+        predicted = model(tokens)[:, :-1].argmax(dim=-1)
+    mask = induction_mask(tokens)
+    return (predicted == tokens[:, 1:])[mask].float().mean().item()
 
 
 def weights_path() -> Path:
