@@ -39,10 +39,11 @@ def answer_with(attach, names=None, cleanup_in_finally=True):
 # ----- predictions ------------------------------------------------------------------------------
 PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that gets its own hint
     "03.a": (["s2", "fc2", "s1", "fc1"], ["fc1", "s1", "fc2", "s2"], "order of the forward pass"),
-    "03.b": ([[2, 2, 2], None, [1, 1, 1]], [[2, 2, 2], 3, [1, 1, 1]], "not a tensor"),
+    "03.b": (0.25, 0.5, "σ(0)"),
     "03.c": ([0.5, 1], [0.5, 10], "reaches only the earlier layers"),
     "03.d": (["bn1", "relu", "bn2"], ["bn1", "bn2"], "inputs are views as well"),
-    "03.e": (0.25, 0.5, "σ(0)"),
+    "03.e": (-7, -4.8, "you counted the sigmoids"),
+    "03.f": ([1, 1], [10, 10], "same input"),
 }
 
 
@@ -55,13 +56,11 @@ def test_prediction_truth_right_guess_and_hint_for_a_wrong_one(id):
     assert not outcome.passed and hint in outcome.detail, outcome.detail
 
 
-def test_prediction_03_b_takes_none_or_the_string_none_and_explains_the_slip():
-    assert grade("03.b", [[2, 2, 2], "None", [1, 1, 1]]).passed
-    assert "w · scale" in grade("03.b", [[1, 1, 1], None, [1, 1, 1]]).detail
-    assert "one entry per positional argument" in grade("03.b", [[2, 2, 2], [1, 1, 1]]).detail
-    assert "added once" in grade("03.b", [[2, 2, 2], None, [2, 2, 2]]).detail
-    for scale_slot in (0, [0, 0, 0], [3, 3, 3]):
-        assert "its entry is None" in grade("03.b", [[2, 2, 2], scale_slot, [1, 1, 1]]).detail
+def test_prediction_03_e_is_reasoned_from_the_factors_of_section_1():
+    assert grade("03.e", -6.8).passed  # a seventh a pair, eight pairs
+    assert grade("03.e", -7.5).passed
+    assert "one Linear-and-sigmoid pair" in grade("03.e", -0.8).detail
+    assert "negative" in grade("03.e", 7).detail
 
 
 def test_prediction_03_d_names_what_each_partial_list_missed():
@@ -72,21 +71,22 @@ def test_prediction_03_d_names_what_each_partial_list_missed():
     assert grade("03.d", ("BN1", " relu", "bn2")).passed  # names compared the way a person writes them
 
 
-def test_prediction_03_e_tells_a_number_written_as_a_string():
-    outcome = grade("03.e", "0.25")
+def test_prediction_03_b_tells_a_number_written_as_a_string():
+    outcome = grade("03.b", "0.25")
     assert not outcome.passed and "write a number, not a string" in outcome.detail, outcome.detail
 
 
 # ----- 03.1 ------------------------------------------------------------------------------------
-def gain_hook(register="register_full_backward_hook", returned=None):
-    """Attach a backward hook keeping |grad_input[0]| / |grad_output[0]|, or returning ``returned(gi, go)``."""
+def gain_hook(register="register_full_backward_hook", returned=None, size="std"):
+    """Attach a backward hook keeping size(grad_input[0]) / size(grad_output[0]) (``size`` the std, as asked, or the
+    norm), or returning ``returned(gi, go)``."""
 
     def attach(module, name, gains, handles):
         def hook(m, grad_input, grad_output):
             if returned is not None:
                 return returned(grad_input, grad_output)
             if grad_input[0] is not None:
-                gains[name] = (grad_input[0].norm() / grad_output[0].norm()).item()
+                gains[name] = (getattr(grad_input[0], size)() / getattr(grad_output[0], size)()).item()
             return None
 
         return getattr(module, register)(hook)
@@ -94,7 +94,25 @@ def gain_hook(register="register_full_backward_hook", returned=None):
     return attach
 
 
-gains_right = answer_with(gain_hook())
+def gains_with(attach, cleanup_in_finally=True):
+    """An answer to 03.1: ``attach`` hooks every child, then ``F.cross_entropy(model(x), y).backward()`` runs and
+    every handle is removed (in a ``finally``, unless told otherwise)."""
+
+    def gradient_gains(model, x, y):
+        found, handles = {}, []
+
+        def run():
+            for name, module in model.named_children():
+                handles.append(attach(module, name, found, handles))
+            F.cross_entropy(model(x), y).backward()
+
+        run_then_remove(run, handles, in_finally=cleanup_in_finally)
+        return found
+
+    return gradient_gains
+
+
+gains_right = gains_with(gain_hook())
 
 
 def test_03_1_accepts_right_answer():
@@ -103,30 +121,31 @@ def test_03_1_accepts_right_answer():
 
 
 def test_03_1_rejects_gains_upside_down():
-    outcome = grade("03.1", lambda model, x: {name: 1 / g for name, g in gains_right(model, x).items()})
+    outcome = grade("03.1", lambda model, x, y: {name: 1 / g for name, g in gains_right(model, x, y).items()})
     assert not outcome.passed and "upside down" in outcome.detail
 
 
 def test_03_1_rejects_forward_order():
-    outcome = grade("03.1", lambda model, x: dict(reversed(gains_right(model, x).items())))
+    outcome = grade("03.1", lambda model, x, y: dict(reversed(gains_right(model, x, y).items())))
     assert not outcome.passed and "order the hooks ran" in outcome.detail
 
 
 def test_03_1_rejects_a_layer_without_input_gradient():
-    outcome = grade("03.1", lambda model, x: {**gains_right(model, x), "0": 0.0})
+    outcome = grade("03.1", lambda model, x, y: {**gains_right(model, x, y), "0": 0.0})
     assert not outcome.passed and "(None,)" in outcome.detail
 
 
 def test_03_1_names_what_was_returned_instead_of_a_dict():
-    def forgets_return(model, x):
-        gains_right(model, x)
+    def forgets_return(model, x, y):
+        gains_right(model, x, y)
 
     failed("03.1", forgets_return, "return a dict {layer name: gain}, not None (missing return?)")
-    failed("03.1", lambda model, x: list(gains_right(model, x).items()), "return a dict {layer name: gain}, not list")
+    failed("03.1", lambda model, x, y: list(gains_right(model, x, y).items()),
+           "return a dict {layer name: gain}, not list")
 
 
 def test_03_1_rejects_a_wrong_gain():
-    outcome = grade("03.1", lambda model, x: {**gains_right(model, x), "4": 1.0})
+    outcome = grade("03.1", lambda model, x, y: {**gains_right(model, x, y), "4": 1.0})
     assert not outcome.passed and "layer '4'" in outcome.detail
 
 
@@ -138,36 +157,40 @@ def test_03_1_explains_hooks_that_return_a_value():
         lambda gi, go: go,
     )
     for returned in returns:
-        failed("03.1", answer_with(gain_hook(returned=returned)), "return None")
+        failed("03.1", gains_with(gain_hook(returned=returned)), "return None")
 
 
 def test_03_1_rejects_hooks_left_behind():
-    def leaves_hooks(model, x):
+    def leaves_hooks(model, x, y):
         for m in model.children():
             m.register_full_backward_hook(lambda m, gi, go: None)
-        return gains_right(model, x)
+        return gains_right(model, x, y)
 
     outcome = grade("03.1", leaves_hooks)
     assert not outcome.passed and "still registered" in outcome.detail
 
 
 def test_03_1_rejects_hooks_left_behind_when_forward_raises():
-    outcome = grade("03.1", answer_with(gain_hook(), cleanup_in_finally=False))
+    outcome = grade("03.1", gains_with(gain_hook(), cleanup_in_finally=False))
     assert not outcome.passed and "finally" in outcome.detail
+
+
+def test_03_1_names_ratios_of_norms_instead_of_stds():
+    failed("03.1", gains_with(gain_hook(size="norm")), "ratios of norms", "std", "layer '6'")
 
 
 def test_03_1_rejects_the_legacy_backward_hook():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # the deprecation warning of the student's own call
-        outcome = grade("03.1", answer_with(gain_hook("register_backward_hook")))
+        outcome = grade("03.1", gains_with(gain_hook("register_backward_hook")))
     assert not outcome.passed and "deprecated" in outcome.detail
 
 
 
 
 def test_03_1_rejects_tensors_where_floats_are_asked():
-    def tensors(model, x):
-        return {name: torch.tensor(gain) for name, gain in gains_right(model, x).items()}
+    def tensors(model, x, y):
+        return {name: torch.tensor(gain) for name, gain in gains_right(model, x, y).items()}
 
     failed("03.1", tensors, "is a tensor", ".item()")
 
@@ -254,7 +277,7 @@ def test_03_2_explains_a_bare_tensor_returned():
 def test_legacy_hook_advice_fits_each_exercise():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        gains = grade("03.1", answer_with(gain_hook("register_backward_hook")))
+        gains = grade("03.1", gains_with(gain_hook("register_backward_hook")))
         cap = grade("03.2", lambda module, limit: module.register_backward_hook(lambda m, gi, go: None))
     assert "use register_full_backward_hook" in gains.detail, gains.detail
     assert "register_full_backward_pre_hook" in cap.detail and "use register_full_backward_hook" not in cap.detail
@@ -350,10 +373,11 @@ def test_03_3_names_the_model_and_layer_of_a_wrong_gradient():
 
 # ----- 03.4 ------------------------------------------------------------------------------------
 def tracker_class(kind="tensor hook", returns_handle=False, skip_no_grad=True, late_binding=False, as_tensors=False,
-                  ratio="right", returns_self=True, keeps_handles=True):  # fmt: skip
+                  ratio="right", returns_self=True, keeps_handles=True, ratio_hook="post-accumulate"):  # fmt: skip
     """An answer to 03.4: ``GradTracker`` as the lesson's stub gives it, with ``__enter__`` filled in (variations:
     a full backward hook, the output's own std, a lambda returning the tensor hook's handle, no requires_grad
-    check, the loop variable looked up late, tensors kept, a wrong ratio, no ``return self``, handles not kept)."""
+    check, the loop variable looked up late, tensors kept, a wrong ratio, no ``return self``, handles not kept, the
+    ratio taken in a tensor hook on the weight: ``ratio_hook="tensor"``)."""
     ratios = {
         "right": lambda lr, w: ((lr * w.grad).std() / w.std()).log10(),
         "no log10": lambda lr, w: (lr * w.grad).std() / w.std(),
@@ -391,7 +415,11 @@ def tracker_class(kind="tensor hook", returns_handle=False, skip_no_grad=True, l
                         return handle if returns_handle else None
 
                     handle = module.register_forward_hook(forward_hook)
-                second = module.weight.register_post_accumulate_grad_hook(keep_ratio)
+                if ratio_hook == "tensor":  # the gradient of this backward, before it is added to .grad
+                    second = module.weight.register_hook(lambda g, w=module.weight, name=name: self.ratios[name].append(
+                        number(((self.lr * g).std() / w.std()).log10())))
+                else:
+                    second = module.weight.register_post_accumulate_grad_hook(keep_ratio)
                 if keeps_handles:
                     self.hooks.add(handle)
                     self.hooks.add(second)
@@ -429,6 +457,11 @@ def test_03_4_explains_a_tensor_hook_on_an_evaluation_output():
 def test_03_4_names_a_ratio_without_log10_or_lr():
     failed("03.4", tracker_class(ratio="no log10"), "ratios['0']", "take log10")
     failed("03.4", tracker_class(ratio="no lr"), "ratios['0']", "lr · weight.grad")
+
+
+def test_03_4_rejects_a_tensor_hook_where_a_post_accumulate_grad_hook_is_asked():
+    failed("03.4", tracker_class(ratio_hook="tensor"), "tensor hook on the weight", "before it is added to .grad",
+           "register_post_accumulate_grad_hook")
 
 
 def test_03_4_rejects_a_missing_return_self_and_hooks_kept_nowhere():
@@ -522,3 +555,51 @@ def test_03_5_says_what_to_return():
         return vanishing_with()(model, x, y, ratio) or "0"
 
     failed("03.5", always_a_name, "He-initialised", "return None")
+
+
+def test_03_5_names_a_layer_that_is_not_a_linear():
+    def every_module(model, x, y, ratio=1e-3):  # a tensor hook on the output of every module, the model's included
+        seen, handles = [], []
+
+        def run():
+            for name, module in model.named_modules():
+                def forward_hook(m, args, output, name=name):
+                    output.register_hook(lambda g: seen.append((name, g.std().item())))
+
+                handles.append(module.register_forward_hook(forward_hook))
+            F.cross_entropy(model(x), y).backward()
+
+        run_then_remove(run, handles)
+        stds = dict(seen)
+        return next((name for name, _ in seen if stds[name] < ratio * seen[0][1]), None)
+
+    failed("03.5", every_module, "deep sigmoid network", "is a Sigmoid, not a Linear", "isinstance(module, nn.Linear)")
+
+
+def test_03_5_explains_a_tracker_given_modules_without_a_weight():
+    tracker = tracker_class()
+
+    def tracks_every_module(model, x, y, ratio=1e-3):
+        with tracker(model, [name for name, _ in model.named_modules()]) as t:
+            F.cross_entropy(model(x), y).backward()
+        return next(iter(t.grad_stds))
+
+    failed("03.5", tracks_every_module, "without a weight", "Linear layers only")
+
+
+def test_03_5_names_a_wrong_layer_before_hooks_left_behind():
+    def forward_order_and_no_cleanup(model, x, y, ratio=1e-3):
+        return vanishing_with("first in forward order", in_finally=False)(model, x, y, ratio)
+
+    def right_but_hooks_stay(model, x, y, ratio=1e-3):
+        model[0].register_forward_hook(lambda m, a, out: None)
+        return vanishing_with()(model, x, y, ratio)
+
+    def wrong_and_hooks_stay(model, x, y, ratio=1e-3):
+        model[0].register_forward_hook(lambda m, a, out: None)
+        return vanishing_with("first in forward order")(model, x, y, ratio)
+
+    failed("03.5", forward_order_and_no_cleanup, "counted from the input")
+    outcome = failed("03.5", wrong_and_hooks_stay, "counted from the input")
+    assert "remove your hooks" not in outcome.detail, outcome.detail
+    failed("03.5", right_but_hooks_stay, "the layer is right", "remove your hooks", "forward hook is still registered")

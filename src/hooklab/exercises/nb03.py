@@ -1,6 +1,6 @@
 """Exercises and predictions of notebook 03: module backward hooks.
 
-Predictions 03.a-03.e compute their truth with torch; exercises 03.1-03.5 are the hooks the lesson's
+Predictions 03.a-03.f compute their truth with torch; exercises 03.1-03.5 are the hooks the lesson's
 sections are about: the gain of each layer (full backward hooks), a cap on the gradient entering a layer
 (a backward pre-hook), the gradient at an output changed in place (a tensor hook from a forward hook), a
 gradient tracker class, and the vanishing point. The guide's exercises on the same hooks are in ``g3.py``.
@@ -8,6 +8,7 @@ gradient tracker class, and the vanishing point. The guide's exercises on the sa
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 
@@ -55,6 +56,11 @@ _LEGACY_CLIP = (
     "use register_full_backward_pre_hook"
 )
 _LEGACY_IN_PLACE = f"{_DEPRECATED}; on in-place networks register a tensor hook from a forward hook"
+_NO_WEIGHT = (
+    "a module without a weight was given a post-accumulate-grad hook: your tracker hooks each named module's weight, "
+    "and a Sigmoid, a ReLU or the model itself (named '' in named_modules()) has none. Give the tracker the names of "
+    "the Linear layers only (isinstance(module, nn.Linear))"
+)
 _FULL_HOOK_IN_PLACE = (
     "a full backward hook cannot watch a module whose output is then changed in place (section 3): its output is "
     "a view, and autograd refuses the in-place change; register a tensor hook on the output from a forward hook"
@@ -94,44 +100,19 @@ def _backward_order() -> list[str]:
     return order
 
 
-class _ScaleAdd(nn.Module):
-    """``a * w * scale + b``: a tensor, a number, a tensor; ``w`` a parameter of ones."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = nn.Parameter(torch.ones(3))
-
-    def forward(self, a: torch.Tensor, scale: float, b: torch.Tensor) -> torch.Tensor:
-        return a * self.w * scale + b
-
-
-_SCALE_SLOT = ("scale is a number, not a tensor: autograd computes no gradient for it, and its entry is None "
-               "(documented)")  # fmt: skip
-
-
 @prediction(
-    "03.b", "the grad_input of ScaleAdd when a and b require grad",
-    why="one entry per positional argument: dL/da = w · scale = [2, 2, 2], None for the number scale, and "
-        "dL/db = [1, 1, 1], since b is added once.",
+    "03.b", "the largest factor by which a sigmoid passes a gradient on",
+    why="σ'(z) = σ(z)(1 − σ(z)) is largest at z = 0, where it is 0.5 · 0.5 = 0.25: a sigmoid passes on at most a "
+        "quarter of the gradient it receives.",
     wrong=[
-        ([[1.0] * 3, None, [1.0] * 3], "dL/da is w · scale: a is multiplied by w (ones) and by scale (2)"),
-        ([[2.0] * 3, 3.0, [1.0] * 3], _SCALE_SLOT),
-        ([[2.0] * 3, [3.0] * 3, [1.0] * 3], _SCALE_SLOT),
-        ([[2.0] * 3, 0.0, [1.0] * 3], _SCALE_SLOT),
-        ([[2.0] * 3, [0.0] * 3, [1.0] * 3], _SCALE_SLOT),
-        ([[2.0] * 3, [1.0] * 3], "grad_input has one entry per positional argument of forward, the number scale "
-                                 "included: its entry is None"),
-        ([[2.0] * 3, None, [2.0] * 3], "b is added once, not multiplied by scale: dL/db = [1, 1, 1]"),
+        (0.5, "0.5 is σ(0), the sigmoid's value; its slope there is σ(0)(1 − σ(0)) = 0.25"),
+        (1.0, "1 is the slope of ReLU for positive inputs; a sigmoid's slope σ(z)(1 − σ(z)) is at most 0.25"),
     ],
 )  # fmt: skip
-def _scale_add_grad_input() -> list:
-    module, seen = _ScaleAdd(), {}
-    handle = module.register_full_backward_hook(lambda m, gi, go: seen.update(gi=gi))
-    try:
-        module(torch.ones(3, requires_grad=True), 2.0, torch.ones(3, requires_grad=True)).sum().backward()
-    finally:
-        handle.remove()
-    return [None if g is None else g.tolist() for g in seen["gi"]]
+def _sigmoid_slope() -> float:
+    z = torch.linspace(-6, 6, 1201, requires_grad=True)
+    (slope,) = torch.autograd.grad(torch.sigmoid(z).sum(), z)
+    return slope.max().item()
 
 
 @prediction(
@@ -200,19 +181,76 @@ def _children_that_fail() -> list[str]:
     return failing
 
 
+def _digit_pixels() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The lesson's data: the digits' pixels, standardised with the training set's statistics, and labels."""
+    from ..data import digits
+
+    data = digits()
+    mean, std = data.x_train.flatten(1).mean(0), data.x_train.flatten(1).std(0) + 0.1
+    return ((data.x_train.flatten(1) - mean) / std, data.y_train, (data.x_test.flatten(1) - mean) / std,
+            data.y_test)  # fmt: skip
+
+
+def _digits_mlp(depth: int = 8, width: int = 32) -> nn.Sequential:
+    """The lesson's deep network: 64 pixels → depth × (Linear → Sigmoid) → Linear → 10, PyTorch's default init."""
+    torch.manual_seed(0)
+    layers = [m for k in range(depth) for m in (nn.Linear(64 if k == 0 else width, width), nn.Sigmoid())]
+    return nn.Sequential(*layers, nn.Linear(width, 10))
+
+
+_SIGMOIDS_ONLY = ("you counted the sigmoids (about 0.25 each, eight of them: 10^-4.8); the gradient passes eight "
+                  "Linear layers too, each × about 0.6, and the last one × 0.33")  # fmt: skip
+
+
 @prediction(
-    "03.e", "the largest factor by which a sigmoid passes a gradient on",
-    why="σ'(z) = σ(z)(1 − σ(z)) is largest at z = 0, where it is 0.5 · 0.5 = 0.25: a sigmoid passes on at most a "
-        "quarter of the gradient it receives.",
+    "03.e", "log10 of the gradient std at layer 0's output over layer 16's, in the deep sigmoid network",
+    why="on its way from layer 16's output to layer 0's the gradient passes layers 16 down to 1, and their factors "
+        "multiply: 0.33 × 0.6^7 × 0.24^8 ≈ 10^-7, about a seventh for each of eight Linear-and-sigmoid pairs.",
     wrong=[
-        (0.5, "0.5 is σ(0), the sigmoid's value; its slope there is σ(0)(1 − σ(0)) = 0.25"),
-        (1.0, "1 is the slope of ReLU for positive inputs; a sigmoid's slope σ(z)(1 − σ(z)) is at most 0.25"),
+        (-4.8, _SIGMOIDS_ONLY), (-5.0, _SIGMOIDS_ONLY),
+        (-0.8, "that is one Linear-and-sigmoid pair; the gradient passes eight, and their factors multiply"),
+        (-1.0, "that is one Linear-and-sigmoid pair; the gradient passes eight, and their factors multiply"),
+        (7.0, "the gradient shrinks on its way back, so the ratio is below 1 and its log10 is negative"),
+    ],
+    rel=0.12,
+)  # fmt: skip
+@functools.cache
+def _layer_0_over_16() -> float:
+    pixels, labels, _, _ = _digit_pixels()
+    model, h, outputs = _digits_mlp().double(), pixels[:64].double(), []
+    for module in model:
+        h = module(h)
+        if isinstance(module, nn.Linear):
+            outputs.append(h)
+    grads = torch.autograd.grad(F.cross_entropy(h, labels[:64]), outputs)
+    return (grads[0].std() / grads[-1].std()).log10().item()
+
+
+@prediction(
+    "03.f", "how many different digits the deep sigmoid network predicts after one epoch at lr 0.5 and at lr 5",
+    why="a bigger step does not make up for what the forward pass lost: at layer 15 the images differ by about "
+        "10^-7, so the last layer sees the same input for every image and gives every image the same answer, one "
+        "digit; the early layers, with 10^-7 of the gradient, barely move even at 100 times the step.",
+    wrong=[
+        ([10, 10], "layer 16 does get the full gradient and moves, but its input is the same for every image (they "
+                   "differ by 10^-7 at layer 15): the same input gives the same answer, one digit"),
     ],
 )  # fmt: skip
-def _sigmoid_slope() -> float:
-    z = torch.linspace(-6, 6, 1201, requires_grad=True)
-    (slope,) = torch.autograd.grad(torch.sigmoid(z).sum(), z)
-    return slope.max().item()
+@functools.cache  # two epochs of training: computed once a session
+def _digits_predicted_at_higher_lr() -> list[int]:
+    pixels, labels, test_pixels, _ = _digit_pixels()
+    counts = []
+    for lr in (0.5, 5.0):
+        model = _digits_mlp()
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        for idx in torch.randperm(len(labels), generator=torch.Generator().manual_seed(0)).split(8):
+            loss = F.cross_entropy(model(pixels[idx]), labels[idx])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        with torch.no_grad():
+            counts.append(model(test_pixels).argmax(1).unique().numel())
+    return counts
 
 
 # ----- 03.1: how much each layer scales the gradient -----------------------------------------------
@@ -227,27 +265,30 @@ def _tanh_mlp(seed: int, loud: str) -> nn.Sequential:
     return model
 
 
-def _gains_by_autograd(model: nn.Sequential, x: torch.Tensor) -> dict[str, float]:
-    """|dL/d(input)| / |dL/d(output)| of every child but the first, output end first."""
+def _gains_by_autograd(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, size: str = "std") -> dict[str, float]:
+    """size(dL/d(input)) / size(dL/d(output)) of every child but the first, output end first; ``size`` is the
+    tensor method that measures it (``"std"``, the lesson's measure, or ``"norm"``)."""
     values = [x]
     for layer in model:
         values.append(layer(values[-1]))
-    grads = torch.autograd.grad(values[-1].sum(), values[1:])  # grads[k] = dL/d(output of layer k)
+    grads = torch.autograd.grad(F.cross_entropy(values[-1], y), values[1:])  # grads[k] = dL/d(output of layer k)
     names = [name for name, _ in model.named_children()]
-    return {names[k]: (grads[k - 1].norm() / grads[k].norm()).item() for k in reversed(range(1, len(names)))}
+    return {names[k]: (getattr(grads[k - 1], size)() / getattr(grads[k], size)()).item()
+            for k in reversed(range(1, len(names)))}  # fmt: skip
 
 
 @exercise("03.1", "how much each layer scales the gradient")
 def _gains(gradient_gains) -> Outcome:
-    """``gradient_gains(model, x)`` puts a full backward hook on every child of ``model``, runs
-    ``model(x).sum().backward()`` and returns ``{name: |grad_input[0]| / |grad_output[0]|}`` in
+    """``gradient_gains(model, x, y)`` puts a full backward hook on every child of ``model``, runs
+    ``F.cross_entropy(model(x), y).backward()`` and returns ``{name: grad_input[0].std() / grad_output[0].std()}`` in
     the order the hooks ran, leaving out layers whose ``grad_input[0]`` is None."""
     model = _tanh_mlp(seed=0, loud="2")
-    x = torch.randn(5, 8, generator=torch.Generator().manual_seed(1))  # needs no grad: layer 0 gets (None,)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(5, 8, generator=g), torch.randint(0, 4, (5,), generator=g)  # x needs no grad: '0' gets None
     try:
         with warnings.catch_warnings():  # PyTorch warns that layer 0 gets (None,): the exercise says so already
             warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed")
-            got = gradient_gains(model, x.clone())
+            got = gradient_gains(model, x.clone(), y.clone())
     except (RuntimeError, TypeError) as error:
         return hint_for(error, dict.fromkeys(_RETURNED_A_VALUE, "your hook returned something, and a full backward "
             "hook's return value replaces grad_input; make it return None (a lambda returns whatever its "
@@ -256,7 +297,7 @@ def _gains(gradient_gains) -> Outcome:
         return Outcome(False, _LEGACY)
     if clear_hooks(model):
         return Outcome(False, "hooks are still registered on the model: remove them before returning")
-    expected = _gains_by_autograd(model, x)
+    expected = _gains_by_autograd(model, x, y)
     if not isinstance(got, dict):
         return Outcome(False, f"return a dict {{layer name: gain}}, not {kind_of(got)}")
     if "0" in got:
@@ -274,14 +315,20 @@ def _gains(gradient_gains) -> Outcome:
         return Outcome(False, "every gain should be one number, a float")
     if all(math.isclose(values[n] * expected[n], 1, rel_tol=1e-4) for n in expected):
         return Outcome(False, "every gain is upside down: grad_input is the gradient the module sends on to "
-                              "earlier layers, so divide |grad_input[0]| by |grad_output[0]|")
+                              "earlier layers, so divide grad_input[0].std() by grad_output[0].std()")
+    by_norm = _gains_by_autograd(model, x, y, "norm")
+    if all(math.isclose(values[n], by_norm[n], rel_tol=1e-4) for n in expected):
+        return Outcome(False, "these are ratios of norms; the lesson measures a gradient's size by its std, which "
+                              "does not grow with the number of elements: layer '6' has 16 inputs and 4 outputs, "
+                              "so its norm ratio is about twice its std ratio. Divide grad_input[0].std() by "
+                              "grad_output[0].std()")
     for name, gain in expected.items():
         if not math.isclose(values[name], gain, rel_tol=1e-4):
             return Outcome(False, f"layer {name!r}: gain {values[name]:.4g}, expected {gain:.4g}")
     if list(got) != list(expected):
         return Outcome(False, f"the gains are right, but list them in the order the hooks ran: {list(expected)}, "
                               f"not {list(got)} (backward reaches the last layer first)")
-    failed = hooks_left_when_raising(lambda: gradient_gains(model, torch.randn(5, 7)), model)
+    failed = hooks_left_when_raising(lambda: gradient_gains(model, torch.randn(5, 7), y), model)
     if failed is not None:
         return failed
     loudest = max(expected, key=expected.get)
@@ -476,6 +523,14 @@ def _output_grads(output_grads) -> Outcome:
 _TRACKED, _LR = ["0", "2", "4"], 0.1
 
 
+_WEIGHT_TENSOR_HOOK = (
+    "the ratio comes from a tensor hook on the weight (register_hook): it receives this backward's gradient before "
+    "it is added to .grad, so when gradients add up over several backward passes it misses what .grad already "
+    "holds. Use weight.register_post_accumulate_grad_hook, which runs once .grad is complete and receives the "
+    "weight itself"
+)
+
+
 def _in_place_mlp() -> nn.Sequential:
     """Linear → in-place ReLU → Linear → in-place ReLU → Linear: a full backward hook on '0' or '2' fails."""
     torch.manual_seed(3)
@@ -501,11 +556,15 @@ def _reference_tracks(batches: list[torch.Tensor]) -> tuple[dict[str, list[float
     return stds, ratios
 
 
-def _tracked_run(tracker_class, model: nn.Module, batches: list[torch.Tensor]):
+def _tracked_run(tracker_class, model: nn.Module, batches: list[torch.Tensor], hooked: dict[str, bool]):
     """The answer's tracker over three steps (each followed by an evaluation forward under ``no_grad``), then one
-    more step after its ``with`` block; and what its ``__enter__`` returned."""
+    more step after its ``with`` block; and what its ``__enter__`` returned. ``hooked`` gets whether, inside the
+    block, a tracked weight had a tensor hook ("tensor") and one a post-accumulate-grad hook ("post")."""
     tracker = tracker_class(model, list(_TRACKED), lr=_LR)
     with tracker as entered:
+        weights = [model.get_submodule(name).weight for name in _TRACKED]
+        hooked.update(tensor=any(w._backward_hooks for w in weights),
+                      post=any(w._post_accumulate_grad_hooks for w in weights))  # fmt: skip
         for x in batches:
             model.zero_grad()
             model(x).pow(2).sum().backward()
@@ -561,13 +620,15 @@ def _track(tracker_class) -> Outcome:
     """``tracker_class(model, names, lr)`` is a context manager; inside its ``with`` block, every backward appends
     to ``tracker.grad_stds[name]`` the std of dL/d(output of module name) and to ``tracker.ratios[name]``
     log10(std(lr · weight.grad) / std(weight)); nothing is added after the block."""
-    model = _in_place_mlp()
+    model, hooked = _in_place_mlp(), {}
     g = torch.Generator().manual_seed(8)
     batches = [torch.randn(5, 6, generator=g) * (k + 1) for k in range(3)]
     try:
-        tracker, entered = _tracked_run(tracker_class, model, batches)
+        tracker, entered = _tracked_run(tracker_class, model, batches, hooked)
     except (TypeError, RuntimeError, AttributeError) as error:
         _clear_all_hooks(model)
+        if hooked.get("tensor") and not hooked.get("post"):
+            return Outcome(False, _WEIGHT_TENSOR_HOOK)
         return hint_for(error, {
             "BackwardHookFunction is a view": _FULL_HOOK_IN_PLACE,
             "RemovableHandle": _RETURNED_HANDLE,
@@ -579,6 +640,8 @@ def _track(tracker_class) -> Outcome:
         _clear_all_hooks(model)
         raise
     left = _clear_all_hooks(model)
+    if hooked.get("tensor") and not hooked.get("post"):
+        return Outcome(False, _WEIGHT_TENSOR_HOOK)
     if left:
         return Outcome(False, f"after the with block {left[0]}: keep every handle with self.hooks.add(...), so "
                               "that __exit__ removes it")
@@ -702,34 +765,50 @@ def _vanishing(vanishing_point) -> Outcome:
         model = build()
         try:
             got = vanishing_point(model, x.clone(), y.clone(), **kwargs)
-        except (TypeError, RuntimeError) as error:
-            clear_hooks(model)
+        except (TypeError, RuntimeError, AttributeError) as error:
+            _clear_all_hooks(model)
             return hint_for(error, {"BackwardHookFunction is a view": f"on {label}: {_FULL_HOOK_IN_PLACE}",
-                                    "RemovableHandle": f"on {label}: {_RETURNED_HANDLE}"})  # fmt: skip
-        left = clear_hooks(model)
+                                    "RemovableHandle": f"on {label}: {_RETURNED_HANDLE}",
+                                    "has no attribute 'weight'": _NO_WEIGHT})  # fmt: skip
+        left = _clear_all_hooks(model)
+        outcome = _vanishing_verdict(label, model, build, kwargs, got, x, y)
+        if outcome is not None:  # a wrong layer is named before hooks left behind
+            return outcome
         if left:
-            return Outcome(False, f"on {label}: remove your hooks before returning: {left[0]}")
-        ratio = kwargs.get("ratio", 1e-3)
-        stds, weight_stds = _gradient_stds(build(), x, y)
-        last = list(stds)[-1]
-        want = _first_below(reversed(stds), stds, ratio * stds[last])
-        if got is not None and not isinstance(got, str):
-            return Outcome(False, f"return a layer's name (a str, as named_modules gives it) or None, "
-                                  f"not {kind_of(got)}")
-        if got == want:
-            continue
-        if kwargs and got == _first_below(reversed(stds), stds, 1e-3 * stds[last]):
-            return Outcome(False, f"on {label}: that is the answer for ratio=1e-3; use the ratio you are given")
-        hint = _vanishing_mistakes(stds, weight_stds, ratio, want).get(got, "").replace("{got}", repr(got))
-        if want is None:
-            return Outcome(False, f"on {label}: no Linear's output gradient has a std below {ratio:g} × that of "
-                                  f"layer {last!r}: return None, not {got!r}" + (f": {hint}" if hint else ""))
-        if got is None and not hint:
-            return Outcome(False, f"on {label}: the output gradient of layer {want!r} has a std of "
-                                  f"{stds[want] / stds[last]:.2g} × that of layer {last!r}, below {ratio:g}, and you "
-                                  "returned None")
-        return Outcome(False, f"on {label}: expected {want!r}, got {got!r}" + (f": {hint}" if hint else ""))
+            return Outcome(False, f"on {label}: the layer is right, but remove your hooks before returning: "
+                                  f"{left[0]}")
     model = _sigmoid_mlp()
     failed = hooks_left_when_raising(lambda: vanishing_point(model, torch.randn(3, 7), y[:3]), model)
     return failed or Outcome(True, "on every network, the first layer below the ratio on the way back from the "
                                    "loss, and None where the gradient never vanishes")
+
+
+def _vanishing_verdict(label: str, model: nn.Module, build, kwargs: dict, got: object, x: torch.Tensor,
+                       y: torch.Tensor) -> Outcome | None:  # fmt: skip
+    """What is wrong with the layer ``got`` that the answer named on one network, or None if it is right."""
+    ratio = kwargs.get("ratio", 1e-3)
+    stds, weight_stds = _gradient_stds(build(), x, y)
+    last = list(stds)[-1]
+    want = _first_below(reversed(stds), stds, ratio * stds[last])
+    if got is not None and not isinstance(got, str):
+        return Outcome(False, f"return a layer's name (a str, as named_modules gives it) or None, "
+                              f"not {kind_of(got)}")
+    if got == want:
+        return None
+    modules = dict(model.named_modules())
+    if isinstance(got, str) and got in modules and not isinstance(modules[got], nn.Linear):
+        what = ("the whole model: named_modules() lists it first, under the name ''" if got == ""
+                else f"a {type(modules[got]).__name__}")  # fmt: skip
+        return Outcome(False, f"on {label}: {got!r} is {what}, not a Linear. The vanishing point is a Linear "
+                              "layer: watch the outputs of the Linear layers only (isinstance(module, nn.Linear))")
+    if kwargs and got == _first_below(reversed(stds), stds, 1e-3 * stds[last]):
+        return Outcome(False, f"on {label}: that is the answer for ratio=1e-3; use the ratio you are given")
+    hint = _vanishing_mistakes(stds, weight_stds, ratio, want).get(got, "").replace("{got}", repr(got))
+    if want is None:
+        return Outcome(False, f"on {label}: no Linear's output gradient has a std below {ratio:g} × that of "
+                              f"layer {last!r}: return None, not {got!r}" + (f": {hint}" if hint else ""))
+    if got is None and not hint:
+        return Outcome(False, f"on {label}: the output gradient of layer {want!r} has a std of "
+                              f"{stds[want] / stds[last]:.2g} × that of layer {last!r}, below {ratio:g}, and you "
+                              "returned None")
+    return Outcome(False, f"on {label}: expected {want!r}, got {got!r}" + (f": {hint}" if hint else ""))
