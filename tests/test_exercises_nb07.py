@@ -33,6 +33,7 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
 @pytest.mark.parametrize(("id", "guess", "hint"), [
     ("07.a", 0.0, "weight_orig"), ("07.b", 1, "mean of the per-sample"), ("07.c", 1, "divides it by the 64"),
     ("07.d", 65536 + 2560, "only for the gradient of the input"), ("07.e", 95_784, "every gradient at once"),
+    ("07.e", 73_984, "one after the other"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
@@ -140,6 +141,7 @@ def test_07_4_accepts_the_worked_answer_and_names_each_slip():
     failed("07.4", (lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t, lambda t: t), "dtype")
     failed("07.4", (lambda t: t, lambda t: t), "bfloat16")
     failed("07.4", nb07.pack_bf16, "pair")
+    failed("07.4", (lambda t: (lambda: t), lambda f: f()), "closure")
 
 
 # ----- 07.5 -------------------------------------------------------------------------------------

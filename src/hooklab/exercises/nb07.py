@@ -80,10 +80,12 @@ def influence(step: Callable = plain_step) -> float:
     return (updates[0] - updates[1]).norm().item()
 
 
-def saved_bytes(pack: Callable | None = None, unpack: Callable | None = None, n: int = 256) -> int:
+def saved_bytes(pack: Callable | None = None, unpack: Callable | None = None, n: int = 256,
+                checkpoint: bool = False) -> int:
     """Bytes that autograd keeps for backward in one forward pass of a batch of ``n`` digits: the sizes of
     the tensors ``pack`` returns (of the tensors given to it, without hooks). A pack that returns a tuple is
-    counted by the tensors in it."""
+    counted by the tensors in it. ``checkpoint``: ``features`` runs under non-reentrant activation
+    checkpointing, whose own saved-tensor hooks then keep what it saves (only its input, measured apart)."""
     pack, unpack = pack or (lambda t: t), unpack or (lambda t: t)
     total = 0
 
@@ -96,7 +98,13 @@ def saved_bytes(pack: Callable | None = None, unpack: Callable | None = None, n:
     model = _model()
     x, y = _batch(n)
     with torch.autograd.graph.saved_tensors_hooks(counting, unpack):
-        loss = F.cross_entropy(model(x), y)
+        if checkpoint:
+            from torch.utils.checkpoint import checkpoint as run_checkpointed
+
+            total += x.numel() * x.element_size()  # what the checkpoint keeps: its input
+            loss = F.cross_entropy(model.head(run_checkpointed(model.features, x, use_reentrant=False)), y)
+        else:
+            loss = F.cross_entropy(model(x), y)
     loss.backward()
     return total
 
@@ -284,7 +292,7 @@ def _sum_over_grad() -> float:
     return (per_sample.sum(0).norm() / model.head[2].weight.grad.norm()).item()
 
 
-@prediction("07.c", "the norm of the wrong image's share of the clipped mean gradient",
+@prediction("07.c", "the norm of the wrong image's share of the clipped mean gradient (before lr)",
             why="clipping makes its gradient's norm at most C = 1, and the mean divides it by the 64 images: "
                 "1/64 = 0.0156, however wrong the image is",
             wrong=[(1, "clipped to norm 1, yes, but the mean then divides it by the 64 images"),
@@ -323,7 +331,9 @@ def _linear_saves() -> int:
             why="each parameter's gradient is freed as soon as its step is taken, so at most one is alive: the "
                 "largest, features.5.weight (64 × 32 × 3 × 3 floats × 4 bytes = 73,728 bytes)",
             wrong=[(95_784, "that is every gradient at once, plain SGD's peak; the fused step frees each one "
-                            "right after its update")])
+                            "right after its update"),
+                   (73_984, "a conv's weight and bias gradients arrive one after the other: the bias's "
+                            ".grad is freed before the weight's arrives")])
 def _fused_peak() -> int:
     return gradient_peak(fuse_sgd)
 
@@ -472,6 +482,9 @@ def _check_compress(answer) -> Outcome:
     if not (isinstance(answer, tuple) and len(answer) == 2 and all(callable(f) for f in answer)):
         return Outcome(False, f"pass the pair of functions (pack, unpack), got {kind_of(answer)}")
     pack, unpack = answer
+    if not _tensors_in(pack(torch.randn(3, 4))):
+        return Outcome(False, "pack must return the tensor it keeps (alone, or in a tuple with its dtype), not a "
+                              "function or a dict: a closure keeps the float32 tensor alive while hiding it")
     probes = ((torch.randn(3, 4), "a float32 tensor"), (torch.tensor([[3, 70000]]), "max-pooling's int64 indices"))
     for t, what in probes:
         back = unpack(pack(t))
