@@ -1,9 +1,13 @@
 """Exercises of the field guide G1, tensor and graph hooks: the memory a saved tensor keeps alive
 (G1.1, section 1), a pre-hook on an autograd node (G1.2, section 4), an SGD step fused into backward
-(G1.3 and prediction G1.a, section 21) and saved tensors kept in bfloat16 (G1.4 and G1.b, section 22)."""
+(G1.3 and prediction G1.a, section 21), saved tensors kept in bfloat16 (G1.4 and G1.b, section 22)
+and the gradients of the parameters a shell-style pattern names, clamped and counted (G1.5,
+section 23)."""
 
 from __future__ import annotations
 
+import fnmatch
+import re
 import warnings
 from collections.abc import Iterable
 
@@ -13,6 +17,7 @@ from torch.autograd.graph import saved_tensors_hooks
 
 from ..audit import clear_global_hooks, clear_hooks
 from ..hooks import Hooks
+from ..pytorch_internals import parameter_hook_count
 from . import Outcome, compare_tensors, exercise, hint_for, is_handle, kind_of, not_a_handle, prediction
 
 
@@ -541,7 +546,214 @@ def _half(save_in_half) -> Outcome:
                          "kept finite, and unpack works twice")
 
 
+# ----- G1.5 (section 23): clamping the gradients of the parameters a pattern names --------------
+def _clamp_model() -> nn.Module:
+    """Eleven layers, so that names go up to '10.bias': a pattern such as '?.bias' must name '0.bias' to
+    '8.bias' and not '10.bias'."""
+    torch.manual_seed(3)  # on the checker's own random stream (see ``exercise``)
+    layers = []
+    for _ in range(5):
+        layers += [nn.Linear(3, 3), nn.Tanh()]
+    return nn.Sequential(*layers, nn.Linear(3, 2))
 
+
+def _clamp_loss(model: nn.Module) -> torch.Tensor:
+    x = torch.linspace(-2, 2, 12).reshape(4, 3)
+    return (model(x) * torch.tensor([3.0, -2.0])).sum()
+
+
+def _counts(clamped: object) -> object:
+    """A snapshot of the answer's counts: a count kept as a tensor is read now, since a later
+    ``clamped[name] += ...`` may change that tensor in place."""
+    if not isinstance(clamped, dict):
+        return clamped
+    return {k: (v.item() if v.numel() == 1 else v.tolist()) if isinstance(v, torch.Tensor) else v
+            for k, v in clamped.items()}
+
+
+def _tensor_counts(clamped: object) -> Outcome | None:
+    """A failed Outcome when a count is kept as a tensor (``clamped[name] += (...).sum()``): a count is a
+    Python int."""
+    if not isinstance(clamped, dict):
+        return None
+    name, value = next(((k, v) for k, v in clamped.items() if isinstance(v, torch.Tensor)), (None, None))
+    if name is None:
+        return None
+    return Outcome(False, f"after one backward clamped[{name!r}] holds a tensor (of "
+                          f"{str(value.dtype).removeprefix('torch.')}), not a number: keep each count a Python int, "
+                          "int((...).sum()) or .item(); a tensor kept from "
+                          "a hook can keep memory, or a graph, alive")
+
+
+def _clamp_handles(answer: object) -> tuple[list, object] | Outcome:
+    """The answer to G1.5 as (handles, clamped), or the Outcome saying what is wrong with it."""
+    if isinstance(answer, tuple | list) and answer and all(is_handle(h) for h in answer):
+        return Outcome(False, "return the pair (handles, clamped), got only handles")
+    if not (isinstance(answer, tuple | list) and len(answer) == 2):
+        return Outcome(False, f"return the pair (handles, clamped), got {kind_of(answer)}")
+    handles, clamped = answer
+    if is_handle(handles) or not isinstance(handles, Iterable) or isinstance(handles, str | torch.Tensor):
+        return Outcome(False, f"the first item must be a list of handles, one per matching parameter, got "
+                              f"{kind_of(handles)}")
+    handles = list(handles)
+    bad = next((h for h in handles if not is_handle(h)), None)
+    if bad is not None or None in handles:
+        return Outcome(False, f"the first item must be a list of handles, found {kind_of(bad)} in it")
+    return handles, clamped
+
+
+def _searched(pattern: str, name: str) -> bool:
+    """Whether a glob turned into a regular expression and searched anywhere in ``name`` (no ``^``
+    and ``$``), a common way to get shell patterns wrong, finds ``pattern`` in ``name``."""
+    translated = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
+    return re.search(translated, name) is not None
+
+
+def _hooked_outcome(hooked: list[str], matching: list[str], n_handles: int, pattern: str) -> Outcome | None:
+    """What is wrong with the parameters the answer hooked, and with its number of handles, if anything."""
+    extra = [n for n in hooked if n not in matching]
+    missing = [n for n in matching if n not in hooked]
+    if extra and all(_searched(pattern, n) for n in extra):
+        return Outcome(False, f"with pattern {pattern!r} your hooks also went on {extra}, which the pattern does "
+                              f"not name: {pattern!r} must match the whole name ('?' is exactly one character), "
+                              "but a regular expression searched anywhere in the name, without ^ and $, also "
+                              f"finds it in {extra[0]!r}; test names with fnmatch.fnmatch(name, pattern)")
+    if extra:
+        return Outcome(False, f"with pattern {pattern!r} your hooks also went on {extra}, which "
+                              "fnmatch.fnmatch(name, pattern) does not match: hook only the parameters whose "
+                              "whole name matches the shell-style pattern")
+    if missing:
+        return Outcome(False, f"with pattern {pattern!r} no hook went on {missing}, which the pattern matches: "
+                              "test every name with fnmatch.fnmatch(name, pattern), a shell-style match ('?' is "
+                              "any one character, '*' any run of characters), not a substring test")
+    if n_handles != len(matching):
+        return Outcome(False, f"{n_handles} handles for {len(matching)} matching parameters with pattern "
+                              f"{pattern!r}: return one handle per hook you registered")
+    return None
+
+
+def _start_outcome(counts: object, matching: list[str], pattern: str) -> Outcome | None:
+    """What is wrong with the counts before any backward: every matching name at 0."""
+    zeros = {n: 0 for n in matching}
+    if isinstance(counts, dict) and counts != zeros:
+        return Outcome(False, f"with pattern {pattern!r}, before the first backward clamped is {counts}, expected "
+                              f"{zeros}: set clamped[name] = 0 when you register each name's hook, so that the "
+                              "counts can be read at any time, and a parameter nothing was clamped for shows 0")
+    return None
+
+
+def _clamp_grads_outcome(plain, once, twice, matching, pattern, limit) -> Outcome | None:
+    """What is wrong with the gradients after one and after two backward passes, if anything."""
+    for name in plain:
+        expected = plain[name].clamp(-limit, limit) if name in matching else plain[name]
+        if not compare_tensors(once[name], expected).passed:
+            if name not in matching:
+                return Outcome(False, f"with pattern {pattern!r}, {name}'s gradient was changed, but the name "
+                                      "does not match: hook only the parameters fnmatch matches")
+            return Outcome(False, f"with pattern {pattern!r} and limit {limit:g}, {name}.grad is "
+                                  f"{_rounded(once[name].flatten()[:4])}... instead of the clamped gradient")
+        if not compare_tensors(twice[name], 2 * expected).passed:
+            return Outcome(False, f"after a second backward without zeroing, {name}.grad is not the sum of two "
+                                  "clamped gradients: clamp each gradient as it arrives (register_hook), not "
+                                  "the .grad it is added to")
+    return None
+
+
+def _clamp_counts_outcome(counts_once, counts_twice, matching, outside, pattern, limit,
+                          at_or_above=None) -> Outcome | None:
+    """What is wrong with the counts of clamped entries after one and two backward passes, if anything."""
+    if not isinstance(counts_once, dict):
+        return Outcome(False, f"the second item must be a dict from parameter name to a count, got "
+                              f"{kind_of(counts_once)}")
+    if sorted(counts_once) != sorted(matching):
+        return Outcome(False, f"with pattern {pattern!r}, clamped has the keys {sorted(counts_once)}, expected "
+                              f"the matching names {sorted(matching)} (each one starting at 0)")
+    if counts_once != outside:
+        late = (len(matching) > 1 and counts_once[matching[-1]] == sum(outside.values())
+                and all(counts_once[n] == 0 for n in matching[:-1]))
+        hint = " (every hook counted under the loop's last name? bind it with name=name)" if late else ""
+        if not late and counts_once == at_or_above:
+            hint = (": an entry exactly at the limit is not changed by the clamp, so it is not counted; count "
+                    "|value| > limit, not >=")
+        return Outcome(False, f"with pattern {pattern!r} and limit {limit:g}, after one backward clamped is "
+                              f"{counts_once}, but {outside} entries were outside the limits{hint}")
+    if counts_twice != {n: 2 * k for n, k in outside.items()}:
+        return Outcome(False, "after a second backward the counts did not add up: add each backward's count "
+                              "to clamped[name]")
+    return None
+
+
+def _clamp_case(clamp_matching, pattern: str, limit: float) -> Outcome | None:
+    """The answer for one pattern and limit: two backward passes, then one after its hooks are removed."""
+    model = _clamp_model()
+    _clamp_loss(model).backward()
+    plain = {n: q.grad.clone() for n, q in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    matching = [n for n in plain if fnmatch.fnmatchcase(n, pattern)]
+    outside = {n: int((plain[n].abs() > limit).sum()) for n in matching}
+    at_or_above = {n: int((plain[n].abs() >= limit).sum()) for n in matching}
+    watched = []  # registered before the answer's hooks: each incoming gradient and a copy of it
+    with Hooks() as watchers:
+        for q in model.parameters():
+            watchers.add(q.register_hook(lambda g, into=watched: into.append((g, g.clone()))))
+        before = {n: parameter_hook_count(q) for n, q in model.named_parameters()}
+        handles = _clamp_handles(clamp_matching(model, pattern, limit))
+        if isinstance(handles, Outcome):
+            return handles
+        handles, clamped = handles
+        hooked = [n for n, q in model.named_parameters() if parameter_hook_count(q) > before[n]]
+        wrong = _hooked_outcome(hooked, matching, len(handles), pattern) or _start_outcome(
+            _counts(clamped), matching, pattern)
+        if wrong:
+            return wrong
+        try:
+            _clamp_loss(model).backward()
+            once = {n: q.grad.clone() for n, q in model.named_parameters()}
+            counts_once = _counts(clamped)
+            as_tensors = _tensor_counts(clamped)
+            _clamp_loss(model).backward()  # .grad not zeroed: the second gradient is added
+        except KeyError as error:
+            return Outcome(False, f"a hook raised KeyError: {error}: each hook must count under its own parameter's "
+                                  "name (a hook made in a loop sees the loop variable's last value unless you bind "
+                                  "it with name=name)")
+        finally:
+            for h in handles:
+                h.remove()
+    twice = {n: q.grad.clone() for n, q in model.named_parameters()}
+    if any(not torch.equal(g, copy) for g, copy in watched):
+        return Outcome(False, "the gradient your hook received was changed: the hook changed grad in place; "
+                              "return a new tensor (grad.clamp(...), not grad.clamp_(...))")
+    wrong = (_clamp_grads_outcome(plain, once, twice, matching, pattern, limit) or as_tensors
+             or _clamp_counts_outcome(counts_once, _counts(clamped), matching, outside, pattern, limit,
+                                   at_or_above))
+    if wrong:
+        return wrong
+    model.zero_grad(set_to_none=True)
+    _clamp_loss(model).backward()
+    if any(not torch.equal(q.grad, plain[n]) for n, q in model.named_parameters()):
+        return Outcome(False, "after removing your handles a gradient is still changed: return the handle of "
+                              "every hook you registered")
+    return None
+
+
+@exercise("G1.5", "clamp the gradients of the parameters a pattern names")
+def _clamp(clamp_matching) -> Outcome:
+    """``clamp_matching(model, pattern, limit)`` registers, on each parameter whose name matches the
+    shell-style ``pattern``, a hook clamping its gradient to ``[-limit, limit]`` and counting the
+    entries it clamped; returns ``(handles, clamped)`` with ``clamped[name]`` the running count.
+    The hook must return a new tensor, not change ``grad`` in place."""
+    model = _clamp_model()
+    _clamp_loss(model).backward()
+    at_limit = model[0].weight.grad.abs().flatten()[0].item()  # a limit that one gradient entry equals exactly
+    for pattern, limit in (("*.weight", 0.5), ("2.*", 0.2), ("?.bias", 2.0), ("0.*", at_limit)):
+        wrong = _clamp_case(clamp_matching, pattern, limit)
+        if wrong:
+            return wrong
+    return Outcome(True, "only the matching parameters clamped, for four patterns and limits (one equal to a "
+                         "gradient entry), clamped entries counted per name from 0, untouched after remove()")
+
+
+# ----- worked answers the guide falls back on ----------------------------------------------------
 
 def fuse_sgd(model: nn.Module, lr: float) -> list:
     """A worked answer to G1.3, for the guide's next cells while the reader's own has not passed."""

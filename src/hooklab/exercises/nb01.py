@@ -1,18 +1,16 @@
-"""Exercises and predictions of notebook 01: tensor hooks and parameter hooks, to find where a
-gradient turns NaN and repair it. (The fused optimizer step, saved-tensor hooks, the graph's own
-hooks and the storage puzzle are the guide's: ``g1.py``.)"""
+"""Exercises and predictions of notebook 01: tensor hooks, to find where a gradient turns NaN and
+check the diagnosis by hand. (Clamping parameter gradients, the fused optimizer step, saved-tensor
+hooks, the graph's own hooks and the storage puzzle are the guide's: ``g1.py``.)"""
 
 from __future__ import annotations
 
-import fnmatch
-import re
 from collections.abc import Iterable
 
 import torch
 from torch import nn
+from torch.autograd.graph import saved_tensors_hooks
 
 from ..hooks import Hooks
-from ..pytorch_internals import parameter_hook_count
 from . import Outcome, compare_tensors, exercise, is_handle, kind_of, not_a_handle, prediction
 
 
@@ -31,6 +29,8 @@ def _rounded(t: object) -> list | None:
         ([0.4, 0.2], "swapped: b, next to the loss, receives 1/5 = 0.2; a gets twice that, since b = 2 * a"),
         ([0.2, 0.2], "a reaches the loss through b = 2 * a: the chain rule multiplies b's gradient 0.2 by 2"),
         ([1.0, 2.0], "the loss is a mean over 5 entries, not a sum: each entry of b gets 1/5"),
+        ([1.0, 0.4], "a.grad = 0.4 is right, the hook's entry is not: the loss is a mean over 5 entries, so "
+                     "each entry of b receives 1/5, and a gets twice that"),
         ([0.4, 0.4], "the hook on b receives the gradient with respect to b, 1/5 = 0.2, before the chain rule "
                      "multiplies it by 2 for a"),
     ],
@@ -75,15 +75,15 @@ def _four_hooks() -> list[list[float]]:
 # ----- 2. Which gradient a hook receives ---------------------------------------------------------
 @prediction(
     "01.c",
-    "what a hook on m prints for m.sqrt().backward(v), m = [4, 0], v = [1, 0]",
-    why="backward starts from v = [1, 0] at the output; the hook on m receives v times the derivative of the "
-        "square root, 1 / (2√m): 1 / (2 × 2) = 0.25. At m = 0, PyTorch computes v / (2√m) = 0 / 0, which is "
-        "NaN in floating point, neither 0 nor ∞.",
+    "what a hook on m prints for (m.sqrt() * v).sum().backward(), m = [4, 0], v = [1, 0]",
+    why="the sum gives m.sqrt() the gradient v = [1, 0]; the hook on m receives it times the derivative of "
+        "the square root, 1 / (2√m): 1 / (2 × 2) = 0.25. At m = 0 that is 0 times 1 / 0: PyTorch computes "
+        "v / (2√m) = 0 / 0, which is NaN in floating point, neither 0 nor ∞.",
     wrong=[
         ([0.25, 0.0], "0 times a number is 0, but the square root's backward divides by 2√m, which is 0 at "
                       "m = 0: 0 / 0 is NaN in floating point"),
-        ([1.0, 0.0], "that is v, what arrives at the output m.sqrt(); the hook on m receives v times the "
-                     "derivative 1 / (2√m)"),
+        ([1.0, 0.0], "that is v, what arrives at m.sqrt(); the hook on m receives v times the derivative of "
+                     "the square root"),
         ([0.5, float("nan")], "the derivative of √m is 1 / (2√m): at m = 4 that is 1 / (2 × 2) = 0.25"),
         ([2.0, 0.0], "the hook receives v times the derivative, 1 / (2√m), not times √m"),
     ],
@@ -92,7 +92,7 @@ def _vjp() -> list[float]:
     m = torch.tensor([4.0, 0.0], requires_grad=True)
     seen = []
     with m.register_hook(lambda grad: seen.append(grad.tolist())):
-        m.sqrt().backward(torch.tensor([1.0, 0.0]))
+        (m.sqrt() * torch.tensor([1.0, 0.0])).sum().backward()
     return seen[0]
 
 
@@ -138,7 +138,7 @@ def _first_nan() -> str:
     return next(name for name, nan in arrived if nan)
 
 
-# ----- 3. Repairing and clipping gradients -------------------------------------------------------
+# ----- 3. Checking by hand, and repairing -------------------------------------------------------
 @prediction(
     "01.e",
     "how many times the hook repair's gradient at h's padded row is the eps-inside one",
@@ -166,7 +166,7 @@ def _repair_ratio() -> float:
     nn.functional.cross_entropy(head(nn.functional.rms_norm(h, (8,), eps=1e-6)), y).backward()
     return (steps["h"].grad[2] / h.grad[2]).mean().item()
 
-# ----- 01.1 to 01.4 ------------------------------------------------------------------------------
+# ----- 01.1 to 01.3 ------------------------------------------------------------------------------
 def _scale_case(scale_grad, factor: float, leaf: bool) -> Outcome | None:
     """The answer on a leaf or on an intermediate tensor: one backward with the hook, one without."""
     x = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
@@ -305,7 +305,14 @@ def _by_hand_case(dms_by_hand) -> tuple[torch.Tensor, torch.Tensor, object] | Ou
             hooks.add(steps[name].register_hook(lambda grad, name=name: caught.__setitem__(name, grad)))
         nn.functional.cross_entropy(steps["logits"], torch.tensor([0, 2, 1, 1])).backward()
     h, rms = steps["h"].detach(), steps["rms"].detach()
-    return caught["ms"], (caught["normed"], h, rms), dms_by_hand(caught["normed"], h, rms)
+    graphs = []  # anything autograd saves for a backward while the answer runs: the answer built a graph
+    with saved_tensors_hooks(lambda t: graphs.append(1) or t.detach(), lambda t: t):
+        dms = dms_by_hand(caught["normed"], h, rms)
+    if graphs or (isinstance(dms, torch.Tensor) and dms.requires_grad):
+        return Outcome(False, "dms_by_hand asked autograd (requires_grad_, backward or torch.autograd.grad): "
+                              "the point is to derive it yourself, with the chain rule, from dnormed, h and rms; "
+                              "the hook at ms is what your derivation is compared with")
+    return caught["ms"], (caught["normed"], h, rms), dms
 
 
 @exercise("01.3", "derive the gradient at ms by hand")
@@ -314,7 +321,10 @@ def _by_hand(dms_by_hand) -> Outcome:
     the gradient caught at ``normed = h / (rms + 1e-6)``, with ``rms = √ms``: the sum over the row of
     ``dnormed · (−h / (rms + 1e-6)²)``, divided by ``2 · rms``. Compared, Karpathy's ``cmp`` style,
     with the gradient a hook caught at ``ms``: NaN in the padded row, as autograd computes it."""
-    caught, (dnormed, h, rms), dms = _by_hand_case(dms_by_hand)
+    case = _by_hand_case(dms_by_hand)
+    if isinstance(case, Outcome):
+        return case
+    caught, (dnormed, h, rms), dms = case
     if not isinstance(dms, torch.Tensor):
         return Outcome(False, f"dms_by_hand returned {kind_of(dms)}: return a tensor shaped like ms, (rows, 1)")
     if dms.shape != caught.shape:
@@ -346,212 +356,6 @@ def _by_hand(dms_by_hand) -> Outcome:
                          "padding); the padded row NaN in both, 0 / (2 · 0)")
 
 
-def _clamp_model() -> nn.Module:
-    """Eleven layers, so that names go up to '10.bias': a pattern such as '?.bias' must name '0.bias' to
-    '8.bias' and not '10.bias'."""
-    torch.manual_seed(3)  # on the checker's own random stream (see ``exercise``)
-    layers = []
-    for _ in range(5):
-        layers += [nn.Linear(3, 3), nn.Tanh()]
-    return nn.Sequential(*layers, nn.Linear(3, 2))
-
-
-def _clamp_loss(model: nn.Module) -> torch.Tensor:
-    x = torch.linspace(-2, 2, 12).reshape(4, 3)
-    return (model(x) * torch.tensor([3.0, -2.0])).sum()
-
-
-def _counts(clamped: object) -> object:
-    """A snapshot of the answer's counts: a count kept as a tensor is read now, since a later
-    ``clamped[name] += ...`` may change that tensor in place."""
-    if not isinstance(clamped, dict):
-        return clamped
-    return {k: (v.item() if v.numel() == 1 else v.tolist()) if isinstance(v, torch.Tensor) else v
-            for k, v in clamped.items()}
-
-
-def _tensor_counts(clamped: object) -> Outcome | None:
-    """A failed Outcome when a count is kept as a tensor (``clamped[name] += (...).sum()``), as 01.2
-    fails a norm kept as a tensor: a count is a Python int."""
-    if not isinstance(clamped, dict):
-        return None
-    name, value = next(((k, v) for k, v in clamped.items() if isinstance(v, torch.Tensor)), (None, None))
-    if name is None:
-        return None
-    return Outcome(False, f"after one backward clamped[{name!r}] holds a tensor (of "
-                          f"{str(value.dtype).removeprefix('torch.')}), not a number: keep each count a Python int, "
-                          "int((...).sum()) or .item(), as 01.2 keeps each norm a float; a tensor kept from "
-                          "a hook can keep memory, or a graph, alive")
-
-
-def _clamp_handles(answer: object) -> tuple[list, object] | Outcome:
-    """The answer to 01.4 as (handles, clamped), or the Outcome saying what is wrong with it."""
-    if isinstance(answer, tuple | list) and answer and all(is_handle(h) for h in answer):
-        return Outcome(False, "return the pair (handles, clamped), got only handles")
-    if not (isinstance(answer, tuple | list) and len(answer) == 2):
-        return Outcome(False, f"return the pair (handles, clamped), got {kind_of(answer)}")
-    handles, clamped = answer
-    if is_handle(handles) or not isinstance(handles, Iterable) or isinstance(handles, str | torch.Tensor):
-        return Outcome(False, f"the first item must be a list of handles, one per matching parameter, got "
-                              f"{kind_of(handles)}")
-    handles = list(handles)
-    bad = next((h for h in handles if not is_handle(h)), None)
-    if bad is not None or None in handles:
-        return Outcome(False, f"the first item must be a list of handles, found {kind_of(bad)} in it")
-    return handles, clamped
-
-
-def _searched(pattern: str, name: str) -> bool:
-    """Whether a glob turned into a regular expression and searched anywhere in ``name`` (no ``^``
-    and ``$``), a common way to get shell patterns wrong, finds ``pattern`` in ``name``."""
-    translated = "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern)
-    return re.search(translated, name) is not None
-
-
-def _hooked_outcome(hooked: list[str], matching: list[str], n_handles: int, pattern: str) -> Outcome | None:
-    """What is wrong with the parameters the answer hooked, and with its number of handles, if anything."""
-    extra = [n for n in hooked if n not in matching]
-    missing = [n for n in matching if n not in hooked]
-    if extra and all(_searched(pattern, n) for n in extra):
-        return Outcome(False, f"with pattern {pattern!r} your hooks also went on {extra}, which the pattern does "
-                              f"not name: {pattern!r} must match the whole name ('?' is exactly one character), "
-                              "but a regular expression searched anywhere in the name, without ^ and $, also "
-                              f"finds it in {extra[0]!r}; test names with fnmatch.fnmatch(name, pattern)")
-    if extra:
-        return Outcome(False, f"with pattern {pattern!r} your hooks also went on {extra}, which "
-                              "fnmatch.fnmatch(name, pattern) does not match: hook only the parameters whose "
-                              "whole name matches the shell-style pattern")
-    if missing:
-        return Outcome(False, f"with pattern {pattern!r} no hook went on {missing}, which the pattern matches: "
-                              "test every name with fnmatch.fnmatch(name, pattern), a shell-style match ('?' is "
-                              "any one character, '*' any run of characters), not a substring test")
-    if n_handles != len(matching):
-        return Outcome(False, f"{n_handles} handles for {len(matching)} matching parameters with pattern "
-                              f"{pattern!r}: return one handle per hook you registered")
-    return None
-
-
-def _start_outcome(counts: object, matching: list[str], pattern: str) -> Outcome | None:
-    """What is wrong with the counts before any backward: every matching name at 0."""
-    zeros = {n: 0 for n in matching}
-    if isinstance(counts, dict) and counts != zeros:
-        return Outcome(False, f"with pattern {pattern!r}, before the first backward clamped is {counts}, expected "
-                              f"{zeros}: set clamped[name] = 0 when you register each name's hook, so that the "
-                              "counts can be read at any time, and a parameter nothing was clamped for shows 0")
-    return None
-
-
-def _clamp_grads_outcome(plain, once, twice, matching, pattern, limit) -> Outcome | None:
-    """What is wrong with the gradients after one and after two backward passes, if anything."""
-    for name in plain:
-        expected = plain[name].clamp(-limit, limit) if name in matching else plain[name]
-        if not compare_tensors(once[name], expected).passed:
-            if name not in matching:
-                return Outcome(False, f"with pattern {pattern!r}, {name}'s gradient was changed, but the name "
-                                      "does not match: hook only the parameters fnmatch matches")
-            return Outcome(False, f"with pattern {pattern!r} and limit {limit:g}, {name}.grad is "
-                                  f"{_rounded(once[name].flatten()[:4])}... instead of the clamped gradient")
-        if not compare_tensors(twice[name], 2 * expected).passed:
-            return Outcome(False, f"after a second backward without zeroing, {name}.grad is not the sum of two "
-                                  "clamped gradients: clamp each gradient as it arrives (register_hook), not "
-                                  "the .grad it is added to")
-    return None
-
-
-def _clamp_counts_outcome(counts_once, counts_twice, matching, outside, pattern, limit,
-                          at_or_above=None) -> Outcome | None:
-    """What is wrong with the counts of clamped entries after one and two backward passes, if anything."""
-    if not isinstance(counts_once, dict):
-        return Outcome(False, f"the second item must be a dict from parameter name to a count, got "
-                              f"{kind_of(counts_once)}")
-    if sorted(counts_once) != sorted(matching):
-        return Outcome(False, f"with pattern {pattern!r}, clamped has the keys {sorted(counts_once)}, expected "
-                              f"the matching names {sorted(matching)} (each one starting at 0)")
-    if counts_once != outside:
-        late = (len(matching) > 1 and counts_once[matching[-1]] == sum(outside.values())
-                and all(counts_once[n] == 0 for n in matching[:-1]))
-        hint = " (every hook counted under the loop's last name? bind it with name=name)" if late else ""
-        if not late and counts_once == at_or_above:
-            hint = (": an entry exactly at the limit is not changed by the clamp, so it is not counted; count "
-                    "|value| > limit, not >=")
-        return Outcome(False, f"with pattern {pattern!r} and limit {limit:g}, after one backward clamped is "
-                              f"{counts_once}, but {outside} entries were outside the limits{hint}")
-    if counts_twice != {n: 2 * k for n, k in outside.items()}:
-        return Outcome(False, "after a second backward the counts did not add up: add each backward's count "
-                              "to clamped[name]")
-    return None
-
-
-def _clamp_case(clamp_matching, pattern: str, limit: float) -> Outcome | None:
-    """The answer for one pattern and limit: two backward passes, then one after its hooks are removed."""
-    model = _clamp_model()
-    _clamp_loss(model).backward()
-    plain = {n: q.grad.clone() for n, q in model.named_parameters()}
-    model.zero_grad(set_to_none=True)
-    matching = [n for n in plain if fnmatch.fnmatchcase(n, pattern)]
-    outside = {n: int((plain[n].abs() > limit).sum()) for n in matching}
-    at_or_above = {n: int((plain[n].abs() >= limit).sum()) for n in matching}
-    watched = []  # registered before the answer's hooks: each incoming gradient and a copy of it
-    with Hooks() as watchers:
-        for q in model.parameters():
-            watchers.add(q.register_hook(lambda g, into=watched: into.append((g, g.clone()))))
-        before = {n: parameter_hook_count(q) for n, q in model.named_parameters()}
-        handles = _clamp_handles(clamp_matching(model, pattern, limit))
-        if isinstance(handles, Outcome):
-            return handles
-        handles, clamped = handles
-        hooked = [n for n, q in model.named_parameters() if parameter_hook_count(q) > before[n]]
-        wrong = _hooked_outcome(hooked, matching, len(handles), pattern) or _start_outcome(
-            _counts(clamped), matching, pattern)
-        if wrong:
-            return wrong
-        try:
-            _clamp_loss(model).backward()
-            once = {n: q.grad.clone() for n, q in model.named_parameters()}
-            counts_once = _counts(clamped)
-            as_tensors = _tensor_counts(clamped)
-            _clamp_loss(model).backward()  # .grad not zeroed: the second gradient is added
-        except KeyError as error:
-            return Outcome(False, f"a hook raised KeyError: {error}: each hook must count under its own parameter's "
-                                  "name (a hook made in a loop sees the loop variable's last value unless you bind "
-                                  "it with name=name)")
-        finally:
-            for h in handles:
-                h.remove()
-    twice = {n: q.grad.clone() for n, q in model.named_parameters()}
-    if any(not torch.equal(g, copy) for g, copy in watched):
-        return Outcome(False, "the gradient your hook received was changed: the hook changed grad in place; "
-                              "return a new tensor (grad.clamp(...), not grad.clamp_(...))")
-    wrong = (_clamp_grads_outcome(plain, once, twice, matching, pattern, limit) or as_tensors
-             or _clamp_counts_outcome(counts_once, _counts(clamped), matching, outside, pattern, limit,
-                                   at_or_above))
-    if wrong:
-        return wrong
-    model.zero_grad(set_to_none=True)
-    _clamp_loss(model).backward()
-    if any(not torch.equal(q.grad, plain[n]) for n, q in model.named_parameters()):
-        return Outcome(False, "after removing your handles a gradient is still changed: return the handle of "
-                              "every hook you registered")
-    return None
-
-
-@exercise("01.4", "clamp the gradients of the parameters a pattern names")
-def _clamp(clamp_matching) -> Outcome:
-    """``clamp_matching(model, pattern, limit)`` registers, on each parameter whose name matches the
-    shell-style ``pattern``, a hook clamping its gradient to ``[-limit, limit]`` and counting the
-    entries it clamped; returns ``(handles, clamped)`` with ``clamped[name]`` the running count.
-    The hook must return a new tensor, not change ``grad`` in place."""
-    model = _clamp_model()
-    _clamp_loss(model).backward()
-    at_limit = model[0].weight.grad.abs().flatten()[0].item()  # a limit that one gradient entry equals exactly
-    for pattern, limit in (("*.weight", 0.5), ("2.*", 0.2), ("?.bias", 2.0), ("0.*", at_limit)):
-        wrong = _clamp_case(clamp_matching, pattern, limit)
-        if wrong:
-            return wrong
-    return Outcome(True, "only the matching parameters clamped, for four patterns and limits (one equal to a "
-                         "gradient entry), clamped entries counted per name from 0, untouched after remove()")
-
-
 # ----- worked answers the lesson falls back on ---------------------------------------------------
 def grad_norms(named: dict[str, torch.Tensor]) -> tuple[dict[str, list[float]], list]:
     """A worked answer to 01.2, for the lesson's next cells while the student's own has not passed."""
@@ -559,3 +363,9 @@ def grad_norms(named: dict[str, torch.Tensor]) -> tuple[dict[str, list[float]], 
     for name, t in named.items():
         handles.append(t.register_hook(lambda grad, name=name: norms[name].append(grad.norm().item())))
     return norms, handles
+
+
+def dms_by_hand(dnormed: torch.Tensor, h: torch.Tensor, rms: torch.Tensor) -> torch.Tensor:
+    """A worked answer to 01.3 (see ``grad_norms``)."""
+    drms = (dnormed * -h / (rms + 1e-6) ** 2).sum(dim=1, keepdim=True)
+    return drms / (2 * rms)
