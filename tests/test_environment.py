@@ -1,6 +1,7 @@
 """The environment: requirements.txt pins the direct dependencies, requirements.lock every package;
 environment.yml and binder/requirements.txt carry the lock's pins exactly; what is installed is what
-is locked; make stops before any download on a Python other than 3.11; JupyterLab has widgets."""
+is locked; make accepts Python 3.11, 3.12 and 3.13 and stops before any download on another; JupyterLab has
+widgets."""
 
 from __future__ import annotations
 
@@ -83,18 +84,68 @@ def test_make_reinstalls_nothing_when_pins_are_unchanged():
     assert result.returncode == 0, "the environment would be rebuilt although nothing changed"
 
 
-@pytest.mark.parametrize("version", ["3.12.7", "3.10.14"])
-def test_make_stops_before_any_download_on_another_python(tmp_path, version):
-    """A stand-in python that reports another version and would log any other use of itself."""
-    fake, log, venv = tmp_path / "python3", tmp_path / "calls.log", tmp_path / "venv"
-    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\ncase \"$*\" in *version_info*) echo {version}; exit 1;; esac\n")
+SUPPORTED = ("3.11", "3.12", "3.13")
+
+
+def fake_python(tmp_path, version):
+    """A stand-in python that reports ``version``, logs every other use of itself and fails it."""
+    fake, log = tmp_path / "python3", tmp_path / "calls.log"
+    reply = f"case \"$*\" in *version_info*) echo {version}; exit 0;; esac"
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {log}\n{reply}\nexit 1\n")
     fake.chmod(0o755)
-    result = subprocess.run(["make", "env", f"PYTHON={fake}", f"VENV={venv}"], cwd=ROOT, capture_output=True,
-                            text=True, timeout=60, env={**os.environ, "MAKEFLAGS": ""})  # fmt: skip
+    return fake, log
+
+
+def make_env(fake, venv):
+    return subprocess.run(["make", "env", f"PYTHON={fake}", f"VENV={venv}"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "MAKEFLAGS": ""})  # fmt: skip
+
+
+@pytest.mark.parametrize("version", ["3.10.14", "3.14.0", "3.9.18"])
+def test_make_stops_before_any_download_on_another_python(tmp_path, version):
+    fake, log = fake_python(tmp_path, version)
+    result = make_env(fake, tmp_path / "venv")
+    out = result.stdout + result.stderr
     assert result.returncode != 0
-    assert f"Hook Lab needs Python 3.11, and {fake} is Python {version}" in result.stdout + result.stderr
-    assert not venv.exists()
+    assert f"Hook Lab needs Python 3.11, 3.12 or 3.13, and {fake} is Python {version}." in out
+    assert "make env PYTHON=/path/to/python3.13   (or python3.11, python3.12)" in out  # how to pick one
+    assert not (tmp_path / "venv").exists()
     assert all("version_info" in call for call in log.read_text().splitlines())  # no venv, no pip
+
+
+@pytest.mark.parametrize("version", ["3.11.7", "3.12.1", "3.13.0"])
+def test_make_goes_on_to_create_the_venv_on_a_supported_python(tmp_path, version):
+    """Past the check, make asks the fake for a venv (which it refuses): nothing is built."""
+    fake, log = fake_python(tmp_path, version)
+    result = make_env(fake, tmp_path / "venv")
+    assert "Hook Lab needs" not in result.stdout + result.stderr
+    assert f"-m venv {tmp_path / 'venv'}" in log.read_text().splitlines()
+    assert not (tmp_path / "venv").exists()
+
+
+def test_the_supported_pythons_agree_everywhere():
+    """The Makefile, pyproject.toml's requires-python, make pythons and the README name the same versions."""
+    from packaging.specifiers import SpecifierSet
+    from pythons import SUPPORTED as checked  # tools/
+
+    makefile = re.search(r"^SUPPORTED_PYTHONS := (.*)$", (ROOT / "Makefile").read_text(), re.M).group(1).split()
+    requires = SpecifierSet(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"])
+    assert tuple(makefile) == checked == SUPPORTED
+    for minor in range(8, 16):
+        assert (f"3.{minor}" in SUPPORTED) == (f"3.{minor}.0" in requires), f"requires-python {requires}, 3.{minor}"
+    assert "Python 3.11, 3.12 or 3.13" in (ROOT / "README.md").read_text()
+    assert sys.version_info[:2] in [tuple(map(int, v.split("."))) for v in SUPPORTED]
+
+
+def test_make_pythons_reports_a_python_it_does_not_find(tmp_path, monkeypatch, capsys):
+    """No venv is built: with nothing on PATH and an empty pyenv, every version is 'not found'."""
+    import pythons
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path))
+    assert pythons.main(["3.12", "3.13"]) == 0
+    out = capsys.readouterr().out
+    assert "Python 3.12: not found" in out and "Python 3.13: not found" in out
 
 
 def test_reuse_freed_memory_is_safe_to_call_again():

@@ -17,6 +17,8 @@ EXAMPLE_PREDICTION = PREDICTIONS[0]
 #: the stub each notebook gives: a function raising NotImplementedError, or None for G6.1,
 #: whose answer is a list
 STUB_IS_NONE = {"G6.1"}
+#: ... or a pair of such functions for 07.4, whose answer is (pack, unpack)
+STUB_IS_PAIR = {"07.4"}
 
 
 def stub(*args, **kwargs):
@@ -25,7 +27,7 @@ def stub(*args, **kwargs):
 
 @pytest.mark.parametrize("id", [id for id in EXERCISES if id not in PREDICTIONS])
 def test_the_notebook_stub_prints_not_solved_yet(id, capsys):
-    check(id, None if id in STUB_IS_NONE else stub)
+    check(id, None if id in STUB_IS_NONE else (stub, stub) if id in STUB_IS_PAIR else stub)
     assert capsys.readouterr().out == f"Exercise {id} ({EXERCISES[id].title}): not solved yet\n"
 
 
@@ -257,3 +259,111 @@ def test_prediction_ids_are_a_number_and_a_letter():
 
     with pytest.raises(ValueError, match="a number and a letter"):
         prediction("99.1", "t", why="w")(lambda: 1)
+
+
+def make_counter(layer):
+    """A student's function for 00.1 that returns what it made, not a function."""
+    return layer, {}
+
+
+def test_a_value_where_a_function_is_wanted_names_the_fix_not_the_students_code(capsys):
+    layer = torch.nn.Linear(2, 2)
+    check("00.1", "str")
+    check("00.1", make_counter(layer))
+    first, second = capsys.readouterr().out.splitlines()
+    assert first.endswith("failed — pass the function itself, not a str: check('00.1', your_function), the name "
+                          "without parentheses; the check calls it")  # fmt: skip
+    assert second.endswith("failed — pass the function itself, not `make_counter(...)`: check('00.1', "
+                           "make_counter); the check calls it")  # fmt: skip
+    assert "your code raised" not in first + second
+
+
+def test_swapped_arguments_are_named():
+    with pytest.raises(TypeError, match=r"the arguments are swapped: write check\('00\.1', your_answer\)"):
+        check(call_like_pytorch, "00.1")
+    with pytest.raises(TypeError, match=r"check's first argument is the exercise's id, like check\('00\.1'"):
+        check(call_like_pytorch, call_like_pytorch)
+
+
+def test_an_answer_that_hangs_is_stopped_after_the_time_limit(capsys, monkeypatch):
+    import signal
+    import time
+
+    import hooklab.exercises as registry
+
+    def hangs(module, x):
+        while True:
+            time.sleep(0.01)
+
+    monkeypatch.setattr(registry, "TIME_LIMIT", 1)
+    start = time.monotonic()
+    check("00.1", hangs)
+    assert time.monotonic() - start < 10
+    assert capsys.readouterr().out.endswith("failed — stopped after 1 s: your answer was still running (an endless "
+                                            "loop? a hook that calls its own module?); make it finish, then check "
+                                            "again\n")  # fmt: skip
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL)[0] == 0
+    assert global_hooks() == []
+    check("00.1", call_like_pytorch)  # the next check runs as before
+    assert capsys.readouterr().out.split(": ", 1)[1].startswith("passed")
+
+
+def test_a_long_error_message_is_shortened_no_tensor_dumps():
+    def dumps(module, x):
+        raise ValueError(f"bad value {torch.arange(900.0)}")
+
+    check("00.1", dumps)
+    detail = checked()["00.1"][1]
+    assert detail.startswith("your code raised ValueError: bad value tensor([") and len(detail) < 360
+    assert detail.endswith("characters cut)") and "\n" not in detail
+
+
+GRADING_KERNEL = """
+import json, sys
+from pathlib import Path
+import hooklab.exercises as ex
+folder = Path(sys.argv[1])
+ex._start_grading(str(folder))
+assert not (folder / "key").exists()  # read and deleted: no cell finds it
+ex.check("00.1", lambda module, x: None)
+real = ex._verdict
+ex._verdict = lambda *args: ("passed", "looks great")
+ex.check("00.1", None)
+ex._verdict = real
+ex.check("00.2", None)
+"""
+
+
+def test_a_grading_kernel_signs_each_verdict_as_it_is_checked_and_names_what_was_changed(tmp_path):
+    """What tools/grade_kernel.py starts before a student's first cell, and tools/grade.py reads."""
+    import subprocess
+    import sys
+
+    import grade  # tools/
+
+    key = b"k" * 32
+    (tmp_path / "key").write_bytes(key)
+    subprocess.run([sys.executable, "-c", GRADING_KERNEL, str(tmp_path)], check=True, capture_output=True,
+                   timeout=300)  # fmt: skip
+    verdicts, started, doubts = grade.read_log(tmp_path / "verdicts.log", key)
+    assert started and doubts == []
+    assert verdicts["00.1"] == ("suspect", "hooklab.exercises._verdict was replaced; the check said: passed — looks "
+                                           "great")  # fmt: skip
+    assert verdicts["00.2"] == ("not solved yet", "")
+    # the log is read line by line: a verdict kept before the kernel died is read; a forged line is not
+    with (tmp_path / "verdicts.log").open("a") as log:
+        log.write('{"seq": 4, "kind": "check", "id": "00.3", "verdict": "passed"}\tfeed\n{"seq": 5, "ki')
+    verdicts, _, doubts = grade.read_log(tmp_path / "verdicts.log", key)
+    assert "00.3" not in verdicts and doubts == [
+        "the verdict log holds lines the course's check did not write (they were left out)"]
+    assert grade.read_log(tmp_path / "verdicts.log", b"another key")[1] is False
+
+
+def test_a_slow_checker_gets_its_own_time_limit_and_the_limit_scales_with_the_environment(monkeypatch):
+    from hooklab.exercises import TIME_LIMIT, _scaled
+
+    assert EXERCISES["04.8"].time_limit > TIME_LIMIT and EXERCISES["00.1"].time_limit is None
+    monkeypatch.setenv("HOOKLAB_CHECK_TIME_SCALE", "10")
+    assert _scaled(60) == 600
+    monkeypatch.setenv("HOOKLAB_CHECK_TIME_SCALE", "fast")
+    assert _scaled(60) == 60

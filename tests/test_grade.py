@@ -8,15 +8,20 @@ guide notebook "G99" and a lesson "98", registered by the notebook's first cell 
 kernel and by the ``made_up`` fixture in this process (where the report is written): the tests
 do not change when the course's own exercises do.
 
-Each notebook run starts a kernel (a few seconds), so the cases are batched into two grade.main
-calls: one with the default timeout, one with a short timeout whose notebooks import nothing heavy
-(importing torch alone can take longer than 5 s on a busy machine)."""
+Each notebook run starts a kernel (a few seconds: it imports hooklab, and so torch, before the first
+cell), so the cases are batched into a few grade.main calls of two jobs each: the course's cases,
+a short timeout and a dying kernel, the fakes, and the sandbox with its limits. The sandbox
+(bubblewrap) is used where it works (tools/ensure_sandbox.sh installs it); its own test is skipped,
+saying so, where it cannot run."""
 
 from __future__ import annotations
 
 import csv
 import json
 import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import grade  # tools/, on pytest's path (pyproject.toml)
@@ -124,6 +129,14 @@ def write(path: Path, cells: list[str], markdown_first: bool = False) -> Path:
     return path
 
 
+@pytest.fixture(scope="module")
+def sandbox() -> bool:
+    """Whether bubblewrap works here, after tools/ensure_sandbox.sh tried to install it."""
+    if grade.sandbox_broken() is not None:
+        subprocess.run([str(ROOT / "tools" / "ensure_sandbox.sh")], capture_output=True, timeout=600)
+    return grade.sandbox_broken() is None
+
+
 G99 = ["G99.1", "G99.2", "G99.3"]  # the exercises a G99 notebook is graded on (its predictions are not)
 
 
@@ -136,7 +149,7 @@ def test_students_notebooks_and_the_worked_answers_are_graded(tmp_path, capsys, 
     out, table = tmp_path / "grades.json", tmp_path / "grades.csv"
     paths = [str(p) for p in (student, answers, saboteur, unnumbered)]
 
-    assert grade.main([*paths, "--json", str(out), "--csv", str(table), "--jobs", "2"]) == 0
+    assert grade.main([*paths, "--json", str(out), "--csv", str(table), "--jobs", "2", "--sandbox", "fallback"]) == 0
 
     printed = capsys.readouterr().out
     results = json.loads(out.read_text())
@@ -207,34 +220,166 @@ def test_students_notebooks_and_the_worked_answers_are_graded(tmp_path, capsys, 
     assert len(rows) == 1 + 3 + 3 + 1 + 1
 
 
-def test_a_timeout_or_a_dead_kernel_does_not_stop_the_batch(tmp_path, capsys, made_up):
+def test_a_timeout_or_a_dead_kernel_does_not_stop_the_batch_and_earned_verdicts_are_kept(tmp_path, capsys,
+                                                                                            made_up):
     looping = write(tmp_path / "G99_loop.ipynb", ["while True:\n    pass", "raise ValueError('ran after the loop')"],
                     markdown_first=True)  # fmt: skip
-    dying = write(tmp_path / "G99_dies.ipynb", ["x = 1", "import os; os._exit(1)", "y = 2"])
-    last = write(tmp_path / "G99_last.ipynb", ["x = 1"])
+    dying = write(tmp_path / "G99_dies.ipynb", [REGISTER, "from hooklab.exercises import check",
+                                                "check('G99.1', lambda x: x + x)", "import os; os._exit(1)",
+                                                "check('G99.3', 3)"])  # fmt: skip
     out, table = tmp_path / "grades.json", tmp_path / "grades.csv"
 
-    status = grade.main([str(looping), str(dying), str(last), "--timeout", "5", "--json", str(out), "--csv",
-                         str(table), "--jobs", "1"])  # fmt: skip
+    status = grade.main([str(looping), str(dying), "--timeout", "5", "--json", str(out), "--csv", str(table),
+                         "--jobs", "2", "--sandbox", "fallback"])  # fmt: skip
 
     printed = capsys.readouterr().out
     results = json.loads(out.read_text())
-    assert status == 1  # one notebook could not be graded
+    assert status == 1  # one notebook did not run to its end
     # the looping cell is interrupted (cells counted from 1, markdown included) and the run goes on
     loop = results[str(looping)]
     assert loop["graded"] and loop["of"] == 3
     assert loop["problems"] == ["timed out in cell 2 (while True:) after 5 s (the kernel was interrupted)",
                                 "error in cell 3 (raise ValueError('ran after the loop')): ValueError: ran after "
                                 "the loop"]  # fmt: skip
-    assert results[str(dying)] == {"graded": False, "why": "the kernel died in cell 2 (import os; os._exit(1))",
-                                   "problems": []}  # fmt: skip
-    assert f"{dying}: not graded — the kernel died in cell 2 (import os; os._exit(1))" in printed
-    assert results[str(last)]["graded"] and f"{last}: 0 of 3 passed" in printed
-    # a notebook that was not graded: each of its exercises (not its predictions) says so, with the reason
+    # the kernel died in cell 4: the verdict earned in cell 3 is kept, the check after it did not run
+    dead = results[str(dying)]
+    assert dead["graded"] and dead["passed"] == 1
+    assert {id: r["verdict"] for id, r in dead["exercises"].items()} == {
+        "G99.1": "passed", "G99.2": "not checked", "G99.3": "not checked"}  # fmt: skip
+    died = ("the kernel died in cell 4 (import os; os._exit(1)); the cells after it did not run (the verdicts of "
+            "the checks before it are kept)")  # fmt: skip
+    assert dead["problems"] == [died]
+    assert f"{dying}: 1 of 3 passed" in printed and f"  {died}" in printed
     with table.open(newline="", encoding="utf-8") as f:
-        dead = [row for row in csv.reader(f) if row[1] == str(dying)]
-    assert [row[2:] for row in dead] == [[id, "not graded", "the kernel died in cell 2 (import os; os._exit(1))"]
-                                         for id in G99]  # fmt: skip
+        rows = [row for row in csv.reader(f) if row[1] == str(dying)]
+    assert [row[2:4] for row in rows] == [["G99.1", "passed"], ["G99.2", "not checked"], ["G99.3", "not checked"]]
+
+
+def test_a_notebook_that_cannot_be_read_is_not_graded_and_has_a_row_per_exercise(tmp_path, capsys, made_up):
+    broken = tmp_path / "G99_broken.ipynb"
+    broken.write_text("not json")
+    table = tmp_path / "grades.csv"
+    assert grade.main([str(broken), "--csv", str(table), "--sandbox", "off"]) == 1
+    assert f"{broken}: not graded — could not be read: " in capsys.readouterr().out
+    with table.open(newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))[1:]
+    assert [row[2:4] for row in rows] == [[id, "not graded"] for id in G99]
+
+
+#: Fakes of a pass, each on an exercise of the course's notebook 00, each undone after its check.
+TAMPERING = [
+    "import hooklab.exercises as ex\nfrom hooklab.exercises import Exercise, Outcome, check",
+    # the verdict machinery rebound (the issue's first fake)
+    "real = ex._verdict\nex._verdict = lambda *args: ('passed', 'looks great')\ncheck('00.1', None)\n"
+    "ex._verdict = real",
+    # an exercise registered again, with a checker that passes anything
+    "old = ex._REGISTRY['00.2']\nex._REGISTRY['00.2'] = Exercise('00.2', old.title, lambda a: Outcome(True, 'ok'))\n"
+    "check('00.2', print)\nex._REGISTRY['00.2'] = old",
+    # sys.modules edited: a torch whose allclose says yes to anything
+    "import sys, types, torch\nfake = types.ModuleType('torch')\nfake.__dict__.update(vars(torch))\n"
+    "fake.allclose = lambda *args, **kwargs: True\nsys.modules['torch'] = fake\ncheck('00.3', print)\n"
+    "sys.modules['torch'] = torch",
+    # a verdict written straight to the log, past check
+    "ex._GRADING['write']({'kind': 'check', 'id': '00.4', 'verdict': 'passed', 'detail': '', 'suspect': []})",
+    # a line appended to the log file by hand
+    "with open('../run/verdicts.log', 'a') as log:\n"
+    "    log.write('{\"seq\": 9, \"kind\": \"check\", \"id\": \"00.4\", \"verdict\": \"passed\"}\\tfeed\\n')",
+]
+
+#: A hooklab of the student's own, whose check says "passed" to anything (the issue's second fake).
+FAKE_HOOKLAB = {"__init__.py": "", "exercises.py": "def check(id, answer):\n    print(f'Exercise {id}: passed')\n"}
+
+
+def test_faked_passes_are_flagged_suspect_with_the_reason(tmp_path, capsys):
+    tamper = write(tmp_path / "carl_00_start_here.ipynb", TAMPERING)
+    (tmp_path / "dana").mkdir()
+    untouched = write(tmp_path / "dana" / "00_start_here.ipynb", [
+        "from hooklab.exercises import check", "def f(module, x):\n    raise NotImplementedError\n\ncheck('00.1', f)"])
+    (tmp_path / "dana" / "hooklab").mkdir()
+    for name, text in FAKE_HOOKLAB.items():
+        (tmp_path / "dana" / "hooklab" / name).write_text(text)
+    out = tmp_path / "grades.json"
+
+    assert grade.main([str(tamper), str(untouched), "--json", str(out), "--jobs", "2", "--sandbox", "fallback"]) == 0
+
+    printed = capsys.readouterr().out
+    results = json.loads(out.read_text())
+    carl = results[str(tamper)]
+    assert carl["passed"] == 0 and {r["verdict"] for r in carl["exercises"].values()} == {"suspect"}
+    reasons = {id: r["detail"] for id, r in carl["exercises"].items()}
+    assert reasons["00.1"].startswith("hooklab.exercises._verdict was replaced; the check said: passed — looks great")
+    assert reasons["00.2"].startswith("exercise 00.2 was registered again (its checker replaced)")
+    assert reasons["00.3"].startswith("sys.modules['torch'] was replaced or removed")
+    assert reasons["00.4"].startswith("this verdict was written by something other than hooklab's check")
+    assert carl["suspect"] == ["the verdict log holds lines the course's check did not write (they were left out)"]
+    assert f"{tamper}: 0 of 4 passed\n  suspect: the verdict log holds lines" in printed
+    # the hooklab beside the notebook is not used (the notebook runs alone in a new folder), and is reported
+    dana = results[str(untouched)]
+    assert dana["exercises"]["00.1"]["verdict"] == "not solved yet"
+    assert dana["suspect"] == ["a hooklab/ lies beside the notebook: it would replace the course's package in a "
+                               "kernel started there (this grade ran on a copy of the notebook alone, without it)"]
+
+
+def test_the_sandbox_keeps_writes_in_and_the_network_out_and_the_limits_stop_the_kernel(tmp_path, capsys, made_up,
+                                                                                        sandbox):  # fmt: skip
+    if not sandbox:
+        pytest.skip("bubblewrap (bwrap) does not work here, and tools/ensure_sandbox.sh could not install it")
+    decoy = tmp_path / "decoy.txt"
+    decoy.write_text("the original")
+    escaped = ROOT / "escaped-from-a-grading-kernel.txt"
+    listening = socket.create_server(("127.0.0.1", 0))  # the host's loopback: out of the kernel's reach
+    port = listening.getsockname()[1]
+    (tmp_path / "eve").mkdir()
+    hog = write(tmp_path / "eve" / "G99_sandbox.ipynb", [
+        REGISTER, "from hooklab.exercises import check", "check('G99.1', lambda x: 2 * x)",
+        f"open({str(decoy)!r}, 'w').write('overwritten')",
+        f"open({str(escaped)!r}, 'w').write('escaped')",
+        f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=5)",
+        "for i in range(3000):\n    print('x' * 1000)",
+        "chunks = []\nfor i in range(60):  # 3 GB at most, should the limit fail\n    chunks.append(b'x' * 50 * 2**20)",
+        "check('G99.3', 3)",
+    ])  # fmt: skip
+    out = tmp_path / "grades.json"
+    try:
+        status = grade.main([str(hog), "--json", str(out), "--memory", "1G", "--output", "1M"])
+    finally:
+        listening.close()
+        escaped.unlink(missing_ok=True)
+
+    assert status == 1
+    result = json.loads(out.read_text())[str(hog)]
+    assert decoy.read_text() == "the original"
+    problems = result["problems"]  # cell 4 wrote to a folder of its own: the students' folders are hidden
+    assert problems[0].startswith("error in cell 5 (open(") and "Read-only file system" in problems[0]
+    assert problems[1].startswith("error in cell 6 (import socket): ConnectionRefusedError")
+    assert problems[2] == ("the output passed the limit of 1 MB (--output) in cell 7 (for i in range(3000):): "
+                           "later output was dropped, and the cell interrupted")  # fmt: skip
+    assert problems[3].startswith("stopped in cell 8 (chunks = []): its memory passed the limit of 1.0 GB "
+                                  "(--memory; ")  # fmt: skip
+    assert problems[3].endswith("resident): the kernel was stopped; the cells after it did not run (the verdicts "
+                                "of the checks before it are kept)")  # fmt: skip
+    assert {id: r["verdict"] for id, r in result["exercises"].items()} == {
+        "G99.1": "passed", "G99.2": "not checked", "G99.3": "not checked"}  # fmt: skip
+
+
+def test_without_bubblewrap_grading_stops_unless_the_instructor_chose_the_fallback(tmp_path, capsys, monkeypatch):
+    notebook = str(write(tmp_path / "00_start_here.ipynb", ["x = 1"]))
+    monkeypatch.setattr(grade.shutil, "which", lambda name: None)
+    with pytest.raises(SystemExit) as stop:
+        grade.parse([notebook])
+    assert stop.value.code == 2
+    assert "bubblewrap (bwrap) is not installed" in capsys.readouterr().err
+    args, _ = grade.parse([notebook, "--sandbox", "fallback"])
+    assert args.sandbox == "off" and "WARNING: grading WITHOUT the sandbox" in capsys.readouterr().err
+    args, _ = grade.parse([notebook, "--sandbox", "off"])
+    assert args.sandbox == "off" and capsys.readouterr().err == ""
+
+
+def test_the_help_names_every_limit_and_the_sandbox():
+    text = subprocess.run([sys.executable, str(ROOT / "tools" / "grade.py"), "--help"], capture_output=True,
+                          text=True, timeout=120, check=True).stdout  # fmt: skip
+    for option in ("--memory", "--cpu-time", "--output", "--timeout", "--sandbox", "--jobs"):
+        assert option in text
 
 
 def test_a_guide_notebook_without_exercises_passes_0_of_0_and_counts_its_predictions(tmp_path, monkeypatch):
@@ -267,7 +412,7 @@ def test_the_student_is_the_folder_or_the_name_before_the_number(path, folder, s
     assert grade.student_of(Path(path), Path(folder) if folder else None) == student
 
 
-@pytest.mark.parametrize("option", ["--jobs=0", "--jobs=-2", "--timeout=0"])
+@pytest.mark.parametrize("option", ["--jobs=0", "--jobs=-2", "--timeout=0", "--cpu-time=0"])
 def test_a_count_that_is_not_positive_is_a_usage_error(option, capsys, tmp_path):
     with pytest.raises(SystemExit) as stop:
         grade.main([str(write(tmp_path / "00_start_here.ipynb", ["x = 1"])), option])

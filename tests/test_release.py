@@ -39,7 +39,8 @@ def test_the_copy_has_the_notebooks_hooklab_and_the_set_up_but_no_answers_and_no
                if p.is_file() and "__pycache__" not in p.parts}  # fmt: skip
     assert {f for f in held if f.startswith("src/")} == package  # the trained weights too
     needed = ["README.md", "Makefile", "LICENSE", "LICENSE-notebooks", "requirements.lock", "pyproject.toml",
-              "binder/requirements.txt", "binder/postBuild", "tools/install_kernel.py", "tools/grade.py"]
+              "binder/requirements.txt", "binder/postBuild", "tools/install_kernel.py", "tools/grade.py",
+              "tools/grade_kernel.py"]
     assert [name for name in needed if name not in held] == []
     assert not [f for f in held if "solution" in f or f.startswith("tests/") or "__pycache__" in f]
     assert os.access(copy / "binder" / "postBuild", os.X_OK)
@@ -71,6 +72,37 @@ def test_the_guide_is_copied_and_graded_by_make_test_and_no_worked_answer_of_les
     assert sorted(p.relative_to(tmp_path / "release").as_posix() for p, _ in found) == sorted(made_up[:3])
 
 
+def test_the_notebooks_say_the_worked_answers_come_from_the_instructor(copy):
+    """The lessons' "Worked answers: [solutions/…](…)" and the guide's "worked answers are in […]"
+    would point into the folder the copy leaves out; every other byte of a notebook is the course's."""
+    for notebook in sorted((copy / "notebooks").rglob("*.ipynb")):
+        course = (ROOT / notebook.relative_to(copy)).read_text(encoding="utf-8")
+        text = notebook.read_text(encoding="utf-8")
+        assert "solutions/" not in text, notebook.name
+        if "solutions/" in course:
+            assert "from your instructor" in text, notebook.name
+            assert len(text.splitlines()) <= len(course.splitlines())
+        else:
+            assert text == course, notebook.name
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("Worked answers: [`solutions/00_a.ipynb`](solutions/00_a.ipynb).", "Worked answers: from your instructor."),
+    ("worked answers are in\n[solutions/G2_b.ipynb](../solutions/G2_b.ipynb).",
+     "worked answers come from your instructor."),
+    ("its worked answer is in [x](../solutions/G6_c.ipynb).", "its worked answer comes from your instructor."),
+    ("`G4.1` have worked answers in\n[s](../solutions/G4_d.ipynb).",
+     "`G4.1` have worked answers from your instructor."),
+])  # fmt: skip
+def test_links_to_the_worked_answers_are_rewritten(line, expected):
+    assert release.without_answer_links(line, "n.ipynb") == expected
+
+
+def test_a_link_to_the_answers_written_another_way_stops_the_release():
+    with pytest.raises(SystemExit, match=r"n\.ipynb links to solutions/"):
+        release.without_answer_links("See [the answers](solutions/00_a.ipynb).", "n.ipynb")
+
+
 def test_the_readme_is_for_students_and_names_only_what_the_copy_has(copy):
     readme = (copy / "README.md").read_text()
     assert "solutions/" not in readme
@@ -96,7 +128,7 @@ def dry_run(copy: Path, target: str) -> str:
 def test_make_test_and_make_lab_use_only_files_the_copy_has(copy):
     test, lab = dry_run(copy, "test"), dry_run(copy, "lab")
     assert "-r requirements.lock" in test and "tools/install_kernel.py" in test
-    assert test.strip().endswith("tools/grade.py notebooks")
+    assert test.strip().endswith("tools/grade.py --sandbox off notebooks")
     assert "jupyter lab --notebook-dir=notebooks" in lab
     for used in set(re.findall(r"(?:tools/\S+\.py|-r \S+)", test + lab)):
         assert (copy / used.removeprefix("-r ")).is_file(), used
@@ -111,7 +143,7 @@ def test_hooklab_imports_from_the_copy_and_its_make_test_grades_a_notebook(copy)
     where = subprocess.run([sys.executable, "-c", "import hooklab.exercises; print(hooklab.__file__)"], cwd=copy,
                            env=env, capture_output=True, text=True, timeout=120, check=True).stdout  # fmt: skip
     assert Path(where.strip()).is_relative_to(copy)
-    graded = subprocess.run([sys.executable, "tools/grade.py", "notebooks/00_start_here.ipynb", "--jobs", "1"],
+    graded = subprocess.run([sys.executable, "tools/grade.py", "--sandbox", "off", "notebooks/00_start_here.ipynb"],
                             cwd=copy, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert graded.returncode == 0, graded.stdout + graded.stderr
     from hooklab.exercises import exercises

@@ -193,7 +193,7 @@ INDEX = """<!DOCTYPE html>
 <ul class="hooklab-map">{rows}</ul>
 {guide}{answers}<h2>Run it yourself</h2>
 <p>These pages show the notebooks as saved. To run them, move the sliders and check your answers, get the
-course and type <code>make lab</code> (Python 3.11 and <code>make</code> are all it needs).</p>
+course and type <code>make lab</code> (Python 3.11, 3.12 or 3.13 and <code>make</code> are all it needs).</p>
 </main></body></html>
 """
 CSS = """body{font-family:system-ui,sans-serif;line-height:1.5;margin:0;color:#222}

@@ -29,6 +29,7 @@ CONDA_HEAD = """\
 # For conda users: `conda env create -f environment.yml && conda activate hooklab`, then
 # `pip install --no-deps -e .` and `python tools/install_kernel.py`. Written by `make lock` from
 # requirements.lock (every package pinned); tests/test_environment.py keeps the two equal.
+# Python 3.11 here; the same pins install on 3.12 and 3.13, which the course supports as well.
 name: hooklab
 channels:
   - conda-forge
@@ -39,7 +40,8 @@ dependencies:
 """
 BINDER_HEAD = """\
 # repo2docker (Binder, JupyterHub images) installs these; binder/postBuild then installs hooklab
-# and the "Hook Lab" kernel. Written by `make lock` from requirements.lock: do not edit.
+# and the "Hook Lab" kernel. Written by `make lock` from requirements.lock: do not edit. The image's
+# Python is 3.11 (binder/runtime.txt); the same pins install on 3.12 and 3.13, supported as well.
 """
 
 

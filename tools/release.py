@@ -9,7 +9,12 @@ The copy holds the lessons (``notebooks/NN_name.ipynb``) and the field guide
 maintainers, and a Makefile with the same two commands: ``make lab`` as in the course repository
 (its set-up rules are copied from the course's Makefile), and ``make test``, which runs every
 notebook of the copy (the guide's too) in a fresh kernel and reports each exercise's verdict
-(``tools/grade.py notebooks``). No tests: the course's exercise tests need the worked answers.
+(``tools/grade.py --sandbox off notebooks``: the student's own notebooks on the student's own
+machine, which may have no bubblewrap). No tests: the course's exercise tests need the worked answers.
+
+The notebooks' links to their worked answers (``Worked answers: [solutions/…](…)``) would point
+into the missing folder: in the copy they say that the worked answers come from the instructor
+(``without_answer_links``).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FILES = ["LICENSE", "LICENSE-notebooks", "requirements.txt", "requirements.lock", "environment.yml",
          "pyproject.toml", ".gitignore", "binder"]  # fmt: skip
 NOTEBOOK_FOLDERS = ["notebooks", "notebooks/guide"]  # the lessons and the field guide; not notebooks/solutions
-TOOLS = ["install_kernel.py", "grade.py"]  # and every tools/ module they import
+TOOLS = ["install_kernel.py", "grade.py", "grade_kernel.py"]  # and every tools/ module they import
 README_SECTIONS = ["# Hook Lab", "## Two commands", "## The notebooks", "## Getting help",
                    "## The helper package `hooklab`", "## Known limits", "## License"]  # fmt: skip
 
@@ -37,10 +42,10 @@ make test   # run every notebook top to bottom in a fresh kernel and report each
             # passed, failed and why, or not solved yet (your files are not changed)
 ```
 
-Both need only Python 3.11 and `make`. `make` looks for `python3.11` (else `python3`) and, if it
-is not 3.11, stops at once and says what it found: install Python 3.11 (python.org, your package
-manager, pyenv, or `uv python install 3.11`) and run `make env PYTHON=/path/to/python3.11`. The
-first run installs every package at the version in `requirements.lock` into `.venv` (a few
+Both need only Python 3.11, 3.12 or 3.13 and `make`. `make` takes the first of `python3.11`,
+`python3.12`, `python3.13`, `python3` that runs and, if it is not one of these versions, stops at
+once and says what it found: install one of them (python.org, your package manager, pyenv, or
+`uv python install 3.13`) and pick it with `make env PYTHON=/path/to/python3.13`. The first run installs every package at the version in `requirements.lock` into `.venv` (a few
 minutes; about 6 GB), then `hooklab` and the course's Jupyter kernel, "Hook Lab". Pass extra
 JupyterLab options with `make lab LAB_ARGS="--no-browser --port 8899"`.
 
@@ -66,7 +71,7 @@ env: $(STAMP)
 {lab_rule}
 # Each notebook runs top to bottom in a fresh kernel, as a grader runs it; the files are not changed.
 test: $(STAMP)
-\t$(BIN)/python tools/grade.py notebooks $(GRADE_ARGS)
+\t$(BIN)/python tools/grade.py --sandbox off notebooks $(GRADE_ARGS)
 
 clean:
 \trm -rf $(VENV)
@@ -100,6 +105,46 @@ def student_readme(readme: str) -> str:
     return "\n\n".join(p for p in paragraphs if "solutions/" not in p).rstrip() + "\n"
 
 
+#: How a notebook points to its worked answers, and what the copy says instead: "Worked answers:
+#: [link]" (a lesson's summary), "worked answers are in [link]", "its worked answer is in [link]"
+#: and "have worked answers in [link]" (the field guide's introductions).
+LINK = r"\s*\[[^\]]*\]\([^)]*solutions/[^)]*\)"
+ANSWER_LINKS = [
+    (re.compile(r"(?i)(worked answers):" + LINK), r"\1: from your instructor"),
+    (re.compile(r"(?i)(worked answers) are in" + LINK), r"\1 come from your instructor"),
+    (re.compile(r"(?i)(worked answer) is in" + LINK), r"\1 comes from your instructor"),
+    (re.compile(r"(?i)(worked answers) in" + LINK), r"\1 from your instructor"),
+]
+
+
+def without_answer_links(text: str, name: str) -> str:
+    """A notebook's markdown with every link to ``solutions/`` rewritten (``ANSWER_LINKS``); a link
+    written some other way stops the release, naming the notebook."""
+    for pattern, replacement in ANSWER_LINKS:
+        text = pattern.sub(replacement, text)
+    if re.search(r"\]\([^)]*solutions/", text):
+        raise SystemExit(f"{name} links to solutions/ in a way tools/release.py cannot rewrite for the student "
+                         "copy: add its wording to ANSWER_LINKS")  # fmt: skip
+    return text
+
+
+def copy_notebook(source: Path, folder: Path) -> None:
+    """Copy a notebook into ``folder``, its links to the worked answers rewritten (cells whose
+    markdown names ``solutions/``; every other byte as it was)."""
+    text = source.read_text(encoding="utf-8")
+    if "solutions/" not in text:
+        shutil.copy2(source, folder)
+        return
+    import json
+
+    nb = json.loads(text)
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "markdown" and "solutions/" in "".join(cell["source"]):
+            lines = without_answer_links("".join(cell["source"]), source.name).splitlines(keepends=True)
+            cell["source"] = lines
+    (folder / source.name).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def tools_needed(names: list[str]) -> list[str]:
     """``names`` and every module of tools/ they import, directly or not."""
     found, todo = [], list(names)
@@ -123,7 +168,7 @@ def build(out: Path) -> Path:
     for folder in NOTEBOOK_FOLDERS:
         for notebook in sorted((ROOT / folder).glob("*.ipynb")):
             (out / folder).mkdir(parents=True, exist_ok=True)
-            shutil.copy2(notebook, out / folder)
+            copy_notebook(notebook, out / folder)
     shutil.copytree(ROOT / "src", out / "src", ignore=ignore)
     for name in FILES:
         source = ROOT / name

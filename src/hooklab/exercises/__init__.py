@@ -18,15 +18,32 @@ copy of the generator's state, so the student's random stream is the same after 
 before it. A global hook (or saved-tensor hooks, or a torch function mode) left active by earlier
 code fails every check with a message naming it, instead of running inside the checker's models;
 one the answer itself leaves active is removed and fails that answer.
+
+``check`` stops an answer still running after ``TIME_LIMIT`` seconds (in the main thread, with
+``SIGALRM``, as in a Jupyter kernel), says when it was given the result of a function instead of
+the function, or its arguments swapped, and shortens long error messages (no tensor dumps).
+
+In a kernel started by ``make grade`` (``tools/grade_kernel.py`` calls ``_start_grading`` before
+any cell runs), each ``check`` also appends its verdict to the grader's log, signed with a key
+that only the grader and this module hold, together with what was found changed in the checking
+machinery at that moment (hooklab's functions, the exercises' checkers, ``sys.modules``, torch's
+and the builtins' functions): the grader reports such a verdict as "suspect", with the reason.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import hmac
 import importlib
+import json
 import math
+import os
 import pkgutil
 import re
+import signal
+import sys
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -45,18 +62,20 @@ class Exercise:
     title: str
     checker: Callable[[object], Outcome]
     kind: str = "exercise"  # or "prediction"
+    time_limit: float | None = None  # seconds a check may run, if not TIME_LIMIT
 
 
 _REGISTRY: dict[str, Exercise] = {}
 
 
-def exercise(id: str, title: str):
-    """Register ``checker(answer) -> Outcome`` as exercise ``id`` (e.g. ``"01.2"``)."""
+def exercise(id: str, title: str, time_limit: float | None = None):
+    """Register ``checker(answer) -> Outcome`` as exercise ``id`` (e.g. ``"01.2"``). ``time_limit``: the
+    seconds its check may run, for a checker that trains (default ``TIME_LIMIT``)."""
 
     def register(checker: Callable[[object], Outcome]) -> Callable[[object], Outcome]:
         if id in _REGISTRY:
             raise ValueError(f"exercise {id} is registered twice")
-        _REGISTRY[id] = Exercise(id, title, _guarded(checker))
+        _REGISTRY[id] = Exercise(id, title, _guarded(checker), time_limit=time_limit)
         return checker
 
     return register
@@ -183,8 +202,14 @@ def exercises() -> dict[str, Exercise]:
     return dict(sorted(_REGISTRY.items()))
 
 
-def _exercise(id: str) -> Exercise:
+def _exercise(id: str, answer: object = None) -> Exercise:
     known = exercises()
+    if not isinstance(id, str):
+        if isinstance(answer, str) and answer in known:
+            raise TypeError(f"the arguments are swapped: write check({answer!r}, your_answer), the exercise's id "
+                            "first, then your answer")
+        raise TypeError(f"check's first argument is the exercise's id, like check('00.1', your_answer), not "
+                        f"{_short(kind_of(id))}")
     if id not in known:
         raise KeyError(f"no exercise {id!r}; known: {', '.join(known)}")
     return known[id]
@@ -195,7 +220,7 @@ def grade(id: str, answer: object) -> Outcome:
 
     For grading scripts and tests: an exception raised by the answer propagates unchanged.
     """
-    return _exercise(id).checker(answer)
+    return _exercise(id, answer).checker(answer)
 
 
 _CHECKED: dict[str, tuple[str, str]] = {}  # id -> (verdict, detail) of the last check() in this process
@@ -204,16 +229,19 @@ _CHECKED: dict[str, tuple[str, str]] = {}  # id -> (verdict, detail) of the last
 def check(id: str, answer: object) -> None:
     """Check ``answer`` for exercise ``id`` and print one line: not solved yet, passed or failed.
     For a prediction (``"01.a"``): no guess yet, right or not quite, and why."""
-    ex = _exercise(id)
+    ex = _exercise(id, answer)
+    changed = _GRADING.get("tampered", list)()  # [] outside a grading kernel
     verdict, detail = _verdict(ex, answer)
     if ex.kind == "prediction":
         verdict = {"not solved yet": "no guess yet", "passed": "right", "failed": "not quite"}[verdict]
         if verdict == "no guess yet":
             detail = "replace the ... with your guess, run this cell, then the next one"
         _CHECKED[id] = (verdict, detail)
+        _record(id, verdict, detail, changed)
         print(f"Prediction {id} ({ex.title}): {verdict} — {detail}")
         return
     _CHECKED[id] = (verdict, detail)
+    _record(id, verdict, detail, changed)
     print(f"Exercise {id} ({ex.title}): {verdict}" + ("" if verdict == "not solved yet" else f" — {detail}"))
 
 
@@ -221,13 +249,257 @@ def _verdict(ex: Exercise, answer: object) -> tuple[str, str]:
     # a prediction's stub is `guess = ...`: None is a guess like any other ("which entry is None?")
     if answer is Ellipsis or (answer is None and ex.kind != "prediction"):
         return "not solved yet", ""
+    limit = _scaled(ex.time_limit or TIME_LIMIT)
     try:
-        outcome = ex.checker(answer)
+        with _time_limit(limit):
+            outcome = ex.checker(answer)
     except NotImplementedError:
         return "not solved yet", ""
+    except _TooLong:
+        return "failed", (f"stopped after {limit:g} s: your answer was still running (an endless loop? a hook "
+                          "that calls its own module?); make it finish, then check again")
     except Exception as exc:  # a student's bug: say what it was, don't drown them in a traceback
-        return "failed", f"your code raised {type(exc).__name__}: {exc}"
+        if isinstance(exc, TypeError) and "not callable" in str(exc) and not callable(answer):
+            return "failed", _not_a_function(ex.id, answer)  # the check called it: not the student's bug
+        return "failed", f"your code raised {type(exc).__name__}: {_short(str(exc))}"
     return ("passed" if outcome.passed else "failed"), outcome.detail
+
+
+#: Seconds a check may run before it is stopped (only in the main thread, as in a notebook).
+TIME_LIMIT = 60
+
+
+def _scaled(seconds: float) -> float:
+    """``seconds`` times ``HOOKLAB_CHECK_TIME_SCALE`` (default 1): ``make variants`` runs the notebooks on
+    an emulated CPU without SIMD, about 15 times slower, and scales the limits with it."""
+    try:
+        return seconds * max(1.0, float(os.environ.get("HOOKLAB_CHECK_TIME_SCALE", "1")))
+    except ValueError:
+        return seconds
+
+
+class _TooLong(BaseException):
+    """Raised by the alarm in the answer's code: a BaseException, so no `except Exception` keeps it."""
+
+
+class _time_limit:
+    """Raise ``_TooLong`` in the main thread after ``seconds`` (SIGALRM); nothing where that is not
+    possible (another thread, no SIGALRM, an alarm already in use)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.armed = seconds, False
+
+    def __enter__(self):
+        if not hasattr(signal, "SIGALRM") or threading.current_thread() is not threading.main_thread():
+            return self
+        if signal.getsignal(signal.SIGALRM) not in (signal.SIG_DFL, signal.SIG_IGN, None) or \
+                signal.getitimer(signal.ITIMER_REAL)[0]:  # fmt: skip
+            return self  # someone else's alarm: leave it alone
+
+        def stop(signum, frame):
+            raise _TooLong
+
+        self.previous = signal.signal(signal.SIGALRM, stop)
+        signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        self.armed = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.armed:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.previous)
+
+
+def _short(text: str, limit: int = 300) -> str:
+    """``text`` on one line, cut to ``limit`` characters: no tensor dumps in a message."""
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + f"… ({len(text) - limit + 1} characters cut)"
+
+
+def _not_a_function(id: str, answer: object) -> str:
+    """What to write when ``check`` got a value where the exercise wants a function: the name of the
+    function that was called in the ``check`` line, when that line shows it."""
+    called = None
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        frame = frame.f_back
+    if frame is not None:
+        import ast
+        import linecache
+
+        line = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
+        try:
+            calls = [node for node in ast.walk(ast.parse(line)) if isinstance(node, ast.Call)
+                     and len(node.args) >= 2 and isinstance(node.args[1], ast.Call)]  # fmt: skip
+            called = ast.unparse(calls[0].args[1].func) if calls else None
+        except SyntaxError:  # a check(...) spread over several lines
+            pass
+    if called:
+        return f"pass the function itself, not `{called}(...)`: check({id!r}, {called}); the check calls it"
+    return (f"pass the function itself, not a {_short(kind_of(answer), 60)}: check({id!r}, your_function), the name "
+            "without parentheses; the check calls it")
+
+
+# --- the verdict log of a grading kernel (make grade) ------------------------------------------
+
+_GRADING: dict = {}  # set once by _start_grading: "write" (to the signed log) and "tampered"
+
+
+def package_hash(folder) -> str:
+    """A hash of every file of a package folder (names and contents, ``__pycache__`` left out): the
+    grader and its kernel compare theirs for ``hooklab``."""
+    from pathlib import Path
+
+    folder, digest = Path(folder), hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def sign(key: bytes, payload: str) -> str:
+    """A log line: the JSON payload, a tab, its HMAC with the run's key."""
+    return payload + "\t" + hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
+
+
+def _start_grading(folder: str) -> None:
+    """In a kernel started by ``make grade``, before any cell runs: read and delete the run's key
+    (``folder/key``), note what the checks depend on, and write the log's first line (where
+    ``hooklab`` was imported from, and the hash of its files) to ``folder/verdicts.log``.
+
+    The key, the snapshot and the log are held in closures, not in names a cell can rebind; a line
+    that reaches the log other than through ``check`` says so."""
+    import hooklab
+
+    key_file = os.path.join(folder, "key")
+    with open(key_file, "rb") as f:
+        key = f.read()
+    os.unlink(key_file)
+    fd = os.open(os.path.join(folder, "verdicts.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    count = iter(range(sys.maxsize))
+    exercises()  # every course exercise registered, so that its checker is in the snapshot
+    snapshot, record_code, check_code = _snapshot(), _record.__code__, check.__code__
+
+    def tampered() -> list[str]:
+        found = _tampered(snapshot)
+        found += [f"hooklab.exercises._GRADING[{k!r}] was replaced" for k, v in mine.items()
+                  if _GRADING.get(k) is not v]  # fmt: skip
+        return found[:5]
+
+    def write(record: dict) -> None:
+        if record["kind"] == "check":
+            caller = sys._getframe(1)
+            through_check = caller.f_code is record_code and getattr(caller.f_back, "f_code", None) is check_code
+            suspect = list(dict.fromkeys(record["suspect"] + tampered()))
+            if not through_check:
+                suspect.append("this verdict was written by something other than hooklab's check")
+            record = {**record, "suspect": suspect}
+        line = sign(key, json.dumps({"seq": next(count), **record}, ensure_ascii=False))
+        os.write(fd, (line + "\n").encode())  # one write: a kernel killed later keeps the line
+
+    _GRADING.update(write=write, tampered=tampered)
+    mine = dict(_GRADING)
+    package = os.path.dirname(hooklab.__file__)
+    write({"kind": "start", "hooklab": package, "files": package_hash(package)})
+
+
+def _record(id: str, verdict: str, detail: str, changed: list[str]) -> None:
+    write = _GRADING.get("write")
+    if write is not None:
+        write({"kind": "check", "id": id, "verdict": verdict, "detail": detail, "suspect": changed})
+
+
+_WATCHED_MODULES = ("builtins", "torch", "torch.nn", "torch.nn.functional", "torch.nn.modules.module",
+                    "torch.utils.hooks", "torch.autograd", "torch.autograd.graph", "torch.overrides")  # fmt: skip
+#: the builtins a check relies on (a kernel replaces others, such as ``input``, while a cell runs)
+_WATCHED_BUILTINS = {"abs", "all", "any", "bool", "callable", "dict", "float", "getattr", "hasattr", "id",
+                     "int", "isinstance", "issubclass", "iter", "len", "list", "max", "min", "next", "object",
+                     "range", "repr", "round", "set", "sorted", "str", "sum", "tuple", "type", "zip"}  # fmt: skip
+
+
+def _snapshot() -> dict:
+    """What the checks depend on, as it is now: the modules in ``sys.modules``; every name of
+    hooklab's modules and classes; the functions and classes of torch's main modules, of
+    ``torch.Tensor`` and ``torch.nn.Module``, and the builtins; the code, defaults and closures of
+    hooklab's functions and of every exercise's checker."""
+    import types
+
+    import torch
+
+    modules = {n: m for n, m in sys.modules.items() if n == "hooklab" or n.startswith("hooklab.")}
+    ours = set(modules)
+    modules.update({n: sys.modules[n] for n in _WATCHED_MODULES if n in sys.modules})
+    names, functions = {}, {}
+    routine = (types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType,
+               types.WrapperDescriptorType, types.BuiltinMethodType, type, staticmethod, classmethod, property)
+    for name, module in modules.items():
+        names[name] = {k: v for k, v in vars(module).items() if name in ours or (isinstance(v, routine)
+                       and (name != "builtins" or k in _WATCHED_BUILTINS))}  # fmt: skip
+        for k, v in vars(module).items():
+            if name in ours and isinstance(v, type) and v.__module__.startswith("hooklab"):
+                names[f"{name}.{k}"] = dict(vars(v))
+    for cls in (torch.Tensor, torch.nn.Module, torch.utils.hooks.RemovableHandle):
+        names[f"{cls.__module__}.{cls.__qualname__}"] = {k: v for k, v in vars(cls).items() if isinstance(v, routine)}
+    for where, values in names.items():
+        if where.split(".")[0] == "hooklab":
+            functions.update({f"{where}.{k}": v for k, v in values.items() if isinstance(v, types.FunctionType)})
+    for id, ex in _REGISTRY.items():
+        functions[f"the checker of {id}"] = ex.checker
+        for cell in ex.checker.__closure__ or ():
+            if isinstance(cell.cell_contents, types.FunctionType):
+                functions[f"the checker of {id}"
+                          f" ({cell.cell_contents.__qualname__})"] = cell.cell_contents  # fmt: skip
+    return {"modules": modules, "names": names, "registry": dict(_REGISTRY),
+            "functions": {k: (f, _state(f)) for k, f in functions.items()}}
+
+
+def _state(function) -> list:
+    return [function.__code__, function.__defaults__, function.__kwdefaults__,
+            *(c.cell_contents if _filled(c) else None for c in function.__closure__ or ())]  # fmt: skip
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:  # an empty cell
+        return False
+    return True
+
+
+def _tampered(snap: dict) -> list[str]:
+    """What differs from the snapshot, in a student's words."""
+    found = [f"sys.modules[{n!r}] was replaced or removed" for n, m in snap["modules"].items()
+             if sys.modules.get(n) is not m]  # fmt: skip
+    for where, values in snap["names"].items():
+        space = snap["modules"].get(where)
+        now = vars(space) if space is not None else _class_vars(snap, where)
+        found += [f"{where}.{k} was replaced" for k, v in values.items()
+                  if now is not None and now.get(k) is not v and not _torch_wrapper(now.get(k), v)]  # fmt: skip
+    for id, ex in snap["registry"].items():
+        if _REGISTRY.get(id) is not ex:
+            found.append(f"exercise {id} was registered again (its checker replaced)")
+    for name, (function, state) in snap["functions"].items():
+        now = _state(function)
+        if len(now) != len(state) or any(a is not b for a, b in zip(now, state, strict=True)):
+            found.append(f"the code of {name} was changed")
+    return found
+
+
+def _torch_wrapper(new: object, old: object) -> bool:
+    """Whether ``new`` is torch's own wrapper of ``old`` (importing ``torch._dynamo`` wraps
+    ``torch.manual_seed``, for one): it wraps ``old`` and its code is torch's."""
+    import torch
+
+    code = getattr(new, "__code__", None)
+    return getattr(new, "__wrapped__", None) is old and code is not None and \
+        code.co_filename.startswith(os.path.dirname(torch.__file__) + os.sep)  # fmt: skip
+
+
+def _class_vars(snap: dict, where: str) -> dict | None:
+    """The current ``vars`` of the class named ``where`` (``hooklab.x.Class`` or ``torch.Tensor``)."""
+    module, _, name = where.rpartition(".")
+    space = snap["modules"].get(module) or sys.modules.get(module)
+    cls = getattr(space, name, None) if space is not None else None
+    return vars(cls) if isinstance(cls, type) else None
 
 
 def checked() -> dict[str, tuple[str, str]]:
