@@ -45,8 +45,9 @@ make test   # run every notebook top to bottom in a fresh kernel and report each
 Both need only Python 3.11, 3.12 or 3.13 and `make`. `make` takes the first of `python3.11`,
 `python3.12`, `python3.13`, `python3` that runs and, if it is not one of these versions, stops at
 once and says what it found: install one of them (python.org, your package manager, pyenv, or
-`uv python install 3.13`) and pick it with `make env PYTHON=/path/to/python3.13`. The first run installs every package at the version in `requirements.lock` into `.venv` (a few
-minutes; about 6 GB), then `hooklab` and the course's Jupyter kernel, "Hook Lab". Pass extra
+`uv python install 3.13`) and pick it with `make env PYTHON=/path/to/python3.13`. The first run
+installs every package at the version in `requirements.lock` into `.venv` (a few minutes; about
+6 GB), then `hooklab` and the course's Jupyter kernel, "Hook Lab". Pass extra
 JupyterLab options with `make lab LAB_ARGS="--no-browser --port 8899"`.
 
 """
