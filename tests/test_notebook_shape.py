@@ -72,7 +72,7 @@ def code_lines(cell: dict) -> int:
 
 
 def test_there_are_lessons_and_a_guide():
-    assert len(ALL_LESSONS) == 8 and GUIDES
+    assert len(ALL_LESSONS) == 9 and GUIDES
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)

@@ -1,0 +1,49 @@
+"""Notebook 08's patching explorer in JupyterLab: Run All, then pick a hook point and move the position."""
+
+from __future__ import annotations
+
+import re
+
+import nbformat
+import pytest
+from install_kernel import DISPLAY_NAME, NAME  # tools/
+from playwright.sync_api import expect
+
+from . import notebook_page as nb
+
+pytestmark = pytest.mark.browser
+
+CELLS = [
+    "import hooklab\nfrom hooklab.exercises import nb08\nfrom hooklab.interp_widgets import PatchingExplorer\n"
+    "from hooklab.transformer import trained_transformer\n\nhooklab.setup()\n"
+    "clean, corrupted = nb08.clean_and_corrupted()",
+    "PatchingExplorer(trained_transformer(), clean, corrupted, nb08.Q, nb08.A, nb08.B).widget()",
+]
+
+
+def test_the_patching_explorer_redraws_for_a_new_point_and_position(lab, lab_root, page, artifacts):
+    """Pick blocks.1.hook_resid_post in the dropdown (position 3: the corrupted answer wins), then move the
+    position to the query with the mouse (the clean answer wins): the text and the picture change each time."""
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in CELLS])
+    notebook.metadata["kernelspec"] = {"name": NAME, "display_name": DISPLAY_NAME, "language": "python"}
+    path = lab_root / "patching_explorer.ipynb"
+    nbformat.write(notebook, path)
+    nb.open_notebook(page, lab.url(nb.notebook_path(path.name)))
+    nb.run_all(page, timeout_ms=120_000)
+    nb.check_ran_without_errors(page, len(CELLS))
+
+    area = nb.widget_area(page, "position")
+    text, image = nb.printed(area), nb.picture(area)
+    expect(text).to_contain_text(re.compile(r"clean hook_embed patched in at position 3: .* = \+10\.8"))
+    first = image.get_attribute("src")
+    nb.control(area, "dropdown", "point").locator("select").select_option("blocks.1.hook_resid_post")
+    expect(text).to_contain_text(re.compile(r"blocks\.1\.hook_resid_post patched in at position 3: .*corrupted"))
+    second = image.get_attribute("src")
+    nb.drag_to(nb.slider(area, "position"), 1.0)  # the last position: the query, 9
+    expect(nb.readout(nb.slider(area, "position"))).to_have_text("9")
+    expect(text).to_contain_text(re.compile(r"at position 9: .* = \+10\.8 \(clean answer wins\)"))
+    expect(image).not_to_have_attribute("src", second)
+    assert len({first, second, image.get_attribute("src")}) == 3
+    area.scroll_into_view_if_needed()
+    page.screenshot(path=str(artifacts / "patching_explorer.png"))
+    assert nb.error_outputs(page) == []

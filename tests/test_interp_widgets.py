@@ -1,0 +1,38 @@
+"""Notebook 08's patching explorer, driven without a browser: set its controls, read what it shows."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from PIL import Image
+
+from hooklab.exercises import nb08
+from hooklab.interp_widgets import PatchingExplorer
+
+
+@pytest.fixture(scope="module")
+def explorer():
+    clean, corrupted = nb08.clean_and_corrupted()
+    return PatchingExplorer(nb08._model(), clean, corrupted, nb08.Q, nb08.A, nb08.B)
+
+
+def test_patched_logit_difference_matches_the_lessons_patch(explorer):
+    model = explorer.model
+    for point, position in [("hook_embed", 3), ("blocks.0.hook_resid_post", 5), ("blocks.1.hook_resid_post", 9)]:
+        assert explorer.patched(point, position) == pytest.approx(nb08.patched_diff(model, point, position), abs=1e-5)
+    assert explorer.patched("blocks.1.hook_resid_post", 9) > 10 > -10 > explorer.patched("blocks.1.hook_resid_post", 3)
+
+
+def test_the_widget_redraws_text_and_picture_when_a_control_moves(explorer):
+    panel = explorer.widget()
+    assert panel.redraws == 1 and "+10.8" in panel.text
+    assert panel.text.startswith("clean hook_embed patched in at position 3")
+    first = panel.png
+    panel.point.value = "blocks.1.hook_resid_post"
+    assert panel.redraws == 2 and "blocks.1.hook_resid_post" in panel.text and "corrupted answer wins" in panel.text
+    before = panel.png
+    panel.position.value = 9
+    assert panel.redraws == 3 and "+10.8 (clean answer wins)" in panel.text
+    assert panel.png not in (first, before) and Image.open(io.BytesIO(panel.png)).size[0] > 300
+    assert not [n for n, m in explorer.model.named_modules() if m._forward_hooks]
