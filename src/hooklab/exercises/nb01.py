@@ -4,6 +4,8 @@ hooks, the graph's own hooks and the storage puzzle are the guide's: ``g1.py``.)
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Iterable
 
 import torch
@@ -58,6 +60,11 @@ def _retained() -> list[float]:
         ([[2, 4, 6], [4, 8, 12]], "the hooks run in the order registered: double, show, halve, show"),
         ([[2, 4, 6], [1, 2, 3]], "the gradient of (v**2).sum() is 2v = [2, 4, 6] before any hook; the first "
                                  "show sees it doubled"),
+        ([[4, 8, 12], [8, 16, 24]], "the third hook halves: what does the second show receive from it?"),
+        ([[1, 2, 3], [1, 2, 3]], "a hook on v receives the gradient of the loss with respect to v, 2v = [2, 4, 6], "
+                                 "not v"),
+        ([[2, 4, 6], [8, 16, 24]], "does a hook that returns a tensor change what the next hook receives? Try the "
+                                   "first show again"),
     ],
 )
 def _four_hooks() -> list[list[float]]:
@@ -168,7 +175,8 @@ def _repair_ratio() -> float:
 
 # ----- 01.1 to 01.3 ------------------------------------------------------------------------------
 def _scale_case(scale_grad, factor: float, leaf: bool) -> Outcome | None:
-    """The answer on a leaf or on an intermediate tensor: one backward with the hook, one without."""
+    """The answer on a leaf or on an intermediate tensor: two backward passes with the hook, without
+    zeroing in between (x.grad adds both up), then one without."""
     x = torch.tensor([1.0, -2.0, 3.0], requires_grad=True)
     w = torch.tensor([0.5, 2.0, -4.0])
     t = x if leaf else x * 2
@@ -182,21 +190,33 @@ def _scale_case(scale_grad, factor: float, leaf: bool) -> Outcome | None:
             return bad
         try:
             (t * w).sum().backward(retain_graph=True)
+            once = x.grad.clone()
+            (t * w).sum().backward(retain_graph=True)
         finally:
             handle.remove()
         with_hook = x.grad.clone()
         x.grad = None
         (t * w).sum().backward()
     where = "a parameter-like leaf" if leaf else "an intermediate tensor (x * 2)"
+    want = factor * through * w
+    if compare_tensors(once, want).passed and compare_tensors(with_hook, factor * (factor + 1) * through * w).passed:
+        return Outcome(False, f"after two backward passes without zeroing, x.grad is {_rounded(with_hook)}, "
+                              f"expected 2 × {factor:g} × {_rounded(through * w)} = {_rounded(2 * want)}: your hook "
+                              "scaled x.grad, the running sum, so the first gradient was scaled twice. Scale the "
+                              "gradient as it arrives: t.register_hook, returning grad * factor")
     if any(not torch.equal(g, copy) for g, copy in seen):
         return Outcome(False, "the hook changed the gradient it received in place: return a new tensor "
                               "(grad * factor), do not write into grad")
-    if torch.equal(with_hook, through * w):
+    if torch.equal(with_hook, 2 * through * w):
         return Outcome(False, f"on {where}, the gradient was not scaled: the hook must return the new gradient "
                               "(a hook that returns None leaves it as it was)")
-    if not compare_tensors(with_hook, factor * through * w).passed:
-        return Outcome(False, f"on {where} with factor {factor:g}, x.grad is {_rounded(with_hook)}, expected "
-                              f"{_rounded(factor * through * w)}: return grad * factor")
+    if compare_tensors(once, want).passed and not compare_tensors(with_hook, 2 * want).passed:
+        return Outcome(False, f"after one backward x.grad is right, but after a second one, without zeroing, it "
+                              f"is {_rounded(with_hook)}, expected {_rounded(2 * want)}: scale every gradient that "
+                              "arrives, not only the first")
+    if not compare_tensors(with_hook, 2 * want).passed:
+        return Outcome(False, f"on {where} with factor {factor:g}, after two backward passes x.grad is "
+                              f"{_rounded(with_hook)}, expected {_rounded(2 * want)}: return grad * factor")
     if not torch.equal(x.grad, through * w):
         return Outcome(False, "after handle.remove() the gradient is still scaled: return the handle of the hook")
     return None
@@ -210,84 +230,106 @@ def _scale(scale_grad) -> Outcome:
         wrong = _scale_case(scale_grad, factor, leaf)
         if wrong:
             return wrong
-    return Outcome(True, "gradient scaled on a leaf and on an intermediate tensor, and back to normal after "
-                         "remove()")
+    return Outcome(True, "every gradient scaled, two backward passes, on a leaf and on an intermediate tensor, "
+                         "and back to normal after remove()")
 
 
-def _norms_graph() -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
-    """A leaf, three named tensors made from it (``unused`` never reaches the loss), and the loss."""
-    x = torch.linspace(-1, 1, 6, requires_grad=True)
-    named = {"h": x * 3, "a": (x * 3).tanh(), "unused": x.exp()}
-    loss = (named["a"] * torch.arange(6.0)).sum() + named["h"].pow(2).sum()
-    return x, named, loss
+def _guard_case(guard, padded: bool, repair: bool, limit: float) -> tuple[Exception | None, nn.Module] | Outcome:
+    """The lesson's model on a batch (padded or not), the answer's hooks on its five steps (after a
+    repair hook on ms, if asked), one backward: what was raised (None if nothing), and embed."""
+    embed, head, x, y = _problem()
+    if not padded:
+        x[2] = torch.tensor([0.5, -1.0, 1.5, 0.3])
+    steps = _steps(embed, head, x)
+    with Hooks() as hooks:
+        if repair:
+            hooks.add(steps["ms"].register_hook(lambda grad: torch.nan_to_num(grad, nan=0.0)))
+        handles = guard(dict(steps), limit)
+        if is_handle(handles) or isinstance(handles, str | torch.Tensor) or not isinstance(handles, Iterable):
+            return Outcome(False, f"return the list of handles, one per tensor, got {kind_of(handles)}")
+        handles = list(handles)
+        if len(handles) != len(steps) or not all(is_handle(h) for h in handles):
+            return Outcome(False, f"return the list of the {len(steps)} handles, one per tensor, got "
+                                  f"{[kind_of(h) for h in handles]}")
+        for handle in handles:
+            hooks.add(handle)
+        try:
+            nn.functional.cross_entropy(steps["logits"], y).backward()
+            raised = None
+        except Exception as e:  # any error the answer raises is the answer's
+            raised = e
+    return raised, embed
 
 
-def _norms_handles(answer: object, n: int) -> tuple[dict, list] | Outcome:
-    """The answer to 01.2 as (norms, handles), or the Outcome saying what is wrong with it."""
-    if not (isinstance(answer, tuple | list) and len(answer) == 2):
-        return Outcome(False, f"return the pair (norms, handles), got {kind_of(answer)}")
-    norms, handles = answer
-    if not isinstance(norms, dict):
-        return Outcome(False, f"the first item must be the dict from name to a list of norms, got {kind_of(norms)}")
-    if isinstance(handles, str | torch.Tensor) or not isinstance(handles, Iterable) or is_handle(handles):
-        return Outcome(False, f"the second item must be a list of handles, got {kind_of(handles)}")
-    handles = list(handles)
-    if len(handles) != n or not all(is_handle(h) for h in handles):
-        return Outcome(False, f"the second item must hold the {n} handles, one per tensor, got "
-                              f"{[kind_of(h) for h in handles]}")
-    return norms, handles
+def _named_in(raised: BaseException) -> list[str]:
+    return re.findall(r"[A-Za-z_][\w.]*", str(raised))
 
 
-def _norms_outcome(norms: dict, expected: dict[str, list[float]]) -> Outcome | None:
-    """What is wrong with the norms after two backward passes, if anything."""
-    if sorted(norms) != sorted(expected):
-        return Outcome(False, f"norms has the keys {sorted(norms)}, expected every name {sorted(expected)}, each "
-                              "with a list (empty until a gradient arrives)")
-    bad = next((v for vs in norms.values() if isinstance(vs, list) for v in vs if not isinstance(v, float)), None)
-    if bad is not None or not all(isinstance(v, list) for v in norms.values()):
-        return Outcome(False, f"each value must be a list of Python floats (grad.norm().item()), found "
-                              f"{kind_of(bad)}: a kept tensor keeps memory alive")
-    for name, want in expected.items():
-        got = norms[name]
-        if len(got) == len(want) and all(abs(g - e) <= 1e-5 * max(1.0, e) for g, e in zip(got, want, strict=True)):
-            continue
-        late = name != "unused" and len(norms[list(expected)[-1]]) > 0
-        hint = (" (every hook appended under the loop's last name? bind it with name=name)" if late else
-                ": append the norm of each gradient the tensor receives, one per backward")
-        return Outcome(False, f"norms[{name!r}] is {[round(v, 4) for v in got]}, expected "
-                              f"{[round(v, 4) for v in want]}{hint}")
-    return None
-
-
-@exercise("01.2", "the gradient norm of each named tensor")
-def _named_norms(grad_norms) -> Outcome:
-    """``grad_norms(named)`` registers a hook on each tensor of the dict ``named`` that appends the
-    norm of every gradient it receives, as a float, to ``norms[name]``; returns ``(norms, handles)``.
-    The hooks must leave the gradients unchanged."""
-    x, named, loss = _norms_graph()
-    grads = torch.autograd.grad(loss, list(named.values()), allow_unused=True, retain_graph=True)
-    plain = dict(zip(named, grads, strict=True))
-    expected = {n: [] if g is None else 2 * [g.norm().item()] for n, g in plain.items()}
-    (x_plain,) = torch.autograd.grad(loss, x, retain_graph=True)
-    answer = _norms_handles(grad_norms(named), len(named))
-    if isinstance(answer, Outcome):
-        return answer
-    norms, handles = answer
+@exercise("01.2", "stop backward at the first bad gradient, by name")
+def _guard(guard) -> Outcome:
+    """``guard(named, limit)`` registers a hook on each tensor of the dict ``named`` that raises
+    ``FloatingPointError`` naming the tensor when a gradient arriving there holds a NaN or has a norm
+    above ``limit``; returns the list of handles. The gradients stay as they were."""
+    names = ["h", "ms", "rms", "normed", "logits"]
+    # a clean batch: nothing raised, gradients unchanged
+    embed, head, x, y = _problem()
+    x[2] = torch.tensor([0.5, -1.0, 1.5, 0.3])
+    nn.functional.cross_entropy(_steps(embed, head, x)["logits"], y).backward()
+    plain = embed.weight.grad.clone()
+    case = _guard_case(guard, padded=False, repair=False, limit=1e3)
+    if isinstance(case, Outcome):
+        return case
+    raised, embed = case
+    if raised is not None:
+        return Outcome(False, f"on a batch with no padding, where every gradient is finite with a norm below 1e3, "
+                              f"backward raised {type(raised).__name__}: {raised}. Raise only for a NaN or a "
+                              "norm above the limit")
+    if not compare_tensors(embed.weight.grad, plain).passed:
+        return Outcome(False, "with your hooks embed.weight.grad changed: a hook that only watches must return None")
+    # the padded batch: stop at ms
+    case = _guard_case(guard, padded=True, repair=False, limit=1e3)
+    if isinstance(case, Outcome):
+        return case
+    raised, embed = case
+    if raised is None:
+        return Outcome(False, "on the padded batch backward ran to the end, and embed.weight.grad is NaN: the "
+                              "gradient at ms holds a NaN. A comparison with NaN is False, so grad.norm() > limit "
+                              "misses it: test grad.isnan().any() as well, and raise")
+    if not isinstance(raised, FloatingPointError):
+        return Outcome(False, f"your hook raised {type(raised).__name__}: raise FloatingPointError, Python's "
+                              "error for a floating-point problem, so the caller can tell it from any other")
+    said = _named_in(raised)
+    if "ms" not in said:
+        late = names[-1] in said
+        return Outcome(False, f"the error says {str(raised)!r}, but the first bad gradient on the way back is at "
+                              "'ms'" + (": every hook names the loop's last name? bind it with name=name"
+                                        if late else ": put the tensor's name in the message"))
+    if embed.weight.grad is not None:
+        return Outcome(False, "the error names ms, but only after backward had finished: raise inside the hook, "
+                              "so that backward stops there")
+    # the hook repair on ms: no NaN, but a gradient of norm 5e4 at h, which anomaly mode lets through
+    case = _guard_case(guard, padded=True, repair=True, limit=1e3)
+    if isinstance(case, Outcome):
+        return case
+    raised, embed = case
+    if raised is None:
+        return Outcome(False, "with NaN at ms replaced by 0, the gradient at h has a norm of about 5e4, above the "
+                              "limit 1e3, and backward ran to the end: raise also when grad.norm() > limit")
+    if not isinstance(raised, FloatingPointError) or "h" not in _named_in(raised):
+        return Outcome(False, f"with NaN at ms replaced by 0, the first bad gradient is at h (norm about 5e4, "
+                              f"limit 1e3), but backward raised {type(raised).__name__}: {raised}")
+    # after remove(), nothing is left
+    embed, head, x, y = _problem()
+    steps = _steps(embed, head, x)
+    for handle in guard(dict(steps), 1e3):
+        handle.remove()
     try:
-        loss.backward(retain_graph=True)
-        x_once = x.grad.clone()
-        loss.backward(retain_graph=True)
-    finally:
-        for h in handles:
-            h.remove()
-    x.grad = None
-    loss.backward()
-    if not compare_tensors(x_once, x_plain).passed:
-        return Outcome(False, "with your hooks x.grad changed: a hook that only measures must return None")
-    if not compare_tensors(x.grad, x_plain).passed:
-        return Outcome(False, "after removing your handles the gradient is still changed")
-    return _norms_outcome(norms, expected) or Outcome(
-        True, "one norm per backward under each tensor's own name, gradients unchanged, none for the unused tensor")
+        nn.functional.cross_entropy(steps["logits"], y).backward()
+    except Exception:
+        return Outcome(False, "after handle.remove() on every handle, backward still raises: return the handles "
+                              "of your hooks")
+    return Outcome(True, "clean batch untouched; stopped at ms on the NaN, at h on the norm 5e4, with the name "
+                         "in the error")
 
 
 def _by_hand_case(dms_by_hand) -> tuple[torch.Tensor, torch.Tensor, object] | Outcome:
@@ -356,16 +398,39 @@ def _by_hand(dms_by_hand) -> Outcome:
                          "padding); the padded row NaN in both, 0 / (2 · 0)")
 
 
+# ----- the lesson's figure -----------------------------------------------------------------------
+def draw_grad_norms(norms: dict[str, float | None], title: str) -> None:
+    """A bar per tensor, in backward's order: its gradient's norm (log scale); NaN in red; hatched: not kept."""
+    import matplotlib.pyplot as plt
+
+    finite = [v for v in norms.values() if v is not None and not math.isnan(v)]
+    low, top = min(finite) / 3, max(finite) * 3
+    _, ax = plt.subplots(figsize=(8, 2.4), layout="constrained")
+    for i, v in enumerate(norms.values()):
+        if v is None or math.isnan(v):  # full height, with a label
+            ax.bar(i, top, color="white" if v is None else "tab:red", hatch="//" if v is None else None,
+                   edgecolor="grey")
+            ax.text(i, math.sqrt(low * top), "not kept" if v is None else "NaN", ha="center", va="center",
+                    rotation=90)
+        else:
+            ax.bar(i, v, color="tab:blue")
+            ax.text(i, v, f"{v:.2g}", ha="center", va="bottom")
+    ax.set(yscale="log", ylim=(low, top), ylabel="gradient norm", title=title)
+    ax.set_xticks(range(len(norms)), list(norms))
+    plt.show()
+
+
 # ----- worked answers the lesson falls back on ---------------------------------------------------
-def grad_norms(named: dict[str, torch.Tensor]) -> tuple[dict[str, list[float]], list]:
+def guard(named: dict[str, torch.Tensor], limit: float) -> list:
     """A worked answer to 01.2, for the lesson's next cells while the student's own has not passed."""
-    norms, handles = {name: [] for name in named}, []
-    for name, t in named.items():
-        handles.append(t.register_hook(lambda grad, name=name: norms[name].append(grad.norm().item())))
-    return norms, handles
+    def hook(grad: torch.Tensor, name: str) -> None:
+        if grad.isnan().any() or grad.norm() > limit:
+            raise FloatingPointError(f"gradient at {name}: norm {grad.norm().item():.3g}")
+
+    return [t.register_hook(lambda grad, name=name: hook(grad, name)) for name, t in named.items()]
 
 
 def dms_by_hand(dnormed: torch.Tensor, h: torch.Tensor, rms: torch.Tensor) -> torch.Tensor:
-    """A worked answer to 01.3 (see ``grad_norms``)."""
+    """A worked answer to 01.3 (see ``guard``)."""
     drms = (dnormed * -h / (rms + 1e-6) ** 2).sum(dim=1, keepdim=True)
     return drms / (2 * rms)
