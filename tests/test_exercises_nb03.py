@@ -12,7 +12,7 @@ from answers import failed, run_then_remove
 from torch import nn
 
 import hooklab
-from hooklab.exercises import exercises, grade
+from hooklab.exercises import exercises, grade, nb03
 
 
 def answer_with(attach, names=None, cleanup_in_finally=True):
@@ -57,8 +57,11 @@ def test_prediction_truth_right_guess_and_hint_for_a_wrong_one(id):
 
 
 def test_prediction_03_e_is_reasoned_from_the_factors_of_section_1():
-    assert grade("03.e", -6.8).passed  # a seventh a pair, eight pairs
-    assert grade("03.e", -7.5).passed
+    assert grade("03.e", -7.0).passed and grade("03.e", -7.1).passed  # the factors multiplied, 0.24 or 0.25 a sigmoid
+    for off_by_one, hint in ((-7.4, "layer 0's factor too"), (-6.5, "left out layer 16"), (-6.2, "seven"),
+                             (-6.4, "seven sigmoids"), (-6.8, "rounded")):
+        outcome = grade("03.e", off_by_one)
+        assert not outcome.passed and hint in outcome.detail, (off_by_one, outcome.detail)
     assert "one Linear-and-sigmoid pair" in grade("03.e", -0.8).detail
     assert "negative" in grade("03.e", 7).detail
 
@@ -197,71 +200,58 @@ def test_03_1_rejects_tensors_where_floats_are_asked():
 
 # ----- 03.2 ------------------------------------------------------------------------------------
 def pre_hook_answer(new_grad):
-    """A cap_grad_output answer: a backward pre-hook returning (new_grad(g, max_norm),)."""
+    """A scale_grad_output answer: a backward pre-hook returning (new_grad(g, factor),)."""
 
-    def cap_grad_output(module, max_norm):
-        return module.register_full_backward_pre_hook(lambda m, go: (new_grad(go[0], max_norm),))
+    def scale_grad_output(module, factor):
+        return module.register_full_backward_pre_hook(lambda m, go: (new_grad(go[0], factor),))
 
-    return cap_grad_output
-
-
-cap_right = pre_hook_answer(lambda g, limit: g * (limit / g.norm()).clamp(max=1))
+    return scale_grad_output
 
 
-def test_03_2_accepts_one_factor_for_the_whole_gradient():
-    outcome = grade("03.2", cap_right)
-    assert outcome.passed, outcome.detail
+def test_03_2_accepts_one_factor_and_the_worked_answer():
+    for answer in (pre_hook_answer(lambda g, f: g * f), nb03.scale_grad_output):
+        outcome = grade("03.2", answer)
+        assert outcome.passed, outcome.detail
 
 
-def test_03_2_rejects_a_full_backward_hook():  # it returns grad_input: the weight gradient is not capped
-    def cap_after(module, limit):
-        return module.register_full_backward_hook(
-            lambda m, gi, go: (gi[0] * (limit / gi[0].norm()).clamp(max=1),))
+def test_03_2_rejects_a_full_backward_hook():  # it returns grad_input: the weight gradient is not scaled
+    def scale_after(module, factor):
+        return module.register_full_backward_hook(lambda m, gi, go: (gi[0] * factor,))
 
-    failed("03.2", cap_after, "weight.grad", "without the cap", "too late")
+    failed("03.2", scale_after, "weight.grad", "without the factor", "too late")
 
 
 def test_03_2_explains_the_legacy_backward_hook():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # the deprecation warning of the student's own call
-        outcome = grade("03.2", lambda module, limit: module.register_backward_hook(lambda m, gi, go: None))
+        outcome = grade("03.2", lambda module, f: module.register_backward_hook(lambda m, gi, go: None))
     assert not outcome.passed and "deprecated" in outcome.detail and "pre_hook" in outcome.detail, outcome.detail
 
 
-def test_03_2_rejects_clamping_each_element_and_a_factor_per_sample_or_row():
-    failed("03.2", pre_hook_answer(lambda g, limit: g.clamp(-limit, limit)), "each element was clamped")
-    failed("03.2", pre_hook_answer(lambda g, limit: g * (limit / g.flatten(1).norm(dim=1)).clamp(max=1).view(
-        -1, *[1] * (g.dim() - 1))), "each sample got its own factor")
-    failed("03.2", pre_hook_answer(lambda g, limit: g * (limit / g.norm(dim=-1, keepdim=True)).clamp(max=1)),
-           "own factor")
-    failed("03.2", pre_hook_answer(lambda g, limit: g * (limit / g.norm(dim=-1, keepdim=True)).clamp(max=1)
-                                   if g.dim() == 3 else g * (limit / g.norm()).clamp(max=1)),
-           "2 sequences of 3 tokens", "each row got its own factor")
+def test_03_2_rejects_a_divided_or_doubly_applied_factor():
+    failed("03.2", pre_hook_answer(lambda g, f: g / f), "divided")
+    failed("03.2", pre_hook_answer(lambda g, f: g * f * f), "twice")
 
 
-def test_03_2_rejects_scaling_a_gradient_within_the_limit():
-    failed("03.2", pre_hook_answer(lambda g, limit: g * (limit / g.norm())), "within the limit", "unchanged")
-
-
-def test_03_2_rejects_no_cap_and_says_when_no_handle_was_returned():
-    failed("03.2", lambda module, limit: module.register_full_backward_pre_hook(lambda m, go: None), "without the cap")
+def test_03_2_rejects_no_factor_and_says_when_no_handle_was_returned():
+    failed("03.2", lambda module, f: module.register_full_backward_pre_hook(lambda m, go: None), "without the factor")
     for returned in (True, None):
-        failed("03.2", lambda module, limit, r=returned: module.register_full_backward_pre_hook(lambda m, go: None)
+        failed("03.2", lambda module, f, r=returned: module.register_full_backward_pre_hook(lambda m, go: None)
                and r, "must return the handle")
 
 
 def test_03_2_rejects_an_in_place_change_and_explains_a_reassigned_name():
-    def in_place(module, limit):  # right numbers, but the docs say a hook should not modify its arguments
+    def in_place(module, factor):  # right numbers, but the docs say a hook should not modify its arguments
         def hook(m, grad_output):
-            grad_output[0].mul_((limit / grad_output[0].norm()).clamp(max=1))
+            grad_output[0].mul_(factor)
 
         return module.register_full_backward_pre_hook(hook)
 
     failed("03.2", in_place, "in place", "should not modify its arguments", "return the new tuple")
 
-    def reassigns(module, limit):
+    def reassigns(module, factor):
         def hook(m, grad_output):
-            grad_output = (grad_output[0] * 0.5,)  # a new local name, never returned
+            grad_output = (grad_output[0] * factor,)  # a new local name, never returned
 
         return module.register_full_backward_pre_hook(hook)
 
@@ -269,8 +259,7 @@ def test_03_2_rejects_an_in_place_change_and_explains_a_reassigned_name():
 
 
 def test_03_2_explains_a_bare_tensor_returned():
-    outcome = grade("03.2", lambda module, limit: module.register_full_backward_pre_hook(
-        lambda m, go: go[0] * (limit / go[0].norm()).clamp(max=1)))
+    outcome = grade("03.2", lambda module, f: module.register_full_backward_pre_hook(lambda m, go: go[0] * f))
     assert not outcome.passed and "(new_grad,)" in outcome.detail and "raised" not in outcome.detail, outcome.detail
 
 
@@ -278,7 +267,7 @@ def test_legacy_hook_advice_fits_each_exercise():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         gains = grade("03.1", gains_with(gain_hook("register_backward_hook")))
-        cap = grade("03.2", lambda module, limit: module.register_backward_hook(lambda m, gi, go: None))
+        cap = grade("03.2", lambda module, f: module.register_backward_hook(lambda m, gi, go: None))
     assert "use register_full_backward_hook" in gains.detail, gains.detail
     assert "register_full_backward_pre_hook" in cap.detail and "use register_full_backward_hook" not in cap.detail
     assert "section 1" not in gains.detail and "guide" in gains.detail, gains.detail
@@ -373,7 +362,8 @@ def test_03_3_names_the_model_and_layer_of_a_wrong_gradient():
 
 # ----- 03.4 ------------------------------------------------------------------------------------
 def tracker_class(kind="tensor hook", returns_handle=False, skip_no_grad=True, late_binding=False, as_tensors=False,
-                  ratio="right", returns_self=True, keeps_handles=True, ratio_hook="post-accumulate"):  # fmt: skip
+                  ratio="right", returns_self=True, keeps_handles=True, ratio_hook="post-accumulate",
+                  spread=lambda output: output.std(0).mean()):  # fmt: skip
     """An answer to 03.4: ``GradTracker`` as the lesson's stub gives it, with ``__enter__`` filled in (variations:
     a full backward hook, the output's own std, a lambda returning the tensor hook's handle, no requires_grad
     check, the loop variable looked up late, tensors kept, a wrong ratio, no ``return self``, handles not kept, the
@@ -389,6 +379,7 @@ def tracker_class(kind="tensor hook", returns_handle=False, skip_no_grad=True, l
             self.model, self.names, self.lr, self.hooks = model, names, lr, hooklab.Hooks()
             self.grad_stds = {name: [] for name in names}
             self.ratios = {name: [] for name in names}
+            self.spreads = {name: [] for name in names}
 
         def __enter__(self):
             for name in self.names:
@@ -408,6 +399,8 @@ def tracker_class(kind="tensor hook", returns_handle=False, skip_no_grad=True, l
                         key = self.names[-1] if late_binding else name
                         if skip_no_grad and not output.requires_grad:
                             return None
+                        if output.requires_grad:
+                            self.spreads[key].append(number(spread(output)))
                         if kind == "output std":
                             self.grad_stds[key].append(number(output.std()))
                             return None
@@ -434,6 +427,11 @@ def tracker_class(kind="tensor hook", returns_handle=False, skip_no_grad=True, l
 def test_03_4_accepts_the_worked_answer():
     outcome = grade("03.4", tracker_class())
     assert outcome.passed, outcome.detail
+
+
+def test_03_4_names_a_spread_taken_over_the_wrong_dimension():
+    failed("03.4", tracker_class(spread=lambda output: output.std()), "spreads['0']", "std(0).mean()")
+    failed("03.4", tracker_class(spread=lambda output: output.std(1).mean()), "spreads['0']", "dim 0")
 
 
 def test_03_4_names_the_late_bound_loop_variable():

@@ -1,7 +1,7 @@
 """Exercises and predictions of notebook 03: module backward hooks.
 
 Predictions 03.a-03.f compute their truth with torch; exercises 03.1-03.5 are the hooks the lesson's
-sections are about: the gain of each layer (full backward hooks), a cap on the gradient entering a layer
+sections are about: the gain of each layer (full backward hooks), a factor on the gradient entering a layer
 (a backward pre-hook), the gradient at an output changed in place (a tensor hook from a forward hook), a
 gradient tracker class, and the vanishing point. The guide's exercises on the same hooks are in ``g3.py``.
 """
@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..audit import clear_hooks, leftover_hooks
+from ..hooks import Hooks
 from ..models import TinyConvNet, TinySigmoidNet
 from . import (
     Outcome,
@@ -200,19 +201,32 @@ def _digits_mlp(depth: int = 8, width: int = 32) -> nn.Sequential:
 
 _SIGMOIDS_ONLY = ("you counted the sigmoids (about 0.25 each, eight of them: 10^-4.8); the gradient passes eight "
                   "Linear layers too, each × about 0.6, and the last one × 0.33")  # fmt: skip
+_LAYER_0_TOO = ("you counted layer 0's factor too (× 0.40): it acts after the gradient has reached its output, on the "
+                "way to the pixels; from layer 16's output to layer 0's the gradient passes layers 16 down to 1")
+_LAYER_16_LEFT_OUT = ("you left out layer 16 (× √(10/96) ≈ 0.33): the gradient at its output passes through layer 16 "
+                      "itself before it reaches layer 15")
+_SEVEN_SIGMOIDS = ("you counted seven sigmoids; layers 15, 13, …, 1 are eight, each × 0.24, between the Linear layers "
+                   "16 down to 2")
 
 
 @prediction(
     "03.e", "log10 of the gradient std at layer 0's output over layer 16's, in the deep sigmoid network",
     why="on its way from layer 16's output to layer 0's the gradient passes layers 16 down to 1, and their factors "
-        "multiply: 0.33 × 0.6^7 × 0.24^8 ≈ 10^-7, about a seventh for each of eight Linear-and-sigmoid pairs.",
+        "multiply: √(10/96) × (1/√3)^7 × 0.24^8 = 0.33 × 0.58^7 × 0.24^8 ≈ 10^-7, about a seventh for each of eight "
+        "Linear-and-sigmoid pairs.",
     wrong=[
         (-4.8, _SIGMOIDS_ONLY), (-5.0, _SIGMOIDS_ONLY),
+        (-7.4, _LAYER_0_TOO), (-7.5, _LAYER_0_TOO),
+        (-6.5, _LAYER_16_LEFT_OUT), (-6.6, _LAYER_16_LEFT_OUT),
+        (-6.4, _SEVEN_SIGMOIDS), (-6.2, "you counted seven Linear-and-sigmoid pairs; there are eight: layers 16 and "
+                                        "15, 14 and 13, …, 2 and 1"),
+        (-6.8, "a seventh a pair is rounded; multiply the factors themselves: layer 16's, seven Linear layers' "
+               "1/√3 ≈ 0.58 and eight sigmoids' 0.24"),
         (-0.8, "that is one Linear-and-sigmoid pair; the gradient passes eight, and their factors multiply"),
         (-1.0, "that is one Linear-and-sigmoid pair; the gradient passes eight, and their factors multiply"),
         (7.0, "the gradient shrinks on its way back, so the ratio is below 1 and its log10 is negative"),
     ],
-    rel=0.12,
+    rel=0.015,  # ±0.1 of a decade: one layer more or less is ±0.2 to ±0.6
 )  # fmt: skip
 @functools.cache
 def _layer_0_over_16() -> float:
@@ -337,42 +351,22 @@ def _gains(gradient_gains) -> Outcome:
 
 
 
-# ----- 03.2: cap the gradient entering a layer ---------------------------------------------------------
-def _cap_cases() -> list[tuple[str, float, torch.Tensor, torch.Tensor]]:
-    """(what, max_norm, input, grad_output arriving at the layer): a batch of vectors whose gradient is over the
-    limit as a whole, though two of its samples are within it; one whose gradient is within the limit; and a batch
-    of 3-token sequences over the limit."""
+# ----- 03.2: scale the gradient entering a layer -----------------------------------------------------
+def _scale_cases() -> list[tuple[str, float, torch.Tensor, torch.Tensor]]:
+    """(what, factor, input, grad_output arriving at the layer): a batch of vectors scaled up, and a batch of
+    3-token sequences scaled down."""
     g = torch.Generator().manual_seed(4)
-    over = torch.tensor([[5.0, -0.1], [-3.0, 0.2], [0.3, -0.4], [0.4, 9.0], [0.6, 0.0]])  # norm 11.2
-    within = torch.tensor([[0.2, -0.1], [0.1, 0.3], [-0.2, 0.0]])  # norm 0.44
-    tokens = torch.randn(2, 3, 2, generator=g) * 4
-    return [("a batch of 5 vectors over the limit", 1.0, torch.randn(5, 3, generator=g), over),
-            ("a batch within the limit", 1.0, torch.randn(3, 3, generator=g), within),
-            ("a batch of 2 sequences of 3 tokens, over the limit", 0.5, torch.randn(2, 3, 3, generator=g), tokens)]
+    return [("a batch of 5 vectors, factor 7", 7.0, torch.randn(5, 3, generator=g), torch.randn(5, 2, generator=g)),
+            ("a batch of 2 sequences of 3 tokens, factor 0.5", 0.5, torch.randn(2, 3, 3, generator=g),
+             torch.randn(2, 3, 2, generator=g))]  # fmt: skip
 
 
-def _capped(g: torch.Tensor, max_norm: float) -> torch.Tensor:
-    return g * min(1.0, max_norm / g.norm().item())
-
-
-def _per_sample(g: torch.Tensor, factor) -> torch.Tensor:
-    """``g`` with sample ``n`` (``g[n]``, all its elements) multiplied by ``factor(norms)[n]``."""
-    norms = g.flatten(1).norm(dim=1)
-    return g * factor(norms).view(-1, *[1] * (g.dim() - 1))
-
-
-_CAP_MISTAKES = (  # (transform of grad_output, message), tried in this order
-    (lambda g, m: g, "it is the weight gradient without the cap: nothing changed grad_output before the module's "
+_SCALE_MISTAKES = (  # (transform of grad_output, message), tried in this order
+    (lambda g, f: g, "it is the weight gradient without the factor: nothing changed grad_output before the module's "
                      "own backward used it (a full backward hook runs after it, too late; and reassigning a local "
                      "name inside the hook changes nothing: return the new tuple)"),
-    (lambda g, m: g.clamp(-m, m), "each element was clamped on its own, which turns the gradient's direction; "
-                                  "scale the whole gradient by one factor, max_norm / norm"),
-    (lambda g, m: _per_sample(g, lambda n: (m / n).clamp(max=1)), "each sample got its own factor; cap the gradient "
-                                                                  "as a whole: one norm over all its elements"),
-    (lambda g, m: g * (m / g.norm(dim=-1, keepdim=True)).clamp(max=1), "each row got its own factor; cap the "
-                                                                       "gradient as a whole: one norm over all "
-                                                                       "its elements"),
-    (lambda g, m: g * (m / g.norm()), "a gradient already within max_norm was scaled too: it must stay unchanged"),
+    (lambda g, f: g / f, "the gradient was divided by the factor; multiply it"),
+    (lambda g, f: g * f * f, "the factor was applied twice: one pre-hook, one multiplication"),
 )
 
 
@@ -381,12 +375,12 @@ def _linear_grads(layer: nn.Linear, x: torch.Tensor, used: torch.Tensor) -> tupl
     return used.flatten(0, -2).T @ x.detach().flatten(0, -2), used @ layer.weight.detach()
 
 
-def _cap_outcome(cap_grad_output, what: str, max_norm: float, x: torch.Tensor, upstream: torch.Tensor) -> Outcome:
+def _scale_outcome(scale_grad_output, what: str, factor: float, x: torch.Tensor, upstream: torch.Tensor) -> Outcome:
     torch.manual_seed(4)
     layer = nn.Linear(3, 2)
     x = x.clone().requires_grad_()
-    handle = cap_grad_output(layer, max_norm)
-    failed = not_a_handle(handle, "cap_grad_output", layer)
+    handle = scale_grad_output(layer, factor)
+    failed = not_a_handle(handle, "scale_grad_output", layer)
     if failed:
         return failed
     given = upstream.clone()  # what the caller passes to backward(): a hook must leave it alone
@@ -409,26 +403,25 @@ def _cap_outcome(cap_grad_output, what: str, max_norm: float, x: torch.Tensor, u
         return Outcome(False, f"{what}: your hook changed grad_output in place, and with it the gradient the caller "
                               "passed to backward(); a hook should not modify its arguments (documented): return "
                               "the new tuple instead")
-    expected_w, expected_x = _linear_grads(layer, x, _capped(upstream, max_norm))
+    expected_w, expected_x = _linear_grads(layer, x, upstream * factor)
     weight_ok = compare_tensors(layer.weight.grad, expected_w)
     if not weight_ok.passed:
-        for transform, message in _CAP_MISTAKES:
-            if compare_tensors(layer.weight.grad, _linear_grads(layer, x, transform(upstream, max_norm))[0]).passed:
+        for transform, message in _SCALE_MISTAKES:
+            if compare_tensors(layer.weight.grad, _linear_grads(layer, x, transform(upstream, factor))[0]).passed:
                 return Outcome(False, f"{what}: weight.grad: {weight_ok.detail}; {message}")
     failed = _first_failure(("weight.grad", weight_ok), ("input gradient", compare_tensors(x.grad, expected_x)))
     return Outcome(False, f"{what}: {failed.detail}") if failed else Outcome(True, "")
 
 
-@exercise("03.2", "cap the gradient entering a layer, before the layer uses it")
-def _cap(cap_grad_output) -> Outcome:
-    """``cap_grad_output(module, max_norm)`` registers a full backward pre-hook that scales ``grad_output[0]``
-    down to a norm of at most ``max_norm`` (one factor for the whole tensor) and returns its handle."""
-    for case in _cap_cases():
-        outcome = _cap_outcome(cap_grad_output, *case)
+@exercise("03.2", "scale the gradient entering a layer, before the layer uses it")
+def _scale(scale_grad_output) -> Outcome:
+    """``scale_grad_output(module, factor)`` registers a full backward pre-hook that returns ``grad_output[0]``
+    times ``factor`` and returns its handle."""
+    for case in _scale_cases():
+        outcome = _scale_outcome(scale_grad_output, *case)
         if not outcome.passed:
             return outcome
-    return Outcome(True, "over the limit, the weight gradient and the input gradient both used the capped "
-                         "grad_output; within it, nothing changed")
+    return Outcome(True, "the weight gradient and the input gradient both used the scaled grad_output")
 
 
 # ----- 03.3: the gradient at an output that is changed in place ------------------------------------------
@@ -538,12 +531,13 @@ def _in_place_mlp() -> nn.Sequential:
                          nn.Linear(8, 3))
 
 
-def _reference_tracks(batches: list[torch.Tensor]) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Per batch, the std of dL/d(output of '0', '2', '4') and log10(std(lr · weight.grad) / std(weight)), on
-    the same MLP without in-place ReLUs."""
+def _reference_tracks(batches: list[torch.Tensor]) -> tuple[dict[str, list[float]], ...]:
+    """Per batch, the std of dL/d(output of '0', '2', '4'), log10(std(lr · weight.grad) / std(weight)), and the
+    output's spread over the batch (std over dim 0, averaged), on the same MLP without in-place ReLUs."""
     model = _in_place_mlp()
     stds: dict[str, list[float]] = {name: [] for name in _TRACKED}
     ratios: dict[str, list[float]] = {name: [] for name in _TRACKED}
+    spreads: dict[str, list[float]] = {name: [] for name in _TRACKED}
     for x in batches:
         h0 = model[0](x)
         h2 = model[2](torch.relu(h0))
@@ -553,7 +547,8 @@ def _reference_tracks(batches: list[torch.Tensor]) -> tuple[dict[str, list[float
         for k, name in enumerate(_TRACKED):
             stds[name].append(grads[k].std().item())
             ratios[name].append(((_LR * grads[3 + k]).std() / weights[k].std()).log10().item())
-    return stds, ratios
+            spreads[name].append((h0, h2, h4)[k].std(0).mean().item())
+    return stds, ratios, spreads
 
 
 def _tracked_run(tracker_class, model: nn.Module, batches: list[torch.Tensor], hooked: dict[str, bool]):
@@ -615,11 +610,12 @@ def _ratio_mistake(got: list[float], want: list[float]) -> str:
     return " (log10 of std(lr · weight.grad) / std(weight), once .grad is complete)"
 
 
-@exercise("03.4", "a gradient tracker: the gradient's std and the update:data ratio of each layer")
+@exercise("03.4", "a tracker: each layer's gradient std, update:data ratio and spread of its outputs")
 def _track(tracker_class) -> Outcome:
     """``tracker_class(model, names, lr)`` is a context manager; inside its ``with`` block, every backward appends
     to ``tracker.grad_stds[name]`` the std of dL/d(output of module name) and to ``tracker.ratios[name]``
-    log10(std(lr · weight.grad) / std(weight)); nothing is added after the block."""
+    log10(std(lr · weight.grad) / std(weight)), and every forward pass that needs a gradient appends to
+    ``tracker.spreads[name]`` the output's ``std(0).mean()``; nothing is added after the block."""
     model, hooked = _in_place_mlp(), {}
     g = torch.Generator().manual_seed(8)
     batches = [torch.randn(5, 6, generator=g) * (k + 1) for k in range(3)]
@@ -648,8 +644,11 @@ def _track(tracker_class) -> Outcome:
     if entered is not tracker:
         return Outcome(False, f"__enter__ must return self (got {kind_of(entered)}), so that `with GradTracker(...) "
                               "as tracker:` gives the tracker")
-    want_stds, want_ratios = _reference_tracks(batches)
-    for what, table, want in (("grad_stds", tracker.grad_stds, want_stds), ("ratios", tracker.ratios, want_ratios)):
+    want_stds, want_ratios, want_spreads = _reference_tracks(batches)
+    if not isinstance(getattr(tracker, "spreads", None), dict):
+        return Outcome(False, "the tracker has no spreads dict: keep __init__ as given, with self.spreads")
+    for what, table, want in (("grad_stds", tracker.grad_stds, want_stds), ("ratios", tracker.ratios, want_ratios),
+                              ("spreads", tracker.spreads, want_spreads)):
         failed = _one_number_each(table, what)
         if failed:
             return failed
@@ -663,8 +662,10 @@ def _track(tracker_class) -> Outcome:
                 return Outcome(False, f"{what}[{name!r}]: {len(got)} values for {len(values)} backward passes in the "
                                       "block (and none after it)")
             if not all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(got, values, strict=True)):
-                hint = (" (the std of dL/d(output), the gradient a tensor hook on the output receives)"
-                        if what == "grad_stds" else _ratio_mistake(got, values))  # fmt: skip
+                hint = {"grad_stds": " (the std of dL/d(output), the gradient a tensor hook on the output receives)",
+                        "spreads": " (output.std(0).mean(): the std over the batch, dim 0, then the mean over units; "
+                                   "appended in the forward hook, only when the output requires grad)",
+                        }.get(what) or _ratio_mistake(got, values)  # fmt: skip
                 return Outcome(False, f"{what}[{name!r}]: {[f'{v:.4g}' for v in got]}, expected "
                                       f"{[f'{v:.4g}' for v in values]}{hint}")
     return Outcome(True, "three steps tracked on every layer, in-place ReLUs and all, evaluation passes under "
@@ -812,3 +813,67 @@ def _vanishing_verdict(label: str, model: nn.Module, build, kwargs: dict, got: o
                               f"{stds[want] / stds[last]:.2g} × that of layer {last!r}, below {ratio:g}, and you "
                               "returned None")
     return Outcome(False, f"on {label}: expected {want!r}, got {got!r}" + (f": {hint}" if hint else ""))
+
+
+# ----- worked answers: the lesson goes on with these while the student's own have not passed -----------------
+def gradient_gains(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    """03.1: ``{name: grad_input[0].std() / grad_output[0].std()}`` per child, in the order the hooks ran."""
+    from .. import Hooks
+
+    gains: dict[str, float] = {}
+
+    def gain_of(name):
+        def hook(module, grad_input, grad_output):
+            if grad_input[0] is not None:
+                gains[name] = (grad_input[0].std() / grad_output[0].std()).item()
+
+        return hook
+
+    with Hooks() as hooks:
+        for name, module in model.named_children():
+            hooks.add(module.register_full_backward_hook(gain_of(name)))
+        F.cross_entropy(model(x), y).backward()
+    return gains
+
+
+def scale_grad_output(module: nn.Module, factor: float):
+    """03.2: a backward pre-hook that multiplies the gradient entering ``module`` by ``factor``; returns its handle."""
+    return module.register_full_backward_pre_hook(lambda m, grad_output: (grad_output[0] * factor, *grad_output[1:]))
+
+
+class GradTracker:
+    """03.4: ``with GradTracker(model, names, lr) as tracker: ...`` -> ``tracker.grad_stds[name]``,
+    ``tracker.ratios[name]``, ``tracker.spreads[name]``."""
+
+    def __init__(self, model: nn.Module, names: list[str], lr: float = 0.05) -> None:
+        self.model, self.names, self.lr, self.hooks = model, names, lr, Hooks()
+        self.grad_stds: dict[str, list[float]] = {name: [] for name in names}
+        self.ratios: dict[str, list[float]] = {name: [] for name in names}
+        self.spreads: dict[str, list[float]] = {name: [] for name in names}
+
+    def __enter__(self) -> GradTracker:
+        for name in self.names:
+            def keep_std(module, args, output, name=name):
+                if output.requires_grad:  # not an evaluation under no_grad
+                    self.spreads[name].append(output.std(0).mean().item())
+                    output.register_hook(lambda grad: self.grad_stds[name].append(grad.std().item()))
+
+            def keep_ratio(weight, name=name):  # .grad is complete when this runs
+                self.ratios[name].append(((self.lr * weight.grad).std() / weight.std()).log10().item())
+
+            module = self.model.get_submodule(name)
+            self.hooks.add(module.register_forward_hook(keep_std))
+            self.hooks.add(module.weight.register_post_accumulate_grad_hook(keep_ratio))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.hooks.remove()
+
+
+def vanishing_point(model: nn.Module, x: torch.Tensor, y: torch.Tensor, ratio: float = 1e-3) -> str | None:
+    """03.5: the first Linear, from the loss back, whose output gradient's std is below ``ratio`` times the last's."""
+    names = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    with GradTracker(model, names) as tracker:
+        F.cross_entropy(model(x), y).backward()
+    last = tracker.grad_stds[names[-1]][0]
+    return next((name for name in reversed(names) if tracker.grad_stds[name][0] < ratio * last), None)
