@@ -99,7 +99,8 @@ def test_the_predictions_truths():
     ("04.c", ["dx", "dgamma", "dbeta"], "x̂ has mean 0"),
     ("04.d", [[9] * 4] * 4, "falls on the padding"),
     ("04.b", 1 / 32, "scaling 0 gives 0"),
-    ("04.b", 1e-3, "the probabilities sum to 1 and the target's 1 is taken away"),
+    ("04.b", 1e-3, "close, but the sum is exactly 0"),
+    ("04.b", -0.01, "close, but the sum is exactly 0"),
     ("04.b", "0", "write a number, not a string"),
     ("04.e", "4", "only because of what arrived at its output"),
     ("04.e", "1", "the walk goes from the loss back"),
@@ -133,7 +134,7 @@ def layer(slip=None):
 @pytest.mark.parametrize(("slip", "words"), [
     ("sign", "layer 2 of the 2-2-2 network (from [[1, 1]]): dz: max |difference|"),
     ("transposed", "dz ok; da ok; dw: max |difference| 7.4e-03 (it is the transpose of the right dw"),
-    ("per unit", "dw ok; db: shape (2,), expected (1,) (db has one entry per unit: the bias is one number shared"),
+    ("per unit", "dw ok; db: shape (2,), expected (1,) (your db has one entry per unit, as an nn.Linear's would"),
     ("three", "returned 3 tensor(s), expected 4: (dz, da, dw, db)"),
 ])  # fmt: skip
 def test_04_1_names_each_gradient_and_the_slip(slip, words):
@@ -180,10 +181,9 @@ def test_04_2_names_the_first_wrong_step(slip, words):
     failed("04.2", ce_chain(slip), *words)
 
 
-@pytest.mark.parametrize("answer", [ce_chain(keys=lambda k: f"d{k}"), ce_chain("no max path")],
-                         ids=["keys with a d", "no path through the max"])
-def test_04_2_accepts_d_prefixed_keys_and_a_zero_max_path(answer):
-    assert grade("04.2", answer).passed
+def test_04_2_accepts_d_prefixed_keys_but_not_a_missing_max_path():
+    assert grade("04.2", ce_chain(keys=lambda k: f"d{k}")).passed
+    failed("04.2", ce_chain("no max path"), "with 6 rows of 5 classes and counts_sum + 1", "logit_maxes")
 
 
 def bn_chain(slip):
@@ -221,6 +221,26 @@ def test_04_4_names_the_first_wrong_step(slip, words):
 def test_04_2_and_04_4_want_a_dict():
     failed("04.2", lambda t, target: [t["probs"]], "return a dict with one gradient per step", "not list")
     failed("04.4", lambda t, gamma, dout: None, "return a dict", "not NoneType")
+
+
+@pytest.mark.parametrize(("how", "words"), [
+    ("dropped", "lacks the path through logit_maxes"),
+    ("zeroed", "dlogit_maxes is −Σ dnorm_logits over the row, not zeros"),
+    ("spread", "route dlogit_maxes to each row's maximum only"),
+])  # fmt: skip
+def test_04_2_needs_dlogit_maxes_routed_to_the_maximum(how, words):
+    def answer(t, target):
+        d = nb04.ce_backward_steps(t, target)
+        if how == "zeroed":
+            d["logit_maxes"] = torch.zeros_like(d["logit_maxes"])
+            d["logits"] = d["norm_logits"] + F.one_hot(t["logits"].argmax(1), t["logits"].shape[1]) * d["logit_maxes"]
+        elif how == "dropped":
+            d["logits"] = d["norm_logits"]
+        else:
+            d["logits"] = d["norm_logits"] + d["logit_maxes"] / t["logits"].shape[1]
+        return d
+
+    failed("04.2", answer, "counts_sum + 1", words)
 
 
 # ----- 04.3 and 04.5: the fused forms ----------------------------------------------------------------------
@@ -368,6 +388,24 @@ def test_04_7_names_the_slip(answer, words):
     failed("04.7", answer, words)
 
 
+def test_04_5_needs_eps():
+    def no_eps(x, gamma, dout, eps):
+        return ANSWERS["04.5"](x, gamma, dout, 0.0)
+
+    failed("04.5", no_eps, "with x of shape (6, 4)", "eps = 0", "use it")
+
+
+def test_the_lessons_worked_answers_pass():
+    for id, answer in (("04.1", nb04.layer_backward), ("04.2", nb04.ce_backward_steps), ("04.3", nb04.ce_backward),
+                       ("04.9", nb04.first_disagreement)):
+        assert grade(id, answer).passed, id
+
+
+def test_04_9_names_the_ties_when_a_max_pool_is_blamed():
+    outcome = grade("04.9", lambda model, x, y: "7")
+    assert not outcome.passed and "tied maxima" in outcome.detail, outcome.detail
+
+
 def test_04_6_and_04_7_refuse_the_course_formulas():
     failed("04.6", lambda x, w, dout, padding: bp.conv2d_backward(x, w, dout, padding=padding)[:2],
            "your answer called hooklab.backprop.conv2d_backward")
@@ -483,9 +521,38 @@ def test_04_6_names_the_shapes_when_a_fixed_3x3_kernel_raises():
     failed("04.6", three_by_three, "RuntimeError", "w of shape (4, 3, 3, 2), a 3×2 kernel", "any")
 
 
-def test_04_6_names_the_shapes_of_a_wrong_case():
-    failed("04.6", lambda x, w, dout, padding: (torch.zeros_like(x), torch.zeros_like(w)),
+def test_04_6_names_the_shapes_of_a_wrong_shape_only():
+    failed("04.6", lambda x, w, dout, padding: (conv_by_loops(x, w, dout, padding)[0], torch.zeros(4, 3, 3, 3)),
            "[the case: x of shape (2, 3, 6, 5), w of shape (4, 3, 3, 2): a 3×2 kernel, and any size must work]")
+    outcome = failed("04.6", lambda x, w, dout, padding: (torch.zeros_like(x), torch.zeros_like(w)), "dx")
+    assert "any size must work" not in outcome.detail, outcome.detail  # a wrong value is not the kernel size's fault
+
+
+@pytest.mark.parametrize("per_image", [True, False])
+def test_04_6_names_a_dw_not_summed_over_the_images(per_image):
+    def unsummed(x, w, dout, padding):
+        dx = conv_by_loops(x, w, dout, padding)[0]
+        each = torch.stack([conv_by_loops(x[i:i + 1], w, dout[i:i + 1], padding)[1] for i in range(len(x))])
+        return dx, each if per_image else each[0]
+
+    outcome = failed("04.6", unsummed, "sums the contributions of all N images")
+    assert "any size must work" not in outcome.detail, outcome.detail
+
+
+def max_pool_every_tie(x, dout):
+    at_max = x == F.max_pool2d(x, 2).repeat_interleave(2, -2).repeat_interleave(2, -1)
+    return at_max * dout.repeat_interleave(2, -2).repeat_interleave(2, -1)
+
+
+def test_04_7_names_the_ties():
+    failed("04.7", max_pool_every_tie, "with tied maxima", "the first maximum in row-major order")
+    failed("04.7", lambda x, dout: nb04._last_max_takes_it(x, dout), "with tied maxima", "first maximum")
+
+
+def test_max_pool2d_gives_a_tie_to_the_first_maximum():  # what 04.7 and the lesson say, measured
+    x = torch.tensor([[[[0.0, 2.0], [2.0, 1.0]], [[0.4, 0.4], [0.4, 0.4]]]], requires_grad=True)
+    F.max_pool2d(x, 2).backward(torch.ones(1, 2, 1, 1))
+    assert x.grad.flatten().tolist() == [0, 1, 0, 0, 1, 0, 0, 0]
 
 
 # ----- 04.9: where is the slip? -------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import re
 import warnings
 from functools import partial
 
@@ -113,8 +114,8 @@ def _layer_grads(layer_backward) -> Outcome:
 def _layer_traps(s, ds, dz) -> list[Trap]:
     return [((ds * s * (1 + s),), "a sign slip: the sigmoid's slope is s·(1 − s)"),
             ((s * (1 - s),), "multiply the sigmoid's slope by ds, the gradient that arrives: the chain rule"),
-            ((dz.sum(0),), "db has one entry per unit: the bias is one number shared by both units, shape (1,), "
-                           "so its gradient is the sum of every entry of dz"),
+            ((dz.sum(0),), "your db has one entry per unit, as an nn.Linear's would; this network's bias is one "
+                           "number shared by both units, shape (1,), so its gradient sums every entry of dz"),
             ((dz.mean().reshape(1),), "the shared bias enters every entry of z once: its gradient is the sum of "
                                       "dz, not the mean"),
             ((dz,), "db must have the bias's shape (1,): sum dz over every entry")]
@@ -133,13 +134,15 @@ def _each(got, expected, traps) -> str:
 
 
 # ----- cross-entropy: atomic steps (04.b, 04.2) and fused (04.3) ---------------------------------------
-def ce_steps(logits, target):
-    """Cross-entropy in eight named steps, as notebook 04 writes it; the dict keeps every result."""
+def ce_steps(logits, target, extra=0.0):
+    """Cross-entropy in eight named steps, as notebook 04 writes it; the dict keeps every result.
+    ``extra`` is added to ``counts_sum``: a softmax with one more class pinned at each row's maximum,
+    whose loss depends on ``logit_maxes`` (04.2's check of the route back to the maximum)."""
     t = {"logits": logits}
     t["logit_maxes"] = logits.max(1, keepdim=True).values
     t["norm_logits"] = logits - t["logit_maxes"]
     t["counts"] = t["norm_logits"].exp()
-    t["counts_sum"] = t["counts"].sum(1, keepdim=True)
+    t["counts_sum"] = t["counts"].sum(1, keepdim=True) + extra
     t["counts_sum_inv"] = t["counts_sum"] ** -1
     t["probs"] = t["counts"] * t["counts_sum_inv"]
     t["logprobs"] = t["probs"].log()
@@ -172,13 +175,13 @@ def _retained(steps, names, start):
     return {k: v.detach().clone() for k, v in t.items()}, grads
 
 
-def _ce_case(n, classes, seed, largest=None):
+def _ce_case(n, classes, seed, largest=None, extra=0.0):
     """A batch of ``n`` rows of ``classes`` logits and its targets (at most ``largest``), through
     ``ce_steps`` with every step retained: (the steps' values, target, each step's gradient)."""
     logits = (rand(n, classes, seed=seed) * 2).requires_grad_(True)
     target = torch.randint(0, classes if largest is None else largest + 1, (n,),
                            generator=torch.Generator().manual_seed(seed + 1))
-    t, grads = _retained(lambda: ce_steps(logits, target), CE_CHAIN, lambda t: t["loss"].backward())
+    t, grads = _retained(lambda: ce_steps(logits, target, extra), CE_CHAIN, lambda t: t["loss"].backward())
     return t, target, grads
 
 
@@ -197,8 +200,21 @@ def _ce_traps(t, target, grads) -> dict[str, list[Trap]]:
                                                              "add the gradient that comes back through counts_sum"),
                    ((grads["counts_sum"].expand_as(t["counts"]),), "counts is used twice, in probs and in "
                                                                    "counts_sum: add the direct path through probs")],
-        "logit_maxes": [((-grads["logit_maxes"],), "logit_maxes enters with a minus sign")],
+        "logit_maxes": [((-grads["logit_maxes"],), "logit_maxes enters with a minus sign"),
+                        ((torch.zeros_like(grads["logit_maxes"]),), MAXES_ZEROED)],
+        "logits": [((grads["norm_logits"],), MAXES_DROPPED),
+                   ((grads["norm_logits"] + grads["logit_maxes"] / t["logits"].shape[1],),
+                    "logits.max picks one entry per row: route dlogit_maxes to each row's maximum only "
+                    "(one_hot of argmax), not spread over the row")],
     }
+
+
+ROUTE = ("in the exact cross-entropy dlogit_maxes is 0 up to rounding, so the check also runs your steps with "
+         "counts_sum = counts.sum(1, keepdim=True) + 1 (one more class, pinned at each row's maximum), where the "
+         "loss does depend on logit_maxes")
+MAXES_ZEROED = f"dlogit_maxes is −Σ dnorm_logits over the row, not zeros: {ROUTE}"
+MAXES_DROPPED = (f"dlogits lacks the path through logit_maxes = logits.max(1): route dlogit_maxes to each row's "
+                 f"maximum (one_hot of argmax) and add it; {ROUTE}")
 
 
 class Zero:
@@ -223,6 +239,15 @@ class Zero:
         return "0.0"
 
 
+class Small:
+    """A wrong guess near 0 but not within float32 rounding of it (1e-5 < |guess| < 0.02)."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, int | float) and not isinstance(other, bool) and 1e-5 < abs(other) < 0.02
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 @prediction(
     "04.b", "what each row of dlogits sums to",
     why="each row of dlogits is (softmax − one-hot target)/N: the probabilities sum to 1 and the target's 1 is "
@@ -234,7 +259,9 @@ class Zero:
                   "it exactly"),
            (1 / 32, "the 1/N of the mean scales every entry of a row, and scaling 0 gives 0: what does a row sum "
                     "to before the 1/N?"),
-           ("0", "write a number, not a string: 0, without quotes")],
+           ("0", "write a number, not a string: 0, without quotes"),
+           (Small(), "close, but the sum is exactly 0 in exact arithmetic, and 0 up to float32 rounding (about "
+                     "1e-7) as printed: softmax − one-hot is 1 − 1 in every row, whatever the logits")],
 )  # fmt: skip
 def _row_sums() -> Zero:
     logits = (rand(8, 10, seed=71) * 2).float().requires_grad_(True)
@@ -249,16 +276,18 @@ def _ce_chain(ce_backward_steps) -> Outcome:
     each step's value). Judged in chain order from the loss, on a batch of 8 rows of 10 classes, then
     5 rows of 4, against the gradients autograd leaves in each step kept with ``retain_grad()``."""
     worst, worst_name = 0.0, ""
-    for n, classes, seed in ((8, 10, 61), (5, 4, 63)):
-        t, target, grads = _ce_case(n, classes, seed)
+    for n, classes, seed, extra in ((8, 10, 61, 0.0), (5, 4, 63, 0.0), (6, 5, 67, 1.0)):
+        t, target, grads = _ce_case(n, classes, seed, extra=extra)
         got, failed = by_hand(ce_backward_steps, ["t", "target"], t, target)
         result = failed or compare_chain(got, grads, CE_LINES, _ce_traps(t, target, grads))
         if isinstance(result, Outcome):
-            return Outcome(False, f"with {n} rows of {classes} classes: {result.detail}")
+            label = f"{n} rows of {classes} classes" + (" and counts_sum + 1" if extra else "")
+            return Outcome(False, f"with {label}: {result.detail}")
         if result[0] >= worst:
             worst, worst_name = result
     return verdict(["every step"], worst, worst_name, verb="matches",
-                   prefix="dlogprobs … dlogits, in chain order, with 8 rows of 10 classes and 5 of 4: ")
+                   prefix="dlogprobs … dlogits, in chain order, with 8 rows of 10 classes, 5 of 4, and 6 of 5 with "
+                          "counts_sum + 1 (where dlogit_maxes is not 0): ")
 
 
 @exercise("04.3", "cross-entropy fused: dlogits in one expression")
@@ -320,11 +349,11 @@ BN_LINES = {
 EPS = 1e-5
 
 
-def _bn_case(n, c, seed):
+def _bn_case(n, c, seed, eps=EPS):
     x, gamma, beta = rand(n, c, seed=seed) * 2 + 1, rand(c, seed=seed + 1) * 0.5 + 1, rand(c, seed=seed + 2)
     dout = rand(n, c, seed=seed + 3)
     leaves = [v.clone().requires_grad_(True) for v in (x, gamma, beta)]
-    t, grads = _retained(lambda: bn_steps(*leaves, EPS), ("x_hat", "inv_std", "var", "diff2", "diff", "mean"),
+    t, grads = _retained(lambda: bn_steps(*leaves, eps), ("x_hat", "inv_std", "var", "diff2", "diff", "mean"),
                          lambda t: t["y"].backward(dout))  # fmt: skip
     grads.update(x=leaves[0].grad, gamma=leaves[1].grad, beta=leaves[2].grad)
     return t, x, gamma, dout, {name: grads[name] for name in BN_CHAIN}
@@ -452,7 +481,19 @@ def _bn_traps(x, gamma, dout, eps) -> list[Trap]:
                                                             "over the N rows, so ∂v/∂x = 2(x − μ)/N"),
         ((_bn_by_paths(x, gamma, dout, eps, mean_n=False, var_n=False),), "the paths through μ and v both lost their "
                                                                           "1/N: both are means over the N rows"),
+        ((_bn_by_paths(x, gamma, dout, 0.0), (dout * (x - x.mean(0)) * x.var(0, unbiased=False) ** -0.5).sum(0),
+          dout.sum(0)), f"your gradients ignore eps: inv_std = (v + eps)^(−1/2), and here eps = {eps}, large enough "
+                        "to show"),
+        ((_bn_by_paths(x, gamma, dout, 0.0),), f"your dx ignores eps: inv_std = (v + eps)^(−1/2), and here eps = "
+                                               f"{eps}, large enough to show"),
     ]
+
+
+def _ignores_eps(got, x, gamma, dout, eps) -> bool:
+    """Whether the answer's dx is the right formula with eps left out (to float64 rounding)."""
+    if not isinstance(got, tuple | list) or not got or not isinstance(got[0], torch.Tensor) or got[0].shape != x.shape:
+        return False
+    return torch.allclose(got[0].detach().double(), _bn_by_paths(x, gamma, dout, 0.0), rtol=1e-10, atol=1e-12)
 
 
 @exercise("04.5", "batch norm fused: dx in one expression")
@@ -460,19 +501,23 @@ def _bn_fused(batch_norm_backward) -> Outcome:
     """``batch_norm_backward(x, gamma, dout, eps) -> (dx, dgamma, dbeta)`` for batch norm in training mode
     on ``x`` of shape (N, C) (the batch's mean and biased variance, per column; the same argument order
     as ``hooklab.backprop.batch_norm_backward``), compared with the chain of 04.4's steps; tried with
-    N = 6 and N = 3."""
+    N = 6 and N = 3, then with a large eps (0.5); an answer that ignores eps is named in any case."""
     worst, worst_name, names = 0.0, "", ["dx", "dgamma", "dbeta"]
-    for (n, c), seed in (((6, 4), 51), ((3, 5), 55)):
-        _, x, gamma, dout, grads = _bn_case(n, c, seed)
+    for (n, c), seed, eps in (((6, 4), 51, EPS), ((3, 5), 55, EPS), ((5, 3), 57, 0.5)):
+        _, x, gamma, dout, grads = _bn_case(n, c, seed, eps)
         expected = (grads["x"], grads["gamma"], grads["beta"])
-        got, failed = by_hand(batch_norm_backward, ["x", "gamma", "dout", "eps"], x, gamma, dout, EPS)
-        compared = failed or compare(got, expected, names, _bn_traps(x, gamma, dout, EPS))
+        got, failed = by_hand(batch_norm_backward, ["x", "gamma", "dout", "eps"], x, gamma, dout, eps)
+        compared = failed or compare(got, expected, names, _bn_traps(x, gamma, dout, eps))
+        if isinstance(compared, Outcome) and _ignores_eps(got, x, gamma, dout, eps):
+            compared = Outcome(False, f"dx: your dx is batch norm's with eps = 0: inv_std = (v + eps)^(−1/2), and the "
+                                      f"check passes eps = {eps}; use it")
         if isinstance(compared, Outcome):
-            return Outcome(False, f"with x of shape {(n, c)}: {compared.detail}")
+            shown = f"x of shape {(n, c)}" + (f" and eps = {eps}" if eps != EPS else "")
+            return Outcome(False, f"with {shown}: {compared.detail}")
         if compared[0] >= worst:
             worst, worst_name = compared
     return verdict(names, worst, worst_name, verb="equal the chain of 04.4's steps, as computed by",
-                   prefix="with x of shapes (6, 4) and (3, 5): ")
+                   prefix="with x of shapes (6, 4) and (3, 5), and eps = 0.5 on (5, 3): ")
 
 
 # ----- convolution and pooling (04.d, 04.6, 04.7) -----------------------------------------------------
@@ -503,8 +548,11 @@ def _conv(conv2d_backward) -> Outcome:
         dout = rand(*out.shape, seed=seed + 2)
         shapes[f"with padding={padding}:"] = (f"x of shape {shape}, w of shape {kernel}: a {kernel[2]}×{kernel[3]} "
                                              "kernel, and any size must work")
+        per_image = [reference(partial(F.conv2d, padding=padding), (x[i:i + 1], w), dout[i:i + 1])[1]
+                     for i in range(len(x))]
+        traps = [((per_image[0],), NOT_SUMMED_OVER_N), ((per_image[-1],), NOT_SUMMED_OVER_N)]
         cases.append((f"padding={padding}", partial(F.conv2d, padding=padding), {"x": x, "w": w},
-                      {"x": x, "w": w, "dout": dout, "padding": padding}, dout, []))
+                      {"x": x, "w": w, "dout": dout, "padding": padding}, dout, traps))
     try:
         outcome = check_cases(conv2d_backward, cases, "with padding 0 and 1: ")
     except NotImplementedError:
@@ -516,28 +564,61 @@ def _conv(conv2d_backward) -> Outcome:
     if not outcome.passed and "shape (2, 2, 7, 7), expected (2, 2, 5, 5)" in outcome.detail:
         return Outcome(False, f"{outcome.detail} (dx has the shape of the padded input: cut the padding off, or "
                               "fold back with the same padding=..., which drops it)")
+    if not outcome.passed and re.search(r"dw: shape \(2, \d+, \d+, \d+, \d+\), expected", outcome.detail):
+        return Outcome(False, f"{outcome.detail} (one dw per image: {NOT_SUMMED_OVER_N})")
     case = next((shown for label, shown in shapes.items() if outcome.detail.startswith(label)), None)
-    if not outcome.passed and case and "write the formula yourself" not in outcome.detail:
+    if not outcome.passed and case and "shape (" in outcome.detail:  # only a shape slip can be the kernel's
         return Outcome(False, f"{outcome.detail} [the case: {case}]")
     return outcome
 
 
+NOT_SUMMED_OVER_N = ("the same kernel w slides over every image of the batch, so dw sums the contributions of all "
+                     "N images: sum over the images' axis")
+
+
 @exercise("04.7", "max pooling backward, 2×2 windows")
 def _max_pool(max_pool_backward) -> Outcome:
-    """``max_pool_backward(x, dout) -> dx`` for ``y = F.max_pool2d(x, 2)`` (2×2 windows, stride 2); the
-    inputs have no ties. Tried on x of shape (2, 3, 4, 4), then (1, 2, 6, 8)."""
+    """``max_pool_backward(x, dout) -> dx`` for ``y = F.max_pool2d(x, 2)`` (2×2 windows, stride 2).
+    Tried on x of shape (2, 3, 4, 4), then (1, 2, 6, 8), without ties, then on (1, 2, 4, 4) with tied
+    windows, as batch norm makes them on the digits' blank background: there PyTorch gives the whole
+    gradient to the first maximum in row-major order (measured, and asserted here)."""
     cases = []
-    for shape, seed in (((2, 3, 4, 4), 91), ((1, 2, 6, 8), 93)):
+    for shape, seed in (((2, 3, 4, 4), 91), ((1, 2, 6, 8), 93), ((1, 2, 4, 4), 95)):
         x = rand(*shape, seed=seed)
+        if seed == 95:  # tied windows: all four equal, the two on the anti-diagonal, the bottom row
+            x[0, 0, :2, :2], x[0, 1, :2, :2] = 0.0963, torch.tensor([[0.0, 2.0], [2.0, 1.0]], dtype=D)
+            x[0, 1, 2:, 2:] = torch.tensor([[0.5, 1.0], [3.0, 3.0]], dtype=D)
         dout = rand(shape[0], shape[1], shape[2] // 2, shape[3] // 2, seed=seed + 1)
         spread = dout.repeat_interleave(2, -2).repeat_interleave(2, -1)
+        at_max = x == F.max_pool2d(x, 2).repeat_interleave(2, -2).repeat_interleave(2, -1)
         traps = [((spread / 4,), "that spreads each window's gradient evenly, as average pooling does: max pooling "
                                  "sends all of it to the window's largest input, and 0 to the other three"),
                  ((spread,), "every input of a window got the window's whole gradient: only its largest input "
                              "should, the other three get 0")]
-        cases.append((f"x of shape {shape}", partial(F.max_pool2d, kernel_size=2), {"x": x},
-                      {"x": x, "dout": dout}, dout, traps))
-    return check_cases(max_pool_backward, cases, "with x of shapes (2, 3, 4, 4) and (1, 2, 6, 8): ")
+        if seed == 95:
+            assert reference(partial(F.max_pool2d, kernel_size=2), (x,), dout)[0][0, 0, 0, 0] == dout[0, 0, 0, 0]
+            last = _last_max_takes_it(x, dout)
+            traps += [((spread * at_max,), TIES), ((spread * at_max / at_max.double().reshape(
+                *shape[:2], shape[2] // 2, 2, shape[3] // 2, 2).sum((3, 5)).repeat_interleave(2, -2)
+                .repeat_interleave(2, -1),), TIES), ((last,), TIES)]
+        label = f"x of shape {shape}" + (", with tied maxima" if seed == 95 else "")
+        cases.append((label, partial(F.max_pool2d, kernel_size=2), {"x": x}, {"x": x, "dout": dout}, dout, traps))
+    return check_cases(max_pool_backward, cases, "with x of shapes (2, 3, 4, 4) and (1, 2, 6, 8), and tied "
+                                                 "windows: ")
+
+
+TIES = ("a window with tied maxima (batch norm maps the digits' blank background to one value per channel, so such "
+        "windows are common in the CNN): the first maximum in row-major order takes the whole gradient, as PyTorch's "
+        "max_pool2d does; argmax over the window's four values, flattened, picks it")
+
+
+def _last_max_takes_it(x, dout):
+    """dx when each window's last maximum (in row-major order) takes the gradient."""
+    n, c, h, w = x.shape
+    windows = x.reshape(n, c, h // 2, 2, w // 2, 2).permute(0, 1, 2, 4, 3, 5).reshape(n, c, h // 2, w // 2, 4)
+    last = 3 - windows.flip(-1).argmax(-1)
+    dx = torch.zeros_like(windows).scatter(-1, last[..., None], dout[..., None])
+    return dx.reshape(n, c, h // 2, w // 2, 2, 2).permute(0, 1, 2, 4, 3, 5).reshape(x.shape)
 
 
 # ----- the capstone: one epoch on the digits (04.8) ----------------------------------------------
@@ -606,7 +687,7 @@ def _accuracy(model, x, y) -> float:
         return (model.eval()(x).argmax(1) == y).double().mean().item()
 
 
-@exercise("04.8", "one epoch on the digits with your own backward pass")
+@exercise("04.8", "one epoch on the digits with your own backward pass", time_limit=300)
 def _capstone(model_backward) -> Outcome:
     """``model_backward(model, x, y) -> {parameter name: gradient}`` for
     ``F.cross_entropy(model(x), y)`` on the lesson's CNN, whose parameters do not require grad. The
@@ -766,7 +847,7 @@ def _first_disagreement(first_disagreement) -> Outcome:
         left = leftover_hooks(model)
         if left:
             return Outcome(False, f"with {label}: a hook is still registered after your function returned "
-                                  f"({left[0]}): use hooklab.record(...) in a with block, or remove yours")
+                                  f"({left[0]}): remove every handle you registered, in a finally block")
         if isinstance(got, nn.Module):
             got = next((name for name, m in model.named_modules() if m is got), got)
         if isinstance(got, int) and not isinstance(got, bool):
@@ -794,6 +875,10 @@ def _first_disagreement(first_disagreement) -> Outcome:
             return Outcome(False, f"with {label}: you named {got!r}, the layer that receives the wrong gradient; "
                                   f"the one that made it is {expected!r}. Compare each layer's backward from what "
                                   "arrived at its own output (its grad_output), not from your chain")
+        if got in layers and isinstance(model.get_submodule(got), nn.MaxPool2d):
+            return Outcome(False, f"with {label}: you named {got!r}, a max pooling, but the first layer that really "
+                                  f"disagrees is {expected!r}. Your max-pool backward disagrees with PyTorch's on "
+                                  f"windows with tied maxima: {TIES}")
         if got in layers and expected in layers and layers.index(got) > layers.index(expected):
             return Outcome(False, f"with {label}: you named {got!r}, but its gradients agree with autograd's up to "
                                   f"rounding; the first that really disagrees is {expected!r}. Compare with "
@@ -803,3 +888,135 @@ def _first_disagreement(first_disagreement) -> Outcome:
     return Outcome(True, "the problem's slip found in layer '5' (and '1' when it is alone), a ReLU that passes every "
                          "gradient found before the batch norm behind it, and None when autograd's backward is "
                          "the right one")
+
+
+# ----- worked answers: the lesson goes on with them until the student's own pass -----------------------------
+def layer_backward(a, w, s, ds):
+    """04.1: one layer of the 2-2-2 network, ``s = sigmoid(a @ w.T + b)`` with a shared bias of shape (1,)."""
+    dz = ds * s * (1 - s)
+    return dz, dz @ w, dz.T @ a, dz.sum().reshape(1)
+
+
+def ce_backward_steps(t, target):
+    """04.2: the eight steps of ``ce_steps``, from the loss back."""
+    n, d = len(target), {}
+    d["logprobs"] = torch.zeros_like(t["logprobs"])
+    d["logprobs"][torch.arange(n), target] = -1.0 / n
+    d["probs"] = d["logprobs"] / t["probs"]
+    d["counts_sum_inv"] = (t["counts"] * d["probs"]).sum(1, keepdim=True)
+    d["counts_sum"] = -t["counts_sum"] ** -2 * d["counts_sum_inv"]
+    d["counts"] = t["counts_sum_inv"] * d["probs"] + d["counts_sum"]  # used twice: added
+    d["norm_logits"] = t["counts"] * d["counts"]
+    d["logit_maxes"] = -d["norm_logits"].sum(1, keepdim=True)
+    at_max = F.one_hot(t["logits"].argmax(1), t["logits"].shape[1]).to(t["logits"].dtype)
+    d["logits"] = d["norm_logits"] + at_max * d["logit_maxes"]  # routed to each row's maximum
+    return d
+
+
+def ce_backward(logits, target):
+    """04.3: dlogits of the mean cross-entropy in one expression, (softmax − one-hot) / N."""
+    d = logits.softmax(1)
+    d[torch.arange(len(target)), target] -= 1
+    return d / len(target)
+
+
+def autograd_grads(model, x, y):
+    """{parameter name: gradient} of the batch's mean cross-entropy, by autograd."""
+    names, params = zip(*model.named_parameters(), strict=True)
+    return dict(zip(names, torch.autograd.grad(F.cross_entropy(model(x), y), params), strict=True))
+
+
+def train_one_epoch(model, backward=autograd_grads, lr=LR):
+    """Plain SGD over the training digits once, 32 at a time in a fixed order; returns the test accuracy
+    (batch norm then uses its running statistics). ``backward(model, x, y)`` returns {parameter name: gradient}."""
+    from ..data import digits
+
+    data = digits()
+    order = torch.randperm(len(data.y_train), generator=torch.Generator().manual_seed(0))
+    for idx in order.split(BATCH):
+        grads = backward(model, data.x_train[idx], data.y_train[idx])
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p -= lr * grads[name]
+    return _accuracy(model, data.x_test, data.y_test)
+
+
+def gradient_errors(right: dict, wrong: dict, model, ax=None):
+    """A bar per parameter, from the loss back: how far ``wrong``'s gradient is from ``right``'s,
+    |wrong − right| / |right|. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    names = list(reversed(right))
+    errors = [((wrong[n] - right[n]).norm() / right[n].norm()).item() for n in names]
+    kind = {nn.Linear: "linear", nn.BatchNorm2d: "batch norm", nn.Conv2d: "conv"}
+    labels = [f"{n}\n{kind[type(model.get_submodule(n.rpartition('.')[0]))]}" for n in names]
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 2.8))
+    ax.bar(labels, errors, color="tab:red")
+    ax.set(xlabel="parameter, from the loss back", ylabel="|slipped − right| / |right|",
+           title="How far each parameter's gradient is off, one batch of 32 digits")
+    return ax.figure
+
+
+@torch.no_grad()  # formulas only: no graph is needed
+def model_backward(model, x, y):
+    """04.8: every layer's backward by hand (``hooklab.backprop``'s formulas), from what forward hooks recorded."""
+    from hooklab.backprop import BACKWARD
+    from hooklab.backprop.losses import softmax_cross_entropy_backward
+
+    records, handles = [], []
+
+    def keep(layer, args, output):  # one record per call: the layer, its input and its output
+        records.append((layer, args[0], output))
+
+    try:
+        for layer in model.children():
+            handles.append(layer.register_forward_hook(keep))
+        logits = model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    names = {layer: name for name, layer in model.named_children()}
+    d, grads = softmax_cross_entropy_backward(logits, y), {}
+    for layer, inp, out in reversed(records):
+        d, params = BACKWARD[type(layer)](layer, inp, out, d)
+        grads.update({f"{names[layer]}.{k}": g for k, g in params.items() if g is not None})
+    return grads
+
+
+def first_disagreement(model, x, y):
+    """04.9: the first layer from the loss back whose backward by the formulas, from what the student's
+    own hooks recorded at that layer, disagrees with autograd's; or None."""
+    from hooklab.backprop import BACKWARD
+
+    seen, handles = {}, []  # layer name -> [input, output, grad_input, grad_output]
+
+    def recorder(name):
+        def forward(layer, args, output):  # registered after any slip's hook: sees the output it returned
+            seen[name] = [args[0].detach(), output.detach()]
+
+        def backward(layer, grad_input, grad_output):
+            seen[name] += [grad_input[0], grad_output[0]]
+        return forward, backward
+
+    try:
+        for name, layer in model.named_children():
+            forward, backward = recorder(name)
+            handles += [layer.register_forward_hook(forward), layer.register_full_backward_hook(backward)]
+        with warnings.catch_warnings():  # layer '0' gets the images, which need no gradient: documented
+            warnings.filterwarnings("ignore", "Full backward hook is firing")
+            F.cross_entropy(model(x), y).backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    try:
+        for name in reversed(seen):  # from the loss back
+            layer, (inp, out, grad_in, grad_out) = model.get_submodule(name), seen[name]
+            with torch.no_grad():
+                dx, params = BACKWARD[type(layer)](layer, inp, out, grad_out)
+            pairs = [(dx, grad_in)] + [(g, getattr(layer, k).grad) for k, g in params.items() if g is not None]
+            if any(b is not None and not torch.allclose(a, b, atol=1e-5) for a, b in pairs):
+                return name
+        return None
+    finally:
+        model.zero_grad()  # .grad would build up over calls
