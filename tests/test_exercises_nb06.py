@@ -23,7 +23,7 @@ def test_notebook_06_has_five_predictions_and_five_exercises():
 
 # ----- predictions ------------------------------------------------------------------------------
 @pytest.mark.parametrize(("id", "truth"), [("06.a", "head.2."), ("06.d", "4.1"), ("06.b", 0.001), ("06.c", 0.005),
-                                           ("06.e", 2)])
+                                           ("06.e", 66)])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     computed = exercises()[id].checker.__wrapped__.truth()
@@ -35,7 +35,8 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     ("06.d", "runs", "before the new head existed"),
     ("06.d", "4.0", "only makes the view"), ("06.d", "1", "made the ReLUs at '1' and '3' out of place"),
     ("06.d", 4.1, "as a string"), ("06.d", "4", "innermost module"),
-    ("06.c", 0.001, "param_groups"), ("06.e", 4, "reused"), ("06.e", 3, "the weight's and the bias's"),
+    ("06.c", 0.001, "param_groups"), ("06.e", 64, "UnbindBackward0"), ("06.e", 96, "not one per row"),
+    ("06.e", 2, "vectorised"),
     ("06.b", 2.4e-6, "plain SGD only"), ("06.b", 0.00316, "bias correction"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
@@ -137,6 +138,8 @@ def switch_off_in_place(module, name, submodule):  # changing the module itself 
 def test_06_4_out_of_place():
     assert grade("06.4", out_of_place).passed
     assert grade("06.4", switch_off_in_place).passed
+    # returning the unchanged submodule keeps it, as None does
+    assert grade("06.4", lambda module, name, submodule: out_of_place(module, name, submodule) or submodule).passed
 
 
 def test_06_4_the_checked_model_really_fails_with_its_in_place_modules():
@@ -163,7 +166,7 @@ def test_06_4_the_checked_model_really_fails_with_its_in_place_modules():
         (lambda m, n, s: type(s)() if getattr(s, "inplace", False) else None, "negative_slope was 0.2"),
         (lambda m, n, s: nn.ReLU, "returned the class ReLU"),
         (lambda m, n, s: copy.copy(s), "for an nn.ReLU(inplace=True) the module that gets registered is still"),
-        (lambda m, n, s: out_of_place(m, n, s) or copy.copy(s), "for an nn.ReLU that is not in-place"),
+        (lambda m, n, s: out_of_place(m, n, s) or copy.copy(s), "(or the submodule itself)"),
         (lambda m, n, s: "relu" if getattr(s, "inplace", False) else None, "returned a str"),
     ],
 )
@@ -215,6 +218,25 @@ def test_06_2_watch_updates():
 ])  # fmt: skip
 def test_06_2_wrong_answers_are_named(options, words):
     failed("06.2", lambda model, optimizer: watch_updates(model, optimizer, **options), *words)
+
+
+def test_06_2_a_pre_hook_left_behind_is_named():
+    """Only the post-hook's handle in hooks: after removal the pre-hook would copy every weight at every step."""
+
+    def post_only(model, optimizer):
+        weights = {name: p for name, p in model.named_parameters() if p.ndim > 1}
+        ratios, before, hooks = {name: [] for name in weights}, {}, hooklab.Hooks()
+
+        def compare(o, a, k):
+            for n, p in weights.items():
+                ratios[n].append(((p.detach() - before[n]).std() / before[n].std()).log10().item())
+
+        optimizer.register_step_pre_hook(lambda o, a, k: before.update({n: p.detach().clone()
+                                                                        for n, p in weights.items()}))
+        hooks.add(optimizer.register_step_post_hook(compare))
+        return ratios, hooks
+
+    failed("06.2", post_only, "step pre-hook", "still ran before every step", "add the pre-hook's handle")
 
 
 def test_06_2_norms_instead_of_stds_and_a_wrong_return():
@@ -390,10 +412,10 @@ def test_06_5_without_an_end_marker_the_residual_model_fails():
 
 
 # ----- resume: the trainer the lesson may not edit ---------------------------------------------------
-def test_resume_loads_both_states_and_leaves_the_checkpoint_as_it_was():
-    """The lesson resumes from one checkpoint many times: each run must start from the same state.
-    (An optimizer's state_dict() holds its live tensors, and load_state_dict keeps them: without a copy,
-    the first run's steps would change the checkpoint the next run loads.)"""
+def test_resume_loads_both_states_and_leaves_the_checkpoint_as_it_was(tmp_path):
+    """The lesson resumes from one checkpoint file many times: each run must start from the same state.
+    (An optimizer's state_dict() holds its live tensors, and load_state_dict keeps them: resume reads
+    the file each time, so the first run's steps cannot change what the next run loads.)"""
     from hooklab.exercises.nb06 import resume
     from hooklab.models import DigitsCNN
 
@@ -404,11 +426,13 @@ def test_resume_loads_both_states_and_leaves_the_checkpoint_as_it_was():
     saved_optimizer.step()
     checkpoint = {"model": source.state_dict(), "optimizer": saved_optimizer.state_dict()}
     untouched = copy.deepcopy(checkpoint)
+    torch.save(checkpoint, tmp_path / "old.pt")
+    torch.save({"model": checkpoint["model"]}, tmp_path / "weights.pt")
     model = DigitsCNN()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     seen = []
     with optimizer.register_step_pre_hook(lambda o, args, kwargs: seen.append(o.param_groups[0]["lr"])):
-        losses = resume(model, optimizer, checkpoint)
+        losses = resume(model, optimizer, tmp_path / "old.pt")
     assert len(losses) == len(seen) == 43 and set(seen) == {5e-3}  # the trap the lesson finds
     for key, value in untouched["model"].items():
         assert torch.equal(checkpoint["model"][key], value)
@@ -416,4 +440,4 @@ def test_resume_loads_both_states_and_leaves_the_checkpoint_as_it_was():
         for name, value in state.items():
             assert torch.equal(checkpoint["optimizer"]["state"][index][name], value), (index, name)
     fresh = DigitsCNN()
-    resume(fresh, torch.optim.Adam(fresh.parameters(), lr=1e-3), {"model": checkpoint["model"]})  # no optimizer
+    resume(fresh, torch.optim.Adam(fresh.parameters(), lr=1e-3), tmp_path / "weights.pt")  # no optimizer

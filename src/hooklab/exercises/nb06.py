@@ -1,9 +1,9 @@
 """Exercises and predictions of notebook 06: hooks around training, and ``resume``, the trainer the
 lesson may not edit.
 
-``resume(model, optimizer, checkpoint)`` stands for a trainer in someone else's package: it loads a
-checkpoint and trains one epoch in one call, so nothing of the student's runs between loading and the
-first step, except a hook. Predictions 06.a-06.e compute their truth with torch. Exercises, in the
+``resume(model, optimizer, path)`` stands for a trainer in someone else's package: it reads a
+checkpoint file, loads it and trains one epoch in one call, so nothing of the student's runs between
+loading and the first step, except a hook. Predictions 06.a-06.e compute their truth with torch. Exercises, in the
 order the lesson asks them: a load_state_dict pre-hook that reads old checkpoints (06.1), optimizer
 step hooks that measure the update:data ratio (06.2), an optimizer load pre-hook that keeps the
 learning rate (06.3), a registration hook that makes in-place modules safe for global hooks (06.4),
@@ -113,20 +113,28 @@ def _loaded_lr() -> float:
     return new.param_groups[0]["lr"]
 
 
-@prediction("06.e", "how many nodes a second call of the same nn.Linear creates",
-            why="two, TBackward0 and AddmmBackward0: a parameter's AccumulateGrad node is made on its first use in a "
-                "graph and reused while that graph lives, so the second call creates no new ones",
-            wrong=[(4, "the transpose and the addmm are new, but the weight's and the bias's AccumulateGrad nodes "
-                       "already exist while the first output's graph lives: they are reused"),
-                   (0, "the second call runs x @ Wᵀ + b again: its transpose and addmm are new nodes"),
-                   (3, "both AccumulateGrad nodes are reused, the weight's and the bias's")])
-def _nodes_of_a_second_call() -> int:
-    layer, x, created = nn.Linear(3, 2), torch.randn(4, 3), []
+class RowNorm(nn.Module):
+    """Scales each row to length 1, one row at a time (lesson 06 §5)."""
+
+    def forward(self, x):
+        return torch.stack([row / row.norm() for row in x])
+
+
+@prediction("06.e", "how many autograd nodes RowNorm creates for 32 rows",
+            why="66: each row's norm and division make a node each (64), iterating over x makes one UnbindBackward0 "
+                "for all the rows, and torch.stack one StackBackward0; every one of them runs in backward",
+            wrong=[(64, "each row's norm and division make 64, but iterating over x is an operation too (one "
+                        "UnbindBackward0 for all rows), and so is torch.stack"),
+                   (65, "iterating over x makes one node (UnbindBackward0) and torch.stack another: 64 + 2"),
+                   (96, "iterating over x makes one node for all 32 rows, not one per row: 64 + 2"),
+                   (32, "a row makes two nodes, its norm and its division, and the loop and the stack one each"),
+                   (2, "two is the count of the vectorised form, x / x.norm(dim=1, keepdim=True); the loop makes "
+                       "nodes for every row"),
+                   (3, "that is the count per operation of the vectorised form; the loop makes nodes for every row")])
+def _nodes_of_row_norm() -> int:
+    hidden, created = nn.Linear(8, 8)(torch.randn(32, 8)), []
     with torch.autograd.graph.node_creation_hook(lambda node: created.append(node.name())):
-        first = layer(x)
-        created.clear()
-        layer(x)
-    del first
+        RowNorm()(hidden)
     return len(created)
 
 
@@ -306,12 +314,14 @@ def _out_of_place(out_of_place) -> Outcome:
             return failed
     for other in (nn.ReLU(), nn.Linear(2, 2), nn.Tanh()):
         answer = out_of_place(nn.Sequential(), "0", other)
-        if answer is not None:
+        if answer is not None and answer is not other:
             return Outcome(False, f"for an nn.{type(other).__name__} that is not in-place the hook returned "
-                                  f"{_describe(answer)}: return None, which keeps it as it is")
+                                  f"{_describe(answer)}: return None (or the submodule itself), which keeps it as "
+                                  "it is")
     return _runs_with_a_global_backward_hook(out_of_place) or Outcome(
         True, "ReLU, LeakyReLU, Hardtanh and Dropout made out-of-place with their settings kept, other modules "
-              "left alone; a model built under the hook runs backward with a full backward hook on every module")
+              "left alone (returning None or the submodule itself are the same: it is kept); a model built under "
+              "the hook runs backward with a full backward hook on every module")
 
 
 # ----- 06.2: the update:data ratio from step hooks ------------------------------------------------
@@ -426,6 +436,10 @@ def _watch_updates(watch_updates) -> Outcome:
             _remove(hooks)
         except (AttributeError, TypeError):
             return Outcome(False, f"hooks must be a hooklab.Hooks or a list of the handles, not {kind_of(hooks)}")
+        pre_hooks_left = len(optimizer._optimizer_step_pre_hooks)
+        if pre_hooks_left:
+            return Outcome(False, f"after your hooks were removed, {pre_hooks_left} step pre-hook(s) still ran before "
+                                  "every step (each cloning every weight): add the pre-hook's handle to hooks too")
         optimizer.zero_grad()
         nn.functional.cross_entropy(model(x), y).backward()
         optimizer.step()
@@ -582,13 +596,13 @@ _reference = nodes_by_layer  # the checker's own copy: its argument is called no
 
 
 # ----- the trainer the lesson may not edit ------------------------------------------------------------
-def resume(model: nn.Module, optimizer: torch.optim.Optimizer, checkpoint: dict, seed: int = 0) -> list[float]:
-    """Load ``checkpoint["model"]`` into ``model`` and, when there is one, ``checkpoint["optimizer"]``
-    into ``optimizer``; then train one epoch over the training digits, batches of 32 in the order
-    ``seed`` draws. Returns the loss of every step."""
+def resume(model: nn.Module, optimizer: torch.optim.Optimizer, path, seed: int = 0) -> list[float]:
+    """Read the checkpoint file at ``path``; load its ``"model"`` into ``model`` and, when there is one,
+    its ``"optimizer"`` into ``optimizer``; then train one epoch over the training digits, batches of 32
+    in the order ``seed`` draws. Returns the loss of every step."""
     from ..data import digits
 
-    checkpoint = copy.deepcopy(checkpoint)  # as if read from disk: steps never change the caller's tensors
+    checkpoint = torch.load(path)
     model.load_state_dict(checkpoint["model"])
     if "optimizer" in checkpoint:
         optimizer.load_state_dict(checkpoint["optimizer"])
