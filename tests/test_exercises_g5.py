@@ -1,9 +1,11 @@
-"""The field guide G5's checker (the deconvnet ReLU hook, G5.1) accepts a correct answer and rejects wrong ones."""
+"""The field guide G5's checkers (the deconvnet ReLU hook, G5.1; Layer-CAM from recorded hooks, G5.2) accept a
+correct answer and reject wrong ones."""
 
 from __future__ import annotations
 
 import torch
 from answers import failed
+from test_exercises_nb05 import recorder
 
 from hooklab.exercises import grade
 from hooklab.saliency import GuidedBackprop
@@ -52,3 +54,48 @@ def test_g5_1_the_hook_is_also_checked_on_a_model():
         return (grad_output[0].clamp(min=0),) if grad_output[0].dim() == 2 else None
 
     failed("G5.1", only_on_the_sample, "did not change the gradient")
+
+
+# ----- G5.2: Layer-CAM from recorded hooks ----------------------------------------------------------------
+def layer_cam_from(maps):
+    def layer_cam(model, layer, images, classes):
+        activation, gradient = recorder()(model, layer, images, classes)
+        return maps(activation, gradient)
+
+    return layer_cam
+
+
+def right_layer_cam(a, g):
+    return (g.clamp(min=0) * a).sum(dim=1).clamp(min=0)
+
+
+def test_g5_2_layer_cam():
+    outcome = grade("G5.2", layer_cam_from(right_layer_cam))
+    assert outcome.passed and "(4, 4, 4), (3, 6, 6), (2, 5, 5)" in outcome.detail
+    assert "flatten-head network, 0 of 50 of your Layer-CAM maps" in outcome.detail and "Grad-CAM: 35" in outcome.detail
+
+
+def test_g5_2_near_misses_get_a_hint():
+    failed("G5.2", layer_cam_from(lambda a, g: (g.mean(dim=(2, 3), keepdim=True) * a).sum(1).clamp(min=0)),
+           "that is Grad-CAM")
+    failed("G5.2", layer_cam_from(lambda a, g: (g * a).sum(1).clamp(min=0)), "positive part of its gradient")
+    failed("G5.2", layer_cam_from(lambda a, g: (g.clamp(min=0) * a).sum(1)), "after summing")
+    failed("G5.2", layer_cam_from(lambda a, g: (g.clamp(min=0) * a).mean(1).clamp(min=0)), "not mean")
+    failed("G5.2", layer_cam_from(lambda a, g: (g.clamp(min=0) * a.clamp(min=0)).sum(1).clamp(min=0)),
+           "keep their sign")
+    failed("G5.2", layer_cam_from(lambda a, g: right_layer_cam(a, g)[:, None]), "channel dimension (dim 1)")
+    failed("G5.2", layer_cam_from(lambda a, g: right_layer_cam(a, g)[0]), "one map per image")
+    failed("G5.2", layer_cam_from(lambda a, g: right_layer_cam(a, g).tolist()), "as a tensor, got list")
+
+
+def test_g5_2_hooks_and_gradients_are_checked():
+    def leaves_grad(model, layer, images, classes):
+        activation, gradient = recorder(grads="backward")(model, layer, images, classes)
+        return right_layer_cam(activation, gradient)
+
+    def leaves_hook(model, layer, images, classes):
+        activation, gradient = recorder(remove=False)(model, layer, images, classes)
+        return right_layer_cam(activation, gradient)
+
+    failed("G5.2", leaves_grad, ".grad")
+    failed("G5.2", leaves_hook, "a hook stayed on the model")

@@ -1,8 +1,9 @@
 """Exercises and predictions of notebook 05, in its order: dead channels found with a forward hook, and
 what zeroing them does (05.a, 05.1), why they stay dead and a watch that counts them at every step (05.b,
-05.2), guided backpropagation as a class of ReLU hooks (05.c, 05.3), the Grad-CAM recorder: a tensor hook
-registered from a forward hook (05.4), the flatten head (05.d) and Layer-CAM with that recorder (05.5),
-the sanity checks (05.e) and cascading weight randomisation (05.6)."""
+05.2), the deconvnet rule and guided backpropagation as a class of ReLU hooks (05.c, 05.3), the Grad-CAM
+recorder: a tensor hook registered from a forward hook (05.4), whether the brightest cell of a map marks
+the evidence (05.d), the sanity checks (05.e) and cascading weight randomisation (05.5). Layer-CAM, with
+that recorder, is the field guide's exercise G5.2 (its checker, in g5.py, uses the recorder cases here)."""
 
 from __future__ import annotations
 
@@ -39,9 +40,29 @@ def _grads_untouched(model: nn.Module) -> str | None:
     """A hint when the answer left gradients in the parameters' ``.grad`` (they were all None)."""
     if any(p.grad is not None for p in model.parameters()):
         return ("your function left gradients in the model's parameters (.grad): compute the gradient with "
-                "torch.autograd.grad(score, images), or set the .grad back to None afterwards "
-                "(model.zero_grad(set_to_none=True)); a caller in the middle of training would learn from them")
+                "torch.autograd.grad(score, images), which writes into no .grad; a caller in the middle of "
+                "training would learn from them")
     return None
+
+
+_SEED = 0.25  # what 05.4's check puts in every parameter's .grad before calling the answer
+
+
+def _seed_grads(model: nn.Module) -> None:
+    """Give every parameter a ``.grad`` the answer must leave as it is: a caller's gradients of an unfinished step."""
+    for p in model.parameters():
+        p.grad = torch.full_like(p, _SEED)
+
+
+def _grads_kept(model: nn.Module) -> str | None:
+    """A hint when the answer changed the ``.grad`` that ``_seed_grads`` put in the parameters."""
+    if all(p.grad is not None and torch.equal(p.grad, torch.full_like(p, _SEED)) for p in model.parameters()):
+        return None
+    wiped = any(p.grad is None for p in model.parameters())
+    what = "set them to None (model.zero_grad)" if wiped else "added to them (a .backward())"
+    return (f"the parameters' .grad held a caller's gradients, and your function {what}: a caller in the middle "
+            "of training would lose or mix them; compute the gradient with torch.autograd.grad(score, images), "
+            "which writes into no .grad, so there is nothing to clean up")
 
 
 # ----- predictions ------------------------------------------------------------------------------------
@@ -118,63 +139,75 @@ def _dead_gradients() -> list:
     return [bool((seen["arrives"][:, dead] == 0).all()), bool((seen["passes"][:, dead] == 0).all())]
 
 
-def _guided_hook(module, grad_input, grad_output):
-    return (grad_input[0].clamp(min=0),)
+def _deconvnet_hook(module, grad_input, grad_output):
+    return (grad_output[0].clamp(min=0),)
 
 
-@prediction("05.c", "what guided backprop's ReLU hook passes back",
-            why="a ReLU passes the gradient back where its input was positive (the first two entries); the hook "
-                "then keeps only the positive part of that: [1, 0, 0, 0]",
+@prediction("05.c", "what the deconvnet rule's ReLU hook passes back",
+            why="the hook's return value replaces grad_input, and it is made from grad_output, what arrives from "
+                "above, which knows nothing of the ReLU's input: its positive part passes wherever the input was, "
+                "[1, 0, 1, 0] (the deconvnet rule); guided backprop clamps grad_input instead, [1, 0, 0, 0]",
             wrong=[([1.0, -1.0, 0.0, 0.0], "that is the plain gradient; the hook's return value replaces it with "
-                                           "its positive part"),
-                   ([1.0, 0.0, 1.0, 0.0], "that would keep the positive part of what arrives from above wherever "
-                                          "the input was (the deconvnet rule, field guide G5); the hook clamps "
-                                          "grad_input, which is already 0 where the input was negative"),
-                   ([1.0, 1.0, 0.0, 0.0], "clamp(min=0) zeroes the negative entry; it does not flip its sign")])
-def _one_guided_relu() -> list:
+                                           "something made from grad_output"),
+                   ([1.0, 0.0, 0.0, 0.0], "that is guided backprop, which clamps grad_input (already 0 where the "
+                                          "input was negative); this hook clamps grad_output, what arrives from "
+                                          "above, which does not depend on the ReLU's input"),
+                   ([1.0, 1.0, 1.0, 1.0], "clamp(min=0) zeroes the negative entries; it does not flip their sign")])
+def _one_deconvnet_relu() -> list:
     relu = nn.ReLU()
     x = torch.tensor([2.0, 2.0, -2.0, -2.0], requires_grad=True)
-    with relu.register_full_backward_hook(_guided_hook):
+    with relu.register_full_backward_hook(_deconvnet_hook):
         (passed,) = torch.autograd.grad(relu(x), x, torch.tensor([1.0, -1.0, 1.0, -1.0]))
     return passed.tolist()
 
 
-SHARE_BANDS = ("none", "a few", "most", "all")
+PATCH_CHOICES = ("brightest", "dimmest", "the same")
 
 
-def _band(share: float) -> str:
-    """A share of maps in words: none (0), a few (below half), most (half or more, not all), all (1)."""
-    return "none" if share == 0 else "all" if share == 1 else "a few" if share < 0.5 else "most"
-
-
-@prediction("05.d", "how many of the flatten head's Grad-CAM maps at features.6 are all zero",
-            why="with Flatten + Linear, the gradient at each position is that position's own weight; Grad-CAM "
-                "averages it over the positions, and for this network the averaged map sums to a negative "
-                "number for most digits, so its ReLU leaves most maps all zero",
-            wrong=[("none", "the pooling head gives none, because its map sums to the score minus the bias; the "
-                            "flatten head's map sums to something else, and the ReLU clears every map whose "
-                            "cells are all below zero"),
-                   ("all", "not all: for some digits a few cells stay above zero")])
-def _flatten_zero_share() -> str:
+def _patch_drops(model: nn.Module, x: torch.Tensor) -> dict:
+    """How far each image's predicted score falls when the 2×2 patch under the brightest, then the dimmest
+    cell of its Grad-CAM map at features.6 (before the ReLU) is set to 0."""
     from ..saliency import grad_cam
 
-    result = grad_cam(trained_digits_cnn("flatten"), _digits().x_test[:50], "features.6")
-    return _band((result.maps.flatten(1).amax(dim=1) == 0).float().mean().item())
+    cam = grad_cam(model, x, "features.6")
+    drops = {}
+    for name, cells in (("brightest", cam.raw.flatten(1).argmax(dim=1)), ("dimmest", cam.raw.flatten(1).argmin(dim=1))):
+        blanked = x.clone()
+        for n, cell in enumerate(cells.tolist()):
+            row, col = divmod(cell, 4)
+            blanked[n, 0, 2 * row:2 * row + 2, 2 * col:2 * col + 2] = 0
+        with torch.no_grad():
+            drops[name] = (model(x) - model(blanked)).gather(1, cam.targets[:, None])[:, 0]
+    return drops
+
+
+@prediction("05.d", "whether blanking the patch under a map's brightest or its dimmest cell lowers the score more",
+            why="before its ReLU the map adds up to the score minus the head's bias, and the brightest cell holds the "
+                "largest share of it: on average its patch lowers the score most; digit by digit it is often not so, "
+                "as each cell of features.6 sees far more of the digit than the patch under it",
+            wrong=[("dimmest", "the map adds up to the score minus the bias: the dimmest cell holds the smallest share "
+                               "of the score (the most negative), so blanking what it sees should lower it least"),
+                   ("the same", "the map adds up to the score minus the bias, so its cells hold different shares of "
+                                "the score: the brightest holds the largest")])
+def _brightest_or_dimmest() -> str:
+    drops = _patch_drops(trained_digits_cnn(), _digits().x_test[:50])
+    brightest, dimmest = drops["brightest"].mean().item(), drops["dimmest"].mean().item()
+    return "brightest" if brightest > 1.2 * dimmest else "dimmest" if dimmest > 1.2 * brightest else "the same"
 
 
 CORRELATION_CHOICES = (0.8, 0.0, -0.4)
 
 
 @prediction("05.e", "how much guided backprop's map changes for another class",
-            why="at every ReLU guided backprop passes back only positive gradient, and only where the ReLU's input "
-                "was positive in the forward pass (05.c): that mask is set by the digit, not by the class, and "
-                "every negative part the class brings is clamped away, so the order of the pixels hardly changes "
-                "(about 0.8)",
-            wrong=[(0.0, "the class only chooses which score the backward pass starts from; at every ReLU below the "
-                         "head, 05.c's rule lets gradient through only where the ReLU was on for this digit, the same "
-                         "places for every class, and clamps the negative part away"),
+            why="the plain gradient passes through the same ReLUs, on in the same places for every class, and its "
+                "order still changes with the class (about -0.4); guided backprop differs only by the clamp, which "
+                "throws away at every ReLU the negative part through which the class reorders the map: what is left "
+                "follows the digit's strokes, so the order hardly changes (about 0.8)",
+            wrong=[(0.0, "the class only chooses which score the backward pass starts from; the ReLUs are on in the "
+                         "same places for every class for the plain gradient too, yet only guided backprop clamps the "
+                         "negative part away at every ReLU, and that part is what the class changes most"),
                    (-0.4, "a reversed order needs gradients that change sign with the class, and guided backprop "
-                          "clamps every negative gradient to 0 at each ReLU (05.c)")])
+                          "clamps every negative gradient to 0 at each ReLU (section 3)")])
 def _another_class() -> float:
     from ..saliency import GuidedBackprop, rank_correlation
 
@@ -692,7 +725,7 @@ def _case_problem(model, x, before_x, where: str) -> str | None:
         return f"{where}: a hook stayed on the model ({left[0]}): remove your forward hook in a finally block"
     if not torch.equal(x, before_x):
         return f"{where}: your function changed the images it was given: work on a copy"
-    return _grads_untouched(model)
+    return _grads_kept(model)
 
 
 def _pair_problem(got, case: dict, where: str) -> str | None:
@@ -738,6 +771,7 @@ def _recorder(answer) -> Outcome:
         model, layer, x, classes = case["model"], case["layer"], case["x"], case["classes"]
         where = f"at layer '{layer}' of a {type(model).__name__}"
         before_x = x.clone()
+        _seed_grads(model)
         got, hint = _call_recorder(answer, model, layer, x, classes)
         problem = (hint and f"{where}: {hint}") or _case_problem(model, x, before_x, where) or \
             _pair_problem(got, case, where)
@@ -751,96 +785,10 @@ def _recorder(answer) -> Outcome:
             return wrong
     return Outcome(True, "activations and gradients match at a DigitsCNN's features.5, at a layer an in-place "
                          "ReLU overwrites and at one whose activation and gradient have both signs; no hook left, "
-                         "also when the pass raised; .grad untouched")
+                         "also when the pass raised; the parameters' .grad as they were")
 
 
-def _layer_cam_maps(activations: torch.Tensor, gradients: torch.Tensor) -> torch.Tensor:
-    return (gradients.clamp(min=0) * activations).sum(dim=1).clamp(min=0)
-
-
-def _layer_cam_hint(got: torch.Tensor, activations: torch.Tensor, gradients: torch.Tensor) -> str | None:
-    """What a near miss computed, or None."""
-    got = got.detach().double()
-    a, g = activations.double(), gradients.double()
-    near = [
-        ((g.mean(dim=(2, 3), keepdim=True) * a).sum(dim=1).clamp(min=0),
-         "that is Grad-CAM, one weight per channel (its gradient's spatial mean): Layer-CAM weights every "
-         "activation by the positive part of its own gradient, at its own position"),
-        ((g * a).sum(dim=1).clamp(min=0),
-         "almost: weight each activation by the positive part of its gradient (relu of G), not by the gradient"),
-        ((g.clamp(min=0) * a).sum(dim=1),
-         "almost: the map is the positive part of the channel sum (a ReLU after summing)"),
-        ((g.clamp(min=0) * a).mean(dim=1).clamp(min=0),
-         "almost: sum over channels, not mean (a mean divides every map by the number of channels)"),
-        ((g.clamp(min=0) * a.clamp(min=0)).sum(dim=1).clamp(min=0),
-         "the activations keep their sign: only the gradient is clipped before weighting, then the sum"),
-    ]
-    for value, hint in near:
-        if got.shape == value.shape and torch.allclose(got, value, atol=1e-6):
-            return hint
-    expected = _layer_cam_maps(a, g)
-    peak = expected.flatten(1).amax(dim=1)[:, None, None]
-    low = expected.flatten(1).amin(dim=1)[:, None, None]
-    for scaled in (expected / peak, (expected - low) / (peak - low), expected / expected.max()):
-        if got.shape == scaled.shape and torch.allclose(got, scaled, atol=1e-6):
-            return "almost: return the maps as they are (scaling to a maximum of 1 is for display)"
-    return None
-
-
-# ----- 05.5: Layer-CAM, with the recorder's hooks --------------------------------------------------------
-def _flatten_head_payoff(layer_cam) -> str:
-    """The answer on the trained flatten-head network: how many of 50 maps at features.6 are all zero,
-    beside Grad-CAM's."""
-    from ..saliency import grad_cam
-
-    flat, x = trained_digits_cnn("flatten"), _digits().x_test[:50]
-    result = grad_cam(flat, x, "features.6")
-    mine = layer_cam(flat, "features.6", x, result.targets)
-    zero = [int((maps.flatten(1).amax(dim=1) == 0).sum()) for maps in (mine, result.maps)]
-    return (f"on the trained flatten-head network, {zero[0]} of 50 of your Layer-CAM maps at features.6 are all "
-            f"zero (Grad-CAM: {zero[1]})")
-
-
-@exercise("05.5", "a Layer-CAM map that keeps the position, from recorded hooks")
-def _layer_cam(layer_cam) -> Outcome:
-    """``layer_cam(model, layer, images, classes)`` returns the ``(N, H, W)`` maps ``relu(sum_k relu(G_k) * A_k)``
-    from the layer's output ``A`` and the gradient ``G`` of the given classes' scores, recorded with hooks
-    (the recorder of 05.4); no hook is left, the images and the parameters' ``.grad`` stay as they were."""
-    shapes = []
-    for case in _recorder_cases():
-        model, layer, x, classes = case["model"], case["layer"], case["x"], case["classes"]
-        where = f"at layer '{layer}' of a {type(model).__name__}"
-        before_x = x.clone()
-        got, hint = _call_recorder(layer_cam, model, layer, x, classes)
-        problem = (hint and f"{where}: {hint}") or _case_problem(model, x, before_x, where)
-        if problem:
-            clear_hooks(model)
-            return Outcome(False, problem)
-        expected = _layer_cam_maps(case["activation"], case["gradient"])
-        if not isinstance(got, torch.Tensor):
-            return Outcome(False, f"return the maps as a tensor, got {kind_of(got)}")
-        if got.shape != expected.shape:
-            hint = "one (H, W) map per image: sum over the channel dimension (dim 1) only"
-            if got.shape == expected.shape[1:]:
-                hint = "return one map per image of the batch, (N, H, W); " + hint.split(": ", 1)[1]
-            return Outcome(False, f"{where} the maps have shape {tuple(got.shape)}, expected "
-                                  f"{tuple(expected.shape)}: {hint}")
-        if not torch.allclose(got.detach(), expected, atol=1e-6):
-            hint = _layer_cam_hint(got, case["activation"], case["gradient"]) or (
-                f"{compare_tensors(got, expected).detail}; weight each activation by the positive part of its own "
-                "gradient, sum over channels, keep the positive part")
-            return Outcome(False, f"{where}: {hint}")
-        wrong = hooks_left_when_raising(
-            lambda model=model, layer=layer, classes=classes: layer_cam(model, layer, torch.zeros(1, 3, 8, 8),
-                                                                        classes[:1]), model)
-        if wrong:
-            return wrong
-        shapes.append(tuple(expected.shape))
-    return Outcome(True, f"maps of shapes {', '.join(map(str, shapes))} match, no hook left; "
-                         + _flatten_head_payoff(layer_cam))
-
-
-# ----- 05.6: cascading weight randomisation, graded on what the copies are -------------------------------
+# ----- 05.5: cascading weight randomisation, graded on what the copies are -------------------------------
 _TOP_DOWN = ["head.2", "features.5", "features.2"]
 
 
@@ -905,7 +853,7 @@ def _copy_problem(k: int, copied: nn.Module, previous: nn.Module, model: nn.Modu
     return None
 
 
-@exercise("05.6", "cascading weight randomisation, from the top layer down")
+@exercise("05.5", "cascading weight randomisation, from the top layer down")
 def _cascade(cascade) -> Outcome:
     """``cascade(model, names)`` returns one copy of ``model`` per name: copy ``k`` is a copy of copy ``k - 1``
     (of the model, for the first) with layer ``names[k]`` re-drawn by its ``reset_parameters()``; the model
