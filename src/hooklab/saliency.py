@@ -24,7 +24,7 @@ Notebook 05 builds each of these by hand first; this module is what it moves int
   ``ranks(maps)``, each map's values replaced by their ranks from 0 to 1 (what Spearman's correlation compares).
 * Worked versions of notebook 05's exercises, which its cells use until your own answer passes:
   ``dead_channels(model, layer, x)`` (05.1), ``DeadWatch(model, layers)`` (05.2) and
-  ``layer_cam(model, layer, x, classes)`` (05.5).
+  ``layer_cam(model, layer, x, classes)`` (field guide G5.2).
 
 Every handle is owned by the context manager that registered it (a ``hooklab.hooks.Hooks``) and
 removed in ``__exit__``, also when the body raises. ``target=None`` means "the predicted class" of each image; an int is
@@ -363,7 +363,7 @@ class DeadWatch:
 
 def layer_cam(model: nn.Module, layer: str, x: torch.Tensor, classes) -> torch.Tensor:
     """Layer-CAM (Jiang et al., 2021), ``relu(sum_k relu(G_k) * A_k)``: every activation weighted by
-    the positive part of its own gradient, ``(N, H, W)`` at the layer's resolution (exercise 05.5)."""
+    the positive part of its own gradient, ``(N, H, W)`` at the layer's resolution (field guide exercise G5.2)."""
     check_inputs(model, x, "Layer-CAM")
     check_gradients(model, "Layer-CAM")
     with record(model, layer, backward=True) as rec, torch.enable_grad():
