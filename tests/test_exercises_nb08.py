@@ -18,7 +18,7 @@ def test_notebook_08_has_four_predictions_and_four_exercises():
 
 
 # ----- predictions ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("08.a", 3), ("08.b", 9), ("08.c", 4), ("08.d", -1)])
+@pytest.mark.parametrize(("id", "truth"), [("08.a", 3), ("08.b", 9), ("08.c", 4), ("08.d", 0.75)])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     assert exercises()[id].checker.__wrapped__.truth() == truth
@@ -26,7 +26,7 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
 
 @pytest.mark.parametrize(("id", "guess", "hint"), [
     ("08.a", 2, "position after it"), ("08.a", 8, "layer 0's job"), ("08.b", 3, "moved it to the query"),
-    ("08.c", 0, "leaves three"), ("08.d", 1, "not half-way in the answer"),
+    ("08.c", 0, "leaves three"), ("08.d", 0.5, "just below zero"), ("08.d", 1, "sign turns earlier"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
@@ -104,14 +104,28 @@ def test_08_2_rejects(answer, words):
     failed("08.2", answer, *words)
 
 
-def test_08_2_accepts_the_worked_answer_and_an_in_place_patch():
-    def in_place(clean_value, position):
-        def hook(module, args, output):
-            output[:, position] = clean_value[:, position]
+def patches_in_place(clean_value, position):
+    def hook(module, args, output):
+        output[:, position] = clean_value[:, position]
 
-        return hook
+    return hook
 
-    assert grade("08.2", nb08.patch_hook).passed and grade("08.2", in_place).passed
+
+def patches_in_place_and_returns(clean_value, position):
+    def hook(module, args, output):
+        output[:, position] = clean_value[:, position]
+        return output
+
+    return hook
+
+
+@pytest.mark.parametrize("answer", [patches_in_place, patches_in_place_and_returns])
+def test_08_2_rejects_an_in_place_edit_and_says_why(answer):
+    failed("08.2", answer, "in place", "output.clone()", "a cache recorded from the same run")
+
+
+def test_08_2_accepts_the_worked_answer():
+    assert grade("08.2", nb08.patch_hook).passed
 
 
 # ----- 08.3 -------------------------------------------------------------------------------------
@@ -154,8 +168,16 @@ def replaces(direction, position, scale):
     return hook
 
 
+def adds_in_place(direction, position, scale):
+    def hook(module, args, output):
+        output[:, position] += scale * direction
+
+    return hook
+
+
 @pytest.mark.parametrize(("answer", "words"), [
     (adds_everywhere, ["every position"]), (replaces, ["output + scale * direction"]),
+    (adds_in_place, ["in place", "output.clone()"]),
 ])  # fmt: skip
 def test_08_4_rejects(answer, words):
     failed("08.4", answer, *words)
@@ -163,3 +185,21 @@ def test_08_4_rejects(answer, words):
 
 def test_08_4_accepts_the_worked_answer():
     assert grade("08.4", nb08.steering_hook).passed
+
+
+def test_the_measured_facts_the_lesson_states_about_layer_0_and_the_mlps():
+    """Zeroing layer 0's heads halves induction accuracy; layer 1's MLP output at the query carries part of the
+    difference; the steered run at scale 4 answers neither 19 nor 17."""
+    from hooklab.transformer import induction_batch, induction_mask
+
+    model = nb08._model()
+    tokens = induction_batch(1000, torch.Generator().manual_seed(2))
+    mask = induction_mask(tokens)
+    logits = nb08.run_hooked(model, tokens, "blocks.0.attn.hook_z",
+                             lambda m, a, o: torch.zeros_like(o))
+    assert 0.4 < (logits[:, :-1].argmax(-1) == tokens[:, 1:])[mask].float().mean().item() < 0.6
+    cache = nb08.clean_cache(model)
+    assert -3 < nb08.patched_diff(model, "blocks.1.hook_mlp_out", nb08.Q, cache) < 0
+    hook = nb08.steering_hook(nb08.steering_direction(model), nb08.CHANGED, 4)
+    steered = nb08.run_hooked(model, nb08.clean_and_corrupted()[1], "blocks.0.hook_resid_post", hook)
+    assert steered[0, nb08.Q].argmax().item() not in (nb08.A, nb08.B) and nb08.logit_diff(steered) > 5

@@ -19,7 +19,8 @@ def explorer():
 
 def test_patched_logit_difference_matches_the_lessons_patch(explorer):
     model = explorer.model
-    for point, position in [("hook_embed", 3), ("blocks.0.hook_resid_post", 5), ("blocks.1.hook_resid_post", 9)]:
+    for point, position in [("hook_embed", 3), ("blocks.0.hook_resid_post", 5), ("blocks.1.hook_mlp_out", 9),
+                            ("blocks.1.hook_resid_post", 9)]:
         assert explorer.patched(point, position) == pytest.approx(nb08.patched_diff(model, point, position), abs=1e-5)
     assert explorer.patched("blocks.1.hook_resid_post", 9) > 10 > -10 > explorer.patched("blocks.1.hook_resid_post", 3)
 

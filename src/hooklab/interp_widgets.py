@@ -20,8 +20,8 @@ from .widgets import Panel
 
 __all__ = ["PatchingExplorer"]
 
-POINTS = ["hook_embed", "blocks.0.hook_attn_out", "blocks.0.hook_resid_post", "blocks.1.hook_attn_out",
-          "blocks.1.hook_resid_post"]
+POINTS = ["hook_embed", "blocks.0.hook_attn_out", "blocks.0.hook_mlp_out", "blocks.0.hook_resid_post",
+          "blocks.1.hook_attn_out", "blocks.1.hook_mlp_out", "blocks.1.hook_resid_post"]
 
 
 class PatchingExplorer:

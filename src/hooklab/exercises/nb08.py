@@ -20,8 +20,8 @@ from . import Outcome, exercise, kind_of, prediction
 
 RUN = [5, 12, 3, 19, 8, 14, 2]
 Q, A, B, CHANGED = 9, 19, 17, 3  # the query position, the clean answer, the corrupted one, the changed position
-POINTS = ["hook_embed", "blocks.0.hook_attn_out", "blocks.0.hook_resid_post", "blocks.1.hook_attn_out",
-          "blocks.1.hook_resid_post"]
+POINTS = ["hook_embed", "blocks.0.hook_attn_out", "blocks.0.hook_mlp_out", "blocks.0.hook_resid_post",
+          "blocks.1.hook_attn_out", "blocks.1.hook_mlp_out", "blocks.1.hook_resid_post"]
 
 
 def _model():
@@ -184,17 +184,25 @@ def _heads_to_spare() -> int:
                for h in range(4))
 
 
-@prediction("08.d", "the sign of the corrupted run's logit difference with the direction added at scale 0.5 (+1 "
-                    "or -1)",
-            why="the logit difference is not linear in the scale: half the direction is not yet enough to make "
-                "layer 1 read position 3 as a 19",
-            wrong=[(1, "half-way in the residual is not half-way in the answer: layer 1's attention and the "
-                       "LayerNorms bend it, and at 0.5 the corrupted answer still wins")])
-def _half_sign() -> int:
+STEER_SCALES = [0, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4]
+
+
+@prediction("08.d", "the first of the scales 0, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4 at which the steered corrupted "
+                    "run's logit difference is positive",
+            why="at scale 0 it is the corrupted run (-10.9), at scale 1 section 2's patch (+9.3); even a straight "
+                "line between them crosses zero near 0.54, so 0.5 is still negative and 0.75 the first positive",
+            wrong=[(0.5, "a straight line from -10.9 at scale 0 to +9.3 at scale 1 is still just below zero at 0.5 "
+                         "(-0.8), and the model is below it there"),
+                   (1, "scale 1 is section 2's patch (+9.3), but the sign turns earlier: a straight line from -10.9 "
+                       "crosses zero near 0.54")])
+def _first_positive_scale() -> float:
     model = _model()
-    hook = steering_hook(steering_direction(model), CHANGED, 0.5)
-    diff = logit_diff(run_hooked(model, clean_and_corrupted()[1], "blocks.0.hook_resid_post", hook))
-    return 1 if diff > 0 else -1
+    direction = steering_direction(model)
+    for scale in STEER_SCALES:
+        hook = steering_hook(direction, CHANGED, scale)
+        if logit_diff(run_hooked(model, clean_and_corrupted()[1], "blocks.0.hook_resid_post", hook)) > 0:
+            return scale
+    return float("nan")
 
 
 # ----- exercises ----------------------------------------------------------------------------------------------
@@ -214,6 +222,18 @@ def _probe(answer, args: tuple, output: torch.Tensor):
     return hook(None, (), output) if callable(hook) else None
 
 
+def _watch(hook, edited: list):
+    """``hook``, wrapped to note in ``edited`` when it changes the ``output`` it receives in place."""
+    def wrapper(module, args, output):
+        before = output.clone()
+        result = hook(module, args, output)
+        if not torch.equal(output, before):
+            edited.append(True)
+        return result
+
+    return wrapper
+
+
 def _compare_runs(answer, what: str, cases) -> Outcome | None:
     """``cases``: (args for answer, point, tokens, worked hook, description)."""
     model = _model()
@@ -221,7 +241,13 @@ def _compare_runs(answer, what: str, cases) -> Outcome | None:
         hook = _hook_or_outcome(answer, what, *args)
         if isinstance(hook, Outcome):
             return hook
-        got = run_hooked(model, tokens, point, hook)
+        edited: list[bool] = []
+        got = run_hooked(model, tokens, point, _watch(hook, edited))
+        if edited:
+            return Outcome(False, f"{where}: your hook changed `output` in place; start from a copy "
+                                  "(`output = output.clone()`) and return it. An in-place edit also changes "
+                                  "every other holder of that tensor: a cache recorded from the same run, or "
+                                  "another hook on the module")
         if (leftover := [n for n, m in model.named_modules() if m._forward_hooks]):
             return Outcome(False, f"a forward hook is still registered on {leftover[0]!r}: the hook should not "
                                   "register hooks")
@@ -230,8 +256,9 @@ def _compare_runs(answer, what: str, cases) -> Outcome | None:
             continue
         plain = run_hooked(model, tokens, point, lambda m, a, o: None)
         if torch.allclose(got, plain, atol=1e-5):
-            return Outcome(False, f"{where}: the output is unchanged; a forward hook changes the output only by "
-                                  "returning the new value (return output at the end)")
+            return Outcome(False, f"{where}: the output is unchanged; your hook returned None, so the model "
+                                  "kept its own output: a forward hook replaces it by returning the new value "
+                                  "(return output at the end)")
         return Outcome(False, f"{where}: the logit difference is {logit_diff(got):+.2f}, want "
                               f"{logit_diff(want):+.2f}")
     return None
@@ -325,6 +352,7 @@ def _check_steering(answer) -> Outcome:
 __all__ = [
     "CHANGED",
     "POINTS",
+    "STEER_SCALES",
     "A",
     "B",
     "Q",
