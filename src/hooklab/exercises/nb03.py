@@ -9,6 +9,7 @@ gradient tracker class, and the vanishing point. The guide's exercises on the sa
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import warnings
 
@@ -166,6 +167,9 @@ _RELU_TOO = ("relu fails too: a hooked module's inputs are views as well, and an
         ([], "the views are changed in place during the forward pass, and autograd refuses that as it happens"),
         (["bn1", "relu", "conv2", "bn2"], "conv2's output goes into bn2, which makes a new tensor: nothing changes "
                                           "conv2's output in place"),
+        *[(list(order), "the right three, in another order: list them in the order the block registers its children "
+                        "(conv1, bn1, relu, conv2, bn2)")
+          for order in itertools.permutations(["bn1", "relu", "bn2"]) if list(order) != ["bn1", "relu", "bn2"]],
     ],
 )  # fmt: skip
 def _children_that_fail() -> list[str]:
