@@ -598,3 +598,44 @@ def test_04_9_passes_the_worked_answer_and_one_that_returns_the_module():
 def test_04_9_names_the_slip(answer, words):
     outcome = grade("04.9", answer)
     assert not outcome.passed and words in outcome.detail, outcome.detail
+
+
+def test_04_9_wants_a_float32_tolerance():  # plain allclose blames layer 4 of autograd's own float32 network
+    failed("04.9", disagreement(close=torch.allclose), "no slip at all, in float32", "you named '4'",
+           "float32 rounding", "relative tolerance (e.g. rtol=1e-3")
+
+
+def test_04_9_says_parameter_gradients_cannot_see_grad_input():
+    def params_only(model, x, y):
+        with hooklab.record(model, backward=True) as rec:
+            F.cross_entropy(model(x), y).backward()
+        for r in reversed(rec.records):
+            layer = model.get_submodule(r.name)
+            with torch.no_grad():
+                _, params = bp.BACKWARD[type(layer)](layer, r.inputs[0], r.output, r.grad_output[0])
+            if any(not torch.allclose(g, getattr(layer, k).grad, atol=1e-5)
+                   for k, g in params.items() if g is not None):
+                return r.name
+        return None
+
+    outcome = failed("04.9", params_only, "you returned None", "parameter gradients can't see",
+                     "compare each layer's grad_input")
+    assert "reversed(rec.records)" not in outcome.detail
+
+
+def test_04_2_names_a_forward_recomputed_from_the_logits():
+    def recomputed(t, target):
+        return ANSWERS["04.2"](nb04.ce_steps(t["logits"], target), target)
+
+    failed("04.2", recomputed, "counts_sum + 1", "Use the values in t, not a recomputed forward",
+           "the check feeds in a changed forward")
+
+
+def test_04_5_names_the_bessel_factor_of_the_fused_formula():
+    def with_bessel_factor(x, gamma, dout, eps):  # makemore part 4's fused form on a variance divided by N
+        n, inv_std = len(x), (x.var(0, unbiased=False) + eps) ** -0.5
+        x_hat = (x - x.mean(0)) * inv_std
+        dx = gamma * inv_std / n * (n * dout - dout.sum(0) - n / (n - 1) * x_hat * (dout * x_hat).sum(0))
+        return dx, (dout * x_hat).sum(0), dout.sum(0)
+
+    failed("04.5", with_bessel_factor, "the factor n/(n − 1)", "Bessel's correction", "divides by N = 6")

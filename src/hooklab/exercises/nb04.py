@@ -270,6 +270,14 @@ def _row_sums() -> Zero:
     return Zero(float(logits.grad.sum(1).abs().max()))
 
 
+def _recomputes(got, t, target) -> bool:
+    """Whether 04.2's answer matches the chain of the plain cross-entropy of ``t["logits"]``: its forward
+    recomputed from the logits, not read from ``t``."""
+    logits = t["logits"].clone().requires_grad_(True)
+    _, plain = _retained(lambda: ce_steps(logits, target), CE_CHAIN, lambda t: t["loss"].backward())
+    return not isinstance(compare_chain(got, plain, CE_LINES, {}), Outcome)
+
+
 @exercise("04.2", "cross-entropy in eight atomic steps, checked in chain order")
 def _ce_chain(ce_backward_steps) -> Outcome:
     """``ce_backward_steps(t, target) -> {step: gradient}`` for the steps of ``ce_steps`` (``t`` holds
@@ -280,6 +288,9 @@ def _ce_chain(ce_backward_steps) -> Outcome:
         t, target, grads = _ce_case(n, classes, seed, extra=extra)
         got, failed = by_hand(ce_backward_steps, ["t", "target"], t, target)
         result = failed or compare_chain(got, grads, CE_LINES, _ce_traps(t, target, grads))
+        if isinstance(result, Outcome) and extra and not failed and _recomputes(got, t, target):
+            result = Outcome(False, f"{result.detail}. Use the values in t, not a recomputed forward: the check feeds "
+                                    "in a changed forward (counts_sum + 1)")
         if isinstance(result, Outcome):
             label = f"{n} rows of {classes} classes" + (" and counts_sum + 1" if extra else "")
             return Outcome(False, f"with {label}: {result.detail}")
@@ -454,6 +465,15 @@ def _bn_unbiased(x, gamma, beta, eps):
     return (x - x.mean(0)) / (x.var(0, unbiased=True) + eps).sqrt() * gamma + beta
 
 
+def _bn_bessel_factor(x, gamma, dout, eps):
+    """dx by the fused formula of Karpathy's makemore part 4, with its n/(n − 1) factor kept on a variance
+    that divides by N."""
+    n = len(x)
+    inv_std = (x.var(0, unbiased=False) + eps) ** -0.5
+    x_hat, g = (x - x.mean(0)) * inv_std, dout * gamma
+    return inv_std / n * (n * g - g.sum(0) - n / (n - 1) * x_hat * (g * x_hat).sum(0))
+
+
 def _bn_traps(x, gamma, dout, eps) -> list[Trap]:
     n = len(x)
     unbiased_var = x.var(0, unbiased=True)
@@ -475,6 +495,9 @@ def _bn_traps(x, gamma, dout, eps) -> list[Trap]:
         ((_bn_by_paths(x, gamma, dout, eps, var=unbiased_var),), bessel),
         (((dout * x_hat_unbiased).sum(0),), bessel),
         (reference(partial(_bn_unbiased, eps=eps), (x, gamma, torch.zeros_like(gamma)), dout)[:1], bessel),
+        ((_bn_bessel_factor(x, gamma, dout, eps),),
+         f"the factor n/(n − 1) on the variance's term is Bessel's correction, for a variance that divides by N − 1 "
+         f"(as in makemore's batch norm); batch norm's v = mean((x − μ)²) divides by N = {n}: drop the factor"),
         ((_bn_by_paths(x, gamma, dout, eps, mean_n=False),), "the path through μ lost its 1/N: μ = mean(x) over the "
                                                              "N rows, so ∂μ/∂x = 1/N"),
         ((_bn_by_paths(x, gamma, dout, eps, var_n=False),), "the path through v lost its 1/N: v = mean((x − μ)²) "
@@ -750,20 +773,33 @@ def straight_through(relu, args, output):
     return output.detach() + args[0] - args[0].detach()
 
 
-def _reference_disagreement(model, x, y) -> str | None:
+def _close(a, b) -> bool:
+    """allclose in float64; in float32 within a relative tolerance (the lesson's rtol 1e-3) and an
+    absolute one scaled to the tensor's size, since float32 rounding leaves ~1e-7 on entries near 0."""
+    if b.dtype == torch.float64:
+        return torch.allclose(a, b)
+    return torch.allclose(a, b, rtol=1e-3, atol=1e-3 * b.abs().max().item())
+
+
+def _reference_disagreement(model, x, y, grad_input=True, order=reversed, only=None) -> str | None:
     """The first layer from the loss back whose backward by the course's formulas, from what it
-    recorded, disagrees with the gradients autograd gave it (its grad_input or its parameters')."""
+    recorded, disagrees with the gradients autograd gave it (its grad_input or its parameters'; with
+    ``grad_input=False`` its parameters' only, and with ``order=list`` from the input on: slips 04.9 names;
+    ``only``: that layer alone)."""
     from hooklab.backprop import BACKWARD
     from hooklab.recording import record
 
     with _training_on_purpose(), record(model, backward=True) as rec:
         F.cross_entropy(model(x), y).backward()
-    for r in reversed(rec.records):
+    for r in order(rec.records):
+        if only is not None and r.name != only:
+            continue
         layer = model.get_submodule(r.name)
         with torch.no_grad():
             dx, params = BACKWARD[type(layer)](layer, r.inputs[0], r.output, r.grad_output[0])
-        pairs = [(dx, r.grad_input[0])] + [(g, getattr(layer, k).grad) for k, g in params.items() if g is not None]
-        if any(b is not None and not torch.allclose(a, b) for a, b in pairs):
+        pairs = [(dx, r.grad_input[0])] if grad_input else []
+        pairs += [(g, getattr(layer, k).grad) for k, g in params.items() if g is not None]
+        if any(b is not None and not _close(a, b) for a, b in pairs):
             model.zero_grad()
             return r.name
     model.zero_grad()
@@ -779,8 +815,11 @@ def _slipped_cases():
                          ("the slip in the first batch norm only", {"1": statistics_as_constants}),
                          ("a ReLU that passes every gradient, and the first batch norm's slip",
                           {"1": statistics_as_constants, "6": straight_through}),
-                         ("no slip at all (autograd's own backward)", {})):
-        model = digits_cnn().double()
+                         ("no slip at all (autograd's own backward)", {}),
+                         ("the problem's slip, in float32 as the lesson runs it", {"1": statistics_as_constants,
+                                                                                  "5": statistics_as_constants}),
+                         ("no slip at all, in float32 as the lesson runs it", {})):
+        model = digits_cnn() if "float32" in label else digits_cnn().double()
         handles = [model.get_submodule(name).register_forward_hook(hook) for name, hook in slips.items()]
         expected = max(slips, key=int) if slips else None
         cases.append((label, model, handles, expected))
@@ -823,15 +862,21 @@ def _first_disagreement(first_disagreement) -> Outcome:
     the student's own), each layer's backward by the student's formulas, from its recorded input,
     output and ``grad_output``, is compared with the gradients autograd gave it; the answer is the
     first layer, from the loss back, where they disagree, or None. Tried in float64 on the lesson's
-    CNN with slips put in by forward hooks, and with none; the answer's own hooks must be gone."""
+    CNN with slips put in by forward hooks, and with none, then in float32 as the lesson runs it (where
+    the default tolerances of ``torch.allclose`` are too strict); the answer's own hooks must be gone."""
     from ..audit import leftover_hooks
     from ..data import digits
 
     data = digits()
-    x, y = data.x_train[:32].double(), data.y_train[:32]
     for label, model, handles, expected in _slipped_cases():
+        float32 = "float32" in label
+        x, y = data.x_train[:32] if float32 else data.x_train[:32].double(), data.y_train[:32]
         truth = _reference_disagreement(model, x, y)
         assert truth == expected, (label, truth)  # the slips are where the hooks put them
+        params_only = _reference_disagreement(model, x, y, grad_input=False)
+        forward_walk = _reference_disagreement(model, x, y, order=list)
+        unseen = expected is not None and _reference_disagreement(  # the slip is in what it passes back only
+            model, x, y, grad_input=False, only=expected) is None
         try:
             with _training_on_purpose():
                 got = first_disagreement(model, x, y)
@@ -854,6 +899,26 @@ def _first_disagreement(first_disagreement) -> Outcome:
             got = str(got)
         if got == expected:
             continue
+        layers = [name for name, _ in model.named_children()]
+        later = got in layers and expected in layers and layers.index(got) > layers.index(expected)
+        if float32 and (later or (expected is None and got is not None)):
+            return Outcome(False, f"with {label}: you named {got!r}, but its gradients differ from autograd's only "
+                                  "by float32 rounding (about 1e-7, on entries near 0, where torch.allclose's default "
+                                  "atol=1e-8 is too strict). Compare with a relative tolerance (e.g. rtol=1e-3, the "
+                                  "1e-3 of the problem's comparison) or an atol scaled to each tensor's size")
+        earlier = got in layers and expected in layers and layers.index(got) < layers.index(expected)
+        if expected is not None and got is None and unseen:
+            return Outcome(False, f"with {label}: you returned None, but layer {expected!r} "
+                                  f"({type(model.get_submodule(expected)).__name__}) disagrees in what it passes back "
+                                  "to its input, which parameter gradients can't see: compare each layer's "
+                                  "grad_input with your dx too, computed from its recorded input, output and "
+                                  "grad_output")
+        if got is not None and expected is not None and (got == params_only or (unseen and earlier
+                                                                                and got != forward_walk)):
+            return Outcome(False, f"with {label}: you named {got!r}, as a comparison of the parameters' gradients "
+                                  f"alone does; they can't see what layer {expected!r} "
+                                  f"({type(model.get_submodule(expected)).__name__}) passes back to its input. "
+                                  "Compare each layer's grad_input with your dx too")
         if expected is None:
             return Outcome(False, f"with {label}: you named {got!r}, but every layer's backward agrees with "
                                   "autograd's here, up to rounding: compare with torch.allclose, not == (the same "
@@ -866,7 +931,6 @@ def _first_disagreement(first_disagreement) -> Outcome:
         if not isinstance(got, str):
             return Outcome(False, f"return the layer's name, a string like '5' (as in model.named_modules()), or "
                                   f"None; not {type(got).__name__}")
-        layers = [name for name, _ in model.named_children()]
         if got in layers and expected in layers and layers.index(got) < layers.index(expected):
             return Outcome(False, f"with {label}: you named {got!r}, but layer {expected!r} disagrees too and comes "
                                   "first from the loss back: walk the records in reverse (reversed(rec.records)) "
