@@ -116,6 +116,25 @@ def test_06_1_a_returned_dict_is_explained():
     assert not outcome.passed and "in place" in outcome.detail
 
 
+def upgrade_always_with_bias(module, state_dict, prefix, *rest):
+    """Writes prefix + "bias" whether or not the checkpoint has prefix + "b"."""
+    if prefix + "W" in state_dict:
+        state_dict[prefix + "weight"] = state_dict.pop(prefix + "W")
+        state_dict[prefix + "bias"] = state_dict.pop(prefix + "b", None)
+
+
+def upgrade_popping_b_unchecked(module, state_dict, prefix, *rest):
+    """Renames W only when it is there, but pops b in any case."""
+    if prefix + "W" in state_dict:
+        state_dict[prefix + "weight"] = state_dict.pop(prefix + "W")
+        state_dict[prefix + "bias"] = state_dict.pop(prefix + "b")
+
+
+def test_06_1_a_layer_without_a_bias_gets_no_bias_key():
+    failed("06.1", upgrade_always_with_bias, "added '3.bias'", "bias=False", "only when it is there")
+    failed("06.1", upgrade_popping_b_unchecked, "KeyError", "'3.'", "only when it is there")
+
+
 def test_06_1_reports_the_failed_load():
     outcome = grade("06.1", lambda module, state_dict, prefix, *rest: None)
     assert not outcome.passed and "Missing key(s)" in outcome.detail

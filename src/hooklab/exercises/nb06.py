@@ -140,8 +140,9 @@ def _nodes_of_row_norm() -> int:
 
 # ----- 06.1: reading old checkpoints -----------------------------------------------------------------
 def _checkpoint_model() -> nn.Sequential:
-    """Two Linears, at ``0.`` and one level deeper at ``2.0.``, each with a ``batches`` buffer."""
-    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Sequential(nn.Linear(3, 1)))
+    """Two Linears, at ``0.`` and one level deeper at ``2.0.``, each with a ``batches`` buffer, and at
+    ``3.`` a Linear without a bias."""
+    model = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Sequential(nn.Linear(3, 1)), nn.Linear(1, 2, bias=False))
     for linear in (model[0], model[2][0]):
         linear.register_buffer("batches", torch.zeros((), dtype=torch.long))
     return model
@@ -195,12 +196,18 @@ def _rename_keys(upgrade) -> Outcome:
     model, source, fresh = _checkpoint_model(), _checkpoint_model(), _checkpoint_model().state_dict()
     old = _old_checkpoint(source)
     calls = []  # per call: prefix, returned value, other keys it touched, old keys it left
+    prefixes, invented = [], []  # every prefix the hook was called with; keys it wrote with no old key
 
     def watched(*args):
         state_dict, prefix = args[1], args[2]
         own = {prefix + name for name in ("W", "b", "weight", "bias")}
         others = {key: value for key, value in state_dict.items() if key not in own}
+        had = {key for key in own if key in state_dict}
+        prefixes.append(prefix)
         returned = upgrade(*args)
+        for old, new in (("W", "weight"), ("b", "bias")):
+            if prefix + new in state_dict and not {prefix + old, prefix + new} & had:
+                invented.append((prefix + new, prefix + old))
         touched = sorted(
             key for key in (set(others) | set(state_dict)) - own if state_dict.get(key) is not others.get(key)
         )
@@ -208,18 +215,27 @@ def _rename_keys(upgrade) -> Outcome:
         calls.append((prefix, returned, [(key, key in others, key in state_dict) for key in touched], left))
 
     with Hooks() as hooks:
-        hooks.add(model[0].register_load_state_dict_pre_hook(watched))
-        hooks.add(model[2][0].register_load_state_dict_pre_hook(watched))
+        for linear in (model[0], model[2][0], model[3]):
+            hooks.add(linear.register_load_state_dict_pre_hook(watched))
         try:
             model.load_state_dict(old)
             error = None
         except NotImplementedError:  # a subclass of RuntimeError: the stub, not a failed load
             raise
-        except RuntimeError as caught:
+        except (RuntimeError, KeyError) as caught:
             error = caught
         wrong = _touched_other_keys(calls)
         if wrong is not None:
             return wrong
+        if isinstance(error, KeyError):
+            return Outcome(False, f"the hook raised KeyError: {error} for the Linear at {prefixes[-1]!r}: the "
+                                  "checkpoint has no such key (a Linear made with bias=False has no b): rename "
+                                  "a key only when it is there")
+        if invented:
+            new, old_key = invented[0]
+            return Outcome(False, f"the hook added {new!r}, but the checkpoint has no {old_key!r} (a Linear made "
+                                  "with bias=False has no b), so the load fails with Unexpected key: rename a key "
+                                  "only when it is there")
         if error is not None:
             return _failed_load_outcome(error, calls)
         for key, value in source.state_dict().items():
@@ -233,7 +249,8 @@ def _rename_keys(upgrade) -> Outcome:
         wrong = _touched_other_keys(calls)
         if wrong is not None:
             return wrong
-    return Outcome(True, "old and new checkpoints both load, into both Linear layers (at 0. and 2.0.), other keys kept")
+    return Outcome(True, "old and new checkpoints both load, into all three Linear layers (at 0., 2.0. and 3., "
+                         "the last without a bias), other keys kept")
 
 
 # ----- 06.4: a registration hook that makes in-place modules safe -----------------------------------
