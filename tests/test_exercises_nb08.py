@@ -124,6 +124,19 @@ def test_08_2_rejects_an_in_place_edit_and_says_why(answer):
     failed("08.2", answer, "in place", "output.clone()", "a cache recorded from the same run")
 
 
+def patches_only_the_first_item(clean_value, position):
+    def hook(module, args, output):
+        output = output.clone()
+        output[0, position] = clean_value[0, position]
+        return output
+
+    return hook
+
+
+def test_08_2_rejects_patching_only_batch_item_0():
+    failed("08.2", patches_only_the_first_item, "batch of 2", "only the first sequence", "output[:, position]")
+
+
 def test_08_2_accepts_the_worked_answer():
     assert grade("08.2", nb08.patch_hook).passed
 

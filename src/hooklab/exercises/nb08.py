@@ -161,8 +161,8 @@ def _induction_key() -> int:
 
 
 @prediction("08.b", "the position whose clean blocks.1.hook_resid_post restores the clean answer",
-            why="after layer 1 the information has moved: layer 1's attention copied it from position 3 into the "
-                "query, so only the query's residual carries it (and positions after 9 are never read)",
+            why="the logits at 9 read only the last residual at 9, so only it can restore the answer; patching "
+                "measures effect, not presence (the last residuals at 3 still differ, but nothing later reads them)",
             wrong=[(3, "that is where the change is, and where layer 0's residual holds it; by the end of layer 1 "
                        "the attention has moved it to the query")])
 def _late_position() -> int:
@@ -245,9 +245,11 @@ def _compare_runs(answer, what: str, cases) -> Outcome | None:
         got = run_hooked(model, tokens, point, _watch(hook, edited))
         if edited:
             return Outcome(False, f"{where}: your hook changed `output` in place; start from a copy "
-                                  "(`output = output.clone()`) and return it. An in-place edit also changes "
-                                  "every other holder of that tensor: a cache recorded from the same run, or "
-                                  "another hook on the module")
+                                  "(`output = output.clone()`) and return it. An in-place edit returning None "
+                                  "works only when nothing else holds the tensor; it also changes every other "
+                                  "holder: a cache recorded from the same run that shares its storage (a "
+                                  "detach(), not a clone), or another hook on the module. This exercise asks "
+                                  "for the safe form")
         if (leftover := [n for n, m in model.named_modules() if m._forward_hooks]):
             return Outcome(False, f"a forward hook is still registered on {leftover[0]!r}: the hook should not "
                                   "register hooks")
@@ -301,15 +303,24 @@ def _check_patch(answer) -> Outcome:
               f"patching {point} at position {position}")
              for point, position in [("hook_embed", CHANGED), ("blocks.0.hook_resid_post", 5),
                                      ("blocks.1.hook_resid_post", Q), ("blocks.0.hook_resid_post", CHANGED)]]
+    two = torch.cat([cache["blocks.0.hook_resid_post"]] * 2)  # a batch of two: every item must be patched
+    cases.append(((two, CHANGED), "blocks.0.hook_resid_post", torch.cat([corrupted] * 2),
+                  patch_hook(two, CHANGED), f"patching blocks.0.hook_resid_post at position {CHANGED} in a batch of 2"))
     if (failed := _compare_runs(answer, "patch_hook", cases)) is not None:
         out = _probe(answer, (cache["hook_embed"], 5), torch.zeros(1, 16, 64))
+        both = _probe(answer, (torch.ones(2, 16, 64), 5), torch.zeros(2, 16, 64))
+        if isinstance(both, torch.Tensor) and both.shape == (2, 16, 64) and (both[1] == 0).all() \
+                and (both[0] != 0).any():
+            return Outcome(False, "in a batch of 2, your hook patched only the first sequence: index "
+                                  "output[:, position], every item of the batch, not output[0, position]")
         if isinstance(out, torch.Tensor) and out.shape == (1, 16, 64):
             changed = (out != 0).any(-1)[0].nonzero().flatten().tolist()
             if len(changed) > 1:
                 return Outcome(False, f"your hook changed positions {changed}, not only position 5: set "
                                       "output[:, position], the positions are the second axis")
         return failed
-    return Outcome(True, "the same logits as a clean value patched at one position, for four hook points")
+    return Outcome(True, "the same logits as a clean value patched at one position, for four hook points "
+                         "and a batch of 2")
 
 
 @exercise("08.3", "zero- or mean-ablate one attention head")
