@@ -81,6 +81,22 @@ def test_05_1_the_hook_must_be_removed_when_the_forward_pass_raises():
     failed("05.1", lambda m, layer, x: _dead(m, layer, x, finally_=False), "when the forward pass raised")
 
 
+def test_05_1_a_small_value_is_not_dead():
+    def below_a_threshold(model, layer, x):
+        outputs = []
+        run_then_remove(lambda: model(x), [model.get_submodule(layer).register_forward_hook(
+            lambda m, i, o: outputs.append(o.detach()))])
+        return (outputs[0] <= 0.1).flatten(2).all(dim=2).all(dim=0).nonzero().flatten().tolist()
+
+    failed("05.1", below_a_threshold, "channel 1 reaches 0.05", "== 0")
+
+
+def test_05_a_a_count_written_as_a_string_is_told_to_drop_the_quotes():
+    for guess in (["the same", "1"], ["lower", "10"]):
+        outcome = grade("05.a", guess)
+        assert not outcome.passed and "a number, not a string" in outcome.detail, outcome.detail
+
+
 def test_05_1_every_image_counts():
     failed("05.1", lambda m, layer, x: _dead(m, layer, x, keep=slice(0, 1)), "first image")
     failed("05.1", lambda m, layer, x: _dead(m, layer, x, keep=slice(0, -1)), "got channels [2, 9, 10, 12, 13]")

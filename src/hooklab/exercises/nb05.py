@@ -90,7 +90,9 @@ def _zeroed(model: nn.Module, channels: torch.Tensor) -> torch.Tensor:
                    (["lower", 10], "both: the 24 are 0 for every test digit already, so zeroing them changes "
                                    "nothing; and with all 32 at 0 the scores no longer depend on the digit"),
                    (["the same", 8], "count classes, not channels: with all 32 channels at 0, every digit gets "
-                                     "the same scores, so the same one class")])
+                                     "the same scores, so the same one class"),
+                   *[([first, str(n)], f"write the count as a number, not a string: {n}, without quotes")
+                     for first in ("the same", "lower") for n in range(1, 11)]])
 def _zeroing() -> list:
     model, data, kept = trained_digits_cnn(), _digits(), {}
     handle = model.features[3].register_forward_hook(lambda module, args, output: kept.update(output=output))
@@ -229,6 +231,7 @@ def _model_with_dead_channels():
     with torch.no_grad():
         model.features[0].bias[[2, 9, 13]] = -50.0  # these channels never get past the ReLU
         model.features[0].bias[12] -= 1.05  # channel 12 gets past it on the bright last image only
+        model.features[0].bias[1] -= 0.12  # channel 1 is alive, but its largest value is about 0.05
     blank, bright = torch.zeros(1, 1, 8, 8), torch.full((1, 1, 8, 8), 4.0)
     x = torch.cat([blank, _images(3, n=4), bright])  # more channels are zero on the blank image
     with torch.no_grad():
@@ -259,6 +262,11 @@ def _wrong_dead_channels(got, out: torch.Tensor) -> Outcome | None:
         if got == _channels((out == 0).flatten(2).any(dim=2).all(dim=0)):
             return Outcome(False, "these channels are zero somewhere in every image; dead means zero at every "
                                   "position")
+        small = [c for c in set(got) - set(expected) if 0 <= c < out.shape[1] and out[:, c].abs().max() < 0.5]
+        if small and set(expected) <= set(got):
+            return Outcome(False, f"channel {min(small)} reaches {float(out[:, min(small)].max()):.2f}: small is "
+                                  "not dead. Dead means exactly 0 at every position for every image, so compare "
+                                  "the output with == 0, not with a threshold")
         return Outcome(False, f"got channels {got}; a dead channel is zero for every image and every position")
     return None
 
