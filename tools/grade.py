@@ -176,8 +176,14 @@ def sandbox_command(base: Path, settings: Settings) -> list[str]:
     hidden, ``base`` the only place written to, no network (a loopback of its own), its own
     process ids (it sees no other process), killed with the grader."""
     tmp = ["/tmp"] + ([tempfile.gettempdir()] if tempfile.gettempdir() != "/tmp" else [])
+    # the course and its Python, if they live under a private /tmp: shown again, read-only, before the
+    # students' folders are hidden (a course cloned into /tmp would otherwise have no kernel to start)
+    course = {NOTEBOOKS.parent, Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
+    shown = sorted(str(p) for p in course if any(p.is_relative_to(folder) for folder in tmp))
     return ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc",
-            *(arg for folder in tmp + settings.hidden for arg in ("--tmpfs", folder)),
+            *(arg for folder in tmp for arg in ("--tmpfs", folder)),
+            *(arg for folder in shown for arg in ("--ro-bind", folder, folder)),
+            *(arg for folder in settings.hidden for arg in ("--tmpfs", folder)),
             "--bind", str(base), str(base), "--unshare-net", "--unshare-pid", "--unshare-ipc",
             "--die-with-parent", "--setenv", "IPYTHONDIR", str(base / "run" / "ipython"),
             "--unsetenv", "JPY_PARENT_PID", "--"]  # fmt: skip
