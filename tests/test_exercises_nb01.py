@@ -106,8 +106,28 @@ def test_01_2_rejects_wrong_answers():
         (after_backward, "backward ran to the end"),
         (lambda named, limit: None, "list of handles"),
         (lambda named, limit: guard_with()(named, limit)[:2], "the 5 handles"),
+        (names_every_tensor, "does not say which"),
+        (names_ms_always, "only h's gradient was too large"),
     ]:
         failed("01.2", wrong, words)
+
+
+def names_every_tensor(named, limit):
+    """A guard whose message lists every tensor it watches: it does not say which one failed."""
+    def hook(grad):
+        if grad.isnan().any() or grad.norm() > limit:
+            raise FloatingPointError(f"bad gradient in one of {', '.join(named)}")
+
+    return [t.register_hook(hook) for t in named.values()]
+
+
+def names_ms_always(named, limit):
+    """Names the tensor whose hook raised, and always ms as well: wrong for the explosion at h."""
+    def hook(grad, name):
+        if grad.isnan().any() or grad.norm() > limit:
+            raise FloatingPointError(f"gradient at {name} (after ms)")
+
+    return [t.register_hook(lambda grad, name=name: hook(grad, name)) for name, t in named.items()]
 
 
 # ----- 01.3 -------------------------------------------------------------------------------------
@@ -130,8 +150,18 @@ def test_01_3_rejects_wrong_derivations():
         (lambda dn, h, rms: (dn * -h / (rms + 1e-6)).sum(1, keepdim=True) / (2 * rms), "step by step"),
         (lambda dn, h, rms: None, "return a tensor"),
         (lambda dn, h, rms: (dn * -h / rms**2).sum(1, keepdim=True) / (2 * rms), "left out the 1e-6"),
+        (lambda dn, h, rms: dms_right(dn, h, rms) * rms / (rms + 1e-6), "wrong place|(2 · (rms + 1e-6))"),
+        (lambda dn, h, rms: dms_right(dn, h, rms) * rms / (rms**2 + 1e-6).sqrt(), "wrong place|√(ms + 1e-6)"),
+        (lambda dn, h, rms: dms_right(dn, h, rms) * (1 + 3e-6), "differs from what the hook caught by up to"
+                                                                "|slip with the 1e-6"),
     ]:
         failed("01.3", wrong, *words.split("|"))
+
+
+def test_01_3_prints_the_largest_difference_not_two_rounded_vectors():
+    outcome = grade("01.3", lambda dn, h, rms: dms_right(dn, h, rms) * 1.5)
+    assert not outcome.passed and "differs from what the hook caught by up to" in outcome.detail, outcome.detail
+    assert "[" not in outcome.detail, outcome.detail
 
 
 def test_01_3_rejects_asking_autograd_for_the_answer():

@@ -1,24 +1,23 @@
 """Exercises of the field guide G1, tensor and graph hooks: the memory a saved tensor keeps alive
-(G1.1, section 1), a pre-hook on an autograd node (G1.2, section 4), an SGD step fused into backward
-(G1.3 and prediction G1.a, section 21), saved tensors kept in bfloat16 (G1.4 and G1.b, section 22)
-and the gradients of the parameters a shell-style pattern names, clamped and counted (G1.5,
-section 23)."""
+(G1.1, section 1), a pre-hook on an autograd node (G1.2, section 4), the .grad tensors alive with an
+SGD step fused into backward (prediction G1.a, section 21), the bytes autograd saves (prediction G1.b,
+section 22) and the gradients of the parameters a shell-style pattern names, clamped and counted
+(G1.3, section 23). Lesson 07 builds the fused step and the bfloat16 saved tensors (07.5, 07.4)."""
 
 from __future__ import annotations
 
 import fnmatch
 import re
-import warnings
 from collections.abc import Iterable
 
 import torch
 from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 
-from ..audit import clear_global_hooks, clear_hooks
+from ..audit import clear_global_hooks
 from ..hooks import Hooks
 from ..pytorch_internals import parameter_hook_count
-from . import Outcome, compare_tensors, exercise, hint_for, is_handle, kind_of, not_a_handle, prediction
+from . import Outcome, compare_tensors, exercise, is_handle, kind_of, not_a_handle, prediction
 
 
 def _rounded(t: object) -> list | None:
@@ -201,7 +200,7 @@ def _node_prehook(double_into) -> Outcome:
     return Outcome(True, f"the gradient into exp's node doubled, the other branch untouched ({outcome.detail})")
 
 
-# ----- G1.3, G1.a (section 21): an optimizer step inside backward ------------------------------
+# ----- G1.a (section 21): an optimizer step inside backward --------------------------------------
 def _mlp() -> nn.Module:
     """Section 21's MLP: six parameters."""
     torch.manual_seed(0)
@@ -250,7 +249,7 @@ def _alive_at_once() -> list[int]:
     return [gradients_alive(_mlp(), fuse_sgd)[0], gradients_alive(_mlp())[0]]
 
 
-# ----- G1.4, G1.b (section 22): what autograd keeps for backward -------------------------------
+# ----- G1.b (section 22): what autograd keeps for backward --------------------------------------
 @prediction(
     "G1.b",
     "the bytes saved by z.exp().exp().exp().sum()",
@@ -281,272 +280,7 @@ def _saved_by_exp() -> int:
     return sum(sizes)
 
 
-def _small_model() -> nn.Module:
-    torch.manual_seed(1)  # on the checker's own random stream (see ``exercise``)
-    return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
-
-
-def _handles_of(handles) -> list | Outcome:
-    """The answer to G1.3 as a list of handles, or the Outcome saying what is wrong with it."""
-    if is_handle(handles):
-        return Outcome(False, "fuse_sgd returned one handle: return a list of handles, one per parameter")
-    if not isinstance(handles, Iterable) or isinstance(handles, str | torch.Tensor):
-        return Outcome(False, f"fuse_sgd must return a list of handles, one per parameter, got {kind_of(handles)}")
-    handles = list(handles)
-    bad = next((h for h in handles if not is_handle(h)), None)
-    if bad is not None or None in handles:
-        nested = " (a nested list? return one flat list)" if isinstance(bad, list | tuple) else ""
-        return Outcome(False, f"fuse_sgd must return a list of handles, found {kind_of(bad)} in it{nested}")
-    return handles
-
-
-@exercise("G1.3", "an SGD step fused into backward")
-def _fused_sgd(fuse_sgd) -> Outcome:
-    """``fuse_sgd(model, lr)`` registers post-accumulate-grad hooks that update each parameter
-    with ``p -= lr * p.grad`` and then free ``p.grad``; returns the list of handles. The second
-    case runs ``backward(create_graph=True)``, whose hooks run with gradient recording on."""
-    x = torch.linspace(-1, 1, 15).reshape(5, 3)
-    for lr, create_graph in ((0.1, False), (0.05, True)):
-        reference, model = _small_model(), _small_model()
-        optimizer = torch.optim.SGD(reference.parameters(), lr=lr)
-        reference(x).pow(2).sum().backward()
-        optimizer.step()
-        handles = _handles_of(fuse_sgd(model, lr))
-        if isinstance(handles, Outcome):
-            return handles
-        n = len(list(model.parameters()))
-        if len(handles) != n:
-            return Outcome(False, f"{len(handles)} handles for {n} parameters")
-        alive = []  # how many .grad tensors exist each time one is accumulated (run after the answer's hooks)
-
-        def count(q, model=model, alive=alive):
-            alive.append(1 + sum(r.grad is not None for r in model.parameters() if r is not q))
-
-        handles += [q.register_post_accumulate_grad_hook(count) for q in model.parameters()]
-        # autograd counts the in-place changes of every tensor, to refuse a backward through a saved tensor
-        # that was changed since; a change made through .data escapes the count
-        start = {name: (q.detach().clone(), q._version) for name, q in model.named_parameters()}
-        try:
-            with warnings.catch_warnings():  # create_graph=True warns about the graph kept by .grad
-                warnings.filterwarnings("ignore", message="Using backward.. with create_graph=True")
-                model(x).pow(2).sum().backward(create_graph=create_graph)
-        except (TypeError, RuntimeError) as error:
-            return hint_for(error, {
-                "NoneType": "a hook read a .grad that is None: use the parameter the hook receives (a hook made in a "
-                            "loop that uses the loop variable sees only its last value)",
-                "leaf Variable that requires grad": "with backward(create_graph=True), updating p in place raised 'a "
-                    "leaf Variable that requires grad is being used in an in-place operation': do the update under "
-                    "torch.no_grad()",
-            })  # fmt: skip
-        finally:
-            for h in handles:
-                h.remove()
-        left = clear_hooks(model)
-        if left:
-            return Outcome(False, f"after removing your handles, hooks were still there ({left[0]}): register "
-                                  "only the update hooks, and return every handle")
-        hidden = [name for name, q in model.named_parameters()
-                  if q._version == start[name][1] and not torch.equal(q.detach(), start[name][0])]
-        if hidden:
-            return Outcome(False, f"parameter {hidden[0]} changed without autograd seeing it: a change made through "
-                                  "p.data escapes autograd's check that the tensors backward saved are unchanged, "
-                                  "and can give wrong gradients silently; update p itself under torch.no_grad(): "
-                                  "with torch.no_grad(): p -= lr * p.grad")
-        for (name, p), q in zip(model.named_parameters(), reference.parameters(), strict=True):
-            outcome = compare_tensors(p.detach(), q.detach())
-            if not outcome.passed:
-                return Outcome(False, f"with lr={lr}, parameter {name} differs from torch.optim.SGD's step "
-                                      f"({outcome.detail})")
-            if p.grad is not None:
-                return Outcome(False, f"{name}.grad is still kept: set p.grad = None after the step to free it")
-    most = max(alive, default=0)
-    return Outcome(True, f"same parameters as torch.optim.SGD for two learning rates, and at most {most} of the "
-                         f"{n} .grad tensors alive at once during backward (a plain backward keeps all {n})")
-
-
-# ----- G1.4 --------------------------------------------------------------------------------------
-#: the cases G1.4 tries: a name, the model's dtype, and a scale for the inputs (1e5: saved values beyond
-#: float16's largest number, 65504, which bfloat16 keeps)
-_HALF_CASES = (("the float32 case", torch.float32, 1.0), ("the float64 case", torch.float64, 1.0),
-               ("the case with inputs up to 2e5", torch.float32, 1e5))
-
-
-def _half_model(dtype: torch.dtype) -> nn.Module:
-    torch.manual_seed(5)  # on the checker's own random stream (see ``exercise``)
-    return nn.Sequential(nn.Linear(20, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 5)).to(dtype)
-
-
-def _half_loss(model: nn.Module, dtype: torch.dtype, scale: float) -> torch.Tensor:
-    """A classification loss: cross-entropy saves its integer targets too."""
-    x = torch.linspace(-2, 2, 16 * 20, dtype=dtype).reshape(16, 20) * scale
-    targets = torch.arange(16) % 5
-    return nn.functional.cross_entropy(model(x), targets)
-
-
-def _tensors_in(packed: object) -> list[torch.Tensor]:
-    """The tensors a pack hook's result holds: itself, the items of a tuple, list or dict, or the
-    attributes of an object."""
-    if isinstance(packed, torch.Tensor):
-        return [packed]
-    if isinstance(packed, dict):
-        items = packed.values()
-    elif isinstance(packed, tuple | list):
-        items = packed
-    else:
-        items = getattr(packed, "__dict__", {}).values()
-    return [item for item in items if isinstance(item, torch.Tensor)]
-
-
-def _dtype(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")
-
-
-def _packed_outcome(saved: list) -> Outcome | None:
-    """What is wrong with what pack kept for each saved tensor ``(t, packed, inside)``, if anything:
-    ``inside`` holds the tensors ``packed`` held when pack returned it (unpack may have changed it since)."""
-    for t, packed, inside in saved:
-        what = f"the {_dtype(t)} tensor of shape {tuple(t.shape)}"
-        if any(item is t for item in inside):
-            return Outcome(False, f"pack returned the tensor it received itself (for {what}): return t.detach() "
-                                  "(or a converted copy); a saved tensor that holds itself keeps its graph alive "
-                                  "after you drop it, the reference cycle saved_tensors_hooks' docstring warns of")
-        if not inside:
-            return Outcome(False, f"pack returned {kind_of(packed)} for {what}: return a tuple (kept, dtype), "
-                                  "kept the tensor (as bfloat16 if it is floating-point), so the check can see "
-                                  "what pack keeps")
-        if not t.is_floating_point() and any(item.dtype != t.dtype for item in inside):
-            return Outcome(False, f"pack converted {what} (cross-entropy's targets) to "
-                                  f"{[_dtype(i) for i in inside]}: convert only floating-point tensors "
-                                  "(t.is_floating_point()), keep any other as t.detach()")
-        if t.is_floating_point():
-            big = [item for item in inside if item.is_floating_point() and item.element_size() > 2]
-            if big or not any(item.element_size() == 2 and item.numel() == t.numel() for item in inside):
-                return Outcome(False, f"for {what}, pack kept {[_dtype(i) for i in inside]}: keep a floating-point "
-                                      "tensor only as bfloat16, t.to(torch.bfloat16), 2 bytes an entry")
-    return None
-
-
-def _overflow_outcome(saved: list, label: str) -> Outcome | None:
-    """A failed Outcome when pack turned finite values into inf (float16 beyond 65504), else None."""
-    for t, _, inside in saved:
-        if t.is_floating_point() and any(item.is_floating_point() and item.isinf().sum() > t.isinf().sum()
-                                         for item in inside):
-            kept = next(_dtype(i) for i in inside if i.is_floating_point())
-            return Outcome(False, f"in {label}, pack kept a {_dtype(t)} tensor as {kept}: its entries "
-                                  f"beyond {torch.finfo(torch.float16).max:g}, float16's largest number, became inf, "
-                                  "and so did the gradients; keep it as bfloat16 (t.to(torch.bfloat16)), which has "
-                                  "float32's range")
-    return None
-
-
-def _changed_outcome(saved: list) -> Outcome | None:
-    """A failed Outcome when unpack replaced a tensor inside what pack returned (a list it wrote into)."""
-    for t, packed, inside in saved:
-        now = _tensors_in(packed)
-        if len(now) != len(inside) or any(a is not b for a, b in zip(now, inside, strict=False)):
-            return Outcome(False, f"for the {_dtype(t)} tensor of shape {tuple(t.shape)}, pack returned "
-                                  f"{[_dtype(i) for i in inside]} and after backward it holds "
-                                  f"{[_dtype(i) for i in now]}: "
-                                  "unpack must leave what pack returned as it was (it runs once per use of the saved "
-                                  "tensor); give back a new tensor, kept.to(dtype), without writing it into what "
-                                  "pack returned")
-    return None
-
-
-def _unpacked_outcome(unpacked: list) -> Outcome | None:
-    """What is wrong with what unpack gave back for each saved tensor ``(t, out)``, if anything."""
-    for t, out in unpacked:
-        if not isinstance(out, torch.Tensor):
-            return Outcome(False, f"unpack returned {kind_of(out)}: it must give back a tensor")
-        if out.dtype != t.dtype and out.dtype == torch.float32 and t.is_floating_point():
-            return Outcome(False, f"unpack gave back a float32 tensor for a saved {_dtype(t)} tensor: give back "
-                                  "the dtype pack remembered (kept.to(dtype)), not always float32 (.float())")
-        if out.dtype != t.dtype or out.shape != t.shape:
-            return Outcome(False, f"unpack gave back a {_dtype(out)} tensor of shape {tuple(out.shape)} for a saved "
-                                  f"{_dtype(t)} tensor of shape {tuple(t.shape)}: give back the original dtype "
-                                  "(remember it in what pack returns) and shape")
-    return None
-
-
-def _half_case(hooks, dtype: torch.dtype, scale: float, label: str) -> tuple[int, int] | Outcome:
-    """One training step's gradients with the answer's hooks against those without: the bytes pack kept
-    and the bytes saved, or the Outcome saying what is wrong."""
-    reference = _half_model(dtype)
-    _half_loss(reference, dtype, scale).backward()
-    plain = {n: p.grad for n, p in reference.named_parameters()}
-    saved, unpacked, original = [], [], {}  # (t, packed, its tensors then), (t, unpacked), id(packed) -> t
-
-    def pack(t):
-        packed = hooks.pack_hook(t)
-        saved.append((t, packed, list(_tensors_in(packed))))
-        original[id(packed)] = t
-        return packed
-
-    def unpack(packed):
-        out = hooks.unpack_hook(packed)
-        unpacked.append((original.get(id(packed), out), out))
-        return out
-
-    model = _half_model(dtype)
-    try:
-        with saved_tensors_hooks(pack, unpack):
-            loss = _half_loss(model, dtype, scale)
-        loss.backward(retain_graph=True)
-        once = {n: p.grad.clone() for n, p in model.named_parameters()}
-        loss.backward()  # through the same saved tensors: each is unpacked a second time
-    except NotImplementedError:
-        raise  # the stub: not solved yet
-    except Exception as error:  # what the answer kept explains it best, else a known error, else its own
-        wrong = _changed_outcome(saved) or _packed_outcome(saved) or _unpacked_outcome(unpacked)
-        if wrong or not isinstance(error, RuntimeError):
-            return wrong or hint_for(error, {})
-        return hint_for(error, {
-            "expected scalar type Long": "backward got cross-entropy's integer targets as floats: convert only "
-                                         "floating-point tensors (t.is_floating_point()), keep others as t.detach()",
-            "dtype": "backward got a tensor of another dtype than it computes in: unpack must give back the "
-                     "original dtype",
-        })  # fmt: skip
-    wrong = (_changed_outcome(saved) or _packed_outcome(saved) or _unpacked_outcome(unpacked)
-             or _overflow_outcome(saved, label))
-    if wrong:
-        return wrong
-    for name, p in model.named_parameters():
-        size = plain[name].abs().max().item()
-        if not torch.allclose(once[name], plain[name], rtol=0.02, atol=0.02 * size):
-            return Outcome(False, f"in {label}, {name}.grad differs from the one computed without your "
-                                  "hooks by more than 2 % of its size: pack and unpack must keep the values "
-                                  "(bfloat16 rounds them in the 3rd digit)")
-        if not torch.allclose(p.grad, 2 * once[name], rtol=1e-5, atol=1e-6 * size):
-            return Outcome(False, f"a second backward through the same graph gave {name} another gradient: unpack "
-                                  "runs once per use, so it must leave what pack returned as it was")
-    full = sum(t.numel() * t.element_size() for t, _, _ in saved)
-    kept = sum(i.numel() * i.element_size() for _, _, inside in saved for i in inside)
-    return kept, full
-
-
-@exercise("G1.4", "keep saved tensors in bfloat16")
-def _half(save_in_half) -> Outcome:
-    """``save_in_half()`` returns ``saved_tensors_hooks(pack, unpack)`` whose pack keeps a
-    floating-point tensor as bfloat16 (2 bytes) and any other tensor as ``t.detach()``, and whose
-    unpack gives back a tensor of the original dtype. Checked on one training step of an MLP with
-    cross-entropy (integer targets are saved too), in float32, in float64, and with inputs beyond
-    float16's range; backward runs twice through the kept graph (unpack runs twice)."""
-    hooks = save_in_half()
-    if not isinstance(hooks, saved_tensors_hooks):
-        return Outcome(False, f"save_in_half() must return saved_tensors_hooks(pack, unpack), got {kind_of(hooks)}")
-    sizes = []
-    for label, dtype, scale in _HALF_CASES:
-        result = _half_case(hooks, dtype, scale, label)
-        if isinstance(result, Outcome):
-            return result
-        sizes.append(result)
-    kept, full = sizes[0]
-    return Outcome(True, f"saved tensors kept in {kept:,} bytes instead of {full:,} (float32), gradients within "
-                         "2 % of those without your hooks, float64 given back as float64, values beyond 65504 "
-                         "kept finite, and unpack works twice")
-
-
-# ----- G1.5 (section 23): clamping the gradients of the parameters a pattern names --------------
+# ----- G1.3 (section 23): clamping the gradients of the parameters a pattern names --------------
 def _clamp_model() -> nn.Module:
     """Eleven layers, so that names go up to '10.bias': a pattern such as '?.bias' must name '0.bias' to
     '8.bias' and not '10.bias'."""
@@ -586,7 +320,7 @@ def _tensor_counts(clamped: object) -> Outcome | None:
 
 
 def _clamp_handles(answer: object) -> tuple[list, object] | Outcome:
-    """The answer to G1.5 as (handles, clamped), or the Outcome saying what is wrong with it."""
+    """The answer to G1.3 as (handles, clamped), or the Outcome saying what is wrong with it."""
     if isinstance(answer, tuple | list) and answer and all(is_handle(h) for h in answer):
         return Outcome(False, "return the pair (handles, clamped), got only handles")
     if not (isinstance(answer, tuple | list) and len(answer) == 2):
@@ -736,7 +470,7 @@ def _clamp_case(clamp_matching, pattern: str, limit: float) -> Outcome | None:
     return None
 
 
-@exercise("G1.5", "clamp the gradients of the parameters a pattern names")
+@exercise("G1.3", "clamp the gradients of the parameters a pattern names")
 def _clamp(clamp_matching) -> Outcome:
     """``clamp_matching(model, pattern, limit)`` registers, on each parameter whose name matches the
     shell-style ``pattern``, a hook clamping its gradient to ``[-limit, limit]`` and counting the
@@ -756,7 +490,7 @@ def _clamp(clamp_matching) -> Outcome:
 # ----- worked answers the guide falls back on ----------------------------------------------------
 
 def fuse_sgd(model: nn.Module, lr: float) -> list:
-    """A worked answer to G1.3, for the guide's next cells while the reader's own has not passed."""
+    """A worked answer to lesson 07's exercise 07.5, for section 21's count of the .grad tensors alive."""
 
     def step(p: torch.Tensor) -> None:
         with torch.no_grad():
@@ -764,15 +498,3 @@ def fuse_sgd(model: nn.Module, lr: float) -> list:
         p.grad = None
 
     return [p.register_post_accumulate_grad_hook(step) for p in model.parameters()]
-
-
-def save_in_half() -> saved_tensors_hooks:
-    """A worked answer to G1.4 (see ``fuse_sgd``)."""
-
-    def pack(t: torch.Tensor) -> tuple[torch.Tensor, torch.dtype]:
-        return (t.to(torch.bfloat16) if t.is_floating_point() else t.detach()), t.dtype
-
-    def unpack(packed: tuple[torch.Tensor, torch.dtype]) -> torch.Tensor:
-        return packed[0].to(packed[1])
-
-    return saved_tensors_hooks(pack, unpack)

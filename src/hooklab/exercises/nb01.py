@@ -299,6 +299,10 @@ def _guard(guard) -> Outcome:
         return Outcome(False, f"your hook raised {type(raised).__name__}: raise FloatingPointError, Python's "
                               "error for a floating-point problem, so the caller can tell it from any other")
     said = _named_in(raised)
+    others = [name for name in names if name != "ms" and name in said]
+    if "ms" in said and others:
+        return Outcome(False, f"the error says {str(raised)!r}: it names {['ms', *others]}, so it does not say which "
+                              "tensor's gradient was bad. Name only the tensor whose hook raised (ms here)")
     if "ms" not in said:
         late = names[-1] in said
         return Outcome(False, f"the error says {str(raised)!r}, but the first bad gradient on the way back is at "
@@ -315,9 +319,15 @@ def _guard(guard) -> Outcome:
     if raised is None:
         return Outcome(False, "with NaN at ms replaced by 0, the gradient at h has a norm of about 5e4, above the "
                               "limit 1e3, and backward ran to the end: raise also when grad.norm() > limit")
-    if not isinstance(raised, FloatingPointError) or "h" not in _named_in(raised):
+    said = _named_in(raised)
+    if not isinstance(raised, FloatingPointError) or "h" not in said:
         return Outcome(False, f"with NaN at ms replaced by 0, the first bad gradient is at h (norm about 5e4, "
                               f"limit 1e3), but backward raised {type(raised).__name__}: {raised}")
+    others = [name for name in names if name != "h" and name in said]
+    if others:
+        return Outcome(False, f"with NaN at ms replaced by 0, the error says {str(raised)!r}: it names "
+                              f"{['h', *others]}, but only h's gradient was too large. Name only the tensor whose "
+                              "hook raised")
     # after remove(), nothing is left
     embed, head, x, y = _problem()
     steps = _steps(embed, head, x)
@@ -385,10 +395,23 @@ def _by_hand(dms_by_hand) -> Outcome:
     if torch.allclose(dms[real], no_eps[real], rtol=1e-9, atol=0.0):
         return Outcome(False, "close, but you left out the 1e-6: normed = h / (rms + 1e-6), so the derivative "
                               "with respect to rms is −h / (rms + 1e-6)², not −h / rms² (float64 tells them apart)")
+    eps_slips = {
+        "(2 · (rms + 1e-6))": drms / (2 * (rms + 1e-6)),
+        "(2 · √(ms + 1e-6))": drms / (2 * (rms**2 + 1e-6).sqrt()),
+    }
+    for said, slip in eps_slips.items():
+        if torch.allclose(dms[real], slip[real], rtol=1e-9, atol=0.0):
+            return Outcome(False, f"close, but the 1e-6 is in the wrong place: you divided by {said}. The 1e-6 "
+                                  "belongs to normed's step only. The square root's derivative is 1 / (2√ms) = "
+                                  "1 / (2 rms), with no 1e-6")
     if not torch.allclose(dms[real], caught[real], rtol=1e-9, atol=0.0):
-        return Outcome(False, f"in the rows that are not padding, dms is {_rounded(dms[real].flatten())}, the hook "
-                              f"caught {_rounded(caught[real].flatten())}: the chain rule, step by step: drms = sum "
-                              "over the row of dnormed · (−h / (rms + 1e-6)²), then dms = drms / (2 rms)")
+        diff = (dms[real] - caught[real]).abs().max().item()
+        rel = ((dms[real] - caught[real]).abs() / caught[real].abs()).max().item()
+        hint = ("so small a difference is a slip with the 1e-6: check where it goes in each derivative"
+                if rel < 1e-3 else "the chain rule, step by step: drms = sum over the row of "
+                "dnormed · (−h / (rms + 1e-6)²), then dms = drms / (2 rms)")
+        return Outcome(False, f"in the rows that are not padding, dms differs from what the hook caught by up to "
+                              f"{diff:.1e} (relative {rel:.1e}): {hint}")
     if not dms[2].isnan().all():
         return Outcome(False, f"in the padded row your dms is {dms[2].item():g}, but autograd's is NaN: derive "
                               "what autograd computes (0 / (2 · 0) there), do not repair it")
@@ -422,7 +445,8 @@ def draw_grad_norms(norms: dict[str, float | None], title: str) -> None:
 
 # ----- worked answers the lesson falls back on ---------------------------------------------------
 def guard(named: dict[str, torch.Tensor], limit: float) -> list:
-    """A worked answer to 01.2, for the lesson's next cells while the student's own has not passed."""
+    """A worked answer to 01.2, for the lesson's next cells while the student's own has not passed
+    (``train`` calls it with the steps of each batch and the limit)."""
     def hook(grad: torch.Tensor, name: str) -> None:
         if grad.isnan().any() or grad.norm() > limit:
             raise FloatingPointError(f"gradient at {name}: norm {grad.norm().item():.3g}")
