@@ -192,7 +192,7 @@ def _patch_drops(model: nn.Module, x: torch.Tensor) -> dict:
                    ("the same", "the map adds up to the score minus the bias, so its cells hold different shares of "
                                 "the score: the brightest holds the largest")])
 def _brightest_or_dimmest() -> str:
-    drops = _patch_drops(trained_digits_cnn(), _digits().x_test[:50])
+    drops = _patch_drops(trained_digits_cnn(), _digits().x_test)  # all 450 test digits
     brightest, dimmest = drops["brightest"].mean().item(), drops["dimmest"].mean().item()
     return "brightest" if brightest > 1.2 * dimmest else "dimmest" if dimmest > 1.2 * brightest else "the same"
 
