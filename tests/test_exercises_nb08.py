@@ -8,6 +8,7 @@ import pytest
 import torch
 from answers import failed
 
+from hooklab import record
 from hooklab.exercises import exercises, grade, nb08
 
 IDS = sorted(id for id in exercises() if id.startswith("08."))
@@ -18,7 +19,7 @@ def test_notebook_08_has_four_predictions_and_four_exercises():
 
 
 # ----- predictions ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("08.a", 3), ("08.b", 9), ("08.c", 4), ("08.d", 0.75)])
+@pytest.mark.parametrize(("id", "truth"), [("08.a", 3), ("08.b", 9), ("08.c", 4), ("08.d", 17)])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     assert exercises()[id].checker.__wrapped__.truth() == truth
@@ -26,7 +27,7 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
 
 @pytest.mark.parametrize(("id", "guess", "hint"), [
     ("08.a", 2, "position after it"), ("08.a", 8, "layer 0's job"), ("08.b", 3, "moved it to the query"),
-    ("08.c", 0, "leaves three"), ("08.d", 0.5, "just below zero"), ("08.d", 1, "sign turns earlier"),
+    ("08.c", 0, "leaves three"), ("08.d", 19, "becomes the corrupted"), ("08.d", 23, "far outside"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
@@ -79,92 +80,99 @@ def test_08_1_accepts_the_worked_answer():
 
 
 # ----- 08.2 -------------------------------------------------------------------------------------
-def patches_every_position(clean_value, position):
-    return lambda module, args, output: clean_value
+def sweep_like(*, normalise="right", run="corrupted", remove=True, whole=False, transpose=False):
+    """A patching sweep with one slip."""
+    def patching_sweep(model, clean, corrupted, points, metric):
+        with record(model, points) as rec, torch.no_grad():
+            high = metric(model(clean))
+        with torch.no_grad():
+            low = metric(model(corrupted))
+        sweep = torch.zeros(len(points), corrupted.shape[1])
+        for row, point in enumerate(points):
+            for position in range(corrupted.shape[1]):
+                value = rec[point].output
+                hook = (lambda m, a, o, v=value: v) if whole else nb08.patch_hook(value, position)
+                handle = model.get_submodule(point).register_forward_hook(hook)
+                with torch.no_grad():
+                    sweep[row, position] = metric(model(clean if run == "clean" else corrupted))
+                if remove:
+                    handle.remove()
+        sweep = {"right": (sweep - low) / (high - low), "raw": sweep, "upside down": (high - sweep) / (high - low),
+                 "by clean": sweep / high}[normalise]
+        return sweep.T if transpose else sweep
 
-
-def forgets_to_return(clean_value, position):
-    def hook(module, args, output):
-        output = output.clone()
-        output[:, position] = clean_value[:, position]
-
-    return hook
-
-
-def returns_the_hook_call(clean_value, position):
-    return None
+    return patching_sweep
 
 
 @pytest.mark.parametrize(("answer", "words"), [
-    (patches_every_position, ["changed positions", "not only position 5"]),
-    (forgets_to_return, ["unchanged", "returning the new value"]),
-    (returns_the_hook_call, ["returned None", "return the hook function"]),
+    (sweep_like(remove=False), ["still registered", "finally"]),
+    (sweep_like(normalise="raw"), ["raw logit differences", "(patched − corrupted) / (clean − corrupted)"]),
+    (sweep_like(normalise="upside down"), ["upside down", "0 is the corrupted run"]),
+    (sweep_like(normalise="by clean"), ["the whole range"]),
+    (sweep_like(run="clean"), ["patched the clean run", "model(corrupted)"]),
+    (sweep_like(whole=True), ["whole output", "output[:, position]"]),
+    (sweep_like(transpose=True), ["one row per hook point"]),
+    ("patching_sweep", ["pass your function itself"]),
 ])  # fmt: skip
 def test_08_2_rejects(answer, words):
     failed("08.2", answer, *words)
 
 
-def patches_in_place(clean_value, position):
-    def hook(module, args, output):
-        output[:, position] = clean_value[:, position]
-
-    return hook
-
-
-def patches_in_place_and_returns(clean_value, position):
-    def hook(module, args, output):
-        output[:, position] = clean_value[:, position]
-        return output
-
-    return hook
-
-
-@pytest.mark.parametrize("answer", [patches_in_place, patches_in_place_and_returns])
-def test_08_2_rejects_an_in_place_edit_and_says_why(answer):
-    failed("08.2", answer, "in place", "output.clone()", "a cache recorded from the same run")
-
-
-def patches_only_the_first_item(clean_value, position):
-    def hook(module, args, output):
-        output = output.clone()
-        output[0, position] = clean_value[0, position]
-        return output
-
-    return hook
-
-
-def test_08_2_rejects_patching_only_batch_item_0():
-    failed("08.2", patches_only_the_first_item, "batch of 2", "only the first sequence", "output[:, position]")
-
-
-def test_08_2_accepts_the_worked_answer():
-    assert grade("08.2", nb08.patch_hook).passed
+def test_08_2_accepts_the_worked_answer_and_its_map_finds_each_corruption():
+    assert grade("08.2", nb08.patching_sweep).passed
+    model, (clean, corrupted) = nb08._model(), nb08.clean_and_corrupted()
+    first = nb08.patching_sweep(model, clean, corrupted, nb08.POINTS, nb08.logit_diff)
+    second = nb08.patching_sweep(model, clean, nb08.second_corruption(), nb08.POINTS, nb08.logit_diff_2)
+    attn0 = nb08.POINTS.index("blocks.0.hook_attn_out")
+    assert first[attn0].max() < 0.1 and second[attn0, 3] > 0.8  # only the second corruption needs layer 0
 
 
 # ----- 08.3 -------------------------------------------------------------------------------------
-def ablates_a_position(head, mean=None):
-    def hook(module, args, output):
-        output = output.clone()
-        output[:, head] = 0.0 if mean is None else mean[head]
-        return output
+def scores_like(*, sign=1, keep=False, remove=True, axis="head", mean_used=True, ablated_values=False):
+    """Ablation scores with one slip."""
+    def ablation_scores(model, tokens, layer, metric, mean=None):
+        z = model.blocks[layer].attn.hook_z
+        with torch.no_grad():
+            intact = metric(model(tokens))
+        scores, handles = torch.zeros(4), []
+        for head in range(4):
+            def hook(module, args, output, head=head):
+                output = output.clone()
+                m = mean if mean_used else None
+                if axis == "head":
+                    output[:, :, head] = 0.0 if m is None else m[:, head]
+                else:
+                    output[:, head] = 0.0 if m is None else m[head]
+                return output
 
-    return hook
+            handles.append(z.register_forward_hook(hook))
+            with torch.no_grad():
+                after = metric(model(tokens))
+            scores[head] = after if ablated_values else sign * (intact - after)
+            if not keep and remove:
+                handles.pop().remove()
+        if keep:
+            for handle in handles:
+                handle.remove()
+        return scores
 
-
-def ignores_the_mean(head, mean=None):
-    return nb08.ablation_hook(head)
+    return ablation_scores
 
 
 @pytest.mark.parametrize(("answer", "words"), [
-    (ablates_a_position, ["zeroed positions", "output[:, :, head]"]),
-    (ignores_the_mean, ["mean-ablating head 0", "want"]),
+    (scores_like(sign=-1), ["signs are reversed", "metric(intact) − metric(ablated)"]),
+    (scores_like(keep=True), ["earlier heads were still ablated", "handle.remove()"]),
+    (scores_like(remove=False), ["still registered", "finally"]),
+    (scores_like(axis="position"), ["ablated a position", "output[:, :, head]"]),
+    (scores_like(mean_used=False), ["layer 1, mean", "mean[:, head]"]),
+    (scores_like(ablated_values=True), ["ablated runs' values", "drop"]),
 ])  # fmt: skip
 def test_08_3_rejects(answer, words):
     failed("08.3", answer, *words)
 
 
 def test_08_3_accepts_the_worked_answer():
-    assert grade("08.3", nb08.ablation_hook).passed
+    assert grade("08.3", nb08.ablation_scores).passed
 
 
 # ----- 08.4 -------------------------------------------------------------------------------------
@@ -200,17 +208,16 @@ def test_08_4_accepts_the_worked_answer():
     assert grade("08.4", nb08.steering_hook).passed
 
 
-def test_the_measured_facts_the_lesson_states_about_layer_0_and_the_mlps():
-    """Zeroing layer 0's heads halves induction accuracy; layer 1's MLP output at the query carries part of the
-    difference; the steered run at scale 4 answers neither 19 nor 17."""
-    from hooklab.transformer import induction_batch, induction_mask
-
+def test_the_measured_facts_the_lesson_states_about_the_heads_and_steering():
+    """Each layer-1 head alone costs under 2 of the logit difference and leaves 19; all four zeroed change the
+    answer; layer 1's MLP output at the query alone restores part of it; the steered run at scale 4 answers
+    neither 19 nor 17."""
     model = nb08._model()
-    tokens = induction_batch(1000, torch.Generator().manual_seed(2))
-    mask = induction_mask(tokens)
-    logits = nb08.run_hooked(model, tokens, "blocks.0.attn.hook_z",
-                             lambda m, a, o: torch.zeros_like(o))
-    assert 0.4 < (logits[:, :-1].argmax(-1) == tokens[:, 1:])[mask].float().mean().item() < 0.6
+    clean = nb08.clean_and_corrupted()[0]
+    assert nb08.ablation_scores(model, clean, 1, nb08.logit_diff).max() < 2
+    assert nb08.ablation_scores(model, clean, 0, nb08.logit_diff).abs().max() < 0.5
+    zeroed = nb08.run_hooked(model, clean, "blocks.1.attn.hook_z", lambda m, a, o: torch.zeros_like(o))
+    assert zeroed[0, nb08.Q].argmax().item() != nb08.A
     cache = nb08.clean_cache(model)
     assert -3 < nb08.patched_diff(model, "blocks.1.hook_mlp_out", nb08.Q, cache) < 0
     hook = nb08.steering_hook(nb08.steering_direction(model), nb08.CHANGED, 4)

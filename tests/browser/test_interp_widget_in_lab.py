@@ -1,4 +1,5 @@
-"""Notebook 08's patching explorer in JupyterLab: Run All, then pick a hook point and move the position."""
+"""Notebook 08's patching explorer in JupyterLab: Run All, pick a hook point, move the position, then switch
+to the second corruption."""
 
 from __future__ import annotations
 
@@ -17,13 +18,15 @@ CELLS = [
     "import hooklab\nfrom hooklab.exercises import nb08\nfrom hooklab.interp_widgets import PatchingExplorer\n"
     "from hooklab.transformer import trained_transformer\n\nhooklab.setup()\n"
     "clean, corrupted = nb08.clean_and_corrupted()",
-    "PatchingExplorer(trained_transformer(), clean, corrupted, nb08.Q, nb08.A, nb08.B).widget()",
+    "PatchingExplorer(trained_transformer(), clean, corrupted, nb08.Q, nb08.A, nb08.B,\n"
+    "                 also=[(nb08.second_corruption(), nb08.B2)]).widget()",
 ]
 
 
 def test_the_patching_explorer_redraws_for_a_new_point_and_position(lab, lab_root, page, artifacts):
     """Pick blocks.1.hook_resid_post in the dropdown (position 3: the corrupted answer wins), then move the
-    position to the query with the mouse (the clean answer wins): the text and the picture change each time."""
+    position to the query with the mouse (the clean answer wins): the text and the picture change each time.
+    Then blocks.0.hook_attn_out at 3, and the second corruption (3 → 10 at position 2): layer 0 restores it."""
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in CELLS])
     notebook.metadata["kernelspec"] = {"name": NAME, "display_name": DISPLAY_NAME, "language": "python"}
     path = lab_root / "patching_explorer.ipynb"
@@ -34,16 +37,24 @@ def test_the_patching_explorer_redraws_for_a_new_point_and_position(lab, lab_roo
 
     area = nb.widget_area(page, "position")
     text, image = nb.printed(area), nb.picture(area)
-    expect(text).to_contain_text(re.compile(r"clean hook_embed patched in at position 3: .* = \+10\.8"))
+    expect(text).to_contain_text(re.compile(r"corruption 19 → 17 at position 3: clean hook_embed patched in at "
+                                            r"position 3: .* = \+10\.8"))
     first = image.get_attribute("src")
     nb.control(area, "dropdown", "point").locator("select").select_option("blocks.1.hook_resid_post")
     expect(text).to_contain_text(re.compile(r"blocks\.1\.hook_resid_post patched in at position 3: .*corrupted"))
     second = image.get_attribute("src")
     nb.drag_to(nb.slider(area, "position"), 1.0)  # the last position: the query, 9
     expect(nb.readout(nb.slider(area, "position"))).to_have_text("9")
-    expect(text).to_contain_text(re.compile(r"at position 9: .* = \+10\.8 \(clean answer wins\)"))
+    expect(text).to_contain_text(re.compile(r"at position 9: .* = \+10\.8, normalised 1\.00 \(clean answer wins\)"))
     expect(image).not_to_have_attribute("src", second)
-    assert len({first, second, image.get_attribute("src")}) == 3
+    third = image.get_attribute("src")
+    assert len({first, second, third}) == 3
+    nb.control(area, "dropdown", "point").locator("select").select_option("blocks.0.hook_attn_out")
+    nb.drag_to(nb.slider(area, "position"), 3 / 9)
+    expect(nb.readout(nb.slider(area, "position"))).to_have_text("3")
+    nb.control(area, "dropdown", "corruption").locator("select").select_option(label="3 → 10 at position 2")
+    expect(text).to_contain_text(re.compile(r"corruption 3 → 10 at position 2: clean blocks\.0\.hook_attn_out "
+                                            r"patched in at position 3: .*normalised 0\.87 \(clean answer wins\)"))
     area.scroll_into_view_if_needed()
     page.screenshot(path=str(artifacts / "patching_explorer.png"))
     assert nb.error_outputs(page) == []

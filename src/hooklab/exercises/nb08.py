@@ -4,11 +4,12 @@ The lesson's problem is one pair of runs of ``hooklab.transformer.trained_transf
 sequence (a run of seven tokens, repeated, then two random ones) whose query position ``Q`` predicts
 ``A`` = 19, and a corrupted copy with the 19 of the first run (position ``CHANGED``) replaced by ``B`` =
 17, which predicts 17. ``logit_diff`` is logit[A] − logit[B] at the query. Predictions 08.a-08.d compute
-their truth with torch. Exercises: record the attention patterns with forward hooks (08.1), a hook that
-patches one position of a clean activation into the corrupted run (08.2), a hook that zero- or
-mean-ablates one head (08.3), and a hook that adds a steering direction (08.4). ``record_patterns``,
-``patch_hook``, ``ablation_hook`` and ``steering_hook`` are worked answers: the lesson goes on with them
-while the student's own has not passed.
+their truth with torch. ``second_corruption()`` changes the 3 before the 19 (position ``CHANGED2``) into
+``B2`` = 10 instead: it needs layer 0 to move the previous token, so patching finds layer 0. Exercises:
+record the attention patterns with forward hooks (08.1), the patching sweep over hook points × positions,
+normalised (08.2), a hook that zero- or mean-ablates one head (08.3), and a hook that adds a steering
+direction (08.4). ``record_patterns``, ``patching_sweep``, ``patch_hook``, ``ablation_hook`` and
+``steering_hook`` are worked answers: the lesson goes on with them while the student's own has not passed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from . import Outcome, exercise, kind_of, prediction
 
 RUN = [5, 12, 3, 19, 8, 14, 2]
 Q, A, B, CHANGED = 9, 19, 17, 3  # the query position, the clean answer, the corrupted one, the changed position
+B2, CHANGED2 = 10, 2  # the second corruption: the 3 at position 2 becomes a 10 (the model then answers 10)
 POINTS = ["hook_embed", "blocks.0.hook_attn_out", "blocks.0.hook_mlp_out", "blocks.0.hook_resid_post",
           "blocks.1.hook_attn_out", "blocks.1.hook_mlp_out", "blocks.1.hook_resid_post"]
 
@@ -36,6 +38,18 @@ def clean_and_corrupted() -> tuple[torch.Tensor, torch.Tensor]:
     corrupted = clean.clone()
     corrupted[0, CHANGED] = B
     return clean, corrupted
+
+
+def second_corruption() -> torch.Tensor:
+    """The clean run with ``B2`` at position ``CHANGED2`` (the 3 before the 19), ``(1, 16)``."""
+    tokens = clean_and_corrupted()[0].clone()
+    tokens[0, CHANGED2] = B2
+    return tokens
+
+
+def logit_diff_2(logits: torch.Tensor) -> float:
+    """logit[A] − logit[B2] at the query: the second corruption's measure."""
+    return (logits[0, Q, A] - logits[0, Q, B2]).item()
 
 
 def logit_diff(logits: torch.Tensor) -> float:
@@ -79,6 +93,28 @@ def patch_hook(clean_value: torch.Tensor, position: int):
     return hook
 
 
+def patching_sweep(model: nn.Module, clean: torch.Tensor, corrupted: torch.Tensor, points: list[str],
+                   metric) -> torch.Tensor:
+    """``(len(points), positions)``: the corrupted run's ``metric(logits)`` with the clean output of one
+    hook point put back at one position, normalised: 0 is the corrupted run, 1 the clean one."""
+    from ..recording import record
+
+    with record(model, points) as rec, torch.no_grad():
+        high = metric(model(clean))
+    with torch.no_grad():
+        low = metric(model(corrupted))
+    sweep = torch.zeros(len(points), corrupted.shape[1])
+    for row, point in enumerate(points):
+        for position in range(corrupted.shape[1]):
+            handle = model.get_submodule(point).register_forward_hook(patch_hook(rec[point].output, position))
+            try:
+                with torch.no_grad():
+                    sweep[row, position] = metric(model(corrupted))
+            finally:
+                handle.remove()
+    return (sweep - low) / (high - low)
+
+
 def ablation_hook(head: int, mean: torch.Tensor | None = None):
     """A forward hook for ``hook_z`` ``(N, pos, heads, d_head)`` that sets head ``head`` to 0, or to
     ``mean[:, head]`` (``mean``: ``(pos, heads, d_head)``, the average over a batch)."""
@@ -88,6 +124,24 @@ def ablation_hook(head: int, mean: torch.Tensor | None = None):
         return output
 
     return hook
+
+
+def ablation_scores(model: nn.Module, tokens: torch.Tensor, layer: int, metric,
+                    mean: torch.Tensor | None = None) -> torch.Tensor:
+    """``(heads,)``: how much ``metric(logits)`` drops when one head of ``layer`` is ablated (zeroed, or set
+    to ``mean[:, head]``) by a forward hook on its ``hook_z``, one head at a time."""
+    attn = model.blocks[layer].attn
+    with torch.no_grad():
+        intact = metric(model(tokens))
+    scores = torch.zeros(attn.heads)
+    for head in range(attn.heads):
+        handle = attn.hook_z.register_forward_hook(ablation_hook(head, mean))
+        try:
+            with torch.no_grad():
+                scores[head] = intact - metric(model(tokens))
+        finally:
+            handle.remove()
+    return scores
 
 
 def steering_hook(direction: torch.Tensor, position: int, scale: float):
@@ -187,22 +241,17 @@ def _heads_to_spare() -> int:
 STEER_SCALES = [0, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4]
 
 
-@prediction("08.d", "the first of the scales 0, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4 at which the steered corrupted "
-                    "run's logit difference is positive",
-            why="at scale 0 it is the corrupted run (-10.9), at scale 1 section 2's patch (+9.3); even a straight "
-                "line between them crosses zero near 0.54, so 0.5 is still negative and 0.75 the first positive",
-            wrong=[(0.5, "a straight line from -10.9 at scale 0 to +9.3 at scale 1 is still just below zero at 0.5 "
-                         "(-0.8), and the model is below it there"),
-                   (1, "scale 1 is section 2's patch (+9.3), but the sign turns earlier: a straight line from -10.9 "
-                       "crosses zero near 0.54")])
-def _first_positive_scale() -> float:
+@prediction("08.d", "the token the clean run predicts with the direction added at scale −1",
+            why="at scale −1 the clean run's position 3 after layer 0 becomes the corrupted run's value: the "
+                "reverse of section 2's patch, which carried 0.93 of the difference, so the model answers 17",
+            wrong=[(19, "scale −1 subtracts clean − corrupted: position 3 after layer 0 becomes the corrupted "
+                        "value, and section 2 found that value carries the answer"),
+                   (23, "23 came from a scale far outside what the model saw; −1 only swaps position 3's value "
+                        "for the corrupted one")])
+def _reverse_steer() -> int:
     model = _model()
-    direction = steering_direction(model)
-    for scale in STEER_SCALES:
-        hook = steering_hook(direction, CHANGED, scale)
-        if logit_diff(run_hooked(model, clean_and_corrupted()[1], "blocks.0.hook_resid_post", hook)) > 0:
-            return scale
-    return float("nan")
+    hook = steering_hook(steering_direction(model), CHANGED, -1.0)
+    return run_hooked(model, clean_and_corrupted()[0], "blocks.0.hook_resid_post", hook)[0, Q].argmax().item()
 
 
 # ----- exercises ----------------------------------------------------------------------------------------------
@@ -294,50 +343,154 @@ def _check_patterns(answer) -> Outcome:
     return Outcome(True, "both layers' patterns, (N, heads, query, key), and no hook left behind")
 
 
-@exercise("08.2", "patch one position of a clean activation into the corrupted run")
-def _check_patch(answer) -> Outcome:
+def _sweep_cases():
+    """(clean, corrupted, metric, what) for the lesson's two corruptions."""
+    clean, corrupted = clean_and_corrupted()
+    return [(clean, corrupted, logit_diff, f"19 → {B} at position {CHANGED}"),
+            (clean, second_corruption(), logit_diff_2, f"3 → {B2} at position {CHANGED2}")]
+
+
+def _raw_sweep(model, corrupted, metric) -> torch.Tensor:
+    """The un-normalised sweep: the clean values patched into ``corrupted``."""
+    cache = clean_cache(model, POINTS)
+    return torch.tensor([[metric(run_hooked(model, corrupted, point, patch_hook(cache[point], position)))
+                          for position in range(corrupted.shape[1])] for point in POINTS])
+
+
+def _sweep_slip(model, got, clean, corrupted, metric) -> str | None:
+    """Name the slip when ``got`` is a plausible wrong sweep."""
+    with torch.no_grad():
+        high, low = metric(model(clean)), metric(model(corrupted))
+    raw = _raw_sweep(model, corrupted, metric)
+    want = (raw - low) / (high - low)
+
+    def near(x):
+        return x.shape == got.shape and torch.allclose(got, x, atol=1e-3)
+
+    if near(want.T):
+        return f"your sweep has shape {tuple(got.shape)}: return one row per hook point, one column per position"
+    if near(raw):
+        return ("these are the raw logit differences (−11 … +11): normalise them, (patched − corrupted) / "
+                "(clean − corrupted), so that 0 is the corrupted run and 1 the clean one")
+    if near(1 - want):
+        return ("upside down: 1 where the patch does nothing. Use (patched − corrupted) / (clean − corrupted): "
+                "0 is the corrupted run, 1 the clean one")
+    if near(raw / high) or near((raw - low) / high):
+        return "divide by (clean − corrupted), the whole range, not by the clean run's value alone"
+    if near(torch.ones_like(want)):
+        return ("every cell is the clean answer: you patched the clean run. Put the clean value into the "
+                "corrupted run: model(corrupted) while the hook is registered")
+    if got.shape == want.shape and (got - got[:, :1]).abs().max() < 1e-3:
+        return ("each row is the same at every position: the hook replaced the whole output. Put back only "
+                "output[:, position], on a copy of the output")
+    return None
+
+
+@exercise("08.2", "the patching sweep over hook points × positions, normalised")
+def _check_sweep(answer) -> Outcome:
+    if not callable(answer):
+        return Outcome(False, f"pass your function itself (`patching_sweep`), not {kind_of(answer)}")
     model = _model()
-    cache = clean_cache(model)
-    corrupted = clean_and_corrupted()[1]
-    cases = [((cache[point], position), point, corrupted, patch_hook(cache[point], position),
-              f"patching {point} at position {position}")
-             for point, position in [("hook_embed", CHANGED), ("blocks.0.hook_resid_post", 5),
-                                     ("blocks.1.hook_resid_post", Q), ("blocks.0.hook_resid_post", CHANGED)]]
-    two = torch.cat([cache["blocks.0.hook_resid_post"]] * 2)  # a batch of two: every item must be patched
-    cases.append(((two, CHANGED), "blocks.0.hook_resid_post", torch.cat([corrupted] * 2),
-                  patch_hook(two, CHANGED), f"patching blocks.0.hook_resid_post at position {CHANGED} in a batch of 2"))
-    if (failed := _compare_runs(answer, "patch_hook", cases)) is not None:
-        out = _probe(answer, (cache["hook_embed"], 5), torch.zeros(1, 16, 64))
-        both = _probe(answer, (torch.ones(2, 16, 64), 5), torch.zeros(2, 16, 64))
-        if isinstance(both, torch.Tensor) and both.shape == (2, 16, 64) and (both[1] == 0).all() \
-                and (both[0] != 0).any():
-            return Outcome(False, "in a batch of 2, your hook patched only the first sequence: index "
-                                  "output[:, position], every item of the batch, not output[0, position]")
-        if isinstance(out, torch.Tensor) and out.shape == (1, 16, 64):
-            changed = (out != 0).any(-1)[0].nonzero().flatten().tolist()
-            if len(changed) > 1:
-                return Outcome(False, f"your hook changed positions {changed}, not only position 5: set "
-                                      "output[:, position], the positions are the second axis")
-        return failed
-    return Outcome(True, "the same logits as a clean value patched at one position, for four hook points "
-                         "and a batch of 2")
+    for clean, corrupted, metric, what in _sweep_cases():
+        got = answer(model, clean, corrupted, list(POINTS), metric)
+        if (leftover := [n for n, m in model.named_modules() if m._forward_hooks]):
+            return Outcome(False, f"a forward hook is still registered on {leftover[0]!r} after your sweep: "
+                                  "remove each handle right after its run (in a finally block), or the next "
+                                  "run is patched twice")
+        if not isinstance(got, torch.Tensor):
+            return Outcome(False, f"patching_sweep returned {kind_of(got)}: return a tensor, (points, positions)")
+        want = patching_sweep(model, clean, corrupted, list(POINTS), metric)
+        if got.shape == want.shape and torch.allclose(got.float(), want, atol=1e-3):
+            continue
+        if (slip := _sweep_slip(model, got.float(), clean, corrupted, metric)) is not None:
+            return Outcome(False, f"corruption {what}: {slip}")
+        if got.shape != want.shape:
+            return Outcome(False, f"corruption {what}: shape {tuple(got.shape)}, want {tuple(want.shape)}: one "
+                                  "row per hook point, one column per position of the sequence")
+        row, col = divmod((got.float() - want).abs().argmax().item(), want.shape[1])
+        return Outcome(False, f"corruption {what}: {POINTS[row]} at position {col} gives {got[row, col]:.2f}, "
+                              f"want {want[row, col]:.2f}")
+    return Outcome(True, "the same map as the model's, for both corruptions, and no hook left behind")
 
 
-@exercise("08.3", "zero- or mean-ablate one attention head")
-def _check_ablation(answer) -> Outcome:
+def _scores_with(model, tokens, layer, metric, hook_for, *, keep: bool = False) -> torch.Tensor:
+    """Scores with ``hook_for(head)`` as the ablation; ``keep``: each head's hook stays for the next ones."""
+    attn = model.blocks[layer].attn
+    with torch.no_grad():
+        intact = metric(model(tokens))
+    handles, scores = [], torch.zeros(attn.heads)
+    try:
+        for head in range(attn.heads):
+            handles.append(attn.hook_z.register_forward_hook(hook_for(head)))
+            with torch.no_grad():
+                scores[head] = intact - metric(model(tokens))
+            if not keep:
+                handles.pop().remove()
+    finally:
+        for handle in handles:
+            handle.remove()
+    return scores
+
+
+def _scores_slip(model, got, tokens, layer, metric, mean) -> str | None:
+    want = ablation_scores(model, tokens, layer, metric, mean)
+    with torch.no_grad():
+        intact = metric(model(tokens))
+
+    def near(x):
+        return x.shape == got.shape and torch.allclose(got, x, atol=1e-3)
+
+    if near(-want):
+        return "the signs are reversed: a score is the drop, metric(intact) − metric(ablated), positive when it hurts"
+    if near(want / intact) or near(1 - want / intact):
+        return "leave the score unnormalised: metric(intact) − metric(ablated), in the metric's own units"
+    if near(intact - want):
+        return "these are the ablated runs' values: return the drop, metric(intact) − metric(ablated)"
+    if near(_scores_with(model, tokens, layer, metric, lambda h: ablation_hook(h, mean), keep=True)):
+        return ("from head 1 on, the earlier heads were still ablated: remove each head's hook (handle.remove()) "
+                "before the next head's run")
+    if mean is not None and near(ablation_scores(model, tokens, layer, metric)):
+        return "with `mean` given, set the head to mean[:, head], not to 0"
+
+    def by_position(h):
+        def hook(module, args, output):
+            output = output.clone()
+            output[:, h] = 0.0 if mean is None else mean[h]
+            return output
+        return hook
+
+    if near(_scores_with(model, tokens, layer, metric, by_position)):
+        return "you ablated a position, not a head: hook_z is (N, position, head, d_head), so set output[:, :, head]"
+    return None
+
+
+@exercise("08.3", "ablation scores: the metric's drop when each head is ablated")
+def _check_scores(answer) -> Outcome:
+    if not callable(answer):
+        return Outcome(False, f"pass your function itself (`ablation_scores`), not {kind_of(answer)}")
+    model = _model()
     clean = clean_and_corrupted()[0]
-    mean = mean_z(_model(), 64)
-    cases = [((h, m), "blocks.1.attn.hook_z", clean, ablation_hook(h, m), f"{'mean' if m is not None else 'zero'}-"
-              f"ablating head {h}") for h, m in [(0, None), (2, None), (0, mean), (3, mean)]]
-    if (failed := _compare_runs(answer, "ablation_hook", cases)) is not None:
-        out = _probe(answer, (1, None), torch.ones(1, 16, 4, 16))
-        if isinstance(out, torch.Tensor) and out.shape == (1, 16, 4, 16):
-            heads = (out == 0).all(-1).all(1)[0].nonzero().flatten().tolist()
-            if heads != [1] and (out == 0).any():
-                return Outcome(False, f"zero-ablating head 1 zeroed {'heads ' + str(heads) if heads else 'positions'}"
-                                      ": hook_z is (N, position, head, d_head), so set output[:, :, head]")
-        return failed
-    return Outcome(True, "zero and mean ablation of single heads give the same logits as the worked hook")
+    mean = mean_z(model, 64)
+    for layer, m, what in [(1, None, "layer 1, zero"), (1, mean, "layer 1, mean"), (0, None, "layer 0, zero")]:
+        got = answer(model, clean, layer, logit_diff, m)
+        if (leftover := [n for n, mod in model.named_modules() if mod._forward_hooks]):
+            return Outcome(False, f"a forward hook is still registered on {leftover[0]!r} after your scores: "
+                                  "remove each handle after its run, in a finally block")
+        if not isinstance(got, torch.Tensor):
+            try:
+                got = torch.as_tensor(got, dtype=torch.float32)
+            except (TypeError, ValueError):
+                return Outcome(False, f"ablation_scores returned {kind_of(got)}: return a tensor, one score a head")
+        want = ablation_scores(model, clean, layer, logit_diff, m)
+        if got.shape == want.shape and torch.allclose(got.float(), want, atol=1e-3):
+            continue
+        if (slip := _scores_slip(model, got.float(), clean, layer, logit_diff, m)) is not None:
+            return Outcome(False, f"{what}: {slip}")
+        if got.shape != want.shape:
+            return Outcome(False, f"{what}: shape {tuple(got.shape)}, want {tuple(want.shape)}, one score a head")
+        return Outcome(False, f"{what}: scores {[round(v, 2) for v in got.tolist()]}, want "
+                              f"{[round(v, 2) for v in want.tolist()]}")
+    return Outcome(True, "the same drops as the model's, zero and mean, layers 0 and 1, and no hook left behind")
 
 
 @exercise("08.4", "steer with a direction added in a forward hook")
@@ -361,22 +514,28 @@ def _check_steering(answer) -> Outcome:
 
 
 __all__ = [
+    "B2",
     "CHANGED",
+    "CHANGED2",
     "POINTS",
     "STEER_SCALES",
     "A",
     "B",
     "Q",
     "ablation_hook",
+    "ablation_scores",
     "clean_and_corrupted",
     "clean_cache",
     "logit_diff",
+    "logit_diff_2",
     "mean_z",
     "patch_hook",
     "patched_diff",
+    "patching_sweep",
     "problem",
     "record_patterns",
     "run_hooked",
+    "second_corruption",
     "steering_direction",
     "steering_hook",
 ]
