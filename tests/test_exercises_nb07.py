@@ -23,7 +23,7 @@ def test_notebook_07_has_five_predictions_and_five_exercises():
 
 # ----- predictions ------------------------------------------------------------------------------
 @pytest.mark.parametrize(("id", "truth"), [("07.a", [False, True]), ("07.b", 32), ("07.c", 1 / 64), ("07.d", 65536),
-                                           ("07.e", 73728)])
+                                           ("07.e", [95784, 73728])])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     computed = exercises()[id].checker.__wrapped__.truth()
@@ -33,7 +33,9 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
 @pytest.mark.parametrize(("id", "guess", "hint"), [
     ("07.a", [True, True], "weight_orig moves"), ("07.a", [False, False], "before every forward pass"),
     ("07.b", 1, "mean of the per-sample"), ("07.c", 1, "divides it by the 64"),
-    ("07.d", 65536 + 2560, "only for the gradient of the input"), ("07.e", 95_784, "every gradient at once"),
+    ("07.d", 65536 + 2560, "only for the gradient of the input"), ("07.d", 2560, "like b in a * b"),
+    ("07.e", [95_784, 95_784], "never all alive"), ("07.e", [95_784, 0], "at least for a moment"),
+    ("07.e", [73_728, 73_728], "until optimizer.step()"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
@@ -47,6 +49,13 @@ def test_plain_training_fails_every_requirement_and_the_worked_tools_meet_them()
     assert nb07.influence() > 10 * bound and nb07.influence(nb07.private_step) <= bound
     assert nb07.saved_bytes() > nb07.ACTIVATION_BUDGET >= nb07.saved_bytes(nb07.pack_bf16, nb07.unpack_bf16)
     assert nb07.gradient_peak() > nb07.GRADIENT_BUDGET >= nb07.gradient_peak(nb07.fuse_sgd)
+
+
+def test_the_gradient_timeline_agrees_with_the_peak_spec_measures():
+    for fuse in (None, nb07.fuse_sgd):
+        rows = nb07.gradient_timeline(fuse)
+        assert len(rows) == 9 and max(row[2] for row in rows) == nb07.gradient_peak(fuse)
+    assert nb07.gradient_timeline()[-1][1:] == (8, 95_784) and nb07.gradient_timeline(nb07.fuse_sgd)[-1][1:] == (0, 0)
 
 
 def test_private_step_without_noise_is_plain_sgd_when_nothing_is_clipped():

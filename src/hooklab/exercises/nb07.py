@@ -1,7 +1,8 @@
 """Exercises and predictions of notebook 07: hooks inside the tools you use.
 
-``spec`` is the lesson's acceptance test: four requirements on the digits CNN, each measured on a
-plain training step and on the student's own tool. Predictions 07.a-07.e compute their truth with
+``spec`` is the lesson's acceptance test: four targets on the digits CNN, set at its start, each measured
+on a plain training step and on the student's own tool. ``gradient_timeline`` shows where the gradient
+memory peaks, with and without the fused step. Predictions 07.a-07.e compute their truth with
 torch. Exercises, in the order the lesson asks them: pruning with a forward pre-hook (07.1),
 per-sample gradients of a Linear layer from a forward hook and a tensor hook (07.2), and of a
 Conv2d through ``unfold`` (07.3), compressing what autograd saves (07.4), and an SGD step fused
@@ -164,26 +165,56 @@ _MEASURED: dict[str, object] = {}  # each row's last measurement of a tool, so t
 
 
 def spec(prune=None, step=None, pack=None, unpack=None, fuse=None) -> None:
-    """Print the four requirements, each measured on plain training and on your tool where it is given (or
-    as it was measured when an earlier call was given one)."""
+    """Print the lesson's four targets, each measured on plain training and on your tool where it is given
+    (or as it was measured when an earlier call was given one)."""
+    bound = 2 * CLIP * LR / BATCH
     rows = [
-        ("half of each conv weight stays 0 after a step", lambda t: conv_zeros_after_step(t), prune,
+        ("keep pruned conv weights 0 after a step", "≥ 50% zero", lambda t: conv_zeros_after_step(t), prune,
          lambda v: v is not None and v >= 0.5, lambda v: "stale weight" if v is None else f"{v:.0%} zero"),
-        (f"one image moves the update by ≤ {2 * CLIP * LR / BATCH:.4f}", lambda t: influence(t or plain_step), step,
-         lambda v: v <= 2 * CLIP * LR / BATCH * 1.001, lambda v: f"{v:.4f}"),
-        (f"autograd keeps ≤ {ACTIVATION_BUDGET / 1e6:.1f} MB for 256 digits",
+        ("limit how far one image moves the update", f"≤ {bound:.4f}", lambda t: influence(t or plain_step), step,
+         lambda v: v <= bound * 1.001, lambda v: f"{v:.4f}"),
+        ("shrink what autograd keeps (256 digits)", f"≤ {ACTIVATION_BUDGET / 1e6:.2f} MB",
          lambda t: saved_bytes(*(t or (None, None))), (pack, unpack) if pack else None,
          lambda v: v <= ACTIVATION_BUDGET, lambda v: f"{v / 1e6:.2f} MB"),
-        (f"gradients alive at once ≤ {GRADIENT_BUDGET / 1e3:.0f} kB", lambda t: gradient_peak(t), fuse,
+        ("shrink the gradients alive at once", f"≤ {GRADIENT_BUDGET / 1e3:.1f} kB", lambda t: gradient_peak(t), fuse,
          lambda v: v <= GRADIENT_BUDGET, lambda v: f"{v / 1e3:.1f} kB"),
     ]
-    print(f"{'requirement':<48}{'plain':>12}   {'yours':<16}")
-    for words, measure, tool, ok, show in rows:
+    print(f"{'your tool must':<42}{'target':<12}{'plain SGD':<13}{'yours':<14}")
+    for words, target, measure, tool, ok, show in rows:
         if tool is not None:
             _MEASURED[words] = measure(tool)
-        marks = [("✓ " if ok(v) else "✗ ") + show(v) for v in (measure(None), *[_MEASURED[w] for w in (words,)
-                                                                                 if w in _MEASURED])]
-        print(f"{words:<48}{marks[0]:>12}   {marks[1] if len(marks) > 1 else 'not yet':<16}")
+        plain = ("✓ " if ok(v := measure(None)) else "✗ ") + show(v)
+        yours = ("✓ " if ok(_MEASURED[words]) else "✗ ") + show(_MEASURED[words]) if words in _MEASURED else "not yet"
+        print(f"{words:<42}{target:<12}{plain:<13}{yours:<14}")
+
+
+def gradient_timeline(fuse: Callable | None = None) -> list[tuple[str, int, int]]:
+    """One training step, seen as each parameter's gradient arrives in backward: (the parameter, the
+    gradient tensors alive then, their bytes), the arriving one included; then the row "after backward"
+    (what the optimizer step meets: every .grad for plain SGD)."""
+    model = _model()
+    named = list(model.named_parameters())
+    handles = fuse(model, LR) if fuse else []
+    rows = []
+
+    def alive(extra: list) -> tuple[int, int]:
+        tensors = extra + [p.grad for _, p in named if p.grad is not None]
+        return len(tensors), sum(t.numel() * t.element_size() for t in tensors)
+
+    def watch(name):
+        def before_accumulate(grad):  # a tensor hook on a leaf runs before its gradient is stored
+            rows.append((name, *alive([grad])))
+        return before_accumulate
+
+    watches = [p.register_hook(watch(name)) for name, p in named]
+    try:
+        x, y = _batch()
+        F.cross_entropy(model(x), y).backward()
+        rows.append(("after backward", *alive([])))
+    finally:
+        for handle in [*watches, *handles]:
+            handle.remove()
+    return rows
 
 
 # ----- worked answers ------------------------------------------------------------------------------
@@ -339,6 +370,7 @@ def _clipped_share() -> float:
             why="the weight's gradient g.T @ x needs the input x (256 × 64 floats × 4 bytes); the weight is "
                 "needed only for the input's gradient, which nobody asked for: 65,536 bytes",
             wrong=[(65536 + 2560, "the weight is needed only for the gradient of the input, and the input needs none"),
+                   (2560, "like b in a * b: the weight's gradient g.T @ x needs the other factor, the input x"),
                    (0, "the weight needs a gradient, and its gradient g.T @ x needs the input x")])
 def _linear_saves() -> int:
     torch.manual_seed(0)
@@ -350,13 +382,16 @@ def _linear_saves() -> int:
     return sum(sizes)
 
 
-@prediction("07.e", "the most bytes of gradients alive at once with the fused SGD step",
-            why="each parameter's gradient is freed as soon as its step is taken, so at most one is alive: the "
-                "largest, features.5.weight (64 × 32 × 3 × 3 floats × 4 bytes = 73,728 bytes)",
-            wrong=[(95_784, "that is every gradient at once, plain SGD's peak; the fused step frees each one "
-                            "right after its update")])
-def _fused_peak() -> int:
-    return gradient_peak(fuse_sgd)
+@prediction("07.e", "the bytes of gradients alive at the peak, plain SGD then fused",
+            why="plain SGD keeps every .grad until its step, so its peak is all of them after backward (95,784 "
+                "bytes); fused, each gradient is freed by its own step before the next one arrives, so the peak "
+                "is the largest alone, features.5.weight's (73,728 bytes), when it arrives",
+            wrong=[([95_784, 95_784], "fused, each gradient is freed by its own step: they are never all alive"),
+                   ([95_784, 0], "the hook runs after the gradient is stored: each one is alive until its step, "
+                                 "so the largest one is, at least for a moment"),
+                   ([73_728, 73_728], "plain SGD keeps every .grad until optimizer.step(): the peak is all of them")])
+def _peaks() -> list[int]:
+    return [max(row[2] for row in gradient_timeline(fuse)) for fuse in (None, fuse_sgd)]
 
 
 # ----- exercises -----------------------------------------------------------------------------------
