@@ -1,15 +1,15 @@
 """Exercises and predictions of notebook 03: module backward hooks.
 
-Predictions 03.a-03.f compute their truth with torch; exercises 03.1-03.5 are the hooks the lesson's
+Predictions 03.a-03.f compute their truth with torch; exercises 03.1-03.7 are the hooks the lesson's
 sections are about: the gain of each layer (full backward hooks), a factor on the gradient entering a layer
 (a backward pre-hook), the gradient at an output changed in place (a tensor hook from a forward hook), a
-gradient tracker class, and the vanishing point. The guide's exercises on the same hooks are in ``g3.py``.
+gradient tracker built in three steps (one layer's hook, a class with remove, a tracker over many layers),
+and the vanishing point. The guide's exercises on the same hooks are in ``g3.py``.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import warnings
 
@@ -151,36 +151,30 @@ def _weight_factors() -> list[float]:
     return [(halved / plain).mean().item(), (times_ten / plain).mean().item()]
 
 
-_RELU_TOO = ("relu fails too: a hooked module's inputs are views as well, and an in-place ReLU writes into its "
+_RELU_TOO = ("layer 1 fails too: a hooked module's inputs are views as well, and an in-place ReLU writes into its "
              "input")  # fmt: skip
 
 
 @prediction(
-    "03.d", "which children of resnet18's layer1.0 fail with a full backward hook",
-    why="bn1's output goes into the in-place ReLU, the hooked relu writes into its own input, and bn2's output gets "
-        "`out += identity`: each changes a view the hook made, in place. conv1's and conv2's outputs only go into "
-        "a batch norm, which makes a new tensor.",
+    "03.d", "which of layers 0, 1 and 16 of the digits MLP with in-place ReLUs fail with a full backward hook",
+    why="layer 0's output goes into the in-place ReLU, which writes into it, and the hooked ReLU (layer 1) writes "
+        "into its own input: each changes a view the hook made, in place. Layer 16's output is the logits, which "
+        "nothing changes in place.",
     wrong=[
-        (["bn1", "bn2"], _RELU_TOO),
-        (["bn2"], "bn1's output goes straight into the in-place ReLU, which writes into it; and " + _RELU_TOO),
-        (["bn1"], "bn2's output gets `out += identity`, an in-place addition; and " + _RELU_TOO),
+        (["0"], _RELU_TOO),
+        (["1"], "layer 0's output goes straight into the in-place ReLU, which writes into it: a view the hook made"),
         ([], "the views are changed in place during the forward pass, and autograd refuses that as it happens"),
-        (["bn1", "relu", "conv2", "bn2"], "conv2's output goes into bn2, which makes a new tensor: nothing changes "
-                                          "conv2's output in place"),
-        *[(list(order), "the right three, in another order: list them in the order the block registers its children "
-                        "(conv1, bn1, relu, conv2, bn2)")
-          for order in itertools.permutations(["bn1", "relu", "bn2"]) if list(order) != ["bn1", "relu", "bn2"]],
+        (["0", "1", "16"], "layer 16's output is the logits: nothing changes it in place"),
+        (["1", "0"], "the right two, in another order: list them as 0, 1, 16"),
     ],
 )  # fmt: skip
-def _children_that_fail() -> list[str]:
-    import torchvision
-
-    torch.manual_seed(0)
-    block, failing = torchvision.models.resnet18(weights=None).layer1[0], []
-    for name, child in block.named_children():
-        with child.register_full_backward_hook(lambda m, gi, go: None):
+def _layers_that_fail() -> list[str]:
+    pixels, _, _, _ = _digit_pixels()
+    model, failing = _digits_mlp(activation=lambda: nn.ReLU(inplace=True)), []
+    for name in ("0", "1", "16"):
+        with model.get_submodule(name).register_full_backward_hook(lambda m, gi, go: None):
             try:
-                block(torch.randn(1, 64, 8, 8))
+                model(pixels[:4])
             except RuntimeError:
                 failing.append(name)
     return failing
@@ -196,10 +190,10 @@ def _digit_pixels() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Ten
             data.y_test)  # fmt: skip
 
 
-def _digits_mlp(depth: int = 8, width: int = 32) -> nn.Sequential:
-    """The lesson's deep network: 64 pixels → depth × (Linear → Sigmoid) → Linear → 10, PyTorch's default init."""
+def _digits_mlp(depth: int = 8, width: int = 32, activation=nn.Sigmoid) -> nn.Sequential:
+    """The lesson's deep network: 64 pixels → depth × (Linear → activation) → Linear → 10, PyTorch's default init."""
     torch.manual_seed(0)
-    layers = [m for k in range(depth) for m in (nn.Linear(64 if k == 0 else width, width), nn.Sigmoid())]
+    layers = [m for k in range(depth) for m in (nn.Linear(64 if k == 0 else width, width), activation())]
     return nn.Sequential(*layers, nn.Linear(width, 10))
 
 
@@ -244,31 +238,38 @@ def _layer_0_over_16() -> float:
     return (grads[0].std() / grads[-1].std()).log10().item()
 
 
-@prediction(
-    "03.f", "how many different digits the deep sigmoid network predicts after one epoch at lr 0.5 and at lr 5",
-    why="a bigger step does not make up for what the forward pass lost: at layer 15 the images differ by about "
-        "10^-7, so the last layer sees the same input for every image and gives every image the same answer, one "
-        "digit; the early layers, with 10^-7 of the gradient, barely move even at 100 times the step.",
-    wrong=[
-        ([10, 10], "layer 16 does get the full gradient and moves, but its input is the same for every image (they "
-                   "differ by 10^-7 at layer 15): the same input gives the same answer, one digit"),
-    ],
-)  # fmt: skip
-@functools.cache  # two epochs of training: computed once a session
-def _digits_predicted_at_higher_lr() -> list[int]:
-    pixels, labels, test_pixels, _ = _digit_pixels()
-    counts = []
-    for lr in (0.5, 5.0):
-        model = _digits_mlp()
-        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-        for idx in torch.randperm(len(labels), generator=torch.Generator().manual_seed(0)).split(8):
+def _train_one_epoch(model: nn.Module, lr: float = 0.05, epochs: int = 1) -> float:
+    """The lesson's training: SGD, batches of 8 in a fixed random order (seed = epoch); the test accuracy."""
+    pixels, labels, test_pixels, test_labels = _digit_pixels()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+    for epoch in range(epochs):
+        for idx in torch.randperm(len(labels), generator=torch.Generator().manual_seed(epoch)).split(8):
             loss = F.cross_entropy(model(pixels[idx]), labels[idx])
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-        with torch.no_grad():
-            counts.append(model(test_pixels).argmax(1).unique().numel())
-    return counts
+    with torch.no_grad():
+        return (model(test_pixels).argmax(1) == test_labels).float().mean().item()
+
+
+@prediction(
+    "03.f", "whether the ×7 pre-hooks make the deep sigmoid network learn, above 20 % after one epoch",
+    why="no: the pre-hooks give layer 0 about half of layer 16's gradient, but the forward pass still loses the "
+        "differences between images. They reach the last layer alike to within 10^-7, so it gives every image "
+        "the same answer: 10 %.",
+    wrong=[
+        (True, "the gradient is back, but the forward pass still loses the differences between images: they reach "
+               "the last layer alike to within 10^-7, and the same input gives the same answer, one digit, 10 %"),
+    ],
+)  # fmt: skip
+@functools.cache  # one epoch of training: computed once a session
+def _learns_with_scaled_gradients() -> bool:
+    model = _digits_mlp()
+    handles = [layer.register_full_backward_pre_hook(lambda m, go: (go[0] * 7, *go[1:])) for layer in model[:16:2]]
+    try:
+        return _train_one_epoch(model) > 0.2
+    finally:
+        _remove(handles)
 
 
 # ----- 03.1: how much each layer scales the gradient -----------------------------------------------
@@ -516,7 +517,7 @@ def _output_grads(output_grads) -> Outcome:
 
 
 
-# ----- 03.4: a gradient tracker ---------------------------------------------------------------------
+# ----- 03.4-03.6: a gradient tracker, in three steps -------------------------------------------------------
 _TRACKED, _LR = ["0", "2", "4"], 0.1
 
 
@@ -526,6 +527,10 @@ _WEIGHT_TENSOR_HOOK = (
     "holds. Use weight.register_post_accumulate_grad_hook, which runs once .grad is complete and receives the "
     "weight itself"
 )
+_NO_GRAD_OUTPUT = ("the check evaluates the model under torch.no_grad() between steps: those outputs need no gradient "
+                   "and cannot take a tensor hook; register one only when output.requires_grad")  # fmt: skip
+_TRACK_ERRORS = {"BackwardHookFunction is a view": _FULL_HOOK_IN_PLACE, "RemovableHandle": _RETURNED_HANDLE,
+                 "doesn't require gradient": _NO_GRAD_OUTPUT}  # fmt: skip
 
 
 def _in_place_mlp() -> nn.Sequential:
@@ -535,13 +540,17 @@ def _in_place_mlp() -> nn.Sequential:
                          nn.Linear(8, 3))
 
 
-def _reference_tracks(batches: list[torch.Tensor]) -> tuple[dict[str, list[float]], ...]:
+def _batches() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(8)
+    return [torch.randn(5, 6, generator=g) * (k + 1) for k in range(3)]
+
+
+def _reference_tracks(batches: list[torch.Tensor]) -> dict[str, dict[str, list[float]]]:
     """Per batch, the std of dL/d(output of '0', '2', '4'), log10(std(lr · weight.grad) / std(weight)), and the
     output's spread over the batch (std over dim 0, averaged), on the same MLP without in-place ReLUs."""
     model = _in_place_mlp()
-    stds: dict[str, list[float]] = {name: [] for name in _TRACKED}
-    ratios: dict[str, list[float]] = {name: [] for name in _TRACKED}
-    spreads: dict[str, list[float]] = {name: [] for name in _TRACKED}
+    tracks: dict[str, dict[str, list[float]]] = {what: {name: [] for name in _TRACKED}
+                                                 for what in ("grad_stds", "ratios", "spreads")}  # fmt: skip
     for x in batches:
         h0 = model[0](x)
         h2 = model[2](torch.relu(h0))
@@ -549,29 +558,26 @@ def _reference_tracks(batches: list[torch.Tensor]) -> tuple[dict[str, list[float
         weights = [model.get_submodule(name).weight for name in _TRACKED]
         grads = torch.autograd.grad(h4.pow(2).sum(), [h0, h2, h4, *weights])
         for k, name in enumerate(_TRACKED):
-            stds[name].append(grads[k].std().item())
-            ratios[name].append(((_LR * grads[3 + k]).std() / weights[k].std()).log10().item())
-            spreads[name].append((h0, h2, h4)[k].std(0).mean().item())
-    return stds, ratios, spreads
+            tracks["grad_stds"][name].append(grads[k].std().item())
+            tracks["ratios"][name].append(((_LR * grads[3 + k]).std() / weights[k].std()).log10().item())
+            tracks["spreads"][name].append((h0, h2, h4)[k].std(0).mean().item())
+    return tracks
 
 
-def _tracked_run(tracker_class, model: nn.Module, batches: list[torch.Tensor], hooked: dict[str, bool]):
-    """The answer's tracker over three steps (each followed by an evaluation forward under ``no_grad``), then one
-    more step after its ``with`` block; and what its ``__enter__`` returned. ``hooked`` gets whether, inside the
-    block, a tracked weight had a tensor hook ("tensor") and one a post-accumulate-grad hook ("post")."""
-    tracker = tracker_class(model, list(_TRACKED), lr=_LR)
-    with tracker as entered:
-        weights = [model.get_submodule(name).weight for name in _TRACKED]
-        hooked.update(tensor=any(w._backward_hooks for w in weights),
-                      post=any(w._post_accumulate_grad_hooks for w in weights))  # fmt: skip
-        for x in batches:
-            model.zero_grad()
-            model(x).pow(2).sum().backward()
-            with torch.no_grad():
-                model(x)  # an evaluation pass: no backward, no gradient
-    model.zero_grad()
-    model(batches[0]).pow(2).sum().backward()  # after the block: nothing may be added
-    return tracker, entered
+def _steps(model: nn.Module, batches: list[torch.Tensor]) -> None:
+    """One training step per batch, each followed by an evaluation forward under ``no_grad``."""
+    for x in batches:
+        model.zero_grad()
+        model(x).pow(2).sum().backward()
+        with torch.no_grad():
+            model(x)  # an evaluation pass: no backward, no gradient
+
+
+def _weight_hooks(model: nn.Module) -> dict[str, bool]:
+    """Whether a tracked weight has a tensor hook ("tensor") and one a post-accumulate-grad hook ("post")."""
+    weights = [model.get_submodule(name).weight for name in _TRACKED]
+    return {"tensor": any(w._backward_hooks for w in weights),
+            "post": any(w._post_accumulate_grad_hooks for w in weights)}
 
 
 def _clear_all_hooks(model: nn.Module) -> list[str]:
@@ -591,15 +597,12 @@ def _one_number_each(table: object, what: str) -> Outcome | None:
     if not isinstance(table, dict) or sorted(table) != sorted(_TRACKED):
         return Outcome(False, f"{what} must stay a dict with a list per name {_TRACKED}, got {kind_of(table)}")
     for name, values in table.items():
+        if not isinstance(values, list):
+            return Outcome(False, f"{what}[{name!r}] must be a list, one number a step, not {kind_of(values)}")
         if any(isinstance(v, torch.Tensor) for v in values):
             return Outcome(False, f"{what}[{name!r}] holds tensors; append plain numbers with .item(), as the "
                                   "exercise asks: a tensor per layer and step keeps its memory for the whole run")
     return None
-
-
-def _late_binding(table: dict[str, list], steps: int) -> bool:
-    """Every value under the last name: the hooks made in a loop all looked the loop variable up when they ran."""
-    return all(not table[name] for name in _TRACKED[:-1]) and len(table[_TRACKED[-1]]) == steps * len(_TRACKED)
 
 
 def _ratio_mistake(got: list[float], want: list[float]) -> str:
@@ -614,69 +617,130 @@ def _ratio_mistake(got: list[float], want: list[float]) -> str:
     return " (log10 of std(lr · weight.grad) / std(weight), once .grad is complete)"
 
 
-@exercise("03.4", "a tracker: each layer's gradient std, update:data ratio and spread of its outputs")
-def _track(tracker_class) -> Outcome:
-    """``tracker_class(model, names, lr)`` is a context manager; inside its ``with`` block, every backward appends
-    to ``tracker.grad_stds[name]`` the std of dL/d(output of module name) and to ``tracker.ratios[name]``
-    log10(std(lr · weight.grad) / std(weight)), and every forward pass that needs a gradient appends to
-    ``tracker.spreads[name]`` the output's ``std(0).mean()``; nothing is added after the block."""
-    model, hooked = _in_place_mlp(), {}
-    g = torch.Generator().manual_seed(8)
-    batches = [torch.randn(5, 6, generator=g) * (k + 1) for k in range(3)]
+_HINTS = {"grad_stds": " (the std of dL/d(output), the gradient a tensor hook on the output receives)",
+          "spreads": " (output.std(0).mean(): the std over the batch, dim 0, then the mean over units; appended in the "
+                     "forward hook, only when the output requires grad)"}  # fmt: skip
+
+
+def _compare_tracks(tables: dict[str, object], steps: int, after: str) -> Outcome | None:
+    """A failed Outcome naming the first table entry that differs from autograd's, or None. ``tables`` maps
+    "grad_stds", "ratios", "spreads" (those the exercise keeps) to ``{name: [numbers]}``; ``after`` says what
+    ended the tracking."""
+    want = _reference_tracks(_batches())
+    for what, table in tables.items():
+        failed = _one_number_each(table, what)
+        if failed:
+            return failed
+        for name, values in want[what].items():
+            got = [float(v) for v in table[name]]
+            if len(got) != steps:
+                return Outcome(False, f"{what}[{name!r}]: {len(got)} values for {steps} backward passes before "
+                                      f"{after} (and none after it)")
+            if not all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(got, values, strict=True)):
+                hint = _HINTS.get(what) or _ratio_mistake(got, values)
+                return Outcome(False, f"{what}[{name!r}]: {[f'{v:.4g}' for v in got]}, expected "
+                                      f"{[f'{v:.4g}' for v in values]}{hint}")
+    return None
+
+
+@exercise("03.4", "one layer's gradient std and spread, from one forward hook")
+def _track_output(track_output) -> Outcome:
+    """``track_output(module, grad_stds, spreads)`` registers a forward hook that, when the output requires grad,
+    appends ``output.std(0).mean().item()`` to ``spreads`` and registers a tensor hook on the output that appends
+    the gradient's std to ``grad_stds``; it returns the forward hook's handle."""
+    model, batches = _in_place_mlp(), _batches()
+    stds, spreads = {name: [] for name in _TRACKED}, {name: [] for name in _TRACKED}
+    handles = []
     try:
-        tracker, entered = _tracked_run(tracker_class, model, batches, hooked)
+        for name in _TRACKED:
+            handles.append(track_output(model.get_submodule(name), stds[name], spreads[name]))
+            failed = not_a_handle(handles[-1], "track_output", model.get_submodule(name))
+            if failed:
+                _clear_all_hooks(model)
+                return failed
+        _steps(model, batches)
+    except (TypeError, RuntimeError, AttributeError) as error:
+        _clear_all_hooks(model)
+        return hint_for(error, _TRACK_ERRORS)
+    except BaseException:  # the answer's own error (or the stub's NotImplementedError): no hook stays
+        _clear_all_hooks(model)
+        raise
+    _remove(handles)
+    left = _clear_all_hooks(model)
+    if left:
+        return Outcome(False, f"after removing the handles you returned, {left[0]}: return the forward hook's handle")
+    model.zero_grad()
+    model(batches[0]).pow(2).sum().backward()  # after the removal: nothing may be added
+    return _compare_tracks({"grad_stds": stds, "spreads": spreads}, len(batches), "the handle's removal") or Outcome(
+        True, "three steps on an in-place MLP, evaluation passes under no_grad skipped, nothing after remove()")
+
+
+@exercise("03.5", "a class that tracks one layer and removes its hooks")
+def _layer_tracker(tracker_class) -> Outcome:
+    """``tracker_class(module, lr)`` keeps ``.grad_stds``, ``.spreads`` (03.4's hook) and ``.ratios`` (a
+    post-accumulate-grad hook on ``module.weight``), one number a step, until its ``remove()``."""
+    model, batches, hooked = _in_place_mlp(), _batches(), {}
+    try:
+        trackers = {name: tracker_class(model.get_submodule(name), lr=_LR) for name in _TRACKED}
+        hooked.update(_weight_hooks(model))
+        _steps(model, batches)
+        for tracker in trackers.values():
+            tracker.remove()
     except (TypeError, RuntimeError, AttributeError) as error:
         _clear_all_hooks(model)
         if hooked.get("tensor") and not hooked.get("post"):
             return Outcome(False, _WEIGHT_TENSOR_HOOK)
-        return hint_for(error, {
-            "BackwardHookFunction is a view": _FULL_HOOK_IN_PLACE,
-            "RemovableHandle": _RETURNED_HANDLE,
-            "doesn't require gradient": "the check evaluates the model under torch.no_grad() between steps: those "
-                "outputs need no gradient and cannot take a tensor hook; register one only when "
-                "output.requires_grad",
-        })  # fmt: skip
-    except BaseException:  # the answer's own error (or the stub's NotImplementedError): no hook stays
+        return hint_for(error, _TRACK_ERRORS)
+    except BaseException:
         _clear_all_hooks(model)
         raise
     left = _clear_all_hooks(model)
     if hooked.get("tensor") and not hooked.get("post"):
         return Outcome(False, _WEIGHT_TENSOR_HOOK)
     if left:
-        return Outcome(False, f"after the with block {left[0]}: keep every handle with self.hooks.add(...), so "
-                              "that __exit__ removes it")
+        return Outcome(False, f"after remove(), {left[0]}: keep both handles, the forward hook's and the "
+                              "post-accumulate-grad hook's, and remove both")
+    model.zero_grad()
+    model(batches[0]).pow(2).sum().backward()
+    tables = {what: {name: getattr(t, what, None) for name, t in trackers.items()}
+              for what in ("grad_stds", "ratios", "spreads")}  # fmt: skip
+    return _compare_tracks(tables, len(batches), "remove()") or Outcome(
+        True, "gradient std, spread and update:data ratio of each layer, three steps, nothing after remove()")
+
+
+@exercise("03.6", "a tracker over many layers, as a with block")
+def _track(tracker_class) -> Outcome:
+    """``tracker_class(model, names, lr)`` is a context manager; inside its ``with`` block, a LayerTracker per name
+    keeps what ``tracker.grad_stds[name]``, ``.ratios[name]`` and ``.spreads[name]`` show; nothing after it."""
+    model, batches, hooked = _in_place_mlp(), _batches(), {}
+    try:
+        tracker = tracker_class(model, list(_TRACKED), lr=_LR)
+        with tracker as entered:
+            hooked.update(_weight_hooks(model))
+            _steps(model, batches)
+    except (TypeError, RuntimeError, AttributeError) as error:
+        _clear_all_hooks(model)
+        if hooked.get("tensor") and not hooked.get("post"):
+            return Outcome(False, _WEIGHT_TENSOR_HOOK)
+        return hint_for(error, _TRACK_ERRORS)
+    except BaseException:  # the answer's own error (or the stub's NotImplementedError): no hook stays
+        _clear_all_hooks(model)
+        raise
+    left = _clear_all_hooks(model)
+    if left:
+        return Outcome(False, f"after the with block {left[0]}: __exit__ must call remove() on every LayerTracker")
     if entered is not tracker:
         return Outcome(False, f"__enter__ must return self (got {kind_of(entered)}), so that `with GradTracker(...) "
                               "as tracker:` gives the tracker")
-    want_stds, want_ratios, want_spreads = _reference_tracks(batches)
-    if not isinstance(getattr(tracker, "spreads", None), dict):
-        return Outcome(False, "the tracker has no spreads dict: keep __init__ as given, with self.spreads")
-    for what, table, want in (("grad_stds", tracker.grad_stds, want_stds), ("ratios", tracker.ratios, want_ratios),
-                              ("spreads", tracker.spreads, want_spreads)):
-        failed = _one_number_each(table, what)
-        if failed:
-            return failed
-        if _late_binding(table, len(batches)):
-            return Outcome(False, f"every hook wrote under the last name, {_TRACKED[-1]!r}, and the others got "
-                                  "nothing: a function made in a loop looks the loop variable up when it runs, after "
-                                  "the loop; bind it with name=name (a default argument)")
-        for name, values in want.items():
-            got = [float(v) for v in table[name]]
-            if len(got) != len(values):
-                return Outcome(False, f"{what}[{name!r}]: {len(got)} values for {len(values)} backward passes in the "
-                                      "block (and none after it)")
-            if not all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(got, values, strict=True)):
-                hint = {"grad_stds": " (the std of dL/d(output), the gradient a tensor hook on the output receives)",
-                        "spreads": " (output.std(0).mean(): the std over the batch, dim 0, then the mean over units; "
-                                   "appended in the forward hook, only when the output requires grad)",
-                        }.get(what) or _ratio_mistake(got, values)  # fmt: skip
-                return Outcome(False, f"{what}[{name!r}]: {[f'{v:.4g}' for v in got]}, expected "
-                                      f"{[f'{v:.4g}' for v in values]}{hint}")
-    return Outcome(True, "three steps tracked on every layer, in-place ReLUs and all, evaluation passes under "
-                         "no_grad skipped, nothing after the with block")
+    model.zero_grad()
+    model(batches[0]).pow(2).sum().backward()  # after the block: nothing may be added
+    tables = {what: getattr(tracker, what, None) for what in ("grad_stds", "ratios", "spreads")}
+    return _compare_tracks(tables, len(batches), "the end of the with block") or Outcome(
+        True, "three steps tracked on every layer, in-place ReLUs and all, evaluation passes under no_grad skipped, "
+              "nothing after the with block")
 
 
-# ----- 03.5: where the gradient vanishes -------------------------------------------------------------------
+# ----- 03.7: where the gradient vanishes -------------------------------------------------------------------
 def _sigmoid_mlp(depth: int = 9, width: int = 16) -> nn.Sequential:
     """6 features → depth × (Linear → Sigmoid) → Linear → 5 classes, PyTorch's default init."""
     torch.manual_seed(1)
@@ -759,7 +823,7 @@ def _vanishing_cases():
     )  # fmt: skip
 
 
-@exercise("03.5", "the layer where the gradient vanishes, seen from the loss")
+@exercise("03.7", "the layer where the gradient vanishes, seen from the loss")
 def _vanishing(vanishing_point) -> Outcome:
     """``vanishing_point(model, x, y, ratio=1e-3)`` runs one backward of ``F.cross_entropy(model(x), y)`` and
     returns the name of the first ``Linear``, in the order backward reaches them, whose output gradient has a
@@ -822,8 +886,6 @@ def _vanishing_verdict(label: str, model: nn.Module, build, kwargs: dict, got: o
 # ----- worked answers: the lesson goes on with these while the student's own have not passed -----------------
 def gradient_gains(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
     """03.1: ``{name: grad_input[0].std() / grad_output[0].std()}`` per child, in the order the hooks ran."""
-    from .. import Hooks
-
     gains: dict[str, float] = {}
 
     def gain_of(name):
@@ -845,37 +907,56 @@ def scale_grad_output(module: nn.Module, factor: float):
     return module.register_full_backward_pre_hook(lambda m, grad_output: (grad_output[0] * factor, *grad_output[1:]))
 
 
+def track_output(module: nn.Module, grad_stds: list, spreads: list):
+    """03.4: a forward hook appending the output's spread and, from a tensor hook, its gradient's std."""
+
+    def forward_hook(module, args, output):
+        if output.requires_grad:  # not an evaluation under no_grad
+            spreads.append(output.std(0).mean().item())
+            output.register_hook(lambda grad: grad_stds.append(grad.std().item()))
+
+    return module.register_forward_hook(forward_hook)
+
+
+class LayerTracker:
+    """03.5: one layer's ``.grad_stds``, ``.spreads`` and ``.ratios`` (log10 update:data), until ``remove()``."""
+
+    def __init__(self, module: nn.Module, lr: float = 0.05) -> None:
+        self.lr, self.grad_stds, self.spreads, self.ratios = lr, [], [], []
+        self.handles = [track_output(module, self.grad_stds, self.spreads),
+                        module.weight.register_post_accumulate_grad_hook(self.keep_ratio)]  # fmt: skip
+
+    def keep_ratio(self, weight: torch.Tensor) -> None:  # .grad is complete when this runs
+        self.ratios.append(((self.lr * weight.grad).std() / weight.std()).log10().item())
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
 class GradTracker:
-    """03.4: ``with GradTracker(model, names, lr) as tracker: ...`` -> ``tracker.grad_stds[name]``,
-    ``tracker.ratios[name]``, ``tracker.spreads[name]``."""
+    """03.6: ``with GradTracker(model, names, lr) as tracker: ...`` -> ``tracker.grad_stds[name]``,
+    ``tracker.ratios[name]``, ``tracker.spreads[name]``: a LayerTracker per name."""
 
     def __init__(self, model: nn.Module, names: list[str], lr: float = 0.05) -> None:
-        self.model, self.names, self.lr, self.hooks = model, names, lr, Hooks()
-        self.grad_stds: dict[str, list[float]] = {name: [] for name in names}
-        self.ratios: dict[str, list[float]] = {name: [] for name in names}
-        self.spreads: dict[str, list[float]] = {name: [] for name in names}
+        self.model, self.names, self.lr, self.layers = model, names, lr, {}
 
     def __enter__(self) -> GradTracker:
         for name in self.names:
-            def keep_std(module, args, output, name=name):
-                if output.requires_grad:  # not an evaluation under no_grad
-                    self.spreads[name].append(output.std(0).mean().item())
-                    output.register_hook(lambda grad: self.grad_stds[name].append(grad.std().item()))
-
-            def keep_ratio(weight, name=name):  # .grad is complete when this runs
-                self.ratios[name].append(((self.lr * weight.grad).std() / weight.std()).log10().item())
-
-            module = self.model.get_submodule(name)
-            self.hooks.add(module.register_forward_hook(keep_std))
-            self.hooks.add(module.weight.register_post_accumulate_grad_hook(keep_ratio))
+            self.layers[name] = LayerTracker(self.model.get_submodule(name), self.lr)
         return self
 
     def __exit__(self, *exc) -> None:
-        self.hooks.remove()
+        for layer in self.layers.values():
+            layer.remove()
+
+    grad_stds = property(lambda self: {name: t.grad_stds for name, t in self.layers.items()})
+    spreads = property(lambda self: {name: t.spreads for name, t in self.layers.items()})
+    ratios = property(lambda self: {name: t.ratios for name, t in self.layers.items()})
 
 
 def vanishing_point(model: nn.Module, x: torch.Tensor, y: torch.Tensor, ratio: float = 1e-3) -> str | None:
-    """03.5: the first Linear, from the loss back, whose output gradient's std is below ``ratio`` times the last's."""
+    """03.7: the first Linear, from the loss back, whose output gradient's std is below ``ratio`` times the last's."""
     names = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     with GradTracker(model, names) as tracker:
         F.cross_entropy(model(x), y).backward()
