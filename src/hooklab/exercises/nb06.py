@@ -79,26 +79,27 @@ def _failing_module() -> str:
     return "runs"
 
 
-@prediction("06.b", "how far Adam's first step moves a typical weight",
-            why="after one step the bias-corrected averages are the gradient itself, m̂ = g and v̂ = g², so the step "
-                "is lr · g / |g| = ±lr: every entry with a gradient moves by 0.001, however small its gradient. "
-                "lr · grad is the step of plain SGD only",
-            wrong=[(0.0, "only the entries whose gradient is exactly 0 stay (19% here); the median entry has a "
-                         "gradient, and m̂ / √v̂ = g / |g| = ±1 for it"),
-                   (0.00316, "that is lr · m / √v without bias correction (m = 0.1 g, v = 0.001 g² after one step); "
-                             "Adam divides by 1 − β₁ and 1 − β₂ first")], rel=0.02)
-def _adam_first_step() -> float:
+@prediction("06.b", "how many times a step hook runs during resume's epoch",
+            why="a step hook runs at every optimizer.step(), whoever calls it: resume steps once per batch, and "
+                "1,347 digits in batches of 32 make 42 full batches and a last one of 3, so 43 steps",
+            wrong=[(42, "1,347 = 42 · 32 + 3: the last batch, of 3 digits, is a step too"),
+                   (1347, "a step hook runs once per optimizer.step(), and resume steps once per batch of 32, not "
+                          "once per digit"),
+                   (1, "the hook sits on the optimizer, not on resume: it runs at every step(), 43 of them"),
+                   (0, "resume calls optimizer.step() on the optimizer we handed it: the hook runs at each step, "
+                       "whoever calls it")])
+def _steps_in_resume() -> int:
     from ..data import digits
-    from ..models import trained_digits_cnn
 
-    data = digits()
-    model = trained_digits_cnn().train()
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
-    weight = model.head[2].weight
-    before = weight.detach().clone()
-    nn.functional.cross_entropy(model(data.x_train[:32]), data.y_train[:32]).backward()
-    optimizer.step()
-    return (weight.detach() - before).abs().median().item()
+    weight = nn.Parameter(torch.zeros(1))
+    optimizer, steps = torch.optim.SGD([weight], lr=0.0), []
+    handle = optimizer.register_step_post_hook(lambda optimizer, args, kwargs: steps.append(1))
+    try:
+        for _batch in torch.arange(len(digits().y_train)).split(32):  # resume's loop, one step per batch
+            optimizer.step()
+    finally:
+        handle.remove()
+    return len(steps)
 
 
 @prediction("06.c", "the learning rate after loading an optimizer's checkpoint",
