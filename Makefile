@@ -45,11 +45,11 @@ NO_SIMD_2_THREADS := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 MKL_CB
 	HOOKLAB_CHECK_TIME_SCALE=10
 AVX2_1_THREAD := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_CBWR=AVX2 HOOKLAB_THREADS=1
 
-.PHONY: help env lab test lint unit nbval variants browser pythons notebooks check grade site release lock bench clean
+.PHONY: help env lab test lint unit unit-core sections nbval variants variant-no-simd variant-avx2 browser pythons notebooks check grade site release lock bench clean
 
 help:
 	@echo "make lab        build the environment if needed and open JupyterLab on the course"
-	@echo "make test       the same environment, then every check (lint, unit tests, nbval, nbval variants, browser)"
+	@echo "make test       the same environment, then every check (lint, then unit tests, sections, nbval, its variants, browser: two at a time, logs in artifacts/checks/)"
 	@echo "make check NB=notebooks/01_tensor_hooks.ipynb   strict nbval on one notebook"
 	@echo "make notebooks [NB=path.ipynb]   re-execute notebooks in a fresh kernel and save them"
 	@echo "make browser    JupyterLab in Debian's Chromium: Run All, move the sliders (screenshots in artifacts/)"
@@ -63,7 +63,7 @@ help:
 	@echo "make env        create .venv with the pinned packages (reinstalled only when requirements.lock or pyproject.toml change)"
 	@echo "make lock       after editing requirements.txt: pin every package again (requirements.lock, environment.yml, binder/)"
 	@echo "make lint       ruff check on src, tests, tools and notebooks"
-	@echo "make unit       the unit tests (pytest tests, without the browser test)"
+	@echo "make unit       the unit tests (pytest tests, without the browser test; make unit-core and make sections are its two parts)"
 	@echo "make nbval      nbval on every notebook under notebooks/, guide/ and solutions/ included (saved outputs must match a fresh run; numbers to their printed precision)"
 	@echo "make variants [NB=path.ipynb]   nbval again as other CPUs compute: no SIMD on 2 threads, and AVX2 (logs in artifacts/)"
 	@echo "make pythons    nbval on every supported Python found (3.11, 3.12, 3.13: PATH, pyenv), each in its own .venv-X.Y"
@@ -84,18 +84,24 @@ $(STAMP): requirements.lock pyproject.toml tools/install_kernel.py
 lab: $(STAMP)
 	$(BIN)/jupyter lab --notebook-dir=notebooks $$( [ "$$(id -u)" = 0 ] && echo --allow-root ) $(LAB_ARGS)
 
-# unit and nbval share the two cores (each is one process and one thread), then the variants
-# (two nbval runs at once), then the browser.
+# Every check on two queues, the longest first (tools/run_checks.py): the unit tests, the sections
+# test, nbval, its two CPU variants and the browser, two at a time; logs in artifacts/checks/.
 test: lint
-	$(MAKE) --no-print-directory -j2 --output-sync=target unit nbval
-	$(MAKE) --no-print-directory variants
-	$(MAKE) --no-print-directory browser
+	$(BIN)/python tools/run_checks.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests tools notebooks
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest -p no:cacheprovider -m "not browser" tests
+
+# make unit in two parts that make test runs side by side: every section of every lesson and guide
+# run alone after the setup cells (tests/test_sections.py), and the rest.
+unit-core: $(STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider -m "not browser" --ignore=tests/test_sections.py tests
+
+sections: $(STAMP)
+	$(BIN)/python -m pytest -p no:cacheprovider tests/test_sections.py
 
 # Installs Debian's chromium first when it is missing (apt-get, as root or with passwordless sudo); never downloads a browser.
 browser: $(STAMP)
@@ -116,6 +122,13 @@ variants: $(STAMP)
 	wait $$no_simd; no_simd=$$?; \
 	for log in $(call VARIANT_LOG,no-simd) $(call VARIANT_LOG,avx2); do echo "--- $$log:"; tail -n 25 $$log; done; \
 	test $$no_simd = 0 -a $$avx2 = 0
+
+# One variant at a time (make test queues them beside the other checks).
+variant-no-simd: $(STAMP)
+	$(NO_SIMD_2_THREADS) $(NBVAL) -q $(NB)
+
+variant-avx2: $(STAMP)
+	$(AVX2_1_THREAD) $(NBVAL) -q $(NB)
 
 check: $(STAMP)
 	$(NBVAL) $(NB)
