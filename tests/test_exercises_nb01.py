@@ -108,6 +108,9 @@ def test_01_2_rejects_wrong_answers():
         (lambda named, limit: guard_with()(named, limit)[:2], "the 5 handles"),
         (names_every_tensor, "does not say which"),
         (names_ms_always, "only h's gradient was too large"),
+        (guard_with(bad=lambda grad, limit: grad.isnan().any() or grad.sum().abs() > limit), "add up to 0"),
+        (guard_with(bad=lambda grad, limit: grad.isnan().any() or grad.abs().max() > limit), "no single entry"),
+        (guard_with(bad=lambda grad, limit: grad.isnan().any() or grad.abs().sum() > limit), "not the sum of the"),
     ]:
         failed("01.2", wrong, words)
 
@@ -131,35 +134,53 @@ def names_ms_always(named, limit):
 
 
 # ----- 01.3 -------------------------------------------------------------------------------------
-def dms_right(dnormed, h, rms):
-    drms = (dnormed * -h / (rms + 1e-6) ** 2).sum(dim=1, keepdim=True)
-    return drms / (2 * rms)
+def by_hand_right(dnormed, h, rms, drms=None, dms=None, dh=None):
+    """The right derivation, or a wrong one: a slip in one step, the steps after it built on it."""
+    drms = (dnormed * -h / (rms + 1e-6) ** 2).sum(dim=1, keepdim=True) if drms is None else drms
+    dms = drms / (2 * rms) if dms is None else dms(drms)
+    dh = dnormed / (rms + 1e-6) + dms * 2 * h / h.shape[1] if dh is None else dh(dms)
+    return {"rms": drms, "ms": dms, "h": dh}
 
 
-def test_01_3_accepts_the_chain_rule_by_hand_and_prints_a_cmp_line():
-    outcome = grade("01.3", dms_right)
-    assert outcome.passed and "max diff" in outcome.detail and "NaN in both" in outcome.detail, outcome.detail
+def test_01_3_accepts_the_chain_rule_by_hand_and_prints_a_cmp_line_per_tensor():
+    outcome = grade("01.3", by_hand_right)
+    assert outcome.passed and outcome.detail.count("max diff") == 3 and "NaN in both" in outcome.detail, outcome.detail
+
+
+def slip(drms=None, dms=None, dh=None):
+    """An answer with a slip: each argument a function of (dnormed, h, rms) and the step before."""
+    def answer(dn, h, rms):
+        return by_hand_right(dn, h, rms, drms=drms and drms(dn, h, rms), dms=dms and (lambda d: dms(d, rms)),
+                             dh=dh and (lambda d: dh(d, dn, h, rms)))
+
+    return answer
 
 
 def test_01_3_rejects_wrong_derivations():
     for wrong, words in [
-        (lambda dn, h, rms: -dms_right(dn, h, rms), "wrong sign"),
-        (lambda dn, h, rms: dms_right(dn, h, rms) * 2 * rms, "the gradient at rms"),
-        (lambda dn, h, rms: dn * -h / (rms + 1e-6) ** 2 / (2 * rms), "add up over the row"),
-        (lambda dn, h, rms: torch.nan_to_num(dms_right(dn, h, rms)), "do not repair it"),
-        (lambda dn, h, rms: (dn * -h / (rms + 1e-6)).sum(1, keepdim=True) / (2 * rms), "step by step"),
-        (lambda dn, h, rms: None, "return a tensor"),
-        (lambda dn, h, rms: (dn * -h / rms**2).sum(1, keepdim=True) / (2 * rms), "left out the 1e-6"),
-        (lambda dn, h, rms: dms_right(dn, h, rms) * rms / (rms + 1e-6), "wrong place|(2 · (rms + 1e-6))"),
-        (lambda dn, h, rms: dms_right(dn, h, rms) * rms / (rms**2 + 1e-6).sqrt(), "wrong place|√(ms + 1e-6)"),
-        (lambda dn, h, rms: dms_right(dn, h, rms) * (1 + 3e-6), "differs from what the hook caught by up to"
-                                                                "|slip with the 1e-6"),
+        (slip(drms=lambda dn, h, rms: (dn * h / (rms + 1e-6) ** 2).sum(1, keepdim=True)), "wrong sign"),
+        (slip(drms=lambda dn, h, rms: dn * -h / (rms + 1e-6) ** 2), "add up over the row|broadcast"),
+        (slip(drms=lambda dn, h, rms: (dn * -h / rms**2).sum(1, keepdim=True)), "left out the 1e-6"),
+        (slip(drms=lambda dn, h, rms: (dn * -h / (rms + 1e-6)).sum(1, keepdim=True)), "their sum"),
+        (slip(dms=lambda d, rms: d), "the one at rms"),
+        (slip(dms=lambda d, rms: torch.nan_to_num(d / (2 * rms))), "do not repair it"),
+        (slip(dms=lambda d, rms: d / (2 * (rms + 1e-6))), "wrong place|(2 · (rms + 1e-6))"),
+        (slip(dms=lambda d, rms: d / (2 * (rms**2 + 1e-6).sqrt())), "wrong place|√(ms + 1e-6)"),
+        (slip(dms=lambda d, rms: d / (2 * rms) * 1.5), "differs from what the hook caught by up to"),
+        (slip(dh=lambda d, dn, h, rms: dn / (rms + 1e-6)), "only the path through normed"),
+        (slip(dh=lambda d, dn, h, rms: d * 2 * h / h.shape[1]), "only the path through ms"),
+        (slip(dh=lambda d, dn, h, rms: dn / (rms + 1e-6) + d * 2 * h), "two paths add up"),
+        (slip(dh=lambda d, dn, h, rms: torch.nan_to_num(dn / (rms + 1e-6) + d * 2 * h / h.shape[1])),
+         "do not repair it"),
+        (lambda dn, h, rms: None, "return a dict"),
+        (lambda dn, h, rms: by_hand_right(dn, h, rms)["ms"], "return a dict"),
+        (lambda dn, h, rms: {**by_hand_right(dn, h, rms), "h": None}, '["h"] is'),
     ]:
         failed("01.3", wrong, *words.split("|"))
 
 
 def test_01_3_prints_the_largest_difference_not_two_rounded_vectors():
-    outcome = grade("01.3", lambda dn, h, rms: dms_right(dn, h, rms) * 1.5)
+    outcome = grade("01.3", slip(dms=lambda d, rms: d / (2 * rms) * 1.5))
     assert not outcome.passed and "differs from what the hook caught by up to" in outcome.detail, outcome.detail
     assert "[" not in outcome.detail, outcome.detail
 
@@ -167,15 +188,16 @@ def test_01_3_prints_the_largest_difference_not_two_rounded_vectors():
 def test_01_3_rejects_asking_autograd_for_the_answer():
     def by_autograd(dnormed, h, rms):
         ms = (rms**2).requires_grad_()
-        return torch.autograd.grad(h / (ms.sqrt() + 1e-6), ms, dnormed)[0]
+        dms = torch.autograd.grad(h / (ms.sqrt() + 1e-6), ms, dnormed)[0]
+        return by_hand_right(dnormed, h, rms, dms=lambda d: dms)
 
     def by_backward(dnormed, h, rms):
         ms = (rms**2).requires_grad_()
         (h / (ms.sqrt() + 1e-6) * dnormed).sum().backward()
-        return ms.grad
+        return by_hand_right(dnormed, h, rms, dms=lambda d: ms.grad)
 
     for wrong in (by_autograd, by_backward):
-        failed("01.3", wrong, "asked autograd", "derive it yourself")
+        failed("01.3", wrong, "asked autograd", "derive them yourself")
 
 
 # ----- predictions ------------------------------------------------------------------------------

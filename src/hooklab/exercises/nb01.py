@@ -1,5 +1,5 @@
-"""Exercises and predictions of notebook 01: tensor hooks, to find where a gradient turns NaN and
-check the diagnosis by hand. (Clamping parameter gradients, the fused optimizer step, saved-tensor
+"""Exercises and predictions of notebook 01: tensor hooks, to find where a gradient turns NaN, name
+the tensor, and check the diagnosis by hand. (Clamping parameter gradients, the fused optimizer step, saved-tensor
 hooks, the graph's own hooks and the storage puzzle are the guide's: ``g1.py``.)"""
 
 from __future__ import annotations
@@ -261,6 +261,31 @@ def _guard_case(guard, padded: bool, repair: bool, limit: float) -> tuple[Except
     return raised, embed
 
 
+def _norm_case(guard, size: int, entry: float, bad: bool) -> Outcome | None:
+    """A tensor w whose gradient is ``entry`` times [1, -1, 1, -1, ...]: its entries add up to 0 and each
+    is below the limit 1e3, but its norm is ``entry * sqrt(size)`` (2000 for 16 × 500, 600 for 400 × 30)."""
+    w = torch.zeros(size, requires_grad=True)
+    sign = torch.tensor([1.0, -1.0]).repeat(size // 2)
+    norm = entry * math.sqrt(size)
+    with Hooks() as hooks:
+        for handle in guard({"w": w}, 1e3):
+            hooks.add(handle)
+        try:
+            (w * sign * entry).sum().backward()
+            raised = None
+        except Exception as e:  # any error the answer raises is the answer's
+            raised = e
+    shape = f"a gradient of {size} entries {entry:g}, -{entry:g}, {entry:g}, … (they add up to 0, norm {norm:g})"
+    if bad and raised is None:
+        return Outcome(False, f"{shape}, limit 1e3: backward ran to the end. Test the norm, grad.norm() = "
+                              "√(sum of the squares): a sum of the entries cancels, and no single entry is large")
+    if not bad and raised is not None:
+        return Outcome(False, f"{shape}, limit 1e3, and your hook raised {type(raised).__name__}: {raised}. Raise "
+                              "only when grad.norm() = √(sum of the squares) is above the limit, not the sum of "
+                              "the absolute values")
+    return None
+
+
 def _named_in(raised: BaseException) -> list[str]:
     return re.findall(r"[A-Za-z_][\w.]*", str(raised))
 
@@ -328,6 +353,11 @@ def _guard(guard) -> Outcome:
         return Outcome(False, f"with NaN at ms replaced by 0, the error says {str(raised)!r}: it names "
                               f"{['h', *others]}, but only h's gradient was too large. Name only the tensor whose "
                               "hook raised")
+    # entries that cancel: only the norm sqrt(sum of squares) tells these two apart
+    for size, entry, bad in ((16, 500.0, True), (400, 30.0, False)):
+        wrong = _norm_case(guard, size, entry, bad)
+        if wrong:
+            return wrong
     # after remove(), nothing is left
     embed, head, x, y = _problem()
     steps = _steps(embed, head, x)
@@ -339,86 +369,126 @@ def _guard(guard) -> Outcome:
         return Outcome(False, "after handle.remove() on every handle, backward still raises: return the handles "
                               "of your hooks")
     return Outcome(True, "clean batch untouched; stopped at ms on the NaN, at h on the norm 5e4, with the name "
-                         "in the error")
+                         "in the error; entries that cancel judged by their norm")
 
 
-def _by_hand_case(dms_by_hand) -> tuple[torch.Tensor, torch.Tensor, object] | Outcome:
-    """A batch like the lesson's (row 2 padded), the gradients hooks caught at normed and ms, and the
-    answer's dms from them."""
+def _by_hand_case(by_hand) -> tuple[dict, tuple, object] | Outcome:
+    """A batch like the lesson's (row 2 padded), in float64: the gradients hooks caught at normed, rms,
+    ms and h, and the answer's gradients, from dnormed, h and rms."""
     torch.manual_seed(7)  # on the checker's own random stream (see ``exercise``)
-    embed, head = nn.Linear(4, 6, bias=False), nn.Linear(6, 3)
+    embed, head = nn.Linear(4, 6, bias=False).double(), nn.Linear(6, 3).double()
     x = torch.randn(4, 4, dtype=torch.float64)
     x[2] = 0.0
-    embed, head = embed.double(), head.double()
     steps = _steps(embed, head, x)
     caught = {}
     with Hooks() as hooks:
-        for name in ("normed", "ms"):
+        for name in ("normed", "rms", "ms", "h"):
             hooks.add(steps[name].register_hook(lambda grad, name=name: caught.__setitem__(name, grad)))
         nn.functional.cross_entropy(steps["logits"], torch.tensor([0, 2, 1, 1])).backward()
     h, rms = steps["h"].detach(), steps["rms"].detach()
     graphs = []  # anything autograd saves for a backward while the answer runs: the answer built a graph
     with saved_tensors_hooks(lambda t: graphs.append(1) or t.detach(), lambda t: t):
-        dms = dms_by_hand(caught["normed"], h, rms)
-    if graphs or (isinstance(dms, torch.Tensor) and dms.requires_grad):
-        return Outcome(False, "dms_by_hand asked autograd (requires_grad_, backward or torch.autograd.grad): "
-                              "the point is to derive it yourself, with the chain rule, from dnormed, h and rms; "
-                              "the hook at ms is what your derivation is compared with")
-    return caught["ms"], (caught["normed"], h, rms), dms
+        mine = by_hand(caught["normed"], h, rms)
+    if graphs or (isinstance(mine, dict) and any(isinstance(d, torch.Tensor) and d.requires_grad
+                                                  for d in mine.values())):
+        return Outcome(False, "by_hand asked autograd (requires_grad_, backward or torch.autograd.grad): the point "
+                              "is to derive them yourself, with the chain rule, from dnormed, h and rms; the hooks "
+                              "are what your derivation is compared with")
+    return caught, (caught["normed"], h, rms), mine
 
 
-@exercise("01.3", "derive the gradient at ms by hand")
-def _by_hand(dms_by_hand) -> Outcome:
-    """``dms_by_hand(dnormed, h, rms)`` derives the gradient of the loss with respect to ``ms`` from
-    the gradient caught at ``normed = h / (rms + 1e-6)``, with ``rms = √ms``: the sum over the row of
-    ``dnormed · (−h / (rms + 1e-6)²)``, divided by ``2 · rms``. Compared, Karpathy's ``cmp`` style,
-    with the gradient a hook caught at ``ms``: NaN in the padded row, as autograd computes it."""
-    case = _by_hand_case(dms_by_hand)
+def _cmp(name: str, mine: torch.Tensor, caught: torch.Tensor, real: torch.Tensor) -> str:
+    diff = (mine[real] - caught[real]).abs().max().item()
+    return f"{name:<4}| close: True | max diff: {'below 1e-12' if diff < 1e-12 else f'{diff:.0e}'}"
+
+
+def _drms_slip(d: torch.Tensor, want: torch.Tensor, dnormed, h, rms, real) -> str | None:
+    if d.shape != want.shape:
+        return (f"the gradient at rms has the shape {tuple(d.shape)}, rms has {tuple(want.shape)}: rms is "
+                "broadcast over its row, each row's rms divides every entry of the row, so add up over the row "
+                "(.sum(dim=1, keepdim=True))")
+    if torch.allclose(d[real], -want[real], rtol=1e-4):
+        return "the gradient at rms has the wrong sign: the derivative of h / (rms + 1e-6) with respect to rms is " \
+               "−h / (rms + 1e-6)²"
+    if torch.allclose(d[real], (dnormed * -h / rms**2).sum(dim=1, keepdim=True)[real], rtol=1e-9, atol=0.0):
+        return "the gradient at rms: close, but you left out the 1e-6: the derivative of h / (rms + 1e-6) with " \
+               "respect to rms is −h / (rms + 1e-6)², not −h / rms² (float64 tells them apart)"
+    return None
+
+
+@exercise("01.3", "derive the gradients at rms, ms and h by hand")
+def _by_hand(by_hand) -> Outcome:
+    """``by_hand(dnormed, h, rms)`` returns ``{"rms": drms, "ms": dms, "h": dh}``, the gradients of
+    the loss at ``rms``, ``ms`` and ``h``, derived by the chain rule from the gradient caught at
+    ``normed = h / (rms + 1e-6)``, with ``rms = √ms`` and ``ms`` the mean of ``h²`` over a row. Each is
+    compared, in backward's order and Karpathy's ``cmp`` style, with what a hook caught there, NaN in
+    the padded row included."""
+    case = _by_hand_case(by_hand)
     if isinstance(case, Outcome):
         return case
-    caught, (dnormed, h, rms), dms = case
-    if not isinstance(dms, torch.Tensor):
-        return Outcome(False, f"dms_by_hand returned {kind_of(dms)}: return a tensor shaped like ms, (rows, 1)")
-    if dms.shape != caught.shape:
-        return Outcome(False, f"dms has the shape {tuple(dms.shape)}, ms has {tuple(caught.shape)}: each row's rms "
-                              "divides every entry of its row, so add up over the row (dim=1, keepdim=True)")
-    real = torch.ones(len(caught), dtype=torch.bool)
+    caught, (dnormed, h, rms), mine = case
+    if not isinstance(mine, dict) or sorted(mine) != ["h", "ms", "rms"]:
+        keys = sorted(mine) if isinstance(mine, dict) else None
+        return Outcome(False, f"by_hand returned {kind_of(mine) if keys is None else f'a dict with keys {keys}'}: "
+                              'return a dict {"rms": drms, "ms": dms, "h": dh}')
+    for name in ("rms", "ms", "h"):
+        if not isinstance(mine[name], torch.Tensor):
+            return Outcome(False, f'by_hand(...)["{name}"] is {kind_of(mine[name])}: return a tensor shaped like '
+                                  f"{name}")
+    real = torch.ones(len(h), dtype=torch.bool)
     real[2] = False
-    drms = (dnormed * -h / (rms + 1e-6) ** 2).sum(dim=1, keepdim=True)
-    no_eps = (dnormed * -h / rms**2).sum(dim=1, keepdim=True) / (2 * rms)
-    if torch.allclose(dms[real], -caught[real], rtol=1e-4):
-        return Outcome(False, "dms has the wrong sign: the derivative of h / (rms + 1e-6) with respect to rms is "
-                              "−h / (rms + 1e-6)²")
+    lines = []
+    drms, dms, dh = mine["rms"], mine["ms"], mine["h"]
+    slip = _drms_slip(drms, caught["rms"], dnormed, h, rms, real)
+    if slip:
+        return Outcome(False, slip)
+    if not torch.allclose(drms[real], caught["rms"][real], rtol=1e-9, atol=0.0):
+        return Outcome(False, "the gradient at rms differs from what the hook caught: normed = h / (rms + 1e-6), so "
+                              "each entry of the row gives dnormed · (−h / (rms + 1e-6)²), and rms gets their sum")
+    lines.append(_cmp("rms", drms, caught["rms"], real))
+    if dms.shape != caught["ms"].shape:
+        return Outcome(False, f"the gradient at ms has the shape {tuple(dms.shape)}, ms has "
+                              f"{tuple(caught['ms'].shape)}: rms = √ms, one entry for one entry")
     if torch.allclose(dms[real], drms[real], rtol=1e-4):
-        return Outcome(False, "that is the gradient at rms: ms reaches rms through the square root, so multiply "
-                              "by its derivative, 1 / (2√ms) = 1 / (2 rms)")
-    if torch.allclose(dms[real], no_eps[real], rtol=1e-9, atol=0.0):
-        return Outcome(False, "close, but you left out the 1e-6: normed = h / (rms + 1e-6), so the derivative "
-                              "with respect to rms is −h / (rms + 1e-6)², not −h / rms² (float64 tells them apart)")
+        return Outcome(False, "your gradient at ms is the one at rms: ms reaches rms through the square root, so "
+                              "multiply by its derivative, 1 / (2√ms) = 1 / (2 rms)")
     eps_slips = {
         "(2 · (rms + 1e-6))": drms / (2 * (rms + 1e-6)),
         "(2 · √(ms + 1e-6))": drms / (2 * (rms**2 + 1e-6).sqrt()),
     }
     for said, slip in eps_slips.items():
         if torch.allclose(dms[real], slip[real], rtol=1e-9, atol=0.0):
-            return Outcome(False, f"close, but the 1e-6 is in the wrong place: you divided by {said}. The 1e-6 "
-                                  "belongs to normed's step only. The square root's derivative is 1 / (2√ms) = "
-                                  "1 / (2 rms), with no 1e-6")
-    if not torch.allclose(dms[real], caught[real], rtol=1e-9, atol=0.0):
-        diff = (dms[real] - caught[real]).abs().max().item()
-        rel = ((dms[real] - caught[real]).abs() / caught[real].abs()).max().item()
-        hint = ("so small a difference is a slip with the 1e-6: check where it goes in each derivative"
-                if rel < 1e-3 else "the chain rule, step by step: drms = sum over the row of "
-                "dnormed · (−h / (rms + 1e-6)²), then dms = drms / (2 rms)")
-        return Outcome(False, f"in the rows that are not padding, dms differs from what the hook caught by up to "
-                              f"{diff:.1e} (relative {rel:.1e}): {hint}")
+            return Outcome(False, f"the gradient at ms: close, but the 1e-6 is in the wrong place: you divided by "
+                                  f"{said}. The 1e-6 belongs to normed's step only. The square root's derivative is "
+                                  "1 / (2√ms) = 1 / (2 rms), with no 1e-6")
+    if not torch.allclose(dms[real], caught["ms"][real], rtol=1e-9, atol=0.0):
+        diff = (dms[real] - caught["ms"][real]).abs().max().item()
+        return Outcome(False, f"in the rows that are not padding, your gradient at ms differs from what the hook "
+                              f"caught by up to {diff:.1e}: the square root's derivative is 1 / (2√ms) = 1 / (2 rms)")
     if not dms[2].isnan().all():
-        return Outcome(False, f"in the padded row your dms is {dms[2].item():g}, but autograd's is NaN: derive "
-                              "what autograd computes (0 / (2 · 0) there), do not repair it")
-    diff = (dms[real] - caught[real]).abs().max().item()
-    return Outcome(True, f"dms against the hook on ms | close: True | max diff: "
-                         f"{'below 1e-12' if diff < 1e-12 else f'{diff:.0e}'} (float64, the rows that are not "
-                         "padding); the padded row NaN in both, 0 / (2 · 0)")
+        return Outcome(False, f"in the padded row your gradient at ms is {dms[2].item():g}, but autograd's is NaN: "
+                              "derive what autograd computes (0 / (2 · 0) there), do not repair it")
+    lines.append(_cmp("ms", dms, caught["ms"], real))
+    direct, through_ms = dnormed / (rms + 1e-6), dms * 2 * h / h.shape[1]
+    if dh.shape != h.shape:
+        return Outcome(False, f"the gradient at h has the shape {tuple(dh.shape)}, h has {tuple(h.shape)}")
+    if torch.allclose(dh[real], direct[real], rtol=1e-9, atol=0.0):
+        return Outcome(False, "the gradient at h: you followed only the path through normed. h is also used by ms, "
+                              "the mean of h² over the row: add that path's term, dms · 2h / (entries in a row)")
+    if torch.allclose(dh[real], through_ms[real], rtol=1e-9, atol=0.0):
+        return Outcome(False, "the gradient at h: you followed only the path through ms. normed = h / (rms + 1e-6) "
+                              "uses h directly too: add dnormed / (rms + 1e-6)")
+    if not torch.allclose(dh[real], caught["h"][real], rtol=1e-9, atol=0.0):
+        diff = (dh[real] - caught["h"][real]).abs().max().item()
+        return Outcome(False, f"in the rows that are not padding, your gradient at h differs from what the hook "
+                              f"caught by up to {diff:.1e}: two paths add up, dnormed / (rms + 1e-6) and "
+                              "dms · 2h / (entries in a row), since ms is the mean of h²")
+    if not dh[2].isnan().all():
+        return Outcome(False, "in the padded row your gradient at h is a number, but autograd's is NaN (NaN from "
+                              "ms, times 2h = 0, is still NaN): do not repair it")
+    lines.append(_cmp("h", dh, caught["h"], real))
+    return Outcome(True, "against the hooks (float64, rows that are not padding; the padded row NaN in both):\n"
+                         + "\n".join(lines))
 
 
 # ----- the lesson's figure -----------------------------------------------------------------------
@@ -454,7 +524,9 @@ def guard(named: dict[str, torch.Tensor], limit: float) -> list:
     return [t.register_hook(lambda grad, name=name: hook(grad, name)) for name, t in named.items()]
 
 
-def dms_by_hand(dnormed: torch.Tensor, h: torch.Tensor, rms: torch.Tensor) -> torch.Tensor:
+def by_hand(dnormed: torch.Tensor, h: torch.Tensor, rms: torch.Tensor) -> dict[str, torch.Tensor]:
     """A worked answer to 01.3 (see ``guard``)."""
     drms = (dnormed * -h / (rms + 1e-6) ** 2).sum(dim=1, keepdim=True)
-    return drms / (2 * rms)
+    dms = drms / (2 * rms)
+    dh = dnormed / (rms + 1e-6) + dms * 2 * h / h.shape[1]
+    return {"rms": drms, "ms": dms, "h": dh}
