@@ -223,3 +223,138 @@ def test_the_measured_facts_the_lesson_states_about_the_heads_and_steering():
     hook = nb08.steering_hook(nb08.steering_direction(model), nb08.CHANGED, 4)
     steered = nb08.run_hooked(model, nb08.clean_and_corrupted()[1], "blocks.0.hook_resid_post", hook)
     assert steered[0, nb08.Q].argmax().item() not in (nb08.A, nb08.B) and nb08.logit_diff(steered) > 5
+
+
+# ----- in-place and first-sequence-only edits, on a batch of two ----------------------------------
+def sweep_with(edit):
+    """The worked sweep, with ``edit(output, clean_value, position)`` as the patch hook's body."""
+    def patching_sweep(model, clean, corrupted, points, metric):
+        with record(model, points) as rec, torch.no_grad():
+            high = metric(model(clean))
+        with torch.no_grad():
+            low = metric(model(corrupted))
+        sweep = torch.zeros(len(points), corrupted.shape[1])
+        for row, point in enumerate(points):
+            for position in range(corrupted.shape[1]):
+                value = rec[point].output
+                handle = model.get_submodule(point).register_forward_hook(
+                    lambda m, a, o, v=value, p=position: edit(o, v, p))
+                try:
+                    with torch.no_grad():
+                        sweep[row, position] = metric(model(corrupted))
+                finally:
+                    handle.remove()
+        return (sweep - low) / (high - low)
+
+    return patching_sweep
+
+
+def in_place_first(output, value, position):
+    output[0, position] = value[0, position]
+
+
+def copy_first(output, value, position):
+    output = output.clone()
+    output[0, position] = value[0, position]
+    return output
+
+
+def scores_with(edit, as_list=False):
+    """The worked scores, with ``edit(output, head)`` as the ablation hook's body."""
+    def ablation_scores(model, tokens, layer, metric, mean=None):
+        z = model.blocks[layer].attn.hook_z
+        with torch.no_grad():
+            intact = metric(model(tokens))
+        scores = []
+        for head in range(4):
+            handle = z.register_forward_hook(lambda m, a, o, h=head: edit(o, h, mean))
+            try:
+                with torch.no_grad():
+                    scores.append(intact - metric(model(tokens)))
+            finally:
+                handle.remove()
+        return scores if as_list else torch.tensor(scores)
+
+    return ablation_scores
+
+
+def zero_in_place_first(output, head, mean):
+    output[0, :, head] = 0.0 if mean is None else mean[:, head]
+
+
+def zero_copy_first(output, head, mean):
+    output = output.clone()
+    output[0, :, head] = 0.0 if mean is None else mean[:, head]
+    return output
+
+
+def zero_right(output, head, mean):
+    output = output.clone()
+    output[:, :, head] = 0.0 if mean is None else mean[:, head]
+    return output
+
+
+def steer_copy_first(direction, position, scale):
+    def hook(module, args, output):
+        output = output.clone()
+        output[0, position] += scale * direction
+        return output
+
+    return hook
+
+
+@pytest.mark.parametrize(("id", "answer", "words"), [
+    ("08.2", sweep_with(in_place_first), ["in place", "output.clone()"]),
+    ("08.2", sweep_with(copy_first), ["both in one batch", "only the first sequence", "output[:, ...]"]),
+    ("08.3", scores_with(zero_in_place_first), ["in place", "output.clone()"]),
+    ("08.3", scores_with(zero_in_place_first, as_list=True), ["in place"]),
+    ("08.3", scores_with(zero_copy_first), ["a batch of two", "only the first sequence"]),
+    ("08.3", scores_with(zero_right, as_list=True), ["returned list", "return a tensor"]),
+    ("08.4", steer_copy_first, ["only the first sequence", "output[:, ...]"]),
+])  # fmt: skip
+def test_in_place_and_first_sequence_only_edits_are_rejected(id, answer, words):
+    failed(id, answer, *words)
+
+
+def test_the_pair_metric_reads_both_sequences():
+    model = nb08._model()
+    with torch.no_grad():
+        logits = model(nb08.induction_pair())
+    assert logits[1, nb08.Q].argmax().item() == 14
+    assert nb08.pair_metric(logits) > nb08.logit_diff(logits) + 5
+
+
+def test_the_measured_facts_the_lesson_states_about_matching_the_batch_and_the_norms():
+    """A match wins (query 8: key 5, answer 14); with none, position (query 22: key 3, answer 19); without the
+    run's 3, key 2 and the 10. Over 500 sequences one zeroed head keeps accuracy ≥ 0.993, all four of layer 1
+    do not. Twice the steering direction is longer than any residual after layer 0."""
+    from hooklab.transformer import induction_batch, induction_mask
+
+    model, clean = nb08._model(), nb08.clean_and_corrupted()[0]
+
+    def answer_and_keys(tokens):
+        with torch.no_grad():
+            predicted = model(tokens)[0, nb08.Q].argmax().item()
+        return predicted, nb08.record_patterns(model, tokens)[1][0, :, nb08.Q].argmax(-1).tolist()
+
+    for position, token, answer, key, heads in [(9, 8, 14, 5, 3), (9, 22, 19, 3, 4), (2, 10, 10, 2, 3)]:
+        tokens = clean.clone()
+        tokens[0, position] = token
+        predicted, keys = answer_and_keys(tokens)
+        assert predicted == answer and keys.count(key) >= heads, (token, predicted, keys)
+    batch = induction_batch(500, torch.Generator().manual_seed(2))
+    mask = induction_mask(batch)
+
+    def accuracy(logits):
+        return (logits[:, :-1].argmax(-1) == batch[:, 1:])[mask].float().mean().item()
+
+    for layer in (0, 1):
+        assert (1 - nb08.ablation_scores(model, batch, layer, accuracy)).min() >= 0.993
+    zeroed = nb08.run_hooked(model, batch, "blocks.1.attn.hook_z", lambda m, a, o: torch.zeros_like(o))
+    assert accuracy(zeroed) < 0.4
+    with record(model, ["blocks.0.hook_resid_post"]) as rec, torch.no_grad():
+        model(induction_batch(500, torch.Generator().manual_seed(1)))
+    assert 2 * nb08.steering_direction(model).norm() > rec["blocks.0.hook_resid_post"].output.norm(dim=-1).max()
+    patched = nb08.run_hooked(model, nb08.second_corruption(), "blocks.0.hook_resid_post",
+                              nb08.patch_hook(nb08.clean_cache(model)["blocks.0.hook_resid_post"], 2))
+    assert patched[0, nb08.Q].argmax().item() == 8 and nb08.logit_diff_2(patched) > 0

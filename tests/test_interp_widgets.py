@@ -37,6 +37,15 @@ def test_the_second_corruption_is_named_and_its_normalised_map_is_the_sweeps(exp
         "blocks.0.hook_attn_out", 3, 0)
 
 
+def test_the_summary_names_the_prediction_and_the_keys_layer_1_attends_from_the_query(explorer):
+    """What the lesson prints beside the widget: the second corruption patched at layer 0's attention output."""
+    at_2, at_3 = (explorer.summary("blocks.0.hook_attn_out", p, 1) for p in (2, 3))
+    assert at_2.endswith("predicts 10, layer 1's heads attend keys [2, 2, 2, 2]"), at_2
+    assert at_3.endswith("predicts 19, layer 1's heads attend keys [3, 3, 3, 3]"), at_3
+    after_layer_0 = explorer.summary("blocks.0.hook_resid_post", 2, 1)  # 19 beats 10, but 8 wins
+    assert "normalised 0.66 (neither answer wins); predicts 8" in after_layer_0, after_layer_0
+
+
 def test_the_widget_redraws_text_and_picture_when_a_control_moves(explorer):
     panel = explorer.widget()
     assert panel.redraws == 1 and "+10.8" in panel.text

@@ -48,13 +48,13 @@ class PatchingExplorer:
     def _diff(self, logits: torch.Tensor, wrong: int) -> float:
         return (logits[0, self.query, self.answer] - logits[0, self.query, wrong]).item()
 
-    def _run(self, point: str, position: int, corruption: int) -> tuple[float, torch.Tensor]:
+    def _run(self, point: str, position: int, corruption: int) -> tuple[float, torch.Tensor, int]:
         key = corruption, point, position
         if key not in self._runs:
             self._runs[key] = self._patch(point, position, corruption)
         return self._runs[key]
 
-    def _patch(self, point: str, position: int, corruption: int) -> tuple[float, torch.Tensor]:
+    def _patch(self, point: str, position: int, corruption: int) -> tuple[float, torch.Tensor, int]:
         clean = self.cache[point]
         tokens, wrong = self.corruptions[corruption]
 
@@ -73,7 +73,7 @@ class PatchingExplorer:
         finally:
             for handle in handles:
                 handle.remove()
-        return self._diff(logits, wrong), kept[-1]
+        return self._diff(logits, wrong), kept[-1], logits[0, self.query].argmax().item()
 
     def patched(self, point: str, position: int, corruption: int = 0) -> float:
         """The corrupted run's logit difference with the clean ``point`` at ``position``."""
@@ -85,11 +85,14 @@ class PatchingExplorer:
         return (self.patched(point, position, corruption) - low) / (high - low)
 
     def summary(self, point: str, position: int, corruption: int = 0) -> str:
-        diff, wrong = self.patched(point, position, corruption), self.corruptions[corruption][1]
+        diff, pattern, predicted = self._run(point, position, corruption)
+        wrong, keys = self.corruptions[corruption][1], pattern[:, self.query].argmax(-1).tolist()
+        winner = {self.answer: "clean", wrong: "corrupted"}.get(predicted, "neither")
         return (f"corruption {self.names[corruption]}: clean {point} patched in at position {position}: "
                 f"logit[{self.answer}] − logit[{wrong}] at position {self.query} = {diff:+.1f}, normalised "
                 f"{self.normalised(point, position, corruption):.2f} "
-                f"({'clean' if diff > 0 else 'corrupted'} answer wins)")
+                f"({winner} answer wins); predicts {predicted}, layer "
+                f"{len(self.model.blocks) - 1}'s heads attend keys {keys}")
 
     def picture(self, point: str, position: int, corruption: int = 0) -> bytes:
         """PNG: the corruption's patching map (hook point × position, normalised, the chosen cell framed), and

@@ -14,6 +14,8 @@ direction (08.4). ``record_patterns``, ``patching_sweep``, ``patch_hook``, ``abl
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 
@@ -165,13 +167,18 @@ def run_hooked(model: nn.Module, tokens: torch.Tensor, point: str, hook) -> torc
         handle.remove()
 
 
-def clean_cache(model: nn.Module, points=POINTS) -> dict[str, torch.Tensor]:
-    """The clean run's output of each module in ``points``."""
+def clean_cache_of(model: nn.Module, tokens: torch.Tensor, points=POINTS) -> dict[str, torch.Tensor]:
+    """The output of each module in ``points`` on ``tokens``."""
     from ..recording import record
 
     with record(model, list(points)) as rec, torch.no_grad():
-        model(clean_and_corrupted()[0])
+        model(tokens)
     return {point: rec[point].output for point in points}
+
+
+def clean_cache(model: nn.Module, points=POINTS) -> dict[str, torch.Tensor]:
+    """The clean run's output of each module in ``points``."""
+    return clean_cache_of(model, clean_and_corrupted()[0], points)
 
 
 def patched_diff(model: nn.Module, point: str, position: int, cache: dict | None = None) -> float:
@@ -241,6 +248,20 @@ def _heads_to_spare() -> int:
 STEER_SCALES = [0, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4]
 
 
+def induction_pair() -> torch.Tensor:
+    """Two sequences, ``(2, 16)``: the clean run, and the clean run whose query token is 8 (it answers 14)."""
+    clean = clean_and_corrupted()[0]
+    other = clean.clone()
+    other[0, Q] = 8
+    return torch.cat([clean, other])
+
+
+def pair_metric(logits: torch.Tensor) -> float:
+    """On ``induction_pair()``: logit[19] − logit[17] of the first sequence plus logit[14] − logit[17] of the
+    second, at the query."""
+    return (logits[0, Q, A] - logits[0, Q, B] + logits[1, Q, 14] - logits[1, Q, B]).item()
+
+
 @prediction("08.d", "the token the clean run predicts with the direction added at scale −1",
             why="at scale −1 the clean run's position 3 after layer 0 becomes the corrupted run's value: the "
                 "reverse of section 2's patch, which carried 0.93 of the difference, so the model answers 17",
@@ -274,13 +295,34 @@ def _probe(answer, args: tuple, output: torch.Tensor):
 def _watch(hook, edited: list):
     """``hook``, wrapped to note in ``edited`` when it changes the ``output`` it receives in place."""
     def wrapper(module, args, output):
-        before = output.clone()
+        before = output.clone() if isinstance(output, torch.Tensor) else None
         result = hook(module, args, output)
-        if not torch.equal(output, before):
+        if before is not None and not torch.equal(output, before):
             edited.append(True)
         return result
 
     return wrapper
+
+
+IN_PLACE = ("your hook changed `output` in place: edit a copy (`output = output.clone()`) and return it, so "
+            "that nothing else holding the tensor changes with it")
+ROW_0 = "only the first sequence of the batch changed: edit `output[:, ...]`, every sequence, not `output[0, ...]`"
+
+
+def _watched(model: nn.Module, edited: list) -> nn.Module:
+    """``model``, each of whose modules wraps the forward hooks registered on it in ``_watch``."""
+    def registering(module):
+        owner = weakref.ref(module)  # weak: no reference cycle keeps the model alive
+
+        def register(hook, *args, **kwargs):
+            watched = hook if kwargs.get("with_kwargs") else _watch(hook, edited)
+            return type(owner()).register_forward_hook(owner(), watched, *args, **kwargs)
+
+        return register
+
+    for module in model.modules():
+        module.register_forward_hook = registering(module)
+    return model
 
 
 def _compare_runs(answer, what: str, cases) -> Outcome | None:
@@ -293,18 +335,15 @@ def _compare_runs(answer, what: str, cases) -> Outcome | None:
         edited: list[bool] = []
         got = run_hooked(model, tokens, point, _watch(hook, edited))
         if edited:
-            return Outcome(False, f"{where}: your hook changed `output` in place; start from a copy "
-                                  "(`output = output.clone()`) and return it. An in-place edit returning None "
-                                  "works only when nothing else holds the tensor; it also changes every other "
-                                  "holder: a cache recorded from the same run that shares its storage (a "
-                                  "detach(), not a clone), or another hook on the module. This exercise asks "
-                                  "for the safe form")
+            return Outcome(False, f"{where}: {IN_PLACE}")
         if (leftover := [n for n, m in model.named_modules() if m._forward_hooks]):
             return Outcome(False, f"a forward hook is still registered on {leftover[0]!r}: the hook should not "
                                   "register hooks")
         want = run_hooked(model, tokens, point, worked)
         if torch.allclose(got, want, atol=1e-5):
             continue
+        if len(got) > 1 and torch.allclose(got[0], want[0], atol=1e-5):
+            return Outcome(False, f"{where}: {ROW_0}")
         plain = run_hooked(model, tokens, point, lambda m, a, o: None)
         if torch.allclose(got, plain, atol=1e-5):
             return Outcome(False, f"{where}: the output is unchanged; your hook returned None, so the model "
@@ -346,13 +385,18 @@ def _check_patterns(answer) -> Outcome:
 def _sweep_cases():
     """(clean, corrupted, metric, what) for the lesson's two corruptions."""
     clean, corrupted = clean_and_corrupted()
+
+    def both(logits):  # each sequence's own logit difference, added
+        return logit_diff(logits[:1]) + logit_diff_2(logits[1:])
+
     return [(clean, corrupted, logit_diff, f"19 → {B} at position {CHANGED}"),
-            (clean, second_corruption(), logit_diff_2, f"3 → {B2} at position {CHANGED2}")]
+            (clean, second_corruption(), logit_diff_2, f"3 → {B2} at position {CHANGED2}"),
+            (torch.cat([clean, clean]), torch.cat([corrupted, second_corruption()]), both, "both in one batch")]
 
 
-def _raw_sweep(model, corrupted, metric) -> torch.Tensor:
+def _raw_sweep(model, clean, corrupted, metric) -> torch.Tensor:
     """The un-normalised sweep: the clean values patched into ``corrupted``."""
-    cache = clean_cache(model, POINTS)
+    cache = clean_cache_of(model, clean, POINTS)
     return torch.tensor([[metric(run_hooked(model, corrupted, point, patch_hook(cache[point], position)))
                           for position in range(corrupted.shape[1])] for point in POINTS])
 
@@ -361,7 +405,7 @@ def _sweep_slip(model, got, clean, corrupted, metric) -> str | None:
     """Name the slip when ``got`` is a plausible wrong sweep."""
     with torch.no_grad():
         high, low = metric(model(clean)), metric(model(corrupted))
-    raw = _raw_sweep(model, corrupted, metric)
+    raw = _raw_sweep(model, clean, corrupted, metric)
     want = (raw - low) / (high - low)
 
     def near(x):
@@ -377,6 +421,19 @@ def _sweep_slip(model, got, clean, corrupted, metric) -> str | None:
                 "0 is the corrupted run, 1 the clean one")
     if near(raw / high) or near((raw - low) / high):
         return "divide by (clean − corrupted), the whole range, not by the clean run's value alone"
+    if len(clean) > 1:
+        def first_only(point, position, value=None):
+            def hook(module, args, output):
+                output = output.clone()
+                output[0, position] = value[0, position]
+                return output
+            return hook
+
+        cache = clean_cache_of(model, clean, POINTS)
+        row0 = torch.tensor([[metric(run_hooked(model, corrupted, point, first_only(point, position, cache[point])))
+                              for position in range(corrupted.shape[1])] for point in POINTS])
+        if near((row0 - low) / (high - low)):
+            return ROW_0
     if near(torch.ones_like(want)):
         return ("every cell is the clean answer: you patched the clean run. Put the clean value into the "
                 "corrupted run: model(corrupted) while the hook is registered")
@@ -390,9 +447,12 @@ def _sweep_slip(model, got, clean, corrupted, metric) -> str | None:
 def _check_sweep(answer) -> Outcome:
     if not callable(answer):
         return Outcome(False, f"pass your function itself (`patching_sweep`), not {kind_of(answer)}")
-    model = _model()
+    edited: list[bool] = []
+    model = _watched(_model(), edited)
     for clean, corrupted, metric, what in _sweep_cases():
         got = answer(model, clean, corrupted, list(POINTS), metric)
+        if edited:
+            return Outcome(False, f"corruption {what}: {IN_PLACE}")
         if (leftover := [n for n, m in model.named_modules() if m._forward_hooks]):
             return Outcome(False, f"a forward hook is still registered on {leftover[0]!r} after your sweep: "
                                   "remove each handle right after its run (in a finally block), or the next "
@@ -410,7 +470,8 @@ def _check_sweep(answer) -> Outcome:
         row, col = divmod((got.float() - want).abs().argmax().item(), want.shape[1])
         return Outcome(False, f"corruption {what}: {POINTS[row]} at position {col} gives {got[row, col]:.2f}, "
                               f"want {want[row, col]:.2f}")
-    return Outcome(True, "the same map as the model's, for both corruptions, and no hook left behind")
+    return Outcome(True, "the same map as the model's, for both corruptions, alone and in one batch, and no hook "
+                         "left behind")
 
 
 def _scores_with(model, tokens, layer, metric, hook_for, *, keep: bool = False) -> torch.Tensor:
@@ -459,6 +520,15 @@ def _scores_slip(model, got, tokens, layer, metric, mean) -> str | None:
             return output
         return hook
 
+    def first_only(h):
+        def hook(module, args, output):
+            output = output.clone()
+            output[0, :, h] = 0.0 if mean is None else mean[:, h]
+            return output
+        return hook
+
+    if len(tokens) > 1 and near(_scores_with(model, tokens, layer, metric, first_only)):
+        return ROW_0
     if near(_scores_with(model, tokens, layer, metric, by_position)):
         return "you ablated a position, not a head: hook_z is (N, position, head, d_head), so set output[:, :, head]"
     return None
@@ -468,36 +538,42 @@ def _scores_slip(model, got, tokens, layer, metric, mean) -> str | None:
 def _check_scores(answer) -> Outcome:
     if not callable(answer):
         return Outcome(False, f"pass your function itself (`ablation_scores`), not {kind_of(answer)}")
-    model = _model()
+    edited: list[bool] = []
+    model = _watched(_model(), edited)
     clean = clean_and_corrupted()[0]
     mean = mean_z(model, 64)
-    for layer, m, what in [(1, None, "layer 1, zero"), (1, mean, "layer 1, mean"), (0, None, "layer 0, zero")]:
-        got = answer(model, clean, layer, logit_diff, m)
+    batch = induction_pair()
+    for tokens, metric, layer, m, what in [(clean, logit_diff, 1, None, "layer 1, zero"),
+                                           (clean, logit_diff, 1, mean, "layer 1, mean"),
+                                           (clean, logit_diff, 0, None, "layer 0, zero"),
+                                           (batch, pair_metric, 1, None, "a batch of two, layer 1, zero")]:
+        got = answer(model, tokens, layer, metric, m)
+        if edited:
+            return Outcome(False, f"{what}: {IN_PLACE}")
         if (leftover := [n for n, mod in model.named_modules() if mod._forward_hooks]):
             return Outcome(False, f"a forward hook is still registered on {leftover[0]!r} after your scores: "
                                   "remove each handle after its run, in a finally block")
         if not isinstance(got, torch.Tensor):
-            try:
-                got = torch.as_tensor(got, dtype=torch.float32)
-            except (TypeError, ValueError):
-                return Outcome(False, f"ablation_scores returned {kind_of(got)}: return a tensor, one score a head")
-        want = ablation_scores(model, clean, layer, logit_diff, m)
+            return Outcome(False, f"ablation_scores returned {kind_of(got)}: return a tensor, one score a head "
+                                  "(torch.zeros(heads), filled in)")
+        want = ablation_scores(model, tokens, layer, metric, m)
         if got.shape == want.shape and torch.allclose(got.float(), want, atol=1e-3):
             continue
-        if (slip := _scores_slip(model, got.float(), clean, layer, logit_diff, m)) is not None:
+        if (slip := _scores_slip(model, got.float(), tokens, layer, metric, m)) is not None:
             return Outcome(False, f"{what}: {slip}")
         if got.shape != want.shape:
             return Outcome(False, f"{what}: shape {tuple(got.shape)}, want {tuple(want.shape)}, one score a head")
         return Outcome(False, f"{what}: scores {[round(v, 2) for v in got.tolist()]}, want "
                               f"{[round(v, 2) for v in want.tolist()]}")
-    return Outcome(True, "the same drops as the model's, zero and mean, layers 0 and 1, and no hook left behind")
+    return Outcome(True, "the same drops as the model's, zero and mean, layers 0 and 1, on one run and a batch of "
+                         "two, and no hook left behind")
 
 
 @exercise("08.4", "steer with a direction added in a forward hook")
 def _check_steering(answer) -> Outcome:
     model = _model()
     direction = steering_direction(model)
-    corrupted = clean_and_corrupted()[1]
+    corrupted = torch.cat([clean_and_corrupted()[1], second_corruption()])  # a batch of two sequences
     cases = [((direction, p, s), "blocks.0.hook_resid_post", corrupted, steering_hook(direction, p, s),
               f"scale {s} at position {p}") for p, s in [(CHANGED, 1.0), (CHANGED, 0.5), (CHANGED, 2.0), (Q, -1.0)]]
     if (failed := _compare_runs(answer, "steering_hook", cases)) is not None:
@@ -510,7 +586,8 @@ def _check_steering(answer) -> Outcome:
                 return Outcome(False, "at the position asked, the output is not output + scale * direction: add "
                                       "to the output there (replacing or multiplying it is not steering)")
         return failed
-    return Outcome(True, "the same logits as the direction added at the scale and position asked, four cases")
+    return Outcome(True, "the same logits as the direction added at the scale and position asked, four cases, "
+                         "on a batch of two")
 
 
 __all__ = [
@@ -526,9 +603,12 @@ __all__ = [
     "ablation_scores",
     "clean_and_corrupted",
     "clean_cache",
+    "clean_cache_of",
+    "induction_pair",
     "logit_diff",
     "logit_diff_2",
     "mean_z",
+    "pair_metric",
     "patch_hook",
     "patched_diff",
     "patching_sweep",
