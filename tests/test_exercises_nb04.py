@@ -87,7 +87,7 @@ def test_the_predictions_truths():
     assert truth("04.b") == 0.0
     assert truth("04.c") == ["dbeta"]
     assert truth("04.d") == [[4, 6, 6, 4], [6, 9, 9, 6], [6, 9, 9, 6], [4, 6, 6, 4]]
-    assert truth("04.e") == "5"
+    assert truth("04.e") == {"1", "5"}
 
 
 @pytest.mark.parametrize(("id", "guess", "words"), [
@@ -102,10 +102,13 @@ def test_the_predictions_truths():
     ("04.b", 1e-3, "close, but the sum is exactly 0"),
     ("04.b", -0.01, "close, but the sum is exactly 0"),
     ("04.b", "0", "write a number, not a string"),
-    ("04.e", "4", "only because of what arrived at its output"),
-    ("04.e", "1", "the walk goes from the loss back"),
-    ("04.e", None, "the slip is there"),
-    ("04.e", 5, "a layer's name is a string"),
+    ("04.c", ["beta"], "'dbeta', not 'beta'"),
+    ("04.e", {"4"}, "only because of what arrived at its output"),
+    ("04.e", {"5"}, "does another layer use the same formula"),
+    ("04.e", {"0", "1", "2", "3", "4", "5"}, "a backward chained through the formulas"),
+    ("04.e", set(), "the slip is there"),
+    ("04.e", {1, 5}, "a layer's name is a string"),
+    ("04.e", ["5", "1"], "write them as a set"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_own_hint(id, guess, words):
     outcome = grade(id, guess)
@@ -116,7 +119,7 @@ def test_wrong_guesses_get_their_own_hint(id, guess, words):
                                            ("04.b", 1e-7), ("04.b", -1.5e-8), ("04.b", 0.0),
                                            ("04.c", ["DBeta"]),
                                            ("04.d", [[4, 6, 6, 4], [6, 9, 9, 6], [6, 9, 9, 6], [4, 6, 6, 4]]),
-                                           ("04.e", "5"), ("04.e", " '5' ")])
+                                           ("04.e", {"5", "1"})])
 def test_right_guesses_pass(id, guess):
     assert grade(id, guess).passed
 
@@ -405,12 +408,13 @@ def test_04_5_needs_eps():
 
 def test_the_lessons_worked_answers_pass():
     for id, answer in (("04.1", nb04.layer_backward), ("04.2", nb04.ce_backward_steps), ("04.3", nb04.ce_backward),
-                       ("04.9", nb04.first_disagreement)):
+                       ("04.4", nb04.bn_backward_steps), ("04.5", nb04.batch_norm_backward),
+                       ("04.9", nb04.disagreeing_layers)):
         assert grade(id, answer).passed, id
 
 
 def test_04_9_names_the_ties_when_a_max_pool_is_blamed():
-    outcome = grade("04.9", lambda model, x, y, formulas: "7")
+    outcome = grade("04.9", lambda model, x, y, formulas: {"9", "7"})
     assert not outcome.passed and "tied maxima" in outcome.detail, outcome.detail
 
 
@@ -565,75 +569,73 @@ def test_max_pool2d_gives_a_tie_to_the_first_maximum():  # what 04.7 and the les
 
 
 # ----- 04.9: where is the slip? -------------------------------------------------------------------------
-def disagreement(order=reversed, close=lambda a, b: torch.allclose(a, b, atol=1e-5), skip_none=True,
-                 leave_hook=False, params_only=False, table=None):
-    """04.9's worked answer, with one slip: the records walked forward, ``torch.equal`` (or no comparison
-    at all), layer 0's None grad_input compared, a hook left behind, the parameters' gradients alone,
-    or another table than the formulas given."""
-    def first_disagreement(model, x, y, formulas):
+def disagreement(close=lambda a, b: torch.allclose(a, b, atol=1e-5), skip_none=True, leave_hook=False,
+                 params_only=False, table=None, chained=False, first_only=False, skip_bias=True):
+    """04.9's worked answer, with one slip: ``torch.equal`` (or no comparison at all), layer 0's None
+    grad_input compared, a hook left behind, the parameters' gradients alone, another table than the
+    formulas given, each formula's dx passed on instead of the recorded grad_output, a stop at the
+    first disagreement from the loss back, or ``getattr(layer, name).grad`` on the conv's None bias."""
+    def disagreeing_layers(model, x, y, formulas):
         formulas = table or formulas
         with hooklab.record(model, backward=True) as rec:
             F.cross_entropy(model(x), y).backward()
         if leave_hook:
             model[0].register_forward_hook(lambda *args: None)
-        for r in order(rec.records):
+        found, passed_on = set(), rec.records[-1].grad_output[0]
+        for r in reversed(rec.records):
             layer = model.get_submodule(r.name)
             with torch.no_grad():
-                d, params = formulas[type(layer)](layer, r.inputs[0], r.output, r.grad_output[0])
+                d, params = formulas[type(layer)](layer, r.inputs[0], r.output,
+                                                  passed_on if chained else r.grad_output[0])
+            passed_on = d
             pairs = [] if params_only else [(d, r.grad_input[0])]
-            pairs += [(g, getattr(layer, k).grad) for k, g in params.items() if g is not None]
+            pairs += [(g, getattr(layer, k).grad) for k, g in params.items() if g is not None or not skip_bias]
             if any((b is not None or not skip_none) and not close(a, b) for a, b in pairs):
-                model.zero_grad()
-                return r.name
+                found.add(r.name)
+                if first_only:
+                    break
         model.zero_grad()
-        return None
-    return first_disagreement
+        return found
+    return disagreeing_layers
 
 
-def chained_params_only(model, x, y, formulas):
-    """The final gradients of a backward chained through the formulas, compared from the loss back."""
-    right = nb04.autograd_grads(model, x, y)
-    mine = nb04.hand_backward(formulas)(model, x, y)
-    return next((name.rpartition(".")[0] for name in reversed(right)
-                 if not torch.allclose(mine[name], right[name], rtol=1e-3, atol=1e-5)), None)
-
-
-def test_04_9_passes_the_worked_answer_and_one_that_returns_the_module():
+def test_04_9_passes_the_worked_answer_and_lists_and_modules_of_names():
     outcome = grade("04.9", ANSWERS["04.9"])
-    assert outcome.passed and "batch norm '5'" in outcome.detail, outcome.detail
-
-    def as_module(model, x, y, formulas):
-        name = ANSWERS["04.9"](model, x, y, formulas)
-        return None if name is None else model.get_submodule(name)
-
-    assert grade("04.9", as_module).passed
+    assert outcome.passed and "both batch norms, '1' and '5'" in outcome.detail, outcome.detail
+    assert grade("04.9", lambda *args: sorted(ANSWERS["04.9"](*args))).passed
+    assert grade("04.9", lambda *args: [int(name) for name in ANSWERS["04.9"](*args)]).passed
 
 
 @pytest.mark.parametrize(("answer", "words"), [
-    (disagreement(order=list), "comes first from the loss back"),
+    (disagreement(chained=True), "you passed your formula's dx on instead of what the hooks recorded"),
+    (disagreement(first_only=True), "check every layer, not only up to the first disagreement"),
     (disagreement(close=torch.equal), "torch.allclose, not =="),
-    (disagreement(close=lambda a, b: True), "you returned None"),
+    (disagreement(close=lambda a, b: True), "you named no layer"),
     (disagreement(skip_none=False), "its grad_input is (None,)"),
+    (disagreement(skip_bias=False), "a convolution without bias gives {'bias': None}"),
     (disagreement(leave_hook=True), "a hook is still registered"),
     (disagreement(table=bp.BACKWARD), "formulas[type(layer)]"),
-    (lambda model, x, y, formulas: 5, "with formulas whose Linear bias gradient is a mean over the rows, not a sum: "
-                                      "you named '5'"),
-    (chained_params_only, "the layer that receives the wrong gradient"),
-    (chained_params_only, "parameter gradients alone can't see"),
+    (lambda model, x, y, formulas: "5", "return a set (or list) of layer names"),
+    (lambda model, x, y, formulas: {"12"}, "not a child of the model"),
 ])  # fmt: skip
 def test_04_9_names_the_slip(answer, words):
     outcome = grade("04.9", answer)
     assert not outcome.passed and words in outcome.detail, outcome.detail
 
 
+def test_04_9_names_a_chained_backward_even_without_the_grad_input_of_layer_0():
+    failed("04.9", disagreement(chained=True), "with the problem's formulas", "{'0', '1', '2', '3', '4', '5'}",
+           "judged on what that layer recorded")
+
+
 def test_04_9_wants_a_float32_tolerance():  # plain allclose blames layer 4 of the right formulas in float32
-    failed("04.9", disagreement(close=torch.allclose), "in float32", "you named '4'",
-           "float32 rounding", "relative tolerance (e.g. rtol=1e-3")
+    failed("04.9", disagreement(close=torch.allclose), "in float32", "'4'", "float32 rounding",
+           "relative tolerance (e.g. rtol=1e-3")
 
 
 def test_04_9_says_parameter_gradients_cannot_see_grad_input():
-    outcome = failed("04.9", disagreement(params_only=True), "you returned None", "parameter gradients can't see",
-                     "compare each layer's grad_input")
+    outcome = failed("04.9", disagreement(params_only=True), "you named no layer", "parameters' gradients alone",
+                     "Compare each layer's grad_input")
     assert "reversed(rec.records)" not in outcome.detail
 
 
@@ -681,7 +683,7 @@ def test_the_lessons_04_8_skeleton_completed_with_the_other_four_layers_passes()
                 a.permute(0, 2, 3, 1).reshape(-1, c), layer.weight, d.permute(0, 2, 3, 1).reshape(-1, c), layer.eps)
             d = dx.reshape(n, h, w, c).permute(0, 3, 1, 2)
         elif isinstance(layer, nn.Conv2d):
-            d, grads[f"{name}.weight"] = conv2d_backward(a, layer.weight, d, layer.padding)
+            d, grads[f"{name}.weight"] = conv2d_backward(a, layer.weight, d, layer.padding[0])
 '''
     assert "        else:  # your code here" in cell
     source = cell.replace("        else:  # your code here", rest + "        else:  # your code here")
@@ -696,3 +698,10 @@ def test_the_lessons_04_8_skeleton_completed_with_the_other_four_layers_passes()
     exec("\n".join(line for line in cell.splitlines() if not line.startswith("check(")), skeleton)
     with pytest.raises(NotImplementedError, match="Flatten"):  # the stub as the lesson stores it: not solved yet
         skeleton["model_backward"](nb04.digits_cnn(), torch.randn(2, 1, 8, 8), torch.tensor([0, 1]))
+
+
+def test_04_8_names_the_padding_pair_when_an_int_was_expected():
+    def padding_as_given(model, x, y):  # F.pad(x, (padding,) * 4) in a conv2d_backward, handed layer.padding
+        return {"0.weight": F.pad(x, (model[0].padding,) * 4)}
+
+    failed("04.8", padding_as_given, "layer.padding is a pair", "pass layer.padding[0]")

@@ -7,7 +7,8 @@ Predictions 04.a-04.e compute their truth with torch. Exercises, in the order th
 * 04.2 cross-entropy in eight atomic steps, 04.3 its fused form;
 * 04.4 batch norm in seven atomic steps, 04.5 its fused form;
 * 04.6 a convolution (via ``unfold`` / ``fold`` or any other way), 04.7 max pooling;
-* 04.8 the whole CNN for one epoch of training, compared with autograd at every step.
+* 04.8 the whole CNN for one epoch of training, compared with autograd at every step;
+* 04.9 every layer whose backward formula disagrees with what its hooks recorded.
 
 The atomic exercises (04.2, 04.4) are judged **in chain order**, from the loss back, against the
 gradients autograd left in each intermediate kept with ``retain_grad()``; the message names the
@@ -402,6 +403,8 @@ def _bn_step_traps(t, dout, grads) -> dict[str, list[Trap]]:
         "dx does not change.",
     wrong=[
         ("dbeta", "the names go in a list, even when there is one: ['dbeta']"),
+        (["beta"], "name the gradients, as the question does: 'dbeta', not 'beta'"),
+        ("beta", "name the gradients in a list, as the question does: ['dbeta'], not 'beta'"),
         (["dx", "dgamma", "dbeta"], "dgamma = Σ dout·x̂ gains Σ x̂, which is 0 because x̂ has mean 0; and dx gains "
                                     "how the column's sum Σ y moves with x, which is not at all: Σ y = N·β"),
         (["dx", "dbeta"], "a push of 1 on every output of a column gives x the gradient of the column's sum Σ y, and "
@@ -758,8 +761,14 @@ def _capstone(model_backward) -> Outcome:
         twin = copy.deepcopy(mine).requires_grad_(True)  # its forward moves only its own running statistics
         expected = dict(zip(names, torch.autograd.grad(F.cross_entropy(twin(x), y), list(twin.parameters())),
                             strict=True))
-        with _training_on_purpose():
-            got, failed = by_hand(model_backward, ["model", "x", "y"], mine, x, y)
+        try:
+            with _training_on_purpose():
+                got, failed = by_hand(model_backward, ["model", "x", "y"], mine, x, y)
+        except TypeError as error:
+            if "tuple" not in str(error):
+                raise
+            return Outcome(False, f"your code raised TypeError: {error}. A Conv2d's layer.padding is a pair, (1, 1), "
+                                  "and 04.6's conv2d_backward takes one int: pass layer.padding[0]")
         result = failed or _judge_step(got, expected, mine)
         if isinstance(result, Outcome):
             return Outcome(False, f"at step {steps}: {result.detail}")
@@ -849,85 +858,109 @@ def _close(a, b) -> bool:
     return torch.allclose(a, b, rtol=1e-3, atol=1e-3 * b.abs().max().item())
 
 
-def _verdicts(model, x, y, formulas) -> dict[str, tuple[bool, bool]]:
+def _verdicts(model, x, y, formulas, chained=False) -> dict[str, tuple[bool, bool]]:
     """For each child in forward order: (its formula's dx disagrees with its grad_input, its formula's
-    parameter gradients disagree with .grad), each formula run on what that layer recorded."""
+    parameter gradients disagree with .grad), each formula run on what that layer recorded; or
+    (``chained``) on the dx the formula of the layer after it passed on, the slip 04.9 names."""
     from hooklab.recording import record
 
     with _training_on_purpose(), record(model, backward=True) as rec:
         F.cross_entropy(model(x), y).backward()
-    verdicts = {}
-    for r in rec.records:
+    verdicts, passed_on = {}, rec.records[-1].grad_output[0]
+    for r in reversed(rec.records):
         layer = model.get_submodule(r.name)
         with torch.no_grad():
-            dx, params = formulas[type(layer)](layer, r.inputs[0], r.output, r.grad_output[0])
+            dx, params = formulas[type(layer)](layer, r.inputs[0], r.output, passed_on if chained else r.grad_output[0])
         dx_wrong = r.grad_input[0] is not None and not _close(dx, r.grad_input[0])
         verdicts[r.name] = (dx_wrong, any(g is not None and not _close(g, getattr(layer, k).grad)
                                           for k, g in params.items()))
+        passed_on = dx
     model.zero_grad()
-    return verdicts
+    return dict(reversed(verdicts.items()))
 
 
-def _first(verdicts, order=reversed, params_only=False) -> str | None:
-    return next((name for name in order(verdicts) if verdicts[name][1] or (verdicts[name][0] and not params_only)),
-                None)
+def _disagreeing(verdicts, params_only=False) -> set[str]:
+    return {name for name, (dx_wrong, params_wrong) in verdicts.items()
+            if params_wrong or (dx_wrong and not params_only)}
 
 
 def _slipped_cases():
-    """(what the case is, a CNN in training mode, the formulas under test, the layer the answer must name)."""
+    """(what the case is, a CNN in training mode, the formulas under test, the layers the answer must name)."""
     from hooklab.backprop import BACKWARD
 
     slipped = formulas_with_a_slip()
     cases = []
     for label, formulas, expected in (
             ("formulas whose Linear bias gradient is a mean over the rows, not a sum",
-             {**BACKWARD, nn.Linear: _bias_by_the_mean}, "9"),
-            ("the problem's formulas", slipped, "5"),
-            ("formulas whose ReLU passes every gradient", {**BACKWARD, nn.ReLU: _passes_everything}, "6"),
-            ("hooklab.backprop's formulas (no slip)", BACKWARD, None),
-            ("the problem's formulas, in float32 as the lesson runs them", slipped, "5"),
-            ("hooklab.backprop's formulas, in float32 as the lesson runs them", BACKWARD, None)):
+             {**BACKWARD, nn.Linear: _bias_by_the_mean}, {"9"}),
+            ("the problem's formulas", slipped, {"1", "5"}),
+            ("formulas whose ReLU passes every gradient", {**BACKWARD, nn.ReLU: _passes_everything}, {"2", "6"}),
+            ("hooklab.backprop's formulas (no slip)", BACKWARD, set()),
+            ("the problem's formulas, in float32 as the lesson runs them", slipped, {"1", "5"}),
+            ("hooklab.backprop's formulas, in float32 as the lesson runs them", BACKWARD, set())):
         model = digits_cnn() if "float32" in label else digits_cnn().double()
         cases.append((label, model, formulas, expected))
     return cases
 
 
+def _names(got):
+    """The answer as a set of layer names, or None when it is not a collection of names."""
+    if got is None:
+        return set()
+    if isinstance(got, str | nn.Module) or not isinstance(got, set | frozenset | list | tuple | dict):
+        return None
+    names = set()
+    for item in got:
+        if isinstance(item, int) and not isinstance(item, bool):
+            item = str(item)
+        if not isinstance(item, str):
+            return None
+        names.add(item.strip().strip("'\""))
+    return names
+
+
 @prediction(
-    "04.e", "which layer first_disagreement names for the problem's formulas",
-    why="from the loss back, layers 9 to 6 compute from what arrived at their output what autograd computes; "
-        "the formula of batch norm '5', which holds its statistics constant, passes back another input gradient: '5'. "
-        "Layer 4 gets that wrong gradient in a chained backward, but the hooks hand it autograd's, and from that "
-        "its formula is right; '1' comes later.",
-    wrong=[("4", "layer 4's weight gradient is the first wrong one at the end, but only because of what arrived at "
-                 "its output: from autograd's grad_output, which the hooks keep, its formula is right. Each layer is "
-                 "judged from its own grad_output, so the walk stops at the layer whose formula slips"),
-           ("1", "batch norm '1' slips too, but the walk goes from the loss back (9, 8, 7, …) and stops at the "
-                 "first disagreement"),
-           (None, "the slip is there: batch norm's formula with its statistics held constant passes back another "
-                  "input gradient than autograd's, and allclose sees it"),
-           (5, "the right layer, but a layer's name is a string, as named_children() gives it: '5'"),
-           ("0", "layer '0' gets the images: its grad_input is (None,), and its weight's gradient is right from "
-                 "what arrived at its output")],
+    "04.e", "which layers disagreeing_layers names for the problem's formulas",
+    why="the problem's slip is in batch norm's formula: it holds the batch statistics constant, so its dx differs "
+        "from autograd's grad_input, in both batch norms, '1' and '5'. Layer 4's weight gradient is wrong at the "
+        "end only because '5' passed it a wrong gradient: from the grad_output its hooks kept, its formula is right.",
+    wrong=[({"4"}, "layer 4's weight gradient is the first wrong one at the end, but only because of what arrived at "
+                   "its output: from autograd's grad_output, which the hooks keep, its formula is right. Which "
+                   "layer's formula passed the wrong gradient to it?"),
+           ({"5"}, "'5' is one of them; does another layer use the same formula?"),
+           ({"0", "1", "2", "3", "4", "5"}, "that is what a backward chained through the formulas would blame: each "
+                                            "layer the wrong gradient reaches disagrees too. With the hooks, each "
+                                            "layer is judged on the grad_output it recorded"),
+           (set(), "the slip is there: one formula passes back another input gradient than autograd's, and allclose "
+                   "sees it"),
+           (["1", "5"], "the right layers, but write them as a set, as the function returns them: {'1', '5'}"),
+           (["5", "1"], "the right layers, but write them as a set, as the function returns them: {'1', '5'}"),
+           ("5", "a set of names, even when there is one: {'5'}"),
+           ({1, 5}, "a layer's name is a string, as named_children() gives it: {'1', '5'}")],
 )  # fmt: skip
-def _first_slipped() -> str | None:
+def _slipped_layers() -> set[str]:
     from ..data import digits
 
     data = digits()
     _, model, formulas, _ = next(case for case in _slipped_cases() if case[0] == "the problem's formulas")
-    return _first(_verdicts(model, data.x_train[:32].double(), data.y_train[:32], formulas))
+    return _disagreeing(_verdicts(model, data.x_train[:32].double(), data.y_train[:32], formulas))
 
 
-@exercise("04.9", "find the layer whose backward formula slipped, with hooks")
-def _first_disagreement(first_disagreement) -> Outcome:
-    """``first_disagreement(model, x, y, formulas) -> layer name or None``: with the forward and backward
-    of ``F.cross_entropy(model(x), y)`` recorded by hooks (``hooklab.record(model, backward=True)`` or
-    the student's own), each layer's formula from ``formulas`` (layer type -> ``(layer, input, output,
-    dout) -> (dx, {parameter name: gradient})``), run on that layer's recorded input, output and
-    ``grad_output``, is compared with the gradients autograd gave it; the answer is the first layer,
-    from the loss back, where they disagree, or None. Tried in float64 on the lesson's CNN with a slip
-    in one formula (in a dx, in a parameter's gradient), with none, then in float32 as the lesson runs
-    it (where the default tolerances of ``torch.allclose`` are too strict); the answer's own hooks
-    must be gone."""
+LOCAL_NAMES = ("the formulas name each parameter as the layer does, 'weight' or 'bias' (not '5.weight'), and a "
+               "convolution without bias gives {'bias': None}: skip the gradients that are None")
+
+
+@exercise("04.9", "name every layer whose backward formula slipped, with hooks")
+def _disagreeing_layers(disagreeing_layers) -> Outcome:
+    """``disagreeing_layers(model, x, y, formulas) -> set of layer names``: with the forward and backward
+    of ``F.cross_entropy(model(x), y)`` recorded by hooks, each layer's formula from ``formulas`` (layer
+    type -> ``(layer, input, output, dout) -> (dx, {parameter name: gradient})``), run on that layer's
+    recorded input, output and ``grad_output``, is compared with the gradients autograd gave it; the
+    answer is every layer where they disagree (a list or set; empty, or None, when none does). Asking
+    for every layer, not the first, tells apart an answer that passes each formula's dx on to the layer
+    before (which also blames every layer the wrong gradient reaches). Tried in float64 on the lesson's
+    CNN with a slip in one formula (in a dx, in a parameter's gradient), with none, then in float32 as
+    the lesson runs it; the answer's own hooks must be gone."""
     from ..audit import leftover_hooks
     from ..data import digits
 
@@ -936,85 +969,88 @@ def _first_disagreement(first_disagreement) -> Outcome:
         float32 = "float32" in label
         x, y = data.x_train[:32] if float32 else data.x_train[:32].double(), data.y_train[:32]
         verdicts = _verdicts(model, x, y, formulas)
-        assert _first(verdicts) == expected, (label, verdicts)  # the slips are where the cases put them
+        assert _disagreeing(verdicts) == expected, (label, verdicts)  # the slips are where the cases put them
         try:
             with _training_on_purpose():
-                got = first_disagreement(model, x, y, formulas)
+                got = disagreeing_layers(model, x, y, formulas)
         except TypeError as error:
             if "NoneType" not in str(error):
                 raise
             return Outcome(False, f"with {label}: your code raised TypeError: {error}. Layer '0' gets the images, "
                                   "which need no gradient: its grad_input is (None,), so compare only its weight's "
-                                  "gradient there")
+                                  f"gradient there; and {LOCAL_NAMES}")
+        except AttributeError as error:
+            return Outcome(False, f"with {label}: your code raised AttributeError: {error}. {LOCAL_NAMES[0].upper()}"
+                                  f"{LOCAL_NAMES[1:]}")
+        finally:
+            model.zero_grad()
         left = leftover_hooks(model)
         if left:
             return Outcome(False, f"with {label}: a hook is still registered after your function returned "
                                   f"({left[0]}): remove every handle you registered, in a finally block")
-        if isinstance(got, nn.Module):
-            got = next((name for name, m in model.named_modules() if m is got), got)
-        if isinstance(got, int) and not isinstance(got, bool):
-            got = str(got)
-        if got == expected:
+        names = _names(got)
+        if names == expected:
             continue
-        outcome = _what_went_wrong(model, verdicts, got, expected, float32)
-        return Outcome(False, f"with {label}: {outcome}")
-    return Outcome(True, "the problem's slip found in batch norm '5', a Linear bias gradient's slip in '9', a ReLU "
-                         "that passes every gradient in '6', and None for formulas without a slip")
+        why = _what_went_wrong(model, x, y, formulas, verdicts, got, names, expected, float32)
+        return Outcome(False, f"with {label}: {why}")
+    return Outcome(True, "the problem's slip found in both batch norms, '1' and '5'; a Linear bias gradient's slip in "
+                         "'9'; a ReLU that passes every gradient in '2' and '6'; and no layer for formulas without a "
+                         "slip")
 
 
-def _what_went_wrong(model, verdicts, got, expected, float32) -> str:
+def _what_went_wrong(model, x, y, formulas, verdicts, got, names, expected, float32) -> str:
     """Why ``got`` is not ``expected``: the slip of the answer, in the student's words."""
     layers = list(verdicts)
 
     def kind(name):
         return type(model.get_submodule(name)).__name__
 
-    if got is not None and not isinstance(got, str):
-        return (f"return the layer's name, a string like '5' (as in model.named_children()), or None; not "
-                f"{type(got).__name__}")
-    known = got in layers and expected in layers
-    if float32 and ((known and layers.index(got) > layers.index(expected)) or (expected is None and got is not None)):
-        return (f"you named {got!r}, but its gradients differ from autograd's only by float32 rounding (about 1e-7, "
-                "on entries near 0, where torch.allclose's default atol=1e-8 is too strict). Compare with a relative "
-                "tolerance (e.g. rtol=1e-3, the 1e-3 of the problem's comparison) or an atol scaled to each "
-                "tensor's size")
-    if expected is not None and got is None:
-        if not verdicts[expected][1]:  # the slip is in what it passes back only
-            return (f"you returned None, but layer {expected!r} ({kind(expected)}) disagrees in what it passes back "
-                    "to its input, which parameter gradients can't see: compare each layer's grad_input with the dx "
-                    "of its formula too")
-        return (f"you returned None, but the formula for layer {expected!r} ({kind(expected)}) gives another "
-                "gradient than autograd's: run each layer's formula from the table you were given, "
-                "formulas[type(layer)], on what that layer recorded (its input, output and grad_output), and "
-                "compare with torch.allclose")
-    if expected is None:
-        return (f"you named {got!r}, but every formula agrees with autograd's backward here, up to rounding: compare "
-                "with torch.allclose, not == (the same mathematics in another order rounds differently), and "
-                "return None")
-    if known and layers.index(got) == layers.index(expected) - 1:
-        return (f"you named {got!r}, the layer that receives the wrong gradient; the one whose formula made it is "
-                f"{expected!r}. Run each layer's formula on what arrived at its own output (its grad_output, kept by "
-                "the backward hook), not on your chain, and compare its dx with grad_input too: parameter gradients "
-                "alone can't see what a layer passes back")
-    if got == _first(verdicts, params_only=True) or (not verdicts[expected][1] and known
-                                                      and layers.index(got) < layers.index(expected)
-                                                      and got != _first(verdicts, order=list)):
-        return (f"you named {got!r}, as a comparison of the parameters' gradients alone does; they can't see what "
-                f"layer {expected!r} ({kind(expected)}) passes back to its input. Compare each layer's grad_input "
-                "with the dx of its formula too")
-    if got not in layers:
-        return f"you named {got!r}, which is not a child of the model; the first layer that disagrees is {expected!r}"
-    if any(verdicts[got]) and layers.index(got) < layers.index(expected):
-        return (f"you named {got!r}, but layer {expected!r} disagrees too and comes first from the loss back: walk "
-                "the layers in reverse and stop at the first disagreement")
-    if isinstance(model.get_submodule(got), nn.MaxPool2d):
-        return (f"you named {got!r}, a max pooling, but the first layer that really disagrees is {expected!r}. Your "
-                f"max-pool backward disagrees with PyTorch's on windows with tied maxima: {TIES}")
-    if layers.index(got) > layers.index(expected):
-        return (f"you named {got!r}, but its formula agrees with autograd's up to rounding; the first that really "
-                f"disagrees is {expected!r}. Compare with torch.allclose, not == (the same mathematics in another "
-                "order rounds differently)")
-    return f"you named {got!r}, but the first layer from the loss back whose formula disagrees is {expected!r}"
+    def its(names):
+        return "its" if len(names) == 1 else "their"
+
+    def shown(names):
+        return "{" + ", ".join(repr(n) for n in sorted(names, key=layers.index if names <= set(layers) else str)) + "}"
+
+    if names is None:
+        return (f"return a set (or list) of layer names, strings like '5' as in model.named_children(), empty when "
+                f"every formula agrees; not {got!r:.60}")
+    if names - set(layers):
+        return f"you named {shown(names - set(layers))}, which is not a child of the model; name children like '5'"
+    extra, missing = names - expected, expected - names
+    if expected and names == _disagreeing(_verdicts(model, x, y, formulas, chained=True)):
+        return (f"you named {shown(names)}: you passed your formula's dx on instead of what the hooks recorded. Every "
+                "layer the wrong gradient reaches then disagrees too. Run each layer's formula on its own "
+                "grad_output, kept by its backward hook: each layer is judged on what that layer recorded")
+    if expected and names == _disagreeing(verdicts, params_only=True):
+        return (f"you named {shown(names) if names else 'no layer'}, as a comparison of the parameters' gradients "
+                f"alone does; they can't see what {shown(missing)} pass back to their input. Compare each layer's "
+                "grad_input with the dx of its formula too")
+    if float32 and extra and not missing:
+        return (f"you named {shown(extra)} too, but {its(extra)} gradients differ from autograd's only by float32 "
+                "rounding (about 1e-7, on entries near 0, where torch.allclose's default atol=1e-8 is too strict). "
+                "Compare with a relative tolerance (e.g. rtol=1e-3, the 1e-3 of the problem's comparison) or an atol "
+                "scaled to each tensor's size")
+    if not expected:
+        return (f"you named {shown(names)}, but every formula agrees with autograd's backward here, up to rounding: "
+                "compare with torch.allclose, not == (the same mathematics in another order rounds differently), "
+                "and return an empty set")
+    if not names:
+        return (f"you named no layer, but the formula of {shown(expected)} gives another gradient than autograd's: "
+                "run each layer's formula from the table you were given, formulas[type(layer)], on what that layer "
+                "recorded (its input, output and grad_output), and compare with torch.allclose")
+    if any(isinstance(model.get_submodule(n), nn.MaxPool2d) for n in extra):
+        return (f"you named {shown(extra)}, a max pooling, but its formula agrees with autograd's. Your comparison "
+                f"disagrees with PyTorch's on windows with tied maxima: {TIES}")
+    if missing and not extra:
+        return (f"you named {shown(names)}, but {shown(missing)} ({', '.join(kind(n) for n in sorted(missing))}) "
+                f"{'disagrees' if len(missing) == 1 else 'disagree'} too: check every layer, not only up to the first "
+                "disagreement")
+    if extra:
+        agree = "its formula agrees" if len(extra) == 1 else "their formulas agree"
+        return (f"you named {shown(extra)}, but {agree} with autograd's up to rounding: compare with torch.allclose, "
+                "not == (the same mathematics in another order rounds differently); the layers that "
+                f"disagree are {shown(expected)}")
+    return f"you named {shown(names)}, but the layers whose formula disagrees are {shown(expected)}"
 
 
 # ----- worked answers: the lesson goes on with them until the student's own pass -----------------------------
@@ -1045,6 +1081,26 @@ def ce_backward(logits, target):
     d = logits.softmax(1)
     d[torch.arange(len(target)), target] -= 1
     return d / len(target)
+
+
+def bn_backward_steps(t, gamma, dout):
+    """04.4: the seven steps of ``bn_steps``, from ``y`` back, plus ``gamma`` and ``beta``."""
+    n = len(dout)
+    d = {"x_hat": dout * gamma, "gamma": (dout * t["x_hat"]).sum(0), "beta": dout.sum(0)}
+    d["inv_std"] = (t["diff"] * d["x_hat"]).sum(0, keepdim=True)
+    d["var"] = -0.5 * t["inv_std"] ** 3 * d["inv_std"]
+    d["diff2"] = d["var"].expand_as(t["diff2"]) / n
+    d["diff"] = t["inv_std"] * d["x_hat"] + 2 * t["diff"] * d["diff2"]  # two uses: added
+    d["mean"] = -d["diff"].sum(0, keepdim=True)
+    d["x"] = d["diff"] + d["mean"] / n  # two uses: added
+    return d
+
+
+def batch_norm_backward(x, gamma, dout, eps):
+    """04.5: batch norm fused, ``(dx, dgamma, dbeta)``: one term per path of ``x``."""
+    inv_std = (x.var(0, unbiased=False) + eps) ** -0.5  # the biased variance, as batch norm
+    x_hat, g = (x - x.mean(0)) * inv_std, dout * gamma
+    return inv_std * (g - g.mean(0) - x_hat * (g * x_hat).mean(0)), (dout * x_hat).sum(0), dout.sum(0)
 
 
 def autograd_grads(model, x, y):
@@ -1092,9 +1148,9 @@ def model_backward(model, x, y):
     return hand_backward(BACKWARD)(model, x, y)
 
 
-def first_disagreement(model, x, y, formulas):
-    """04.9: the first layer from the loss back whose formula from ``formulas``, run on what the student's
-    own hooks recorded at that layer, disagrees with autograd's gradients; or None."""
+def disagreeing_layers(model, x, y, formulas):
+    """04.9: every layer whose formula from ``formulas``, run on what the student's own hooks recorded at
+    that layer, disagrees with autograd's gradients; an empty set when none does."""
     seen, handles = {}, []  # layer name -> [input, output, grad_input, grad_output]
 
     def recorder(name):
@@ -1115,14 +1171,13 @@ def first_disagreement(model, x, y, formulas):
     finally:
         for handle in handles:
             handle.remove()
-    try:
-        for name in reversed(seen):  # from the loss back
-            layer, (inp, out, grad_in, grad_out) = model.get_submodule(name), seen[name]
-            with torch.no_grad():
-                dx, params = formulas[type(layer)](layer, inp, out, grad_out)
-            pairs = [(dx, grad_in)] + [(g, getattr(layer, k).grad) for k, g in params.items() if g is not None]
-            if any(b is not None and not torch.allclose(a, b, rtol=1e-3, atol=1e-5) for a, b in pairs):
-                return name
-        return None
-    finally:
-        model.zero_grad()  # .grad would build up over calls
+    slipped = set()
+    for name, (inp, out, grad_in, grad_out) in seen.items():
+        layer = model.get_submodule(name)
+        with torch.no_grad():
+            dx, params = formulas[type(layer)](layer, inp, out, grad_out)  # what *this* layer recorded
+        pairs = [(dx, grad_in)] + [(g, getattr(layer, k).grad) for k, g in params.items() if g is not None]
+        if any(b is not None and not torch.allclose(a, b, rtol=1e-3, atol=1e-5) for a, b in pairs):
+            slipped.add(name)
+    model.zero_grad()  # .grad would build up over calls
+    return slipped
