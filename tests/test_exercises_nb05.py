@@ -20,7 +20,7 @@ PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that get
     "05.b": ([False, True], [True, True], "the ReLU is where it stops"),
     "05.c": ([1, 0, 1, 0], [1, 0, 0, 0], "that is guided backprop"),
     "05.d": ("brightest", "dimmest", "smallest share"),
-    "05.e": (0.8, -0.4, "clamps every negative gradient"),
+    "05.e": ("Grad-CAM", "guided backprop", "keeps only positive gradient"),
 }
 
 
@@ -72,9 +72,10 @@ def test_05_1_rejects_hooklab_record_and_accepts_a_tensor_of_indices():
     assert grade("05.1", lambda m, layer, x: torch.tensor(_dead(m, layer, x))).passed
 
 
-def test_05_d_takes_words_and_05_e_is_one_number():
+def test_05_d_and_05_e_take_words():
     assert grade("05.d", "the same").passed is False and grade("05.d", "Brightest").passed
-    assert "averages" not in grade("05.e", 0.0).detail and not grade("05.e", 0.0).passed
+    assert grade("05.e", "grad-cam").passed and not grade("05.e", "the same").passed
+    assert "re-weights" in grade("05.e", "the same").detail
 
 
 def test_05_1_the_hook_must_be_removed_when_the_forward_pass_raises():
@@ -88,13 +89,29 @@ def test_05_1_a_small_value_is_not_dead():
             lambda m, i, o: outputs.append(o.detach()))])
         return (outputs[0] <= 0.1).flatten(2).all(dim=2).all(dim=0).nonzero().flatten().tolist()
 
-    failed("05.1", below_a_threshold, "channel 1 reaches 0.05", "== 0")
+    failed("05.1", below_a_threshold, "channel 1 reaches 0.052", "== 0")
+
+
+def test_05_1_a_tiny_threshold_is_caught_too():
+    def below_a_tiny_threshold(model, layer, x):  # a channel of the check peaks near 1e-4
+        outputs = []
+        run_then_remove(lambda: model(x), [model.get_submodule(layer).register_forward_hook(
+            lambda m, i, o: outputs.append(o.detach()))])
+        return (outputs[0].abs() <= 1e-3).flatten(2).all(dim=2).all(dim=0).nonzero().flatten().tolist()
+
+    failed("05.1", below_a_tiny_threshold, "channel 15 reaches 0.0001", "== 0")
 
 
 def test_05_a_a_count_written_as_a_string_is_told_to_drop_the_quotes():
     for guess in (["the same", "1"], ["lower", "10"]):
         outcome = grade("05.a", guess)
         assert not outcome.passed and "a number, not a string" in outcome.detail, outcome.detail
+
+
+def test_05_a_a_format_slip_in_the_words_is_named():
+    for guess in (["same", 1], ["Same", 10], ["unchanged", 1]):
+        outcome = grade("05.a", guess)
+        assert not outcome.passed and 'the exact words "the same"' in outcome.detail, outcome.detail
 
 
 def test_05_1_every_image_counts():

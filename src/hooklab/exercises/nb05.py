@@ -2,7 +2,7 @@
 what zeroing them does (05.a, 05.1), why they stay dead and a watch that counts them at every step (05.b,
 05.2), the deconvnet rule and guided backpropagation as a class of ReLU hooks (05.c, 05.3), the Grad-CAM
 recorder: a tensor hook registered from a forward hook (05.4), whether the brightest cell of a map marks
-the evidence (05.d), the sanity checks (05.e) and cascading weight randomisation (05.5). Layer-CAM, with
+the evidence (05.d), which map changes with the class (05.e) and cascading weight randomisation (05.5). Layer-CAM, with
 that recorder, is the field guide's exercise G5.2 (its checker, in g5.py, uses the recorder cases here)."""
 
 from __future__ import annotations
@@ -92,7 +92,9 @@ def _zeroed(model: nn.Module, channels: torch.Tensor) -> torch.Tensor:
                    (["the same", 8], "count classes, not channels: with all 32 channels at 0, every digit gets "
                                      "the same scores, so the same one class"),
                    *[([first, str(n)], f"write the count as a number, not a string: {n}, without quotes")
-                     for first in ("the same", "lower") for n in range(1, 11)]])
+                     for first in ("the same", "lower") for n in range(1, 11)],
+                   *[([first, n], 'use the exact words "the same" or "lower" for the first answer, then run the '
+                                  'cell again') for first in ("same", "unchanged", "no change") for n in range(1, 11)]])
 def _zeroing() -> list:
     model, data, kept = trained_digits_cnn(), _digits(), {}
     handle = model.features[3].register_forward_hook(lambda module, args, output: kept.update(output=output))
@@ -185,8 +187,9 @@ def _patch_drops(model: nn.Module, x: torch.Tensor) -> dict:
 
 @prediction("05.d", "whether blanking the patch under a map's brightest or its dimmest cell lowers the score more",
             why="before its ReLU the map adds up to the score minus the head's bias, and the brightest cell holds the "
-                "largest share of it: on average its patch lowers the score most; digit by digit it is often not so, "
-                "as each cell of features.6 sees far more of the digit than the patch under it",
+                "largest share of it: on average its patch lowers the score most. Part of that is the ink: the dimmest "
+                "cell's patch is more often already blank, so setting it to 0 changes nothing; and against a random "
+                "cell the brightest is only a little ahead, so digit by digit the map ranks its patches poorly",
             wrong=[("dimmest", "the map adds up to the score minus the bias: the dimmest cell holds the smallest share "
                                "of the score (the most negative), so blanking what it sees should lower it least"),
                    ("the same", "the map adds up to the score minus the bias, so its cells hold different shares of "
@@ -197,27 +200,31 @@ def _brightest_or_dimmest() -> str:
     return "brightest" if brightest > 1.2 * dimmest else "dimmest" if dimmest > 1.2 * brightest else "the same"
 
 
-CORRELATION_CHOICES = (0.8, 0.0, -0.4)
+MAP_CHOICES = ("Grad-CAM", "guided backprop", "the same")
 
 
-@prediction("05.e", "how much guided backprop's map changes for another class",
-            why="the plain gradient passes through the same ReLUs, on in the same places for every class, and its "
-                "order still changes with the class (about -0.4); guided backprop differs only by the clamp, which "
-                "throws away at every ReLU the negative part through which the class reorders the map: what is left "
-                "follows the digit's strokes, so the order hardly changes (about 0.8)",
-            wrong=[(0.0, "the class only chooses which score the backward pass starts from; the ReLUs are on in the "
-                         "same places for every class for the plain gradient too, yet only guided backprop clamps the "
-                         "negative part away at every ReLU, and that part is what the class changes most"),
-                   (-0.4, "a reversed order needs gradients that change sign with the class, and guided backprop "
-                          "clamps every negative gradient to 0 at each ReLU (section 3)")])
-def _another_class() -> float:
-    from ..saliency import GuidedBackprop, rank_correlation
+@prediction("05.e", "which map changes more for another class: Grad-CAM's or guided backprop's",
+            why="Grad-CAM's map is the sum of the channels A_k weighted by α_k = w_k/16, the head's weights for the "
+                "class; the forward pass, so A_k, is the same for every class: another class weighs the same channels "
+                "with other weights, often of the other sign, and the order changes (mean rank correlation about "
+                "-0.4). Guided backprop's clamp drops at every ReLU the negative gradient, which carries most of the "
+                "difference between classes; what is left follows the strokes (about 0.8)",
+            wrong=[("guided backprop", "both start from the head's weights for the class, but guided backprop keeps "
+                                       "only positive gradient at every ReLU (section 3), and the class changes "
+                                       "mostly the sign; Grad-CAM weighs its channels by the class's weights directly"),
+                   ("the same", "Grad-CAM's α_k are the head's weights for the class (section 4), so another class "
+                                "re-weights the channels directly; guided backprop clamps at every ReLU what the "
+                                "class changes most, the sign")])
+def _which_changes_more() -> str:
+    from ..saliency import GuidedBackprop, grad_cam, rank_correlation
 
     model, data = trained_digits_cnn(), _digits()
     x, labels = data.x_test[:50], data.y_test[:50]
     with GuidedBackprop(model) as gb:
         guided = rank_correlation(gb.saliency(x, labels), gb.saliency(x, (labels + 5) % 10)).mean().item()
-    return min(CORRELATION_CHOICES, key=lambda c: abs(c - guided))
+    cam = rank_correlation(grad_cam(model, x, "features.6", labels).raw,
+                           grad_cam(model, x, "features.6", (labels + 5) % 10).raw).mean().item()
+    return "Grad-CAM" if cam < guided - 0.2 else "guided backprop" if guided < cam - 0.2 else "the same"
 
 
 # ----- 05.1: dead channels, found with a forward hook ------------------------------------------------
@@ -234,6 +241,8 @@ def _model_with_dead_channels():
         model.features[0].bias[1] -= 0.12  # channel 1 is alive, but its largest value is about 0.05
     blank, bright = torch.zeros(1, 1, 8, 8), torch.full((1, 1, 8, 8), 4.0)
     x = torch.cat([blank, _images(3, n=4), bright])  # more channels are zero on the blank image
+    with torch.no_grad():  # channel 15 is alive, but its largest value is about 1e-4: below a 1e-3 threshold
+        model.features[0].bias[15] -= model.features[0](x)[:, 15].max() - 1e-4
     with torch.no_grad():
         out = model.features[:2](x)  # the output of features.1, computed without hooks
     return model, x, out
@@ -264,7 +273,7 @@ def _wrong_dead_channels(got, out: torch.Tensor) -> Outcome | None:
                                   "position")
         small = [c for c in set(got) - set(expected) if 0 <= c < out.shape[1] and out[:, c].abs().max() < 0.5]
         if small and set(expected) <= set(got):
-            return Outcome(False, f"channel {min(small)} reaches {float(out[:, min(small)].max()):.2f}: small is "
+            return Outcome(False, f"channel {min(small)} reaches {float(out[:, min(small)].max()):.2g}: small is "
                                   "not dead. Dead means exactly 0 at every position for every image, so compare "
                                   "the output with == 0, not with a threshold")
         return Outcome(False, f"got channels {got}; a dead channel is zero for every image and every position")
