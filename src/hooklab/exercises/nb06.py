@@ -16,6 +16,7 @@ firing order) and ``g7.py``.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 
 import torch
@@ -30,7 +31,7 @@ from . import Outcome, exercise, kind_of, prediction
 @prediction("06.a", "the prefix a load pre-hook on head.2 receives",
             why="load_state_dict hands each module the dotted path from the model to it, ending in a dot, so that "
                 "its own keys are prefix + 'weight' and prefix + 'bias': 'head.2.'",
-            wrong=[("head.2", "almost: the prefix ends with a dot, so that prefix + 'weight' is the key"),
+            wrong=[("head.2", "almost: prefix + 'weight' must be 'head.2.weight', so the prefix ends with a dot"),
                    ("2.", "the prefix is the whole path from the model down to the layer, containers included"),
                    ("", "the empty prefix is the root model's; a layer inside it gets the path to it")])
 def _prefix() -> str:
@@ -79,27 +80,53 @@ def _failing_module() -> str:
     return "runs"
 
 
-@prediction("06.b", "how many times a step hook runs during resume's epoch",
-            why="a step hook runs at every optimizer.step(), whoever calls it: resume steps once per batch, and "
-                "1,347 digits in batches of 32 make 42 full batches and a last one of 3, so 43 steps",
-            wrong=[(42, "1,347 = 42 · 32 + 3: the last batch, of 3 digits, is a step too"),
-                   (1347, "a step hook runs once per optimizer.step(), and resume steps once per batch of 32, not "
-                          "once per digit"),
-                   (1, "the hook sits on the optimizer, not on resume: it runs at every step(), 43 of them"),
-                   (0, "resume calls optimizer.step() on the optimizer we handed it: the hook runs at each step, "
-                       "whoever calls it")])
-def _steps_in_resume() -> int:
+def _old_checkpoint_weights() -> dict:
+    """The weights the lesson's old training code saved (after one Adam step at lr 5e-3 from the trained
+    digits CNN), under today's key names."""
     from ..data import digits
+    from ..models import trained_digits_cnn
 
-    weight = nn.Parameter(torch.zeros(1))
-    optimizer, steps = torch.optim.SGD([weight], lr=0.0), []
-    handle = optimizer.register_step_post_hook(lambda optimizer, args, kwargs: steps.append(1))
-    try:
-        for _batch in torch.arange(len(digits().y_train)).split(32):  # resume's loop, one step per batch
-            optimizer.step()
-    finally:
-        handle.remove()
-    return len(steps)
+    data, model = digits(), trained_digits_cnn().train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
+    nn.functional.cross_entropy(model(data.x_train[:32]), data.y_train[:32]).backward()
+    optimizer.step()
+    return {key: value.detach().clone() for key, value in model.state_dict().items()}
+
+
+def _median_head_ratio(lr: float, weights: dict, path) -> float:
+    """The median log10 update:data of head.2.weight over resume's epoch, a fresh Adam at ``lr``."""
+    from ..models import DigitsCNN
+
+    model = DigitsCNN()
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    torch.save({"model": weights}, path)
+    ratios, hooks = watch_updates(model, optimizer)
+    with hooks:
+        resume(model, optimizer, path)
+    return torch.tensor(ratios["head.2.weight"]).median().item()
+
+
+@prediction("06.b", "how much higher a fresh Adam's update:data ratio sits at lr 5e-3 than at 1e-3",
+            why="Adam divides each gradient by its own running size, so every step moves a weight by about lr: "
+                "five times the lr, five times the update, log10(5) ≈ 0.7 higher (measured a little less, as the "
+                "larger steps find smaller gradients)",
+            wrong=[(5, "5 is the ratio of the steps; the plot's axis is log10, so the band rises by log10(5)"),
+                   (4, "the lr is 5 times larger, not 4 larger: in log10, that is log10(5)"),
+                   (0, "Adam divides by the gradient's running size, not by the lr: the lr scales every step"),
+                   (-0.7, "a larger lr makes larger steps: the band rises, by log10(5)")],
+            rel=0.15)
+def _band_rise() -> float:
+    return _measured_band_rise()
+
+
+@functools.cache  # one epoch per lr: measured once per process
+def _measured_band_rise() -> float:
+    import tempfile
+
+    weights = _old_checkpoint_weights()
+    with tempfile.TemporaryDirectory() as folder:
+        path = f"{folder}/weights.pt"
+        return _median_head_ratio(5e-3, weights, path) - _median_head_ratio(1e-3, weights, path)
 
 
 @prediction("06.c", "the learning rate after loading an optimizer's checkpoint",
