@@ -102,7 +102,7 @@ def test_01_2_rejects_wrong_answers():
         (guard_with(error=RuntimeError), "raise FloatingPointError"),
         (guard_with(bind=False), "name=name"),
         (guard_with(result=lambda grad: grad * 2), "must return None"),
-        (prints, "backward ran to the end"),
+        (prints, ("printed 'bad gradient at ms'", "instead of printing")),
         (after_backward, "backward ran to the end"),
         (lambda named, limit: None, "list of handles"),
         (lambda named, limit: guard_with()(named, limit)[:2], "the 5 handles"),
@@ -111,8 +111,10 @@ def test_01_2_rejects_wrong_answers():
         (guard_with(bad=lambda grad, limit: grad.isnan().any() or grad.sum().abs() > limit), "add up to 0"),
         (guard_with(bad=lambda grad, limit: grad.isnan().any() or grad.abs().max() > limit), "no single entry"),
         (guard_with(bad=lambda grad, limit: grad.isnan().any() or grad.abs().sum() > limit), "not the sum of the"),
+        (guard_with(bad=lambda grad, limit: grad.isnan().any() or grad.pow(2).sum() > limit),
+         ("its squared norm", "compare grad.norm() itself")),
     ]:
-        failed("01.2", wrong, words)
+        failed("01.2", wrong, *(words if isinstance(words, tuple) else (words,)))
 
 
 def names_every_tensor(named, limit):
@@ -134,30 +136,52 @@ def names_ms_always(named, limit):
 
 
 # ----- 01.3 -------------------------------------------------------------------------------------
-def by_hand_right(dnormed, h, rms, drms=None, dms=None, dh=None):
+def head_right(logits, y, w):
+    """The right gradients at logits and normed."""
+    dlogits = (logits.softmax(dim=1) - torch.nn.functional.one_hot(y, logits.shape[1])) / len(y)
+    return dlogits, dlogits @ w
+
+
+def by_hand_right(logits, y, w, h, rms, drms=None, dms=None, dh=None):
     """The right derivation, or a wrong one: a slip in one step, the steps after it built on it."""
-    drms = (dnormed * -h / (rms + 1e-6) ** 2).sum(dim=1, keepdim=True) if drms is None else drms
+    dlogits, dnormed = head_right(logits, y, w)
+    drms = (dnormed * -h / (rms + 1e-6) ** 2).sum(dim=1, keepdim=True) if drms is None else drms(dnormed)
     dms = drms / (2 * rms) if dms is None else dms(drms)
-    dh = dnormed / (rms + 1e-6) + dms * 2 * h / h.shape[1] if dh is None else dh(dms)
-    return {"rms": drms, "ms": dms, "h": dh}
+    dh = dnormed / (rms + 1e-6) + dms * 2 * h / h.shape[1] if dh is None else dh(dms, dnormed)
+    return {"logits": dlogits, "normed": dnormed, "rms": drms, "ms": dms, "h": dh}
 
 
 def test_01_3_accepts_the_chain_rule_by_hand_and_prints_a_cmp_line_per_tensor():
     outcome = grade("01.3", by_hand_right)
-    assert outcome.passed and outcome.detail.count("max diff") == 3 and "NaN in both" in outcome.detail, outcome.detail
+    assert outcome.passed and outcome.detail.count("max diff") == 5 and "NaN in both" in outcome.detail, outcome.detail
 
 
 def slip(drms=None, dms=None, dh=None):
     """An answer with a slip: each argument a function of (dnormed, h, rms) and the step before."""
-    def answer(dn, h, rms):
-        return by_hand_right(dn, h, rms, drms=drms and drms(dn, h, rms), dms=dms and (lambda d: dms(d, rms)),
-                             dh=dh and (lambda d: dh(d, dn, h, rms)))
+    def answer(logits, y, w, h, rms):
+        return by_hand_right(logits, y, w, h, rms, drms=drms and (lambda dn: drms(dn, h, rms)),
+                             dms=dms and (lambda d: dms(d, rms)), dh=dh and (lambda d, dn: dh(d, dn, h, rms)))
+
+    return answer
+
+
+def head_slip(dlogits):
+    """An answer with a slip at logits (a function of logits, y and the one-hot targets); normed built on it."""
+    def answer(logits, y, w, h, rms):
+        right = by_hand_right(logits, y, w, h, rms)
+        d = dlogits(logits, y, torch.nn.functional.one_hot(y, logits.shape[1]))
+        return {**right, "logits": d, "normed": d @ w}
 
     return answer
 
 
 def test_01_3_rejects_wrong_derivations():
     for wrong, words in [
+        (head_slip(lambda z, y, t: z.softmax(dim=1) - t), "len(y) times too large"),
+        (head_slip(lambda z, y, t: (t - z.softmax(dim=1)) / len(y)), "wrong sign"),
+        (head_slip(lambda z, y, t: (z.softmax(dim=0) - t) / len(y)), "differs from what the hook caught"),
+        (lambda z, y, w, h, rms: {**by_hand_right(z, y, w, h, rms), "normed": head_right(z, y, w)[1] * 2},
+         "dnormed = dlogits @ w"),
         (slip(drms=lambda dn, h, rms: (dn * h / (rms + 1e-6) ** 2).sum(1, keepdim=True)), "wrong sign"),
         (slip(drms=lambda dn, h, rms: dn * -h / (rms + 1e-6) ** 2), "add up over the row|broadcast"),
         (slip(drms=lambda dn, h, rms: (dn * -h / rms**2).sum(1, keepdim=True)), "left out the 1e-6"),
@@ -170,11 +194,12 @@ def test_01_3_rejects_wrong_derivations():
         (slip(dh=lambda d, dn, h, rms: dn / (rms + 1e-6)), "only the path through normed"),
         (slip(dh=lambda d, dn, h, rms: d * 2 * h / h.shape[1]), "only the path through ms"),
         (slip(dh=lambda d, dn, h, rms: dn / (rms + 1e-6) + d * 2 * h), "two paths add up"),
+        (slip(dh=lambda d, dn, h, rms: dn / (rms + 1e-6) + d * 2 * h / 8), "you divided by 8|divide by h.shape[1]"),
         (slip(dh=lambda d, dn, h, rms: torch.nan_to_num(dn / (rms + 1e-6) + d * 2 * h / h.shape[1])),
          "do not repair it"),
-        (lambda dn, h, rms: None, "return a dict"),
-        (lambda dn, h, rms: by_hand_right(dn, h, rms)["ms"], "return a dict"),
-        (lambda dn, h, rms: {**by_hand_right(dn, h, rms), "h": None}, '["h"] is'),
+        (lambda z, y, w, h, rms: None, "return a dict"),
+        (lambda z, y, w, h, rms: by_hand_right(z, y, w, h, rms)["ms"], "return a dict"),
+        (lambda z, y, w, h, rms: {**by_hand_right(z, y, w, h, rms), "h": None}, '["h"] is'),
     ]:
         failed("01.3", wrong, *words.split("|"))
 
@@ -186,15 +211,16 @@ def test_01_3_prints_the_largest_difference_not_two_rounded_vectors():
 
 
 def test_01_3_rejects_asking_autograd_for_the_answer():
-    def by_autograd(dnormed, h, rms):
+    def by_autograd(logits, y, w, h, rms):
         ms = (rms**2).requires_grad_()
+        dnormed = head_right(logits, y, w)[1]
         dms = torch.autograd.grad(h / (ms.sqrt() + 1e-6), ms, dnormed)[0]
-        return by_hand_right(dnormed, h, rms, dms=lambda d: dms)
+        return by_hand_right(logits, y, w, h, rms, dms=lambda d: dms)
 
-    def by_backward(dnormed, h, rms):
-        ms = (rms**2).requires_grad_()
-        (h / (ms.sqrt() + 1e-6) * dnormed).sum().backward()
-        return by_hand_right(dnormed, h, rms, dms=lambda d: ms.grad)
+    def by_backward(logits, y, w, h, rms):
+        z = logits.clone().requires_grad_()
+        torch.nn.functional.cross_entropy(z, y).backward()
+        return {**by_hand_right(logits, y, w, h, rms), "logits": z.grad}
 
     for wrong in (by_autograd, by_backward):
         failed("01.3", wrong, "asked autograd", "derive them yourself")
@@ -204,7 +230,7 @@ def test_01_3_rejects_asking_autograd_for_the_answer():
 RIGHT_GUESSES = {
     "01.a": [0.2, 0.4],
     "01.b": [[4, 8, 12], [2, 4, 6]],
-    "01.c": [0.25, float("nan")],
+    "01.c": "x",
     "01.d": "ms",
     "01.e": 1000,
 }
@@ -221,8 +247,9 @@ def test_a_common_wrong_guess_gets_its_own_hint():
         ("01.a", [0.4, 0.2], "swapped"),
         ("01.a", [1.0, 0.4], "the hook's entry is not"),
         ("01.b", [[2, 4, 6], [2, 4, 6]], "receives its result"),
-        ("01.c", [0.25, 0.0], "0 / 0 is NaN"),
-        ("01.c", [1.0, 0.0], "that is v"),
+        ("01.c", "a", "infinite but not NaN"),
+        ("01.c", "r", "1 in every entry"),
+        ("01.c", "none", "what is 0 × ∞"),
         ("01.d", "h", "got it from a step after it"),
         ("01.d", "rms", "not NaN"),
         ("01.e", 1, "only because the padded input row is 0"),

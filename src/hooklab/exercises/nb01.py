@@ -4,6 +4,8 @@ hooks, the graph's own hooks and the storage puzzle are the guide's: ``g1.py``.)
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import re
 from collections.abc import Iterable
@@ -82,25 +84,26 @@ def _four_hooks() -> list[list[float]]:
 # ----- 2. Which gradient a hook receives ---------------------------------------------------------
 @prediction(
     "01.c",
-    "what a hook on m prints for (m.sqrt() * v).sum().backward(), m = [4, 0], v = [1, 0]",
-    why="the sum gives m.sqrt() the gradient v = [1, 0]; the hook on m receives it times the derivative of "
-        "the square root, 1 / (2√m): 1 / (2 × 2) = 0.25. At m = 0 that is 0 times 1 / 0: PyTorch computes "
-        "v / (2√m) = 0 / 0, which is NaN in floating point, neither 0 nor ∞.",
+    "the first tensor whose gradient holds a NaN, for r = x.abs().sqrt() at x = [4, 0]",
+    why="the sum gives r the gradient 1. The square root's backward divides it by 2√a, and 1 / 0 is ∞, not "
+        "NaN: a receives [0.25, ∞]. The derivative of |x| is sign(x), 0 at x = 0, and 0 × ∞ is NaN: x is first.",
     wrong=[
-        ([0.25, 0.0], "0 times a number is 0, but the square root's backward divides by 2√m, which is 0 at "
-                      "m = 0: 0 / 0 is NaN in floating point"),
-        ([1.0, 0.0], "that is v, what arrives at m.sqrt(); the hook on m receives v times the derivative of "
-                     "the square root"),
-        ([0.5, float("nan")], "the derivative of √m is 1 / (2√m): at m = 4 that is 1 / (2 × 2) = 0.25"),
-        ([2.0, 0.0], "the hook receives v times the derivative, 1 / (2√m), not times √m"),
+        ("a", "a receives 1 / (2√a): at a = 0 that is 1 / 0 = ∞, infinite but not NaN. What does |x|'s "
+              "derivative, 0 at x = 0, make of ∞?"),
+        ("r", "r's gradient comes from the sum: 1 in every entry"),
+        ("none", "a receives 1 / (2√0) = ∞, and |x|'s backward multiplies it by sign(0) = 0: what is 0 × ∞?"),
     ],
 )
-def _vjp() -> list[float]:
-    m = torch.tensor([4.0, 0.0], requires_grad=True)
-    seen = []
-    with m.register_hook(lambda grad: seen.append(grad.tolist())):
-        (m.sqrt() * torch.tensor([1.0, 0.0])).sum().backward()
-    return seen[0]
+def _first_nan_abs_sqrt() -> str:
+    x = torch.tensor([4.0, 0.0], requires_grad=True)
+    a = x.abs()
+    r = a.sqrt()
+    arrived = []
+    with Hooks() as hooks:
+        for name, t in (("r", r), ("a", a), ("x", x)):
+            hooks.add(t.register_hook(lambda grad, name=name: arrived.append((name, grad.isnan().any().item()))))
+        r.sum().backward()
+    return next((name for name, nan in arrived if nan), "none")
 
 
 def _problem() -> tuple[nn.Module, nn.Module, torch.Tensor, torch.Tensor]:
@@ -125,7 +128,7 @@ def _steps(embed: nn.Module, head: nn.Module, x: torch.Tensor) -> dict[str, torc
     "the first step whose gradient holds a NaN, on the way back",
     why="backward runs from logits back to h. The gradient arriving at rms is 0 in the padded row (the "
         "derivative of h / (rms + 1e-6) with respect to rms is −h / (rms + 1e-6)², and h is 0 there); the "
-        "square root's backward divides it by 2·√ms = 0, and 0 / 0 is NaN, as in 01.c: ms is first.",
+        "square root's backward divides it by 2·√ms = 0, and 0 / 0 is NaN: ms is first.",
     wrong=[
         ("h", "h is the last step backward reaches, and its gradient does hold a NaN, but it got it from a "
               "step after it: look for the step whose derivative is infinite at 0"),
@@ -234,9 +237,10 @@ def _scale(scale_grad) -> Outcome:
                          "and back to normal after remove()")
 
 
-def _guard_case(guard, padded: bool, repair: bool, limit: float) -> tuple[Exception | None, nn.Module] | Outcome:
+def _guard_case(guard, padded: bool, repair: bool, limit: float) -> tuple[Exception | None, nn.Module, str] | Outcome:
     """The lesson's model on a batch (padded or not), the answer's hooks on its five steps (after a
-    repair hook on ms, if asked), one backward: what was raised (None if nothing), and embed."""
+    repair hook on ms, if asked), one backward: what was raised (None if nothing), embed, and what the
+    hooks printed."""
     embed, head, x, y = _problem()
     if not padded:
         x[2] = torch.tensor([0.5, -1.0, 1.5, 0.3])
@@ -253,17 +257,20 @@ def _guard_case(guard, padded: bool, repair: bool, limit: float) -> tuple[Except
                                   f"{[kind_of(h) for h in handles]}")
         for handle in handles:
             hooks.add(handle)
+        printed = io.StringIO()
         try:
-            nn.functional.cross_entropy(steps["logits"], y).backward()
+            with contextlib.redirect_stdout(printed):
+                nn.functional.cross_entropy(steps["logits"], y).backward()
             raised = None
         except Exception as e:  # any error the answer raises is the answer's
             raised = e
-    return raised, embed
+    return raised, embed, printed.getvalue().strip()
 
 
 def _norm_case(guard, size: int, entry: float, bad: bool) -> Outcome | None:
     """A tensor w whose gradient is ``entry`` times [1, -1, 1, -1, ...]: its entries add up to 0 and each
-    is below the limit 1e3, but its norm is ``entry * sqrt(size)`` (2000 for 16 × 500, 600 for 400 × 30)."""
+    is below the limit 1e3, but its norm is ``entry * sqrt(size)`` (2000 for 16 × 500, 42 for 2 × 30, whose
+    square is 1800, 600 for 400 × 30)."""
     w = torch.zeros(size, requires_grad=True)
     sign = torch.tensor([1.0, -1.0]).repeat(size // 2)
     norm = entry * math.sqrt(size)
@@ -275,10 +282,15 @@ def _norm_case(guard, size: int, entry: float, bad: bool) -> Outcome | None:
             raised = None
         except Exception as e:  # any error the answer raises is the answer's
             raised = e
-    shape = f"a gradient of {size} entries {entry:g}, -{entry:g}, {entry:g}, … (they add up to 0, norm {norm:g})"
+    listed = f"{entry:g}, -{entry:g}" + (f", {entry:g}, …" if size > 2 else "")
+    shape = f"a gradient of {size} entries {listed} (they add up to 0, norm {norm:.3g})"
     if bad and raised is None:
         return Outcome(False, f"{shape}, limit 1e3: backward ran to the end. Test the norm, grad.norm() = "
                               "√(sum of the squares): a sum of the entries cancels, and no single entry is large")
+    if not bad and raised is not None and norm**2 > 1e3 and entry * size <= 1e3:
+        return Outcome(False, f"{shape}, limit 1e3, and your hook raised {type(raised).__name__}: {raised}. Its "
+                              f"norm is {norm:.3g}, but its squared norm, the sum of the squares, is {norm**2:.3g}: "
+                              "compare grad.norm() itself, the root of the sum of the squares, with the limit")
     if not bad and raised is not None:
         return Outcome(False, f"{shape}, limit 1e3, and your hook raised {type(raised).__name__}: {raised}. Raise "
                               "only when grad.norm() = √(sum of the squares) is above the limit, not the sum of "
@@ -304,7 +316,7 @@ def _guard(guard) -> Outcome:
     case = _guard_case(guard, padded=False, repair=False, limit=1e3)
     if isinstance(case, Outcome):
         return case
-    raised, embed = case
+    raised, embed, printed = case
     if raised is not None:
         return Outcome(False, f"on a batch with no padding, where every gradient is finite with a norm below 1e3, "
                               f"backward raised {type(raised).__name__}: {raised}. Raise only for a NaN or a "
@@ -315,7 +327,11 @@ def _guard(guard) -> Outcome:
     case = _guard_case(guard, padded=True, repair=False, limit=1e3)
     if isinstance(case, Outcome):
         return case
-    raised, embed = case
+    raised, embed, printed = case
+    if raised is None and printed:
+        return Outcome(False, f"on the padded batch your hook printed {printed.splitlines()[0]!r} but raised nothing, "
+                              "so backward ran to the end and embed.weight.grad is NaN: raise FloatingPointError "
+                              "instead of printing, so that backward stops there")
     if raised is None:
         return Outcome(False, "on the padded batch backward ran to the end, and embed.weight.grad is NaN: the "
                               "gradient at ms holds a NaN. A comparison with NaN is False, so grad.norm() > limit "
@@ -340,7 +356,7 @@ def _guard(guard) -> Outcome:
     case = _guard_case(guard, padded=True, repair=True, limit=1e3)
     if isinstance(case, Outcome):
         return case
-    raised, embed = case
+    raised, embed, printed = case
     if raised is None:
         return Outcome(False, "with NaN at ms replaced by 0, the gradient at h has a norm of about 5e4, above the "
                               "limit 1e3, and backward ran to the end: raise also when grad.norm() > limit")
@@ -354,7 +370,7 @@ def _guard(guard) -> Outcome:
                               f"{['h', *others]}, but only h's gradient was too large. Name only the tensor whose "
                               "hook raised")
     # entries that cancel: only the norm sqrt(sum of squares) tells these two apart
-    for size, entry, bad in ((16, 500.0, True), (400, 30.0, False)):
+    for size, entry, bad in ((16, 500.0, True), (2, 30.0, False), (400, 30.0, False)):
         wrong = _norm_case(guard, size, entry, bad)
         if wrong:
             return wrong
@@ -373,33 +389,55 @@ def _guard(guard) -> Outcome:
 
 
 def _by_hand_case(by_hand) -> tuple[dict, tuple, object] | Outcome:
-    """A batch like the lesson's (row 2 padded), in float64: the gradients hooks caught at normed, rms,
-    ms and h, and the answer's gradients, from dnormed, h and rms."""
+    """A batch like the lesson's (row 2 padded), in float64: the gradients hooks caught at logits, normed,
+    rms, ms and h, the forward values (logits, y, head's weight, h, rms), and the answer's gradients."""
     torch.manual_seed(7)  # on the checker's own random stream (see ``exercise``)
     embed, head = nn.Linear(4, 6, bias=False).double(), nn.Linear(6, 3).double()
     x = torch.randn(4, 4, dtype=torch.float64)
     x[2] = 0.0
-    steps = _steps(embed, head, x)
+    steps, y = _steps(embed, head, x), torch.tensor([0, 2, 1, 1])
     caught = {}
     with Hooks() as hooks:
-        for name in ("normed", "rms", "ms", "h"):
+        for name in ("logits", "normed", "rms", "ms", "h"):
             hooks.add(steps[name].register_hook(lambda grad, name=name: caught.__setitem__(name, grad)))
-        nn.functional.cross_entropy(steps["logits"], torch.tensor([0, 2, 1, 1])).backward()
-    h, rms = steps["h"].detach(), steps["rms"].detach()
+        nn.functional.cross_entropy(steps["logits"], y).backward()
+    h, rms, logits, w = steps["h"].detach(), steps["rms"].detach(), steps["logits"].detach(), head.weight.detach()
     graphs = []  # anything autograd saves for a backward while the answer runs: the answer built a graph
     with saved_tensors_hooks(lambda t: graphs.append(1) or t.detach(), lambda t: t):
-        mine = by_hand(caught["normed"], h, rms)
+        mine = by_hand(logits, y, w, h, rms)
     if graphs or (isinstance(mine, dict) and any(isinstance(d, torch.Tensor) and d.requires_grad
                                                   for d in mine.values())):
         return Outcome(False, "by_hand asked autograd (requires_grad_, backward or torch.autograd.grad): the point "
                               "is to derive them yourself, with the chain rule, from dnormed, h and rms; the hooks "
                               "are what your derivation is compared with")
-    return caught, (caught["normed"], h, rms), mine
+    return caught, (logits, y, w, h, rms), mine
+
+
+def _head_slip(mine: dict, caught: dict, logits, y, w) -> str | None:
+    """What is wrong with the answer's gradients at logits and normed, if anything."""
+    dlogits, dnormed = mine["logits"], mine["normed"]
+    if dlogits.shape != logits.shape:
+        return f"the gradient at logits has the shape {tuple(dlogits.shape)}, logits has {tuple(logits.shape)}"
+    if torch.allclose(dlogits, caught["logits"] * len(y), rtol=1e-9, atol=0.0):
+        return ("the gradient at logits is len(y) times too large: cross_entropy takes the mean over the rows of "
+                "the batch, so divide softmax − one_hot by the number of rows")
+    if torch.allclose(dlogits, -caught["logits"], rtol=1e-9, atol=0.0):
+        return "the gradient at logits has the wrong sign: it is (softmax − one_hot) / n, not one_hot − softmax"
+    if not torch.allclose(dlogits, caught["logits"], rtol=1e-9, atol=0.0):
+        return ("the gradient at logits differs from what the hook caught: for the mean cross-entropy it is "
+                "(logits.softmax(dim=1) − one_hot(y)) / n, with n the number of rows")
+    if dnormed.shape != caught["normed"].shape:
+        return (f"the gradient at normed has the shape {tuple(dnormed.shape)}, normed has "
+                f"{tuple(caught['normed'].shape)}: logits = normed @ wᵀ + b, so dnormed = dlogits @ w")
+    if not torch.allclose(dnormed, caught["normed"], rtol=1e-9, atol=0.0):
+        return "the gradient at normed differs from what the hook caught: logits = normed @ wᵀ + b, so dnormed = " \
+               "dlogits @ w"
+    return None
 
 
 def _cmp(name: str, mine: torch.Tensor, caught: torch.Tensor, real: torch.Tensor) -> str:
     diff = (mine[real] - caught[real]).abs().max().item()
-    return f"{name:<4}| close: True | max diff: {'below 1e-12' if diff < 1e-12 else f'{diff:.0e}'}"
+    return f"{name:<7}| close: True | max diff: {'below 1e-12' if diff < 1e-12 else f'{diff:.0e}'}"
 
 
 def _drms_slip(d: torch.Tensor, want: torch.Tensor, dnormed, h, rms, real) -> str | None:
@@ -416,28 +454,35 @@ def _drms_slip(d: torch.Tensor, want: torch.Tensor, dnormed, h, rms, real) -> st
     return None
 
 
-@exercise("01.3", "derive the gradients at rms, ms and h by hand")
+@exercise("01.3", "derive the gradients from logits back to h by hand")
 def _by_hand(by_hand) -> Outcome:
-    """``by_hand(dnormed, h, rms)`` returns ``{"rms": drms, "ms": dms, "h": dh}``, the gradients of
-    the loss at ``rms``, ``ms`` and ``h``, derived by the chain rule from the gradient caught at
-    ``normed = h / (rms + 1e-6)``, with ``rms = √ms`` and ``ms`` the mean of ``h²`` over a row. Each is
-    compared, in backward's order and Karpathy's ``cmp`` style, with what a hook caught there, NaN in
-    the padded row included."""
+    """``by_hand(logits, y, w, h, rms)`` returns the gradients of the mean cross-entropy at ``logits``,
+    ``normed``, ``rms``, ``ms`` and ``h``, derived by the chain rule (``w`` is head's weight,
+    ``normed = h / (rms + 1e-6)``, ``rms = √ms``, ``ms`` the mean of ``h²`` over a row). Each is compared,
+    in backward's order and Karpathy's ``cmp`` style, with what a hook caught there, NaN in the padded
+    row included."""
     case = _by_hand_case(by_hand)
     if isinstance(case, Outcome):
         return case
-    caught, (dnormed, h, rms), mine = case
-    if not isinstance(mine, dict) or sorted(mine) != ["h", "ms", "rms"]:
+    caught, (logits, y, w, h, rms), mine = case
+    names = ["h", "logits", "ms", "normed", "rms"]
+    if not isinstance(mine, dict) or sorted(mine) != names:
         keys = sorted(mine) if isinstance(mine, dict) else None
         return Outcome(False, f"by_hand returned {kind_of(mine) if keys is None else f'a dict with keys {keys}'}: "
-                              'return a dict {"rms": drms, "ms": dms, "h": dh}')
-    for name in ("rms", "ms", "h"):
+                              'return a dict {"logits": dlogits, "normed": dnormed, "rms": drms, "ms": dms, '
+                              '"h": dh}')
+    for name in ("logits", "normed", "rms", "ms", "h"):
         if not isinstance(mine[name], torch.Tensor):
             return Outcome(False, f'by_hand(...)["{name}"] is {kind_of(mine[name])}: return a tensor shaped like '
                                   f"{name}")
+    slip = _head_slip(mine, caught, logits, y, w)
+    if slip:
+        return Outcome(False, slip)
+    dnormed = caught["normed"]
     real = torch.ones(len(h), dtype=torch.bool)
     real[2] = False
-    lines = []
+    lines = [_cmp("logits", mine["logits"], caught["logits"], real),
+             _cmp("normed", mine["normed"], caught["normed"], real)]
     drms, dms, dh = mine["rms"], mine["ms"], mine["h"]
     slip = _drms_slip(drms, caught["rms"], dnormed, h, rms, real)
     if slip:
@@ -475,6 +520,9 @@ def _by_hand(by_hand) -> Outcome:
     if torch.allclose(dh[real], direct[real], rtol=1e-9, atol=0.0):
         return Outcome(False, "the gradient at h: you followed only the path through normed. h is also used by ms, "
                               "the mean of h² over the row: add that path's term, dms · 2h / (entries in a row)")
+    if torch.allclose(dh[real], (direct + dms * 2 * h / 8)[real], rtol=1e-9, atol=0.0):
+        return Outcome(False, f"the gradient at h: you divided by 8, the lesson's row length, but the check's rows "
+                              f"have {h.shape[1]} entries: ms is the mean over a row, so divide by h.shape[1]")
     if torch.allclose(dh[real], through_ms[real], rtol=1e-9, atol=0.0):
         return Outcome(False, "the gradient at h: you followed only the path through ms. normed = h / (rms + 1e-6) "
                               "uses h directly too: add dnormed / (rms + 1e-6)")
@@ -491,26 +539,66 @@ def _by_hand(by_hand) -> Outcome:
                          + "\n".join(lines))
 
 
-# ----- the lesson's figure -----------------------------------------------------------------------
-def draw_grad_norms(norms: dict[str, float | None], title: str) -> None:
-    """A bar per tensor, in backward's order: its gradient's norm (log scale); NaN in red; hatched: not kept."""
+# ----- the lesson's training run and its figure --------------------------------------------------
+def plot_steps(series: dict[str, list[float]], title: str, limit: float | None = None) -> None:
+    """One panel per series, a point per training step (a norm on a log scale, with the guard's
+    ``limit`` dashed if given); a NaN step drawn as a red bar."""
     import matplotlib.pyplot as plt
 
-    finite = [v for v in norms.values() if v is not None and not math.isnan(v)]
-    low, top = min(finite) / 3, max(finite) * 3
-    _, ax = plt.subplots(figsize=(8, 2.4), layout="constrained")
-    for i, v in enumerate(norms.values()):
-        if v is None or math.isnan(v):  # full height, with a label
-            ax.bar(i, top, color="white" if v is None else "tab:red", hatch="//" if v is None else None,
-                   edgecolor="grey")
-            ax.text(i, math.sqrt(low * top), "not kept" if v is None else "NaN", ha="center", va="center",
-                    rotation=90)
-        else:
-            ax.bar(i, v, color="tab:blue")
-            ax.text(i, v, f"{v:.2g}", ha="center", va="bottom")
-    ax.set(yscale="log", ylim=(low, top), ylabel="gradient norm", title=title)
-    ax.set_xticks(range(len(norms)), list(norms))
+    _, axes = plt.subplots(1, len(series), figsize=(9, 2.4), layout="constrained", squeeze=False)
+    for ax, (name, values) in zip(axes[0], series.items(), strict=True):
+        finite = [(i, v) for i, v in enumerate(values) if not math.isnan(v)]
+        nan = [i for i, v in enumerate(values) if math.isnan(v)]
+        ax.plot(*zip(*finite, strict=True), ".", markersize=3, color="tab:blue")
+        for i in nan:
+            ax.axvline(i, color="tab:red", alpha=0.3)
+        if "norm" in name:
+            ax.set_yscale("log")
+            if limit is not None:
+                ax.axhline(limit, color="grey", linestyle="--", label=f"the guard's limit {limit:g}")
+                ax.legend(loc="center right")
+        ax.set(xlabel="step", title=name + (f" (red: NaN at {len(nan)} steps)" if nan else ""))
+    plt.suptitle(title)
     plt.show()
+
+
+def train(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor, run, guard=None, limit: float = 1e4,
+          finite_check: bool = False) -> dict[str, list[float]]:
+    """One SGD step a batch (lr 0.5) on a copy of ``model``, with ``run(x, net)`` as the forward pass.
+    ``guard(steps, limit)``: its hooks go on the steps of each batch and come off after backward;
+    ``finite_check``: ``clip_grad_norm_(..., error_if_nonfinite=True)`` before each update. A step whose
+    backward or check raises is skipped, with a line saying why. Returns each step's loss and the largest
+    gradient norm at a step of the forward pass (NaN if one is NaN), caught by hooks of its own."""
+    import copy
+
+    net = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.5)
+    losses, norms, skipped = [], [], 0
+    for step, (xb, yb) in enumerate(zip(xs, ys, strict=True)):
+        optimizer.zero_grad()
+        steps = run(xb, net)
+        loss = nn.functional.cross_entropy(steps["logits"], yb)
+        seen = []
+        try:
+            with Hooks() as hooks:  # removes every hook when the block ends, on an error too
+                for t in steps.values():
+                    hooks.add(t.register_hook(lambda grad, seen=seen: seen.append(grad.norm().item())))
+                for handle in guard(steps, limit) if guard else []:
+                    hooks.add(handle)
+                loss.backward()
+            if finite_check:
+                nn.utils.clip_grad_norm_(net.parameters(), torch.inf, error_if_nonfinite=True)
+            optimizer.step()
+        except (FloatingPointError, RuntimeError) as e:
+            skipped += 1
+            print(f"step {step}: {type(e).__name__}: {str(e).split(', so')[0]}; step skipped")
+        losses.append(loss.item())
+        norms.append(math.nan if any(math.isnan(v) for v in seen) else max(seen))
+    last = [v for v in losses[-20:] if not math.isnan(v)]
+    print(f"{len(losses)} steps, {skipped} skipped | mean loss of the last 20: "
+          f"{sum(last) / len(last) if last else math.nan:.3f} | NaN weights in embed: "
+          f"{net[0].weight.isnan().sum().item()} of {net[0].weight.numel()}")
+    return {"loss": losses, "largest gradient norm at a step": norms}
 
 
 # ----- worked answers the lesson falls back on ---------------------------------------------------
@@ -524,9 +612,12 @@ def guard(named: dict[str, torch.Tensor], limit: float) -> list:
     return [t.register_hook(lambda grad, name=name: hook(grad, name)) for name, t in named.items()]
 
 
-def by_hand(dnormed: torch.Tensor, h: torch.Tensor, rms: torch.Tensor) -> dict[str, torch.Tensor]:
+def by_hand(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor, h: torch.Tensor,
+            rms: torch.Tensor) -> dict[str, torch.Tensor]:
     """A worked answer to 01.3 (see ``guard``)."""
+    dlogits = (logits.softmax(dim=1) - nn.functional.one_hot(y, logits.shape[1])) / len(y)
+    dnormed = dlogits @ w
     drms = (dnormed * -h / (rms + 1e-6) ** 2).sum(dim=1, keepdim=True)
     dms = drms / (2 * rms)
     dh = dnormed / (rms + 1e-6) + dms * 2 * h / h.shape[1]
-    return {"rms": drms, "ms": dms, "h": dh}
+    return {"logits": dlogits, "normed": dnormed, "rms": drms, "ms": dms, "h": dh}
