@@ -14,6 +14,7 @@ lesson goes on with them while the student's own has not passed.
 from __future__ import annotations
 
 import copy
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -23,8 +24,7 @@ from torch import nn
 from . import Outcome, exercise, kind_of, not_a_handle, prediction
 
 LR, CLIP, BATCH = 0.1, 1.0, 64
-ACTIVATION_BUDGET = 5_500_000  # bytes autograd may keep for a batch of 256
-GRADIENT_BUDGET = 80_000  # bytes of gradients alive at once
+BATCH_GROWTH = 1.5  # the memory target: 1.5 times the batch in the memory plain training keeps for 256 digits
 
 
 # ----- the problem: four requirements --------------------------------------------------------------
@@ -47,16 +47,25 @@ def plain_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float = L
     F.cross_entropy(model(x), y).backward()
     with torch.no_grad():
         for p in model.parameters():
-            p -= lr * p.grad
+            if p.grad is not None:  # a frozen parameter has none
+                p -= lr * p.grad
+
+
+def zero_by_hand(module: nn.Module, name: str, amount: float) -> None:
+    """Pruning without a hook: set the ``amount`` share of smallest |w| to 0, once."""
+    weight = getattr(module, name)
+    with torch.no_grad():
+        weight.view(-1)[weight.abs().flatten().topk(round(amount * weight.numel()), largest=False).indices] = 0
 
 
 def conv_zeros_after_step(prune: Callable | None = None) -> float | None:
-    """The share of conv weights that are 0 after ``prune`` (a function of a module), one step and a forward
-    pass; None when a pruned weight is stale (not ``weight_orig * weight_mask`` after that forward pass)."""
+    """The share of conv weights that are 0 after ``prune`` (a function of a module; without one, half of
+    each weight is set to 0 by hand), one step and a forward pass; None when a pruned weight is stale (not
+    ``weight_orig * weight_mask`` after that forward pass)."""
     model = _model()
     convs = [m for m in model.modules() if isinstance(m, nn.Conv2d)]
-    for conv in convs if prune else ():
-        prune(conv, "weight", 0.5)
+    for conv in convs:
+        (prune or zero_by_hand)(conv, "weight", 0.5)
     x, y = _batch()
     plain_step(model, x, y)
     model(x)  # the forward pass after the step, where a pruned weight is recomputed
@@ -85,13 +94,14 @@ def influence(step: Callable = plain_step) -> float:
 
 
 def saved_bytes(pack: Callable | None = None, unpack: Callable | None = None, n: int = 256,
-                checkpoint: bool = False) -> int:
+                checkpoint: bool = False, model: nn.Module | None = None, batch=None) -> int:
     """Bytes that autograd keeps for backward in one forward pass of a batch of ``n`` digits: the storages
     of the tensors ``pack`` returns (of the tensors given to it, without hooks), each counted once (a ReLU's
     output and the next conv's input are one tensor, saved twice), the model's parameters left out (they
     exist anyway). A pack that returns a tuple or a dict is counted by the tensors in it. ``checkpoint``:
     ``features`` runs under non-reentrant activation checkpointing, whose own saved-tensor hooks keep only
-    its input (added here) and recompute the rest in backward."""
+    its input (added here) and recompute the rest in backward. ``model`` and ``batch`` (inputs and targets of
+    the mean cross-entropy) replace the trained digits CNN and its ``n`` digits."""
     pack, unpack = pack or (lambda t: t), unpack or (lambda t: t)
     total, seen, alive = 0, set(), []
 
@@ -106,9 +116,9 @@ def saved_bytes(pack: Callable | None = None, unpack: Callable | None = None, n:
                 total += kept.untyped_storage().nbytes()
         return packed
 
-    model = _model()
+    model = model or _model()
     parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    x, y = _batch(n)
+    x, y = batch or _batch(n)
     with torch.autograd.graph.saved_tensors_hooks(counting, unpack):
         if checkpoint:
             from torch.utils.checkpoint import checkpoint as run_checkpointed
@@ -131,34 +141,10 @@ def _tensors_in(packed) -> list[torch.Tensor]:
     return []
 
 
-def gradient_peak(fuse: Callable | None = None, steps: int = 1) -> int:
-    """The most bytes of parameter gradients alive at once during a training step: plain SGD, or the step
-    that ``fuse(model, lr)`` puts into backward (then the step is only forward and backward)."""
-    model = _model()
-    params = list(model.parameters())
-    handles = fuse(model, LR) if fuse else []
-    peak = 0
-
-    def alive(extra: int = 0) -> int:
-        return extra + sum(p.grad.numel() * p.grad.element_size() for p in params if p.grad is not None)
-
-    def before_accumulate(grad):  # a tensor hook on a leaf runs before its gradient is stored
-        nonlocal peak
-        peak = max(peak, alive(grad.numel() * grad.element_size()))
-
-    watches = [p.register_hook(before_accumulate) for p in params]
-    try:
-        x, y = _batch()
-        for _ in range(steps):
-            if fuse:
-                F.cross_entropy(model(x), y).backward()
-            else:
-                plain_step(model, x, y)
-            peak = max(peak, alive())
-    finally:
-        for handle in [*watches, *handles]:
-            handle.remove()
-    return peak
+def gradient_peak(fuse: Callable | None = None, model: nn.Module | None = None, batch=None) -> tuple[str, int, int]:
+    """The row of ``gradient_timeline`` with the most bytes of gradients alive: (as which parameter's
+    gradient arrives, the gradient tensors alive then, their bytes)."""
+    return max(gradient_timeline(fuse, model, batch), key=lambda row: row[2])
 
 
 _MEASURED: dict[str, object] = {}  # each row's last measurement of a tool, so that a row keeps its answer
@@ -166,33 +152,41 @@ _MEASURED: dict[str, object] = {}  # each row's last measurement of a tool, so t
 
 def spec(prune=None, step=None, pack=None, unpack=None, fuse=None) -> None:
     """Print the lesson's four targets, each measured on plain training and on your tool where it is given
-    (or as it was measured when an earlier call was given one)."""
+    (or as it was measured when an earlier call was given one): every row when no tool or every tool is
+    given, else only the rows of the tools given."""
     bound = 2 * CLIP * LR / BATCH
+    budget = saved_bytes() / BATCH_GROWTH
     rows = [
         ("keep pruned conv weights 0 after a step", "≥ 50% zero", lambda t: conv_zeros_after_step(t), prune,
          lambda v: v is not None and v >= 0.5, lambda v: "stale weight" if v is None else f"{v:.0%} zero"),
         ("limit how far one image moves the update", f"≤ {bound:.4f}", lambda t: influence(t or plain_step), step,
          lambda v: v <= bound * 1.001, lambda v: f"{v:.4f}"),
-        ("shrink what autograd keeps (256 digits)", f"≤ {ACTIVATION_BUDGET / 1e6:.2f} MB",
+        (f"keep {BATCH_GROWTH:g}× the batch in the same memory", f"≤ {budget / 1e6:.2f} MB",
          lambda t: saved_bytes(*(t or (None, None))), (pack, unpack) if pack else None,
-         lambda v: v <= ACTIVATION_BUDGET, lambda v: f"{v / 1e6:.2f} MB"),
-        ("shrink the gradients alive at once", f"≤ {GRADIENT_BUDGET / 1e3:.1f} kB", lambda t: gradient_peak(t), fuse,
-         lambda v: v <= GRADIENT_BUDGET, lambda v: f"{v / 1e3:.1f} kB"),
+         lambda v: v <= budget, lambda v: f"{v / 1e6:.2f} MB"),
+        ("hold one gradient at a time", "≤ 1 tensor", lambda t: max(row[1] for row in gradient_timeline(t)), fuse,
+         lambda v: v <= 1, lambda v: f"{v} tensor" + "s" * (v != 1)),
     ]
-    print(f"{'your tool must':<42}{'target':<12}{'plain SGD':<13}{'yours':<14}")
-    for words, target, measure, tool, ok, show in rows:
+    given = [tool is not None for *_, tool, _, _ in rows]
+    print(f"{'your tool must':<42}{'target':<12}{'without it':<13}{'yours':<14}")
+    for (words, target, measure, tool, ok, show), shown in zip(rows, given, strict=True):
         if tool is not None:
             _MEASURED[words] = measure(tool)
+        if any(given) and not all(given) and not shown:
+            continue
         plain = ("✓ " if ok(v := measure(None)) else "✗ ") + show(v)
         yours = ("✓ " if ok(_MEASURED[words]) else "✗ ") + show(_MEASURED[words]) if words in _MEASURED else "not yet"
         print(f"{words:<42}{target:<12}{plain:<13}{yours:<14}")
 
 
-def gradient_timeline(fuse: Callable | None = None) -> list[tuple[str, int, int]]:
-    """One training step, seen as each parameter's gradient arrives in backward: (the parameter, the
-    gradient tensors alive then, their bytes), the arriving one included; then the row "after backward"
-    (what the optimizer step meets: every .grad for plain SGD)."""
-    model = _model()
+def gradient_timeline(fuse: Callable | None = None, model: nn.Module | None = None,
+                      batch=None) -> list[tuple[str, int, int]]:
+    """One training step (of the trained digits CNN on 64 digits, or of ``model`` on ``batch``, a pair of
+    inputs and targets for the mean cross-entropy), seen as each parameter's gradient arrives in backward: (the
+    parameter, the gradient tensors alive then, their bytes), the arriving one included; then the row "after
+    backward" (what the optimizer step meets: every .grad for plain SGD)."""
+    model = model or _model()
+    model.zero_grad()  # no gradient left from an earlier step
     named = list(model.named_parameters())
     handles = fuse(model, LR) if fuse else []
     rows = []
@@ -208,7 +202,7 @@ def gradient_timeline(fuse: Callable | None = None) -> list[tuple[str, int, int]
 
     watches = [p.register_hook(watch(name)) for name, p in named]
     try:
-        x, y = _batch()
+        x, y = batch or _batch()
         F.cross_entropy(model(x), y).backward()
         rows.append(("after backward", *alive([])))
     finally:
@@ -244,16 +238,18 @@ def conv_grad_sample(layer: nn.Conv2d, a: torch.Tensor, g: torch.Tensor) -> torc
     return torch.einsum("nol,nkl->nok", g.flatten(2), cols).reshape(len(a), *layer.weight.shape)
 
 
-def grad_sample_hooks(layer: nn.Module) -> list:
+def grad_sample_hooks(layer: nn.Module, loss_reduction: str = "mean") -> list:
     """Opacus's mechanism: a forward hook keeps the layer's input and hooks its output, whose gradient gives
-    each sample's gradient in ``weight.grad_sample`` and ``bias.grad_sample`` (of each sample's own loss: the
-    mean loss hands each sample 1/N of it). Returns the forward hook's handle in a list."""
+    each sample's gradient in ``weight.grad_sample`` and ``bias.grad_sample`` (of each sample's own loss).
+    ``loss_reduction`` says how backward's loss was reduced, which the hook cannot see: a "mean" loss hands
+    each sample 1/N of its gradient, so it is multiplied back by N; a "sum" loss hands each its own.
+    Returns the forward hook's handle in a list."""
 
     def keep(module, args, output):
         a = args[0].detach()
 
         def per_sample(g):
-            g = g * len(a)  # the loss is a mean: undo its 1/N
+            g = g * len(a) if loss_reduction == "mean" else g
             if isinstance(module, nn.Conv2d):
                 module.weight.grad_sample = conv_grad_sample(module, a, g)
                 module.bias.grad_sample = g.sum((2, 3))
@@ -267,10 +263,11 @@ def grad_sample_hooks(layer: nn.Module) -> list:
 
 
 def private_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float = LR, clip: float = CLIP,
-                 noise: float = 0.5, hooks: Callable = grad_sample_hooks) -> None:
+                 noise: float = 0.5, hooks: Callable = grad_sample_hooks) -> torch.Tensor:
     """DP-SGD (Abadi et al., 2016): each sample's gradient clipped to norm ``clip``, summed, Gaussian noise of
-    std ``noise * clip`` added, divided by the batch size."""
-    layers = [m for m in model.modules() if isinstance(m, nn.Linear | nn.Conv2d)]
+    std ``noise * clip`` added, divided by the batch size; frozen layers are left out. Returns each sample's
+    gradient norm."""
+    layers = [m for m in model.modules() if isinstance(m, nn.Linear | nn.Conv2d) and m.weight.requires_grad]
     handles = [h for layer in layers for h in hooks(layer)]
     try:
         F.cross_entropy(model(x), y).backward()
@@ -285,11 +282,24 @@ def private_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float =
             summed = torch.einsum("n,n...->...", scale, p.grad_sample)
             p -= lr * (summed + noise * clip * torch.randn_like(p)) / len(x)
             p.grad, p.grad_sample = None, None
+    return norms
+
+
+_PACKED: dict[int, tuple] = {}  # id of a live tensor computed in forward -> what pack_bf16 returned for it
 
 
 def pack_bf16(t: torch.Tensor):
-    """Keep a float tensor as bfloat16 (half the bytes) with its dtype; anything else as it is."""
-    return (t.dtype, t.to(torch.bfloat16)) if t.is_floating_point() else (None, t)
+    """Keep a float tensor as bfloat16 (half the bytes) with its dtype, anything else as it is; a tensor
+    saved twice (a ReLU's output is also the next layer's input) is packed once, while it lives. Only tensors
+    computed in forward (with a ``grad_fn``) are remembered: a parameter changes between steps."""
+    if not t.is_floating_point():
+        return None, t
+    if t.grad_fn is None:
+        return t.dtype, t.to(torch.bfloat16)
+    if id(t) not in _PACKED:
+        _PACKED[id(t)] = t.dtype, t.to(torch.bfloat16)
+        weakref.finalize(t, _PACKED.pop, id(t), None)
+    return _PACKED[id(t)]
 
 
 def unpack_bf16(packed):
@@ -382,16 +392,17 @@ def _linear_saves() -> int:
     return sum(sizes)
 
 
-@prediction("07.e", "the bytes of gradients alive at the peak, plain SGD then fused",
-            why="plain SGD keeps every .grad until its step, so its peak is all of them after backward (95,784 "
-                "bytes); fused, each gradient is freed by its own step before the next one arrives, so the peak "
-                "is the largest alone, features.5.weight's (73,728 bytes), when it arrives",
-            wrong=[([95_784, 95_784], "fused, each gradient is freed by its own step: they are never all alive"),
-                   ([95_784, 0], "the hook runs after the gradient is stored: each one is alive until its step, "
-                                 "so the largest one is, at least for a moment"),
-                   ([73_728, 73_728], "plain SGD keeps every .grad until optimizer.step(): the peak is all of them")])
-def _peaks() -> list[int]:
-    return [max(row[2] for row in gradient_timeline(fuse)) for fuse in (None, fuse_sgd)]
+@prediction("07.e", "the gradient tensors alive at plain SGD's peak, and whose gradient is alive at the fused peak",
+            why="plain SGD keeps every .grad until its step: all 8 at its peak; fused, each gradient is freed by its "
+                "own step before the next one arrives, so the peak is the largest gradient alone: features.5.weight",
+            wrong=[([8, "features.0.bias"], "fused, one gradient is alive at a time: the peak is the largest one, "
+                                             "not the last to arrive"),
+                   ([8, "head.2.bias"], "fused, one gradient is alive at a time: the peak is the largest one, not the "
+                                        "first to arrive"),
+                   ([1, "features.5.weight"], "plain SGD keeps every .grad until optimizer.step(): at its peak all of "
+                                              "them are alive")])
+def _peaks() -> list:
+    return [gradient_peak()[1], gradient_peak(fuse_sgd)[0]]
 
 
 # ----- exercises -----------------------------------------------------------------------------------
@@ -440,7 +451,9 @@ def _check_prune(answer) -> Outcome:
         handle.remove()
 
 
-def _per_sample_truth(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+def per_sample_truth(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Each sample's gradient of its own cross-entropy, for every parameter: ``torch.func``'s
+    ``vmap(grad(...))`` over the batch, the reference for per-sample gradients."""
     from torch.func import functional_call, grad, vmap
 
     params = {k: v.detach() for k, v in model.named_parameters()}
@@ -448,26 +461,32 @@ def _per_sample_truth(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dic
     return vmap(grad(loss), in_dims=(None, 0, 0))(params, x, y)
 
 
-def _grad_samples(answer, model: nn.Module, layers: list, x, y) -> Outcome | None:
+def _grad_samples(answer, model: nn.Module, layers: list, x, y, reduction: str = "mean") -> Outcome | None:
     handles = []
     try:
         for layer in layers:
-            got = _call(answer, "grad_sample_hooks", layer)
-            if isinstance(got, Outcome):
-                return got
+            if not callable(answer):
+                return Outcome(False, f"pass your function itself (`grad_sample_hooks`), not {kind_of(answer)}")
+            try:
+                got = answer(layer, loss_reduction=reduction)
+            except TypeError as error:
+                if "loss_reduction" not in str(error):
+                    raise
+                return Outcome(False, "grad_sample_hooks must take the argument loss_reduction ('mean' or 'sum'): "
+                                      "the hook cannot see how the loss was reduced, so the caller says it")
             got = list(got) if isinstance(got, list | tuple) else got
             if (bad := not_a_handle(got[0] if isinstance(got, list) and got else got, "grad_sample_hooks",
                                     *model.modules())) is not None:
                 return bad
             handles += got if isinstance(got, list) else [got]
-        F.cross_entropy(model(x), y).backward()
+        F.cross_entropy(model(x), y, reduction=reduction).backward()
     finally:
         for handle in handles:
             handle.remove()
     return None
 
 
-def _compare_samples(model: nn.Module, names: list[str], truth: dict) -> Outcome:
+def _compare_samples(model: nn.Module, names: list[str], truth: dict, reduction: str = "mean") -> Outcome:
     n = next(iter(truth.values())).shape[0]
     for name in names:
         p = model.get_parameter(name)
@@ -480,23 +499,32 @@ def _compare_samples(model: nn.Module, names: list[str], truth: dict) -> Outcome
             return Outcome(False, f"{name}.grad_sample has shape {tuple(got.shape)}, want {tuple(want.shape)}: one "
                                   f"gradient per sample{summed}")
         if torch.allclose(got * n, want, atol=1e-5, rtol=1e-4):
-            return Outcome(False, f"{name}.grad_sample is {n} times too small: the loss is a mean, so the output's "
-                                  "gradient holds each sample's gradient divided by the batch size")
+            return Outcome(False, f"with loss_reduction='mean', {name}.grad_sample is {n} times too small: the loss is "
+                                  "a mean, so the output's gradient holds each sample's gradient divided by the batch "
+                                  "size; multiply it back by N")
+        if torch.allclose(got, want * n, atol=1e-5, rtol=1e-4):
+            return Outcome(False, f"with loss_reduction='sum', {name}.grad_sample is {n} times too large: a summed "
+                                  "loss hands each sample its own gradient; multiply by N only for 'mean'")
         if not torch.allclose(got, want, atol=1e-5, rtol=1e-4):
             diff = (got - want).abs().max().item()
             return Outcome(False, f"{name}.grad_sample differs from torch.func's per-sample gradients by up to "
-                                  f"{diff:.1e}")
-    return Outcome(True, "each sample's weight and bias gradients equal torch.func's vmap(grad(...)), to 1e-5")
+                                  f"{diff:.1e} (loss_reduction='{reduction}')")
+    return Outcome(True, "each sample's weight and bias gradients equal torch.func's vmap(grad(...)), to 1e-5, for "
+                         "a mean and a summed loss")
 
 
 @exercise("07.2", "per-sample gradients of a Linear layer from hooks")
 def _check_linear_samples(answer) -> Outcome:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))
-    x, y = torch.randn(6, 5), torch.tensor([0, 1, 2, 0, 1, 2])
-    truth = _per_sample_truth(model, x, y)
-    failed = _grad_samples(answer, model, [model[0], model[2]], x, y)
-    return failed or _compare_samples(model, ["0.weight", "0.bias", "2.weight", "2.bias"], truth)
+    for reduction in ("mean", "sum"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))
+        x, y = torch.randn(6, 5), torch.tensor([0, 1, 2, 0, 1, 2])
+        truth = per_sample_truth(model, x, y)
+        failed = _grad_samples(answer, model, [model[0], model[2]], x, y, reduction)
+        outcome = failed or _compare_samples(model, ["0.weight", "0.bias", "2.weight", "2.bias"], truth, reduction)
+        if not outcome.passed:
+            return outcome
+    return outcome
 
 
 @exercise("07.3", "per-sample gradients of a Conv2d via unfold")
@@ -510,7 +538,7 @@ def _check_conv_samples(answer) -> Outcome:
         a = torch.randn(5, layer.in_channels, 7, 7)
         model = nn.Sequential(layer, nn.Flatten(), nn.Linear(layer(a)[0].numel(), 4))
         y = torch.tensor([0, 1, 2, 3, 0])
-        want = _per_sample_truth(model, a, y)["0.weight"]
+        want = per_sample_truth(model, a, y)["0.weight"]
         out = layer(a)  # each sample's loss, summed: the output's gradient is each sample's own
         (g,) = torch.autograd.grad(F.cross_entropy(model[2](model[1](out)), y, reduction="sum"), out)
         where = (f"Conv2d(kernel {layer.kernel_size}, stride {layer.stride}, padding {layer.padding}, "
@@ -541,9 +569,14 @@ def _check_compress(answer) -> Outcome:
     if not (isinstance(answer, tuple) and len(answer) == 2 and all(callable(f) for f in answer)):
         return Outcome(False, f"pass the pair of functions (pack, unpack), got {kind_of(answer)}")
     pack, unpack = answer
-    if not _tensors_in(pack(torch.randn(3, 4))):
-        return Outcome(False, "pack must return the tensor it keeps (alone, or in a tuple or dict with its dtype), "
-                              "not a function: a closure keeps the float32 tensor alive while hiding it")
+    probe = torch.randn(64, 64)
+    kept = _tensors_in(pack(probe))
+    if not kept:
+        return Outcome(False, "pack must return the tensor it keeps (alone, or in a tuple or dict with its dtype): "
+                              "the byte counter finds tensors in those, and cannot look inside a function")
+    if any(t.dtype == torch.float16 for t in kept):
+        return Outcome(False, "pack keeps float16, which overflows above 65504 (guide G1, 'Saved tensors in 16 bits'): "
+                              "store float tensors as bfloat16, which has float32's range")
     probes = ((torch.randn(3, 4), "a float32 tensor"), (torch.tensor([[3, 70000]]), "max-pooling's int64 indices"))
     for t, what in probes:
         back = unpack(pack(t))
@@ -555,27 +588,44 @@ def _check_compress(answer) -> Outcome:
         if t.dtype == torch.int64 and not torch.equal(back, t):
             return Outcome(False, "max-pooling saves its indices as int64, and bfloat16 cannot hold 70000 exactly: "
                                   "keep tensors that are not floating point as they are")
-    model, x, y = _model(), *_batch(256)
-    F.cross_entropy(model(x), y).backward()
-    want = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad()
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        loss = F.cross_entropy(model(x), y)
-    loss.backward()
-    for (name, p), w in zip(model.named_parameters(), want, strict=True):
-        if p.grad is None or p.grad.dtype != w.dtype:
-            return Outcome(False, f"{name}'s gradient came back as {None if p.grad is None else p.grad.dtype}: unpack "
-                                  "must give back the dtype that was packed")
-        err = ((p.grad - w).norm() / w.norm()).item()
-        if err > 0.02:
-            return Outcome(False, f"{name}'s gradient is {err:.1%} off: more than bfloat16's rounding")
-    probe = torch.randn(64, 64)
-    stored = sum(t.untyped_storage().nbytes() for t in _tensors_in(pack(probe)))
+    stored = sum(t.untyped_storage().nbytes() for t in kept)
     if stored > probe.untyped_storage().nbytes() / 2:
         return Outcome(False, f"pack keeps a float32 tensor of {probe.untyped_storage().nbytes()} bytes in {stored} "
                               "bytes: store float tensors as bfloat16 (2 bytes a number)")
-    kept = saved_bytes(pack, unpack)
-    return Outcome(True, f"gradients within 2 % of the plain ones, {kept / 1e6:.2f} MB kept instead of "
+    model, (x, y) = _model(), _batch(256)
+    for step in range(2):  # two steps: a parameter changes in between
+        model.zero_grad()
+        F.cross_entropy(model(x), y).backward()
+        want = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                loss = F.cross_entropy(model(x), y)
+            loss.backward()
+        except RuntimeError as error:
+            first = (str(error).splitlines() or [""])[0][:100]
+            return Outcome(False, f"backward raised RuntimeError ({first}): unpack gave back another tensor than the "
+                                  "one packed. Python reuses the id of a freed tensor: if you remember tensors by id, "
+                                  "forget each one when it is freed (weakref.finalize)")
+        for (name, p), w in zip(model.named_parameters(), want, strict=True):
+            if p.grad is None or p.grad.dtype != w.dtype:
+                return Outcome(False, f"{name}'s gradient came back as {None if p.grad is None else p.grad.dtype}: "
+                                      "unpack must give back the dtype that was packed")
+            err = ((p.grad - w).norm() / w.norm()).item()
+            if err > 0.02:
+                stale = (", in the second forward pass, after the weights changed: pack gave back its copy of a "
+                         "weight from the first; remember only tensors computed in forward (t.grad_fn is not "
+                         "None)") if step else ""
+                return Outcome(False, f"{name}'s gradient is {err:.1%} off, more than bfloat16's rounding{stale}")
+        with torch.no_grad():  # a large step, so that a stale copy of a weight shows
+            for p in model.parameters():
+                p.mul_(-1)
+    kept_bytes, once = saved_bytes(pack, unpack), saved_bytes(pack_bf16, unpack_bf16)
+    if kept_bytes > once * 1.01:
+        return Outcome(False, f"{kept_bytes / 1e6:.2f} MB kept, {once / 1e6:.2f} MB when each tensor is packed once: "
+                              "a ReLU's output is saved twice (by the ReLU and by the next layer), and your pack "
+                              "stores two copies; give back what you packed for it the first time")
+    return Outcome(True, f"gradients within 2 % of the plain ones, {kept_bytes / 1e6:.2f} MB kept instead of "
                          f"{saved_bytes() / 1e6:.2f} MB")
 
 
