@@ -1,6 +1,6 @@
 """Exercises and predictions of notebook 03: module backward hooks.
 
-Predictions 03.a-03.f compute their truth with torch; exercises 03.1-03.7 are the hooks the lesson's
+Predictions 03.a-03.g compute their truth with torch; exercises 03.1-03.7 are the hooks the lesson's
 sections are about: the gain of each layer (full backward hooks), a factor on the gradient entering a layer
 (a backward pre-hook), the gradient at an output changed in place (a tensor hook from a forward hook), a
 gradient tracker built in three steps (one layer's hook, a class with remove, a tracker over many layers),
@@ -205,21 +205,22 @@ _LAYER_16_LEFT_OUT = ("you left out layer 16 (× √(10/96) ≈ 0.33): the gradi
                       "itself before it reaches layer 15")
 _SEVEN_SIGMOIDS = ("you counted seven sigmoids; layers 15, 13, …, 1 are eight, each × 0.24, between the Linear layers "
                    "16 down to 2")
+_ALL_PAIRS_ALIKE = ("that is 0.14 for each of the eight pairs; the last pair is smaller: layer 16 (32 → 10) passes the "
+                    "gradient back × √(10/96) ≈ 0.33, so with its sigmoid × 0.08. 0.08 × 0.14^7 ≈ 10^-7.1")
 
 
 @prediction(
     "03.e", "log10 of the gradient std at layer 0's output over layer 16's, in the deep sigmoid network",
     why="on its way from layer 16's output to layer 0's the gradient passes layers 16 down to 1, and their factors "
-        "multiply: √(10/96) × (1/√3)^7 × 0.24^8 = 0.33 × 0.58^7 × 0.24^8 ≈ 10^-7, about a seventh for each of eight "
-        "Linear-and-sigmoid pairs.",
+        "multiply: the last pair × 0.33 × 0.24 ≈ 0.08, each of the seven others × 0.58 × 0.24 ≈ 0.14, so "
+        "0.08 × 0.14^7 ≈ 10^-7.",
     wrong=[
         (-4.8, _SIGMOIDS_ONLY), (-5.0, _SIGMOIDS_ONLY),
         (-7.4, _LAYER_0_TOO), (-7.5, _LAYER_0_TOO),
         (-6.5, _LAYER_16_LEFT_OUT), (-6.6, _LAYER_16_LEFT_OUT),
         (-6.4, _SEVEN_SIGMOIDS), (-6.2, "you counted seven Linear-and-sigmoid pairs; there are eight: layers 16 and "
                                         "15, 14 and 13, …, 2 and 1"),
-        (-6.8, "a seventh a pair is rounded; multiply the factors themselves: layer 16's, seven Linear layers' "
-               "1/√3 ≈ 0.58 and eight sigmoids' 0.24"),
+        (-6.8, _ALL_PAIRS_ALIKE), (-6.85, _ALL_PAIRS_ALIKE),
         (-0.8, "that is one Linear-and-sigmoid pair; the gradient passes eight, and their factors multiply"),
         (-1.0, "that is one Linear-and-sigmoid pair; the gradient passes eight, and their factors multiply"),
         (7.0, "the gradient shrinks on its way back, so the ratio is below 1 and its log10 is negative"),
@@ -228,6 +229,13 @@ _SEVEN_SIGMOIDS = ("you counted seven sigmoids; layers 15, 13, …, 1 are eight,
 )  # fmt: skip
 @functools.cache
 def _layer_0_over_16() -> float:
+    return _log10_sizes()[0]
+
+
+@functools.cache
+def _log10_sizes() -> tuple[float, float]:
+    """(log10 of the gradient std at layer 0's output over layer 16's, log10 of the spread at layer 16's output
+    over layer 0's), in float64, as the lesson's tracker measures them on 64 images."""
     pixels, labels, _, _ = _digit_pixels()
     model, h, outputs = _digits_mlp().double(), pixels[:64].double(), []
     for module in model:
@@ -235,7 +243,29 @@ def _layer_0_over_16() -> float:
         if isinstance(module, nn.Linear):
             outputs.append(h)
     grads = torch.autograd.grad(F.cross_entropy(h, labels[:64]), outputs)
-    return (grads[0].std() / grads[-1].std()).log10().item()
+    spreads = [output.std(0).mean() for output in outputs]
+    return (grads[0].std() / grads[-1].std()).log10().item(), (spreads[-1] / spreads[0]).log10().item()
+
+
+_BACKWARD_FACTORS = ("those are the backward factors; forward, a Linear multiplies by W, a sum of fan_in terms, so "
+                     "every Linear, 64 → 32 and 32 → 10 included, scales the spread by about 1/√3 ≈ 0.58: "
+                     "0.14^8 ≈ 10^-6.8")
+
+
+@prediction(
+    "03.f", "log10 of the spread at layer 16's output over layer 0's, in the deep sigmoid network",
+    why="forward, from layer 0's output to layer 16's, the differences between images pass eight sigmoids (× 0.24 "
+        "each) and eight Linear layers, each × about 1/√3 ≈ 0.58 whatever its shape: 0.14^8 ≈ 10^-6.8.",
+    wrong=[
+        (-7.0, _BACKWARD_FACTORS), (-7.1, _BACKWARD_FACTORS),
+        (6.8, "the differences shrink on their way forward, so the ratio is below 1 and its log10 is negative"),
+        (-4.8, "you counted the sigmoids (× 0.24 each, eight of them: 10^-4.8); the Linear layers scale the spread "
+               "too, each × about 0.58"),
+    ],
+    rel=0.015,  # ±0.1 of a decade
+)  # fmt: skip
+def _spread_16_over_0() -> float:
+    return _log10_sizes()[1]
 
 
 def _train_one_epoch(model: nn.Module, lr: float = 0.05, epochs: int = 1) -> float:
@@ -253,10 +283,10 @@ def _train_one_epoch(model: nn.Module, lr: float = 0.05, epochs: int = 1) -> flo
 
 
 @prediction(
-    "03.f", "whether the ×7 pre-hooks make the deep sigmoid network learn, above 20 % after one epoch",
+    "03.g", "whether the ×7 pre-hooks make the deep sigmoid network learn, above 20 % after one epoch",
     why="no: the pre-hooks give layer 0 about half of layer 16's gradient, but the forward pass still loses the "
         "differences between images. They reach the last layer alike to within 10^-7, so it gives every image "
-        "the same answer: 10 %.",
+        "the same answer: 10 % (in float64 too: not rounding).",
     wrong=[
         (True, "the gradient is back, but the forward pass still loses the differences between images: they reach "
                "the last layer alike to within 10^-7, and the same input gives the same answer, one digit, 10 %"),
@@ -805,6 +835,9 @@ def _vanishing_mistakes(stds: dict, weight_stds: dict, ratio: float, want: str |
          "after '10': take the order the hooks fire in (or the forward order, reversed)"),
         (min(names, key=stds.get), "{got} has the smallest gradient std; the vanishing point is the first layer "
          "below the limit on the way back from the loss"),
+        (_first_below(reversed(names), stds, ratio * max(stds.values())), "{got} is below ratio × the largest "
+         f"gradient std of any Linear; compare with ratio × the std at the last Linear's output ({last!r}), where the "
+         "gradient enters the network, even when an earlier layer's is larger"),
     ):  # fmt: skip
         reasons.setdefault(name, []).append(reason)
     reasons.pop(want, None)
@@ -820,6 +853,8 @@ def _vanishing_cases():
          lambda: _relu_mlp({"0+bias": 1e-4}), {}),
         ("a ReLU network whose layer '12' has tiny weights, and layers '6' and '4' large ones",
          lambda: _relu_mlp({"12": 1e-6, "6": 10.0, "4": 1e4}), {}),
+        ("a ReLU network whose last layer has large weights (its gradient is smaller than the layers' before it), "
+         "and layer '6' tiny ones", lambda: _relu_mlp({"16": 100.0, "6": 1e-4}), {}),
     )  # fmt: skip
 
 
