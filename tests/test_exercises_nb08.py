@@ -19,14 +19,15 @@ def test_notebook_08_has_four_predictions_and_four_exercises():
 
 
 # ----- predictions ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("08.a", 3), ("08.b", 9), ("08.c", 4), ("08.d", 17)])
+@pytest.mark.parametrize(("id", "truth"), [("08.a", 3), ("08.b", 3), ("08.c", 4), ("08.d", 17)])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     assert exercises()[id].checker.__wrapped__.truth() == truth
 
 
 @pytest.mark.parametrize(("id", "guess", "hint"), [
-    ("08.a", 2, "position after it"), ("08.a", 8, "layer 0's job"), ("08.b", 3, "moved it to the query"),
+    ("08.a", 2, "position after it"), ("08.a", 8, "layer 0's job"),
+    ("08.b", 2, "position 2 before it"), ("08.b", 9, "record"),
     ("08.c", 0, "leaves three"), ("08.d", 19, "becomes the corrupted"), ("08.d", 23, "far outside"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
@@ -80,7 +81,7 @@ def test_08_1_accepts_the_worked_answer():
 
 
 # ----- 08.2 -------------------------------------------------------------------------------------
-def sweep_like(*, normalise="right", run="corrupted", remove=True, whole=False, transpose=False):
+def sweep_like(*, normalise="right", run="corrupted", remove=True, whole=False, transpose=False, onward=False):
     """A patching sweep with one slip."""
     def patching_sweep(model, clean, corrupted, points, metric):
         with record(model, points) as rec, torch.no_grad():
@@ -92,6 +93,8 @@ def sweep_like(*, normalise="right", run="corrupted", remove=True, whole=False, 
             for position in range(corrupted.shape[1]):
                 value = rec[point].output
                 hook = (lambda m, a, o, v=value: v) if whole else nb08.patch_hook(value, position)
+                if onward:  # from the position to the end
+                    hook = nb08.patch_hook(value, slice(position, None))
                 handle = model.get_submodule(point).register_forward_hook(hook)
                 with torch.no_grad():
                     sweep[row, position] = metric(model(clean if run == "clean" else corrupted))
@@ -112,6 +115,7 @@ def sweep_like(*, normalise="right", run="corrupted", remove=True, whole=False, 
     (sweep_like(run="clean"), ["patched the clean run", "model(corrupted)"]),
     (sweep_like(whole=True), ["whole output", "output[:, position]"]),
     (sweep_like(transpose=True), ["one row per hook point"]),
+    (sweep_like(onward=True), ["from the position onward", "output[:, position]"]),
     ("patching_sweep", ["pass your function itself"]),
 ])  # fmt: skip
 def test_08_2_rejects(answer, words):
@@ -220,7 +224,32 @@ def test_the_measured_facts_the_lesson_states_about_the_heads_and_steering():
     assert zeroed[0, nb08.Q].argmax().item() != nb08.A
     cache = nb08.clean_cache(model)
     assert -3 < nb08.patched_diff(model, "blocks.1.hook_mlp_out", nb08.Q, cache) < 0
-    hook = nb08.steering_hook(nb08.steering_direction(model), nb08.CHANGED, 4)
+    resid0 = nb08.clean_cache(model, ["blocks.0.hook_resid_post"])["blocks.0.hook_resid_post"]
+    both = nb08.run_hooked(model, nb08.clean_and_corrupted()[1], "blocks.0.hook_resid_post",
+                           lambda m, a, o: torch.where(torch.isin(torch.arange(16), torch.tensor([3, 9]))[:, None],
+                                                       resid0, o))
+    assert abs(nb08.logit_diff(both) - nb08.logit_diff(model(clean).detach())) < 0.1  # 3 and 9 together: 1.00
+    direction = nb08.steering_direction(model)
+    embedding = model.embed.weight[nb08.A] - model.embed.weight[nb08.B]
+    assert torch.cosine_similarity(direction, embedding, 0) > 0.85  # mostly the token-embedding difference
+    fair = torch.tensor([[4, 9, 3, 17, 11, 0, 15, 4, 9, 3, 19, 11, 0, 15, 7, 21]])
+    moved = nb08.run_hooked(model, fair, "blocks.0.hook_resid_post", nb08.steering_hook(direction, 3, 1))
+    assert nb08.logit_diff(model(fair).detach()) < -5 and moved[0, nb08.Q].argmax().item() == nb08.A
+    clean_z = nb08.clean_cache(model, ["blocks.1.attn.hook_z"])["blocks.1.attn.hook_z"]
+    corrupted = nb08.clean_and_corrupted()[1]
+
+    def patch_heads(heads):
+        def hook(module, args, output):
+            output = output.clone()
+            output[:, nb08.Q, heads] = clean_z[:, nb08.Q, heads]
+            return output
+        return hook
+
+    one = [nb08.logit_diff(nb08.run_hooked(model, corrupted, "blocks.1.attn.hook_z", patch_heads([h])))
+           for h in range(4)]
+    four = nb08.run_hooked(model, corrupted, "blocks.1.attn.hook_z", patch_heads([0, 1, 2, 3]))
+    assert max(one) < -4 and four[0, nb08.Q].argmax().item() == nb08.A  # one head alone: under 0.3 of the way
+    hook = nb08.steering_hook(direction, nb08.CHANGED, 4)
     steered = nb08.run_hooked(model, nb08.clean_and_corrupted()[1], "blocks.0.hook_resid_post", hook)
     assert steered[0, nb08.Q].argmax().item() not in (nb08.A, nb08.B) and nb08.logit_diff(steered) > 5
 

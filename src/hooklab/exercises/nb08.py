@@ -5,7 +5,7 @@ sequence (a run of seven tokens, repeated, then two random ones) whose query pos
 ``A`` = 19, and a corrupted copy with the 19 of the first run (position ``CHANGED``) replaced by ``B`` =
 17, which predicts 17. ``logit_diff`` is logit[A] − logit[B] at the query. Predictions 08.a-08.d compute
 their truth with torch. ``second_corruption()`` changes the 3 before the 19 (position ``CHANGED2``) into
-``B2`` = 10 instead: it needs layer 0 to move the previous token, so patching finds layer 0. Exercises:
+``B2`` = 10 instead: it needs layer 0 to move the previous token, so patching finds layer 0 (08.b). Exercises:
 record the attention patterns with forward hooks (08.1), the patching sweep over hook points × positions,
 normalised (08.2), a hook that zero- or mean-ablates one head (08.3), and a hook that adds a steering
 direction (08.4). ``record_patterns``, ``patching_sweep``, ``patch_hook``, ``ablation_hook`` and
@@ -221,15 +221,20 @@ def _induction_key() -> int:
     return record_patterns(_model(), clean_and_corrupted()[0])[1][0, 0, Q].argmax().item()
 
 
-@prediction("08.b", "the position whose clean blocks.1.hook_resid_post restores the clean answer",
-            why="the logits at 9 read only the last residual at 9, so only it can restore the answer; patching "
-                "measures effect, not presence (the last residuals at 3 still differ, but nothing later reads them)",
-            wrong=[(3, "that is where the change is, and where layer 0's residual holds it; by the end of layer 1 "
-                       "the attention has moved it to the query")])
-def _late_position() -> int:
+@prediction("08.b", "the position whose clean blocks.0.hook_attn_out restores the second corruption's answer",
+            why="layer 0's heads attend to the previous token, so its attention output at 3 is position 3's record "
+                "that a 3 came before it; patched in, layer 1 finds the match again and copies the 19 (the token "
+                "itself changed at 2, but that position's attention output only reads positions 0-2)",
+            wrong=[(2, "the 10 at position 2 sits in its embedding, which stays corrupted; layer 1 matches the "
+                       "query with a key's record of the token before it. Which position has position 2 before it?"),
+                   (9, "layer 1 matches the query's 3 with a key's previous token; the key's record is what the "
+                       "second corruption broke, not the query")])
+def _layer0_position() -> int:
     model = _model()
-    cache = clean_cache(model, ["blocks.1.hook_resid_post"])
-    diffs = [patched_diff(model, "blocks.1.hook_resid_post", p, cache) for p in range(Q + 1)]
+    point = "blocks.0.hook_attn_out"
+    cache = clean_cache(model, [point])
+    diffs = [logit_diff_2(run_hooked(model, second_corruption(), point, patch_hook(cache[point], p)))
+             for p in range(Q + 1)]
     return max(range(Q + 1), key=diffs.__getitem__)
 
 
@@ -401,6 +406,22 @@ def _raw_sweep(model, clean, corrupted, metric) -> torch.Tensor:
                           for position in range(corrupted.shape[1])] for point in POINTS])
 
 
+def _onward(model, clean, corrupted, metric, high, low) -> torch.Tensor:
+    """The sweep patched from each position to the end of the sequence, normalised."""
+    cache = clean_cache_of(model, clean, POINTS)
+
+    def onward(value, position):
+        def hook(module, args, output):
+            output = output.clone()
+            output[:, position:] = value[:, position:]
+            return output
+        return hook
+
+    raw = torch.tensor([[metric(run_hooked(model, corrupted, point, onward(cache[point], position)))
+                         for position in range(corrupted.shape[1])] for point in POINTS])
+    return (raw - low) / (high - low)
+
+
 def _sweep_slip(model, got, clean, corrupted, metric) -> str | None:
     """Name the slip when ``got`` is a plausible wrong sweep."""
     with torch.no_grad():
@@ -434,6 +455,9 @@ def _sweep_slip(model, got, clean, corrupted, metric) -> str | None:
                               for position in range(corrupted.shape[1])] for point in POINTS])
         if near((row0 - low) / (high - low)):
             return ROW_0
+    if near(_onward(model, clean, corrupted, metric, high, low)):
+        return ("you patched from the position onward (`output[:, position:]`): put back the clean value at that "
+                "one position only, `output[:, position]`")
     if near(torch.ones_like(want)):
         return ("every cell is the clean answer: you patched the clean run. Put the clean value into the "
                 "corrupted run: model(corrupted) while the hook is registered")
