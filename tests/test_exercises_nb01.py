@@ -61,7 +61,7 @@ def test_01_1_rejects_wrong_answers():
 
 # ----- 01.2 -------------------------------------------------------------------------------------
 def guard_with(bad=lambda grad, limit: grad.isnan().any() or grad.norm() > limit, error=FloatingPointError,
-               bind=True, result=lambda grad: None):
+               bind=True, result=lambda grad: None, message=lambda name: f"bad gradient at {name}"):
     """A right answer to 01.2, or a wrong one: what it counts as bad, what it raises, a late-bound name,
     or what its hook returns."""
 
@@ -70,7 +70,7 @@ def guard_with(bad=lambda grad, limit: grad.isnan().any() or grad.norm() > limit
         for name, t in named.items():
             def hook(grad, bound=name):
                 if bad(grad, limit):
-                    raise error(f"bad gradient at {bound if bind else name}")  # noqa: B023 (late binding, on purpose)
+                    raise error(message(bound if bind else name))  # noqa: B023 (late binding, on purpose)
                 return result(grad)
 
             handles.append(t.register_hook(hook))
@@ -80,8 +80,10 @@ def guard_with(bad=lambda grad, limit: grad.isnan().any() or grad.norm() > limit
 
 
 def test_01_2_accepts_a_guard_that_raises_naming_the_step():
-    outcome = grade("01.2", guard_with())
-    assert outcome.passed, outcome.detail
+    for message in (lambda name: f"bad gradient at {name}", lambda name: f"{name}.grad is bad",
+                    lambda name: f"bad d{name}", lambda name: f"'{name}': norm too large"):
+        outcome = grade("01.2", guard_with(message=message))
+        assert outcome.passed, outcome.detail
 
 
 def test_01_2_rejects_wrong_answers():
@@ -113,6 +115,8 @@ def test_01_2_rejects_wrong_answers():
         (guard_with(bad=lambda grad, limit: grad.isnan().any() or grad.abs().sum() > limit), "not the sum of the"),
         (guard_with(bad=lambda grad, limit: grad.isnan().any() or grad.pow(2).sum() > limit),
          ("its squared norm", "compare grad.norm() itself")),
+        (guard_with(bad=lambda grad, limit: grad.isnan().any() or grad.norm(dim=-1).max() > limit),
+         ("each row's norm is 200", "not of each row")),
     ]:
         failed("01.2", wrong, *(words if isinstance(words, tuple) else (words,)))
 

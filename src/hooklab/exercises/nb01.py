@@ -298,8 +298,29 @@ def _norm_case(guard, size: int, entry: float, bad: bool) -> Outcome | None:
     return None
 
 
-def _named_in(raised: BaseException) -> list[str]:
-    return re.findall(r"[A-Za-z_][\w.]*", str(raised))
+def _rows_case(guard) -> Outcome | None:
+    """A 2-D gradient spread over 100 rows of 4 entries, each 100: every row's norm is 200, below the limit
+    1e3, but the whole gradient's norm is 2000, above it."""
+    w = torch.zeros(100, 4, requires_grad=True)
+    with Hooks() as hooks:
+        for handle in guard({"w": w}, 1e3):
+            hooks.add(handle)
+        try:
+            (w * 100.0).sum().backward()
+            raised = None
+        except Exception as e:  # any error the answer raises is the answer's
+            raised = e
+    if raised is None:
+        return Outcome(False, "a gradient of 100 rows × 4 entries, each 100, limit 1e3: each row's norm is 200, but "
+                              "the whole gradient's norm is 2000, and backward ran to the end. Take grad.norm() of "
+                              "the whole gradient, not of each row (no dim=)")
+    return None
+
+
+def _named_in(raised: BaseException, names: Iterable[str] = ("h", "ms", "rms", "normed", "logits", "w")) -> list[str]:
+    """The names the message mentions as words of their own: ``ms``, ``ms.grad``, ``'ms'`` and ``dms`` name
+    ms; ``rms`` and ``msg`` do not."""
+    return [name for name in names if re.search(rf"(?<![A-Za-z0-9_])d?{re.escape(name)}(?![A-Za-z0-9_])", str(raised))]
 
 
 @exercise("01.2", "stop backward at the first bad gradient, by name")
@@ -374,6 +395,9 @@ def _guard(guard) -> Outcome:
         wrong = _norm_case(guard, size, entry, bad)
         if wrong:
             return wrong
+    wrong = _rows_case(guard)
+    if wrong:
+        return wrong
     # after remove(), nothing is left
     embed, head, x, y = _problem()
     steps = _steps(embed, head, x)
@@ -385,7 +409,7 @@ def _guard(guard) -> Outcome:
         return Outcome(False, "after handle.remove() on every handle, backward still raises: return the handles "
                               "of your hooks")
     return Outcome(True, "clean batch untouched; stopped at ms on the NaN, at h on the norm 5e4, with the name "
-                         "in the error; entries that cancel judged by their norm")
+                         "in the error; entries that cancel, and rows each below the limit, judged by the whole norm")
 
 
 def _by_hand_case(by_hand) -> tuple[dict, tuple, object] | Outcome:
