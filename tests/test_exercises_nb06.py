@@ -481,3 +481,24 @@ def test_06_1_any_hook_that_renames_the_full_keys_passes():
 
     assert grade("06.1", by_ending).passed
     failed("06.1", upgrade_ignoring_prefix, "prefix")
+
+
+def test_06_2_lr_grad_over_the_std_after_the_step_gets_the_lr_grad_hint():
+    failed("06.2", lambda model, optimizer: watch_updates(model, optimizer, formula=True, after=True),
+           "lr · grad", "before and after step()")
+
+
+def test_06_5_a_forward_hook_that_returns_a_value_is_named():
+    def returns_the_name(model, x):
+        names = {m: n for n, m in model.named_modules() if n and not list(m.children())}
+        running, found = [], {n: [] for n in names.values()}
+        with hooklab.Hooks() as hooks, torch.autograd.graph.node_creation_hook(
+                lambda node: found[running[-1]].append(node.name()) if running else None):
+            for module in names:
+                hooks.add(module.register_forward_pre_hook(lambda module, args: running.append(names[module])))
+                hooks.add(module.register_forward_hook(lambda module, args, output: running.pop()))
+            model(x)
+        return found
+
+    failed("06.5", returns_the_name, "your forward hook returned a value",
+           "a forward hook's return value replaces the output")

@@ -401,7 +401,7 @@ def _train_and_measure(watch_updates, make_optimizer):
     model = _ratio_model()
     optimizer = make_optimizer(model.parameters())
     weights = {name: p for name, p in model.named_parameters() if p.ndim > 1}
-    expected, formula, norms = ({name: [] for name in weights} for _ in range(3))
+    expected, formula, after, norms = ({name: [] for name in weights} for _ in range(4))
     lr = optimizer.param_groups[0]["lr"]
     result = watch_updates(model, optimizer)
     g = torch.Generator().manual_seed(6)
@@ -414,8 +414,9 @@ def _train_and_measure(watch_updates, make_optimizer):
         for name, p in weights.items():
             expected[name].append(_log_ratio(p.detach(), before[name]))
             formula[name].append(((lr * p.grad).std() / before[name].std()).log10().item())
+            after[name].append(((lr * p.grad).std() / p.detach().std()).log10().item())  # lr·grad over std(w after)
             norms[name].append(((p.detach() - before[name]).norm() / before[name].norm()).log10().item())
-    return result, expected, formula, norms, model, optimizer, (x, y)
+    return result, expected, (formula, after), norms, model, optimizer, (x, y)
 
 
 def _close(got, want, tolerance: float = 1e-4) -> bool:
@@ -427,8 +428,9 @@ def _close(got, want, tolerance: float = 1e-4) -> bool:
 _WITHIN = 0.01  # log10 units: dividing by std(w after the step) instead of before differs by less here
 
 
-def _wrong_ratios(name: str, got: list, expected: list, formula: list, norms: list, label: str) -> Outcome:
-    """Why ``got`` (the answer's ratios of one weight) is not ``expected``: the slip, in words."""
+def _wrong_ratios(name: str, got: list, expected: list, formula: tuple, norms: list, label: str) -> Outcome:
+    """Why ``got`` (the answer's ratios of one weight) is not ``expected``: the slip, in words. ``formula``
+    holds lr·grad's ratios over std(w before) and over std(w after)."""
     if len(got) != len(expected):
         return Outcome(False, f"ratios[{name!r}] has {len(got)} entries after {_STEPS} steps of {label}: append one "
                               "per step, in the post-hook")
@@ -437,7 +439,7 @@ def _wrong_ratios(name: str, got: list, expected: list, formula: list, norms: li
     if any(g == -math.inf or g != g for g in got):
         return Outcome(False, f"ratios[{name!r}] is {got}: the weights before and after the step looked equal. "
                               "p.detach() shares memory with p, and step() changes p in place: keep p.detach().clone()")
-    if _close(got, formula):
+    if any(_close(got, f) for f in formula):
         return Outcome(False, f"with {label}, your ratios are those of lr · grad, the step of plain SGD: compare the "
                               "weights before and after step() instead")
     if _close(got, norms):
@@ -474,7 +476,7 @@ def _watch_updates(watch_updates) -> Outcome:
             got = list(ratios[name])
             if _close(got, want):
                 continue
-            slip = _wrong_ratios(name, got, want, formula[name], norms[name], label)
+            slip = _wrong_ratios(name, got, want, tuple(f[name] for f in formula), norms[name], label)
             if "expected" not in slip.detail or not _close(got, want, _WITHIN):
                 return slip
         try:
@@ -615,7 +617,15 @@ def _nodes_by_layer(nodes_by_layer) -> Outcome:
 
     for label, model, x in _node_models():
         expected = _reference(model, x)
-        got = nodes_by_layer(model, x)
+        try:
+            got = nodes_by_layer(model, x)
+        except TypeError as error:
+            clear_hooks(model)
+            if "must be Tensor" not in str(error):
+                raise
+            return Outcome(False, f"on {label}, a layer got a {str(error).rsplit('not ', 1)[-1]} instead of a tensor: "
+                                  "your forward hook returned a value, and a forward hook's return value replaces the "
+                                  "output; return None")
         left = clear_hooks(model)
         if left:
             return Outcome(False, f"on {label}, your hooks stayed registered ({left[0]}): remove them (a Hooks "
