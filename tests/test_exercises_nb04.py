@@ -17,6 +17,7 @@ from torch import nn
 
 import hooklab
 from hooklab import backprop as bp
+from hooklab.audit import leftover_hooks
 from hooklab.exercises import check, exercises, grade, nb04
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,7 +95,6 @@ def test_the_predictions_truths():
     ("04.a", [1.0, 1.0], "multiplies it by the sigmoid's slope"),
     ("04.a", [0.7514, 0.7729], "that is s2's output"),
     ("04.b", 1, "the target's 1 is taken away"),
-    ("04.c", "dbeta", "the names go in a list"),
     ("04.c", ["dx", "dbeta"], "Σ y = γ·Σ x̂ + N·β = N·β does not depend on x"),
     ("04.c", ["dx", "dgamma", "dbeta"], "x̂ has mean 0"),
     ("04.d", [[9] * 4] * 4, "falls on the padding"),
@@ -108,7 +108,8 @@ def test_the_predictions_truths():
     ("04.e", {"0", "1", "2", "3", "4", "5"}, "a backward chained through the formulas"),
     ("04.e", set(), "the slip is there"),
     ("04.e", {1, 5}, "a layer's name is a string"),
-    ("04.e", ["5", "1"], "write them as a set"),
+    ("04.e", ["5"], "does another layer use the same formula"),
+    ("04.c", ("beta",), "'dbeta', not 'beta'"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_own_hint(id, guess, words):
     outcome = grade(id, guess)
@@ -119,7 +120,8 @@ def test_wrong_guesses_get_their_own_hint(id, guess, words):
                                            ("04.b", 1e-7), ("04.b", -1.5e-8), ("04.b", 0.0),
                                            ("04.c", ["DBeta"]),
                                            ("04.d", [[4, 6, 6, 4], [6, 9, 9, 6], [6, 9, 9, 6], [4, 6, 6, 4]]),
-                                           ("04.e", {"5", "1"})])
+                                           ("04.c", "dbeta"), ("04.c", ("dbeta",)),
+                                           ("04.e", {"5", "1"}), ("04.e", ["5", "1"]), ("04.e", ("1", "5"))])
 def test_right_guesses_pass(id, guess):
     assert grade(id, guess).passed
 
@@ -487,6 +489,34 @@ def test_04_8_explains_missing_names_float32_and_the_course_formulas():
     failed("04.8", with_the_course_formulas, "write the formula yourself: your answer called hooklab.backprop.")
 
 
+def test_04_8_names_a_hook_left_registered():
+    def leaves_a_hook(model, x, y):
+        model[0].register_forward_hook(lambda *args: None)
+        return ANSWERS["04.8"](model, x, y)
+
+    failed("04.8", leaves_a_hook, "at step 1: a hook is still registered", "layer '0'", "with hooklab.Hooks()")
+
+
+def test_04_8_names_a_recorder_whose_hooks_share_the_last_name():
+    def late_binding(model, x, y):
+        saved = ANSWERS["04.8"].__globals__["record_forward"]
+
+        def record_forward(model, x):
+            records = []
+            with hooklab.Hooks() as handles:
+                for name, layer in model.named_children():
+                    handles.add(layer.register_forward_hook(
+                        lambda layer, args, out: records.append((name, layer, args[0], out))))  # noqa: B023
+                return model(x), records
+        ANSWERS["04.8"].__globals__["record_forward"] = record_forward
+        try:
+            return ANSWERS["04.8"](model, x, y)
+        finally:
+            ANSWERS["04.8"].__globals__["record_forward"] = saved
+
+    failed("04.8", late_binding, "at step 1: every gradient you returned is named after layer '9'", "name=name")
+
+
 def test_04_8_refuses_autograd_on_the_model():
     def by_autograd(model, x, y):
         with torch.enable_grad():
@@ -509,8 +539,11 @@ def test_the_stubs_print_not_solved_yet(capsys):
     assert capsys.readouterr().out == expected
 
 
-def test_04_c_feedback_does_not_call_a_wrong_guess_right():
-    assert "right" not in grade("04.c", "dbeta").detail
+def test_04_c_and_04_e_accept_a_set_answer_in_any_container_and_order():
+    for guess in ("dbeta", ["dbeta"], ("dbeta",), {"dbeta"}):
+        assert grade("04.c", guess).passed, guess
+    for guess in ({"1", "5"}, ["5", "1"], ("1", "5"), ["1", "5"]):
+        assert grade("04.e", guess).passed, guess
 
 
 def test_the_2_2_2_network_gives_the_worked_example_forward_numbers():
@@ -633,6 +666,11 @@ def test_04_9_wants_a_float32_tolerance():  # plain allclose blames layer 4 of t
            "relative tolerance (e.g. rtol=1e-3")
 
 
+def test_04_9_blames_a_too_loose_tolerance_before_the_loop():  # layer 5's slip: < 1e-3 per entry, 6 % relative
+    failed("04.9", disagreement(close=lambda a, b: torch.allclose(a, b, atol=1e-3)), "you named {'1'}",
+           "{'5'}", "6% of its size", "too loose", "rtol=1e-3, atol=1e-5")
+
+
 def test_04_9_says_parameter_gradients_cannot_see_grad_input():
     outcome = failed("04.9", disagreement(params_only=True), "you named no layer", "parameters' gradients alone",
                      "Compare each layer's grad_input")
@@ -685,19 +723,26 @@ def test_the_lessons_04_8_skeleton_completed_with_the_other_four_layers_passes()
         elif isinstance(layer, nn.Conv2d):
             d, grads[f"{name}.weight"] = conv2d_backward(a, layer.weight, d, layer.padding[0])
 '''
-    assert "        else:  # your code here" in cell
+    recorder = """        for name, layer in model.named_children():
+            handles.add(layer.register_forward_hook(
+                lambda layer, args, out, name=name: records.append((name, layer, args[0], out))))
+"""
+    stub = next(line + "\n" for line in cell.splitlines() if line.strip().startswith("raise NotImplementedError  #"))
+    assert "        else:  # your code here" in cell and "handles.add" in stub
     source = cell.replace("        else:  # your code here", rest + "        else:  # your code here")
+    source = source.replace(stub, recorder)
     source = "\n".join(line for line in source.splitlines() if not line.startswith("check("))
-    namespace = {"torch": torch, "nn": nn, "F": F, "ce_backward": ANSWERS["04.3"],
+    namespace = {"torch": torch, "nn": nn, "F": F, "hooklab": hooklab, "ce_backward": ANSWERS["04.3"],
                  "batch_norm_backward": ANSWERS["04.5"], "conv2d_backward": ANSWERS["04.6"],
                  "max_pool_backward": ANSWERS["04.7"]}
     exec(source, namespace)
     outcome = grade("04.8", namespace["model_backward"])
     assert outcome.passed, outcome.detail
-    skeleton = {"torch": torch, "nn": nn, "F": F, "ce_backward": ANSWERS["04.3"]}
+    skeleton = {"torch": torch, "nn": nn, "F": F, "hooklab": hooklab, "ce_backward": ANSWERS["04.3"]}
     exec("\n".join(line for line in cell.splitlines() if not line.startswith("check(")), skeleton)
-    with pytest.raises(NotImplementedError, match="Flatten"):  # the stub as the lesson stores it: not solved yet
-        skeleton["model_backward"](nb04.digits_cnn(), torch.randn(2, 1, 8, 8), torch.tensor([0, 1]))
+    with pytest.raises(NotImplementedError):  # the stub as the lesson stores it: not solved yet, no hook left
+        skeleton["model_backward"](model := nb04.digits_cnn(), torch.randn(2, 1, 8, 8), torch.tensor([0, 1]))
+    assert not leftover_hooks(model)
 
 
 def test_04_8_names_the_padding_pair_when_an_int_was_expected():

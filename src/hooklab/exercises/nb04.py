@@ -241,6 +241,28 @@ class Zero:
         return "0.0"
 
 
+class Names:
+    """The truth of a prediction whose answer is a set of names: any set, list or tuple of the same names
+    matches, in any order and any letter case, and a single name may be written as a bare string."""
+
+    def __init__(self, names) -> None:
+        self.names = frozenset(n.lower() for n in names)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Names):
+            return self.names == other.names
+        if isinstance(other, str):
+            other = [other]
+        if not isinstance(other, set | frozenset | list | tuple) or not all(isinstance(n, str) for n in other):
+            return False
+        return {n.strip().strip("'\"").lower() for n in other} == self.names
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return "{" + ", ".join(repr(n) for n in sorted(self.names)) + "}"
+
+
 class Small:
     """A wrong guess near 0 but not within float32 rounding of it (1e-5 < |guess| < 0.02)."""
 
@@ -402,18 +424,17 @@ def _bn_step_traps(t, dout, grads) -> dict[str, list[Trap]]:
         "the push is how the column's sum Σ y moves with x, and Σ y = γ·Σ x̂ + N·β = N·β does not depend on x: "
         "dx does not change.",
     wrong=[
-        ("dbeta", "the names go in a list, even when there is one: ['dbeta']"),
-        (["beta"], "name the gradients, as the question does: 'dbeta', not 'beta'"),
-        ("beta", "name the gradients in a list, as the question does: ['dbeta'], not 'beta'"),
-        (["dx", "dgamma", "dbeta"], "dgamma = Σ dout·x̂ gains Σ x̂, which is 0 because x̂ has mean 0; and dx gains "
-                                    "how the column's sum Σ y moves with x, which is not at all: Σ y = N·β"),
-        (["dx", "dbeta"], "a push of 1 on every output of a column gives x the gradient of the column's sum Σ y, and "
-                          "Σ y = γ·Σ x̂ + N·β = N·β does not depend on x (Σ x̂ = 0): dx does not change"),
-        (["dgamma", "dbeta"], "dgamma = Σ dout·x̂ gains Σ x̂, which is 0 because x̂ has mean 0"),
+        (Names(["beta"]), "name the gradients, as the question does: 'dbeta', not 'beta'"),
+        (Names(["dx", "dgamma", "dbeta"]), "dgamma = Σ dout·x̂ gains Σ x̂, which is 0 because x̂ has mean 0; and "
+                                           "dx gains how the column's sum Σ y moves with x, which is not at all: "
+                                           "Σ y = N·β"),
+        (Names(["dx", "dbeta"]), "a push of 1 on every output of a column gives x the gradient of the column's sum "
+                                 "Σ y, and Σ y = γ·Σ x̂ + N·β = N·β does not depend on x (Σ x̂ = 0): dx does not change"),
+        (Names(["dgamma", "dbeta"]), "dgamma = Σ dout·x̂ gains Σ x̂, which is 0 because x̂ has mean 0"),
         ([], "dbeta = Σ dout over the rows: it grows by N"),
     ],
 )  # fmt: skip
-def _which_change() -> list[str]:
+def _which_change() -> Names:
     x, gamma, beta = rand(32, 3, seed=81) * 2 + 1, rand(3, seed=82) + 1, rand(3, seed=83)
     dout = rand(32, 3, seed=84)
     pushed = dout.clone()
@@ -423,8 +444,8 @@ def _which_change() -> list[str]:
         return reference(lambda *a: F.batch_norm(a[0], None, None, a[1], a[2], training=True, eps=EPS),
                          (x, gamma, beta), d)
 
-    return [name for name, a, b in zip(("dx", "dgamma", "dbeta"), grads(dout), grads(pushed), strict=True)
-            if not torch.allclose(a, b, atol=1e-9)]
+    return Names(name for name, a, b in zip(("dx", "dgamma", "dbeta"), grads(dout), grads(pushed), strict=True)
+                 if not torch.allclose(a, b, atol=1e-9))
 
 
 @exercise("04.4", "batch norm in seven atomic steps, checked in chain order")
@@ -747,6 +768,7 @@ def _capstone(model_backward) -> Outcome:
     check trains it for one epoch of plain SGD (lr 0.1, batches of 32, float64) with your gradients,
     compares them at every step with autograd's on a copy of the model, and trains a second copy
     with autograd alone: the two test accuracies must agree within 0.02."""
+    from ..audit import leftover_hooks
     from ..data import digits
 
     data = digits()
@@ -769,6 +791,16 @@ def _capstone(model_backward) -> Outcome:
                 raise
             return Outcome(False, f"your code raised TypeError: {error}. A Conv2d's layer.padding is a pair, (1, 1), "
                                   "and 04.6's conv2d_backward takes one int: pass layer.padding[0]")
+        left = [] if failed else leftover_hooks(mine)
+        if left:
+            return Outcome(False, f"at step {steps}: a hook is still registered after your function returned "
+                                  f"({left[0]}); each call adds another, and the records pile up. Register them "
+                                  "inside `with hooklab.Hooks() as handles:`, with handles.add(...)")
+        named = {key.rpartition(".")[0] for key in got} if isinstance(got, dict) and not failed else set()
+        if len(named) == 1 and len(got) < len(expected):
+            return Outcome(False, f"at step {steps}: every gradient you returned is named after layer "
+                                  f"'{named.pop()}', the last one: did each hook keep its own layer's name? A "
+                                  "lambda made in a loop sees the loop's last name unless you bind it, name=name")
         result = failed or _judge_step(got, expected, mine)
         if isinstance(result, Outcome):
             return Outcome(False, f"at step {steps}: {result.detail}")
@@ -830,18 +862,16 @@ def hand_backward(formulas):
     """``backward(model, x, y) -> {parameter name: gradient}`` for ``F.cross_entropy(model(x), y)``: one
     forward pass recorded by forward hooks, then each layer's formula from ``formulas``, last layer first."""
     from hooklab.backprop.losses import softmax_cross_entropy_backward
+    from hooklab.hooks import Hooks
 
     @torch.no_grad()  # formulas only: no graph is needed
     def backward(model, x, y):
-        records, handles = [], []  # (name, layer, input, output), one per call
-        try:
+        records = []  # (name, layer, input, output), one per call
+        with Hooks() as handles:
             for name, layer in model.named_children():
-                handles.append(layer.register_forward_hook(
+                handles.add(layer.register_forward_hook(
                     lambda layer, args, out, name=name: records.append((name, layer, args[0], out))))
             logits = model(x)
-        finally:
-            for handle in handles:
-                handle.remove()
         d, grads = softmax_cross_entropy_backward(logits, y), {}
         for name, layer, inp, out in reversed(records):
             d, params = formulas[type(layer)](layer, inp, out, d)
@@ -858,7 +888,7 @@ def _close(a, b) -> bool:
     return torch.allclose(a, b, rtol=1e-3, atol=1e-3 * b.abs().max().item())
 
 
-def _verdicts(model, x, y, formulas, chained=False) -> dict[str, tuple[bool, bool]]:
+def _verdicts(model, x, y, formulas, chained=False, close=_close) -> dict[str, tuple[bool, bool]]:
     """For each child in forward order: (its formula's dx disagrees with its grad_input, its formula's
     parameter gradients disagree with .grad), each formula run on what that layer recorded; or
     (``chained``) on the dx the formula of the layer after it passed on, the slip 04.9 names."""
@@ -871,8 +901,8 @@ def _verdicts(model, x, y, formulas, chained=False) -> dict[str, tuple[bool, boo
         layer = model.get_submodule(r.name)
         with torch.no_grad():
             dx, params = formulas[type(layer)](layer, r.inputs[0], r.output, passed_on if chained else r.grad_output[0])
-        dx_wrong = r.grad_input[0] is not None and not _close(dx, r.grad_input[0])
-        verdicts[r.name] = (dx_wrong, any(g is not None and not _close(g, getattr(layer, k).grad)
+        dx_wrong = r.grad_input[0] is not None and not close(dx, r.grad_input[0])
+        verdicts[r.name] = (dx_wrong, any(g is not None and not close(g, getattr(layer, k).grad)
                                           for k, g in params.items()))
         passed_on = dx
     model.zero_grad()
@@ -882,6 +912,33 @@ def _verdicts(model, x, y, formulas, chained=False) -> dict[str, tuple[bool, boo
 def _disagreeing(verdicts, params_only=False) -> set[str]:
     return {name for name, (dx_wrong, params_wrong) in verdicts.items()
             if params_wrong or (dx_wrong and not params_only)}
+
+
+LOOSE = ((1e-5, 1e-3), (1e-5, 1e-2), (1e-3, 1e-3), (1e-2, 1e-8), (5e-2, 1e-8), (1e-1, 1e-8))  # (rtol, atol)
+
+
+def _dx_slip(model, x, y, formulas, name) -> tuple[float, float]:
+    """How far layer ``name``'s formula's dx is from its recorded grad_input: (max |difference|, relative)."""
+    from hooklab.recording import record
+
+    with _training_on_purpose(), record(model, backward=True) as rec:
+        F.cross_entropy(model(x), y).backward()
+    model.zero_grad()
+    r = next(r for r in rec.records if r.name == name)
+    with torch.no_grad():
+        dx, _ = formulas[type(model.get_submodule(name))](model.get_submodule(name), r.inputs[0], r.output,
+                                                          r.grad_output[0])
+    diff = dx - r.grad_input[0]
+    return diff.abs().max().item(), (diff.norm() / r.grad_input[0].norm()).item()
+
+
+def _too_loose(model, x, y, formulas, names) -> bool:
+    """Whether ``names`` is what a comparison with a tolerance too loose for the slip gives."""
+    def loose(rtol, atol):
+        return lambda a, b: torch.allclose(a, b, rtol=rtol, atol=atol)
+
+    return any(names == _disagreeing(_verdicts(model, x, y, formulas, close=loose(rtol, atol)))
+               for rtol, atol in LOOSE)
 
 
 def _slipped_cases():
@@ -924,26 +981,23 @@ def _names(got):
     why="the problem's slip is in batch norm's formula: it holds the batch statistics constant, so its dx differs "
         "from autograd's grad_input, in both batch norms, '1' and '5'. Layer 4's weight gradient is wrong at the "
         "end only because '5' passed it a wrong gradient: from the grad_output its hooks kept, its formula is right.",
-    wrong=[({"4"}, "layer 4's weight gradient is the first wrong one at the end, but only because of what arrived at "
-                   "its output: from autograd's grad_output, which the hooks keep, its formula is right. Which "
-                   "layer's formula passed the wrong gradient to it?"),
-           ({"5"}, "'5' is one of them; does another layer use the same formula?"),
-           ({"0", "1", "2", "3", "4", "5"}, "that is what a backward chained through the formulas would blame: each "
-                                            "layer the wrong gradient reaches disagrees too. With the hooks, each "
-                                            "layer is judged on the grad_output it recorded"),
+    wrong=[(Names(["4"]), "layer 4's weight gradient is the first wrong one at the end, but only because of what "
+                          "arrived at its output: from autograd's grad_output, which the hooks keep, its formula is "
+                          "right. Which layer's formula passed the wrong gradient to it?"),
+           (Names(["5"]), "'5' is one of them; does another layer use the same formula?"),
+           (Names(["0", "1", "2", "3", "4", "5"]), "that is what a backward chained through the formulas would blame: "
+                                                   "each layer the wrong gradient reaches disagrees too. With the "
+                                                   "hooks, each layer is judged on the grad_output it recorded"),
            (set(), "the slip is there: one formula passes back another input gradient than autograd's, and allclose "
                    "sees it"),
-           (["1", "5"], "the right layers, but write them as a set, as the function returns them: {'1', '5'}"),
-           (["5", "1"], "the right layers, but write them as a set, as the function returns them: {'1', '5'}"),
-           ("5", "a set of names, even when there is one: {'5'}"),
            ({1, 5}, "a layer's name is a string, as named_children() gives it: {'1', '5'}")],
 )  # fmt: skip
-def _slipped_layers() -> set[str]:
+def _slipped_layers() -> Names:
     from ..data import digits
 
     data = digits()
     _, model, formulas, _ = next(case for case in _slipped_cases() if case[0] == "the problem's formulas")
-    return _disagreeing(_verdicts(model, data.x_train[:32].double(), data.y_train[:32], formulas))
+    return Names(_disagreeing(_verdicts(model, data.x_train[:32].double(), data.y_train[:32], formulas)))
 
 
 LOCAL_NAMES = ("the formulas name each parameter as the layer does, 'weight' or 'bias' (not '5.weight'), and a "
@@ -987,7 +1041,8 @@ def _disagreeing_layers(disagreeing_layers) -> Outcome:
         left = leftover_hooks(model)
         if left:
             return Outcome(False, f"with {label}: a hook is still registered after your function returned "
-                                  f"({left[0]}): remove every handle you registered, in a finally block")
+                                  f"({left[0]}): add every handle with handles.add(...) inside "
+                                  "`with hooklab.Hooks() as handles:`")
         names = _names(got)
         if names == expected:
             continue
@@ -1041,6 +1096,12 @@ def _what_went_wrong(model, x, y, formulas, verdicts, got, names, expected, floa
     if any(isinstance(model.get_submodule(n), nn.MaxPool2d) for n in extra):
         return (f"you named {shown(extra)}, a max pooling, but its formula agrees with autograd's. Your comparison "
                 f"disagrees with PyTorch's on windows with tied maxima: {TIES}")
+    if missing and not extra and _too_loose(model, x, y, formulas, names):
+        slips = [(n, *_dx_slip(model, x, y, formulas, n)) for n in sorted(missing, key=layers.index)]
+        sizes = "; ".join(f"{n!r} by at most {a:.1e} per entry, {r:.0%} of its size" for n, a, r in slips)
+        return (f"you named {shown(names)}, but the dx of {shown(missing)} differs from autograd's grad_input too "
+                f"({sizes}). Your tolerance is too loose to see it: compare with torch.allclose(a, b, rtol=1e-3, "
+                "atol=1e-5), which allows float32 rounding and no more")
     if missing and not extra:
         return (f"you named {shown(names)}, but {shown(missing)} ({', '.join(kind(n) for n in sorted(missing))}) "
                 f"{'disagrees' if len(missing) == 1 else 'disagree'} too: check every layer, not only up to the first "
@@ -1151,7 +1212,9 @@ def model_backward(model, x, y):
 def disagreeing_layers(model, x, y, formulas):
     """04.9: every layer whose formula from ``formulas``, run on what the student's own hooks recorded at
     that layer, disagrees with autograd's gradients; an empty set when none does."""
-    seen, handles = {}, []  # layer name -> [input, output, grad_input, grad_output]
+    from hooklab.hooks import Hooks
+
+    seen = {}  # layer name -> [input, output, grad_input, grad_output]
 
     def recorder(name):
         def forward(layer, args, output):
@@ -1161,16 +1224,13 @@ def disagreeing_layers(model, x, y, formulas):
             seen[name] += [grad_input[0], grad_output[0]]
         return forward, backward
 
-    try:
+    with Hooks() as handles, warnings.catch_warnings():  # layer '0' gets the images, which need no gradient
+        warnings.filterwarnings("ignore", "Full backward hook is firing")
         for name, layer in model.named_children():
             forward, backward = recorder(name)
-            handles += [layer.register_forward_hook(forward), layer.register_full_backward_hook(backward)]
-        with warnings.catch_warnings():  # layer '0' gets the images, which need no gradient: documented
-            warnings.filterwarnings("ignore", "Full backward hook is firing")
-            F.cross_entropy(model(x), y).backward()
-    finally:
-        for handle in handles:
-            handle.remove()
+            handles.add(layer.register_forward_hook(forward))
+            handles.add(layer.register_full_backward_hook(backward))
+        F.cross_entropy(model(x), y).backward()
     slipped = set()
     for name, (inp, out, grad_in, grad_out) in seen.items():
         layer = model.get_submodule(name)
