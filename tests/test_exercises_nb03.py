@@ -42,7 +42,7 @@ PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that get
     "03.c": ([0.5, 1], [0.5, 10], "reaches only the earlier layers"),
     "03.d": (["0", "1"], ["0"], "inputs are views as well"),
     "03.e": (-7, -4.8, "you counted the sigmoids"),
-    "03.f": (-6.8, -7.0, "those are the backward factors"),
+    "03.f": (-6.8, -4.8, "Linear layers scale the spread"),
     "03.g": (False, True, "the forward pass still loses"),
 }
 
@@ -56,21 +56,20 @@ def test_prediction_truth_right_guess_and_hint_for_a_wrong_one(id):
     assert not outcome.passed and hint in outcome.detail, outcome.detail
 
 
-def test_prediction_03_e_is_reasoned_from_the_factors_of_section_1():
-    assert grade("03.e", -7.0).passed and grade("03.e", -7.1).passed  # the factors multiplied, 0.24 or 0.25 a sigmoid
-    for off_by_one, hint in ((-7.4, "layer 0's factor too"), (-6.5, "left out layer 16"), (-6.2, "seven"),
-                             (-6.4, "seven sigmoids"), (-6.8, "0.14 for each of the eight pairs")):
-        outcome = grade("03.e", off_by_one)
-        assert not outcome.passed and hint in outcome.detail, (off_by_one, outcome.detail)
-    assert "one Linear-and-sigmoid pair" in grade("03.e", -0.8).detail
-    assert "negative" in grade("03.e", 7).detail
-
-
-def test_prediction_03_f_the_spread_forward_and_the_gradient_back_differ_at_the_non_square_layers():
+def test_prediction_03_e_and_03_f_accept_any_fair_rounding_and_name_only_clear_slips():
     gradient, spread = nb03._log10_sizes()
     assert -7.1 < gradient < -6.9 and -6.9 < spread < -6.7  # what the lesson prints: -7.0 and -6.8
-    assert grade("03.f", -6.8).passed and not grade("03.e", -6.8).passed
-    assert "0.14^8" in grade("03.f", -4.8).detail or "Linear layers scale the spread" in grade("03.f", -4.8).detail
+    for id, truth in (("03.e", gradient), ("03.f", spread)):  # ±0.3 of a decade: "both to about 10⁻⁷"
+        for guess in (-7, -6.8, truth - 0.29, truth + 0.29):
+            assert grade(id, guess).passed, (id, guess)
+        assert not grade(id, truth - 0.35).passed and not grade(id, truth + 0.35).passed
+    outcome = grade("03.e", -6.6)  # a fair estimate, slightly off: the rule, not a wrong diagnosis
+    assert not outcome.passed and "0.08 × 0.14^7" in outcome.detail, outcome.detail
+    assert "0.14^8" in grade("03.f", -7.4).detail
+    for id in ("03.e", "03.f"):
+        assert "one Linear-and-sigmoid pair" in grade(id, -0.8).detail
+        assert "negative" in grade(id, 7).detail
+        assert "write its log10" in grade(id, 1e-7).detail
 
 
 def test_the_scaled_up_gradient_does_not_make_the_network_learn_in_float64_either():
@@ -97,6 +96,15 @@ def test_prediction_03_d_names_what_each_partial_list_missed():
     assert "logits" in grade("03.d", ["0", "1", "16"]).detail
     assert "another order" in grade("03.d", ["1", "0"]).detail
     assert grade("03.d", (" 0", "1 ")).passed  # names compared the way a person writes them
+    for ints in ([0, 1], [1], [0, 1, 16]):  # a format slip, told without the answer
+        outcome = grade("03.d", ints)
+        assert "strings" in outcome.detail and "layer 1" not in outcome.detail, outcome.detail
+
+
+def test_prediction_03_g_tells_a_bool_written_as_a_string_without_the_answer():
+    for text in ("False", "true"):
+        outcome = grade("03.g", text)
+        assert not outcome.passed and "a bool" in outcome.detail and "forward pass" not in outcome.detail
 
 
 def test_prediction_03_b_tells_a_number_written_as_a_string():
@@ -170,6 +178,17 @@ def test_03_1_names_what_was_returned_instead_of_a_dict():
     failed("03.1", forgets_return, "return a dict {layer name: gain}, not None (missing return?)")
     failed("03.1", lambda model, x, y: list(gains_right(model, x, y).items()),
            "return a dict {layer name: gain}, not list")
+
+
+def test_03_1_names_bessels_correction():
+    def biased(module, name, gains, handles):
+        def hook(m, grad_input, grad_output):
+            if grad_input[0] is not None:
+                gains[name] = (grad_input[0].std(unbiased=False) / grad_output[0].std(unbiased=False)).item()
+
+        return module.register_full_backward_hook(hook)
+
+    failed("03.1", gains_with(biased), "n − 1", "Bessel's correction")
 
 
 def test_03_1_rejects_a_wrong_gain():
@@ -340,6 +359,24 @@ def output_grads_with(catch="tensor hook", as_lambda=False, in_finally=True):
     return output_grads
 
 
+def test_03_3_names_the_late_binding_of_the_loop_variable():
+    def output_grads(model, names, x):
+        grads, handles = {}, []
+        try:
+            for name in names:
+                def forward_hook(m, args, output):  # no name=name: every hook sees the last name
+                    output.register_hook(lambda g: grads.__setitem__(name, g))  # noqa: B023
+
+                handles.append(model.get_submodule(name).register_forward_hook(forward_hook))
+            model(x).sum().backward()
+        finally:
+            for handle in handles:
+                handle.remove()
+        return grads
+
+    failed("03.3", output_grads, "every hook wrote under the last name, 'conv2'", "name=name")
+
+
 def test_03_3_accepts_a_tensor_hook_registered_from_a_forward_hook():
     outcome = grade("03.3", output_grads_with())
     assert outcome.passed, outcome.detail
@@ -448,9 +485,9 @@ def layer_tracker(ratio="right", ratio_hook="post-accumulate", removes="both", a
     return LayerTracker
 
 
-def grad_tracker(returns_self=True, removes=True):
+def grad_tracker(returns_self=True, removes=True, exit_returns=None, clears=False):
     """An answer to 03.6 built on the worked 03.5 (variations: no ``return self``, an ``__exit__`` that removes
-    nothing)."""
+    nothing, one that returns ``exit_returns`` (``"self"``: the tracker), one that clears ``self.layers``)."""
 
     class GradTracker(nb03.GradTracker):
         def __enter__(self):
@@ -460,6 +497,9 @@ def grad_tracker(returns_self=True, removes=True):
         def __exit__(self, *exc):
             if removes:
                 super().__exit__(*exc)
+            if clears:
+                self.layers = {}
+            return self if exit_returns == "self" else exit_returns
 
     return GradTracker
 
@@ -510,6 +550,13 @@ def test_03_5_rejects_a_remove_that_leaves_the_ratio_hook():
 def test_03_6_rejects_a_missing_return_self_and_an_exit_that_removes_nothing():
     failed("03.6", grad_tracker(returns_self=False), "__enter__ must return self", "None")
     failed("03.6", grad_tracker(removes=False), "after the with block", "still registered", "remove() on every")
+
+
+def test_03_6_rejects_an_exit_that_swallows_errors_or_forgets_what_was_recorded():
+    for returned in ("self", True):
+        failed("03.6", grad_tracker(exit_returns=returned), "the error was swallowed", "return None")
+    assert grade("03.6", grad_tracker(exit_returns=False)).passed
+    failed("03.6", grad_tracker(clears=True), "keep what was recorded after the block ends")
 
 
 def test_the_deep_sigmoid_network_stays_at_ten_percent_after_thirty_epochs():
@@ -657,3 +704,45 @@ def test_03_7_names_a_wrong_layer_before_hooks_left_behind():
     outcome = failed("03.7", wrong_and_hooks_stay, "counted from the input")
     assert "remove your hooks" not in outcome.detail, outcome.detail
     failed("03.7", right_but_hooks_stay, "the layer is right", "remove your hooks", "forward hook is still registered")
+
+
+def test_a_tracker_tensor_hook_sees_the_gradient_its_modules_pre_hook_scaled_whatever_the_registration_order():
+    """The lesson states it (measured on torch 2.14.1): with ×7 pre-hooks, layer 0 gets 7⁸ × 10⁻⁷ of layer 16's."""
+
+    def scaled_by_seven(module, grad_output):
+        return (grad_output[0] * 7,)
+
+    def track(module, args, output):
+        output.register_hook(lambda grad: seen.append(grad.clone()))
+
+    for pre_hook_first in (True, False):
+        torch.manual_seed(0)
+        layer, x, seen = nn.Linear(3, 2), torch.randn(4, 3), []
+        registers = [(layer.register_full_backward_pre_hook, scaled_by_seven), (layer.register_forward_hook, track)]
+        handles = [register(hook) for register, hook in (registers if pre_hook_first else registers[::-1])]
+        layer(x).tanh().sum().backward()
+        for handle in handles:
+            handle.remove()
+        y = layer(x)
+        (plain,) = torch.autograd.grad(y.tanh().sum(), y)
+        torch.testing.assert_close(seen[0], plain * 7)
+
+
+def _with_weights_of_gain(gain: float, seed: int | None = None) -> nn.Sequential:
+    """The deep sigmoid network, its weights redrawn with std gain/√fan_in (after the model's seed, or ``seed``)."""
+    model = nb03._digits_mlp()
+    if seed is not None:
+        torch.manual_seed(seed)
+    with torch.no_grad():
+        for layer in model[::2]:
+            layer.weight.normal_(0, gain / layer.in_features**0.5)
+    return model
+
+
+def test_larger_sigmoid_weights_help_only_near_gain_5_and_not_reliably():
+    """The lesson states it (measured on torch 2.14.1): weights of std gain/√fan_in stay at 10 % up to gain 3;
+    gain 5 gives 10-38 % after one epoch, depending on the draw."""
+    for lr in (0.05, 0.5):
+        assert nb03._train_one_epoch(_with_weights_of_gain(3), lr=lr) < 0.12
+    accuracies = [nb03._train_one_epoch(_with_weights_of_gain(5, seed), lr=0.5) for seed in (None, 100, 101, 102)]
+    assert all(0.09 < a < 0.45 for a in accuracies) and max(accuracies) > 0.2, accuracies
