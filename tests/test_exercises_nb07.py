@@ -24,7 +24,7 @@ def test_notebook_07_has_five_predictions_and_five_exercises():
 
 # ----- predictions ------------------------------------------------------------------------------
 @pytest.mark.parametrize(("id", "truth"), [("07.a", [False, True]), ("07.b", 32), ("07.c", 1 / 64), ("07.d", 65536),
-                                           ("07.e", [8, "features.5.weight"])])
+                                           ("07.e", [8, "before backward"])])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     computed = exercises()[id].checker.__wrapped__.truth()
@@ -33,18 +33,24 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
 
 @pytest.mark.parametrize(("id", "guess", "hint"), [
     ("07.a", [True, True], "weight_orig moves"), ("07.a", [False, False], "before every forward pass"),
-    ("07.b", 1, "mean of the per-sample"), ("07.c", 1, "divides it by the 64"),
+    ("07.b", 1, "mean of the per-sample"), ("07.c", 1, "divides it by the 64"), ("07.c", 0.0016, "times lr"),
     ("07.d", 65536 + 2560, "only for the gradient of the input"), ("07.d", 2560, "like b in a * b"),
-    ("07.e", [8, "features.0.bias"], "not the last to arrive"), ("07.e", [8, "head.2.bias"], "not the first"),
-    ("07.e", [1, "features.5.weight"], "until optimizer.step()"),
+    ("07.e", [8, "features.5.weight"], "peaks before backward"), ("07.e", [8, "after backward"], "are freed"),
+    ("07.e", [1, "before backward"], "until optimizer.step()"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
 
 
+def test_07_c_accepts_two_significant_digits():
+    assert grade("07.c", 0.016).passed and not grade("07.c", 0.02).passed
+
+
 # ----- the problem ------------------------------------------------------------------------------
 def test_plain_training_fails_every_requirement_and_the_worked_tools_meet_them():
     assert nb07.conv_zeros_after_step() < 0.5 <= nb07.conv_zeros_after_step(nb07.prune_by_hand)  # zeros grow back
+    by_layer = nb07.conv_zeros_after_step(by_layer=True)  # the first conv's regrow; the later convs' dead channels
+    assert by_layer["features.0"] < 0.05 and min(by_layer["features.2"], by_layer["features.5"]) > 0.4
     assert nb07.conv_zeros_after_step(_prune(hook=False)) is None  # a stale weight fails the row
     bound = 2 * nb07.CLIP * nb07.LR / nb07.BATCH
     assert nb07.influence() > 10 * bound and nb07.influence(nb07.private_step) <= bound
@@ -57,8 +63,9 @@ def test_plain_training_fails_every_requirement_and_the_worked_tools_meet_them()
 def test_the_gradient_timeline_agrees_with_the_peak_spec_measures():
     for fuse in (None, nb07.fuse_sgd):
         rows = nb07.gradient_timeline(fuse)
-        assert len(rows) == 9 and max(row[2] for row in rows) == nb07.gradient_peak(fuse)[2]
-    assert nb07.gradient_timeline()[-1][1:] == (8, 95_784) and nb07.gradient_timeline(nb07.fuse_sgd)[-1][1:] == (0, 0)
+        assert len(rows) == 10 and max(row[2] for row in rows) == nb07.gradient_peak(fuse)[2]
+        assert rows[0][1:] == (0, 0, nb07.saved_bytes(n=64)) and rows[-1][3] == 0  # all saved, then all freed
+    assert nb07.gradient_timeline()[-1][1:3] == (8, 95_784) and nb07.gradient_timeline(nb07.fuse_sgd)[-1][1:3] == (0, 0)
 
 
 def test_private_step_without_noise_is_plain_sgd_when_nothing_is_clipped():
@@ -71,7 +78,7 @@ def test_private_step_without_noise_is_plain_sgd_when_nothing_is_clipped():
 
 
 # ----- 07.1 -------------------------------------------------------------------------------------
-def _prune(mask_rule="smallest", hook=True, names=("_orig", "_mask")):
+def _prune(mask_rule="smallest", hook=True, names=("_orig", "_mask"), at_once=True):
     def prune_by_hand(module, name, amount):
         weight = getattr(module, name)
         k = round(amount * weight.numel())
@@ -84,7 +91,8 @@ def _prune(mask_rule="smallest", hook=True, names=("_orig", "_mask")):
         def apply(module, args):
             setattr(module, name, getattr(module, name + names[0]) * getattr(module, name + names[1]))
 
-        apply(module, ())
+        if at_once:
+            apply(module, ())
         return module.register_forward_pre_hook(apply if hook else (lambda module, args: None))
 
     return prune_by_hand
@@ -98,6 +106,7 @@ def test_07_1_names_each_slip():
     failed("07.1", _prune(mask_rule="largest"), "largest |w|")
     failed("07.1", _prune(hook=False), "forward pre-hook")
     failed("07.1", _prune(names=("_kept", "_mask")), "weight_orig")
+    failed("07.1", _prune(at_once=False), "AttributeError", "step 4")
     failed("07.1", lambda module, name, amount: None, "handle")
     failed("07.1", nb07.prune_by_hand(nn.Linear(2, 2), "weight", 0.5), "function itself")
 
@@ -144,6 +153,12 @@ def test_07_3_accepts_the_worked_answer_and_names_each_slip():
 
     failed("07.3", no_padding, "padding")
     failed("07.3", no_stride, "stride")
+
+    def no_dilation(layer, a, g):
+        patches = F.unfold(a, layer.kernel_size, padding=layer.padding, stride=layer.stride)
+        return torch.einsum("nol,nkl->nok", g.flatten(2), patches).reshape(len(a), *layer.weight.shape)
+
+    failed("07.3", no_dilation, "dilation")
     failed("07.3", lambda layer, a, g: g.sum(0), "shape")
 
 
@@ -199,3 +214,8 @@ def test_07_5_accepts_the_worked_answer_and_names_each_slip():
     failed("07.5", keeps_grad, "p.grad = None")
     failed("07.5", wrong_sign, "p -= lr * p.grad")
     failed("07.5", lambda model, lr: None, "list of handles")
+
+
+def test_the_measurements_the_lesson_prints_for_checkpointing_and_dead_channels():
+    assert nb07.checkpoint_forward_runs() == {"without": 1, "with checkpointing": 2}  # the recompute, counted
+    assert nb07.dead_channels() == {"features.0": "0 of 16", "features.2": "24 of 32", "features.5": "12 of 64"}
