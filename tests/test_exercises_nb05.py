@@ -19,7 +19,7 @@ PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that get
     "05.a": (["the same", 1], ["lower", 1], "changes no number"),
     "05.b": ([False, True], [True, True], "the ReLU is where it stops"),
     "05.c": ([1, 0, 1, 0], [1, 0, 0, 0], "that is guided backprop"),
-    "05.d": ("brightest", "dimmest", "smallest share"),
+    "05.d": ("about the same", "more", "beyond its 2×2 patch"),
     "05.e": ("Grad-CAM", "guided backprop", "keeps only positive gradient"),
 }
 
@@ -73,9 +73,10 @@ def test_05_1_rejects_hooklab_record_and_accepts_a_tensor_of_indices():
 
 
 def test_05_d_and_05_e_take_words():
-    assert grade("05.d", "the same").passed is False and grade("05.d", "Brightest").passed
+    assert grade("05.d", "About the same").passed and not grade("05.d", "brightest").passed
     assert grade("05.e", "grad-cam").passed and not grade("05.e", "the same").passed
     assert "re-weights" in grade("05.e", "the same").detail
+    assert "mostly the sign" not in grade("05.e", "guided backprop").detail  # the plain |gradient| agrees only 0.4
 
 
 def test_05_1_the_hook_must_be_removed_when_the_forward_pass_raises():
@@ -106,6 +107,12 @@ def test_05_a_a_count_written_as_a_string_is_told_to_drop_the_quotes():
     for guess in (["the same", "1"], ["lower", "10"]):
         outcome = grade("05.a", guess)
         assert not outcome.passed and "a number, not a string" in outcome.detail, outcome.detail
+
+
+def test_05_a_half_an_answer_is_told_the_guess_is_a_pair():
+    for guess in ("the same", "lower", 1, 10):
+        outcome = grade("05.a", guess)
+        assert not outcome.passed and "a pair" in outcome.detail and "8 live" not in outcome.detail, outcome.detail
 
 
 def test_05_a_a_format_slip_in_the_words_is_named():
@@ -216,6 +223,19 @@ def test_05_2_typical_mistakes_get_a_hint():
     failed("05.2", _watch(remove=False), "stayed on the model", "__exit__")
     failed("05.2", _watch(enter_returns_self=False), "return self")
     failed("05.2", DeadWatch(torch.nn.Linear(1, 1), []), "pass the class DeadWatch itself")
+
+
+def test_05_2_hooks_registered_in_init_are_caught():
+    class RegistersInInit(DeadWatch):
+        def __init__(self, model, layers):
+            super().__init__(model, layers)
+            for name in layers:
+                self.handles.append(model.get_submodule(name).register_forward_hook(self._hook(name)))
+
+        def __enter__(self):
+            return self
+
+    failed("05.2", RegistersInInit, "before the with block", "__enter__, not in __init__")
 
 
 def test_05_2_one_count_per_pass_and_hooks_removed_on_errors():

@@ -94,7 +94,9 @@ def _zeroed(model: nn.Module, channels: torch.Tensor) -> torch.Tensor:
                    *[([first, str(n)], f"write the count as a number, not a string: {n}, without quotes")
                      for first in ("the same", "lower") for n in range(1, 11)],
                    *[([first, n], 'use the exact words "the same" or "lower" for the first answer, then run the '
-                                  'cell again') for first in ("same", "unchanged", "no change") for n in range(1, 11)]])
+                                  'cell again') for first in ("same", "unchanged", "no change") for n in range(1, 11)],
+                   *[(half, "05.a asks two things, so the guess is a pair: a list [the words, a number], as the "
+                            "comment in the cell shows") for half in ("the same", "lower", *range(1, 11))]])
 def _zeroing() -> list:
     model, data, kept = trained_digits_cnn(), _digits(), {}
     handle = model.features[3].register_forward_hook(lambda module, args, output: kept.update(output=output))
@@ -165,39 +167,36 @@ def _one_deconvnet_relu() -> list:
     return passed.tolist()
 
 
-PATCH_CHOICES = ("brightest", "dimmest", "the same")
+PATCH_CHOICES = ("more", "about the same", "less")
 
 
-def _patch_drops(model: nn.Module, x: torch.Tensor) -> dict:
-    """How far each image's predicted score falls when the 2×2 patch under the brightest, then the dimmest
-    cell of its Grad-CAM map at features.6 (before the ReLU) is set to 0."""
+def _patch_drops(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """How far each image's predicted score falls when the 2×2 patch under each cell of its Grad-CAM map at
+    features.6 is filled with the image's mean pixel value, ``(N, 16)``; and the brightest cell of each map
+    (before its ReLU), ``(N,)``."""
     from ..saliency import grad_cam
 
     cam = grad_cam(model, x, "features.6")
-    drops = {}
-    for name, cells in (("brightest", cam.raw.flatten(1).argmax(dim=1)), ("dimmest", cam.raw.flatten(1).argmin(dim=1))):
-        blanked = x.clone()
-        for n, cell in enumerate(cells.tolist()):
-            row, col = divmod(cell, 4)
-            blanked[n, 0, 2 * row:2 * row + 2, 2 * col:2 * col + 2] = 0
-        with torch.no_grad():
-            drops[name] = (model(x) - model(blanked)).gather(1, cam.targets[:, None])[:, 0]
-    return drops
+    cells = torch.eye(16).reshape(16, 1, 4, 4).repeat_interleave(2, 2).repeat_interleave(2, 3).bool()
+    fill = x.mean(dim=(1, 2, 3), keepdim=True).expand_as(x)
+    with torch.no_grad():
+        score = model(x).gather(1, cam.targets[:, None])[:, 0]
+        drop = torch.stack([score - model(torch.where(c, fill, x)).gather(1, cam.targets[:, None])[:, 0]
+                            for c in cells], dim=1)
+    return drop, cam.raw.flatten(1).argmax(dim=1)
 
 
-@prediction("05.d", "whether blanking the patch under a map's brightest or its dimmest cell lowers the score more",
-            why="before its ReLU the map adds up to the score minus the head's bias, and the brightest cell holds the "
-                "largest share of it: on average its patch lowers the score most. Part of that is the ink: the dimmest "
-                "cell's patch is more often already blank, so setting it to 0 changes nothing; and against a random "
-                "cell the brightest is only a little ahead, so digit by digit the map ranks its patches poorly",
-            wrong=[("dimmest", "the map adds up to the score minus the bias: the dimmest cell holds the smallest share "
-                               "of the score (the most negative), so blanking what it sees should lower it least"),
-                   ("the same", "the map adds up to the score minus the bias, so its cells hold different shares of "
-                                "the score: the brightest holds the largest")])
-def _brightest_or_dimmest() -> str:
-    drops = _patch_drops(trained_digits_cnn(), _digits().x_test)  # all 450 test digits
-    brightest, dimmest = drops["brightest"].mean().item(), drops["dimmest"].mean().item()
-    return "brightest" if brightest > 1.2 * dimmest else "dimmest" if dimmest > 1.2 * brightest else "the same"
+@prediction("05.d", "whether the patch under a map's brightest cell lowers the score more than a random cell's",
+            why="a features.6 cell sees far beyond its 2×2 patch (three 3×3 convolutions and a max-pool below it), "
+                "so its share of the score is not stored in that patch: filling the brightest cell's patch lowers "
+                "the score about as much as filling a random cell's (measured over the 450 test digits)",
+            wrong=[("more", "before its ReLU the map adds up to the score minus the bias, but a cell's share is "
+                            "computed from pixels far beyond its 2×2 patch: the patch alone does not hold it"),
+                   ("less", "no: a random cell's patch is not ahead either; the two are within a few percent")])
+def _brightest_or_random() -> str:
+    drop, brightest = _patch_drops(trained_digits_cnn(), _digits().x_test)  # all 450 test digits
+    ratio = drop.gather(1, brightest[:, None]).mean().item() / drop.mean().item()  # random cell: all 16 averaged
+    return "more" if ratio > 1.25 else "less" if ratio < 1 / 1.25 else "about the same"
 
 
 MAP_CHOICES = ("Grad-CAM", "guided backprop", "the same")
@@ -207,14 +206,15 @@ MAP_CHOICES = ("Grad-CAM", "guided backprop", "the same")
             why="Grad-CAM's map is the sum of the channels A_k weighted by α_k = w_k/16, the head's weights for the "
                 "class; the forward pass, so A_k, is the same for every class: another class weighs the same channels "
                 "with other weights, often of the other sign, and the order changes (mean rank correlation about "
-                "-0.4). Guided backprop's clamp drops at every ReLU the negative gradient, which carries most of the "
-                "difference between classes; what is left follows the strokes (about 0.8)",
+                "-0.4). Guided backprop's clamp drops at every ReLU the negative gradient, and much of the "
+                "difference between classes with it; what is left follows the strokes (about 0.8)",
             wrong=[("guided backprop", "both start from the head's weights for the class, but guided backprop keeps "
-                                       "only positive gradient at every ReLU (section 3), and the class changes "
-                                       "mostly the sign; Grad-CAM weighs its channels by the class's weights directly"),
+                                       "only positive gradient at every ReLU (section 3), and much of what another "
+                                       "class changes is dropped there; Grad-CAM weighs its channels by the class's "
+                                       "weights directly"),
                    ("the same", "Grad-CAM's α_k are the head's weights for the class (section 4), so another class "
-                                "re-weights the channels directly; guided backprop clamps at every ReLU what the "
-                                "class changes most, the sign")])
+                                "re-weights the channels directly; guided backprop drops at every ReLU the negative "
+                                "gradient, and with it much of what the class changes")])
 def _which_changes_more() -> str:
     from ..saliency import GuidedBackprop, grad_cam, rank_correlation
 
@@ -441,6 +441,21 @@ def _counts_hint(got: dict, expected: dict, model: nn.Module, layers: list[str],
     return None
 
 
+def _counted_before_the_with_block(watch_class, model: nn.Module, layers: list[str], x: torch.Tensor) -> str | None:
+    """Make the watch, run a pass before ``with``: it must count nothing (its hooks go on in ``__enter__``)."""
+    try:
+        watch = watch_class(model, layers)
+        with torch.no_grad():
+            model(x)
+    finally:
+        left = clear_hooks(model)
+    counted = {name: n for name, n in (getattr(watch, "counts", None) or {}).items() if n}
+    if counted or left:
+        return ("your DeadWatch counted a pass that ran before the with block (right after DeadWatch(...)): "
+                "register the hooks in __enter__, not in __init__, so it watches only inside the with block")
+    return None
+
+
 @exercise("05.2", "a watch that counts dead channels at every step")
 def _dead_watch(watch_class) -> Outcome:
     """``DeadWatch(model, layers)`` is a context manager: inside ``with``, each forward pass appends to
@@ -450,6 +465,9 @@ def _dead_watch(watch_class) -> Outcome:
         return Outcome(False, f"pass the class DeadWatch itself, got {type(watch_class).__name__}")
     model, _, _ = _model_with_dead_channels()
     layers, batches = ["features.1", "features.3"], _watch_batches()
+    early = _counted_before_the_with_block(watch_class, model, layers, batches[0])
+    if early:
+        return Outcome(False, early)
     expected = _expected_counts(model, layers, batches)
     try:
         got = _run_watch(watch_class, model, layers, batches)
