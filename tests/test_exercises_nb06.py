@@ -22,7 +22,7 @@ def test_notebook_06_has_five_predictions_and_five_exercises():
 
 
 # ----- predictions ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("06.a", "head.2."), ("06.d", "4.1"), ("06.c", 0.005), ("06.e", 66)])
+@pytest.mark.parametrize(("id", "truth"), [("06.a", "head.2."), ("06.d", "4.1"), ("06.b", 0.005), ("06.e", 66)])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     computed = exercises()[id].checker.__wrapped__.truth()
@@ -34,22 +34,22 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     ("06.d", "runs", "before the new head existed"),
     ("06.d", "4.0", "only makes the view"), ("06.d", "1", "made the ReLUs at '1' and '3' out of place"),
     ("06.d", 4.1, "as a string"), ("06.d", "4", "innermost module"),
-    ("06.c", 0.001, "param_groups"), ("06.e", 64, "UnbindBackward0"), ("06.e", 96, "not one per row"),
+    ("06.b", 0.001, "param_groups"), ("06.e", 64, "UnbindBackward0"), ("06.e", 96, "not one per row"),
     ("06.e", 2, "vectorised"),
-    ("06.b", 5, "axis is log10"), ("06.b", 0, "the lr scales every step"), ("06.b", -0.7, "the band rises"),
+    ("06.c", 5, "axis is log10"), ("06.c", 0, "the lr scales every step"), ("06.c", -0.7, "the band rises"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
 
 
-def test_06_b_the_band_rises_by_about_log10_of_5():
+def test_06_c_the_band_rises_by_about_log10_of_5():
     """A fresh Adam at 5e-3 against 1e-3 on the old checkpoint's weights: the reasoned guess log10(5) is right,
     and so is what the lesson prints (-2.40 against -3.04 for head.2)."""
-    rise = exercises()["06.b"].checker.__wrapped__.truth()
+    rise = exercises()["06.c"].checker.__wrapped__.truth()
     assert 0.6 < rise < 0.68
-    assert grade("06.b", math.log10(5)).passed
-    assert grade("06.b", 0.64).passed
-    assert not grade("06.b", 0.5).passed
+    assert grade("06.c", math.log10(5)).passed
+    assert grade("06.c", 0.64).passed
+    assert not grade("06.c", 0.5).passed
 
 
 # ----- 06.1 -----------------------------------------------------------------------------------

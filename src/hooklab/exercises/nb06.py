@@ -80,6 +80,18 @@ def _failing_module() -> str:
     return "runs"
 
 
+@prediction("06.b", "the learning rate after loading an optimizer's checkpoint",
+            why="load_state_dict loads the checkpoint's param_groups whole, hyperparameters included: the lr is "
+                "the old run's, 0.005, not the 0.001 the optimizer was built with",
+            wrong=[(0.001, "load_state_dict replaces the param_groups with the checkpoint's, lr included")])
+def _loaded_lr() -> float:
+    weight = nn.Parameter(torch.zeros(2))
+    old = torch.optim.Adam([weight], lr=5e-3)
+    new = torch.optim.Adam([weight], lr=1e-3)
+    new.load_state_dict(old.state_dict())
+    return new.param_groups[0]["lr"]
+
+
 def _old_checkpoint_weights() -> dict:
     """The weights the lesson's old training code saved (after one Adam step at lr 5e-3 from the trained
     digits CNN), under today's key names."""
@@ -106,10 +118,10 @@ def _median_head_ratio(lr: float, weights: dict, path) -> float:
     return torch.tensor(ratios["head.2.weight"]).median().item()
 
 
-@prediction("06.b", "how much higher a fresh Adam's update:data ratio sits at lr 5e-3 than at 1e-3",
-            why="Adam divides each gradient by its own running size, so every step moves a weight by about lr: "
-                "five times the lr, five times the update, log10(5) ≈ 0.7 higher (measured a little less, as the "
-                "larger steps find smaller gradients)",
+@prediction("06.c", "how much higher a fresh Adam's update:data ratio sits at lr 5e-3 than at 1e-3",
+            why="Adam divides each gradient by its own running size, so its step is proportional to lr and ignores "
+                "the gradient's scale: five times the lr, five times the update, log10(5) ≈ 0.7 higher (measured "
+                "a little less)",
             wrong=[(5, "5 is the ratio of the steps; the plot's axis is log10, so the band rises by log10(5)"),
                    (4, "the lr is 5 times larger, not 4 larger: in log10, that is log10(5)"),
                    (0, "Adam divides by the gradient's running size, not by the lr: the lr scales every step"),
@@ -127,18 +139,6 @@ def _measured_band_rise() -> float:
     with tempfile.TemporaryDirectory() as folder:
         path = f"{folder}/weights.pt"
         return _median_head_ratio(5e-3, weights, path) - _median_head_ratio(1e-3, weights, path)
-
-
-@prediction("06.c", "the learning rate after loading an optimizer's checkpoint",
-            why="load_state_dict loads the checkpoint's param_groups whole, hyperparameters included: the lr is "
-                "the old run's, 0.005, not the 0.001 the optimizer was built with",
-            wrong=[(0.001, "load_state_dict replaces the param_groups with the checkpoint's, lr included")])
-def _loaded_lr() -> float:
-    weight = nn.Parameter(torch.zeros(2))
-    old = torch.optim.Adam([weight], lr=5e-3)
-    new = torch.optim.Adam([weight], lr=1e-3)
-    new.load_state_dict(old.state_dict())
-    return new.param_groups[0]["lr"]
 
 
 class RowNorm(nn.Module):
