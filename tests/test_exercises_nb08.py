@@ -14,12 +14,12 @@ from hooklab.exercises import exercises, grade, nb08
 IDS = sorted(id for id in exercises() if id.startswith("08."))
 
 
-def test_notebook_08_has_four_predictions_and_four_exercises():
-    assert IDS == ["08.1", "08.2", "08.3", "08.4", "08.a", "08.b", "08.c", "08.d"]
+def test_notebook_08_has_four_predictions_and_five_exercises():
+    assert IDS == ["08.1", "08.2", "08.3", "08.4", "08.5", "08.a", "08.b", "08.c", "08.d"]
 
 
 # ----- predictions ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("08.a", 3), ("08.b", 3), ("08.c", 4), ("08.d", 17)])
+@pytest.mark.parametrize(("id", "truth"), [("08.a", 3), ("08.b", 3), ("08.c", 4), ("08.d", 23)])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     assert exercises()[id].checker.__wrapped__.truth() == truth
@@ -28,7 +28,7 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
 @pytest.mark.parametrize(("id", "guess", "hint"), [
     ("08.a", 2, "position after it"), ("08.a", 8, "layer 0's job"),
     ("08.b", 2, "position 2 before it"), ("08.b", 9, "record"),
-    ("08.c", 0, "leaves three"), ("08.d", 19, "becomes the corrupted"), ("08.d", 23, "far outside"),
+    ("08.c", 0, "leaves three"), ("08.d", 19, "more is not always more"), ("08.d", 17, "away from the 17"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
@@ -81,7 +81,35 @@ def test_08_1_accepts_the_worked_answer():
 
 
 # ----- 08.2 -------------------------------------------------------------------------------------
-def sweep_like(*, normalise="right", run="corrupted", remove=True, whole=False, transpose=False, onward=False):
+def stripe_like(offset=None, dims=(-2, -1), axes=(0, -1)):
+    """A stripe score with one slip: the offset as a function of k, the diagonal's axes, the averaged axes."""
+    def stripe_score(pattern, k):
+        return pattern.diagonal((offset or (lambda k: -k))(k), *dims).mean(axes)
+
+    return stripe_score
+
+
+@pytest.mark.parametrize(("answer", "words"), [
+    (stripe_like(offset=lambda k: k), ["sign is reversed", "offset=-k"]),
+    (stripe_like(offset=lambda k: 1 - k), ["off by one", "the diagonal"]),
+    (stripe_like(dims=(0, 1)), ["first two axes", "dim1=-2"]),
+    (stripe_like(axes=(1, -1)), ["averaged over the heads"]),
+    (stripe_like(axes=0), ["sequences only"]),
+    ("stripe_score", ["pass your function itself"]),
+])  # fmt: skip
+def test_08_2_rejects(answer, words):
+    failed("08.2", answer, *words)
+
+
+def test_08_2_accepts_the_worked_answer_and_scores_the_lesson_s_heads():
+    assert grade("08.2", nb08.stripe_score).passed
+    example = torch.arange(16.0).reshape(1, 1, 4, 4)
+    assert nb08.stripe_score(example, 1).tolist() == [9.0]  # (4 + 9 + 14) / 3
+
+
+# ----- 08.3 -------------------------------------------------------------------------------------
+def sweep_like(*, normalise="right", run="corrupted", remove=True, whole=False, transpose=False, onward=False,
+               first_everywhere=False):
     """A patching sweep with one slip."""
     def patching_sweep(model, clean, corrupted, points, metric):
         with record(model, points) as rec, torch.no_grad():
@@ -95,6 +123,8 @@ def sweep_like(*, normalise="right", run="corrupted", remove=True, whole=False, 
                 hook = (lambda m, a, o, v=value: v) if whole else nb08.patch_hook(value, position)
                 if onward:  # from the position to the end
                     hook = nb08.patch_hook(value, slice(position, None))
+                if first_everywhere:  # the first clean sequence's value into every sequence
+                    hook = nb08.patch_hook(value[:1].expand_as(value), position)
                 handle = model.get_submodule(point).register_forward_hook(hook)
                 with torch.no_grad():
                     sweep[row, position] = metric(model(clean if run == "clean" else corrupted))
@@ -116,14 +146,15 @@ def sweep_like(*, normalise="right", run="corrupted", remove=True, whole=False, 
     (sweep_like(whole=True), ["whole output", "output[:, position]"]),
     (sweep_like(transpose=True), ["one row per hook point"]),
     (sweep_like(onward=True), ["from the position onward", "output[:, position]"]),
+    (sweep_like(first_everywhere=True), ["two different runs", "first clean sequence's value", "[:, position]"]),
     ("patching_sweep", ["pass your function itself"]),
 ])  # fmt: skip
-def test_08_2_rejects(answer, words):
-    failed("08.2", answer, *words)
+def test_08_3_rejects(answer, words):
+    failed("08.3", answer, *words)
 
 
-def test_08_2_accepts_the_worked_answer_and_its_map_finds_each_corruption():
-    assert grade("08.2", nb08.patching_sweep).passed
+def test_08_3_accepts_the_worked_answer_and_its_map_finds_each_corruption():
+    assert grade("08.3", nb08.patching_sweep).passed
     model, (clean, corrupted) = nb08._model(), nb08.clean_and_corrupted()
     first = nb08.patching_sweep(model, clean, corrupted, nb08.POINTS, nb08.logit_diff)
     second = nb08.patching_sweep(model, clean, nb08.second_corruption(), nb08.POINTS, nb08.logit_diff_2)
@@ -131,7 +162,7 @@ def test_08_2_accepts_the_worked_answer_and_its_map_finds_each_corruption():
     assert first[attn0].max() < 0.1 and second[attn0, 3] > 0.8  # only the second corruption needs layer 0
 
 
-# ----- 08.3 -------------------------------------------------------------------------------------
+# ----- 08.4 -------------------------------------------------------------------------------------
 def scores_like(*, sign=1, keep=False, remove=True, axis="head", mean_used=True, ablated_values=False):
     """Ablation scores with one slip."""
     def ablation_scores(model, tokens, layer, metric, mean=None):
@@ -171,15 +202,15 @@ def scores_like(*, sign=1, keep=False, remove=True, axis="head", mean_used=True,
     (scores_like(mean_used=False), ["layer 1, mean", "mean[:, head]"]),
     (scores_like(ablated_values=True), ["ablated runs' values", "drop"]),
 ])  # fmt: skip
-def test_08_3_rejects(answer, words):
-    failed("08.3", answer, *words)
+def test_08_4_rejects(answer, words):
+    failed("08.4", answer, *words)
 
 
-def test_08_3_accepts_the_worked_answer():
-    assert grade("08.3", nb08.ablation_scores).passed
+def test_08_4_accepts_the_worked_answer():
+    assert grade("08.4", nb08.ablation_scores).passed
 
 
-# ----- 08.4 -------------------------------------------------------------------------------------
+# ----- 08.5 -------------------------------------------------------------------------------------
 def adds_everywhere(direction, position, scale):
     return lambda module, args, output: output + scale * direction
 
@@ -204,12 +235,12 @@ def adds_in_place(direction, position, scale):
     (adds_everywhere, ["every position"]), (replaces, ["output + scale * direction"]),
     (adds_in_place, ["in place", "output.clone()"]),
 ])  # fmt: skip
-def test_08_4_rejects(answer, words):
-    failed("08.4", answer, *words)
+def test_08_5_rejects(answer, words):
+    failed("08.5", answer, *words)
 
 
-def test_08_4_accepts_the_worked_answer():
-    assert grade("08.4", nb08.steering_hook).passed
+def test_08_5_accepts_the_worked_answer():
+    assert grade("08.5", nb08.steering_hook).passed
 
 
 def test_the_measured_facts_the_lesson_states_about_the_heads_and_steering():
@@ -333,13 +364,13 @@ def steer_copy_first(direction, position, scale):
 
 
 @pytest.mark.parametrize(("id", "answer", "words"), [
-    ("08.2", sweep_with(in_place_first), ["in place", "output.clone()"]),
-    ("08.2", sweep_with(copy_first), ["both in one batch", "only the first sequence", "output[:, ...]"]),
-    ("08.3", scores_with(zero_in_place_first), ["in place", "output.clone()"]),
-    ("08.3", scores_with(zero_in_place_first, as_list=True), ["in place"]),
-    ("08.3", scores_with(zero_copy_first), ["a batch of two", "only the first sequence"]),
-    ("08.3", scores_with(zero_right, as_list=True), ["returned list", "return a tensor"]),
-    ("08.4", steer_copy_first, ["only the first sequence", "output[:, ...]"]),
+    ("08.3", sweep_with(in_place_first), ["in place", "output.clone()"]),
+    ("08.3", sweep_with(copy_first), ["two different runs in one batch", "only the first sequence", "output[:, ...]"]),
+    ("08.4", scores_with(zero_in_place_first), ["in place", "output.clone()"]),
+    ("08.4", scores_with(zero_in_place_first, as_list=True), ["in place"]),
+    ("08.4", scores_with(zero_copy_first), ["a batch of two", "only the first sequence"]),
+    ("08.4", scores_with(zero_right, as_list=True), ["returned list", "return a tensor"]),
+    ("08.5", steer_copy_first, ["only the first sequence", "output[:, ...]"]),
 ])  # fmt: skip
 def test_in_place_and_first_sequence_only_edits_are_rejected(id, answer, words):
     failed(id, answer, *words)

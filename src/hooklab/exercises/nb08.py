@@ -6,10 +6,11 @@ sequence (a run of seven tokens, repeated, then two random ones) whose query pos
 17, which predicts 17. ``logit_diff`` is logit[A] − logit[B] at the query. Predictions 08.a-08.d compute
 their truth with torch. ``second_corruption()`` changes the 3 before the 19 (position ``CHANGED2``) into
 ``B2`` = 10 instead: it needs layer 0 to move the previous token, so patching finds layer 0 (08.b). Exercises:
-record the attention patterns with forward hooks (08.1), the patching sweep over hook points × positions,
-normalised (08.2), a hook that zero- or mean-ablates one head (08.3), and a hook that adds a steering
-direction (08.4). ``record_patterns``, ``patching_sweep``, ``patch_hook``, ``ablation_hook`` and
-``steering_hook`` are worked answers: the lesson goes on with them while the student's own has not passed.
+record the attention patterns with forward hooks (08.1), score a head's stripe (08.2), the patching sweep over
+hook points × positions, normalised (08.3), a hook that zero- or mean-ablates one head (08.4), and a hook that
+adds a steering direction (08.5). ``record_patterns``, ``stripe_score``, ``patching_sweep``, ``patch_hook``,
+``ablation_hook`` and ``steering_hook`` are worked answers: the lesson goes on with them while the student's
+own has not passed.
 """
 
 from __future__ import annotations
@@ -83,6 +84,12 @@ def record_patterns(model: nn.Module, tokens: torch.Tensor) -> list[torch.Tensor
         for handle in handles:
             handle.remove()
     return patterns
+
+
+def stripe_score(pattern: torch.Tensor, k: int) -> torch.Tensor:
+    """``(heads,)``: each head's attention on the key ``k`` tokens back, ``pattern[n, h, q, q - k]``, averaged
+    over the sequences ``n`` and the queries ``q >= k`` (``pattern``: ``(N, heads, query, key)``)."""
+    return pattern.diagonal(offset=-k, dim1=-2, dim2=-1).mean((0, -1))
 
 
 def patch_hook(clean_value: torch.Tensor, position: int):
@@ -267,17 +274,19 @@ def pair_metric(logits: torch.Tensor) -> float:
     return (logits[0, Q, A] - logits[0, Q, B] + logits[1, Q, 14] - logits[1, Q, B]).item()
 
 
-@prediction("08.d", "the token the clean run predicts with the direction added at scale −1",
-            why="at scale −1 the clean run's position 3 after layer 0 becomes the corrupted run's value: the "
-                "reverse of section 2's patch, which carried 0.93 of the difference, so the model answers 17",
-            wrong=[(19, "scale −1 subtracts clean − corrupted: position 3 after layer 0 becomes the corrupted "
-                        "value, and section 2 found that value carries the answer"),
-                   (23, "23 came from a scale far outside what the model saw; −1 only swaps position 3's value "
-                        "for the corrupted one")])
-def _reverse_steer() -> int:
+@prediction("08.d", "the token the corrupted run predicts with the direction added at scale 4",
+            why="at scale 4 position 3's residual is longer than any the model saw after layer 0; layer 1's heads "
+                "leave key 3 (0.28 at most), and the model copies neither 19 nor 17 "
+                "but 23, which the logit difference alone (+7.2) does not show",
+            wrong=[(19, "more is not always more: at scale 4 the added vector is longer than any residual the model "
+                        "saw after layer 0. Does layer 1 still attend to position 3?"),
+                   (17, "a positive scale pushes position 3 towards the clean value, away from the 17; the answer "
+                        "is not the corrupted one"),
+                   (8, "8 is the token after position 3; the heads do move, but not only to key 4")])
+def _far_steer() -> int:
     model = _model()
-    hook = steering_hook(steering_direction(model), CHANGED, -1.0)
-    return run_hooked(model, clean_and_corrupted()[0], "blocks.0.hook_resid_post", hook)[0, Q].argmax().item()
+    hook = steering_hook(steering_direction(model), CHANGED, 4.0)
+    return run_hooked(model, clean_and_corrupted()[1], "blocks.0.hook_resid_post", hook)[0, Q].argmax().item()
 
 
 # ----- exercises ----------------------------------------------------------------------------------------------
@@ -387,16 +396,79 @@ def _check_patterns(answer) -> Outcome:
     return Outcome(True, "both layers' patterns, (N, heads, query, key), and no hook left behind")
 
 
+RUN2 = [11, 4, 16, 6, 20, 1, 13]  # another run: its query (16) answers 6; a 22 at position 3 makes it 22
+
+
+def other_pair() -> tuple[torch.Tensor, torch.Tensor]:
+    """Another clean run ``(1, 16)`` and its corrupted copy (the 6 at position 3 changed into a 22)."""
+    clean = torch.tensor([RUN2 + RUN2 + [7, 21]])
+    corrupted = clean.clone()
+    corrupted[0, CHANGED] = 22
+    return clean, corrupted
+
+
+_STRIPE_SLIPS = [
+    (lambda p, k: p.diagonal(offset=k, dim1=-2, dim2=-1).mean((0, -1)),
+     "you read key q + k, a later key (the offset's sign is reversed): the key k tokens back is offset=-k"),
+    (lambda p, k: p.diagonal(offset=1 - k, dim1=-2, dim2=-1).mean((0, -1)),
+     "off by one: you read key q − k + 1 (for k = 1, the diagonal: each query on itself). The key k tokens "
+     "back is offset=-k"),
+    (lambda p, k: p.diagonal(offset=-k).mean((0, -1)),
+     "the diagonal was taken over the first two axes (sequences and heads): pass dim1=-2, dim2=-1, the "
+     "query and key axes"),
+    (lambda p, k: p.diagonal(offset=-k, dim1=-2, dim2=-1).mean((1, -1)),
+     "you averaged over the heads: keep them, and average over the sequences (axis 0) and the queries"),
+    (lambda p, k: p.diagonal(offset=-k, dim1=-2, dim2=-1).mean(0).mean(0),
+     "you averaged over the heads: keep them, and average over the sequences (axis 0) and the queries"),
+    (lambda p, k: p.diagonal(offset=-k, dim1=-2, dim2=-1).sum(-1).mean(0) / p.shape[-1],
+     "you divided by every query, also those with no key k back: average over the q − k that have one"),
+    (lambda p, k: p.diagonal(offset=-k, dim1=-2, dim2=-1).mean(0),
+     "you averaged over the sequences only: average over the queries too, one number per head"),
+]
+
+
+@exercise("08.2", "score each head's stripe: its attention on the key k tokens back")
+def _check_stripe(answer) -> Outcome:
+    if not callable(answer):
+        return Outcome(False, f"pass your function itself (`stripe_score`), not {kind_of(answer)}")
+    from ..transformer import induction_batch
+
+    generator = torch.Generator().manual_seed(3)
+    made_up = torch.rand(3, 4, 8, 8, generator=generator).softmax(-1)  # not causal: every slip shows
+    patterns = record_patterns(_model(), induction_batch(20, generator))
+    for pattern, k, what in [(made_up, 1, "a made-up (3, 4, 8, 8) pattern, k = 1"),
+                             (made_up, 3, "a made-up (3, 4, 8, 8) pattern, k = 3"),
+                             (patterns[0], 1, "layer 0's patterns on 20 sequences, k = 1"),
+                             (patterns[1], 6, "layer 1's patterns on 20 sequences, k = 6")]:
+        got = answer(pattern.clone(), k)
+        want = stripe_score(pattern, k)
+        if not isinstance(got, torch.Tensor):
+            return Outcome(False, f"{what}: stripe_score returned {kind_of(got)}: return a tensor, one score a head")
+        if got.shape == want.shape and torch.allclose(got.float(), want, atol=1e-5):
+            continue
+        for slip, message in _STRIPE_SLIPS:
+            wrong = slip(pattern, k)
+            if got.shape == wrong.shape and torch.allclose(got.float(), wrong, atol=1e-5):
+                return Outcome(False, f"{what}: {message}")
+        if got.shape != want.shape:
+            return Outcome(False, f"{what}: shape {tuple(got.shape)}, want {tuple(want.shape)}, one score a head")
+        return Outcome(False, f"{what}: scores {[round(v, 3) for v in got.tolist()]}, want "
+                              f"{[round(v, 3) for v in want.tolist()]}")
+    return Outcome(True, "the same scores as the model's stripes, on made-up and recorded patterns, k = 1, 3 and 6")
+
+
 def _sweep_cases():
-    """(clean, corrupted, metric, what) for the lesson's two corruptions."""
+    """(clean, corrupted, metric, what) for the lesson's two corruptions, and two different pairs in a batch."""
     clean, corrupted = clean_and_corrupted()
+    clean2, corrupted2 = other_pair()
 
     def both(logits):  # each sequence's own logit difference, added
-        return logit_diff(logits[:1]) + logit_diff_2(logits[1:])
+        return logit_diff(logits[:1]) + (logits[1, Q, 6] - logits[1, Q, 22]).item()
 
     return [(clean, corrupted, logit_diff, f"19 → {B} at position {CHANGED}"),
             (clean, second_corruption(), logit_diff_2, f"3 → {B2} at position {CHANGED2}"),
-            (torch.cat([clean, clean]), torch.cat([corrupted, second_corruption()]), both, "both in one batch")]
+            (torch.cat([clean, clean2]), torch.cat([corrupted, corrupted2]), both,
+             "two different runs in one batch")]
 
 
 def _raw_sweep(model, clean, corrupted, metric) -> torch.Tensor:
@@ -455,6 +527,20 @@ def _sweep_slip(model, got, clean, corrupted, metric) -> str | None:
                               for position in range(corrupted.shape[1])] for point in POINTS])
         if near((row0 - low) / (high - low)):
             return ROW_0
+
+        def first_everywhere(point, position, value=None):
+            def hook(module, args, output):
+                output = output.clone()
+                output[:, position] = value[0, position]
+                return output
+            return hook
+
+        shared = torch.tensor([[metric(run_hooked(model, corrupted, point,
+                                                  first_everywhere(point, position, cache[point])))
+                                for position in range(corrupted.shape[1])] for point in POINTS])
+        if near((shared - low) / (high - low)):
+            return ("every sequence got the first clean sequence's value (`clean_value[0, position]`): put back "
+                    "each sequence's own, `clean_value[:, position]`")
     if near(_onward(model, clean, corrupted, metric, high, low)):
         return ("you patched from the position onward (`output[:, position:]`): put back the clean value at that "
                 "one position only, `output[:, position]`")
@@ -467,7 +553,7 @@ def _sweep_slip(model, got, clean, corrupted, metric) -> str | None:
     return None
 
 
-@exercise("08.2", "the patching sweep over hook points × positions, normalised")
+@exercise("08.3", "the patching sweep over hook points × positions, normalised")
 def _check_sweep(answer) -> Outcome:
     if not callable(answer):
         return Outcome(False, f"pass your function itself (`patching_sweep`), not {kind_of(answer)}")
@@ -558,7 +644,7 @@ def _scores_slip(model, got, tokens, layer, metric, mean) -> str | None:
     return None
 
 
-@exercise("08.3", "ablation scores: the metric's drop when each head is ablated")
+@exercise("08.4", "ablation scores: the metric's drop when each head is ablated")
 def _check_scores(answer) -> Outcome:
     if not callable(answer):
         return Outcome(False, f"pass your function itself (`ablation_scores`), not {kind_of(answer)}")
@@ -593,7 +679,7 @@ def _check_scores(answer) -> Outcome:
                          "two, and no hook left behind")
 
 
-@exercise("08.4", "steer with a direction added in a forward hook")
+@exercise("08.5", "steer with a direction added in a forward hook")
 def _check_steering(answer) -> Outcome:
     model = _model()
     direction = steering_direction(model)
@@ -632,6 +718,7 @@ __all__ = [
     "logit_diff",
     "logit_diff_2",
     "mean_z",
+    "other_pair",
     "pair_metric",
     "patch_hook",
     "patched_diff",
@@ -642,4 +729,5 @@ __all__ = [
     "second_corruption",
     "steering_direction",
     "steering_hook",
+    "stripe_score",
 ]
