@@ -230,13 +230,45 @@ def test_01_3_rejects_asking_autograd_for_the_answer():
         failed("01.3", wrong, "asked autograd", "derive them yourself")
 
 
+# ----- 01.4 -------------------------------------------------------------------------------------
+def _hooked(fn):
+    return lambda t: t.register_hook(fn)
+
+
+def test_01_4_accepts_a_new_tensor_with_non_finite_entries_at_zero():
+    assert grade("01.4", _hooked(lambda g: torch.where(g.isfinite(), g, torch.zeros_like(g)))).passed
+    assert grade("01.4", _hooked(lambda g: torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0))).passed
+
+
+def test_01_4_rejects_wrong_repairs():
+    def in_place(g):
+        g[~g.isfinite()] = 0.0
+        return g
+
+    def not_removable(t):
+        t.register_hook(lambda g: torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0))
+        return t.register_hook(lambda g: None)
+
+    for wrong, words in [
+        (_hooked(lambda g: torch.nan_to_num(g, nan=0.0)), "largest float"),
+        (_hooked(lambda g: torch.where(g.isnan(), 0.0, g)), "±inf got through"),
+        (_hooked(in_place), "in place"),
+        (_hooked(lambda g: None), "a NaN got through"),
+        (_hooked(lambda g: g.clamp(-10, 10).nan_to_num(0.0)), "only the non-finite"),
+        (_hooked(lambda g: torch.zeros_like(g)), "only the non-finite"),
+        (not_removable, "still repaired"),
+        (lambda t: None, "handle"),
+    ]:
+        failed("01.4", wrong, words)
+
+
 # ----- predictions ------------------------------------------------------------------------------
 RIGHT_GUESSES = {
     "01.a": [0.2, 0.4],
     "01.b": [[4, 8, 12], [2, 4, 6]],
     "01.c": "x",
     "01.d": "ms",
-    "01.e": 1000,
+    "01.e": 3,
 }
 
 
@@ -247,16 +279,16 @@ def test_the_predictions_are_right_about_torch():
 
 def test_a_common_wrong_guess_gets_its_own_hint():
     for id, guess, words in [
-        ("01.a", [0.2, 0.2], "multiplies b's gradient 0.2 by 2"),
+        ("01.a", [0.2, 0.2], "what does the chain rule do"),
         ("01.a", [0.4, 0.2], "swapped"),
-        ("01.a", [1.0, 0.4], "the hook's entry is not"),
+        ("01.a", [1.0, 0.4], "your hook's entry is not"),
         ("01.b", [[2, 4, 6], [2, 4, 6]], "receives its result"),
         ("01.c", "a", "infinite but not NaN"),
         ("01.c", "r", "1 in every entry"),
         ("01.c", "none", "what is 0 × ∞"),
         ("01.d", "h", "got it from a step after it"),
         ("01.d", "rms", "not NaN"),
-        ("01.e", 1, "only because the padded input row is 0"),
-        ("01.e", 1e6, "not by 1"),
+        ("01.e", 0, "What arrives at h in the padded row"),
+        ("01.e", 1, "alike"),
     ]:
         failed(id, guess, words)

@@ -30,13 +30,14 @@ def _rounded(t: object) -> list | None:
         "receives (and what b.retain_grad() keeps in b.grad). b = 2a, so the chain rule multiplies by 2 on the "
         "way to a: 0.4.",
     wrong=[
-        ([0.4, 0.2], "swapped: b, next to the loss, receives 1/5 = 0.2; a gets twice that, since b = 2 * a"),
-        ([0.2, 0.2], "a reaches the loss through b = 2 * a: the chain rule multiplies b's gradient 0.2 by 2"),
-        ([1.0, 2.0], "the loss is a mean over 5 entries, not a sum: each entry of b gets 1/5"),
-        ([1.0, 0.4], "a.grad = 0.4 is right, the hook's entry is not: the loss is a mean over 5 entries, so "
-                     "each entry of b receives 1/5, and a gets twice that"),
-        ([0.4, 0.4], "the hook on b receives the gradient with respect to b, 1/5 = 0.2, before the chain rule "
-                     "multiplies it by 2 for a"),
+        ([0.4, 0.2], "swapped: which of a and b is next to the loss?"),
+        ([0.2, 0.2], "a reaches the loss through b = 2 * a: what does the chain rule do to b's gradient on the "
+                     "way to a?"),
+        ([1.0, 2.0], "is the loss a sum over b's 5 entries, or a mean?"),
+        ([1.0, 0.4], "your a.grad is right, your hook's entry is not: is the loss a sum over b's entries, or a "
+                     "mean?"),
+        ([0.4, 0.4], "the hook on b receives the gradient with respect to b: before or after the chain rule "
+                     "goes on to a?"),
     ],
 )
 def _retained() -> list[float]:
@@ -149,32 +150,44 @@ def _first_nan() -> str:
 
 
 # ----- 3. Checking by hand, and repairing -------------------------------------------------------
+def _lesson_problem() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """The lesson's problem cell: its model and its 168 batches, three of them padded."""
+    from ..data import digits
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 8, bias=False), nn.Linear(8, 10))
+    data = digits()
+    xs, ys = data.x_train[:1344].flatten(1).view(168, 8, 64).clone(), data.y_train[:1344].view(168, 8)
+    xs[torch.randperm(168)[:3], -1] = 0.0
+    return model, xs, ys
+
+
 @prediction(
     "01.e",
-    "how many times the hook repair's gradient at h's padded row is the eps-inside one",
-    why="with the hook on ms the padded row still divides by rms + 1e-6 = 1e-6; with eps inside the root it "
-        "divides by √(0 + 1e-6) = 1e-3. The path through ms gives 0 in both, so the direct path decides: "
-        "1 / 1e-6 against 1 / 1e-3, 1000 times larger. Both are true gradients, of two models: eps outside "
-        "the root has a slope of 1e6 near an all-zero row, eps inside one of 1e3.",
+    "how many of the 168 steps the guard (limit 1e4) skips, with the repair hook on ms",
+    why="the repair stops the NaN at ms, but in the padded row normed = h / (rms + 1e-6) still divides by "
+        "1e-6: the gradient at h there is about a million times dnormed, far above 1e4, so the guard raises at h "
+        "in all 3 padded batches. It is harmless (the padded input row is 0, so nothing of it reaches a weight), "
+        "but the guard watches h, not the weights.",
     wrong=[
-        (1, "the two repairs give the same embed.weight.grad only because the padded input row is 0; at h the "
-            "padded row is divided by rms + 1e-6 = 1e-6 with the hook, by √(0 + 1e-6) = 1e-3 with eps inside"),
-        (1e6, "with eps inside, the padded row is divided by √(0 + 1e-6) = 1e-3, not by 1: the ratio is "
-              "1e-3 / 1e-6"),
-        (0.001, "upside down: the hook leaves the division by 1e-6, the smaller number, so its gradient is "
-                "the larger one"),
+        (0, "the repair hook makes ms's gradient finite. What arrives at h in the padded row, through "
+            "h / (rms + 1e-6) with rms = 0, and how does its norm compare with the limit 1e4?"),
+        (1, "the three padded batches are alike: whatever happens in one happens in all three"),
+        (168, "the clean batches have gradients far below 1e4 at every step: only the padded rows differ"),
     ],
 )
-def _repair_ratio() -> float:
-    embed, head, x, y = _problem()
-    steps = _steps(embed, head, x)
-    steps["h"].retain_grad()
-    with steps["ms"].register_hook(lambda grad: torch.nan_to_num(grad, nan=0.0)):
-        nn.functional.cross_entropy(steps["logits"], y).backward()
-    h = embed(x)
-    h.retain_grad()
-    nn.functional.cross_entropy(head(nn.functional.rms_norm(h, (8,), eps=1e-6)), y).backward()
-    return (steps["h"].grad[2] / h.grad[2]).mean().item()
+def _skipped_with_repair() -> int:
+    model, xs, ys = _lesson_problem()
+
+    def hook_repaired(x: torch.Tensor, net: nn.Module) -> dict[str, torch.Tensor]:
+        steps = _steps(net[0], net[1], x)
+        steps["ms"].register_hook(repair_hook)
+        return steps
+
+    with contextlib.redirect_stdout(io.StringIO()) as said:
+        train(model, xs, ys, hook_repaired, guard=guard)
+    return said.getvalue().count("step skipped")
+
 
 # ----- 01.1 to 01.3 ------------------------------------------------------------------------------
 def _scale_case(scale_grad, factor: float, leaf: bool) -> Outcome | None:
@@ -478,7 +491,7 @@ def _drms_slip(d: torch.Tensor, want: torch.Tensor, dnormed, h, rms, real) -> st
     return None
 
 
-@exercise("01.3", "derive the gradients from logits back to h by hand")
+@exercise("01.3", "derive the gradients from normed back to h by hand")
 def _by_hand(by_hand) -> Outcome:
     """``by_hand(logits, y, w, h, rms)`` returns the gradients of the mean cross-entropy at ``logits``,
     ``normed``, ``rms``, ``ms`` and ``h``, derived by the chain rule (``w`` is head's weight,
@@ -563,6 +576,53 @@ def _by_hand(by_hand) -> Outcome:
                          + "\n".join(lines))
 
 
+@exercise("01.4", "repair a gradient in backward: non-finite entries to 0")
+def _repair(repair) -> Outcome:
+    """``repair(t)`` registers a hook on tensor ``t`` that returns a new gradient, its NaN and ±inf entries
+    replaced by 0 and every finite entry unchanged, and returns the handle."""
+    x = torch.ones(6, requires_grad=True)
+    t = x * 1.0
+    arriving = torch.tensor([1.5, math.nan, math.inf, -math.inf, -2.0, 1e5])
+    want = torch.tensor([1.5, 0.0, 0.0, 0.0, -2.0, 1e5])
+    seen = []
+    with Hooks() as watcher:
+        watcher.add(t.register_hook(lambda g: seen.append((g, g.clone()))))
+        handle = repair(t)
+        bad = not_a_handle(handle, "repair")
+        if bad:
+            return bad
+        try:
+            (t * arriving).sum().backward(retain_graph=True)
+        finally:
+            handle.remove()
+        got = x.grad.clone()
+        x.grad = None
+        (t * arriving).sum().backward()
+    if any(not (torch.equal(g.isnan(), copy.isnan()) and torch.equal(g.nan_to_num(), copy.nan_to_num()))
+           for g, copy in seen):
+        return Outcome(False, "your hook changed the gradient it received in place: return a new tensor "
+                              "(torch.where or torch.nan_to_num return one), do not write into grad")
+    if got.isnan().any():
+        return Outcome(False, f"a NaN got through: x.grad is {got.tolist()}. Return the repaired gradient from "
+                              "the hook (a hook that returns None leaves it as it was)")
+    if got[2:4].isinf().any():
+        return Outcome(False, f"x.grad is {got.tolist()}: NaN became 0, but ±inf got through. Replace every "
+                              "non-finite entry: grad.isfinite() is False for NaN and ±inf")
+    if got.abs().max() > 1e30:
+        return Outcome(False, f"x.grad is {got.tolist()}: the infinities became the largest float, not 0. "
+                              "torch.nan_to_num replaces ±inf by ±3.4e38 unless you pass posinf=0.0, neginf=0.0")
+    if not torch.equal(got[[0, 4, 5]], want[[0, 4, 5]]):
+        return Outcome(False, f"x.grad is {got.tolist()}, expected {want.tolist()}: replace only the non-finite "
+                              "entries; the finite ones, 1e5 included, stay as they arrive")
+    if not torch.equal(got, want):
+        return Outcome(False, f"x.grad is {got.tolist()}, expected {want.tolist()}: replace NaN and ±inf by 0")
+    if not x.grad.isnan().any():
+        return Outcome(False, "after handle.remove() the gradient is still repaired: return the handle of your "
+                              "hook, so the caller can take it out")
+    return Outcome(True, f"NaN and ±inf to 0, finite entries unchanged: {got.tolist()}; a new tensor; and "
+                         "gone after remove()")
+
+
 # ----- the lesson's training run and its figure --------------------------------------------------
 def plot_steps(series: dict[str, list[float]], title: str, limit: float | None = None) -> None:
     """One panel per series, a point per training step (a norm on a log scale, with the guard's
@@ -634,6 +694,16 @@ def guard(named: dict[str, torch.Tensor], limit: float) -> list:
             raise FloatingPointError(f"gradient at {name}: norm {grad.norm().item():.3g}")
 
     return [t.register_hook(lambda grad, name=name: hook(grad, name)) for name, t in named.items()]
+
+
+def repair_hook(grad: torch.Tensor) -> torch.Tensor:
+    """The hook of the worked answer to 01.4: non-finite entries to 0, as a new tensor."""
+    return torch.where(grad.isfinite(), grad, torch.zeros_like(grad))
+
+
+def repair(t: torch.Tensor):
+    """A worked answer to 01.4 (see ``guard``)."""
+    return t.register_hook(repair_hook)
 
 
 def by_hand(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor, h: torch.Tensor,
