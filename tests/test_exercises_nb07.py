@@ -42,8 +42,9 @@ def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
 
 
-def test_07_c_accepts_two_significant_digits():
-    assert grade("07.c", 0.016).passed and not grade("07.c", 0.02).passed
+def test_07_c_accepts_three_decimals_and_07_a_names_numbers():
+    assert grade("07.c", 0.016).passed and grade("07.c", 0.015).passed and not grade("07.c", 0.02).passed
+    assert "booleans" in grade("07.a", [0, 1]).detail
 
 
 # ----- the problem ------------------------------------------------------------------------------
@@ -189,7 +190,30 @@ def test_07_4_accepts_the_worked_answer_and_names_each_slip():
         return cache[id(t)]
 
     failed("07.4", (ids_outlive_tensors, nb07.unpack_bf16), "weakref.finalize")
-    failed("07.4", (caches_parameters, nb07.unpack_bf16), "second forward pass", "grad_fn")
+    failed("07.4", (caches_parameters, nb07.unpack_bf16), "earlier pass", "grad_fn")
+    by_address = {}
+
+    def caches_by_address(t):  # a student's answer: keyed by address, version and shape, never cleared
+        key = (t.data_ptr(), t._version, tuple(t.shape))
+        return by_address.setdefault(key, (t.dtype, t.bfloat16() if t.is_floating_point() else t))
+
+    failed("07.4", (caches_by_address, nb07.unpack_bf16), "keeps packed tensors after backward")  # + reused address,
+    slots = {}  # when the allocator hands an address back, which varies: below, as if it always did
+
+    def every_address_reused(t):
+        if not t.is_floating_point() or t.grad_fn is None:
+            return nb07.pack_bf16(t)
+        return slots.setdefault((tuple(t.shape), type(t.grad_fn).__name__), (t.dtype, t.bfloat16()))
+
+    failed("07.4", (every_address_reused, nb07.unpack_bf16), "reused address handed back an old activation",
+           "keeps packed tensors after backward")
+    history = []
+
+    def keeps_history(t):  # right gradients, but a list that grows every step
+        history.append(nb07.pack_bf16(t))
+        return history[-1]
+
+    failed("07.4", (keeps_history, nb07.unpack_bf16), "keeps packed tensors after backward", "grows")
 
 
 # ----- 07.5 -------------------------------------------------------------------------------------
