@@ -634,7 +634,7 @@ def disagreement(close=lambda a, b: torch.allclose(a, b, atol=1e-5), skip_none=T
 
 def test_04_9_passes_the_worked_answer_and_lists_and_modules_of_names():
     outcome = grade("04.9", ANSWERS["04.9"])
-    assert outcome.passed and "both batch norms, '1' and '5'" in outcome.detail, outcome.detail
+    assert outcome.passed and "the problem's slip" in outcome.detail, outcome.detail
     assert grade("04.9", lambda *args: sorted(ANSWERS["04.9"](*args))).passed
     assert grade("04.9", lambda *args: [int(name) for name in ANSWERS["04.9"](*args)]).passed
 
@@ -750,3 +750,21 @@ def test_04_8_names_the_padding_pair_when_an_int_was_expected():
         return {"0.weight": F.pad(x, (model[0].padding,) * 4)}
 
     failed("04.8", padding_as_given, "layer.padding is a pair", "pass layer.padding[0]")
+
+
+def test_04_9_refuses_an_identity_test_of_the_formulas():
+    def by_identity(model, x, y, formulas):
+        from hooklab import backprop as bp
+        return {n for n, layer in model.named_children() if formulas[type(layer)] is not bp.BACKWARD[type(layer)]}
+
+    failed("04.9", by_identity, "each wrapped in a new function", "not which function they are")
+
+
+def test_04_9_and_04_e_print_no_full_backward_hook_warning(recwarn):
+    assert grade("04.9", ANSWERS["04.9"]).passed
+    grade("04.e", {"1", "5"})
+    assert not [w for w in recwarn if "Full backward hook is firing" in str(w.message)]
+
+
+def test_04_e_says_why_the_convolutions_are_ruled_out():
+    failed("04.e", {"0", "4"}, "the convolutions", "fed autograd's grad_output")

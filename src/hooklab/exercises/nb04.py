@@ -894,7 +894,8 @@ def _verdicts(model, x, y, formulas, chained=False, close=_close) -> dict[str, t
     (``chained``) on the dx the formula of the layer after it passed on, the slip 04.9 names."""
     from hooklab.recording import record
 
-    with _training_on_purpose(), record(model, backward=True) as rec:
+    with _training_on_purpose(), record(model, backward=True) as rec, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Full backward hook is firing")  # layer '0' gets the images
         F.cross_entropy(model(x), y).backward()
     verdicts, passed_on = {}, rec.records[-1].grad_output[0]
     for r in reversed(rec.records):
@@ -941,6 +942,13 @@ def _too_loose(model, x, y, formulas, names) -> bool:
                for rtol, atol in LOOSE)
 
 
+def _wrapped(formulas) -> dict:
+    """The same formulas, each a new function object: right, but not the table's functions."""
+    def wrap(formula):
+        return lambda layer, x, out, dout: formula(layer, x, out, dout)
+    return {kind: wrap(formula) for kind, formula in formulas.items()}
+
+
 def _slipped_cases():
     """(what the case is, a CNN in training mode, the formulas under test, the layers the answer must name)."""
     from hooklab.backprop import BACKWARD
@@ -953,6 +961,7 @@ def _slipped_cases():
             ("the problem's formulas", slipped, {"1", "5"}),
             ("formulas whose ReLU passes every gradient", {**BACKWARD, nn.ReLU: _passes_everything}, {"2", "6"}),
             ("hooklab.backprop's formulas (no slip)", BACKWARD, set()),
+            ("hooklab.backprop's formulas, each wrapped in a new function (no slip)", _wrapped(BACKWARD), set()),
             ("the problem's formulas, in float32 as the lesson runs them", slipped, {"1", "5"}),
             ("hooklab.backprop's formulas, in float32 as the lesson runs them", BACKWARD, set())):
         model = digits_cnn() if "float32" in label else digits_cnn().double()
@@ -984,6 +993,10 @@ def _names(got):
     wrong=[(Names(["4"]), "layer 4's weight gradient is the first wrong one at the end, but only because of what "
                           "arrived at its output: from autograd's grad_output, which the hooks keep, its formula is "
                           "right. Which layer's formula passed the wrong gradient to it?"),
+           (Names(["0", "4"]), "'0' and '4' are the convolutions, whose formula you checked in 04.6 (the problem uses "
+                               "the same). Layer 4's weight gradient is wrong at the end only because a wrong gradient "
+                               "reached its output: fed autograd's grad_output, which its hook keeps, it is right. "
+                               "Which layer after it passed the wrong gradient back?"),
            (Names(["5"]), "'5' is one of them; does another layer use the same formula?"),
            (Names(["0", "1", "2", "3", "4", "5"]), "that is what a backward chained through the formulas would blame: "
                                                    "each layer the wrong gradient reaches disagrees too. With the "
@@ -1014,11 +1027,19 @@ def _disagreeing_layers(disagreeing_layers) -> Outcome:
     for every layer, not the first, tells apart an answer that passes each formula's dx on to the layer
     before (which also blames every layer the wrong gradient reaches). Tried in float64 on the lesson's
     CNN with a slip in one formula (in a dx, in a parameter's gradient), with none, then in float32 as
-    the lesson runs it; the answer's own hooks must be gone."""
-    from ..audit import leftover_hooks
+    the lesson runs it, and with right formulas that are new functions (an identity test fails there); the
+    answer's own hooks must be gone."""
     from ..data import digits
 
     data = digits()
+    with warnings.catch_warnings():  # layer '0' gets the images: PyTorch warns at every backward through it
+        warnings.filterwarnings("ignore", "Full backward hook is firing")
+        return _judge_disagreeing(disagreeing_layers, data)
+
+
+def _judge_disagreeing(disagreeing_layers, data) -> Outcome:
+    from ..audit import leftover_hooks
+
     for label, model, formulas, expected in _slipped_cases():
         float32 = "float32" in label
         x, y = data.x_train[:32] if float32 else data.x_train[:32].double(), data.y_train[:32]
@@ -1048,9 +1069,9 @@ def _disagreeing_layers(disagreeing_layers) -> Outcome:
             continue
         why = _what_went_wrong(model, x, y, formulas, verdicts, got, names, expected, float32)
         return Outcome(False, f"with {label}: {why}")
-    return Outcome(True, "the problem's slip found in both batch norms, '1' and '5'; a Linear bias gradient's slip in "
-                         "'9'; a ReLU that passes every gradient in '2' and '6'; and no layer for formulas without a "
-                         "slip")
+    return Outcome(True, "a Linear bias gradient's slip found in '9', a ReLU that passes every gradient in '2' and "
+                         "'6', the problem's slip, and no layer for formulas without a slip, even when each is a new "
+                         "function")
 
 
 def _what_went_wrong(model, x, y, formulas, verdicts, got, names, expected, float32) -> str:
@@ -1072,6 +1093,13 @@ def _what_went_wrong(model, x, y, formulas, verdicts, got, names, expected, floa
     if names - set(layers):
         return f"you named {shown(names - set(layers))}, which is not a child of the model; name children like '5'"
     extra, missing = names - expected, expected - names
+    from hooklab.backprop import BACKWARD
+
+    if names and names == {n for n in layers if formulas[type(model.get_submodule(n))] is not BACKWARD.get(
+            type(model.get_submodule(n)))}:
+        return (f"you named {shown(names)}: every layer whose formula is another function than hooklab.backprop's. "
+                "A formula can be another function and still be right: compare what the formulas compute on the "
+                "recorded tensors, not which function they are")
     if expected and names == _disagreeing(_verdicts(model, x, y, formulas, chained=True)):
         return (f"you named {shown(names)}: you passed your formula's dx on instead of what the hooks recorded. Every "
                 "layer the wrong gradient reaches then disagrees too. Run each layer's formula on its own "
