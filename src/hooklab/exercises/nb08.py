@@ -217,15 +217,19 @@ def mean_z(model: nn.Module, n: int = 256) -> torch.Tensor:
 
 
 # ----- predictions ----------------------------------------------------------------------------------------
-@prediction("08.a", "the key position that layer 1's head 0 attends to most from the query (position 9)",
-            why="the token at 9 is a 3, whose earlier copy is at 2; the induction head attends to the position "
-                "after that copy, 3, whose token (19) is the answer",
-            wrong=[(2, "2 holds the earlier copy of the 3 itself; the head attends to the position after it, whose "
-                       "token is the next one"),
-                   (8, "attending to the previous token is layer 0's job; layer 1's head looks up the earlier copy"),
-                   (9, "the query position itself holds 3, which tells nothing about what follows")])
-def _induction_key() -> int:
-    return record_patterns(_model(), clean_and_corrupted()[0])[1][0, 0, Q].argmax().item()
+@prediction("08.a", "the offset k at which layer 1's stripe score, over the runs of 7, is highest",
+            why="an induction head at a repeated token attends to the position after the token's earlier copy: the "
+                "copy is 7 back (the run's length), the position after it 6 back, so k = 6",
+            wrong=[(7, "7 back is the earlier copy of the query's own token; the head attends to the position after "
+                       "it, whose token comes next"),
+                   (1, "the previous token is 1 back: a previous-token head's stripe, not an induction head's")])
+def _induction_offset() -> int:
+    from ..transformer import induction_batch, induction_mask
+
+    tokens = induction_batch(1000, torch.Generator().manual_seed(0))
+    runs_of_7 = tokens[induction_mask(tokens).float().argmax(1) == 7]
+    pattern = record_patterns(_model(), runs_of_7)[1]
+    return max(range(9), key=lambda k: stripe_score(pattern, k).mean().item())
 
 
 @prediction("08.b", "the position whose clean blocks.0.hook_attn_out restores the second corruption's answer",
@@ -274,19 +278,17 @@ def pair_metric(logits: torch.Tensor) -> float:
     return (logits[0, Q, A] - logits[0, Q, B] + logits[1, Q, 14] - logits[1, Q, B]).item()
 
 
-@prediction("08.d", "the token the corrupted run predicts with the direction added at scale 4",
-            why="at scale 4 position 3's residual is longer than any the model saw after layer 0; layer 1's heads "
-                "leave key 3 (0.28 at most), and the model copies neither 19 nor 17 "
-                "but 23, which the logit difference alone (+7.2) does not show",
-            wrong=[(19, "more is not always more: at scale 4 the added vector is longer than any residual the model "
-                        "saw after layer 0. Does layer 1 still attend to position 3?"),
-                   (17, "a positive scale pushes position 3 towards the clean value, away from the 17; the answer "
-                        "is not the corrupted one"),
-                   (8, "8 is the token after position 3; the heads do move, but not only to key 4")])
-def _far_steer() -> int:
+@prediction("08.d", "whether the corrupted run, with the direction added at scale 4, still predicts 19",
+            why="no: at scale 4 the added vector (4 × its norm) is about twice as long as any residual the model saw "
+                "after layer 0; layer 1's heads leave key 3 (0.28 at most, next cell), and the answer leaves 19 "
+                "although the logit difference is still positive",
+            wrong=[(True, "more is not always more: at scale 4 the added vector is about twice as long as any "
+                          "residual the model saw after layer 0. Does layer 1 still attend to position 3?")])
+def _far_steer() -> bool:
     model = _model()
     hook = steering_hook(steering_direction(model), CHANGED, 4.0)
-    return run_hooked(model, clean_and_corrupted()[1], "blocks.0.hook_resid_post", hook)[0, Q].argmax().item()
+    logits = run_hooked(model, clean_and_corrupted()[1], "blocks.0.hook_resid_post", hook)
+    return logits[0, Q].argmax().item() == A
 
 
 # ----- exercises ----------------------------------------------------------------------------------------------
@@ -318,8 +320,10 @@ def _watch(hook, edited: list):
     return wrapper
 
 
-IN_PLACE = ("your hook changed `output` in place: edit a copy (`output = output.clone()`) and return it, so "
-            "that nothing else holding the tensor changes with it")
+IN_PLACE = (" A note, not a slip: your hook changed `output` in place. That is safe here, because nothing else in "
+            "the run holds that tensor (the clean values are copies from another run); where something does, such "
+            "as autograd's saved tensors or a hook that kept it without copying, edit a copy "
+            "(`output = output.clone()`) and return it.")
 ROW_0 = "only the first sequence of the batch changed: edit `output[:, ...]`, every sequence, not `output[0, ...]`"
 
 
@@ -339,17 +343,14 @@ def _watched(model: nn.Module, edited: list) -> nn.Module:
     return model
 
 
-def _compare_runs(answer, what: str, cases) -> Outcome | None:
+def _compare_runs(answer, what: str, cases, edited: list) -> Outcome | None:
     """``cases``: (args for answer, point, tokens, worked hook, description)."""
     model = _model()
     for args, point, tokens, worked, where in cases:
         hook = _hook_or_outcome(answer, what, *args)
         if isinstance(hook, Outcome):
             return hook
-        edited: list[bool] = []
         got = run_hooked(model, tokens, point, _watch(hook, edited))
-        if edited:
-            return Outcome(False, f"{where}: {IN_PLACE}")
         if (leftover := [n for n, m in model.named_modules() if m._forward_hooks]):
             return Outcome(False, f"a forward hook is still registered on {leftover[0]!r}: the hook should not "
                                   "register hooks")
@@ -561,8 +562,6 @@ def _check_sweep(answer) -> Outcome:
     model = _watched(_model(), edited)
     for clean, corrupted, metric, what in _sweep_cases():
         got = answer(model, clean, corrupted, list(POINTS), metric)
-        if edited:
-            return Outcome(False, f"corruption {what}: {IN_PLACE}")
         if (leftover := [n for n, m in model.named_modules() if m._forward_hooks]):
             return Outcome(False, f"a forward hook is still registered on {leftover[0]!r} after your sweep: "
                                   "remove each handle right after its run (in a finally block), or the next "
@@ -581,7 +580,7 @@ def _check_sweep(answer) -> Outcome:
         return Outcome(False, f"corruption {what}: {POINTS[row]} at position {col} gives {got[row, col]:.2f}, "
                               f"want {want[row, col]:.2f}")
     return Outcome(True, "the same map as the model's, for both corruptions, alone and in one batch, and no hook "
-                         "left behind")
+                         "left behind." + (IN_PLACE if edited else ""))
 
 
 def _scores_with(model, tokens, layer, metric, hook_for, *, keep: bool = False) -> torch.Tensor:
@@ -658,8 +657,6 @@ def _check_scores(answer) -> Outcome:
                                            (clean, logit_diff, 0, None, "layer 0, zero"),
                                            (batch, pair_metric, 1, None, "a batch of two, layer 1, zero")]:
         got = answer(model, tokens, layer, metric, m)
-        if edited:
-            return Outcome(False, f"{what}: {IN_PLACE}")
         if (leftover := [n for n, mod in model.named_modules() if mod._forward_hooks]):
             return Outcome(False, f"a forward hook is still registered on {leftover[0]!r} after your scores: "
                                   "remove each handle after its run, in a finally block")
@@ -676,7 +673,7 @@ def _check_scores(answer) -> Outcome:
         return Outcome(False, f"{what}: scores {[round(v, 2) for v in got.tolist()]}, want "
                               f"{[round(v, 2) for v in want.tolist()]}")
     return Outcome(True, "the same drops as the model's, zero and mean, layers 0 and 1, on one run and a batch of "
-                         "two, and no hook left behind")
+                         "two, and no hook left behind." + (IN_PLACE if edited else ""))
 
 
 @exercise("08.5", "steer with a direction added in a forward hook")
@@ -686,7 +683,8 @@ def _check_steering(answer) -> Outcome:
     corrupted = torch.cat([clean_and_corrupted()[1], second_corruption()])  # a batch of two sequences
     cases = [((direction, p, s), "blocks.0.hook_resid_post", corrupted, steering_hook(direction, p, s),
               f"scale {s} at position {p}") for p, s in [(CHANGED, 1.0), (CHANGED, 0.5), (CHANGED, 2.0), (Q, -1.0)]]
-    if (failed := _compare_runs(answer, "steering_hook", cases)) is not None:
+    edited: list[bool] = []
+    if (failed := _compare_runs(answer, "steering_hook", cases, edited)) is not None:
         out = _probe(answer, (torch.ones(64), 2, 1.0), torch.ones(1, 16, 64))
         if isinstance(out, torch.Tensor) and out.shape == (1, 16, 64):
             if (out[0, 2] == 2).all() and (out[0] == 2).all(-1).sum() > 1:
@@ -697,7 +695,7 @@ def _check_steering(answer) -> Outcome:
                                       "to the output there (replacing or multiplying it is not steering)")
         return failed
     return Outcome(True, "the same logits as the direction added at the scale and position asked, four cases, "
-                         "on a batch of two")
+                         "on a batch of two." + (IN_PLACE if edited else ""))
 
 
 __all__ = [
