@@ -19,8 +19,8 @@ PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that get
     "05.a": (["the same", 1], ["lower", 1], "changes no number"),
     "05.b": ([False, True], [True, True], "the ReLU is where it stops"),
     "05.c": ([1, 0, 1, 0], [1, 0, 0, 0], "that is guided backprop"),
-    "05.d": ("about the same", "more", "beyond its 2×2 patch"),
-    "05.e": ("Grad-CAM", "guided backprop", "keeps only positive gradient"),
+    "05.d": ("more", "about the same", "carry order"),
+    "05.e": ("guided backprop", "Grad-CAM", "re-weights the same channels"),
 }
 
 
@@ -73,10 +73,11 @@ def test_05_1_rejects_hooklab_record_and_accepts_a_tensor_of_indices():
 
 
 def test_05_d_and_05_e_take_words():
-    assert grade("05.d", "About the same").passed and not grade("05.d", "brightest").passed
-    assert grade("05.e", "grad-cam").passed and not grade("05.e", "the same").passed
-    assert "re-weights" in grade("05.e", "the same").detail
-    assert "mostly the sign" not in grade("05.e", "guided backprop").detail  # the plain |gradient| agrees only 0.4
+    assert grade("05.d", "More").passed and not grade("05.d", "brightest").passed
+    assert grade("05.e", "Guided Backprop").passed and not grade("05.e", "plain gradient").passed
+    assert "reverses" in grade("05.e", "plain gradient").detail
+    for same in ("same", "Same"):  # a format slip gets a format hint, not the answer
+        assert 'use the words "the same"' in grade("05.a", [same, 1]).detail
 
 
 def test_05_1_the_hook_must_be_removed_when_the_forward_pass_raises():
@@ -116,9 +117,9 @@ def test_05_a_half_an_answer_is_told_the_guess_is_a_pair():
 
 
 def test_05_a_a_format_slip_in_the_words_is_named():
-    for guess in (["same", 1], ["Same", 10], ["unchanged", 1]):
+    for guess in (["unchanged", 1], ["no change", 10]):
         outcome = grade("05.a", guess)
-        assert not outcome.passed and 'the exact words "the same"' in outcome.detail, outcome.detail
+        assert not outcome.passed and 'the words "the same"' in outcome.detail, outcome.detail
 
 
 def test_05_1_every_image_counts():
