@@ -559,3 +559,21 @@ def test_05_5_each_copy_from_the_one_before():
     failed("05.5", every_copy_from_the_model, "re-drew 'head.2' again", "copy of model 0")
     failed("05.5", shallow, "changed")
 
+
+
+def test_05_4_differentiating_with_respect_to_the_given_images_is_told_to_use_a_copy():
+    def wrt_the_given_images(model, layer, images, classes):
+        kept = {}
+
+        def forward_hook(module, args, output):
+            kept["activation"] = output.detach().clone()
+            output.register_hook(lambda grad: kept.__setitem__("gradient", grad.detach().clone()))
+
+        handle = model.get_submodule(layer).register_forward_hook(forward_hook)
+        try:
+            torch.autograd.grad(model(images).gather(1, classes[:, None]).sum(), images)
+        finally:
+            handle.remove()
+        return kept["activation"], kept["gradient"]
+
+    failed("05.4", wrt_the_given_images, "images.detach().clone().requires_grad_()")

@@ -54,14 +54,14 @@ def _seed_grads(model: nn.Module) -> None:
         p.grad = torch.full_like(p, _SEED)
 
 
-def _grads_kept(model: nn.Module) -> str | None:
+def _grads_kept(model: nn.Module, wrt: str = "images") -> str | None:
     """A hint when the answer changed the ``.grad`` that ``_seed_grads`` put in the parameters."""
     if all(p.grad is not None and torch.equal(p.grad, torch.full_like(p, _SEED)) for p in model.parameters()):
         return None
     wiped = any(p.grad is None for p in model.parameters())
     what = "set them to None (model.zero_grad)" if wiped else "added to them (a .backward())"
     return (f"the parameters' .grad held a caller's gradients, and your function {what}: a caller in the middle "
-            "of training would lose or mix them; compute the gradient with torch.autograd.grad(score, images), "
+            f"of training would lose or mix them; compute the gradient with torch.autograd.grad(score, {wrt}), "
             "which writes into no .grad, so there is nothing to clean up")
 
 
@@ -734,6 +734,9 @@ def _recorder_cases() -> list[dict]:
 
 
 _ERRORS = {
+    "One of the differentiated Tensors does not require grad": "torch.autograd.grad was asked for the gradient "
+        "with respect to a tensor that does not require grad (the images given do not): run the model on a copy, "
+        "x = images.detach().clone().requires_grad_(), and differentiate with respect to x",
     "modified inplace": "a full backward hook fails where an in-place ReLU follows the layer (lesson 03): from the "
                         "forward hook, register a tensor hook on the output instead",
     "does not require grad": "register_hook needs a tensor that requires grad: run the pass with gradients enabled "
@@ -761,7 +764,7 @@ def _case_problem(model, x, before_x, where: str) -> str | None:
         return f"{where}: a hook stayed on the model ({left[0]}): remove your forward hook in a finally block"
     if not torch.equal(x, before_x):
         return f"{where}: your function changed the images it was given: work on a copy"
-    return _grads_kept(model)
+    return _grads_kept(model, wrt="x) for a copy x = images.detach().clone().requires_grad_(")
 
 
 def _pair_problem(got, case: dict, where: str) -> str | None:
