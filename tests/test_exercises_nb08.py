@@ -96,6 +96,7 @@ def stripe_like(offset=None, dims=(-2, -1), axes=(0, -1)):
     (stripe_like(axes=(1, -1)), ["averaged over the heads"]),
     (stripe_like(axes=0), ["sequences only"]),
     ("stripe_score", ["pass your function itself"]),
+    (lambda p, k: p[..., k:, :-k].diagonal(dim1=-2, dim2=-1).mean((0, -1)), ["k = 0", "NaN", "`:-0`"]),
 ])  # fmt: skip
 def test_08_2_rejects(answer, words):
     failed("08.2", answer, *words)
@@ -224,6 +225,15 @@ def replaces(direction, position, scale):
     return hook
 
 
+def adds_onward(direction, position, scale):
+    def hook(module, args, output):
+        output = output.clone()
+        output[:, position:] += scale * direction
+        return output
+
+    return hook
+
+
 def adds_in_place(direction, position, scale):
     def hook(module, args, output):
         output[:, position] += scale * direction
@@ -233,6 +243,7 @@ def adds_in_place(direction, position, scale):
 
 @pytest.mark.parametrize(("answer", "words"), [
     (adds_everywhere, ["every position"]), (replaces, ["output + scale * direction"]),
+    (adds_onward, ["from the position onward"]),
 ])  # fmt: skip
 def test_08_5_rejects(answer, words):
     failed("08.5", answer, *words)

@@ -233,7 +233,8 @@ def _induction_offset() -> int:
 
 
 @prediction("08.b", "the position whose clean blocks.0.hook_attn_out restores the second corruption's answer",
-            why="layer 0's heads attend to the previous token, so its attention output at 3 is position 3's record "
+            why="in the first run layer 0's heads attend to the previous token (not in the repeat), so its attention "
+                "output at 3 is position 3's record "
                 "that a 3 came before it; patched in, layer 1 finds the match again and copies the 19 (the token "
                 "itself changed at 2, but that position's attention output only reads positions 0-2)",
             wrong=[(2, "the 10 at position 2 sits in its embedding, which stays corrupted; layer 1 matches the "
@@ -278,7 +279,7 @@ def pair_metric(logits: torch.Tensor) -> float:
     return (logits[0, Q, A] - logits[0, Q, B] + logits[1, Q, 14] - logits[1, Q, B]).item()
 
 
-@prediction("08.d", "whether the corrupted run, with the direction added at scale 4, still predicts 19",
+@prediction("08.d", "whether the corrupted run, with the direction added at scale 4, still has 19 as its argmax",
             why="no: at scale 4 the added vector (4 × its norm) is about twice as long as any residual the model saw "
                 "after layer 0; layer 1's heads leave key 3 (0.28 at most, next cell), and the answer leaves 19 "
                 "although the logit difference is still positive",
@@ -439,6 +440,7 @@ def _check_stripe(answer) -> Outcome:
     patterns = record_patterns(_model(), induction_batch(20, generator))
     for pattern, k, what in [(made_up, 1, "a made-up (3, 4, 8, 8) pattern, k = 1"),
                              (made_up, 3, "a made-up (3, 4, 8, 8) pattern, k = 3"),
+                             (made_up, 0, "a made-up (3, 4, 8, 8) pattern, k = 0"),
                              (patterns[0], 1, "layer 0's patterns on 20 sequences, k = 1"),
                              (patterns[1], 6, "layer 1's patterns on 20 sequences, k = 6")]:
         got = answer(pattern.clone(), k)
@@ -447,6 +449,10 @@ def _check_stripe(answer) -> Outcome:
             return Outcome(False, f"{what}: stripe_score returned {kind_of(got)}: return a tensor, one score a head")
         if got.shape == want.shape and torch.allclose(got.float(), want, atol=1e-5):
             continue
+        if k == 0 and got.is_floating_point() and got.isnan().any():
+            return Outcome(False, f"{what}: your scores are NaN. A slice `:-k` is empty at k = 0 (`:-0` is `:0`), "
+                                  "so no key is left to average: write `:n - k` with n the number of keys, or use "
+                                  "diagonal's offset")
         for slip, message in _STRIPE_SLIPS:
             wrong = slip(pattern, k)
             if got.shape == wrong.shape and torch.allclose(got.float(), wrong, atol=1e-5):
@@ -455,7 +461,7 @@ def _check_stripe(answer) -> Outcome:
             return Outcome(False, f"{what}: shape {tuple(got.shape)}, want {tuple(want.shape)}, one score a head")
         return Outcome(False, f"{what}: scores {[round(v, 3) for v in got.tolist()]}, want "
                               f"{[round(v, 3) for v in want.tolist()]}")
-    return Outcome(True, "the same scores as the model's stripes, on made-up and recorded patterns, k = 1, 3 and 6")
+    return Outcome(True, "the same scores as the model's stripes, on made-up and recorded patterns, k = 0, 1, 3 and 6")
 
 
 def _sweep_cases():
@@ -688,8 +694,8 @@ def _check_steering(answer) -> Outcome:
         out = _probe(answer, (torch.ones(64), 2, 1.0), torch.ones(1, 16, 64))
         if isinstance(out, torch.Tensor) and out.shape == (1, 16, 64):
             if (out[0, 2] == 2).all() and (out[0] == 2).all(-1).sum() > 1:
-                return Outcome(False, "your hook added the direction at every position: add it only at "
-                                      "output[:, position]")
+                where = "from the position onward" if (out[0, :2] == 1).all() else "at every position"
+                return Outcome(False, f"your hook added the direction {where}: add it only at output[:, position]")
             if not (out[0, 2] == 2).all():
                 return Outcome(False, "at the position asked, the output is not output + scale * direction: add "
                                       "to the output there (replacing or multiplying it is not steering)")
