@@ -79,8 +79,9 @@ def test_private_step_without_noise_is_plain_sgd_when_nothing_is_clipped():
 
 
 # ----- 07.1 -------------------------------------------------------------------------------------
-def _prune(mask_rule="smallest", hook=True, names=("_orig", "_mask"), at_once=True):
+def _prune(mask_rule="smallest", hook=True, names=("_orig", "_mask"), at_once=True, detach=False, fixed=None):
     def prune_by_hand(module, name, amount):
+        name = fixed or name
         weight = getattr(module, name)
         k = round(amount * weight.numel())
         mask = torch.ones_like(weight)
@@ -90,7 +91,8 @@ def _prune(mask_rule="smallest", hook=True, names=("_orig", "_mask"), at_once=Tr
         module.register_buffer(name + names[1], mask)
 
         def apply(module, args):
-            setattr(module, name, getattr(module, name + names[0]) * getattr(module, name + names[1]))
+            pruned = getattr(module, name + names[0]) * getattr(module, name + names[1])
+            setattr(module, name, pruned.detach() if detach else pruned)
 
         if at_once:
             apply(module, ())
@@ -108,6 +110,8 @@ def test_07_1_names_each_slip():
     failed("07.1", _prune(hook=False), "forward pre-hook")
     failed("07.1", _prune(names=("_kept", "_mask")), "weight_orig")
     failed("07.1", _prune(at_once=False), "AttributeError", "step 4")
+    failed("07.1", _prune(detach=True), "no gradient reaches weight_orig", "detached")
+    failed("07.1", _prune(fixed="weight"), "name='bias'", "not a fixed 'weight'")
     failed("07.1", lambda module, name, amount: None, "handle")
     failed("07.1", nb07.prune_by_hand(nn.Linear(2, 2), "weight", 0.5), "function itself")
 
@@ -119,6 +123,8 @@ def _linear_hooks(scale="mean", summed=False):
             a = args[0].detach()
 
             def per_sample(g):
+                if scale == "in place" and loss_reduction == "mean":
+                    g *= len(a)  # changes the gradient autograd passes on
                 g = g * len(a) if scale == "always" or (scale == "mean" and loss_reduction == "mean") else g
                 w = torch.einsum("no,ni->noi", g, a)
                 module.weight.grad_sample = w.sum(0) if summed else w
@@ -136,6 +142,8 @@ def test_07_2_accepts_the_worked_answer_and_names_each_slip():
     failed("07.2", _linear_hooks(scale="never"), "times too small", "mean")
     failed("07.2", _linear_hooks(scale="always"), "times too large", "'sum'")
     failed("07.2", _linear_hooks(summed=True), "summed over the batch")
+    failed("07.2", _linear_hooks(scale="in place"), "loss_reduction='mean'", "changed the gradient in place",
+           "layer below")
     failed("07.2", lambda layer, loss_reduction: [layer.register_forward_hook(lambda *args: None)], "no grad_sample")
     failed("07.2", lambda layer, loss_reduction: "hooks", "handle")
     failed("07.2", lambda layer: [], "loss_reduction")
@@ -205,8 +213,21 @@ def test_07_4_accepts_the_worked_answer_and_names_each_slip():
             return nb07.pack_bf16(t)
         return slots.setdefault((tuple(t.shape), type(t.grad_fn).__name__), (t.dtype, t.bfloat16()))
 
-    failed("07.4", (every_address_reused, nb07.unpack_bf16), "reused address handed back an old activation",
+    failed("07.4", (every_address_reused, nb07.unpack_bf16), "reused address/id handed back an old activation",
            "keeps packed tensors after backward")
+    weak = {}
+
+    def weak_refs_by_id(t):  # weak references, but no weakref.finalize and only a shape check: x * k reuses ids
+        if not t.is_floating_point() or t.grad_fn is None:
+            return nb07.pack_bf16(t)
+        kept = weak[id(t)]() if id(t) in weak else None
+        if kept is None or kept.shape != t.shape:
+            kept = t.bfloat16()
+            weak[id(t)] = weakref.ref(kept)
+        return t.dtype, kept
+
+    failed("07.4", (weak_refs_by_id, nb07.unpack_bf16), "reused address/id handed back an old activation",
+           "weakref.finalize")
     history = []
 
     def keeps_history(t):  # right gradients, but a list that grows every step

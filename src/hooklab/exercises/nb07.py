@@ -171,7 +171,7 @@ def spec(prune=None, step=None, pack=None, unpack=None, fuse=None) -> None:
          lambda v: v is not None and v >= 0.5, lambda v: "stale weight" if v is None else f"{v:.0%} zero"),
         ("limit how far one image moves the update", f"≤ {bound:.4f}", lambda t: influence(t or plain_step), step,
          lambda v: v <= bound * 1.001, lambda v: f"{v:.4f}"),
-        (f"keep {BATCH_GROWTH:g}× the batch in the same memory", f"≤ {budget / 1e6:.2f} MB",
+        (f"saved for backward: {BATCH_GROWTH:g}× batch, same MB", f"≤ {budget / 1e6:.2f} MB",
          lambda t: saved_bytes(*(t or (None, None))), (pack, unpack) if pack else None,
          lambda v: v <= budget, lambda v: f"{v / 1e6:.2f} MB"),
         ("hold one gradient at a time", "≤ 1 tensor", lambda t: max(row[1] for row in gradient_timeline(t)), fuse,
@@ -454,44 +454,59 @@ def _call(answer, what: str, *args) -> Outcome | object:
 
 @exercise("07.1", "prune with a forward pre-hook")
 def _check_prune(answer) -> Outcome:
+    for name in ("weight", "bias"):
+        outcome = _prune_one(answer, name)
+        if not outcome.passed:
+            return outcome
+    return Outcome(True, "the same masks, keys and outputs as prune.l1_unstructured, before and after a step, for "
+                         "name='weight' and name='bias'")
+
+
+def _prune_one(answer, name: str) -> Outcome:
     from torch.nn.utils import prune
 
     torch.manual_seed(0)
     theirs, ours = nn.Conv2d(3, 4, 3), None
     ours = copy.deepcopy(theirs)
-    handle = _call(answer, "prune_by_hand", ours, "weight", 0.3)
+    handle = _call(answer, "prune_by_hand", ours, name, 0.3)
     if isinstance(handle, Outcome):
         return handle
     if (bad := not_a_handle(handle, "prune_by_hand", ours)) is not None:
         return bad
-    if not hasattr(ours, "weight"):
+    if not hasattr(ours, name):
         handle.remove()
-        return Outcome(False, "right after prune_by_hand, module.weight raises AttributeError: set it to "
-                              "weight_orig * weight_mask at once (step 4), not only in the pre-hook, which runs at "
-                              "the first forward pass")
-    prune.l1_unstructured(theirs, "weight", amount=0.3)
+        return Outcome(False, f"right after prune_by_hand(module, '{name}', 0.3), module.{name} raises AttributeError: "
+                              f"set it to {name}_orig * {name}_mask at once (step 4), not only in the pre-hook, which "
+                              "runs at the first forward pass")
+    prune.l1_unstructured(theirs, name, amount=0.3)
     try:
         keys, want = list(ours.state_dict()), list(theirs.state_dict())
         if sorted(keys) != sorted(want):
-            return Outcome(False, f"the state_dict keys are {sorted(keys)}, torch's pruning gives {sorted(want)}: keep "
-                                  "the parameter as 'weight_orig' and the mask as the buffer 'weight_mask'")
-        if not torch.equal(ours.weight_mask, theirs.weight_mask):
-            kept = lambda m: (m.weight_mask * m.weight_orig.abs()).sum()  # noqa: E731
+            return Outcome(False, f"with name='{name}', the state_dict keys are {sorted(keys)}, torch's pruning gives "
+                                  f"{sorted(want)}: keep the parameter as '{name}_orig' and the mask as the buffer "
+                                  f"'{name}_mask' (use the argument name, not a fixed 'weight')")
+        mine, right = getattr(ours, name + "_mask"), getattr(theirs, name + "_mask")
+        if not torch.equal(mine, right):
+            kept = lambda m: (getattr(m, name + "_mask") * getattr(m, name + "_orig").abs()).sum()  # noqa: E731
             kept_large = kept(ours) < kept(theirs)
-            return Outcome(False, "your mask zeroes other weights than l1_unstructured's: it zeroes the "
+            return Outcome(False, f"your mask zeroes other entries of {name} than l1_unstructured's: it zeroes the "
                                   + ("largest |w|; prune the smallest" if kept_large else
-                                     f"{int((ours.weight_mask == 0).sum())} weights, it zeroes "
-                                     f"{int((theirs.weight_mask == 0).sum())} (30 % of {theirs.weight.numel()})"))
+                                     f"{int((mine == 0).sum())} entries, it zeroes {int((right == 0).sum())} (30 % "
+                                     f"of {right.numel()}, rounded)"))
         x = torch.randn(2, 3, 6, 6)
         for module in (ours, theirs):
             opt = torch.optim.SGD(module.parameters(), lr=0.5)
             module(x).square().sum().backward()
+            if module is ours and getattr(ours, name + "_orig").grad is None:
+                return Outcome(False, f"no gradient reaches {name}_orig: the {name} your pre-hook sets is detached "
+                                      "(.detach() or no_grad), so training never moves it; compute "
+                                      f"{name}_orig * {name}_mask with autograd on")
             opt.step()
         if not torch.allclose(ours(x), theirs(x), atol=1e-5):
             return Outcome(False, "after an SGD step, the forward pass used a stale weight (its output differs "
-                                  "from torch's): the optimizer moves weight_orig, so recompute weight from both in a "
-                                  "forward pre-hook, which runs before forward; a forward hook runs after it")
-        return Outcome(True, "the same masks, keys and outputs as prune.l1_unstructured, before and after a step")
+                                  f"from torch's): the optimizer moves {name}_orig, so recompute {name} from both in "
+                                  "a forward pre-hook, which runs before forward; a forward hook runs after it")
+        return Outcome(True, "")
     finally:
         handle.remove()
 
@@ -533,6 +548,12 @@ def _grad_samples(answer, model: nn.Module, layers: list, x, y, reduction: str =
 
 def _compare_samples(model: nn.Module, names: list[str], truth: dict, reduction: str = "mean") -> Outcome:
     n = next(iter(truth.values())).shape[0]
+    for name, p in model.named_parameters():
+        plain = truth[name].mean(0) if reduction == "mean" else truth[name].sum(0)
+        if p.grad is not None and not torch.allclose(p.grad, plain, atol=1e-5, rtol=1e-4):
+            return Outcome(False, f"with loss_reduction='{reduction}', {name}.grad is not the plain gradient: you "
+                                  "changed the gradient in place (g *= ...); it flows on to the layer below and into "
+                                  ".grad. Make a new tensor: g = g * N")
     for name in names:
         p = model.get_parameter(name)
         got = getattr(p, "grad_sample", None)
@@ -544,12 +565,14 @@ def _compare_samples(model: nn.Module, names: list[str], truth: dict, reduction:
             return Outcome(False, f"{name}.grad_sample has shape {tuple(got.shape)}, want {tuple(want.shape)}: one "
                                   f"gradient per sample{summed}")
         if torch.allclose(got * n, want, atol=1e-5, rtol=1e-4):
-            return Outcome(False, f"with loss_reduction='mean', {name}.grad_sample is {n} times too small: the loss is "
-                                  "a mean, so the output's gradient holds each sample's gradient divided by the batch "
-                                  "size; multiply it back by N")
+            return Outcome(False, f"with loss_reduction='{reduction}', {name}.grad_sample is {n} times too small: "
+                           + ("the loss is a mean, so the output's gradient holds each sample's gradient divided by "
+                              "the batch size; multiply it back by N" if reduction == "mean" else
+                              "a summed loss hands each sample its own gradient; do not divide it by N"))
         if torch.allclose(got, want * n, atol=1e-5, rtol=1e-4):
-            return Outcome(False, f"with loss_reduction='sum', {name}.grad_sample is {n} times too large: a summed "
-                                  "loss hands each sample its own gradient; multiply by N only for 'mean'")
+            return Outcome(False, f"with loss_reduction='{reduction}', {name}.grad_sample is {n} times too large: "
+                           + ("a summed loss hands each sample its own gradient; multiply by N only for 'mean'"
+                              if reduction == "sum" else "multiply the output's gradient by N once, for 'mean'"))
         if not torch.allclose(got, want, atol=1e-5, rtol=1e-4):
             diff = (got - want).abs().max().item()
             return Outcome(False, f"{name}.grad_sample differs from torch.func's per-sample gradients by up to "
@@ -611,6 +634,18 @@ def _check_conv_samples(answer) -> Outcome:
                          "dilation)")
 
 
+def _loss_with_temporaries(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The cross-entropy plus a term built from same-shape temporaries ``out * k``, each saved (by ``t * t``)
+    and freed before the next is made, so that the next one may get its id and address."""
+    out = model(x)
+    loss = F.cross_entropy(out, y)
+    for k in (1.0, 2.0, 3.0, 4.0):
+        t = out * k
+        loss = loss + (t * t).mean() * 0.1
+        del t
+    return loss
+
+
 @exercise("07.4", "compress what autograd saves")
 def _check_compress(answer) -> Outcome:
     if not (isinstance(answer, tuple) and len(answer) == 2 and all(callable(f) for f in answer)):
@@ -645,24 +680,25 @@ def _check_compress(answer) -> Outcome:
     for step in range(5):  # five steps on five batches, the weights changing in between
         x, y = data[0][step * 256:(step + 1) * 256], data[1][step * 256:(step + 1) * 256]
         model.zero_grad()
-        F.cross_entropy(model(x), y).backward()
+        _loss_with_temporaries(model, x, y).backward()
         want = [p.grad.clone() for p in model.parameters()]
         model.zero_grad()
-        kept, reused = [], set()
+        kept, reused, given = [], set(), []  # given: (what pack returned, the tensor it was for), weakly
         shared = {t.untyped_storage().data_ptr() for t in (x, y, *model.parameters())}  # not pack's to free
 
-        def watched(t, kept=kept, reused=reused, shared=shared, earlier=earlier):
+        def watched(t, kept=kept, reused=reused, shared=shared, earlier=earlier, given=given):
             packed = pack(t)
             for k in _tensors_in(packed):
-                if any(ref() is k for _, ref in earlier):
+                if any(ref() is k for _, ref in earlier) or any(kr() is k and tr() is not t for kr, tr in given):
                     reused.add("weight" if id(t) in params else "activation")
                 if k.untyped_storage().data_ptr() not in shared:
                     kept.append(weakref.ref(k))
+                    given.append((weakref.ref(k), weakref.ref(t)))
             return packed
 
         try:
             with torch.autograd.graph.saved_tensors_hooks(watched, unpack):
-                loss = F.cross_entropy(model(x), y)
+                loss = _loss_with_temporaries(model, x, y)
             loss.backward()
         except RuntimeError as error:
             first = (str(error).splitlines() or [""])[0][:100]
@@ -685,8 +721,9 @@ def _check_compress(answer) -> Outcome:
                     why = (": pack gave back its copy of a weight from an earlier pass, after the weights changed; "
                            "remember only tensors computed in forward (t.grad_fn is not None)")
                 elif "activation" in reused:
-                    why = (": a reused address handed back an old activation (pack gave back what it kept in an "
-                           "earlier step, for a new tensor: a freed tensor's address, like its id, is reused)")
+                    why = (": a reused address/id handed back an old activation (pack gave a new tensor what it "
+                           "kept for an earlier one, since freed: a freed tensor's address, like its id, is reused; "
+                           "forget each entry when its tensor is freed, with weakref.finalize)")
                 return Outcome(False, f"at step {step + 1} of 5, {name}'s gradient is {err:.1%} off, more than "
                                       f"bfloat16's rounding{why}{leak}")
         earlier += [(step, ref) for ref in kept]
