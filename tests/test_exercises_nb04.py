@@ -667,8 +667,23 @@ def test_04_9_wants_a_float32_tolerance():  # plain allclose blames layer 4 of t
 
 
 def test_04_9_blames_a_too_loose_tolerance_before_the_loop():  # layer 5's slip: < 1e-3 per entry, 6 % relative
-    failed("04.9", disagreement(close=lambda a, b: torch.allclose(a, b, atol=1e-3)), "you named {'1'}",
-           "{'5'}", "6% of its size", "too loose", "rtol=1e-3, atol=1e-5")
+    outcome = failed("04.9", disagreement(close=lambda a, b: torch.allclose(a, b, atol=1e-3)), "you named {'1'}",
+                     "the dx of another layer", "6% of its size", "too loose", "rtol=1e-3, atol=1e-5")
+    assert "'5'" not in outcome.detail  # the problem's answer is prediction 04.e's
+
+
+@pytest.mark.parametrize("answer", [
+    disagreement(chained=True, params_only=True), disagreement(first_only=True), disagreement(params_only=True),
+    disagreement(close=lambda a, b: torch.allclose(a, b, atol=1e-3))])
+def test_04_9_never_names_the_answer_of_the_problems_formulas(answer):
+    outcome = grade("04.9", answer)
+    assert not outcome.passed and "the problem's formulas" in outcome.detail, outcome.detail
+    assert "'5'" not in outcome.detail.partition("you named")[2].partition("}")[2], outcome.detail
+
+
+def test_04_9_says_when_the_hand_chained_gradient_fed_the_formulas():  # {'0', '1', '4'}: upstream of the slip
+    failed("04.9", disagreement(chained=True, params_only=True), "you named {'0', '1', '4'}",
+           "judge each layer on the grad_output its own hook recorded, not on the gradient your formulas passed down")
 
 
 def test_04_9_says_parameter_gradients_cannot_see_grad_input():

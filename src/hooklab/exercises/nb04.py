@@ -985,18 +985,19 @@ def _names(got):
     return names
 
 
+SLIP_FACTS = ("ReLU '6' and max-pool '7' sit between '9' and '5', and a right 5.weight and 5.bias mean batch "
+              "norm received the right gradient: which formula passed a wrong one back?")
+
+
 @prediction(
     "04.e", "which layers disagreeing_layers names for the problem's formulas",
     why="the problem's slip is in batch norm's formula: it holds the batch statistics constant, so its dx differs "
         "from autograd's grad_input, in both batch norms, '1' and '5'. Layer 4's weight gradient is wrong at the "
         "end only because '5' passed it a wrong gradient: from the grad_output its hooks kept, its formula is right.",
-    wrong=[(Names(["4"]), "layer 4's weight gradient is the first wrong one at the end, but only because of what "
-                          "arrived at its output: from autograd's grad_output, which the hooks keep, its formula is "
-                          "right. Which layer's formula passed the wrong gradient to it?"),
-           (Names(["0", "4"]), "'0' and '4' are the convolutions, whose formula you checked in 04.6 (the problem uses "
-                               "the same). Layer 4's weight gradient is wrong at the end only because a wrong gradient "
-                               "reached its output: fed autograd's grad_output, which its hook keeps, it is right. "
-                               "Which layer after it passed the wrong gradient back?"),
+    wrong=[(Names(["4"]), "layer 4's weight gradient is wrong only because of what arrived at its output: fed the "
+                          "grad_output its hook kept, its formula is right. " + SLIP_FACTS),
+           (Names(["0", "4"]), "'0' and '4' are the convolutions: fed autograd's grad_output, which its hook keeps, "
+                               "layer 4's formula is right, so a wrong gradient reached it. " + SLIP_FACTS),
            (Names(["5"]), "'5' is one of them; does another layer use the same formula?"),
            (Names(["0", "1", "2", "3", "4", "5"]), "that is what a backward chained through the formulas would blame: "
                                                    "each layer the wrong gradient reaches disagrees too. With the "
@@ -1067,15 +1068,17 @@ def _judge_disagreeing(disagreeing_layers, data) -> Outcome:
         names = _names(got)
         if names == expected:
             continue
-        why = _what_went_wrong(model, x, y, formulas, verdicts, got, names, expected, float32)
+        why = _what_went_wrong(model, x, y, formulas, verdicts, got, names, expected, float32,
+                               hide=label.startswith("the problem's formulas"))
         return Outcome(False, f"with {label}: {why}")
     return Outcome(True, "a Linear bias gradient's slip found in '9', a ReLU that passes every gradient in '2' and "
                          "'6', the problem's slip, and no layer for formulas without a slip, even when each is a new "
                          "function")
 
 
-def _what_went_wrong(model, x, y, formulas, verdicts, got, names, expected, float32) -> str:
-    """Why ``got`` is not ``expected``: the slip of the answer, in the student's words."""
+def _what_went_wrong(model, x, y, formulas, verdicts, got, names, expected, float32, hide=False) -> str:
+    """Why ``got`` is not ``expected``: the slip of the answer, in the student's words; with ``hide`` (the
+    problem's formulas, whose answer is prediction 04.e) no message names a layer the answer left out."""
     layers = list(verdicts)
 
     def kind(name):
@@ -1104,9 +1107,15 @@ def _what_went_wrong(model, x, y, formulas, verdicts, got, names, expected, floa
         return (f"you named {shown(names)}: you passed your formula's dx on instead of what the hooks recorded. Every "
                 "layer the wrong gradient reaches then disagrees too. Run each layer's formula on its own "
                 "grad_output, kept by its backward hook: each layer is judged on what that layer recorded")
+    if expected and names and names == _disagreeing(_verdicts(model, x, y, formulas, chained=True), params_only=True):
+        return (f"you named {shown(names)}: layers upstream of the slip, whose gradients are wrong only because a "
+                "wrong gradient reached them: judge each layer on the grad_output its own hook recorded, not on the "
+                "gradient your formulas passed down")
     if expected and names == _disagreeing(verdicts, params_only=True):
+        what = "a layer passes" if hide else f"{shown(missing)} pass"
         return (f"you named {shown(names) if names else 'no layer'}, as a comparison of the parameters' gradients "
-                f"alone does; they can't see what {shown(missing)} pass back to their input. Compare each layer's "
+                f"alone does; they can't see what {what} back "
+                "to its input. Compare each layer's "
                 "grad_input with the dx of its formula too")
     if float32 and extra and not missing:
         return (f"you named {shown(extra)} too, but {its(extra)} gradients differ from autograd's only by float32 "
@@ -1118,7 +1127,8 @@ def _what_went_wrong(model, x, y, formulas, verdicts, got, names, expected, floa
                 "compare with torch.allclose, not == (the same mathematics in another order rounds differently), "
                 "and return an empty set")
     if not names:
-        return (f"you named no layer, but the formula of {shown(expected)} gives another gradient than autograd's: "
+        whose = "a formula" if hide else f"the formula of {shown(expected)}"
+        return (f"you named no layer, but {whose} gives another gradient than autograd's: "
                 "run each layer's formula from the table you were given, formulas[type(layer)], on what that layer "
                 "recorded (its input, output and grad_output), and compare with torch.allclose")
     if any(isinstance(model.get_submodule(n), nn.MaxPool2d) for n in extra):
@@ -1126,19 +1136,24 @@ def _what_went_wrong(model, x, y, formulas, verdicts, got, names, expected, floa
                 f"disagrees with PyTorch's on windows with tied maxima: {TIES}")
     if missing and not extra and _too_loose(model, x, y, formulas, names):
         slips = [(n, *_dx_slip(model, x, y, formulas, n)) for n in sorted(missing, key=layers.index)]
-        sizes = "; ".join(f"{n!r} by at most {a:.1e} per entry, {r:.0%} of its size" for n, a, r in slips)
-        return (f"you named {shown(names)}, but the dx of {shown(missing)} differs from autograd's grad_input too "
+        sizes = "; ".join(f"{'' if hide else repr(n) + ' '}by at most {a:.1e} per entry, {r:.0%} of its size"
+                          for n, a, r in slips)
+        which = "another layer" if hide else shown(missing)
+        return (f"you named {shown(names)}, but the dx of {which} differs from autograd's grad_input too "
                 f"({sizes}). Your tolerance is too loose to see it: compare with torch.allclose(a, b, rtol=1e-3, "
                 "atol=1e-5), which allows float32 rounding and no more")
     if missing and not extra:
-        return (f"you named {shown(names)}, but {shown(missing)} ({', '.join(kind(n) for n in sorted(missing))}) "
-                f"{'disagrees' if len(missing) == 1 else 'disagree'} too: check every layer, not only up to the first "
-                "disagreement")
+        which = "another layer" if hide else f"{shown(missing)} ({', '.join(kind(n) for n in sorted(missing))})"
+        return (f"you named {shown(names)}, but {which} "
+                f"{'disagrees' if hide or len(missing) == 1 else 'disagree'} too: check every layer, not only up to "
+                "the first disagreement")
     if extra:
         agree = "its formula agrees" if len(extra) == 1 else "their formulas agree"
         return (f"you named {shown(extra)}, but {agree} with autograd's up to rounding: compare with torch.allclose, "
-                "not == (the same mathematics in another order rounds differently); the layers that "
-                f"disagree are {shown(expected)}")
+                "not == (the same mathematics in another order rounds differently)"
+                + ("" if hide else f"; the layers that disagree are {shown(expected)}"))
+    if hide:
+        return f"you named {shown(names)}, but these are not the layers whose formula disagrees"
     return f"you named {shown(names)}, but the layers whose formula disagrees are {shown(expected)}"
 
 
