@@ -110,8 +110,8 @@ def test_08_2_accepts_the_worked_answer_and_scores_the_lesson_s_heads():
 
 # ----- 08.3 -------------------------------------------------------------------------------------
 def sweep_like(*, normalise="right", run="corrupted", remove=True, whole=False, transpose=False, onward=False,
-               first_everywhere=False):
-    """A patching sweep with one slip."""
+               first_everywhere=False, hook_for=None):
+    """A patching sweep with one slip; ``hook_for(clean_value, position)``, if given, makes the patch hook."""
     def patching_sweep(model, clean, corrupted, points, metric):
         with record(model, points) as rec, torch.no_grad():
             high = metric(model(clean))
@@ -126,6 +126,8 @@ def sweep_like(*, normalise="right", run="corrupted", remove=True, whole=False, 
                     hook = nb08.patch_hook(value, slice(position, None))
                 if first_everywhere:  # the first clean sequence's value into every sequence
                     hook = nb08.patch_hook(value[:1].expand_as(value), position)
+                if hook_for is not None:
+                    hook = hook_for(value, position)
                 handle = model.get_submodule(point).register_forward_hook(hook)
                 with torch.no_grad():
                     sweep[row, position] = metric(model(clean if run == "clean" else corrupted))
@@ -298,25 +300,7 @@ def test_the_measured_facts_the_lesson_states_about_the_heads_and_steering():
 # ----- in-place and first-sequence-only edits, on a batch of two ----------------------------------
 def sweep_with(edit):
     """The worked sweep, with ``edit(output, clean_value, position)`` as the patch hook's body."""
-    def patching_sweep(model, clean, corrupted, points, metric):
-        with record(model, points) as rec, torch.no_grad():
-            high = metric(model(clean))
-        with torch.no_grad():
-            low = metric(model(corrupted))
-        sweep = torch.zeros(len(points), corrupted.shape[1])
-        for row, point in enumerate(points):
-            for position in range(corrupted.shape[1]):
-                value = rec[point].output
-                handle = model.get_submodule(point).register_forward_hook(
-                    lambda m, a, o, v=value, p=position: edit(o, v, p))
-                try:
-                    with torch.no_grad():
-                        sweep[row, position] = metric(model(corrupted))
-                finally:
-                    handle.remove()
-        return (sweep - low) / (high - low)
-
-    return patching_sweep
+    return sweep_like(hook_for=lambda value, position: lambda m, a, o: edit(o, value, position))
 
 
 def in_place_first(output, value, position):
