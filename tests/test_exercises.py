@@ -367,3 +367,12 @@ def test_a_slow_checker_gets_its_own_time_limit_and_the_limit_scales_with_the_en
     assert _scaled(60) == 600
     monkeypatch.setenv("HOOKLAB_CHECK_TIME_SCALE", "fast")
     assert _scaled(60) == 60
+
+
+def test_a_set_of_names_matches_in_any_order_and_container_and_a_single_name_bare():
+    from hooklab.exercises import same
+
+    assert same(["5", "1"], frozenset({"1", "5"})) and same(("1", "5"), {"5", "1"}) and same({"1", "5"}, {"1", "5"})
+    assert same("dbeta", frozenset({"dbeta"})) and same([" 'DBeta' "], frozenset({"dbeta"}))
+    assert not same(["1"], {"1", "5"}) and not same(["1", "5", "9"], {"1", "5"}) and not same([1, 5], {"1", "5"})
+    assert same([1, 5], {5, 1}) and not same([[1], [5]], {1, 5}) and not same(["1", "1"], {1})

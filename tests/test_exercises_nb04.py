@@ -86,7 +86,7 @@ def truth(id):
 def test_the_predictions_truths():
     assert truth("04.a") == pytest.approx([0.1868, 0.1755], abs=1e-4)
     assert truth("04.b") == 0.0
-    assert truth("04.c") == ["dbeta"]
+    assert truth("04.c") == {"dbeta"}
     assert truth("04.d") == [[4, 6, 6, 4], [6, 9, 9, 6], [6, 9, 9, 6], [4, 6, 6, 4]]
     assert truth("04.e") == {"1", "5"}
 

@@ -88,7 +88,8 @@ def prediction(id: str, title: str, why: str, wrong: Iterable[tuple[object, str]
 
     ``check(id, guess)`` then prints ``right`` or ``not quite``, then ``why`` (the rule, one or two
     sentences). ``wrong`` pairs a plausible wrong guess with its own hint, shown instead of ``why``.
-    Guesses are compared loosely: strings without case, quotes or surrounding spaces; numbers within
+    Guesses are compared loosely: strings without case, quotes or surrounding spaces; a truth that is a set
+    of names matches those names in any order and container (one name may be a bare string); numbers within
     ``rel`` (1 %) of their size; lists and tuples (and tensors, ``torch.Size``) item by item. Only
     ``...`` (the lesson's stub) is "no guess yet": ``None`` is a guess like any other. A number
     written as a string (``"0.25"``) where the truth is a number is told to drop the quotes.
@@ -139,6 +140,16 @@ def same(guess: object, truth: object, rel: float = 0.01) -> bool:
         if math.isinf(guess) or math.isinf(truth):
             return guess == truth
         return abs(guess - truth) <= rel * abs(truth) + 1e-12
+    if isinstance(truth, set | frozenset):  # a set: any order, any container; names loosely, one name bare
+        items = [guess] if isinstance(guess, str) else guess
+        if not isinstance(items, set | frozenset | list | tuple):
+            return False
+        if all(isinstance(t, str) for t in truth) and all(isinstance(i, str) for i in items):
+            return {_words(i) for i in items} == {_words(t) for t in truth}
+        try:
+            return len(set(items)) == len(items) and set(items) == set(truth)
+        except TypeError:  # an unhashable item (a list in the guess) is no name
+            return False
     if isinstance(truth, list | tuple) and isinstance(guess, list | tuple):
         return len(guess) == len(truth) and all(same(g, t, rel) for g, t in zip(guess, truth, strict=True))
     if truth is None:

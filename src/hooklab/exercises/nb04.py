@@ -241,28 +241,6 @@ class Zero:
         return "0.0"
 
 
-class Names:
-    """The truth of a prediction whose answer is a set of names: any set, list or tuple of the same names
-    matches, in any order and any letter case, and a single name may be written as a bare string."""
-
-    def __init__(self, names) -> None:
-        self.names = frozenset(n.lower() for n in names)
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Names):
-            return self.names == other.names
-        if isinstance(other, str):
-            other = [other]
-        if not isinstance(other, set | frozenset | list | tuple) or not all(isinstance(n, str) for n in other):
-            return False
-        return {n.strip().strip("'\"").lower() for n in other} == self.names
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return "{" + ", ".join(repr(n) for n in sorted(self.names)) + "}"
-
-
 class Small:
     """A wrong guess near 0 but not within float32 rounding of it (1e-5 < |guess| < 0.02)."""
 
@@ -424,17 +402,17 @@ def _bn_step_traps(t, dout, grads) -> dict[str, list[Trap]]:
         "the push is how the column's sum Σ y moves with x, and Σ y = γ·Σ x̂ + N·β = N·β does not depend on x: "
         "dx does not change.",
     wrong=[
-        (Names(["beta"]), "name the gradients, as the question does: 'dbeta', not 'beta'"),
-        (Names(["dx", "dgamma", "dbeta"]), "dgamma = Σ dout·x̂ gains Σ x̂, which is 0 because x̂ has mean 0; and "
+        (frozenset(["beta"]), "name the gradients, as the question does: 'dbeta', not 'beta'"),
+        (frozenset(["dx", "dgamma", "dbeta"]), "dgamma = Σ dout·x̂ gains Σ x̂, which is 0 because x̂ has mean 0; and "
                                            "dx gains how the column's sum Σ y moves with x, which is not at all: "
                                            "Σ y = N·β"),
-        (Names(["dx", "dbeta"]), "a push of 1 on every output of a column gives x the gradient of the column's sum "
+        (frozenset(["dx", "dbeta"]), "a push of 1 on every output of a column gives x the gradient of the column's sum "
                                  "Σ y, and Σ y = γ·Σ x̂ + N·β = N·β does not depend on x (Σ x̂ = 0): dx does not change"),
-        (Names(["dgamma", "dbeta"]), "dgamma = Σ dout·x̂ gains Σ x̂, which is 0 because x̂ has mean 0"),
+        (frozenset(["dgamma", "dbeta"]), "dgamma = Σ dout·x̂ gains Σ x̂, which is 0 because x̂ has mean 0"),
         ([], "dbeta = Σ dout over the rows: it grows by N"),
     ],
 )  # fmt: skip
-def _which_change() -> Names:
+def _which_change() -> frozenset[str]:
     x, gamma, beta = rand(32, 3, seed=81) * 2 + 1, rand(3, seed=82) + 1, rand(3, seed=83)
     dout = rand(32, 3, seed=84)
     pushed = dout.clone()
@@ -444,7 +422,7 @@ def _which_change() -> Names:
         return reference(lambda *a: F.batch_norm(a[0], None, None, a[1], a[2], training=True, eps=EPS),
                          (x, gamma, beta), d)
 
-    return Names(name for name, a, b in zip(("dx", "dgamma", "dbeta"), grads(dout), grads(pushed), strict=True)
+    return frozenset(name for name, a, b in zip(("dx", "dgamma", "dbeta"), grads(dout), grads(pushed), strict=True)
                  if not torch.allclose(a, b, atol=1e-9))
 
 
@@ -994,24 +972,26 @@ SLIP_FACTS = ("ReLU '6' and max-pool '7' sit between '9' and '5', and a right 5.
     why="the problem's slip is in batch norm's formula: it holds the batch statistics constant, so its dx differs "
         "from autograd's grad_input, in both batch norms, '1' and '5'. Layer 4's weight gradient is wrong at the "
         "end only because '5' passed it a wrong gradient: from the grad_output its hooks kept, its formula is right.",
-    wrong=[(Names(["4"]), "layer 4's weight gradient is wrong only because of what arrived at its output: fed the "
+    wrong=[(frozenset(["4"]), "layer 4's weight gradient is wrong only because of what arrived at its output: fed the "
                           "grad_output its hook kept, its formula is right. " + SLIP_FACTS),
-           (Names(["0", "4"]), "'0' and '4' are the convolutions: fed autograd's grad_output, which its hook keeps, "
+           (frozenset(["0", "4"]), "'0' and '4' are the convolutions: fed autograd's grad_output, which its hook "
+                                   "keeps, "
                                "layer 4's formula is right, so a wrong gradient reached it. " + SLIP_FACTS),
-           (Names(["5"]), "'5' is one of them; does another layer use the same formula?"),
-           (Names(["0", "1", "2", "3", "4", "5"]), "that is what a backward chained through the formulas would blame: "
+           (frozenset(["5"]), "'5' is one of them; does another layer use the same formula?"),
+           (frozenset(["0", "1", "2", "3", "4", "5"]), "that is what a backward chained through the formulas would "
+                                                       "blame: "
                                                    "each layer the wrong gradient reaches disagrees too. With the "
                                                    "hooks, each layer is judged on the grad_output it recorded"),
            (set(), "the slip is there: one formula passes back another input gradient than autograd's, and allclose "
                    "sees it"),
            ({1, 5}, "a layer's name is a string, as named_children() gives it: {'1', '5'}")],
 )  # fmt: skip
-def _slipped_layers() -> Names:
+def _slipped_layers() -> frozenset[str]:
     from ..data import digits
 
     data = digits()
     _, model, formulas, _ = next(case for case in _slipped_cases() if case[0] == "the problem's formulas")
-    return Names(_disagreeing(_verdicts(model, data.x_train[:32].double(), data.y_train[:32], formulas)))
+    return frozenset(_disagreeing(_verdicts(model, data.x_train[:32].double(), data.y_train[:32], formulas)))
 
 
 LOCAL_NAMES = ("the formulas name each parameter as the layer does, 'weight' or 'bias' (not '5.weight'), and a "
