@@ -482,7 +482,13 @@ def test_00_3_wants_every_hook_removed_in_every_case():
             super().__exit__(*exc)
             return self
 
+    class ClearsEverything(Recorder):
+        def __exit__(self, *exc):
+            for module in self.model.modules():
+                module._forward_hooks.clear()
+
     failed("00.3", NeverRemoves, "after the with block, a forward hook is still registered on layer 'late'", "__exit__")
+    failed("00.3", ClearsEverything, "also removed hooks that were on layer 'late' before", "only the handles you kept")
     failed("00.3", OnlyOnSuccess, "when the with block raised an error", "whatever was raised")
     failed("00.3", NotOnStop, "raised KeyboardInterrupt (as pressing stop does)", "whatever was raised")
     for swallows in (Swallows, ReturnsSelf):

@@ -670,11 +670,16 @@ def _first_run(Recorder) -> Outcome | None:
         return Outcome(False, f"right after Recorder(model), before any with block, {early[0]}: a recorder made "
                               "and never used in a with block would leave its hooks on the model. Register them "
                               "in __enter__, which the with block calls")
+    foreign = _foreign_hooks(model.late)  # someone else's hooks, there before the recorder
     try:
         with recorder as entered:
             out = model(x)
     finally:
+        foreign_gone = _foreign_gone(model.late, foreign)
         left = clear_hooks(model)
+    if foreign_gone:
+        return Outcome(False, "your __exit__ also removed hooks that were on layer 'late' before the with block: "
+                              "someone else's hooks are theirs to remove; remove only the handles you kept")
     if entered is not recorder:
         return Outcome(False, f"__enter__ returned {kind_of(entered)}, not the recorder: end it with `return self`, "
                               "so that `with Recorder(model) as rec` gives rec.outputs")
