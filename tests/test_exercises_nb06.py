@@ -33,7 +33,7 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     ("06.a", "head.2", "ends with a dot"), ("06.a", "2.", "whole path"),
     ("06.d", "runs", "before the new head existed"),
     ("06.d", "4.0", "only makes the view"), ("06.d", "1", "made the ReLUs at '1' and '3' out of place"),
-    ("06.d", 4.1, "as a string"), ("06.d", "4", "innermost module"),
+    ("06.d", 4.1, "as a string"), ("06.d", "4", "the last forward to start"),
     ("06.b", 0.001, "param_groups"), ("06.e", 64, "UnbindBackward0"), ("06.e", 96, "not one per row"),
     ("06.e", 2, "vectorised"),
     ("06.c", 5, "axis is log10"), ("06.c", 0, "the lr scales every step"), ("06.c", -0.7, "the band rises"),

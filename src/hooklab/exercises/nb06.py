@@ -61,8 +61,8 @@ def _head_swapped_after_the_loop() -> nn.Sequential:
                             "the global hook makes the output it writes into a view (lesson 03 §3)"),
                    ("4.0", "the Linear at '4.0' only makes the view; the module that writes into it in place, the "
                            "ReLU after it, is the one whose forward fails"),
-                   ("4", "the new head's own forward is running, but the failing write is its child's: name the "
-                         "innermost module, as named_modules() does"),
+                   ("4", "the new head's forward starts first, then its children's: the last forward to start "
+                         "before the error is one of its children's: the one that writes into a view in place"),
                    ("1", "the loop made the ReLUs at '1' and '3' out of place; only the head swapped in afterwards "
                          "kept an in-place ReLU"),
                    ("3", "the loop made the ReLUs at '1' and '3' out of place; only the head swapped in afterwards "
