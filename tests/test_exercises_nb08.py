@@ -19,7 +19,7 @@ def test_notebook_08_has_four_predictions_and_five_exercises():
 
 
 # ----- predictions ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("08.a", 6), ("08.b", 3), ("08.c", 4), ("08.d", False)])
+@pytest.mark.parametrize(("id", "truth"), [("08.a", 6), ("08.b", 3), ("08.c", "above 8"), ("08.d", False)])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     assert exercises()[id].checker.__wrapped__.truth() == truth
@@ -28,7 +28,8 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
 @pytest.mark.parametrize(("id", "guess", "hint"), [
     ("08.a", 7, "position after it"), ("08.a", 1, "previous-token head"),
     ("08.b", 2, "position 2 before it"), ("08.b", 9, "record"),
-    ("08.c", 0, "leaves three"), ("08.d", True, "more is not always more"),
+    ("08.c", "0 to 8", "three clean heads"), ("08.c", "below 0", "three other"),
+    ("08.d", True, "more is not always more"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
@@ -81,29 +82,65 @@ def test_08_1_accepts_the_worked_answer():
 
 
 # ----- 08.2 -------------------------------------------------------------------------------------
-def stripe_like(offset=None, dims=(-2, -1), axes=(0, -1)):
-    """A stripe score with one slip: the offset as a function of k, the diagonal's axes, the averaged axes."""
-    def stripe_score(pattern, k):
-        return pattern.diagonal((offset or (lambda k: -k))(k), *dims).mean(axes)
+def run_with_hooks_like(*, bind=True, call="tl", remove="finally"):
+    """run_with_hooks with one slip: ``bind=False``, the late-bound loop variable; ``call``: "tl" (right),
+    "raw" (fn(module, args, output)), "ignore" (the return value dropped), "name" (the name, not the module);
+    ``remove``: "finally", "after" (not when a hook raises) or "never"."""
+    def run_with_hooks(model, tokens, fwd_hooks):
+        handles = []
 
-    return stripe_score
+        def run():
+            for name, fn in fwd_hooks:
+                module = model.get_submodule(name)
+                def bound(m, a, o, fn=fn, name=name):
+                    return {"tl": lambda: fn(o, m), "raw": lambda: fn(m, a, o), "ignore": lambda: [fn(o, m), None][1],
+                            "name": lambda: fn(o, name)}[call]()
+
+                def late(m, a, o):
+                    return fn(o, m)  # noqa: B023 (the slip under test)
+
+                handles.append(module.register_forward_hook(bound if bind else late))
+            with torch.no_grad():
+                return model(tokens)
+
+        try:
+            out = run()
+        finally:
+            if remove == "finally":
+                for handle in handles:
+                    handle.remove()
+        if remove == "after":
+            for handle in handles:
+                handle.remove()
+        return out
+
+    return run_with_hooks
 
 
 @pytest.mark.parametrize(("answer", "words"), [
-    (stripe_like(offset=lambda k: k), ["sign is reversed", "offset=-k"]),
-    (stripe_like(offset=lambda k: 1 - k), ["off by one", "the diagonal"]),
-    (stripe_like(dims=(0, 1)), ["first two axes", "dim1=-2"]),
-    (stripe_like(axes=(1, -1)), ["averaged over the heads"]),
-    (stripe_like(axes=0), ["sequences only"]),
-    ("stripe_score", ["pass your function itself"]),
-    (lambda p, k: p[..., k:, :-k].diagonal(dim1=-2, dim2=-1).mean((0, -1)), ["k = 0", "NaN", "`:-0`"]),
+    (run_with_hooks_like(bind=False), ["last function", "fn=fn"]),
+    (run_with_hooks_like(call="raw"), ["TypeError", "fn(activation, hook)"]),
+    (run_with_hooks_like(call="ignore"), ["corrupted run's", "must return"]),
+    (run_with_hooks_like(call="name"), ["second argument", "HookPoint"]),
+    (run_with_hooks_like(remove="after"), ["raised", "finally"]),
+    (run_with_hooks_like(remove="never"), ["still registered", "finally"]),
+    ("run_with_hooks", ["pass your function itself"]),
 ])  # fmt: skip
 def test_08_2_rejects(answer, words):
     failed("08.2", answer, *words)
 
 
-def test_08_2_accepts_the_worked_answer_and_scores_the_lesson_s_heads():
-    assert grade("08.2", nb08.stripe_score).passed
+def test_08_2_accepts_the_worked_answer_and_it_equals_a_raw_forward_hook():
+    assert grade("08.2", nb08.run_with_hooks).passed
+    assert grade("08.2", run_with_hooks_like()).passed
+    model, corrupted = nb08._model(), nb08.clean_and_corrupted()[1]
+    clean_z = nb08.clean_cache(model, ["blocks.1.attn.hook_z"])["blocks.1.attn.hook_z"]
+    raw = nb08.run_hooked(model, corrupted, "blocks.1.attn.hook_z", lambda m, a, z: nb08._tl_patch(clean_z, 0)(z, m))
+    assert torch.equal(nb08.run_with_hooks(model, corrupted, [("blocks.1.attn.hook_z", nb08._tl_patch(clean_z, 0))]),
+                       raw)
+
+
+def test_stripe_score_reads_the_key_k_back():
     example = torch.arange(16.0).reshape(1, 1, 4, 4)
     assert nb08.stripe_score(example, 1).tolist() == [9.0]  # (4 + 9 + 14) / 3
 

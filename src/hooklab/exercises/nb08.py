@@ -6,11 +6,11 @@ sequence (a run of seven tokens, repeated, then two random ones) whose query pos
 17, which predicts 17. ``logit_diff`` is logit[A] − logit[B] at the query. Predictions 08.a-08.d compute
 their truth with torch. ``second_corruption()`` changes the 3 before the 19 (position ``CHANGED2``) into
 ``B2`` = 10 instead: it needs layer 0 to move the previous token, so patching finds layer 0 (08.b). Exercises:
-record the attention patterns with forward hooks (08.1), score a head's stripe (08.2), the patching sweep over
-hook points × positions, normalised (08.3), a hook that zero- or mean-ablates one head (08.4), and a hook that
-adds a steering direction (08.5). ``record_patterns``, ``stripe_score``, ``patching_sweep``, ``patch_hook``,
-``ablation_hook`` and ``steering_hook`` are worked answers: the lesson goes on with them while the student's
-own has not passed.
+record the attention patterns with forward hooks (08.1), TransformerLens's ``run_with_hooks`` by name (08.2),
+the patching sweep over hook points × positions, normalised (08.3), a hook that zero- or mean-ablates one
+head (08.4), and a hook that adds a steering direction (08.5). ``record_patterns``, ``run_with_hooks``,
+``patching_sweep``, ``patch_hook``, ``ablation_hook`` and ``steering_hook`` are worked answers: the lesson goes
+on with them while the student's own has not passed. ``stripe_score`` is a given tool.
 """
 
 from __future__ import annotations
@@ -90,6 +90,21 @@ def stripe_score(pattern: torch.Tensor, k: int) -> torch.Tensor:
     """``(heads,)``: each head's attention on the key ``k`` tokens back, ``pattern[n, h, q, q - k]``, averaged
     over the sequences ``n`` and the queries ``q >= k`` (``pattern``: ``(N, heads, query, key)``)."""
     return pattern.diagonal(offset=-k, dim1=-2, dim2=-1).mean((0, -1))
+
+
+def run_with_hooks(model: nn.Module, tokens: torch.Tensor, fwd_hooks) -> torch.Tensor:
+    """TransformerLens's call, on our model: ``fwd_hooks`` lists ``(name, fn)``; ``fn(activation, hook)``
+    gets the named module's output and the module, and returns a replacement (or None). The logits."""
+    handles = []
+    try:
+        for name, fn in fwd_hooks:
+            module = model.get_submodule(name)
+            handles.append(module.register_forward_hook(lambda module, args, output, fn=fn: fn(output, module)))
+        with torch.no_grad():
+            return model(tokens)
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def patch_hook(clean_value: torch.Tensor, position: int):
@@ -250,16 +265,22 @@ def _layer0_position() -> int:
     return max(range(Q + 1), key=diffs.__getitem__)
 
 
-@prediction("08.c", "how many of layer 1's four heads, each zeroed on its own, leave the answer 19",
-            why="each of the four heads is an induction head: with any one of them zeroed, the other three "
-                "still copy the 19 (the heads are redundant)",
-            wrong=[(0, "each head alone attends to position 3; zeroing one leaves three that do the same"),
-                   (3, "none of them is needed alone: the other three make up for any one")])
-def _heads_to_spare() -> int:
-    model = _model()
-    clean = clean_and_corrupted()[0]
-    return sum(run_hooked(model, clean, "blocks.1.attn.hook_z", ablation_hook(h))[0, Q].argmax().item() == A
-               for h in range(4))
+def head_0_zeroed() -> float:
+    """The clean run's logit difference with layer 1's head 0 zeroed."""
+    return logit_diff(run_hooked(_model(), clean_and_corrupted()[0], "blocks.1.attn.hook_z", ablation_hook(0)))
+
+
+@prediction("08.c", "the clean run's logit difference with layer 1's head 0 zeroed: above 8, 0 to 8, or below 0",
+            why="the other three heads still attend to the 19 and copy it, so zeroing head 0 costs only about 1.5 "
+                "of the +10.8: ablation is not patching in reverse when heads are redundant",
+            wrong=[("0 to 8", "head 0's patch restored 0.27 of the 21.7 between the runs (about 5.9), but that "
+                              "was head 0 alone against three corrupted heads; zeroed in the clean run, three clean "
+                              "heads still copy the 19, and it costs about 1.5"),
+                   ("below 0", "the answer would flip to 17 only if head 0 carried the 19 alone; three other "
+                               "heads attend to it too")])
+def _head_0_zeroed() -> str:
+    diff = head_0_zeroed()
+    return "above 8" if diff > 8 else "0 to 8" if diff >= 0 else "below 0"
 
 
 STEER_SCALES = [0, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4]
@@ -409,59 +430,85 @@ def other_pair() -> tuple[torch.Tensor, torch.Tensor]:
     return clean, corrupted
 
 
-_STRIPE_SLIPS = [
-    (lambda p, k: p.diagonal(offset=k, dim1=-2, dim2=-1).mean((0, -1)),
-     "you read key q + k, a later key (the offset's sign is reversed): the key k tokens back is offset=-k"),
-    (lambda p, k: p.diagonal(offset=1 - k, dim1=-2, dim2=-1).mean((0, -1)),
-     "off by one: you read key q − k + 1 (for k = 1, the diagonal: each query on itself). The key k tokens "
-     "back is offset=-k"),
-    (lambda p, k: p.diagonal(offset=-k).mean((0, -1)),
-     "the diagonal was taken over the first two axes (sequences and heads): pass dim1=-2, dim2=-1, the "
-     "query and key axes"),
-    (lambda p, k: p.diagonal(offset=-k, dim1=-2, dim2=-1).mean((1, -1)),
-     "you averaged over the heads: keep them, and average over the sequences (axis 0) and the queries"),
-    (lambda p, k: p.diagonal(offset=-k, dim1=-2, dim2=-1).mean(0).mean(0),
-     "you averaged over the heads: keep them, and average over the sequences (axis 0) and the queries"),
-    (lambda p, k: p.diagonal(offset=-k, dim1=-2, dim2=-1).sum(-1).mean(0) / p.shape[-1],
-     "you divided by every query, also those with no key k back: average over the q − k that have one"),
-    (lambda p, k: p.diagonal(offset=-k, dim1=-2, dim2=-1).mean(0),
-     "you averaged over the sequences only: average over the queries too, one number per head"),
-]
+def _tl_patch(clean_z: torch.Tensor, head: int):
+    """A TransformerLens-style hook, fn(activation, hook): the clean ``head`` of ``hook_z`` at the query."""
+    def fn(z, hook):
+        z = z.clone()
+        z[:, Q, head] = clean_z[:, Q, head]
+        return z
+
+    return fn
 
 
-@exercise("08.2", "score each head's stripe: its attention on the key k tokens back")
-def _check_stripe(answer) -> Outcome:
+def _tl_steer(scale: float):
+    def fn(resid, hook):
+        return resid + scale
+
+    return fn
+
+
+@exercise("08.2", "TransformerLens's run_with_hooks: forward hooks by name")
+def _check_run_with_hooks(answer) -> Outcome:
     if not callable(answer):
-        return Outcome(False, f"pass your function itself (`stripe_score`), not {kind_of(answer)}")
-    from ..transformer import induction_batch
+        return Outcome(False, f"pass your function itself (`run_with_hooks`), not {kind_of(answer)}")
+    from ..audit import clear_hooks
+    from . import hooks_left_when_raising
 
-    generator = torch.Generator().manual_seed(3)
-    made_up = torch.rand(3, 4, 8, 8, generator=generator).softmax(-1)  # not causal: every slip shows
-    patterns = record_patterns(_model(), induction_batch(20, generator))
-    for pattern, k, what in [(made_up, 1, "a made-up (3, 4, 8, 8) pattern, k = 1"),
-                             (made_up, 3, "a made-up (3, 4, 8, 8) pattern, k = 3"),
-                             (made_up, 0, "a made-up (3, 4, 8, 8) pattern, k = 0"),
-                             (patterns[0], 1, "layer 0's patterns on 20 sequences, k = 1"),
-                             (patterns[1], 6, "layer 1's patterns on 20 sequences, k = 6")]:
-        got = answer(pattern.clone(), k)
-        want = stripe_score(pattern, k)
+    model = _model()
+    corrupted = clean_and_corrupted()[1]
+    clean_z = clean_cache(model, ["blocks.1.attn.hook_z"])["blocks.1.attn.hook_z"]
+    seen = {}
+
+    def keep(resid, hook):  # a hook that only reads: it returns None
+        seen["hook"], seen["resid"] = hook, resid.detach().clone()
+
+    cases = [([("blocks.1.attn.hook_z", _tl_patch(clean_z, 0))], "head 0's clean output patched in at the query"),
+             ([("blocks.1.attn.hook_z", _tl_patch(clean_z, 1)), ("blocks.0.hook_resid_post", _tl_steer(0.5))],
+              "two hooks: head 1 patched, and 0.5 added to blocks.0.hook_resid_post"),
+             ([("blocks.0.hook_resid_post", keep)], "a hook that reads blocks.0.hook_resid_post and returns None")]
+    for hooks, what in cases:
+        try:
+            got = answer(model, corrupted, hooks)
+        except TypeError as e:
+            clear_hooks(model)
+            return Outcome(False, f"{what}: TypeError: {e}. Call each function as fn(activation, hook), with the "
+                                  "forward hook's output and the module, not fn(module, args, output)")
+        if (left := [n for n, m in model.named_modules() if m._forward_hooks]):
+            clear_hooks(model)
+            return Outcome(False, f"a forward hook is still registered on {left[0]!r}: remove each handle "
+                                  "after the run (in a finally block)")
         if not isinstance(got, torch.Tensor):
-            return Outcome(False, f"{what}: stripe_score returned {kind_of(got)}: return a tensor, one score a head")
-        if got.shape == want.shape and torch.allclose(got.float(), want, atol=1e-5):
+            return Outcome(False, f"{what}: run_with_hooks returned {kind_of(got)}: return the logits")
+        if "hook" in seen and seen["hook"] is not model.get_submodule("blocks.0.hook_resid_post"):
+            return Outcome(False, f"fn's second argument was {kind_of(seen['hook'])}: pass the module the hook "
+                                  "sits on, as TransformerLens passes the HookPoint")
+        want = _raw_run(model, corrupted, hooks)
+        if torch.allclose(got, want, atol=1e-5):
             continue
-        if k == 0 and got.is_floating_point() and got.isnan().any():
-            return Outcome(False, f"{what}: your scores are NaN. A slice `:-k` is empty at k = 0 (`:-0` is `:0`), "
-                                  "so no key is left to average: write `:n - k` with n the number of keys, or use "
-                                  "diagonal's offset")
-        for slip, message in _STRIPE_SLIPS:
-            wrong = slip(pattern, k)
-            if got.shape == wrong.shape and torch.allclose(got.float(), wrong, atol=1e-5):
-                return Outcome(False, f"{what}: {message}")
-        if got.shape != want.shape:
-            return Outcome(False, f"{what}: shape {tuple(got.shape)}, want {tuple(want.shape)}, one score a head")
-        return Outcome(False, f"{what}: scores {[round(v, 3) for v in got.tolist()]}, want "
-                              f"{[round(v, 3) for v in want.tolist()]}")
-    return Outcome(True, "the same scores as the model's stripes, on made-up and recorded patterns, k = 0, 1, 3 and 6")
+        if len(hooks) == 2 and torch.allclose(got, _raw_run(model, corrupted, [(n, hooks[-1][1]) for n, _ in hooks]),
+                                              atol=1e-5):
+            return Outcome(False, f"{what}: every hook ran the last function of the list. A function defined in a "
+                                  "loop looks `fn` up when it runs, after the loop: bind it now (`fn=fn` in the "
+                                  "signature)")
+        with torch.no_grad():
+            plain = model(corrupted)
+        if torch.allclose(got, plain, atol=1e-5):
+            return Outcome(False, f"{what}: the logits are the corrupted run's: your forward hook must return "
+                                  "fn(output, module), the value that replaces the output")
+        return Outcome(False, f"{what}: logit difference {logit_diff(got):+.2f}, want {logit_diff(want):+.2f}")
+    def boom(z, hook):
+        raise RuntimeError("a hook that fails")
+
+    left = hooks_left_when_raising(lambda: answer(model, corrupted, [("blocks.1.attn.hook_z", boom)]), model)
+    if left is not None:
+        return left
+    return Outcome(True, "the same logits as raw forward hooks, one hook or two, one that only reads, and no hook "
+                         "left behind, even when a hook raises")
+
+
+def _raw_run(model: nn.Module, tokens: torch.Tensor, hooks) -> torch.Tensor:
+    """The worked ``run_with_hooks``, for the checker."""
+    return run_with_hooks(model, tokens, hooks)
 
 
 def _sweep_cases():
@@ -718,6 +765,7 @@ __all__ = [
     "clean_and_corrupted",
     "clean_cache",
     "clean_cache_of",
+    "head_0_zeroed",
     "induction_pair",
     "logit_diff",
     "logit_diff_2",
@@ -730,6 +778,7 @@ __all__ = [
     "problem",
     "record_patterns",
     "run_hooked",
+    "run_with_hooks",
     "second_corruption",
     "steering_direction",
     "steering_hook",
