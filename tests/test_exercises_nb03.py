@@ -40,10 +40,10 @@ PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that get
     "03.a": (["s2", "fc2", "s1", "fc1"], ["fc1", "s1", "fc2", "s2"], "order of the forward pass"),
     "03.b": (0.25, 0.5, "σ(0)"),
     "03.c": ([0.5, 1], [0.5, 10], "reaches only the earlier layers"),
-    "03.d": (["0", "1"], ["0"], "inputs are views as well"),
-    "03.e": (-7, -4.8, "you counted the sigmoids"),
-    "03.f": (-6.8, -4.8, "Linear layers scale the spread"),
-    "03.g": (False, True, "the forward pass still loses"),
+    "03.d": (False, True, "the forward pass still loses"),
+    "03.e": ({"0", "1"}, ["0"], "inputs are views as well"),
+    "03.f": (-7, -4.8, "you counted the sigmoids"),
+    "03.g": (-6.8, -4.8, "Linear layers scale the spread"),
 }
 
 
@@ -56,17 +56,17 @@ def test_prediction_truth_right_guess_and_hint_for_a_wrong_one(id):
     assert not outcome.passed and hint in outcome.detail, outcome.detail
 
 
-def test_prediction_03_e_and_03_f_accept_any_fair_rounding_and_name_only_clear_slips():
+def test_prediction_03_f_and_03_g_accept_any_fair_rounding_and_name_only_clear_slips():
     gradient, spread = nb03._log10_sizes()
     assert -7.1 < gradient < -6.9 and -6.9 < spread < -6.7  # what the lesson prints: -7.0 and -6.8
-    for id, truth in (("03.e", gradient), ("03.f", spread)):  # ±0.3 of a decade: "both to about 10⁻⁷"
+    for id, truth in (("03.f", gradient), ("03.g", spread)):  # ±0.3 of a decade: "both to about 10⁻⁷"
         for guess in (-7, -6.8, truth - 0.29, truth + 0.29):
             assert grade(id, guess).passed, (id, guess)
         assert not grade(id, truth - 0.35).passed and not grade(id, truth + 0.35).passed
-    outcome = grade("03.e", -6.6)  # a fair estimate, slightly off: the rule, not a wrong diagnosis
+    outcome = grade("03.f", -6.6)  # a fair estimate, slightly off: the rule, not a wrong diagnosis
     assert not outcome.passed and "0.08 × 0.14^7" in outcome.detail, outcome.detail
-    assert "0.14^8" in grade("03.f", -7.4).detail
-    for id in ("03.e", "03.f"):
+    assert "0.14^8" in grade("03.g", -7.4).detail
+    for id in ("03.f", "03.g"):
         assert "one Linear-and-sigmoid pair" in grade(id, -0.8).detail
         assert "negative" in grade(id, 7).detail
         assert "write its log10" in grade(id, 1e-7).detail
@@ -90,20 +90,21 @@ def test_the_scaled_up_gradient_does_not_make_the_network_learn_in_float64_eithe
     assert accuracy < 0.12, accuracy
 
 
-def test_prediction_03_d_names_what_each_partial_list_missed():
-    assert "layer 0's output goes straight into the in-place ReLU" in grade("03.d", ["1"]).detail
-    assert "forward pass" in grade("03.d", []).detail
-    assert "logits" in grade("03.d", ["0", "1", "16"]).detail
-    assert "another order" in grade("03.d", ["1", "0"]).detail
-    assert grade("03.d", (" 0", "1 ")).passed  # names compared the way a person writes them
-    for ints in ([0, 1], [1], [0, 1, 16]):  # a format slip, told without the answer
-        outcome = grade("03.d", ints)
+def test_prediction_03_e_names_what_each_partial_set_missed():
+    assert "layer 0's output goes straight into the in-place ReLU" in grade("03.e", ["1"]).detail
+    assert "layer 0's output goes straight into the in-place ReLU" in grade("03.e", "1").detail  # one name, bare
+    assert "forward pass" in grade("03.e", []).detail
+    assert "logits" in grade("03.e", {"0", "1", "16"}).detail
+    for right in (["1", "0"], ("0", "1"), {"1", "0"}, [" 0", "1 "]):  # any order and container, names loosely
+        assert grade("03.e", right).passed, right
+    for ints in ([0, 1], [1], [0, 1, 16], {1, 0}):  # a format slip, told without the answer
+        outcome = grade("03.e", ints)
         assert "strings" in outcome.detail and "layer 1" not in outcome.detail, outcome.detail
 
 
-def test_prediction_03_g_tells_a_bool_written_as_a_string_without_the_answer():
+def test_prediction_03_d_tells_a_bool_written_as_a_string_without_the_answer():
     for text in ("False", "true"):
-        outcome = grade("03.g", text)
+        outcome = grade("03.d", text)
         assert not outcome.passed and "a bool" in outcome.detail and "forward pass" not in outcome.detail
 
 

@@ -157,28 +157,27 @@ _RELU_TOO = ("layer 1 fails too: a hooked module's inputs are views as well, and
 
 
 @prediction(
-    "03.d", "which of layers 0, 1 and 16 of the digits MLP with in-place ReLUs fail with a full backward hook",
+    "03.e", "which of layers 0, 1 and 16 of the digits MLP with in-place ReLUs fail with a full backward hook",
     why="layer 0's output goes into the in-place ReLU, which writes into it, and the hooked ReLU (layer 1) writes "
         "into its own input: each changes a view the hook made, in place. Layer 16's output is the logits, which "
         "nothing changes in place.",
     wrong=[
-        (["0"], _RELU_TOO),
-        (["1"], "layer 0's output goes straight into the in-place ReLU, which writes into it: a view the hook made"),
-        ([], "the views are changed in place during the forward pass, and autograd refuses that as it happens"),
-        (["0", "1", "16"], "layer 16's output is the logits: nothing changes it in place"),
-        (["1", "0"], "the right two, in another order: list them as 0, 1, 16"),
-        *((ints, _NAMES_ARE_STRINGS) for ints in ([0], [1], [16], [0, 1], [0, 16], [1, 16], [0, 1, 16], [1, 0])),
+        ({"0"}, _RELU_TOO),
+        ({"1"}, "layer 0's output goes straight into the in-place ReLU, which writes into it: a view the hook made"),
+        (set(), "the views are changed in place during the forward pass, and autograd refuses that as it happens"),
+        ({"0", "1", "16"}, "layer 16's output is the logits: nothing changes it in place"),
+        *((ints, _NAMES_ARE_STRINGS) for ints in ({0}, {1}, {16}, {0, 1}, {0, 16}, {1, 16}, {0, 1, 16})),
     ],
 )  # fmt: skip
-def _layers_that_fail() -> list[str]:
+def _layers_that_fail() -> set[str]:
     pixels, _, _, _ = _digit_pixels()
-    model, failing = _digits_mlp(activation=lambda: nn.ReLU(inplace=True)), []
+    model, failing = _digits_mlp(activation=lambda: nn.ReLU(inplace=True)), set()
     for name in ("0", "1", "16"):
         with model.get_submodule(name).register_full_backward_hook(lambda m, gi, go: None):
             try:
                 model(pixels[:4])
             except RuntimeError:
-                failing.append(name)
+                failing.add(name)
     return failing
 
 
@@ -204,7 +203,7 @@ _SIGMOIDS_ONLY = ("you counted the sigmoids (about 0.25 each, eight of them: 10^
 _ONE_PAIR = "that is one Linear-and-sigmoid pair; the signal passes eight, and their factors multiply"
 _NOT_THE_LOG = "that is the ratio itself; write its log10 (−2 for a hundredth)"
 @prediction(
-    "03.e", "log10 of the gradient std at layer 0's output over layer 16's, in the deep sigmoid network",
+    "03.f", "log10 of the gradient std at layer 0's output over layer 16's, in the deep sigmoid network",
     why="on its way from layer 16's output to layer 0's the gradient passes layers 16 down to 1, and their factors "
         "multiply: the last pair × 0.33 × 0.24 ≈ 0.08, each of the seven others × 0.58 × 0.24 ≈ 0.14, so "
         "0.08 × 0.14^7 ≈ 10^-7.",
@@ -236,7 +235,7 @@ def _log10_sizes() -> tuple[float, float]:
 
 
 @prediction(
-    "03.f", "log10 of the spread at layer 16's output over layer 0's, in the deep sigmoid network",
+    "03.g", "log10 of the spread at layer 16's output over layer 0's, in the deep sigmoid network",
     why="forward, from layer 0's output to layer 16's, the differences between images pass eight sigmoids (× 0.24 "
         "each) and eight Linear layers, each × about 1/√3 ≈ 0.58 whatever its shape: 0.14^8 ≈ 10^-6.8.",
     wrong=[
@@ -245,7 +244,7 @@ def _log10_sizes() -> tuple[float, float]:
         (-4.8, "you counted the sigmoids (× 0.24 each, eight of them: 10^-4.8); the Linear layers scale the spread "
                "too, each × about 0.58"),
     ],
-    rel=0.044,  # ±0.3 of a decade, like 03.e: the two differ by 0.2, less than a fair rounding
+    rel=0.044,  # ±0.3 of a decade, like 03.f: the two differ by 0.2, less than a fair rounding
 )  # fmt: skip
 def _spread_16_over_0() -> float:
     return _log10_sizes()[1]
@@ -266,14 +265,15 @@ def _train_one_epoch(model: nn.Module, lr: float = 0.05, epochs: int = 1) -> flo
 
 
 @prediction(
-    "03.g", "whether the ×7 pre-hooks make the deep sigmoid network learn, above 20 % after one epoch",
+    "03.d", "whether the ×7 pre-hooks make the deep sigmoid network learn, above 20 % after one epoch",
     why="no: the pre-hooks give layer 0 about half of layer 16's gradient, but the forward pass still loses the "
-        "differences between images. They reach the last layer alike to within 10^-7, so it gives every image "
-        "the same answer: 10 % (in float64 too: not rounding).",
+        "differences between images (section 1's forward factors): they reach the last layer nearly alike, so it "
+        "gives every image the same answer: 10 % (in float64 too: not rounding). Section 4 measures how alike.",
     wrong=[
         *((text, "write a bool, True or False, without quotes: a string is not a bool") for text in ("True", "False")),
-        (True, "the gradient is back, but the forward pass still loses the differences between images: they reach "
-               "the last layer alike to within 10^-7, and the same input gives the same answer, one digit, 10 %"),
+        (True, "the gradient is back, but the forward pass still loses the differences between images (section 1's "
+               "forward factors): they reach the last layer nearly alike, and the same input gives the same answer, "
+               "one digit, 10 %"),
     ],
 )  # fmt: skip
 @functools.cache  # one epoch of training: computed once a session
