@@ -411,6 +411,7 @@ def test_04_5_needs_eps():
 def test_the_lessons_worked_answers_pass():
     for id, answer in (("04.1", nb04.layer_backward), ("04.2", nb04.ce_backward_steps), ("04.3", nb04.ce_backward),
                        ("04.4", nb04.bn_backward_steps), ("04.5", nb04.batch_norm_backward),
+                       ("04.6", nb04.conv2d_backward), ("04.7", nb04.max_pool_backward),
                        ("04.9", nb04.disagreeing_layers)):
         assert grade(id, answer).passed, id
 

@@ -1187,6 +1187,24 @@ def batch_norm_backward(x, gamma, dout, eps):
     return inv_std * (g - g.mean(0) - x_hat * (g * x_hat).mean(0)), (dout * x_hat).sum(0), dout.sum(0)
 
 
+def conv2d_backward(x, w, dout, padding):
+    """04.6: ``(dx, dw)`` of ``F.conv2d(x, w, padding=padding)``, stride 1, no bias: a matrix product on
+    ``unfold``'s patches, and ``fold`` adds each patch's gradient back onto its pixels."""
+    kernel, d = w.shape[-2:], dout.flatten(2)  # d: (N, out, L)
+    cols = F.unfold(x, kernel, padding=padding)  # (N, C·kh·kw, L)
+    dw = torch.einsum("nol,nkl->ok", d, cols).reshape(w.shape)
+    dcols = torch.einsum("ok,nol->nkl", w.flatten(1), d)
+    return F.fold(dcols, x.shape[-2:], kernel, padding=padding), dw
+
+
+def max_pool_backward(x, dout):
+    """04.7: ``dx`` of ``F.max_pool2d(x, 2)``: each window's gradient to its first maximum in row-major order."""
+    windows = F.unfold(x.flatten(0, 1)[:, None], 2, stride=2)  # (N·C, 4 values, L windows)
+    winner = F.one_hot(windows.argmax(1), 4).transpose(1, 2).to(x.dtype)  # argmax: the first maximum
+    dcols = winner * dout.flatten(0, 1).flatten(1)[:, None]
+    return F.fold(dcols, x.shape[-2:], 2, stride=2).reshape(x.shape)
+
+
 def autograd_grads(model, x, y):
     """{parameter name: gradient} of the batch's mean cross-entropy, by autograd."""
     names, params = zip(*model.named_parameters(), strict=True)
