@@ -126,15 +126,15 @@ def _steps(embed: nn.Module, head: nn.Module, x: torch.Tensor) -> dict[str, torc
 
 @prediction(
     "01.d",
-    "the first step whose gradient holds a NaN, on the way back",
+    "the first tensor whose gradient holds a NaN, on the way back",
     why="backward runs from logits back to h. The gradient arriving at rms is 0 in the padded row (the "
         "derivative of h / (rms + 1e-6) with respect to rms is −h / (rms + 1e-6)², and h is 0 there); the "
         "square root's backward divides it by 2·√ms = 0, and 0 / 0 is NaN: ms is first.",
     wrong=[
-        ("h", "h is the last step backward reaches, and its gradient does hold a NaN, but it got it from a "
-              "step after it: look for the step whose derivative is infinite at 0"),
+        ("h", "h is the last tensor backward reaches, and its gradient does hold a NaN, but it got it from a "
+              "tensor after it: look for the operation whose derivative is infinite at 0"),
         ("rms", "the gradient arriving at rms is 0 in the padded row, not NaN: −h / (rms + 1e-6)² with h = 0. "
-                "The NaN comes one step later, through the square root"),
+                "The NaN comes one operation later, through the square root"),
         ("normed", "normed's gradient comes from head, a Linear layer with finite weights: no NaN there"),
         ("logits", "logits' gradient is softmax minus one-hot, finite for any logits"),
     ],
@@ -541,7 +541,7 @@ def _by_hand(by_hand) -> Outcome:
     for said, slip in eps_slips.items():
         if torch.allclose(dms[real], slip[real], rtol=1e-9, atol=0.0):
             return Outcome(False, f"the gradient at ms: close, but the 1e-6 is in the wrong place: you divided by "
-                                  f"{said}. The 1e-6 belongs to normed's step only. The square root's derivative is "
+                                  f"{said}. The 1e-6 belongs to normed's line only. The square root's derivative is "
                                   "1 / (2√ms) = 1 / (2 rms), with no 1e-6")
     if not torch.allclose(dms[real], caught["ms"][real], rtol=1e-9, atol=0.0):
         diff = (dms[real] - caught["ms"][real]).abs().max().item()
@@ -602,6 +602,10 @@ def _repair(repair) -> Outcome:
            for g, copy in seen):
         return Outcome(False, "your hook changed the gradient it received in place: return a new tensor "
                               "(torch.where or torch.nan_to_num return one), do not write into grad")
+    if got[2:4].isnan().any():
+        return Outcome(False, f"x.grad is {got.tolist()}: NaN and ±inf became NaN. Multiplying by a mask "
+                              "does not zero them, since NaN × 0 and inf × 0 are NaN: pick entries instead, "
+                              "torch.where(grad.isfinite(), grad, 0.0), or use torch.nan_to_num")
     if got.isnan().any():
         return Outcome(False, f"a NaN got through: x.grad is {got.tolist()}. Return the repaired gradient from "
                               "the hook (a hook that returns None leaves it as it was)")
@@ -649,10 +653,10 @@ def plot_steps(series: dict[str, list[float]], title: str, limit: float | None =
 def train(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor, run, guard=None, limit: float = 1e4,
           finite_check: bool = False) -> dict[str, list[float]]:
     """One SGD step a batch (lr 0.5) on a copy of ``model``, with ``run(x, net)`` as the forward pass.
-    ``guard(steps, limit)``: its hooks go on the steps of each batch and come off after backward;
+    ``guard(named, limit)``: its hooks go on the named tensors of each batch and come off after backward;
     ``finite_check``: ``clip_grad_norm_(..., error_if_nonfinite=True)`` before each update. A step whose
     backward or check raises is skipped, with a line saying why. Returns each step's loss and the largest
-    gradient norm at a step of the forward pass (NaN if one is NaN), caught by hooks of its own."""
+    gradient norm among the tensors of the forward pass (NaN if one is NaN), caught by hooks of its own."""
     import copy
 
     net = copy.deepcopy(model)
@@ -688,7 +692,7 @@ def train(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor, run, guard=None,
 # ----- worked answers the lesson falls back on ---------------------------------------------------
 def guard(named: dict[str, torch.Tensor], limit: float) -> list:
     """A worked answer to 01.2, for the lesson's next cells while the student's own has not passed
-    (``train`` calls it with the steps of each batch and the limit)."""
+    (``train`` calls it with the named tensors of each batch and the limit)."""
     def hook(grad: torch.Tensor, name: str) -> None:
         if grad.isnan().any() or grad.norm() > limit:
             raise FloatingPointError(f"gradient at {name}: norm {grad.norm().item():.3g}")
