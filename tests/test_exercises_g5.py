@@ -1,8 +1,11 @@
-"""The field guide G5's checkers (the deconvnet ReLU hook, G5.1; Layer-CAM from recorded hooks, G5.2) accept a
-correct answer and reject wrong ones."""
+"""The field guide G5's checkers (the deconvnet ReLU hook, G5.1; Layer-CAM from recorded hooks, G5.2; the
+cascade of re-drawn copies, G5.3) accept a correct answer and reject wrong ones."""
 
 from __future__ import annotations
 
+import copy
+
+import pytest
 import torch
 from answers import failed
 from test_exercises_nb05 import recorder
@@ -99,3 +102,67 @@ def test_g5_2_hooks_and_gradients_are_checked():
 
     failed("G5.2", leaves_grad, ".grad")
     failed("G5.2", leaves_hook, "a hook stayed on the model")
+
+
+# ----- G5.3: cascading randomisation, on properties --------------------------------------------------
+def _cascade(model, names, *, cumulative=True, deep=True, init="reset", seed=None):
+    """A right answer to G5.3 (any random numbers); the keyword arguments plant the usual mistakes."""
+    if seed is not None:
+        torch.manual_seed(seed)
+    copies, current = [], model
+    for name in names:
+        current = (copy.deepcopy(current if cumulative else model)) if deep else current
+        layer = current.get_submodule(name)
+        if init == "reset":
+            layer.reset_parameters()
+        elif init == "normal":
+            with torch.no_grad():
+                for p in layer.parameters():
+                    p.normal_()
+        copies.append(current)
+    return copies
+
+
+@pytest.mark.parametrize("seed", [None, 0, 7])
+def test_g5_3_cascade_passes_whatever_the_random_numbers(seed):
+    outcome = grade("G5.3", lambda m, names: _cascade(m, names, seed=seed))
+    assert outcome.passed and "head.2, features.5, features.2" in outcome.detail
+
+
+def test_g5_3_the_packaged_cascade_passes():
+    from hooklab.saliency import randomised_cascade
+
+    assert grade("G5.3", randomised_cascade).passed
+
+
+def test_g5_3_typical_mistakes_get_a_hint():
+    failed("G5.3", lambda m, names: _cascade(m, names, cumulative=False), "keeps the layers above it random")
+    failed("G5.3", lambda m, names: _cascade(m, names, deep=False), "the model you were given changed")
+    failed("G5.3", lambda m, names: _cascade(m, names, init="normal"), "reset_parameters()")
+    failed("G5.3", lambda m, names: _cascade(m, names, init="none"), "still holds the trained values")
+    failed("G5.3", lambda m, names: _cascade(m, names[:2]), "3 names, 2 models")
+    failed("G5.3", lambda m, names: _cascade(m, names)[-1], "a list of models")
+    failed("G5.3", lambda m, names: _cascade(m, ["features.0", *names[1:]]), "should have layer 'head.2' re-drawn")
+    failed("G5.3", lambda m, names: [m] * len(names), "its own copy")
+
+
+def test_g5_3_each_copy_from_the_one_before():
+    def every_copy_from_the_model(model, names):
+        copies = []
+        for k in range(len(names)):
+            current = copy.deepcopy(model)
+            for name in names[: k + 1]:
+                current.get_submodule(name).reset_parameters()
+            copies.append(current)
+        return copies
+
+    def shallow(model, names):
+        copies, current = [], model
+        for name in names:
+            current = copy.copy(current)
+            current.get_submodule(name).reset_parameters()
+            copies.append(current)
+        return copies
+
+    failed("G5.3", every_copy_from_the_model, "re-drew 'head.2' again", "copy of model 0")
+    failed("G5.3", shallow, "changed")

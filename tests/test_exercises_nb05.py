@@ -16,11 +16,12 @@ from hooklab.exercises.nb05 import _Probe, _probe_inputs
 
 # ----- predictions ------------------------------------------------------------------------------
 PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that gets its own hint
-    "05.a": (["the same", 1], ["lower", 1], "changes no number"),
-    "05.b": ([False, True], [True, True], "the ReLU is where it stops"),
-    "05.c": ([1, 0, 1, 0], [1, 0, 0, 0], "that is guided backprop"),
-    "05.d": ("more", "about the same", "carry order"),
-    "05.e": ("guided backprop", "Grad-CAM", "re-weights the same channels"),
+    "05.a": ([False, True], [True, True], "24 of 32 for every digit"),
+    "05.b": (["the same", 1], ["lower", 1], "changes no number"),
+    "05.c": ([False, True], [True, True], "the ReLU is where it stops"),
+    "05.d": ([1, 0, 1, 0], [1, 0, 0, 0], "that is guided backprop"),
+    "05.e": ([32, 8], [8, 8], "does arrive at a dead channel"),
+    "05.f": ("guided backprop", "Grad-CAM", "re-weights the same channels"),
 }
 
 
@@ -33,9 +34,9 @@ def test_prediction_truth_right_guess_and_hint_for_a_wrong_one(id):
     assert not outcome.passed and hint in outcome.detail, outcome.detail
 
 
-def test_prediction_05_c_names_the_deconvnet_rule():
-    assert "deconvnet" in grade("05.c", [1.0, 0.0, 1.0, 0.0]).detail
-    assert "plain gradient" in grade("05.c", [1.0, -1.0, 0.0, 0.0]).detail
+def test_prediction_05_d_names_the_deconvnet_rule():
+    assert "deconvnet" in grade("05.d", [1.0, 0.0, 1.0, 0.0]).detail
+    assert "plain gradient" in grade("05.d", [1.0, -1.0, 0.0, 0.0]).detail
 
 
 # ----- 05.1 and 05.2 -------------------------------------------------------------------------------
@@ -72,12 +73,16 @@ def test_05_1_rejects_hooklab_record_and_accepts_a_tensor_of_indices():
     assert grade("05.1", lambda m, layer, x: torch.tensor(_dead(m, layer, x))).passed
 
 
-def test_05_d_and_05_e_take_words():
-    assert grade("05.d", "More").passed and not grade("05.d", "brightest").passed
-    assert grade("05.e", "Guided Backprop").passed and not grade("05.e", "plain gradient").passed
-    assert "reverses" in grade("05.e", "plain gradient").detail
+def test_05_b_and_05_f_take_words_and_a_word_off_the_list_is_told_the_choices():
+    for typo in ("guided", "gradcam", "Grad CAM", "plain", 3):  # not the answer: the list of choices
+        outcome = grade("05.f", typo)
+        assert not outcome.passed and outcome.detail.startswith('pick one of "plain gradient"'), outcome.detail
+    outcome = grade("05.b", ["teh same", 1])
+    assert not outcome.passed and outcome.detail.startswith('pick one of "the same", "lower"'), outcome.detail
+    assert grade("05.f", "Guided Backprop").passed and not grade("05.f", "plain gradient").passed
+    assert "reverses" in grade("05.f", "plain gradient").detail
     for same in ("same", "Same"):  # a format slip gets a format hint, not the answer
-        assert 'use the words "the same"' in grade("05.a", [same, 1]).detail
+        assert 'use the words "the same"' in grade("05.b", [same, 1]).detail
 
 
 def test_05_1_the_hook_must_be_removed_when_the_forward_pass_raises():
@@ -104,21 +109,21 @@ def test_05_1_a_tiny_threshold_is_caught_too():
     failed("05.1", below_a_tiny_threshold, "channel 15 reaches 0.0001", "== 0")
 
 
-def test_05_a_a_count_written_as_a_string_is_told_to_drop_the_quotes():
+def test_05_b_a_count_written_as_a_string_is_told_to_drop_the_quotes():
     for guess in (["the same", "1"], ["lower", "10"]):
-        outcome = grade("05.a", guess)
+        outcome = grade("05.b", guess)
         assert not outcome.passed and "a number, not a string" in outcome.detail, outcome.detail
 
 
-def test_05_a_half_an_answer_is_told_the_guess_is_a_pair():
+def test_05_b_half_an_answer_is_told_the_guess_is_a_pair():
     for guess in ("the same", "lower", 1, 10):
-        outcome = grade("05.a", guess)
+        outcome = grade("05.b", guess)
         assert not outcome.passed and "a pair" in outcome.detail and "8 live" not in outcome.detail, outcome.detail
 
 
-def test_05_a_a_format_slip_in_the_words_is_named():
+def test_05_b_a_format_slip_in_the_words_is_named():
     for guess in (["unchanged", 1], ["no change", 10]):
-        outcome = grade("05.a", guess)
+        outcome = grade("05.b", guess)
         assert not outcome.passed and 'the words "the same"' in outcome.detail, outcome.detail
 
 
@@ -496,71 +501,6 @@ def test_05_4_hooklab_record_passes_too():
     assert grade("05.4", with_record).passed
 
 
-# ----- 05.5: cascading randomisation, on properties --------------------------------------------------
-def _cascade(model, names, *, cumulative=True, deep=True, init="reset", seed=None):
-    """A right answer to 05.5 (any random numbers); the keyword arguments plant the usual mistakes."""
-    if seed is not None:
-        torch.manual_seed(seed)
-    copies, current = [], model
-    for name in names:
-        current = (copy.deepcopy(current if cumulative else model)) if deep else current
-        layer = current.get_submodule(name)
-        if init == "reset":
-            layer.reset_parameters()
-        elif init == "normal":
-            with torch.no_grad():
-                for p in layer.parameters():
-                    p.normal_()
-        copies.append(current)
-    return copies
-
-
-@pytest.mark.parametrize("seed", [None, 0, 7])
-def test_05_5_cascade_passes_whatever_the_random_numbers(seed):
-    outcome = grade("05.5", lambda m, names: _cascade(m, names, seed=seed))
-    assert outcome.passed and "head.2, features.5, features.2" in outcome.detail
-
-
-def test_05_5_the_packaged_cascade_passes():
-    from hooklab.saliency import randomised_cascade
-
-    assert grade("05.5", randomised_cascade).passed
-
-
-def test_05_5_typical_mistakes_get_a_hint():
-    failed("05.5", lambda m, names: _cascade(m, names, cumulative=False), "keeps the layers above it random")
-    failed("05.5", lambda m, names: _cascade(m, names, deep=False), "the model you were given changed")
-    failed("05.5", lambda m, names: _cascade(m, names, init="normal"), "reset_parameters()")
-    failed("05.5", lambda m, names: _cascade(m, names, init="none"), "still holds the trained values")
-    failed("05.5", lambda m, names: _cascade(m, names[:2]), "3 names, 2 models")
-    failed("05.5", lambda m, names: _cascade(m, names)[-1], "a list of models")
-    failed("05.5", lambda m, names: _cascade(m, ["features.0", *names[1:]]), "should have layer 'head.2' re-drawn")
-    failed("05.5", lambda m, names: [m] * len(names), "its own copy")
-
-
-def test_05_5_each_copy_from_the_one_before():
-    def every_copy_from_the_model(model, names):
-        copies = []
-        for k in range(len(names)):
-            current = copy.deepcopy(model)
-            for name in names[: k + 1]:
-                current.get_submodule(name).reset_parameters()
-            copies.append(current)
-        return copies
-
-    def shallow(model, names):
-        copies, current = [], model
-        for name in names:
-            current = copy.copy(current)
-            current.get_submodule(name).reset_parameters()
-            copies.append(current)
-        return copies
-
-    failed("05.5", every_copy_from_the_model, "re-drew 'head.2' again", "copy of model 0")
-    failed("05.5", shallow, "changed")
-
-
-
 def test_05_4_differentiating_with_respect_to_the_given_images_is_told_to_use_a_copy():
     def wrt_the_given_images(model, layer, images, classes):
         kept = {}
@@ -577,3 +517,82 @@ def test_05_4_differentiating_with_respect_to_the_given_images_is_told_to_use_a_
         return kept["activation"], kept["gradient"]
 
     failed("05.4", wrt_the_given_images, "images.detach().clone().requires_grad_()")
+
+
+# ----- 05.5: layers re-drawn by forward hooks, on what the layers compute ----------------------------------
+class Redrawn:
+    """A right answer to 05.5."""
+
+    def __init__(self, model, names):
+        self.model, self.names, self.handles = model, names, []
+
+    def __enter__(self):
+        for name in self.names:
+            layer = self.model.get_submodule(name)
+            fresh = copy.deepcopy(layer)
+            fresh.reset_parameters()
+            self.handles.append(layer.register_forward_hook(lambda m, args, out, fresh=fresh: fresh(*args)))
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+
+
+def test_05_5_a_right_answer_passes_whatever_the_random_numbers():
+    for seed in (0, 7):
+        torch.manual_seed(seed)
+        outcome = grade("05.5", Redrawn)
+        assert outcome.passed and "drawn once" in outcome.detail, outcome.detail
+
+
+def test_05_5_typical_mistakes_get_a_hint():
+    class RandomOutput(Redrawn):
+        def __enter__(self):
+            for name in self.names:
+                self.handles.append(self.model.get_submodule(name).register_forward_hook(
+                    lambda m, a, out: torch.randn_like(out)))
+
+    class ResetsTheModel(Redrawn):
+        def __enter__(self):
+            for name in self.names:
+                self.model.get_submodule(name).reset_parameters()
+
+    class KeepsHooks(Redrawn):
+        def __exit__(self, *exc):
+            pass
+
+    class CopiesInsideTheHook(Redrawn):
+        def __enter__(self):
+            def hook(module, args, out):
+                fresh = copy.deepcopy(module)
+                fresh.reset_parameters()
+                return fresh(*args)
+
+            self.handles = [self.model.get_submodule(n).register_forward_hook(hook) for n in self.names]
+
+    class ScalesTheOutput(Redrawn):
+        def __enter__(self):
+            for name in self.names:
+                self.handles.append(self.model.get_submodule(name).register_forward_hook(lambda m, a, out: out * 0.5))
+
+    class RemovesOnlyWithoutError(Redrawn):
+        def __exit__(self, kind, *rest):
+            if kind is None:
+                super().__exit__(kind, *rest)
+
+    class ReturnsTheTrainedOutput(Redrawn):
+        def __enter__(self):
+            for name in self.names:
+                layer = self.model.get_submodule(name)
+                fresh = copy.deepcopy(layer)  # forgot reset_parameters()
+                self.handles.append(layer.register_forward_hook(lambda m, args, out, fresh=fresh: fresh(*args)))
+
+    failed("05.5", RandomOutput, "not return random numbers")
+    failed("05.5", ResetsTheModel, "the model's own parameters changed")
+    failed("05.5", KeepsHooks, "still registered", "__exit__")
+    failed("05.5", CopiesInsideTheHook, "RecursionError", "copies its hooks too")
+    failed("05.5", ScalesTheOutput, "freshly drawn Linear")
+    failed("05.5", RemovesOnlyWithoutError, "when the body of the with block raised")
+    failed("05.5", ReturnsTheTrainedOutput, "still computes what the trained layer computes")
+    failed("05.5", Redrawn(nn.Linear(1, 1), []), "the class Redrawn itself")

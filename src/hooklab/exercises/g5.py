@@ -1,9 +1,11 @@
 """Exercises of the field guide G5 (saliency and statistics): a deconvnet ReLU hook (G5.1), the third
-of the three ReLU backward rules of its section 5, and Layer-CAM from recorded hooks (G5.2, section 7)."""
+of the three ReLU backward rules of its section 5, Layer-CAM from recorded hooks (G5.2, section 7) and the
+cascade of re-drawn copies of its sanity checks (G5.3, section 10)."""
 
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 from torch import nn
@@ -193,3 +195,87 @@ def _layer_cam(layer_cam) -> Outcome:
         shapes.append(tuple(expected.shape))
     return Outcome(True, f"maps of shapes {', '.join(map(str, shapes))} match, no hook left; "
                          + _flatten_head_payoff(layer_cam))
+
+
+# ----- G5.3: cascading weight randomisation, graded on what the copies are -------------------------------
+_TOP_DOWN = ["head.2", "features.5", "features.2"]
+
+
+def _cascade_model() -> nn.Module:
+    return DigitsCNN(seed=4).eval()
+
+
+def _layer_params(model: nn.Module, name: str) -> dict:
+    return {key: value.detach() for key, value in model.get_submodule(name).named_parameters()}
+
+
+def _looks_fresh(layer: nn.Module) -> bool:
+    """Whether a Conv2d's or Linear's parameters look drawn by its reset_parameters(): uniform within
+    ±1/sqrt(fan_in) (weight and bias), the weight's spread that of such a uniform draw."""
+    fan_in = layer.weight[0].numel()
+    bound = 1 / math.sqrt(fan_in)
+    within = all(p.detach().abs().max() <= bound * (1 + 1e-6) for p in layer.parameters())
+    spread = layer.weight.detach().std().item() / (bound / math.sqrt(3))
+    return within and 0.8 < spread < 1.2
+
+
+def _cascade_problem(got, model: nn.Module, before: dict) -> str | None:
+    if not isinstance(got, list | tuple) or not all(isinstance(m, nn.Module) for m in got):
+        what = type(got).__name__ if not isinstance(got, list | tuple) else "a list holding other things"
+        return f"return a list of models, one per layer name, got {what}"
+    if len(got) != len(_TOP_DOWN):
+        return f"return one model per layer name: {len(_TOP_DOWN)} names, {len(got)} models"
+    if any(not torch.equal(v, before[k]) for k, v in model.state_dict().items()):
+        return "the model you were given changed: re-draw layers in a copy (copy.deepcopy(model)), never the model"
+    if any(m is model for m in got) or len({id(m) for m in got}) < len(got):
+        return "each entry must be its own copy of the model (copy.deepcopy), not the same object again"
+    return None
+
+
+def _copy_problem(k: int, copied: nn.Module, previous: nn.Module, model: nn.Module) -> str | None:
+    """What is wrong with copy ``k`` of the cascade, compared with the copy before it and with the model."""
+    name = _TOP_DOWN[k]
+    for other in (m.get_submodule(name) for m in (model, previous)):
+        if any(p is q for p, q in zip(copied.get_submodule(name).parameters(), other.parameters(), strict=True)):
+            return (f"model {k} shares the parameters of '{name}' with another model: make each copy with "
+                    "copy.deepcopy, so that re-drawing one layer leaves the other models alone")
+    redrawn = _layer_params(copied, name)
+    if any(torch.equal(value, _layer_params(model, name)[key]) for key, value in redrawn.items()):
+        return f"model {k} should have layer '{name}' re-drawn, but it still holds the trained values"
+    if not _looks_fresh(copied.get_submodule(name)):
+        return (f"layer '{name}' of model {k} does not look freshly initialised: re-draw it with its own "
+                "reset_parameters()")
+    for layer in _TOP_DOWN[:k]:
+        if any(not torch.equal(a, b) for a, b in zip(_layer_params(copied, layer).values(),
+                                                      _layer_params(previous, layer).values(), strict=True)):
+            kept = "the model" if all(torch.equal(a, b) for a, b in zip(
+                _layer_params(copied, layer).values(), _layer_params(model, layer).values(), strict=True)) else None
+            if kept:
+                return (f"model {k} re-draws only '{name}': a cascade keeps the layers above it random too, so "
+                        f"model {k} is model {k - 1} (a copy of it) with '{name}' re-drawn as well")
+            return (f"model {k} re-drew '{layer}' again: make model {k} from a copy of model {k - 1}, and re-draw "
+                    f"only '{name}'")
+    for key, value in copied.state_dict().items():
+        layer = key.rpartition(".")[0]
+        if layer not in _TOP_DOWN[: k + 1] and not torch.equal(value, model.state_dict()[key]):
+            return f"model {k} also changed '{key}': re-draw only the layers {_TOP_DOWN[: k + 1]}"
+    return None
+
+
+@exercise("G5.3", "cascading weight randomisation, from the top layer down")
+def _cascade(cascade) -> Outcome:
+    """``cascade(model, names)`` returns one copy of ``model`` per name: copy ``k`` is a copy of copy ``k - 1``
+    (of the model, for the first) with layer ``names[k]`` re-drawn by its ``reset_parameters()``; the model
+    is not changed. Graded on what the copies hold, whatever random numbers were drawn."""
+    model = _cascade_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    got = cascade(model, list(_TOP_DOWN))
+    problem = _cascade_problem(got, model, before)
+    if problem:
+        return Outcome(False, problem)
+    for k, copied in enumerate(got):
+        problem = _copy_problem(k, copied, got[k - 1] if k else model, model)
+        if problem:
+            return Outcome(False, problem)
+    return Outcome(True, f"{len(got)} copies, re-drawn from the top: {', '.join(_TOP_DOWN)}, each a copy of the one "
+                         "before; the model unchanged")

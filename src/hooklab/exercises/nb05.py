@@ -1,15 +1,15 @@
-"""Exercises and predictions of notebook 05, in its order: dead channels found with a forward hook, and
-what zeroing them does (05.a, 05.1), why they stay dead and a watch that counts them at every step (05.b,
-05.2), the deconvnet rule and guided backpropagation as a class of ReLU hooks (05.c, 05.3), the Grad-CAM
-recorder: a tensor hook registered from a forward hook (05.4), whether the brightest cell of a map marks
-the evidence (05.d), which map changes with the class (05.e) and cascading weight randomisation (05.5). Layer-CAM, with
-that recorder, is the field guide's exercise G5.2 (its checker, in g5.py, uses the recorder cases here)."""
+"""Exercises and predictions of notebook 05, in its order: what the explorer crosses out from digit to digit
+(05.a), dead channels found with a forward hook and what zeroing them does (05.b, 05.1), why they stay dead and
+a watch that counts them at every step (05.c, 05.2), the deconvnet rule and guided backpropagation as a class
+of ReLU hooks (05.d, 05.3), the Grad-CAM recorder: a tensor hook registered from a forward hook (05.4), which
+channels of features.3 Grad-CAM weighs and which add to its map (05.e), which map changes with the class
+(05.f), and layers re-drawn by forward hooks that run a fresh copy (05.5). Layer-CAM, with that recorder, is
+the field guide's exercise G5.2, and the cascade of copies G5.3 (their checkers, in g5.py, use the cases here)."""
 
 from __future__ import annotations
 
 import copy
 import functools
-import math
 
 import torch
 from torch import nn
@@ -66,6 +66,55 @@ def _grads_kept(model: nn.Module, wrt: str = "images") -> str | None:
 
 
 # ----- predictions ------------------------------------------------------------------------------------
+class _NotOneOf:
+    """A wrong-guess pattern: any guess that is not one of the offered words (a typo, an abbreviation, another
+    type). ``same`` compares it with ``==``, so it matches what no choice matches."""
+
+    def __init__(self, choices: tuple[str, ...]):
+        self.choices = choices
+
+    def __eq__(self, guess: object) -> bool:
+        return not (isinstance(guess, str) and " ".join(guess.strip().strip("'\"`").lower().split())
+                    in {c.lower() for c in self.choices})
+
+    __hash__ = None
+
+
+def _pick_one(choices: tuple[str, ...]) -> str:
+    return "pick one of " + ", ".join(f'"{c}"' for c in choices) + ", spelt as here, then run the cell again"
+
+
+class _AnyNumber:
+    """Matches any whole number (the other half of a pair whose words are off the list)."""
+
+    def __eq__(self, guess: object) -> bool:
+        return isinstance(guess, int) and not isinstance(guess, bool)
+
+    __hash__ = None
+
+
+def _explorer_dead_counts(layer: str) -> list[int]:
+    """How many channels of ``layer`` the explorer crosses out for each of its 12 digits (the first 12 test digits)."""
+    from ..widgets import LayerExplorer
+
+    explorer = LayerExplorer(trained_digits_cnn(), _digits().x_test[:12])
+    return [len(explorer.dead(layer, index=i)) for i in range(12)]
+
+
+@prediction("05.a", "whether the explorer's count of crossed-out channels changes from digit to digit",
+            why="read off the explorer: at features.3 every one of the 12 digits has the same 24 channels crossed "
+                "out; at features.6 the count moves between 12 and 14 from digit to digit. Some channels of "
+                "features.6 are off for some digits only: dead on one image is not dead on all",
+            wrong=[([True, True], "at features.3 the text under the sliders says 24 of 32 for every digit: move "
+                                  "the image slider with the layer on features.3 and read it again"),
+                   ([False, False], "at features.6 the count is not the same for every digit: put the layer "
+                                    "slider on features.6 and move the image slider"),
+                   ([True, False], "the other way round: features.3 crosses out 24 for every digit; features.6's "
+                                   "count moves")])
+def _explorer_changes() -> list:
+    return [len(set(_explorer_dead_counts(layer))) > 1 for layer in ("features.3", "features.6")]
+
+
 def _zeroed(model: nn.Module, channels: torch.Tensor) -> torch.Tensor:
     """The trained network's predictions for the test digits, with a forward hook on features.3 whose
     return value sets the given channels to 0."""
@@ -79,7 +128,10 @@ def _zeroed(model: nn.Module, channels: torch.Tensor) -> torch.Tensor:
         return model(_digits().x_test).argmax(dim=1)
 
 
-@prediction("05.a", "what setting the dead, then the live channels of features.3 to 0 does to the test digits",
+_SAME_OR_LOWER = ("the same", "lower")
+
+
+@prediction("05.b", "what setting the dead, then the live channels of features.3 to 0 does to the test digits",
             why="the 24 dead channels are already 0 at every position for every test digit, so setting them to 0 "
                 "changes nothing, to the last bit; with the 8 others at 0 as well, everything above features.3 "
                 "sees the same zeros for every digit, so every digit gets the same scores and the same class",
@@ -95,7 +147,9 @@ def _zeroed(model: nn.Module, channels: torch.Tensor) -> torch.Tensor:
                      for first in ("the same", "lower") for n in range(1, 11)],
                    *[([first, n], 'use the words "the same" or "lower" for the first answer, then run the '
                                   'cell again') for first in ("same", "unchanged", "no change") for n in range(1, 11)],
-                   *[(half, "05.a asks two things, so the guess is a pair: a list [the words, a number], as the "
+                   ([_NotOneOf(_SAME_OR_LOWER), _AnyNumber()], _pick_one(_SAME_OR_LOWER) + " (the first "
+                                                                            "answer; the second is a number)"),
+                   *[(half, "05.b asks two things, so the guess is a pair: a list [the words, a number], as the "
                             "comment in the cell shows") for half in ("the same", "lower", *range(1, 11))]])
 def _zeroing() -> list:
     model, data, kept = trained_digits_cnn(), _digits(), {}
@@ -132,7 +186,7 @@ def _blocked() -> dict:
     return seen
 
 
-@prediction("05.b", "whether the gradient at a dead channel is zero on arrival, and on leaving the ReLU",
+@prediction("05.c", "whether the gradient at a dead channel is zero on arrival, and on leaving the ReLU",
             why="the gradient arrives from above whatever the channel did (the max-pool hands each window's "
                 "gradient to one position), but a ReLU passes it back only where its input was positive: a dead "
                 "channel's input never is, so what it passes back is all zero, and so is the gradient of the "
@@ -151,7 +205,7 @@ def _deconvnet_hook(module, grad_input, grad_output):
     return (grad_output[0].clamp(min=0),)
 
 
-@prediction("05.c", "what the deconvnet rule's ReLU hook passes back",
+@prediction("05.d", "what the deconvnet rule's ReLU hook passes back",
             why="the hook's return value replaces grad_input, and it is made from grad_output, what arrives from "
                 "above, which knows nothing of the ReLU's input: its positive part passes wherever the input was, "
                 "[1, 0, 1, 0] (the deconvnet rule); guided backprop clamps grad_input instead, [1, 0, 0, 0]",
@@ -169,42 +223,40 @@ def _one_deconvnet_relu() -> list:
     return passed.tolist()
 
 
-PATCH_CHOICES = ("more", "about the same", "less")
-
-
-def _patch_drops(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """How far each image's predicted score falls when the 2×2 patch under each cell of its Grad-CAM map at
-    features.6 is filled with the image's mean pixel value, ``(N, 16)``; and each map before its ReLU, ``(N, 16)``."""
+def _cam_channels() -> list:
+    """Grad-CAM at features.3 for the first test digit's predicted class: how many of the 32 channels have
+    α_k ≠ 0, and how many add something to the map (α_k A_k not zero everywhere)."""
     from ..saliency import grad_cam
 
-    cam = grad_cam(model, x, "features.6")
-    cells = torch.eye(16).reshape(16, 1, 4, 4).repeat_interleave(2, 2).repeat_interleave(2, 3).bool()
-    fill = x.mean(dim=(1, 2, 3), keepdim=True).expand_as(x)
-    with torch.no_grad():
-        score = model(x).gather(1, cam.targets[:, None])[:, 0]
-        drop = torch.stack([score - model(torch.where(c, fill, x)).gather(1, cam.targets[:, None])[:, 0]
-                            for c in cells], dim=1)
-    return drop, cam.raw.flatten(1)
+    model, x = trained_digits_cnn(), _digits().x_test[:1]
+    kept = {}
+    with model.features[3].register_forward_hook(lambda module, args, output: kept.update(a=output.detach())):
+        cam = grad_cam(model, x, "features.3")
+    alpha = cam.weights[0]
+    adds = ((alpha[:, None, None] * kept["a"][0]) != 0).flatten(1).any(dim=1)
+    return [int((alpha != 0).sum()), int(adds.sum())]
 
 
-@prediction("05.d", "whether the patch under a map's brightest cell lowers the score more than its darkest cell's",
-            why="the map, before its ReLU, adds up to the score minus the bias: over the 450 test digits, filling the "
-                "patch under the brightest cell lowers the score several times as much as under the darkest, "
-                "whatever the fill (measured: the mean pixel or 0)",
-            wrong=[("about the same", "the map does carry order: the darkest cell's patch is where the score falls "
-                                      "least; it is single bright cells against random ones that come out close"),
-                   ("less", "the darkest cell holds the least of the score: filling its patch lowers the score least")])
-def _brightest_or_darkest() -> str:
-    drop, raw = _patch_drops(trained_digits_cnn(), _digits().x_test)  # all 450 test digits
-    ratio = drop.gather(1, raw.argmax(dim=1, keepdim=True)).mean().item() / \
-        drop.gather(1, raw.argmin(dim=1, keepdim=True)).mean().item()
-    return "more" if ratio > 1.25 else "less" if ratio < 1 / 1.25 else "about the same"
+@prediction("05.e", "how many channels of features.3 get a Grad-CAM weight, and how many add to the map",
+            why="α_k is the mean of the gradient arriving at channel k, and the gradient arrives at dead channels "
+                "too (prediction 05.c): all 32 get a weight. But a dead channel's A_k is 0 at every position, so "
+                "α_k A_k is 0: only the 8 live channels add to the map",
+            wrong=[([8, 8], "α_k is made from what arrives at channel k, and 05.c showed that the gradient does "
+                            "arrive at a dead channel; it stops only on the way back through the ReLU"),
+                   ([32, 32], "a dead channel's A_k is 0 at every position, so α_k A_k is 0 whatever α_k is"),
+                   ([24, 8], "all 32 channels get a gradient from above, live or dead: count them all"),
+                   ([8, 32], "the other way round: the weight comes from the gradient, which reaches all 32; the "
+                             "map needs A_k, which only 8 have"),
+                   *[([n, str(m)], "write both counts as numbers, without quotes") for n in (8, 24, 32)
+                     for m in (8, 24, 32)]])
+def _grad_cam_channels() -> list:
+    return _cam_channels()
 
 
 MAP_CHOICES = ("plain gradient", "guided backprop", "Grad-CAM")
 
 
-@prediction("05.e", "which map changes least for another class: the plain gradient, guided backprop or Grad-CAM",
+@prediction("05.f", "which map changes least for another class: the plain gradient, guided backprop or Grad-CAM",
             why="guided backprop's clamp drops the negative gradient at every ReLU, and with it much of what the "
                 "class changes; what is left follows the strokes (mean rank correlation about 0.8). The plain "
                 "gradient keeps both signs and Grad-CAM weighs the channels by the class's own w_k/16: both reverse "
@@ -212,7 +264,8 @@ MAP_CHOICES = ("plain gradient", "guided backprop", "Grad-CAM")
             wrong=[("plain gradient", "the plain gradient keeps the negative gradient at every ReLU, and another "
                                       "class's row of the head sends different signs down: much of its order reverses"),
                    ("Grad-CAM", "Grad-CAM's α_k = w_k/16 are the class's row of the head (section 4): another class "
-                                "re-weights the same channels directly, often with the other sign")])
+                                "re-weights the same channels directly, often with the other sign"),
+                   (_NotOneOf(MAP_CHOICES), _pick_one(MAP_CHOICES))])
 def _which_changes_more() -> str:
     from ..saliency import GuidedBackprop, grad_cam, input_gradient, rank_correlation
 
@@ -827,85 +880,112 @@ def _recorder(answer) -> Outcome:
                          "also when the pass raised; the parameters' .grad as they were")
 
 
-# ----- 05.5: cascading weight randomisation, graded on what the copies are -------------------------------
-_TOP_DOWN = ["head.2", "features.5", "features.2"]
 
 
-def _cascade_model() -> nn.Module:
+# ----- 05.5: layers re-drawn by forward hooks, graded on what the layers compute -------------------------
+_REDRAWN = ["head.2", "features.5"]
+
+
+def _redrawn_model() -> nn.Module:
     return DigitsCNN(seed=4).eval()
 
 
-def _layer_params(model: nn.Module, name: str) -> dict:
-    return {key: value.detach() for key, value in model.get_submodule(name).named_parameters()}
+def _linear_inside(layer: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    """The weight and bias the Linear ``layer`` computes with, hooks included (calling it runs its hooks)."""
+    with torch.no_grad():
+        zero = layer(torch.zeros(1, layer.in_features))[0]
+        columns = layer(torch.eye(layer.in_features)) - zero
+    return columns.T, zero
 
 
-def _looks_fresh(layer: nn.Module) -> bool:
-    """Whether a Conv2d's or Linear's parameters look drawn by its reset_parameters(): uniform within
-    ±1/sqrt(fan_in) (weight and bias), the weight's spread that of such a uniform draw."""
-    fan_in = layer.weight[0].numel()
-    bound = 1 / math.sqrt(fan_in)
-    within = all(p.detach().abs().max() <= bound * (1 + 1e-6) for p in layer.parameters())
-    spread = layer.weight.detach().std().item() / (bound / math.sqrt(3))
-    return within and 0.8 < spread < 1.2
-
-
-def _cascade_problem(got, model: nn.Module, before: dict) -> str | None:
-    if not isinstance(got, list | tuple) or not all(isinstance(m, nn.Module) for m in got):
-        what = type(got).__name__ if not isinstance(got, list | tuple) else "a list holding other things"
-        return f"return a list of models, one per layer name, got {what}"
-    if len(got) != len(_TOP_DOWN):
-        return f"return one model per layer name: {len(_TOP_DOWN)} names, {len(got)} models"
+def _redrawn_problem(cls, model: nn.Module, before: dict, x: torch.Tensor, plain: dict) -> str | None:
+    """Run ``cls(model, names)`` once and say what is wrong with what the named layers compute inside it."""
+    outputs, probes = {}, []
+    try:
+        with cls(model, list(_REDRAWN)):
+            probes = [model.get_submodule(n).register_forward_hook(  # after the answer's hooks: the replaced outputs
+                lambda m, a, out, n=n: outputs.setdefault(n, []).append(out.detach())) for n in plain]
+            with torch.no_grad():
+                model(x), model(x)
+            weight, _ = _linear_inside(model.get_submodule("head.2"))
+    finally:
+        for p in probes:
+            p.remove()
     if any(not torch.equal(v, before[k]) for k, v in model.state_dict().items()):
-        return "the model you were given changed: re-draw layers in a copy (copy.deepcopy(model)), never the model"
-    if any(m is model for m in got) or len({id(m) for m in got}) < len(got):
-        return "each entry must be its own copy of the model (copy.deepcopy), not the same object again"
+        return ("the model's own parameters changed: re-draw a copy of each layer (copy.deepcopy, then its "
+                "reset_parameters()) and let the hook run the copy; the model must stay as it was")
+    for name in plain:
+        first, second = outputs[name][0], outputs[name][1]
+        if not torch.allclose(first[0], first[-1], atol=1e-6):  # the batch's last image is its first again
+            return (f"inside the with block, '{name}' gave two copies of one image different outputs: the hook must "
+                    "compute from the layer's input, fresh(*args), not return random numbers")
+        if not torch.equal(first, second):
+            return (f"two passes in the same with block gave '{name}' different outputs: draw each fresh copy once, "
+                    "in __enter__, not inside the hook at every pass")
+        if name in _REDRAWN and torch.allclose(first, plain[name]):
+            return (f"inside the with block, '{name}' still computes what the trained layer computes: the hook's "
+                    "return value must be the re-drawn copy's output, fresh(*args)")
+        if name in ("features.0", "features.2") and not torch.allclose(first, plain[name], atol=1e-5):
+            return f"'{name}' was not named, but its output changed: re-draw only the named layers"
+    trained = model.get_submodule("head.2")
+    bound = 1 / trained.in_features ** 0.5
+    spread = weight.std().item() / (bound / 3**0.5)  # a uniform draw in ±bound: 1
+    if torch.allclose(weight, trained.weight.detach()) or weight.abs().max() > bound * (1 + 1e-4) \
+            or not 0.8 < spread < 1.2:
+        return ("inside the with block, 'head.2' does not compute like a freshly drawn Linear layer applied to "
+                "its input: the hook should return fresh(*args), where fresh is a copy of the layer re-drawn by "
+                "reset_parameters(), not a random tensor or a changed output")
     return None
 
 
-def _copy_problem(k: int, copied: nn.Module, previous: nn.Module, model: nn.Module) -> str | None:
-    """What is wrong with copy ``k`` of the cascade, compared with the copy before it and with the model."""
-    name = _TOP_DOWN[k]
-    for other in (m.get_submodule(name) for m in (model, previous)):
-        if any(p is q for p, q in zip(copied.get_submodule(name).parameters(), other.parameters(), strict=True)):
-            return (f"model {k} shares the parameters of '{name}' with another model: make each copy with "
-                    "copy.deepcopy, so that re-drawing one layer leaves the other models alone")
-    redrawn = _layer_params(copied, name)
-    if any(torch.equal(value, _layer_params(model, name)[key]) for key, value in redrawn.items()):
-        return f"model {k} should have layer '{name}' re-drawn, but it still holds the trained values"
-    if not _looks_fresh(copied.get_submodule(name)):
-        return (f"layer '{name}' of model {k} does not look freshly initialised: re-draw it with its own "
-                "reset_parameters()")
-    for layer in _TOP_DOWN[:k]:
-        if any(not torch.equal(a, b) for a, b in zip(_layer_params(copied, layer).values(),
-                                                      _layer_params(previous, layer).values(), strict=True)):
-            kept = "the model" if all(torch.equal(a, b) for a, b in zip(
-                _layer_params(copied, layer).values(), _layer_params(model, layer).values(), strict=True)) else None
-            if kept:
-                return (f"model {k} re-draws only '{name}': a cascade keeps the layers above it random too, so "
-                        f"model {k} is model {k - 1} (a copy of it) with '{name}' re-drawn as well")
-            return (f"model {k} re-drew '{layer}' again: make model {k} from a copy of model {k - 1}, and re-draw "
-                    f"only '{name}'")
-    for key, value in copied.state_dict().items():
-        layer = key.rpartition(".")[0]
-        if layer not in _TOP_DOWN[: k + 1] and not torch.equal(value, model.state_dict()[key]):
-            return f"model {k} also changed '{key}': re-draw only the layers {_TOP_DOWN[: k + 1]}"
-    return None
-
-
-@exercise("05.5", "cascading weight randomisation, from the top layer down")
-def _cascade(cascade) -> Outcome:
-    """``cascade(model, names)`` returns one copy of ``model`` per name: copy ``k`` is a copy of copy ``k - 1``
-    (of the model, for the first) with layer ``names[k]`` re-drawn by its ``reset_parameters()``; the model
-    is not changed. Graded on what the copies hold, whatever random numbers were drawn."""
-    model = _cascade_model()
+@exercise("05.5", "layers re-drawn by forward hooks that run a fresh copy")
+def _redrawn(cls) -> Outcome:
+    """``with Redrawn(model, names):`` every named layer computes with freshly drawn weights (a forward hook
+    returns a re-drawn copy's output for the layer's input); the model's parameters never change, and the
+    hooks are gone after the block, also when it raises. Graded on what the layers compute."""
+    if not callable(cls):
+        return Outcome(False, "pass the class Redrawn itself, not an instance: check(\"05.5\", Redrawn)")
+    model, x = _redrawn_model(), _images(11, 6)
+    x = torch.cat([x, x[:1]])  # the first image twice: a replacement made from the input gives both one output
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    got = cascade(model, list(_TOP_DOWN))
-    problem = _cascade_problem(got, model, before)
+    names = ["features.0", "features.2", "features.5", "features.6", "head.2"]
+    plain = {}
+    with Hooks() as hooks, torch.no_grad():
+        for n in names:
+            hooks.add(model.get_submodule(n).register_forward_hook(lambda m, a, out, n=n: plain.update({n: out})))
+        expected = model(x)
+    try:
+        problem = _redrawn_problem(cls, model, before, x, plain)
+    except NotImplementedError:
+        clear_hooks(model)
+        raise
+    except RecursionError:
+        clear_hooks(model)
+        return Outcome(False, "RecursionError: a copy.deepcopy of a layer copies its hooks too, so a copy made inside "
+                              "the hook (or after registering it) runs the hook again, which copies again: make each "
+                              "fresh copy in __enter__, before registering the hook")
+    except Exception as e:
+        clear_hooks(model)
+        return Outcome(False, f"running `with Redrawn(model, {_REDRAWN}):` raised {type(e).__name__}: {e}")
     if problem:
+        clear_hooks(model)
         return Outcome(False, problem)
-    for k, copied in enumerate(got):
-        problem = _copy_problem(k, copied, got[k - 1] if k else model, model)
-        if problem:
-            return Outcome(False, problem)
-    return Outcome(True, f"{len(got)} copies, re-drawn from the top: {', '.join(_TOP_DOWN)}, each a copy of the one "
-                         "before; the model unchanged")
+    left = clear_hooks(model)
+    if left:
+        return Outcome(False, f"after the with block a hook is still registered ({left[0]}): remove every handle "
+                              "in __exit__")
+    with torch.no_grad():
+        if not torch.allclose(model(x), expected):
+            return Outcome(False, "after the with block the model computes something else: it must be as it was")
+
+    def raising():
+        with cls(model, list(_REDRAWN)):
+            raise RuntimeError("a pass that fails inside the block")
+
+    left = hooks_left_when_raising(raising, model)
+    if left:
+        return Outcome(False, "when the body of the with block raised, a hook stayed on the model: __exit__ runs "
+                              "then too, so remove the handles there")
+    return Outcome(True, f"inside the block {', '.join(_REDRAWN)} compute with freshly drawn weights (drawn once), "
+                         "the other layers as trained; the model's parameters untouched, no hook left, also when "
+                         "the block raised")
