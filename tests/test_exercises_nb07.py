@@ -24,7 +24,7 @@ def test_notebook_07_has_five_predictions_and_five_exercises():
 
 # ----- predictions ------------------------------------------------------------------------------
 @pytest.mark.parametrize(("id", "truth"), [("07.a", [False, True]), ("07.b", 32), ("07.c", 1 / 64), ("07.d", 65536),
-                                           ("07.e", [8, "before backward"])])
+                                           ("07.e", [8, 73728])])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     computed = exercises()[id].checker.__wrapped__.truth()
@@ -35,8 +35,8 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     ("07.a", [True, True], "weight_orig moves"), ("07.a", [False, False], "before every forward pass"),
     ("07.b", 1, "mean of the per-sample"), ("07.c", 1, "divides it by the 64"), ("07.c", 0.0016, "times lr"),
     ("07.d", 65536 + 2560, "only for the gradient of the input"), ("07.d", 2560, "like b in a * b"),
-    ("07.e", [8, "features.5.weight"], "peaks before backward"), ("07.e", [8, "after backward"], "are freed"),
-    ("07.e", [1, "before backward"], "until optimizer.step()"),
+    ("07.e", [8, 95784], "every gradient at once"), ("07.e", [8, 64], "the last gradient"),
+    ("07.e", [8, 40], "the first gradient"), ("07.e", [1, 73728], "until optimizer.step()"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
@@ -264,3 +264,23 @@ def test_07_5_accepts_the_worked_answer_and_names_each_slip():
 def test_the_measurements_the_lesson_prints_for_checkpointing_and_dead_channels():
     assert nb07.checkpoint_forward_runs() == {"without": 1, "with checkpointing": 2}  # the recompute, counted
     assert nb07.dead_channels() == {"features.0": "0 of 16", "features.2": "24 of 32", "features.5": "12 of 64"}
+
+
+def test_the_students_per_sample_hooks_serve_both_kinds_of_layer_and_the_private_pass_splits_its_step():
+    model, (x, y) = nb07._model(), nb07._batch(16)
+    truth = nb07.per_sample_truth(model, x, y)
+    linear_only = lambda layer: [] if isinstance(layer, nn.Conv2d) else nb07.grad_sample_hooks(layer)  # noqa: E731
+    hooks = nb07.linear_and_conv(linear_only, nb07.conv_grad_sample)
+    handles = [h for m in model.modules() if isinstance(m, nn.Linear | nn.Conv2d) for h in hooks(m)]
+    try:
+        F.cross_entropy(model(x), y).backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    for name, p in model.named_parameters():
+        assert torch.allclose(p.grad_sample, truth[name], atol=1e-5, rtol=1e-4), name
+    start = nb07._model()
+    _, parts, norms = nb07.dp_pass(start, nb07.private_step, steps=2, clip=1.0, lr=0.1, noise=1.0)
+    assert len(parts) == 2 and len(norms) == 27 and 0 < parts[0][0] <= 0.1 * 1.0 + 1e-6  # at most lr·C
+    assert math.isclose(parts[0][1], 0.1 * 1.0 / 27 * 650 ** 0.5, rel_tol=0.2)  # lr·σ·C/N a weight, 650 weights
+    assert nb07.dp_pass(start, nb07.plain_step, steps=2)[1] == []

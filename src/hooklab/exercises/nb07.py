@@ -314,6 +314,59 @@ def private_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float =
     return norms
 
 
+def linear_and_conv(linear_hooks: Callable, conv_grad_sample: Callable) -> Callable:
+    """Per-sample hooks for both kinds of layer, built from the student's two answers: ``linear_hooks(layer)``
+    (07.2) on a Linear; on a Conv2d, 07.2's forward hook and output tensor hook, whose weight gradient is
+    ``conv_grad_sample(layer, a, g)`` (07.3) and whose bias gradient is ``g`` summed over positions. For a mean
+    loss. Returns a function of a layer that returns the handles."""
+
+    def hooks(layer: nn.Module) -> list:
+        if not isinstance(layer, nn.Conv2d):
+            return linear_hooks(layer)
+
+        def keep(module, args, output):
+            a = args[0].detach()
+
+            def per_sample(g):
+                g = g * len(a)  # a mean loss hands each sample 1/N of its gradient
+                module.weight.grad_sample = conv_grad_sample(module, a, g)
+                module.bias.grad_sample = g.sum((2, 3))
+
+            output.register_hook(per_sample)
+
+        return [layer.register_forward_hook(keep)]
+
+    return hooks
+
+
+def dp_pass(start: nn.Module, step: Callable, steps: int = 50, seed: int = 0, **kwargs) -> tuple:
+    """Train the head of a copy of ``start`` (its ``features`` frozen) with ``step(model, x, y, **kwargs)`` for
+    ``steps`` steps of 27 training digits (one pass: 50 steps), random numbers from ``seed``. Returns the test
+    accuracy, each step's (norm of the clipped gradients' update, norm of the noise's) when ``step`` takes a
+    ``noise`` (the first is the same step with ``noise=0.0`` from the same weights, the second the rest of the
+    update), and what the first step returned."""
+    from ..data import digits
+    from ..models import DigitsCNN, accuracy
+
+    data, model = digits(), DigitsCNN()
+    model.load_state_dict(start.state_dict())
+    model.features.requires_grad_(False)
+    torch.manual_seed(seed)
+    parts, first = [], None
+    for i, (x, y) in enumerate(list(zip(data.x_train.chunk(50), data.y_train.chunk(50), strict=True))[:steps]):
+        before = [p.detach().clone() for p in model.parameters()]
+        if "noise" in kwargs:
+            quiet = copy.deepcopy(model)
+            step(quiet, x, y, **{**kwargs, "noise": 0.0})
+            clipped = torch.cat([(q.detach() - b).flatten() for q, b in zip(quiet.parameters(), before, strict=True)])
+        out = step(model, x, y, **kwargs)
+        first = out if i == 0 else first
+        if "noise" in kwargs:
+            update = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before, strict=True)])
+            parts.append((clipped.norm().item(), (update - clipped).norm().item()))
+    return accuracy(model, data.x_test, data.y_test), parts, first
+
+
 _PACKED: dict[int, tuple] = {}  # id of a live tensor computed in forward -> what pack_bf16 returned for it
 
 
@@ -426,23 +479,21 @@ def _linear_saves() -> int:
     return sum(sizes)
 
 
-@prediction("07.e", "the gradient tensors alive at plain SGD's gradient peak, and the row where saved tensors plus "
-                    "gradients peak",
-            why="plain SGD keeps every .grad until its step: all 8 at its peak; but the tensors saved for backward "
-                "(1.48 MB) outweigh all gradients (0.10 MB), and backward frees them as it goes, so the total peaks "
-                "before backward, in both runs: [8, 'before backward']",
-            wrong=[([8, "features.5.weight"], "that is where the fused run's gradients peak; the saved tensors "
-                                              "(1.48 MB before backward) outweigh every gradient, and backward frees "
-                                              "them as it goes: the total peaks before backward"),
-                   ([8, "after backward"], "after backward, the saved tensors are freed: 0.10 MB of gradients is "
-                                           "left, of 1.48 MB saved before backward"),
-                   ([1, "before backward"], "plain SGD keeps every .grad until optimizer.step(): at its gradient "
-                                            "peak all of them are alive")])
+@prediction("07.e", "the gradient tensors alive at plain SGD's gradient peak, and the bytes of gradients alive at "
+                    "the fused run's peak",
+            why="plain SGD keeps every .grad until optimizer.step(): all 8 at its peak; fused, each gradient is freed "
+                "by its own hook before the next arrives, so the peak is the largest one alone, features.5.weight's: "
+                "[8, 73728]",
+            wrong=[([8, 95784], "that is every gradient at once, plain SGD's peak; fused, each is freed by its hook "
+                                "before the next arrives: the peak is the largest one alone"),
+                   ([8, 64], "that is the last gradient to arrive; fused, the peak is the largest one alone, "
+                             "whenever it arrives"),
+                   ([8, 40], "that is the first gradient to arrive; fused, the peak is the largest one alone, "
+                             "whenever it arrives"),
+                   ([1, 73728], "plain SGD keeps every .grad until optimizer.step(): at its gradient peak all of "
+                                "them are alive")])
 def _peaks() -> list:
-    rows = {fuse: gradient_timeline(fuse) for fuse in (None, fuse_sgd)}
-    where = {fuse: max(r, key=lambda row: row[2] + row[3])[0] for fuse, r in rows.items()}
-    assert where[None] == where[fuse_sgd], where  # the question says "in both runs"
-    return [gradient_peak()[1], where[None]]
+    return [gradient_peak()[1], gradient_peak(fuse_sgd)[2]]
 
 
 # ----- exercises -----------------------------------------------------------------------------------
