@@ -26,7 +26,7 @@ def test_the_worked_answers_the_lesson_falls_back_on_pass(id, answer):
 
 
 # ----- predictions ---------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("02.a", "features.0"), ("02.b", 14.0), ("02.c", 0.0),
+@pytest.mark.parametrize(("id", "truth"), [("02.a", "features.0"), ("02.b", 14.0), ("02.c", 3),
                                            ("02.d", [True, False, True, False]), ("02.e", 75)])  # fmt: skip
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
@@ -42,7 +42,7 @@ def test_02a_why_quotes_the_measured_factors():
 
 @pytest.mark.parametrize(("id", "guess", "words"), [
     ("02.a", "features.5", "the least"), ("02.a", "'head.2'", "fewer"), ("02.b", 8.0, "pre-hook ran too"),
-    ("02.b", 7.0, "replaces the output"), ("02.c", 1.0, "never comes back"), ("02.c", 0.5, "whole channels"),
+    ("02.b", 7.0, "replaces the output"), ("02.c", 0.3, "lr × gradient"), ("02.c", 30, "about 3"),
     ("02.e", 67, "twice"), ("02.d", [True, True, True, True], "shares memory"),
     ("02.d", [True, False, True, True], "forward hook runs after"),
 ])  # fmt: skip
@@ -136,6 +136,8 @@ def rescaling(how="in place", grad_off=True, one_pass=False, passes=1, in_finall
             module.weight.div_(std)
         elif how == "new Parameter":
             module.weight = nn.Parameter(module.weight.detach() / std)
+        elif how == "population":
+            module.weight.div_(output.std(unbiased=False))
         elif how == "tuple":
             module.weight.div_(std)
             return output / std, std
@@ -177,6 +179,24 @@ def test_02_2_names_the_slip():
     failed("02.2", rescaling(how="output"), "no weight changed")
     failed("02.2", rescaling(in_finally=False), "finally")
     failed("02.2", rescaling(how="tuple", one_pass=True), "received a tuple", "replaced the layer's output")
+    failed("02.2", rescaling(how="population"), "population std", "unbiased=False")
+
+
+def test_02_2_names_a_lambda_that_returns_the_weight_it_divided():
+    def lambda_rescale(model, x, one_pass=False):
+        layers = [m for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear)]
+        for group in [layers] if one_pass else [[layer] for layer in layers]:
+            handles = [m.register_forward_hook(lambda m, a, out: m.weight.div_(out.std())) for m in group]
+            try:
+                with torch.no_grad():
+                    model(x)
+            finally:
+                for handle in handles:
+                    handle.remove()
+
+    for one_pass in (False, True):
+        failed("02.2", lambda model, x, one_pass=one_pass: lambda_rescale(model, x, one_pass),
+               "returned its weight", "in-place method", "replaced the layer's output")
 
 
 # ----- 02.3 -------------------------------------------------------------------------------------------

@@ -62,6 +62,7 @@ def left_when_raising(call, model: nn.Module) -> Outcome | None:
 
 LATE_BINDING = ("a function made in a loop looks up the loop variable when it runs, after the loop has ended; "
                 "pin each hook's own name with a default argument: lambda module, args, output, name=name: ...")
+POPULATION = "the population std (unbiased=False, dividing by n); use .std(), which divides by n − 1"
 RETURNED = ("which replaced the layer's {what} (a value a hook returns takes its place); a hook that only "
             "looks returns None")
 
@@ -215,28 +216,23 @@ def _doubled() -> float:
             post.remove()
 
 
-def live_channels(output: torch.Tensor) -> float:
-    """The share of a feature map's channels that are positive somewhere in the batch (N, C, H, W): the
-    others output 0 for every image, so no gradient passes them back."""
-    return (output.detach().amax(dim=(0, 2, 3)) > 0).float().mean().item()
-
-
-@prediction("02.c", "the share of features.6's channels still live after 100 steps",
-            why="none: each step moves a bias about a thousand times more than the weights, up or down, and a "
-                "channel whose bias falls below everything its weights produce outputs 0 for every digit; it gets "
-                "no gradient and never moves again, so channels die one by one until none is left",
-            wrong=[(1.0, "a channel that outputs 0 for every digit gets no gradient, so it never comes back: dead "
-                         "channels only add up"),
-                   (0.5, "half is what a ReLU zeroes of each output, but here whole channels die, and a dead "
-                         "channel never comes back")])
-def _live_share() -> float:
-    model, live = _fresh(0.01), []
-    handle = model.features[6].register_forward_hook(lambda module, args, output: live.append(live_channels(output)))
-    try:
-        _train(model)
-    finally:
-        handle.remove()
-    return live[-1]
+@prediction("02.c", "how many plain SGD steps move a bias of features.5 across its outputs' spread",
+            why="about 3: the spread 1.6e-4 divided by a step, lr × gradient = 0.1 × 5.4e-4; with momentum 0.9, steps "
+                "that keep their sign grow up to 10 times larger. So within a few steps a bias can fall below "
+                "everything its weights produce: that channel outputs 0 for every digit after the ReLU and gets no "
+                "gradient, so nothing brings it back (momentum only carries its bias further down)",
+            wrong=[(0.3, "that is the spread divided by the gradient; a step moves a bias by lr × gradient, with lr "
+                         "0.1"),
+                   (30, "a step moves a bias by lr × gradient = 0.1 × 5.4e-4 = 5.4e-5; the spread 1.6e-4 is about 3 "
+                        "such steps")])
+def _steps_across() -> int:
+    data, model = _digits(), _fresh(0.01)
+    x, y = data.x_train[:64], data.y_train[:64]
+    F.cross_entropy(model(x), y).backward()
+    step = 0.1 * model.features[5].bias.grad.std()  # lr × a typical bias gradient
+    with torch.no_grad():
+        spread = model.features[:6](x).std()
+    return round((spread / step).item())
 
 
 def _resnet18():
@@ -465,14 +461,30 @@ def _rescaled_outcome(model: nn.Module, before: dict, x: torch.Tensor) -> Outcom
                                   "the whole weight by the output's std")
         if not torch.equal(m.bias, before[name][2]):
             return Outcome(False, f"layer {name!r}: its bias changed; rescale the weight only")
-    got = _stds_of(model, x)
+    got, sizes = _stds_of(model, x), _output_sizes(model, x)
     far = next((name for name, std in got.items() if abs(std - 1) > 1e-3), None)
+    if far is not None and math.isclose(got[far], (sizes[far] / (sizes[far] - 1)) ** 0.5, rel_tol=1e-4):
+        return Outcome(False, f"afterwards layer {far!r} gives std {got[far]:.4g} on x, not 1: you divided by "
+                              + POPULATION)
     if far is not None:
         return Outcome(False, f"afterwards layer {far!r} gives std {got[far]:.4g} on x, not 1: it was measured "
                               "before the layers before it were rescaled; rescale one layer per forward pass, "
                               "in the order they run, or in one pass with each hook also returning output / std, "
                               "so that the next layer sees the rescaled output")
     return None
+
+
+def _output_sizes(model: nn.Module, x: torch.Tensor) -> dict[str, int]:
+    sizes, handles = {}, []
+    for name, m in _weighted(model).items():
+        handles.append(m.register_forward_hook(lambda m, a, out, name=name: sizes.__setitem__(name, out.numel())))
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return sizes
 
 
 def _stds_of(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
@@ -488,6 +500,37 @@ def _stds_of(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
     return stds
 
 
+class _WeightsPassedOn:
+    """The checker's pre-hooks on every module (put first) and a forward hook on the root: they note a
+    parameter arriving where an activation belongs, which is what a hook returning a weight makes happen
+    (its value replaces the layer's output, so the next layer, or the model's caller, receives it)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.owners = {p.data_ptr(): (name.rpartition(".")[0], name.rpartition(".")[2])
+                       for name, p in model.named_parameters()}
+        self.found: tuple[str, str] | None = None
+        self.handles = [m.register_forward_pre_hook(self._look, prepend=True) for m in model.modules()]
+        self.handles.append(model.register_forward_hook(lambda m, args, output: self._look(m, (output,))))
+
+    def _look(self, module, args):
+        for value in args:
+            if self.found is None and isinstance(value, torch.Tensor) and value.data_ptr() in self.owners:
+                self.found = self.owners[value.data_ptr()]
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    def outcome(self) -> Outcome | None:
+        if self.found is None:
+            return None
+        name, param = self.found
+        return Outcome(False, f"your hook on layer {name!r} returned its {param}, which replaced the layer's output: "
+                              "an in-place method such as div_ returns the tensor it changed, so a lambda whose "
+                              "body is module.weight.div_(std) returns the weight; write a def that changes the "
+                              "weight and returns nothing (or returns output / std)")
+
+
 @exercise("02.2", "rescale each layer's weight to an output of std 1")
 def _rescale(rescale_to_unit_std) -> Outcome:
     """``rescale_to_unit_std(model, x)`` divides each Conv2d / Linear weight in place by the std of its
@@ -496,22 +539,31 @@ def _rescale(rescale_to_unit_std) -> Outcome:
     x = torch.randn(16, 1, 6, 6, generator=torch.Generator().manual_seed(1))
     before = {name: (m.weight, m.weight.detach().clone(), m.bias.detach().clone())
               for name, m in _weighted(model).items()}
+    replacements = _WeightsPassedOn(model)
     try:
         rescale_to_unit_std(model, x.clone())
     except RuntimeError as error:
+        replacements.remove()
+        left_on(model)
+        if replacements.outcome():
+            return replacements.outcome()
         if "leaf Variable that requires grad" in str(error):
-            left_on(model)
             return Outcome(False, "autograd refuses to change a parameter in place while it records: divide the "
                                   "weight under torch.no_grad()")
         raise
     except (TypeError, AttributeError) as error:
+        replacements.remove()
         left_on(model)
-        returned = _returned_hint(error)
+        returned = replacements.outcome() or _returned_hint(error)
         if returned:
             return returned
         raise
     finally:
+        replacements.remove()
         left = left_on(model)
+    returned = replacements.outcome()
+    if returned:
+        return returned
     if left:
         return Outcome(False, f"{left[0]} after rescale_to_unit_std returned: remove each hook (in a finally "
                               "block)")
@@ -674,8 +726,7 @@ def _stats_outcome(stats, expected: dict) -> Outcome | None:
                 shown = f"{value:.4g}" if isinstance(value, int | float) else kind_of(value)
                 if field == "stds" and _close(value, expected["population"][name][step - 1]):
                     return Outcome(False, f"self.stds[{name!r}] at call {step}: {shown}, expected {right:.4g}: "
-                                          "that is the population std (unbiased=False, dividing by n); use "
-                                          ".std(), which divides by n − 1")
+                                          "that is " + POPULATION)
                 return Outcome(False, f"self.{field}[{name!r}] at call {step}: {shown}, expected {right:.4g} "
                                       "(of the layer's output)")
     return None
