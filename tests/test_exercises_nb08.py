@@ -4,6 +4,8 @@ about the model hold."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from answers import failed
@@ -14,12 +16,13 @@ from hooklab.exercises import exercises, grade, nb08
 IDS = sorted(id for id in exercises() if id.startswith("08."))
 
 
-def test_notebook_08_has_four_predictions_and_five_exercises():
-    assert IDS == ["08.1", "08.2", "08.3", "08.4", "08.5", "08.a", "08.b", "08.c", "08.d"]
+def test_notebook_08_has_five_predictions_and_five_exercises():
+    assert IDS == ["08.1", "08.2", "08.3", "08.4", "08.5", "08.a", "08.b", "08.c", "08.d", "08.e"]
 
 
 # ----- predictions ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("08.a", 6), ("08.b", 3), ("08.c", "above 8"), ("08.d", False)])
+@pytest.mark.parametrize(("id", "truth"), [("08.a", 6), ("08.b", 19), ("08.c", 3), ("08.d", "above 8"),
+                                            ("08.e", False)])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     assert exercises()[id].checker.__wrapped__.truth() == truth
@@ -27,9 +30,10 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
 
 @pytest.mark.parametrize(("id", "guess", "hint"), [
     ("08.a", 7, "position after it"), ("08.a", 1, "previous-token head"),
-    ("08.b", 2, "position 2 before it"), ("08.b", 9, "record"),
-    ("08.c", "0 to 8", "three clean heads"), ("08.c", "below 0", "three other"),
-    ("08.d", True, "more is not always more"),
+    ("08.b", 22, "never the query itself"), ("08.b", 21, "earlier positions"),
+    ("08.c", 2, "position 2 before it"), ("08.c", 9, "record"),
+    ("08.d", "0 to 8", "do not add"), ("08.d", "below 0", "three other"),
+    ("08.e", True, "more is not always more"), ("08.e", "False", "a string, write True or False without quotes"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
@@ -65,6 +69,17 @@ def keeps_the_graph(model, tokens):
     return patterns
 
 
+def removes_after(model, tokens):  # no finally: a forward pass that raises leaves the hooks
+    patterns = []
+    handles = [b.attn.hook_pattern.register_forward_hook(lambda m, a, o: patterns.append(o.detach()))
+               for b in model.blocks]
+    with torch.no_grad():
+        model(tokens)
+    for handle in handles:
+        handle.remove()
+    return patterns
+
+
 def last_layer_only(model, tokens):
     return nb08.record_patterns(model, tokens)[-1:]
 
@@ -72,6 +87,7 @@ def last_layer_only(model, tokens):
 @pytest.mark.parametrize(("answer", "words"), [
     (leaves_hooks, ["still registered", "finally"]), (keeps_the_graph, ["requires grad", "detach"]),
     (last_layer_only, ["1 patterns", "each block"]), ("record_patterns", ["pass your function itself"]),
+    (removes_after, ["raised", "finally"]),
 ])  # fmt: skip
 def test_08_1_rejects(answer, words):
     failed("08.1", answer, *words)
@@ -82,7 +98,7 @@ def test_08_1_accepts_the_worked_answer():
 
 
 # ----- 08.2 -------------------------------------------------------------------------------------
-def run_with_hooks_like(*, bind=True, call="tl", remove="finally"):
+def run_with_hooks_like(*, bind=True, call="tl", remove="finally", no_grad=True):
     """run_with_hooks with one slip: ``bind=False``, the late-bound loop variable; ``call``: "tl" (right),
     "raw" (fn(module, args, output)), "ignore" (the return value dropped), "name" (the name, not the module);
     ``remove``: "finally", "after" (not when a hook raises) or "never"."""
@@ -100,7 +116,7 @@ def run_with_hooks_like(*, bind=True, call="tl", remove="finally"):
                     return fn(o, m)  # noqa: B023 (the slip under test)
 
                 handles.append(module.register_forward_hook(bound if bind else late))
-            with torch.no_grad():
+            with torch.no_grad() if no_grad else contextlib.nullcontext():
                 return model(tokens)
 
         try:
@@ -124,6 +140,7 @@ def run_with_hooks_like(*, bind=True, call="tl", remove="finally"):
     (run_with_hooks_like(call="name"), ["second argument", "HookPoint"]),
     (run_with_hooks_like(remove="after"), ["raised", "finally"]),
     (run_with_hooks_like(remove="never"), ["still registered", "finally"]),
+    (run_with_hooks_like(no_grad=False), ["require grad", "torch.no_grad()"]),
     ("run_with_hooks", ["pass your function itself"]),
 ])  # fmt: skip
 def test_08_2_rejects(answer, words):
@@ -147,13 +164,15 @@ def test_stripe_score_reads_the_key_k_back():
 
 # ----- 08.3 -------------------------------------------------------------------------------------
 def sweep_like(*, normalise="right", run="corrupted", remove=True, whole=False, transpose=False, onward=False,
-               first_everywhere=False, hook_for=None):
+               first_everywhere=False, hook_for=None, swapped=False):
     """A patching sweep with one slip; ``hook_for(clean_value, position)``, if given, makes the patch hook."""
     def patching_sweep(model, clean, corrupted, points, metric):
         with record(model, points) as rec, torch.no_grad():
-            high = metric(model(clean))
+            high = metric(model(corrupted if swapped else clean))
         with torch.no_grad():
-            low = metric(model(corrupted))
+            low = metric(model(clean if swapped else corrupted))
+        if swapped:  # the corrupted values recorded, patched into the clean run
+            high, low = low, high
         sweep = torch.zeros(len(points), corrupted.shape[1])
         for row, point in enumerate(points):
             for position in range(corrupted.shape[1]):
@@ -167,7 +186,7 @@ def sweep_like(*, normalise="right", run="corrupted", remove=True, whole=False, 
                     hook = hook_for(value, position)
                 handle = model.get_submodule(point).register_forward_hook(hook)
                 with torch.no_grad():
-                    sweep[row, position] = metric(model(clean if run == "clean" else corrupted))
+                    sweep[row, position] = metric(model(clean if run == "clean" or swapped else corrupted))
                 if remove:
                     handle.remove()
         sweep = {"right": (sweep - low) / (high - low), "raw": sweep, "upside down": (high - sweep) / (high - low),
@@ -185,6 +204,7 @@ def sweep_like(*, normalise="right", run="corrupted", remove=True, whole=False, 
     (sweep_like(run="clean"), ["patched the clean run", "model(corrupted)"]),
     (sweep_like(whole=True), ["whole output", "output[:, position]"]),
     (sweep_like(transpose=True), ["one row per hook point"]),
+    (sweep_like(swapped=True), ["direction is swapped", "model(corrupted)"]),
     (sweep_like(onward=True), ["from the position onward", "output[:, position]"]),
     (sweep_like(first_everywhere=True), ["two different runs", "first clean sequence's value", "[:, position]"]),
     ("patching_sweep", ["pass your function itself"]),
@@ -246,8 +266,9 @@ def test_08_4_rejects(answer, words):
     failed("08.4", answer, *words)
 
 
-def test_08_4_accepts_the_worked_answer():
+def test_08_4_accepts_the_worked_answer_and_a_list_of_numbers():
     assert grade("08.4", nb08.ablation_scores).passed
+    assert grade("08.4", lambda *args: nb08.ablation_scores(*args).tolist()).passed
 
 
 # ----- 08.5 -------------------------------------------------------------------------------------
@@ -399,7 +420,6 @@ def steer_copy_first(direction, position, scale):
     ("08.3", sweep_with(copy_first), ["two different runs in one batch", "only the first sequence", "output[:, ...]"]),
     ("08.4", scores_with(zero_in_place_first), ["only the first sequence"]),
     ("08.4", scores_with(zero_copy_first), ["a batch of two", "only the first sequence"]),
-    ("08.4", scores_with(zero_right, as_list=True), ["returned list", "return a tensor"]),
     ("08.5", steer_copy_first, ["only the first sequence", "output[:, ...]"]),
 ])  # fmt: skip
 def test_first_sequence_only_edits_are_rejected(id, answer, words):
@@ -470,3 +490,33 @@ def test_the_measured_facts_the_lesson_states_about_matching_the_batch_and_the_n
     patched = nb08.run_hooked(model, nb08.second_corruption(), "blocks.0.hook_resid_post",
                               nb08.patch_hook(nb08.clean_cache(model)["blocks.0.hook_resid_post"], 2))
     assert patched[0, nb08.Q].argmax().item() == 8 and nb08.logit_diff_2(patched) > 0
+
+
+def test_the_positional_prior_and_the_one_position_whose_difference_matters():
+    """Every token absent from the run, as the query, sends layer 1's heads to keys 1-4 and is answered with
+    the token at key 1, 2 or 3; after layer 0 the runs differ at position 4 as much as at 3, but patching 4
+    restores nothing."""
+    model, (clean, corrupted) = nb08._model(), nb08.clean_and_corrupted()
+    for token in sorted(set(range(1, 24)) - set(nb08.RUN)):  # the task draws tokens 1-23
+        tokens = clean.clone()
+        tokens[0, nb08.Q] = token
+        with torch.no_grad():
+            assert model(tokens)[0, nb08.Q].argmax().item() in nb08.RUN[1:4], token
+        assert set(nb08.record_patterns(model, tokens)[1][0, :, nb08.Q].argmax(-1).tolist()) <= {1, 2, 3, 4}
+    after = {name: nb08.clean_cache_of(model, tokens, ["blocks.0.hook_resid_post"])["blocks.0.hook_resid_post"]
+             for name, tokens in (("clean", clean), ("corrupted", corrupted))}
+    norms = (after["clean"] - after["corrupted"])[0].norm(dim=-1)
+    assert norms[4] > norms[3] > 7 and norms[:3].max() < 1e-5
+    low = nb08.logit_diff(model(corrupted).detach())
+    assert abs(nb08.patched_diff(model, "blocks.0.hook_resid_post", 4) - low) < 0.1
+
+
+def test_the_positional_prior_holds_over_the_runs_of_7():
+    """Over the 242 runs of 7, a query made a token absent from its run sends 0.90 of layer 1's heads to keys 1-4."""
+    from hooklab.transformer import induction_batch, induction_mask
+
+    tokens = induction_batch(1000, torch.Generator().manual_seed(0))
+    runs = tokens[induction_mask(tokens).float().argmax(1) == 7].clone()
+    runs[:, nb08.Q] = torch.tensor([max(set(range(1, 24)) - set(run[:7])) for run in runs.tolist()])
+    keys = nb08.record_patterns(nb08._model(), runs)[1][:, :, nb08.Q].argmax(-1)
+    assert len(runs) == 242 and ((keys >= 1) & (keys <= 4)).float().mean() > 0.85

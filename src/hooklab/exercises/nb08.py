@@ -3,9 +3,9 @@
 The lesson's problem is one pair of runs of ``hooklab.transformer.trained_transformer()``: a clean
 sequence (a run of seven tokens, repeated, then two random ones) whose query position ``Q`` predicts
 ``A`` = 19, and a corrupted copy with the 19 of the first run (position ``CHANGED``) replaced by ``B`` =
-17, which predicts 17. ``logit_diff`` is logit[A] − logit[B] at the query. Predictions 08.a-08.d compute
+17, which predicts 17. ``logit_diff`` is logit[A] − logit[B] at the query. Predictions 08.a-08.e compute
 their truth with torch. ``second_corruption()`` changes the 3 before the 19 (position ``CHANGED2``) into
-``B2`` = 10 instead: it needs layer 0 to move the previous token, so patching finds layer 0 (08.b). Exercises:
+``B2`` = 10 instead: it needs layer 0 to move the previous token, so patching finds layer 0 (08.c). Exercises:
 record the attention patterns with forward hooks (08.1), TransformerLens's ``run_with_hooks`` by name (08.2),
 the patching sweep over hook points × positions, normalised (08.3), a hook that zero- or mean-ablates one
 head (08.4), and a hook that adds a steering direction (08.5). ``record_patterns``, ``run_with_hooks``,
@@ -247,7 +247,29 @@ def _induction_offset() -> int:
     return max(range(9), key=lambda k: stripe_score(pattern, k).mean().item())
 
 
-@prediction("08.b", "the position whose clean blocks.0.hook_attn_out restores the second corruption's answer",
+ABSENT = 22  # a token the run does not hold: the query made this token (08.b)
+
+
+def absent_query() -> torch.Tensor:
+    """The clean run with the query token ``ABSENT``, which no key matches, ``(1, 16)``."""
+    tokens = clean_and_corrupted()[0].clone()
+    tokens[0, Q] = ABSENT
+    return tokens
+
+
+@prediction("08.b", "the model's answer when the query is a 22, a token the run does not hold",
+            why="with no key to match, layer 1's heads fall back on position: at query 9 they look at keys 1-4, "
+                "here all four at key 3, where a run of 7 keeps the answer for position 9; they copy its 19",
+            wrong=[(ABSENT, "the heads copy the token of the key they attend to, never the query itself; no key "
+                            "matches a 22, so where do they look? (the plot above: query 9, layer 1)"),
+                   (7, "the 7 follows the second run; the heads look back into the first run, near key 3"),
+                   (21, "the 21 comes after the query: attention only reads earlier positions")])
+def _absent_query_answer() -> int:
+    with torch.no_grad():
+        return _model()(absent_query())[0, Q].argmax().item()
+
+
+@prediction("08.c", "the position whose clean blocks.0.hook_attn_out restores the second corruption's answer",
             why="in the first run layer 0's heads attend to the previous token (not in the repeat), so its attention "
                 "output at 3 is position 3's record "
                 "that a 3 came before it; patched in, layer 1 finds the match again and copies the 19 (the token "
@@ -270,12 +292,13 @@ def head_0_zeroed() -> float:
     return logit_diff(run_hooked(_model(), clean_and_corrupted()[0], "blocks.1.attn.hook_z", ablation_hook(0)))
 
 
-@prediction("08.c", "the clean run's logit difference with layer 1's head 0 zeroed: above 8, 0 to 8, or below 0",
-            why="the other three heads still attend to the 19 and copy it, so zeroing head 0 costs only about 1.5 "
-                "of the +10.8: ablation is not patching in reverse when heads are redundant",
-            wrong=[("0 to 8", "head 0's patch restored 0.27 of the 21.7 between the runs (about 5.9), but that "
-                              "was head 0 alone against three corrupted heads; zeroed in the clean run, three clean "
-                              "heads still copy the 19, and it costs about 1.5"),
+@prediction("08.d", "the clean run's logit difference with layer 1's head 0 zeroed: above 8, 0 to 8, or below 0",
+            why="the heads combine, they do not add: one clean head was outvoted by three corrupted ones (0.27), "
+                "and here three clean heads still attend to the 19 and copy it, so zeroing head 0 costs only "
+                "about 1.5 of the +10.8",
+            wrong=[("0 to 8", "that reads head 0's 5.9 as its share of a sum; but single heads sum to 0.61 and all "
+                              "four give 0.93: they do not add. Zeroed in the clean run, three clean heads still "
+                              "copy the 19, and it costs about 1.5"),
                    ("below 0", "the answer would flip to 17 only if head 0 carried the 19 alone; three other "
                                "heads attend to it too")])
 def _head_0_zeroed() -> str:
@@ -300,12 +323,14 @@ def pair_metric(logits: torch.Tensor) -> float:
     return (logits[0, Q, A] - logits[0, Q, B] + logits[1, Q, 14] - logits[1, Q, B]).item()
 
 
-@prediction("08.d", "whether the corrupted run, with the direction added at scale 4, still has 19 as its argmax",
+@prediction("08.e", "whether 19 is the top token of the corrupted run, the direction added at scale 4",
             why="no: at scale 4 the added vector (4 × its norm) is about twice as long as any residual the model saw "
                 "after layer 0; layer 1's heads leave key 3 (0.28 at most, next cell), and the answer leaves 19 "
                 "although the logit difference is still positive",
             wrong=[(True, "more is not always more: at scale 4 the added vector is about twice as long as any "
-                          "residual the model saw after layer 0. Does layer 1 still attend to position 3?")])
+                          "residual the model saw after layer 0. Does layer 1 still attend to position 3?"),
+                   ("true", "you wrote a string, write True or False without quotes: a bool, not text"),
+                   ("false", "you wrote a string, write True or False without quotes: a bool, not text")])
 def _far_steer() -> bool:
     model = _model()
     hook = steering_hook(steering_direction(model), CHANGED, 4.0)
@@ -416,7 +441,13 @@ def _check_patterns(answer) -> Outcome:
         if not torch.allclose(g, w, atol=1e-6):
             return Outcome(False, f"layer {layer}'s pattern differs from the model's: record hook_pattern's output "
                                   "in order of the blocks")
-    return Outcome(True, "both layers' patterns, (N, heads, query, key), and no hook left behind")
+    from . import hooks_left_when_raising
+
+    too_long = torch.zeros(1, 64, dtype=torch.long)  # the model refuses it: the forward pass raises
+    if (left := hooks_left_when_raising(lambda: answer(model, too_long), model)) is not None:
+        return left
+    return Outcome(True, "both layers' patterns, (N, heads, query, key), and no hook left behind, even when the "
+                         "forward pass raises")
 
 
 RUN2 = [11, 4, 16, 6, 20, 1, 13]  # another run: its query (16) answers 6; a 22 at position 3 makes it 22
@@ -479,6 +510,9 @@ def _check_run_with_hooks(answer) -> Outcome:
                                   "after the run (in a finally block)")
         if not isinstance(got, torch.Tensor):
             return Outcome(False, f"{what}: run_with_hooks returned {kind_of(got)}: return the logits")
+        if got.requires_grad:
+            return Outcome(False, f"{what}: the logits require grad, so autograd kept a graph of the run: call "
+                                  "model(tokens) under torch.no_grad()")
         if "hook" in seen and seen["hook"] is not model.get_submodule("blocks.0.hook_resid_post"):
             return Outcome(False, f"fn's second argument was {kind_of(seen['hook'])}: pass the module the hook "
                                   "sits on, as TransformerLens passes the HookPoint")
@@ -595,6 +629,10 @@ def _sweep_slip(model, got, clean, corrupted, metric) -> str | None:
         if near((shared - low) / (high - low)):
             return ("every sequence got the first clean sequence's value (`clean_value[0, position]`): put back "
                     "each sequence's own, `clean_value[:, position]`")
+    swapped = _raw_sweep(model, corrupted, clean, metric)  # the corrupted values patched into the clean run
+    if near((swapped - low) / (high - low)) or near((swapped - high) / (low - high)):
+        return ("the direction is swapped: you put the corrupted run's values into the clean run. Record the "
+                "clean run, and patch its values into model(corrupted)")
     if near(_onward(model, clean, corrupted, metric, high, low)):
         return ("you patched from the position onward (`output[:, position:]`): put back the clean value at that "
                 "one position only, `output[:, position]`")
@@ -710,6 +748,8 @@ def _check_scores(answer) -> Outcome:
                                            (clean, logit_diff, 0, None, "layer 0, zero"),
                                            (batch, pair_metric, 1, None, "a batch of two, layer 1, zero")]:
         got = answer(model, tokens, layer, metric, m)
+        if isinstance(got, list | tuple) and all(isinstance(v, int | float) for v in got):
+            got = torch.tensor(got)  # a list of numbers is as good as a tensor
         if (leftover := [n for n, mod in model.named_modules() if mod._forward_hooks]):
             return Outcome(False, f"a forward hook is still registered on {leftover[0]!r} after your scores: "
                                   "remove each handle after its run, in a finally block")
@@ -752,6 +792,7 @@ def _check_steering(answer) -> Outcome:
 
 
 __all__ = [
+    "ABSENT",
     "B2",
     "CHANGED",
     "CHANGED2",
@@ -762,6 +803,7 @@ __all__ = [
     "Q",
     "ablation_hook",
     "ablation_scores",
+    "absent_query",
     "clean_and_corrupted",
     "clean_cache",
     "clean_cache_of",
