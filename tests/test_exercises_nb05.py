@@ -596,3 +596,17 @@ def test_05_5_typical_mistakes_get_a_hint():
     failed("05.5", RemovesOnlyWithoutError, "when the body of the with block raised")
     failed("05.5", ReturnsTheTrainedOutput, "still computes what the trained layer computes")
     failed("05.5", Redrawn(nn.Linear(1, 1), []), "the class Redrawn itself")
+
+
+def test_05_5_a_late_bound_fresh_is_told_about_the_loop_variable():
+    class LateBound(Redrawn):
+        def __enter__(self):
+            for name in self.names:
+                layer = self.model.get_submodule(name)
+                fresh = copy.deepcopy(layer)
+                fresh.reset_parameters()
+                self.handles.append(layer.register_forward_hook(lambda m, a, o: fresh(*a)))  # noqa: B023
+            return self
+
+    failed("05.5", LateBound, "RuntimeError", "Each name alone runs", "fresh=fresh")
+

@@ -1,4 +1,4 @@
-"""Exercises and predictions of notebook 05, in its order: what the explorer crosses out from digit to digit
+"""Exercises and predictions of notebook 05, in its order: whether the number of dead channels changes
 (05.a), dead channels found with a forward hook and what zeroing them does (05.b, 05.1), why they stay dead and
 a watch that counts them at every step (05.c, 05.2), the deconvnet rule and guided backpropagation as a class
 of ReLU hooks (05.d, 05.3), the Grad-CAM recorder: a tensor hook registered from a forward hook (05.4), which
@@ -93,26 +93,29 @@ class _AnyNumber:
     __hash__ = None
 
 
-def _explorer_dead_counts(layer: str) -> list[int]:
-    """How many channels of ``layer`` the explorer crosses out for each of its 12 digits (the first 12 test digits)."""
-    from ..widgets import LayerExplorer
+def _dead_counts_per_digit(layer: str) -> list[int]:
+    """How many channels of ``layer`` are 0 everywhere on each of the 450 test digits, one digit at a time."""
+    from ..recording import record
 
-    explorer = LayerExplorer(trained_digits_cnn(), _digits().x_test[:12])
-    return [len(explorer.dead(layer, index=i)) for i in range(12)]
+    model = trained_digits_cnn()
+    with record(model, [layer]) as rec, torch.no_grad():
+        model(_digits().x_test)
+    return (rec[layer].output == 0).flatten(2).all(dim=2).sum(dim=1).tolist()
 
 
-@prediction("05.a", "whether the explorer's count of crossed-out channels changes from digit to digit",
-            why="read off the explorer: at features.3 every one of the 12 digits has the same 24 channels crossed "
-                "out; at features.6 the count moves between 12 and 14 from digit to digit. Some channels of "
-                "features.6 are off for some digits only: dead on one image is not dead on all",
-            wrong=[([True, True], "at features.3 the text under the sliders says 24 of 32 for every digit: move "
-                                  "the image slider with the layer on features.3 and read it again"),
-                   ([False, False], "at features.6 the count is not the same for every digit: put the layer "
-                                    "slider on features.6 and move the image slider"),
-                   ([True, False], "the other way round: features.3 crosses out 24 for every digit; features.6's "
-                                   "count moves")])
-def _explorer_changes() -> list:
-    return [len(set(_explorer_dead_counts(layer))) > 1 for layer in ("features.3", "features.6")]
+@prediction("05.a", "whether the number of channels dead on a single digit changes from digit to digit",
+            why="at features.3 the same 24 channels are zero on every one of the 450 test digits, and the other 8 "
+                "are live on every one: each reads a 5×5 patch, a piece of stroke that every digit has somewhere. "
+                "At features.6 the count goes from 12 to 16: its channels read most of the digit, and some answer "
+                "shapes that only some digits have. Dead on one digit is not dead on all",
+            wrong=[([True, True], "at features.3 it is 24 of 32 for every digit: a channel there reads a 5×5 patch, "
+                                  "and a piece of stroke that wakes it is in every digit"),
+                   ([False, False], "a channel of features.6 reads most of the digit: one that answers a shape only "
+                                    "some digits have is silent on the others, so the count moves"),
+                   ([True, False], "the other way round: small patches (features.3) look alike in every digit; "
+                                   "whole shapes (features.6) do not")])
+def _dead_count_changes() -> list:
+    return [len(set(_dead_counts_per_digit(layer))) > 1 for layer in ("features.3", "features.6")]
 
 
 def _zeroed(model: nn.Module, channels: torch.Tensor) -> torch.Tensor:
@@ -257,8 +260,9 @@ MAP_CHOICES = ("plain gradient", "guided backprop", "Grad-CAM")
 
 
 @prediction("05.f", "which map changes least for another class: the plain gradient, guided backprop or Grad-CAM",
-            why="guided backprop's clamp drops the negative gradient at every ReLU, and with it much of what the "
-                "class changes; what is left follows the strokes (mean rank correlation about 0.8). The plain "
+            why="guided backprop's map follows the strokes whatever the weights (section 3: an untrained network's "
+                "resembles the digit even more), so another class changes little (mean rank correlation about "
+                "0.8). The plain "
                 "gradient keeps both signs and Grad-CAM weighs the channels by the class's own w_k/16: both reverse "
                 "much of their order (about -0.4)",
             wrong=[("plain gradient", "the plain gradient keeps the negative gradient at every ReLU, and another "
@@ -938,6 +942,24 @@ def _redrawn_problem(cls, model: nn.Module, before: dict, x: torch.Tensor, plain
     return None
 
 
+_LATE_FRESH = ("Each name alone runs, so the hooks mix up their copies: a hook defined inside the loop looks fresh "
+               "up when it runs, after the loop, so every hook runs the last copy (a layer of another shape); give "
+               "each hook its own copy (a function that makes the hook, or a default argument fresh=fresh)")
+
+
+def _each_name_alone_runs(cls, model: nn.Module, x: torch.Tensor) -> bool:
+    """Whether ``cls(model, [name])`` runs a pass for each name of ``_REDRAWN`` on its own (the late-binding test)."""
+    try:
+        for name in _REDRAWN:
+            with cls(model, [name]), torch.no_grad():
+                model(x)
+        return True
+    except Exception:
+        return False
+    finally:
+        clear_hooks(model)
+
+
 @exercise("05.5", "layers re-drawn by forward hooks that run a fresh copy")
 def _redrawn(cls) -> Outcome:
     """``with Redrawn(model, names):`` every named layer computes with freshly drawn weights (a forward hook
@@ -966,7 +988,8 @@ def _redrawn(cls) -> Outcome:
                               "fresh copy in __enter__, before registering the hook")
     except Exception as e:
         clear_hooks(model)
-        return Outcome(False, f"running `with Redrawn(model, {_REDRAWN}):` raised {type(e).__name__}: {e}")
+        late = " " + _LATE_FRESH if _each_name_alone_runs(cls, model, x) else ""
+        return Outcome(False, f"running `with Redrawn(model, {_REDRAWN}):` raised {type(e).__name__}: {e}.{late}")
     if problem:
         clear_hooks(model)
         return Outcome(False, problem)
