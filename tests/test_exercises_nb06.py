@@ -22,7 +22,7 @@ def test_notebook_06_has_five_predictions_and_five_exercises():
 
 
 # ----- predictions ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("06.a", "head.2."), ("06.d", "4.1"), ("06.b", 0.005), ("06.e", 66)])
+@pytest.mark.parametrize(("id", "truth"), [("06.a", "head.2."), ("06.d", 76), ("06.c", 0.005), ("06.e", 66)])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     computed = exercises()[id].checker.__wrapped__.truth()
@@ -31,25 +31,23 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
 
 @pytest.mark.parametrize(("id", "guess", "hint"), [
     ("06.a", "head.2", "ends with a dot"), ("06.a", "2.", "whole path"),
-    ("06.d", "runs", "before the new head existed"),
-    ("06.d", "4.0", "only makes the view"), ("06.d", "1", "made the ReLUs at '1' and '3' out of place"),
-    ("06.d", 4.1, "as a string"), ("06.d", "4", "the last forward to start"),
-    ("06.b", 0.001, "param_groups"), ("06.e", 64, "UnbindBackward0"), ("06.e", 96, "not one per row"),
+    ("06.d", 68, "per call, not per module"), ("06.d", 75, "hooked a second time"), ("06.d", 52, "containers"),
+    ("06.c", 0.001, "param_groups"), ("06.e", 64, "UnbindBackward0"), ("06.e", 96, "not one per row"),
     ("06.e", 2, "vectorised"),
-    ("06.c", 5, "axis is log10"), ("06.c", 0, "the lr scales every step"), ("06.c", -0.7, "the band rises"),
+    ("06.b", 5, "axis is log10"), ("06.b", 0, "the lr scales every step"), ("06.b", -0.7, "the band rises"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
 
 
-def test_06_c_the_band_rises_by_about_log10_of_5():
+def test_06_b_the_band_rises_by_about_log10_of_5():
     """A fresh Adam at 5e-3 against 1e-3 on the old checkpoint's weights: the reasoned guess log10(5) is right,
     and so is what the lesson prints (-2.40 against -3.04 for head.2)."""
-    rise = exercises()["06.c"].checker.__wrapped__.truth()
+    rise = exercises()["06.b"].checker.__wrapped__.truth()
     assert 0.6 < rise < 0.68
-    assert grade("06.c", math.log10(5)).passed
-    assert grade("06.c", 0.64).passed
-    assert not grade("06.c", 0.5).passed
+    assert grade("06.b", math.log10(5)).passed
+    assert grade("06.b", 0.64).passed
+    assert not grade("06.b", 0.5).passed
 
 
 # ----- 06.1 -----------------------------------------------------------------------------------
@@ -150,57 +148,61 @@ def test_06_1_reports_the_failed_load():
 
 
 # ----- 06.4 -----------------------------------------------------------------------------------
-def out_of_place(module, name, submodule):
-    if getattr(submodule, "inplace", False):
-        safe = copy.copy(submodule)
-        safe.inplace = False
-        return safe
-    return None
+def grad_logger(names, logged, skip_outside=True, skip_frozen=True, item=True, returns=False, of_input=False):
+    def hook(module, args, output):
+        if (skip_outside and module not in names) or (skip_frozen and not output.requires_grad):
+            return None
+        name, watched = names[module], args[0] if of_input else output
+        if of_input and not watched.requires_grad:
+            return None
+        handle = watched.register_hook(lambda grad: logged.append((name, grad.norm().item() if item else grad.norm())))
+        return handle if returns else None
+
+    return hook
 
 
-def switch_off_in_place(module, name, submodule):  # changing the module itself and keeping it is right too
-    if getattr(submodule, "inplace", False):
-        submodule.inplace = False
+def test_06_4_grad_logger():
+    outcome = grade("06.4", grad_logger)
+    assert outcome.passed, outcome.detail
+    # the frozen layer '0' logs nothing; the in-place ReLU's output and the residual block's are logged
+    assert "['4', '', '3', '3.linear', '2', '1']" in outcome.detail
 
 
-def test_06_4_out_of_place():
-    assert grade("06.4", out_of_place).passed
-    assert grade("06.4", switch_off_in_place).passed
-    # returning the unchanged submodule keeps it, as None does
-    assert grade("06.4", lambda module, name, submodule: out_of_place(module, name, submodule) or submodule).passed
+def test_06_4_the_checked_model_really_fails_under_a_global_full_backward_hook():
+    """The premise: the model the check runs breaks when every module gets a full backward hook."""
+    from torch.nn.modules import module as module_hooks
 
+    from hooklab.exercises.nb06 import _logging_model
 
-def test_06_4_the_checked_model_really_fails_with_its_in_place_modules():
-    """The premise of the check's last step: unfixed, the model breaks under full backward hooks."""
-    from hooklab.exercises.nb06 import _runs_with_a_global_backward_hook
-
-    outcome = _runs_with_a_global_backward_hook(lambda module, name, submodule: None)
-    assert not outcome.passed and "still has in-place modules at ['1', '2.1']" in outcome.detail
-    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True), nn.Linear(3, 1))
-    handles = [m.register_full_backward_hook(lambda module, grad_input, grad_output: None) for m in model.modules()]
-    try:
+    model = _logging_model()
+    with module_hooks.register_module_full_backward_hook(lambda module, grad_input, grad_output: None):
         with pytest.raises(RuntimeError, match="modified inplace"):
-            model(torch.randn(4, 3, requires_grad=True)).sum().backward()
-    finally:
-        for handle in handles:
-            handle.remove()
+            model(torch.randn(5, 3))
 
 
 @pytest.mark.parametrize(
-    ("answer", "expected"),
+    ("options", "expected"),
     [
-        (lambda m, n, s: None, "nn.ReLU(inplace=True) the module that gets registered is still in-place"),
-        (lambda m, n, s: nn.ReLU() if getattr(s, "inplace", False) else None, "returned a ReLU: keep the module"),
-        (lambda m, n, s: type(s)() if getattr(s, "inplace", False) else None, "negative_slope was 0.2"),
-        (lambda m, n, s: nn.ReLU, "returned the class ReLU"),
-        (lambda m, n, s: copy.copy(s), "for an nn.ReLU(inplace=True) the module that gets registered is still"),
-        (lambda m, n, s: out_of_place(m, n, s) or copy.copy(s), "(or the submodule itself)"),
-        (lambda m, n, s: "relu" if getattr(s, "inplace", False) else None, "returned a str"),
+        ({"skip_outside": False}, "skip a module that is not in names"),
+        ({"skip_frozen": False}, "check output.requires_grad first"),
+        ({"item": False}, "append a float, grad.norm().item()"),
+        ({"returns": True}, "replaces the module's output: return None"),
+        ({"of_input": True}, "expected 6"),
     ],
 )
-def test_06_4_wrong_answers_are_explained(answer, expected):
-    outcome = grade("06.4", answer)
-    assert not outcome.passed and expected in outcome.detail, outcome.detail
+def test_06_4_wrong_answers_are_explained(options, expected):
+    failed("06.4", lambda names, logged: grad_logger(names, logged, **options), expected)
+
+
+def test_06_4_a_hook_that_changes_the_gradient_is_named():
+    def doubling(names, logged):
+        def hook(module, args, output):
+            if module in names and output.requires_grad:
+                output.register_hook(lambda grad: grad * 2)
+
+        return hook
+
+    failed("06.4", doubling, "the tensor hook must return None")
 
 
 # ----- 06.2 -----------------------------------------------------------------------------------
@@ -346,7 +348,7 @@ def test_06_3_the_lesson_trap_is_real():
 def test_checkers_leave_the_random_stream_alone():
     torch.manual_seed(0)
     state = torch.random.get_rng_state()
-    for id, answer in (("06.1", upgrade), ("06.2", watch_updates), ("06.3", keep_lr), ("06.4", out_of_place)):
+    for id, answer in (("06.1", upgrade), ("06.2", watch_updates), ("06.3", keep_lr), ("06.4", grad_logger)):
         assert grade(id, answer).passed
     assert torch.equal(torch.random.get_rng_state(), state)
 
@@ -409,13 +411,8 @@ def test_the_worked_answers_pass():
     from hooklab.exercises import nb06
 
     for id, answer in (("06.1", nb06.upgrade), ("06.2", nb06.watch_updates), ("06.3", nb06.keep_lr),
-                       ("06.4", nb06.out_of_place), ("06.5", nb06.nodes_by_layer)):
+                       ("06.4", nb06.grad_logger), ("06.5", nb06.nodes_by_layer)):
         assert grade(id, answer).passed, id
-
-
-def test_06_4_the_message_names_both_right_ways():
-    failed("06.4", lambda module, name, submodule: None, "return a copy with inplace = False",
-           "set submodule.inplace = False and return None")
 
 
 def start_markers_only(model, x):

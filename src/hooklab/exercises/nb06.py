@@ -6,9 +6,9 @@ checkpoint file, loads it and trains one epoch in one call, so nothing of the st
 loading and the first step, except a hook. Predictions 06.a-06.e compute their truth with torch. Exercises, in the
 order the lesson asks them: a load_state_dict pre-hook that reads old checkpoints (06.1), optimizer
 step hooks that measure the update:data ratio (06.2), an optimizer load pre-hook that keeps the
-learning rate (06.3), a registration hook that makes in-place modules safe for global hooks (06.4),
+learning rate (06.3), a global forward hook that logs the gradient at every module (06.4),
 and which layer created which autograd node (06.5). ``upgrade``, ``watch_updates``, ``keep_lr``,
-``out_of_place`` and ``nodes_by_layer`` are worked answers: the lesson goes on with them while the
+``grad_logger`` and ``nodes_by_layer`` are worked answers: the lesson goes on with them while the
 student's own has not passed. The field guide's exercises on the same hooks are in ``g6.py`` (the
 firing order) and ``g7.py``.
 """
@@ -46,41 +46,34 @@ def _prefix() -> str:
     return seen[0]
 
 
-def _head_swapped_after_the_loop() -> nn.Sequential:
-    """The lesson's model after the loop made every module out of place, then fine-tuning's new head."""
-    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 3), nn.ReLU(), nn.Linear(3, 1))
-    model[4] = nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True), nn.Linear(3, 1))
-    return model
+def _resnet18() -> nn.Module:
+    import torchvision
+
+    with torch.random.fork_rng():  # random weights: only the module tree matters; the caller's stream stays
+        return torchvision.models.resnet18()
 
 
-@prediction("06.d", "which module fails under a global hook once a new head is swapped in after the loop",
-            why="the loop ran before the new head existed, so the head's ReLU is still in-place: the global hook "
-                "makes the output of the Linear before it a view (lesson 03 §3), and the ReLU at '4.1' writes into "
-                "it in place, so its forward fails",
-            wrong=[("runs", "the loop ran before the new head existed: its ReLU(inplace=True) is still in-place, and "
-                            "the global hook makes the output it writes into a view (lesson 03 §3)"),
-                   ("4.0", "the Linear at '4.0' only makes the view; the module that writes into it in place, the "
-                           "ReLU after it, is the one whose forward fails"),
-                   ("4", "the new head's forward starts first, then its children's: the last forward to start "
-                         "before the error is one of its children's: the one that writes into a view in place"),
-                   ("1", "the loop made the ReLUs at '1' and '3' out of place; only the head swapped in afterwards "
-                         "kept an in-place ReLU"),
-                   ("3", "the loop made the ReLUs at '1' and '3' out of place; only the head swapped in afterwards "
-                         "kept an in-place ReLU"),
-                   (4.1, "write the module's name as a string, with quotes: '4.1'")])
-def _failing_module() -> str:
-    model, started = _head_swapped_after_the_loop(), []
-    with Hooks() as hooks, module_hooks.register_module_full_backward_hook(_no_change):
-        for name, module in model.named_modules():
-            hooks.add(module.register_forward_pre_hook(lambda module, args, name=name: started.append(name)))
-        try:
-            model(torch.randn(5, 3, requires_grad=True)).sum().backward()
-        except RuntimeError:
-            return started[-1]
-    return "runs"
+@prediction("06.d", "how many gradients a global forward hook logs over resnet18's 68 modules",
+            why="a global forward hook runs at every call of every module, and each block's forward calls its relu "
+                "twice: 68 modules + 8 second relu calls = 76 outputs, each hooked once (the root's output is fc's "
+                "tensor, hooked twice, and both hooks run)",
+            wrong=[(68, "a hook runs per call, not per module: each of the 8 blocks calls its relu twice, and each "
+                        "call's output gets its own tensor hook"),
+                   (67, "the root model is a module too (named ''), and its output gets a hook like any other's; "
+                        "and each block calls its relu twice"),
+                   (75, "the root model is a module too (named ''): its output is fc's tensor, hooked a second time, "
+                        "and both hooks run"),
+                   (52, "containers are modules too: the global hook runs for every module called, leaves or not"),
+                   (0, "a forward hook that only registers tensor hooks wraps nothing: in-place code runs as written, "
+                       "and every hooked output gets its gradient")])
+def _logged_on_resnet18() -> int:
+    model, logged = _resnet18(), []
+    with module_hooks.register_module_forward_hook(grad_logger({m: n for n, m in model.named_modules()}, logged)):
+        model(torch.randn(1, 3, 64, 64)).sum().backward()
+    return len(logged)
 
 
-@prediction("06.b", "the learning rate after loading an optimizer's checkpoint",
+@prediction("06.c", "the learning rate after loading an optimizer's checkpoint",
             why="load_state_dict loads the checkpoint's param_groups whole, hyperparameters included: the lr is "
                 "the old run's, 0.005, not the 0.001 the optimizer was built with",
             wrong=[(0.001, "load_state_dict replaces the param_groups with the checkpoint's, lr included")])
@@ -118,10 +111,10 @@ def _median_head_ratio(lr: float, weights: dict, path) -> float:
     return torch.tensor(ratios["head.2.weight"]).median().item()
 
 
-@prediction("06.c", "how much higher a fresh Adam's update:data ratio sits at lr 5e-3 than at 1e-3",
+@prediction("06.b", "how much higher a fresh Adam's update:data ratio sits at lr 5e-3 than at 1e-3",
             why="Adam divides each gradient by its own running size, so its step is proportional to lr and ignores "
-                "the gradient's scale: five times the lr, five times the update, log10(5) ≈ 0.7 higher (measured "
-                "a little less)",
+                "the gradient's scale: five times the lr, five times the update, log10(5) ≈ 0.7 higher. Measured a "
+                "little less: the rest of Adam's step, m̂/(√v̂ + ε), depends on the gradients each run meets",
             wrong=[(5, "5 is the ratio of the steps; the plot's axis is log10, so the band rises by log10(5)"),
                    (4, "the lr is 5 times larger, not 4 larger: in log10, that is log10(5)"),
                    (0, "Adam divides by the gradient's running size, not by the lr: the lr scales every step"),
@@ -281,92 +274,88 @@ def _rename_keys(upgrade) -> Outcome:
                          "the last without a bias), other keys kept")
 
 
-# ----- 06.4: a registration hook that makes in-place modules safe -----------------------------------
+# ----- 06.4: a global forward hook that logs the gradient at every module ------------------------------
+class _AddsInPlace(nn.Module):
+    """A block that adds its input to its layer's output in place, as a ResNet block's ``out += identity``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x):
+        out = self.linear(x)
+        out += x
+        return out
+
+
+def _logging_model() -> nn.Sequential:
+    """A frozen first layer (its output needs no grad), an in-place ReLU, an in-place residual add."""
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 4), nn.ReLU(inplace=True), _AddsInPlace(), nn.Linear(4, 1))
+    model[0].requires_grad_(False)
+    return model
+
+
+def _run_logged(make_hook, seed: int = 0):
+    """Runs the checked model once under ``make_hook(names, logged)`` as a global forward hook, with a module
+    outside ``names`` called first. Returns (logged, parameter gradients, what the forward hooks returned)."""
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model, outside, x = _logging_model(), nn.Tanh(), torch.randn(5, 3)
+    names, logged, returned = {module: name for name, module in model.named_modules()}, [], []
+    hook = make_hook(names, logged)
+
+    def hook_and_note(module, args, output):
+        returned.append(hook(module, args, output))
+
+    with module_hooks.register_module_forward_hook(hook_and_note):
+        outside(torch.zeros(2, 4, requires_grad=True))  # another model's module: the global hook sees it too
+        model(x).sum().backward()
+    return logged, [p.grad for p in model.parameters() if p.requires_grad], returned
+
+
+@exercise("06.4", "log the gradient reaching every module's output with a global forward hook")
+def _grad_logger(grad_logger) -> Outcome:
+    """``grad_logger(names, logged)`` returns a forward hook that, for a module in ``names`` whose output
+    requires grad, registers a tensor hook on the output appending ``(name, grad.norm().item())``."""
+    want, want_grads, _ = _run_logged(_reference_logger)
+    try:
+        got, grads, returned = _run_logged(grad_logger)
+    except KeyError as error:
+        return Outcome(False, f"your hook raised KeyError {error}: a global hook runs for every module in the "
+                              "process, also those of other models; skip a module that is not in names")
+    except NotImplementedError:
+        raise  # the stub: reported as not solved yet
+    except RuntimeError as error:
+        if "does not require grad" in str(error) or "doesn't require grad" in str(error):
+            return Outcome(False, "a tensor hook went on an output that does not require grad (layer '0' is frozen "
+                                  f"and its input needs no grad): check output.requires_grad first ({error})")
+        return Outcome(False, f"the model failed under your hook: {type(error).__name__}: {error}")
+    if any(value is not None for value in returned):
+        return Outcome(False, f"your forward hook returned {_describe(next(v for v in returned if v is not None))}, "
+                              "which replaces the module's output: return None")
+    if not all(torch.equal(a, b) for a, b in zip(grads, want_grads, strict=True)):
+        return Outcome(False, "the parameters' gradients changed under your hook: the tensor hook must return "
+                              "None (only read grad)")
+    if not isinstance(got, list) or len(got) != len(want):
+        return Outcome(False, f"logged {len(got) if isinstance(got, list) else got!r} entries, expected {len(want)}: "
+                              f"one per call of a module in names whose output requires grad, {[n for n, _ in want]}")
+    for (name, norm), entry in zip(want, got, strict=True):
+        if not isinstance(entry, tuple) or len(entry) != 2 or entry[0] != name:
+            return Outcome(False, f"logged {entry!r} where ({name!r}, norm) was expected, in the order backward "
+                                  f"reaches the outputs: {[n for n, _ in want]}")
+        if not isinstance(entry[1], float):
+            return Outcome(False, f"for {name!r} you logged {kind_of(entry[1])}: append a float, grad.norm().item()")
+        if not math.isclose(entry[1], norm, rel_tol=1e-5):
+            return Outcome(False, f"for {name!r} you logged {entry[1]:.4f}, the norm of the gradient reaching its "
+                                  f"output is {norm:.4f}: hook the output, not an input")
+    return Outcome(True, f"every module's output logged in backward's order, {[n for n, _ in want]}, through an "
+                         "in-place ReLU and an in-place add; a frozen layer and another model's module skipped")
+
+
 def _describe(value) -> str:
-    if value is None:
-        return "None"
     if isinstance(value, type):
         return f"the class {value.__name__}"
     return f"a {type(value).__name__}"
-
-
-def _in_place_cases():
-    """Modules with an ``inplace`` flag set, each with the settings a copy must keep."""
-    return [
-        (nn.ReLU(inplace=True), {}),
-        (nn.LeakyReLU(0.2, inplace=True), {"negative_slope": 0.2}),
-        (nn.Hardtanh(-2.0, 3.0, inplace=True), {"min_val": -2.0, "max_val": 3.0}),
-        (nn.Dropout(0.3, inplace=True), {"p": 0.3}),
-    ]
-
-
-def _one_module(out_of_place, submodule: nn.Module, settings: dict) -> Outcome | None:
-    """What the hook made of one in-place module, as a failed Outcome, or None when right."""
-    kind = type(submodule).__name__
-    answer = out_of_place(nn.Sequential(), "0", submodule)
-    if isinstance(answer, type):
-        return Outcome(False, f"for an nn.{kind} the hook returned the class {answer.__name__}: return a module "
-                              "(or None to keep the one being registered)")
-    result = submodule if answer is None else answer
-    if not isinstance(result, nn.Module) or type(result) is not type(submodule):
-        return Outcome(False, f"for an nn.{kind}(inplace=True) the hook returned {_describe(answer)}: keep the "
-                              f"module's type, an nn.{kind} that is not in-place")
-    if getattr(result, "inplace", None) is not False:
-        return Outcome(False, f"for an nn.{kind}(inplace=True) the module that gets registered is still in-place: "
-                              "return a copy with inplace = False (or set submodule.inplace = False and return None)")
-    for setting, value in settings.items():
-        if getattr(result, setting, None) != value:
-            return Outcome(False, f"the nn.{kind}'s {setting} was {value}, the registered one has "
-                                  f"{getattr(result, setting, None)}: keep every other setting (copy.copy(submodule) "
-                                  "copies them; a new module starts from the defaults)")
-    return None
-
-
-def _runs_with_a_global_backward_hook(out_of_place) -> Outcome | None:
-    """Builds danger 1's kind of model under the hook, then runs it with a full backward hook on
-    every module, as a global one would add."""
-    handle = module_hooks.register_module_module_registration_hook(out_of_place)
-    try:
-        model = nn.Sequential(nn.Linear(3, 3), nn.ReLU(inplace=True), nn.Sequential(nn.Linear(3, 3),
-                              nn.LeakyReLU(0.1, inplace=True)), nn.Linear(3, 1))
-    finally:
-        handle.remove()
-    left = [name for name, m in model.named_modules() if getattr(m, "inplace", False)]
-    if left:
-        return Outcome(False, f"built under the hook, the model still has in-place modules at {left}")
-    with Hooks() as hooks:  # what a global full backward hook does, without touching the process's globals
-        for module in model.modules():
-            hooks.add(module.register_full_backward_hook(_no_change))
-        try:
-            model(torch.randn(4, 3, requires_grad=True)).sum().backward()
-        except RuntimeError as error:
-            return Outcome(False, f"with a full backward hook on every module the model failed: {error}")
-    return None
-
-
-def _no_change(module, grad_input, grad_output):
-    return None
-
-
-@exercise("06.4", "make in-place modules safe for global hooks with a registration hook")
-def _out_of_place(out_of_place) -> Outcome:
-    """``out_of_place(module, name, submodule)`` makes every module with ``inplace=True`` (ReLU,
-    LeakyReLU, Hardtanh, Dropout, ...) a copy of itself that is not in-place, keeping its other
-    settings, and returns None for every other module."""
-    for submodule, settings in _in_place_cases():
-        failed = _one_module(out_of_place, submodule, settings)
-        if failed:
-            return failed
-    for other in (nn.ReLU(), nn.Linear(2, 2), nn.Tanh()):
-        answer = out_of_place(nn.Sequential(), "0", other)
-        if answer is not None and answer is not other:
-            return Outcome(False, f"for an nn.{type(other).__name__} that is not in-place the hook returned "
-                                  f"{_describe(answer)}: return None (or the submodule itself), which keeps it as "
-                                  "it is")
-    return _runs_with_a_global_backward_hook(out_of_place) or Outcome(
-        True, "ReLU, LeakyReLU, Hardtanh and Dropout made out-of-place with their settings kept, other modules "
-              "left alone (returning None or the submodule itself are the same: it is kept); a model built under "
-              "the hook runs backward with a full backward hook on every module")
 
 
 # ----- 06.2: the update:data ratio from step hooks ------------------------------------------------
@@ -704,10 +693,14 @@ def keep_lr(optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
     return {**state_dict, "param_groups": [{**saved, "lr": group["lr"]} for saved, group in pairs]}
 
 
-def out_of_place(module: nn.Module, name: str, submodule: nn.Module) -> nn.Module | None:
+def grad_logger(names: dict, logged: list):
     """A worked answer to 06.4."""
-    if getattr(submodule, "inplace", False):
-        safe = copy.copy(submodule)
-        safe.inplace = False
-        return safe
-    return None
+
+    def hook(module, args, output):
+        if module in names and isinstance(output, torch.Tensor) and output.requires_grad:
+            output.register_hook(lambda grad, name=names[module]: logged.append((name, grad.norm().item())))
+
+    return hook
+
+
+_reference_logger = grad_logger  # the checker's own copy: its argument is called grad_logger too
