@@ -198,6 +198,8 @@ def bn_chain(slip):
         d, n = right(t, gamma, dout), len(dout)
         if slip == "diff2 without 1/N":
             d["diff2"] = d["var"].expand_as(t["diff2"])
+        elif slip == "diff2 by 1/(N - 1)":  # the unbiased variance's divisor
+            d["diff2"] = (d["var"] / (n - 1)).expand_as(t["diff2"])
         elif slip == "diff one use":
             d["diff"] = t["inv_std"] * d["x_hat"]
         elif slip == "x without 1/N":
@@ -213,6 +215,8 @@ def bn_chain(slip):
 
 @pytest.mark.parametrize(("slip", "words"), [
     ("diff2 without 1/N", ["dx_hat … dvar (5 steps) right; first wrong: ddiff2", "each row of diff2 counts 1/N"]),
+    ("diff2 by 1/(N - 1)", ["dx_hat … dvar (5 steps) right; first wrong: ddiff2", "Bessel's correction",
+                            "divides by N"]),
     ("diff one use", ["first wrong: ddiff (the step x_hat = diff * inv_std, and diff2 = diff ** 2)",
                       "diff is used twice"]),
     ("x without 1/N", ["dx_hat … dmean (8 steps) right; first wrong: dx", "so dx gets dmean/N"]),
@@ -541,7 +545,7 @@ def test_the_stubs_print_not_solved_yet(capsys):
 
 
 def test_04_c_and_04_e_accept_a_set_answer_in_any_container_and_order():
-    for guess in ("dbeta", ["dbeta"], ("dbeta",), {"dbeta"}):
+    for guess in ("dbeta", ["dbeta"], ("dbeta",), {"dbeta"}, frozenset(["'dbeta'"])):
         assert grade("04.c", guess).passed, guess
     for guess in ({"1", "5"}, ["5", "1"], ("1", "5"), ["1", "5"]):
         assert grade("04.e", guess).passed, guess
@@ -604,7 +608,7 @@ def test_max_pool2d_gives_a_tie_to_the_first_maximum():  # what 04.7 and the les
 
 # ----- 04.9: where is the slip? -------------------------------------------------------------------------
 def disagreement(close=lambda a, b: torch.allclose(a, b, atol=1e-5), skip_none=True, leave_hook=False,
-                 params_only=False, table=None, chained=False, first_only=False, skip_bias=True):
+                 params_only=False, table=None, chained=False, first_only=False, skip_bias=True, dx_only=False):
     """04.9's worked answer, with one slip: ``torch.equal`` (or no comparison at all), layer 0's None
     grad_input compared, a hook left behind, the parameters' gradients alone, another table than the
     formulas given, each formula's dx passed on instead of the recorded grad_output, a stop at the
@@ -623,7 +627,8 @@ def disagreement(close=lambda a, b: torch.allclose(a, b, atol=1e-5), skip_none=T
                                                   passed_on if chained else r.grad_output[0])
             passed_on = d
             pairs = [] if params_only else [(d, r.grad_input[0])]
-            pairs += [(g, getattr(layer, k).grad) for k, g in params.items() if g is not None or not skip_bias]
+            pairs += [] if dx_only else [(g, getattr(layer, k).grad) for k, g in params.items()
+                                         if g is not None or not skip_bias]
             if any((b is not None or not skip_none) and not close(a, b) for a, b in pairs):
                 found.add(r.name)
                 if first_only:
@@ -691,6 +696,17 @@ def test_04_9_says_parameter_gradients_cannot_see_grad_input():
     outcome = failed("04.9", disagreement(params_only=True), "you named no layer", "parameters' gradients alone",
                      "Compare each layer's grad_input")
     assert "reversed(rec.records)" not in outcome.detail
+
+
+def test_04_9_names_the_parameter_gradients_a_grad_input_comparison_skips():
+    outcome = failed("04.9", disagreement(dx_only=True), "formulas whose Linear bias gradient", "you named no layer",
+                     "grad_input alone", "skips the parameters' gradients", "with its .grad too")
+    assert "compare with torch.allclose" not in outcome.detail
+
+
+def test_04_9_a_comparison_of_nothing_is_not_told_it_compares_grad_input():
+    outcome = failed("04.9", disagreement(close=lambda a, b: True), "you named no layer")
+    assert "grad_input alone" not in outcome.detail
 
 
 def test_the_problems_formulas_train_worse_and_only_batch_norm_slips():

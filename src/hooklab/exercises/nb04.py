@@ -11,11 +11,12 @@ Predictions 04.a-04.e compute their truth with torch. Exercises, in the order th
 * 04.9 every layer whose backward formula disagrees with what its hooks recorded.
 
 The atomic exercises (04.2, 04.4) are judged **in chain order**, from the loss back, against the
-gradients autograd left in each intermediate kept with ``retain_grad()``; the message names the
-first wrong step and the forward line that made it, after the idea of the ``cmp`` helper of
-Karpathy's makemore part 4. The fused exercises (04.3, 04.5) are compared with that chain. Every
-answer runs with autograd off and watched (``_by_hand``): autograd, PyTorch's backward operators and
-the course's own formulas in ``hooklab.backprop`` fail it with a message saying so.
+gradients autograd gave each intermediate, kept by a tensor hook on it (in the order backward
+produces them); the message names the first wrong step and the forward line that made it, after the
+idea of the ``cmp`` helper of Karpathy's makemore part 4. The fused exercises (04.3, 04.5) are
+compared with that chain. Every answer runs with autograd off and watched (``_by_hand``): autograd,
+PyTorch's backward operators and the course's own formulas in ``hooklab.backprop`` fail it with a
+message saying so.
 """
 
 from __future__ import annotations
@@ -166,14 +167,14 @@ CE_LINES = {
 
 
 def _retained(steps, names, start):
-    """Run ``steps`` (a dict-building forward) with every named intermediate kept by ``retain_grad()``,
+    """Run ``steps`` (a dict-building forward) with every named intermediate kept by a tensor hook,
     backward from ``start(t)``; returns (t detached, {name: gradient}) in the order of ``names``."""
-    t = steps()
-    for value in t.values():
-        if value.requires_grad and not value.is_leaf:
-            value.retain_grad()
+    t, kept = steps(), {}
+    for name, value in t.items():
+        if value.requires_grad:
+            value.register_hook(lambda grad, name=name: kept.__setitem__(name, grad))
     start(t)
-    grads = {name: t[name].grad.detach().clone() for name in names}
+    grads = {name: kept[name].detach().clone() for name in names}
     return {k: v.detach().clone() for k, v in t.items()}, grads
 
 
@@ -284,7 +285,7 @@ def _recomputes(got, t, target) -> bool:
 def _ce_chain(ce_backward_steps) -> Outcome:
     """``ce_backward_steps(t, target) -> {step: gradient}`` for the steps of ``ce_steps`` (``t`` holds
     each step's value). Judged in chain order from the loss, on a batch of 8 rows of 10 classes, then
-    5 rows of 4, against the gradients autograd leaves in each step kept with ``retain_grad()``."""
+    5 rows of 4, against the gradients autograd gives each step, kept by a tensor hook on it."""
     worst, worst_name = 0.0, ""
     for n, classes, seed, extra in ((8, 10, 61, 0.0), (5, 4, 63, 0.0), (6, 5, 67, 1.0)):
         t, target, grads = _ce_case(n, classes, seed, extra=extra)
@@ -382,7 +383,10 @@ def _bn_step_traps(t, dout, grads) -> dict[str, list[Trap]]:
         "var": [((0.5 * (t["var"] + EPS) ** -1.5 * grads["inv_std"],), "a sign slip: d/dv (v + eps)^(-1/2) = "
                                                                         "-1/2 (v + eps)^(-3/2)")],
         "diff2": [((grads["var"].expand_as(t["diff2"]),), "var is the mean over the N rows: each row of diff2 "
-                                                          "counts 1/N")],
+                                                          "counts 1/N"),
+                  (((grads["var"] / (n - 1)).expand_as(t["diff2"]),),
+                   "1/(N − 1) is Bessel's correction, the unbiased variance of x.var(0); batch norm in training "
+                   "divides by N (var = diff2.mean(0)): each row of diff2 counts 1/N")],
         "diff": [((t["inv_std"] * grads["x_hat"],), "diff is used twice, in x_hat and in diff2: add the gradient "
                                                     "that comes back through diff2 (the path of the variance)"),
                  ((2 * t["diff"] * grads["diff2"],), "diff is used twice, in diff2 and in x_hat: add the direct "
@@ -410,9 +414,11 @@ def _bn_step_traps(t, dout, grads) -> dict[str, list[Trap]]:
                                  "Σ y, and Σ y = γ·Σ x̂ + N·β = N·β does not depend on x (Σ x̂ = 0): dx does not change"),
         (frozenset(["dgamma", "dbeta"]), "dgamma = Σ dout·x̂ gains Σ x̂, which is 0 because x̂ has mean 0"),
         ([], "dbeta = Σ dout over the rows: it grows by N"),
+        *((name, "write a list of names, even of one name: [\"dx\"], not \"dx\"")
+          for name in ("dx", "dgamma", "dbeta")),
     ],
 )  # fmt: skip
-def _which_change() -> frozenset[str]:
+def _which_change() -> frozenset:
     x, gamma, beta = rand(32, 3, seed=81) * 2 + 1, rand(3, seed=82) + 1, rand(3, seed=83)
     dout = rand(32, 3, seed=84)
     pushed = dout.clone()
@@ -888,9 +894,9 @@ def _verdicts(model, x, y, formulas, chained=False, close=_close) -> dict[str, t
     return dict(reversed(verdicts.items()))
 
 
-def _disagreeing(verdicts, params_only=False) -> set[str]:
+def _disagreeing(verdicts, params_only=False, dx_only=False) -> set[str]:
     return {name for name, (dx_wrong, params_wrong) in verdicts.items()
-            if params_wrong or (dx_wrong and not params_only)}
+            if (params_wrong and not dx_only) or (dx_wrong and not params_only)}
 
 
 LOOSE = ((1e-5, 1e-3), (1e-5, 1e-2), (1e-3, 1e-3), (1e-2, 1e-8), (5e-2, 1e-8), (1e-1, 1e-8))  # (rtol, atol)
@@ -968,7 +974,7 @@ SLIP_FACTS = ("ReLU '6' and max-pool '7' sit between '9' and '5', and a right 5.
 
 
 @prediction(
-    "04.e", "which layers disagreeing_layers names for the problem's formulas",
+    "04.e", "which layers disagree with what their own hooks recorded, for the problem's formulas",
     why="the problem's slip is in batch norm's formula: it holds the batch statistics constant, so its dx differs "
         "from autograd's grad_input, in both batch norms, '1' and '5'. Layer 4's weight gradient is wrong at the "
         "end only because '5' passed it a wrong gradient: from the grad_output its hooks kept, its formula is right.",
@@ -1048,12 +1054,32 @@ def _judge_disagreeing(disagreeing_layers, data) -> Outcome:
         names = _names(got)
         if names == expected:
             continue
+        if expected and names == _disagreeing(verdicts, dx_only=True) and _sees_a_dx_slip(disagreeing_layers, data):
+            return Outcome(False, f"with {label}: you named {sorted(names) if names else 'no layer'}, as a "
+                                  "comparison of each layer's grad_input alone does: it skips the parameters' "
+                                  "gradients, and here the slip is in one of them, in layer "
+                                  f"{', '.join(repr(n) for n in sorted(expected))}. Compare "
+                                  "each parameter's gradient from the formula with its .grad too (skip the None ones)")
         why = _what_went_wrong(model, x, y, formulas, verdicts, got, names, expected, float32,
                                hide=label.startswith("the problem's formulas"))
         return Outcome(False, f"with {label}: {why}")
     return Outcome(True, "a Linear bias gradient's slip found in '9', a ReLU that passes every gradient in '2' and "
                          "'6', the problem's slip, and no layer for formulas without a slip, even when each is a new "
                          "function")
+
+
+def _sees_a_dx_slip(disagreeing_layers, data) -> bool:
+    """Whether the answer names the layers of a slip in a dx (a ReLU passing every gradient): then it
+    compares grad_input, and an answer that misses a parameter's slip compares nothing else."""
+    _, model, formulas, expected = next(case for case in _slipped_cases() if "ReLU" in case[0])
+    x, y = data.x_train[:32].double(), data.y_train[:32]
+    try:
+        with _training_on_purpose():
+            return _names(disagreeing_layers(model, x, y, formulas)) == expected
+    except Exception:  # only a probe: the answer's own failure is reported elsewhere
+        return False
+    finally:
+        model.zero_grad()
 
 
 def _what_went_wrong(model, x, y, formulas, verdicts, got, names, expected, float32, hide=False) -> str:
