@@ -1,10 +1,10 @@
 """Exercises and predictions of notebook 03: module backward hooks.
 
-Predictions 03.a-03.g compute their truth with torch; exercises 03.1-03.7 are the hooks the lesson's
+Predictions 03.a-03.g compute their truth with torch; exercises 03.1-03.6 are the hooks the lesson's
 sections are about: the gain of each layer (full backward hooks), a factor on the gradient entering a layer
-(a backward pre-hook), the gradient at an output changed in place (a tensor hook from a forward hook), a
-gradient tracker built in three steps (one layer's hook, a class with remove, a tracker over many layers),
-and the vanishing point. The guide's exercises on the same hooks are in ``g3.py``.
+(a backward pre-hook), a gradient tracker built in three steps (one layer's forward hook that registers a
+tensor hook, so in-place networks work too; a class with remove; a tracker over many layers), and the
+vanishing point. The guide's exercises on the same hooks are in ``g3.py``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from torch import nn
 
 from ..audit import clear_hooks, leftover_hooks
 from ..hooks import Hooks
-from ..models import TinyConvNet, TinySigmoidNet
+from ..models import TinySigmoidNet
 from . import (
     Outcome,
     compare_tensors,
@@ -267,13 +267,14 @@ def _train_one_epoch(model: nn.Module, lr: float = 0.05, epochs: int = 1) -> flo
 @prediction(
     "03.d", "whether the ×7 pre-hooks make the deep sigmoid network learn, above 20 % after one epoch",
     why="no: the pre-hooks give layer 0 about half of layer 16's gradient, but the forward pass still loses the "
-        "differences between images (section 1's forward factors): they reach the last layer nearly alike, so it "
-        "gives every image the same answer: 10 % (in float64 too: not rounding). Section 4 measures how alike.",
+        "differences between images (section 1's forward factors): they reach the last layers nearly alike, so "
+        "every image pushes the weights the same way and gets the same answer: 10 % (in float64 too: not "
+        "rounding). Section 4 measures how alike, layer by layer.",
     wrong=[
         *((text, "write a bool, True or False, without quotes: a string is not a bool") for text in ("True", "False")),
         (True, "the gradient is back, but the forward pass still loses the differences between images (section 1's "
-               "forward factors): they reach the last layer nearly alike, and the same input gives the same answer, "
-               "one digit, 10 %"),
+               "forward factors): they reach the last layers nearly alike (layer 15's outputs, all about 0.5), so "
+               "a weight's gradient, grad_output^T · input, pushes every image the same way: one digit, 10 %"),
     ],
 )  # fmt: skip
 @functools.cache  # one epoch of training: computed once a session
@@ -366,7 +367,7 @@ def _gains(gradient_gains) -> Outcome:
             return Outcome(False, f"layer {name!r}: gain {values[name]:.4g}, expected {gain:.4g}")
     if list(got) != list(expected):
         return Outcome(False, f"the gains are right, but list them in the order the hooks ran: {list(expected)}, "
-                              f"not {list(got)} (backward reaches the last layer first)")
+                              f"not {list(got)}: record each gain inside its hook, as it runs")
     failed = hooks_left_when_raising(lambda: gradient_gains(model, torch.randn(5, 7), y), model)
     if failed is not None:
         return failed
@@ -449,100 +450,7 @@ def _scale(scale_grad_output) -> Outcome:
     return Outcome(True, "the weight gradient and the input gradient both used the scaled grad_output")
 
 
-# ----- 03.3: the gradient at an output that is changed in place ------------------------------------------
-def _basic_block() -> nn.Module:
-    """torchvision's BasicBlock, resnet18's block, with 4 channels: bn1's output goes through an in-place ReLU,
-    bn2's gets ``out += identity`` and an in-place ReLU."""
-    from torchvision.models.resnet import BasicBlock
-
-    torch.manual_seed(6)
-    return BasicBlock(4, 4)
-
-
-def _conv_net_grads(x: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """(dL/d(output), dL/d(what the in-place ReLU made of it)) of conv1 and conv2 of a TinyConvNet, run
-    without in-place operations."""
-    net = TinyConvNet(seed=0, inplace=False)
-    h1 = net.conv1(x)
-    a1 = torch.relu(h1)
-    h2 = net.conv2(a1)
-    a2 = torch.relu(h2)
-    g_h1, g_a1, g_h2, g_a2 = torch.autograd.grad(a2.sum(), [h1, a1, h2, a2])
-    return {"conv1": (g_h1, g_a1), "conv2": (g_h2, g_a2)}
-
-
-def _block_grads(block: nn.Module, x: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """The same for bn1 and bn2 of a BasicBlock, written out without in-place operations."""
-    h1 = block.bn1(block.conv1(x))
-    a1 = torch.relu(h1)
-    h2 = block.bn2(block.conv2(a1))
-    out = torch.relu(h2 + x)
-    g_h1, g_a1, g_h2, g_out = torch.autograd.grad(out.sum(), [h1, a1, h2, out])
-    return {"bn1": (g_h1, g_a1), "bn2": (g_h2, g_out)}
-
-
-def _output_grads_outcome(output_grads, model: nn.Module, names: list[str], x: torch.Tensor, reference) -> Outcome:
-    """What is wrong with the answer on one model, or a passed Outcome."""
-    try:
-        got = output_grads(model, list(names), x.clone())
-    except (TypeError, RuntimeError) as error:
-        clear_hooks(model)
-        return hint_for(error, {"BackwardHookFunction is a view": _FULL_HOOK_IN_PLACE,
-                                "RemovableHandle": _RETURNED_HANDLE})  # fmt: skip
-    if _used_legacy_hook(*model.modules()):
-        return Outcome(False, _LEGACY_IN_PLACE)
-    left = clear_hooks(model)
-    if left:
-        return Outcome(False, f"remove your hooks before returning: {left[0]}")
-    if isinstance(got, dict) and len(names) > 1 and list(got) == [names[-1]]:
-        return Outcome(False, f"every hook wrote under the last name, {names[-1]!r}: a function defined in a "
-                              "loop looks `name` up when it runs, after the loop has ended. Bind it when the "
-                              "hook is made: `lambda grad, name=name: ...` (or a def with name=name, or a "
-                              "function that makes the hook)")
-    if not isinstance(got, dict) or sorted(got) != sorted(names):
-        keys = sorted(got) if isinstance(got, dict) else kind_of(got)
-        return Outcome(False, f"return a dict with the keys {sorted(names)}, got {keys}")
-    expected = reference(x)
-    for name in names:
-        right, past = expected[name]
-        outcome = compare_tensors(got[name], right)
-        if outcome.passed:
-            continue
-        if isinstance(got[name], torch.Tensor) and compare_tensors(got[name], past).passed:
-            return Outcome(False, f"{name}: this is the gradient w.r.t. what the next in-place operation made of the "
-                                  "output. Two ways get there: retain_grad, whose .grad follows the tensor to its "
-                                  "latest version, the in-place result, wherever you called it; or a tensor hook "
-                                  "registered after the change. A tensor hook registered in a forward hook keeps "
-                                  "the gradient w.r.t. the value the module returned")
-        return Outcome(False, f"{name}: {outcome.detail}")
-    return Outcome(True, "")
-
-
-@exercise("03.3", "dL/d(output) of modules whose output is changed in place")
-def _output_grads(output_grads) -> Outcome:
-    """``output_grads(model, names, x)`` runs ``model(x).sum().backward()`` and returns ``{name: dL/d(output
-    of that module)}``, also where an in-place operation changes the output afterwards."""
-    conv_net, block = TinyConvNet(seed=0, inplace=True), _basic_block()
-    image = torch.randn(2, 1, 6, 6, generator=torch.Generator().manual_seed(5))
-    features = torch.randn(2, 4, 5, 5, generator=torch.Generator().manual_seed(6))
-    cases = (("TinyConvNet(inplace=True)", conv_net, ["conv1", "conv2"], image, _conv_net_grads),
-             ("resnet18's block with 4 channels", block, ["bn1", "bn2"], features,
-              lambda x: _block_grads(block, x)))  # fmt: skip
-    for label, model, names, x, reference in cases:
-        outcome = _output_grads_outcome(output_grads, model, names, x, reference)
-        if not outcome.passed:
-            return Outcome(False, f"on {label}: {outcome.detail}")
-    failed = hooks_left_when_raising(lambda: output_grads(conv_net, ["conv1", "conv2"], torch.randn(2, 3, 6, 6)),
-                                     conv_net)  # fmt: skip
-    if failed is not None:
-        return failed
-    return Outcome(True, "on the in-place TinyConvNet and on resnet18's block, every gradient equals autograd's "
-                         "on the same network without in-place operations")
-
-
-
-
-# ----- 03.4-03.6: a gradient tracker, in three steps -------------------------------------------------------
+# ----- 03.3-03.5: a gradient tracker, in three steps -------------------------------------------------------
 _TRACKED, _LR = ["0", "2", "4"], 0.1
 
 
@@ -671,7 +579,7 @@ def _compare_tracks(tables: dict[str, object], steps: int, after: str) -> Outcom
     return None
 
 
-@exercise("03.4", "one layer's gradient std and spread, from one forward hook")
+@exercise("03.3", "one layer's gradient std and spread, from one forward hook")
 def _track_output(track_output) -> Outcome:
     """``track_output(module, grad_stds, spreads)`` registers a forward hook that, when the output requires grad,
     appends ``output.std(0).mean().item()`` to ``spreads`` and registers a tensor hook on the output that appends
@@ -703,9 +611,9 @@ def _track_output(track_output) -> Outcome:
         True, "three steps on an in-place MLP, evaluation passes under no_grad skipped, nothing after remove()")
 
 
-@exercise("03.5", "a class that tracks one layer and removes its hooks")
+@exercise("03.4", "a class that tracks one layer and removes its hooks")
 def _layer_tracker(tracker_class) -> Outcome:
-    """``tracker_class(module, lr)`` keeps ``.grad_stds``, ``.spreads`` (03.4's hook) and ``.ratios`` (a
+    """``tracker_class(module, lr)`` keeps ``.grad_stds``, ``.spreads`` (03.3's hook) and ``.ratios`` (a
     post-accumulate-grad hook on ``module.weight``), one number a step, until its ``remove()``."""
     model, batches, hooked = _in_place_mlp(), _batches(), {}
     try:
@@ -736,7 +644,7 @@ def _layer_tracker(tracker_class) -> Outcome:
         True, "gradient std, spread and update:data ratio of each layer, three steps, nothing after remove()")
 
 
-@exercise("03.6", "a tracker over many layers, as a with block")
+@exercise("03.5", "a tracker over many layers, as a with block")
 def _track(tracker_class) -> Outcome:
     """``tracker_class(model, names, lr)`` is a context manager; inside its ``with`` block, a LayerTracker per name
     keeps what ``tracker.grad_stds[name]``, ``.ratios[name]`` and ``.spreads[name]`` show; nothing after it."""
@@ -788,7 +696,7 @@ def _error_surfaces(tracker_class) -> Outcome | None:
                           "value, so the error was swallowed: return None (or False)")
 
 
-# ----- 03.7: where the gradient vanishes -------------------------------------------------------------------
+# ----- 03.6: where the gradient vanishes -------------------------------------------------------------------
 def _sigmoid_mlp(depth: int = 9, width: int = 16) -> nn.Sequential:
     """6 features → depth × (Linear → Sigmoid) → Linear → 5 classes, PyTorch's default init."""
     torch.manual_seed(1)
@@ -839,6 +747,10 @@ def _vanishing_mistakes(stds: dict, weight_stds: dict, ratio: float, want: str |
     limit = ratio * stds[last]
     reasons: dict[str | None, list[str]] = {}
     for name, reason in (
+        *((_first_below(reversed(names), stds, ratio * stds[fixed]),
+            f"you compared with layer {fixed!r}, the last Linear of the lesson's network; this network's last "
+            f"Linear is {last!r}: take the last Linear whatever its name (the last of the names you tracked)")
+           for fixed in ("16",) if fixed in stds and fixed != last),
         (_first_below(reversed(names), weight_stds, ratio * weight_stds[last]),
          "you compared the weights' gradients (weight.grad); a weight's gradient is its layer's input times "
          "dL/d(output), so it is also small where the layer's input is small. Compare dL/d(output), what a tensor "
@@ -876,7 +788,7 @@ def _vanishing_cases():
     )  # fmt: skip
 
 
-@exercise("03.7", "the layer where the gradient vanishes, seen from the loss")
+@exercise("03.6", "the layer where the gradient vanishes, seen from the loss")
 def _vanishing(vanishing_point) -> Outcome:
     """``vanishing_point(model, x, y, ratio=1e-3)`` runs one backward of ``F.cross_entropy(model(x), y)`` and
     returns the name of the first ``Linear``, in the order backward reaches them, whose output gradient has a
@@ -961,7 +873,7 @@ def scale_grad_output(module: nn.Module, factor: float):
 
 
 def track_output(module: nn.Module, grad_stds: list, spreads: list):
-    """03.4: a forward hook appending the output's spread and, from a tensor hook, its gradient's std."""
+    """03.3: a forward hook appending the output's spread and, from a tensor hook, its gradient's std."""
 
     def forward_hook(module, args, output):
         if output.requires_grad:  # not an evaluation under no_grad
@@ -972,7 +884,7 @@ def track_output(module: nn.Module, grad_stds: list, spreads: list):
 
 
 class LayerTracker:
-    """03.5: one layer's ``.grad_stds``, ``.spreads`` and ``.ratios`` (log10 update:data), until ``remove()``."""
+    """03.4: one layer's ``.grad_stds``, ``.spreads`` and ``.ratios`` (log10 update:data), until ``remove()``."""
 
     def __init__(self, module: nn.Module, lr: float = 0.05) -> None:
         self.lr, self.grad_stds, self.spreads, self.ratios = lr, [], [], []
@@ -988,7 +900,7 @@ class LayerTracker:
 
 
 class GradTracker:
-    """03.6: ``with GradTracker(model, names, lr) as tracker: ...`` -> ``tracker.grad_stds[name]``,
+    """03.5: ``with GradTracker(model, names, lr) as tracker: ...`` -> ``tracker.grad_stds[name]``,
     ``tracker.ratios[name]``, ``tracker.spreads[name]``: a LayerTracker per name."""
 
     def __init__(self, model: nn.Module, names: list[str], lr: float = 0.05) -> None:
@@ -1009,7 +921,7 @@ class GradTracker:
 
 
 def vanishing_point(model: nn.Module, x: torch.Tensor, y: torch.Tensor, ratio: float = 1e-3) -> str | None:
-    """03.7: the first Linear, from the loss back, whose output gradient's std is below ``ratio`` times the last's."""
+    """03.6: the first Linear, from the loss back, whose output gradient's std is below ``ratio`` times the last's."""
     names = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     with GradTracker(model, names) as tracker:
         F.cross_entropy(model(x), y).backward()
