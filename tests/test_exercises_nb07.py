@@ -79,12 +79,13 @@ def test_private_step_without_noise_is_plain_sgd_when_nothing_is_clipped():
 
 
 # ----- 07.1 -------------------------------------------------------------------------------------
-def _prune(mask_rule="smallest", hook=True, names=("_orig", "_mask"), at_once=True, detach=False, fixed=None):
+def _prune(mask_rule="smallest", hook=True, names=("_orig", "_mask"), at_once=True, detach=False, fixed=None,
+           count=round, mask_dtype=None):
     def prune_by_hand(module, name, amount):
         name = fixed or name
         weight = getattr(module, name)
-        k = round(amount * weight.numel())
-        mask = torch.ones_like(weight)
+        k = count(amount * weight.numel())
+        mask = torch.ones_like(weight, dtype=mask_dtype)
         mask.view(-1)[weight.detach().abs().flatten().topk(k, largest=mask_rule != "smallest").indices] = 0
         del module._parameters[name]
         module.register_parameter(name + names[0], nn.Parameter(weight.detach().clone()))
@@ -109,10 +110,12 @@ def test_07_1_names_each_slip():
     failed("07.1", _prune(mask_rule="largest"), "largest |w|")
     failed("07.1", _prune(hook=False), "forward pre-hook")
     failed("07.1", _prune(names=("_kept", "_mask")), "weight_orig")
-    failed("07.1", _prune(at_once=False), "AttributeError", "step 4")
+    failed("07.1", _prune(at_once=False), "AttributeError", "at once")
     failed("07.1", _prune(detach=True), "no gradient reaches weight_orig", "detached")
     failed("07.1", _prune(fixed="weight"), "name='bias'", "not a fixed 'weight'")
     failed("07.1", lambda module, name, amount: None, "handle")
+    failed("07.1", _prune(count=int), "round(), not int()")  # 0.35 × 108 = 37.8: int() gives 37
+    failed("07.1", _prune(mask_dtype=torch.bool), "torch.bool", "torch.float32 mask")
     failed("07.1", nb07.prune_by_hand(nn.Linear(2, 2), "weight", 0.5), "function itself")
 
 
@@ -146,6 +149,8 @@ def test_07_2_accepts_the_worked_answer_and_names_each_slip():
            "layer below")
     failed("07.2", lambda layer, loss_reduction: [layer.register_forward_hook(lambda *args: None)], "no grad_sample")
     failed("07.2", lambda layer, loss_reduction: "hooks", "handle")
+    failed("07.2", lambda layer, loss_reduction="mean": nb07.grad_sample_hooks(layer, loss_reduction)[0],
+           "one handle, not a list")
     failed("07.2", lambda layer: [], "loss_reduction")
 
 
@@ -228,6 +233,28 @@ def test_07_4_accepts_the_worked_answer_and_names_each_slip():
 
     failed("07.4", (weak_refs_by_id, nb07.unpack_bf16), "reused address/id handed back an old activation",
            "weakref.finalize")
+    finalized = {}
+
+    def finalizes_the_copy(t):  # the finalizer on the bfloat16 copy, which the cache itself keeps alive
+        if not t.is_floating_point() or t.grad_fn is None:
+            return nb07.pack_bf16(t)
+        if id(t) not in finalized:
+            finalized[id(t)] = t.dtype, t.bfloat16()
+            weakref.finalize(finalized[id(t)][1], finalized.pop, id(t), None)
+        return finalized[id(t)]
+
+    failed("07.4", (finalizes_the_copy, nb07.unpack_bf16), "watches the bfloat16 copy", "Finalize t")
+    copies = weakref.WeakValueDictionary()
+
+    def weak_copies(t):  # a copy lives while autograd holds it, after its tensor is freed
+        if not t.is_floating_point() or t.grad_fn is None:
+            return nb07.pack_bf16(t)
+        copy = copies.get(id(t))
+        if copy is None:
+            copy = copies[id(t)] = t.bfloat16()
+        return t.dtype, copy
+
+    failed("07.4", (weak_copies, nb07.unpack_bf16), "the tensor given to pack", "not enough")
     history = []
 
     def keeps_history(t):  # right gradients, but a list that grows every step
@@ -284,3 +311,26 @@ def test_the_students_per_sample_hooks_serve_both_kinds_of_layer_and_the_private
     assert len(parts) == 2 and len(norms) == 27 and 0 < parts[0][0] <= 0.1 * 1.0 + 1e-6  # at most lr·C
     assert math.isclose(parts[0][1], 0.1 * 1.0 / 27 * 650 ** 0.5, rel_tol=0.2)  # lr·σ·C/N a weight, 650 weights
     assert nb07.dp_pass(start, nb07.plain_step, steps=2)[1] == []
+
+
+def test_the_zeros_that_stay_all_read_or_feed_a_dead_channel():
+    """Lesson 07's problem: after zeroing by hand and 5 steps, every zero left in features.2 and features.5
+    but one belongs to a dead output channel or reads a dead input channel (lesson 05), whose gradient is 0."""
+    from hooklab.data import digits
+
+    data, model, outputs = digits(), nb07._model(), {}
+    handles = [model.features[i + 1].register_forward_hook(lambda m, a, o, i=i: outputs.__setitem__(i, o))
+               for i in (0, 2, 5)]
+    with torch.no_grad():
+        model(data.x_train)
+    for handle in handles:
+        handle.remove()
+    dead = {i: outputs[i].amax((0, 2, 3)) == 0 for i in (0, 2, 5)}
+    for i in (0, 2, 5):
+        nb07.zero_by_hand(model.features[i], "weight", 0.5)
+    for start in range(0, nb07.FINE_TUNE_STEPS * nb07.BATCH, nb07.BATCH):
+        nb07.plain_step(model, data.x_train[start:start + nb07.BATCH], data.y_train[start:start + nb07.BATCH])
+    for i, before in ((2, 0), (5, 2)):
+        zero = model.features[i].weight == 0
+        touches = dead[i][:, None, None, None] | dead[before][None, :, None, None]
+        assert zero.float().mean() > 0.4 and int((zero & ~touches).sum()) <= 1  # one zero in features.5: not dead

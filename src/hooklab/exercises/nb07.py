@@ -167,8 +167,9 @@ def spec(prune=None, step=None, pack=None, unpack=None, fuse=None) -> None:
     bound = 2 * CLIP * LR / BATCH
     budget = saved_bytes() / BATCH_GROWTH
     rows = [
-        ("keep each conv's pruned weights 0", "≥ 50% zero", lambda t: conv_zeros_after_step(t), prune,
-         lambda v: v is not None and v >= 0.5, lambda v: "stale weight" if v is None else f"{v:.0%} zero"),
+        ("keep pruned weights 0 in each of 3 convs", "≥ 50% zero", lambda t: conv_zeros_after_step(t, by_layer=True),
+         prune, lambda v: v is not None and min(v.values()) >= 0.5,
+         lambda v: "stale weight" if v is None else "/".join(f"{100 * s:.0f}" for s in v.values()) + "% zero"),
         ("limit how far one image moves the update", f"≤ {bound:.4f}", lambda t: influence(t or plain_step), step,
          lambda v: v <= bound * 1.001, lambda v: f"{v:.4f}"),
         (f"saved for backward: {BATCH_GROWTH:g}× batch, same MB", f"≤ {budget / 1e6:.2f} MB",
@@ -178,7 +179,7 @@ def spec(prune=None, step=None, pack=None, unpack=None, fuse=None) -> None:
          lambda v: v <= 1, lambda v: f"{v} tensor" + "s" * (v != 1)),
     ]
     given = [tool is not None for *_, tool, _, _ in rows]
-    print(f"{'your tool must':<42}{'target':<12}{'without it':<13}{'yours':<14}")
+    print(f"{'your tool must':<42}{'target':<12}{'without it':<17}{'yours':<16}")
     for (words, target, measure, tool, ok, show), shown in zip(rows, given, strict=True):
         if tool is not None:
             _MEASURED[words] = measure(tool)
@@ -186,7 +187,7 @@ def spec(prune=None, step=None, pack=None, unpack=None, fuse=None) -> None:
             continue
         plain = ("✓ " if ok(v := measure(None)) else "✗ ") + show(v)
         yours = ("✓ " if ok(_MEASURED[words]) else "✗ ") + show(_MEASURED[words]) if words in _MEASURED else "not yet"
-        print(f"{words:<42}{target:<12}{plain:<13}{yours:<14}")
+        print(f"{words:<42}{target:<12}{plain:<17}{yours:<16}")
 
 
 def gradient_timeline(fuse: Callable | None = None, model: nn.Module | None = None,
@@ -506,30 +507,34 @@ def _call(answer, what: str, *args) -> Outcome | object:
 @exercise("07.1", "prune with a forward pre-hook")
 def _check_prune(answer) -> Outcome:
     for name in ("weight", "bias"):
-        outcome = _prune_one(answer, name)
+        outcome = _prune_one(answer, name, AMOUNT)
         if not outcome.passed:
             return outcome
     return Outcome(True, "the same masks, keys and outputs as prune.l1_unstructured, before and after a step, for "
                          "name='weight' and name='bias'")
 
 
-def _prune_one(answer, name: str) -> Outcome:
+AMOUNT = 0.35  # of a Conv2d(3, 4, 3)'s 108 weights: 37.8, which round() makes 38 and int() 37
+
+
+def _prune_one(answer, name: str, amount: float) -> Outcome:
     from torch.nn.utils import prune
 
     torch.manual_seed(0)
     theirs, ours = nn.Conv2d(3, 4, 3), None
     ours = copy.deepcopy(theirs)
-    handle = _call(answer, "prune_by_hand", ours, name, 0.3)
+    handle = _call(answer, "prune_by_hand", ours, name, amount)
     if isinstance(handle, Outcome):
         return handle
     if (bad := not_a_handle(handle, "prune_by_hand", ours)) is not None:
         return bad
     if not hasattr(ours, name):
         handle.remove()
-        return Outcome(False, f"right after prune_by_hand(module, '{name}', 0.3), module.{name} raises AttributeError: "
-                              f"set it to {name}_orig * {name}_mask at once (step 4), not only in the pre-hook, which "
+        return Outcome(False, f"right after prune_by_hand(module, '{name}', {amount}), module.{name} raises "
+                              "AttributeError: "
+                              f"set it to {name}_orig * {name}_mask at once, not only in the pre-hook, which "
                               "runs at the first forward pass")
-    prune.l1_unstructured(theirs, name, amount=0.3)
+    prune.l1_unstructured(theirs, name, amount=amount)
     try:
         keys, want = list(ours.state_dict()), list(theirs.state_dict())
         if sorted(keys) != sorted(want):
@@ -537,13 +542,18 @@ def _prune_one(answer, name: str) -> Outcome:
                                   f"{sorted(want)}: keep the parameter as '{name}_orig' and the mask as the buffer "
                                   f"'{name}_mask' (use the argument name, not a fixed 'weight')")
         mine, right = getattr(ours, name + "_mask"), getattr(theirs, name + "_mask")
+        if mine.dtype != right.dtype:
+            return Outcome(False, f"your {name}_mask is {mine.dtype}; torch's pruning keeps a {right.dtype} mask of 0s "
+                                  "and 1s, the weight's dtype (torch.ones_like(w), then 0 where pruned), so that "
+                                  "checkpoints and the product match")
         if not torch.equal(mine, right):
             kept = lambda m: (getattr(m, name + "_mask") * getattr(m, name + "_orig").abs()).sum()  # noqa: E731
             kept_large = kept(ours) < kept(theirs)
+            n, k = right.numel(), int((right == 0).sum())
             return Outcome(False, f"your mask zeroes other entries of {name} than l1_unstructured's: it zeroes the "
                                   + ("largest |w|; prune the smallest" if kept_large else
-                                     f"{int((mine == 0).sum())} entries, it zeroes {int((right == 0).sum())} (30 % "
-                                     f"of {right.numel()}, rounded)"))
+                                     f"{int((mine == 0).sum())} entries, it zeroes {k} ({amount} × {n} = "
+                                     f"{amount * n:.1f}, rounded to the nearest: round(), not int())"))
         x = torch.randn(2, 3, 6, 6)
         for module in (ours, theirs):
             opt = torch.optim.SGD(module.parameters(), lr=0.5)
@@ -585,11 +595,17 @@ def _grad_samples(answer, model: nn.Module, layers: list, x, y, reduction: str =
                     raise
                 return Outcome(False, "grad_sample_hooks must take the argument loss_reduction ('mean' or 'sum'): "
                                       "the hook cannot see how the loss was reduced, so the caller says it")
-            got = list(got) if isinstance(got, list | tuple) else got
-            if (bad := not_a_handle(got[0] if isinstance(got, list) and got else got, "grad_sample_hooks",
-                                    *model.modules())) is not None:
+            if not isinstance(got, list | tuple):
+                if hasattr(got, "remove"):
+                    got.remove()
+                    return Outcome(False, "grad_sample_hooks returned one handle, not a list: return [handle] (the "
+                                          "lesson's code removes every handle in the list, and an answer that "
+                                          "registers two hooks returns both)")
+                return Outcome(False, f"grad_sample_hooks must return its handles in a list, got {kind_of(got)}")
+            got = list(got)
+            if (bad := not_a_handle(got[0] if got else got, "grad_sample_hooks", *model.modules())) is not None:
                 return bad
-            handles += got if isinstance(got, list) else [got]
+            handles += got
         F.cross_entropy(model(x), y, reduction=reduction).backward()
     finally:
         for handle in handles:
@@ -697,6 +713,14 @@ def _loss_with_temporaries(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -
     return loss
 
 
+_FORGET = ("Python reuses the id of a freed tensor: forget each entry when the tensor given to pack is freed, "
+           "weakref.finalize(t, ...). A weak reference to the bfloat16 copy is not enough: autograd keeps the copy "
+           "alive after t is freed")
+_WRONG_TARGET = ("Your weakref.finalize watches the bfloat16 copy, not the tensor given to pack: autograd and your "
+                 "cache keep the copy alive, so the entry outlives t, and a new tensor that gets t's id gets its "
+                 "copy. Finalize t: weakref.finalize(t, ...)")
+
+
 @exercise("07.4", "compress what autograd saves")
 def _check_compress(answer) -> Outcome:
     if not (isinstance(answer, tuple) and len(answer) == 2 and all(callable(f) for f in answer)):
@@ -735,10 +759,16 @@ def _check_compress(answer) -> Outcome:
         want = [p.grad.clone() for p in model.parameters()]
         model.zero_grad()
         kept, reused, given = [], set(), []  # given: (what pack returned, the tensor it was for), weakly
+        elsewhere = []  # a weakref.finalize that pack registered on another object than the tensor given to it
         shared = {t.untyped_storage().data_ptr() for t in (x, y, *model.parameters())}  # not pack's to free
 
-        def watched(t, kept=kept, reused=reused, shared=shared, earlier=earlier, given=given):
+        def watched(t, kept=kept, reused=reused, shared=shared, earlier=earlier, given=given, elsewhere=elsewhere):
+            before = set(weakref.finalize._registry)
             packed = pack(t)
+            for new in set(weakref.finalize._registry) - before:
+                watched_object = (new.peek() or (t,))[0]
+                if watched_object is not t:
+                    elsewhere.append(type(watched_object).__name__)
             for k in _tensors_in(packed):
                 if any(ref() is k for _, ref in earlier) or any(kr() is k and tr() is not t for kr, tr in given):
                     reused.add("weight" if id(t) in params else "activation")
@@ -754,8 +784,7 @@ def _check_compress(answer) -> Outcome:
         except RuntimeError as error:
             first = (str(error).splitlines() or [""])[0][:100]
             return Outcome(False, f"backward raised RuntimeError ({first}): unpack gave back another tensor than the "
-                                  "one packed. Python reuses the id of a freed tensor: if you remember tensors by id, "
-                                  "forget each one when it is freed (weakref.finalize)")
+                                  f"one packed. {_FORGET if not elsewhere else _WRONG_TARGET}")
         del loss
         gc.collect()
         alive = [ref() for ref in kept if ref() is not None]
@@ -773,8 +802,8 @@ def _check_compress(answer) -> Outcome:
                            "remember only tensors computed in forward (t.grad_fn is not None)")
                 elif "activation" in reused:
                     why = (": a reused address/id handed back an old activation (pack gave a new tensor what it "
-                           "kept for an earlier one, since freed: a freed tensor's address, like its id, is reused; "
-                           "forget each entry when its tensor is freed, with weakref.finalize)")
+                           "kept for an earlier one, since freed: a freed tensor's address, like its id, is reused). "
+                           + (_WRONG_TARGET if elsewhere else _FORGET))
                 return Outcome(False, f"at step {step + 1} of 5, {name}'s gradient is {err:.1%} off, more than "
                                       f"bfloat16's rounding{why}{leak}")
         earlier += [(step, ref) for ref in kept]
