@@ -59,10 +59,10 @@ def test_01_1_rejects_wrong_answers():
         failed("01.1", wrong, words)
 
 
-# ----- 01.2 -------------------------------------------------------------------------------------
+# ----- 01.3 -------------------------------------------------------------------------------------
 def guard_with(bad=lambda grad, limit: grad.isnan().any() or grad.norm() > limit, error=FloatingPointError,
                bind=True, result=lambda grad: None, message=lambda name: f"bad gradient at {name}"):
-    """A right answer to 01.2, or a wrong one: what it counts as bad, what it raises, a late-bound name,
+    """A right answer to 01.3, or a wrong one: what it counts as bad, what it raises, a late-bound name,
     or what its hook returns."""
 
     def guard(named, limit):
@@ -82,7 +82,7 @@ def guard_with(bad=lambda grad, limit: grad.isnan().any() or grad.norm() > limit
 def test_01_2_accepts_a_guard_that_raises_naming_the_step():
     for message in (lambda name: f"bad gradient at {name}", lambda name: f"{name}.grad is bad",
                     lambda name: f"bad d{name}", lambda name: f"'{name}': norm too large"):
-        outcome = grade("01.2", guard_with(message=message))
+        outcome = grade("01.3", guard_with(message=message))
         assert outcome.passed, outcome.detail
 
 
@@ -118,7 +118,7 @@ def test_01_2_rejects_wrong_answers():
         (guard_with(bad=lambda grad, limit: grad.isnan().any() or grad.norm(dim=-1).max() > limit),
          ("each row's norm is 200", "not of each row")),
     ]:
-        failed("01.2", wrong, *(words if isinstance(words, tuple) else (words,)))
+        failed("01.3", wrong, *(words if isinstance(words, tuple) else (words,)))
 
 
 def names_every_tensor(named, limit):
@@ -139,7 +139,7 @@ def names_ms_always(named, limit):
     return [t.register_hook(lambda grad, name=name: hook(grad, name)) for name, t in named.items()]
 
 
-# ----- 01.3 -------------------------------------------------------------------------------------
+# ----- 01.2 -------------------------------------------------------------------------------------
 def head_right(logits, y, w):
     """The right gradients at logits and normed."""
     dlogits = (logits.softmax(dim=1) - torch.nn.functional.one_hot(y, logits.shape[1])) / len(y)
@@ -156,8 +156,16 @@ def by_hand_right(logits, y, w, h, rms, drms=None, dms=None, dh=None):
 
 
 def test_01_3_accepts_the_chain_rule_by_hand_and_prints_a_cmp_line_per_tensor():
-    outcome = grade("01.3", by_hand_right)
+    outcome = grade("01.2", by_hand_right)
     assert outcome.passed and outcome.detail.count("max diff") == 5 and "NaN in both" in outcome.detail, outcome.detail
+
+
+def test_01_3_accepts_dh_fused_into_one_line():
+    """The lesson's optional step: dh in closed form from dnormed, h and rms alone, NaN in the padded row."""
+    fused = slip(dh=lambda d, dn, h, rms: dn / (rms + 1e-6)
+                 - h * (dn * h).sum(dim=1, keepdim=True) / (h.shape[1] * rms * (rms + 1e-6) ** 2))
+    outcome = grade("01.2", fused)
+    assert outcome.passed, outcome.detail
 
 
 def slip(drms=None, dms=None, dh=None):
@@ -205,11 +213,11 @@ def test_01_3_rejects_wrong_derivations():
         (lambda z, y, w, h, rms: by_hand_right(z, y, w, h, rms)["ms"], "return a dict"),
         (lambda z, y, w, h, rms: {**by_hand_right(z, y, w, h, rms), "h": None}, '["h"] is'),
     ]:
-        failed("01.3", wrong, *words.split("|"))
+        failed("01.2", wrong, *words.split("|"))
 
 
 def test_01_3_prints_the_largest_difference_not_two_rounded_vectors():
-    outcome = grade("01.3", slip(dms=lambda d, rms: d / (2 * rms) * 1.5))
+    outcome = grade("01.2", slip(dms=lambda d, rms: d / (2 * rms) * 1.5))
     assert not outcome.passed and "differs from what the hook caught by up to" in outcome.detail, outcome.detail
     assert "[" not in outcome.detail, outcome.detail
 
@@ -227,7 +235,7 @@ def test_01_3_rejects_asking_autograd_for_the_answer():
         return {**by_hand_right(logits, y, w, h, rms), "logits": z.grad}
 
     for wrong in (by_autograd, by_backward):
-        failed("01.3", wrong, "asked autograd", "derive them yourself")
+        failed("01.2", wrong, "asked autograd", "derive them yourself")
 
 
 # ----- 01.4 -------------------------------------------------------------------------------------
@@ -269,7 +277,8 @@ RIGHT_GUESSES = {
     "01.b": [[4, 8, 12], [2, 4, 6]],
     "01.c": "x",
     "01.d": "ms",
-    "01.e": 3,
+    "01.e": 1.0,
+    "01.f": 3,
 }
 
 
@@ -289,7 +298,9 @@ def test_a_common_wrong_guess_gets_its_own_hint():
         ("01.c", "none", "what is 0 × ∞"),
         ("01.d", "h", "got it from a tensor after it"),
         ("01.d", "rms", "not NaN"),
-        ("01.e", 0, "What arrives at h in the padded row"),
-        ("01.e", 1, "alike"),
+        ("01.e", 1e4, "how much did that row shrink"),
+        ("01.e", 1e6, "the gradient at ms"),
+        ("01.f", 0, "What arrives at h in the padded row"),
+        ("01.f", 1, "alike"),
     ]:
         failed(id, guess, words)

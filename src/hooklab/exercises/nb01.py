@@ -164,14 +164,41 @@ def _lesson_problem() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
 
 @prediction(
     "01.e",
-    "how many of the 168 steps the guard (limit 1e4) skips, with the repair hook on ms",
+    "embed.weight's gradient norm on the faint batch, over batch 0's",
+    why="about 1: RMS normalisation ignores a row's scale. In the faint row dh grows as 1/|h| (10⁴ times), "
+        "but embed.weight's gradient is dh times the image row, which shrank as |h| (10⁻⁴ times): they cancel. "
+        "A huge gradient at ms or h need not reach a weight.",
+    wrong=[
+        (1e4, "dh grows 10⁴ times in the faint row, but embed.weight's gradient is dh times the image row: how "
+              "much did that row shrink?"),
+        (1e-4, "the image row shrank 10⁴ times, but dh grew: h / rms divides the row by its own, tiny, scale"),
+        (1e6, "1.47e6 is the gradient at ms. embed.weight's gradient is dh times the image row: what happens to "
+              "each of the two in the faint row?"),
+    ],
+)
+def _faint_over_plain() -> float:
+    model, xs, ys = _lesson_problem()
+    faint = xs[0].clone()
+    faint[-1] *= 1e-4
+    norms = []
+    for x in (faint, xs[0]):
+        model.zero_grad()
+        nn.functional.cross_entropy(_steps(model[0], model[1], x)["logits"], ys[0]).backward()
+        norms.append(model[0].weight.grad.norm().item())
+    return norms[0] / norms[1]
+
+
+@prediction(
+    "01.f",
+    "how many of the 168 steps a norm limit of 1e4 on the five tensors skips, with the repair hook on ms",
     why="the repair stops the NaN at ms, but in the padded row normed = h / (rms + 1e-6) still divides by "
         "1e-6: the gradient at h there is about a million times dnormed, far above 1e4, so the guard raises at h "
         "in all 3 padded batches. It is harmless (the padded input row is 0, so nothing of it reaches a weight), "
-        "but the guard watches h, not the weights.",
+        "but a norm limit on h cannot tell: put it on the parameters.",
     wrong=[
         (0, "the repair hook makes ms's gradient finite. What arrives at h in the padded row, through "
-            "h / (rms + 1e-6) with rms = 0, and how does its norm compare with the limit 1e4?"),
+            "h / (rms + 1e-6) with rms = 0 (your dh's term through normed, printed above), and how does its "
+            "norm compare with the limit 1e4?"),
         (1, "the three padded batches are alike: whatever happens in one happens in all three"),
         (168, "the clean batches have gradients far below 1e4 at every step: only the padded rows differ"),
     ],
@@ -189,7 +216,7 @@ def _skipped_with_repair() -> int:
     return said.getvalue().count("step skipped")
 
 
-# ----- 01.1 to 01.3 ------------------------------------------------------------------------------
+# ----- 01.1 to 01.4 ------------------------------------------------------------------------------
 def _scale_case(scale_grad, factor: float, leaf: bool) -> Outcome | None:
     """The answer on a leaf or on an intermediate tensor: two backward passes with the hook, without
     zeroing in between (x.grad adds both up), then one without."""
@@ -336,7 +363,7 @@ def _named_in(raised: BaseException, names: Iterable[str] = ("h", "ms", "rms", "
     return [name for name in names if re.search(rf"(?<![A-Za-z0-9_])d?{re.escape(name)}(?![A-Za-z0-9_])", str(raised))]
 
 
-@exercise("01.2", "stop backward at the first bad gradient, by name")
+@exercise("01.3", "stop backward at the first bad gradient, by name")
 def _guard(guard) -> Outcome:
     """``guard(named, limit)`` registers a hook on each tensor of the dict ``named`` that raises
     ``FloatingPointError`` naming the tensor when a gradient arriving there holds a NaN or has a norm
@@ -491,7 +518,7 @@ def _drms_slip(d: torch.Tensor, want: torch.Tensor, dnormed, h, rms, real) -> st
     return None
 
 
-@exercise("01.3", "derive the gradients from normed back to h by hand")
+@exercise("01.2", "derive the gradients from normed back to h by hand")
 def _by_hand(by_hand) -> Outcome:
     """``by_hand(logits, y, w, h, rms)`` returns the gradients of the mean cross-entropy at ``logits``,
     ``normed``, ``rms``, ``ms`` and ``h``, derived by the chain rule (``w`` is head's weight,
@@ -628,50 +655,74 @@ def _repair(repair) -> Outcome:
 
 
 # ----- the lesson's training run and its figure --------------------------------------------------
-def plot_steps(series: dict[str, list[float]], title: str, limit: float | None = None) -> None:
-    """One panel per series, a point per training step (a norm on a log scale, with the guard's
-    ``limit`` dashed if given); a NaN step drawn as a red bar."""
+def plot_steps(series: dict, title: str, limit: float | None = None) -> None:
+    """One panel per series, a point per training step. A series may be a dict of named series: each gets
+    its own colour and a label (gradient norms, on a log scale, with the guard's ``limit`` dashed if given).
+    A NaN is drawn as a red bar; ``None`` (a gradient backward never reached) is not drawn."""
     import matplotlib.pyplot as plt
 
-    _, axes = plt.subplots(1, len(series), figsize=(9, 2.4), layout="constrained", squeeze=False)
+    _, axes = plt.subplots(1, len(series), figsize=(9, 2.6), layout="constrained", squeeze=False,
+                           width_ratios=[1 if isinstance(v, list) else 2 for v in series.values()])
     for ax, (name, values) in zip(axes[0], series.items(), strict=True):
-        finite = [(i, v) for i, v in enumerate(values) if not math.isnan(v)]
-        nan = [i for i, v in enumerate(values) if math.isnan(v)]
-        ax.plot(*zip(*finite, strict=True), ".", markersize=3, color="tab:blue")
+        lines = values if isinstance(values, dict) else {None: values}
+        nan = sorted({i for vs in lines.values() for i, v in enumerate(vs) if v is not None and math.isnan(v)})
+        for label, vs in lines.items():
+            finite = [(i, v) for i, v in enumerate(vs) if v is not None and not math.isnan(v)]
+            ax.plot(*zip(*finite, strict=True), ".", markersize=3, label=label,
+                    color=None if label else "tab:blue")
         for i in nan:
             ax.axvline(i, color="tab:red", alpha=0.3)
         if "norm" in name:
             ax.set_yscale("log")
             if limit is not None:
-                ax.axhline(limit, color="grey", linestyle="--", label=f"the guard's limit {limit:g}")
-                ax.legend(loc="center right")
+                ax.axhline(limit, color="grey", linestyle="--", label=f"the parameters' limit {limit:g}")
+        if isinstance(values, dict):
+            ax.legend(loc="upper left", bbox_to_anchor=(1, 1), fontsize="small", markerscale=3)
         ax.set(xlabel="step", title=name + (f" (red: NaN at {len(nan)} steps)" if nan else ""))
     plt.suptitle(title)
     plt.show()
 
 
+def _ghost(x: torch.Tensor, embed: nn.Module) -> torch.Tensor:
+    """``x`` with its last image replaced by a ghost: the part of the image that embed's 8 rows see is dimmed
+    × 1e-3, the rest kept, so that h is 1e-3 of what it was in that row, though the image is not faint."""
+    w = embed.weight.detach().double()
+    x = x.clone()
+    seen = (torch.linalg.pinv(w) @ (w @ x[-1].double())).float()
+    x[-1] -= (1 - 1e-3) * seen
+    return x
+
+
 def train(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor, run, guard=None, limit: float = 1e4,
-          finite_check: bool = False) -> dict[str, list[float]]:
+          finite_check: bool = False, param_limit: float | None = None,
+          ghost_at: int | None = None) -> dict:
     """One SGD step a batch (lr 0.5) on a copy of ``model``, with ``run(x, net)`` as the forward pass.
     ``guard(named, limit)``: its hooks go on the named tensors of each batch and come off after backward;
-    ``finite_check``: ``clip_grad_norm_(..., error_if_nonfinite=True)`` before each update. A step whose
-    backward or check raises is skipped, with a line saying why. Returns each step's loss and the largest
-    gradient norm among the tensors of the forward pass (NaN if one is NaN), caught by hooks of its own."""
+    with ``param_limit``, ``guard`` also goes on the parameters (embed.weight, head.weight, head.bias) with
+    that limit. ``finite_check``: ``clip_grad_norm_(..., error_if_nonfinite=True)`` before each update.
+    ``ghost_at``: at that step the batch's last image becomes one that embed maps to (almost) 0. A step whose
+    backward or check raises is skipped, with a line saying why. Returns each step's loss and, under
+    "gradient norms", each tensor's gradient norm at each step (caught by hooks of its own; None where
+    backward stopped before it), embed.weight's included."""
     import copy
 
     net = copy.deepcopy(model)
+    params = {"embed.weight": net[0].weight, "head.weight": net[1].weight, "head.bias": net[1].bias}
     optimizer = torch.optim.SGD(net.parameters(), lr=0.5)
-    losses, norms, skipped = [], [], 0
+    losses, norms, skipped = [], {}, 0
     for step, (xb, yb) in enumerate(zip(xs, ys, strict=True)):
         optimizer.zero_grad()
-        steps = run(xb, net)
+        steps = run(_ghost(xb, net[0]) if step == ghost_at else xb, net)
         loss = nn.functional.cross_entropy(steps["logits"], yb)
-        seen = []
+        seen = {}
         try:
             with Hooks() as hooks:  # removes every hook when the block ends, on an error too
-                for t in steps.values():
-                    hooks.add(t.register_hook(lambda grad, seen=seen: seen.append(grad.norm().item())))
+                for name, t in [*steps.items(), ("embed.weight", params["embed.weight"])]:
+                    hooks.add(t.register_hook(
+                        lambda grad, name=name, seen=seen: seen.__setitem__(name, grad.norm().item())))
                 for handle in guard(steps, limit) if guard else []:
+                    hooks.add(handle)
+                for handle in guard(params, param_limit) if guard and param_limit is not None else []:
                     hooks.add(handle)
                 loss.backward()
             if finite_check:
@@ -681,17 +732,18 @@ def train(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor, run, guard=None,
             skipped += 1
             print(f"step {step}: {type(e).__name__}: {str(e).split(', so')[0]}; step skipped")
         losses.append(loss.item())
-        norms.append(math.nan if any(math.isnan(v) for v in seen) else max(seen))
+        for name in [*steps, "embed.weight"]:
+            norms.setdefault(name, []).append(seen.get(name))
     last = [v for v in losses[-20:] if not math.isnan(v)]
     print(f"{len(losses)} steps, {skipped} skipped | mean loss of the last 20: "
           f"{sum(last) / len(last) if last else math.nan:.3f} | NaN weights in embed: "
           f"{net[0].weight.isnan().sum().item()} of {net[0].weight.numel()}")
-    return {"loss": losses, "largest gradient norm at a step": norms}
+    return {"loss": losses, "gradient norms": norms}
 
 
 # ----- worked answers the lesson falls back on ---------------------------------------------------
 def guard(named: dict[str, torch.Tensor], limit: float) -> list:
-    """A worked answer to 01.2, for the lesson's next cells while the student's own has not passed
+    """A worked answer to 01.3, for the lesson's next cells while the student's own has not passed
     (``train`` calls it with the named tensors of each batch and the limit)."""
     def hook(grad: torch.Tensor, name: str) -> None:
         if grad.isnan().any() or grad.norm() > limit:
@@ -712,7 +764,7 @@ def repair(t: torch.Tensor):
 
 def by_hand(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor, h: torch.Tensor,
             rms: torch.Tensor) -> dict[str, torch.Tensor]:
-    """A worked answer to 01.3 (see ``guard``)."""
+    """A worked answer to 01.2 (see ``guard``)."""
     dlogits = (logits.softmax(dim=1) - nn.functional.one_hot(y, logits.shape[1])) / len(y)
     dnormed = dlogits @ w
     drms = (dnormed * -h / (rms + 1e-6) ** 2).sum(dim=1, keepdim=True)
