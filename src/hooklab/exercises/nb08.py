@@ -247,33 +247,33 @@ def _induction_offset() -> int:
     return max(range(9), key=lambda k: stripe_score(pattern, k).mean().item())
 
 
-ABSENT = 22  # a token the run does not hold: the query made this token (08.b)
+def absent_answers() -> dict[int, int]:
+    """The model's answer at the query for each token 1-23 the run does not hold, made the query token."""
+    model, clean = _model(), clean_and_corrupted()[0]
+    answers = {}
+    for token in (t for t in range(1, 24) if t not in clean[0, :7]):
+        tokens = clean.clone()
+        tokens[0, Q] = token
+        with torch.no_grad():
+            answers[token] = model(tokens)[0, Q].argmax().item()
+    return answers
 
 
-def absent_query() -> torch.Tensor:
-    """The clean run with the query token ``ABSENT``, which no key matches, ``(1, 16)``."""
-    tokens = clean_and_corrupted()[0].clone()
-    tokens[0, Q] = ABSENT
-    return tokens
-
-
-@prediction("08.b", "the model's answer when the query is a 22, a token the run does not hold",
-            why="with no key to match, layer 1's heads fall back on position: at query 9 they look at keys 1-4, "
-                "here all four at key 3, where a run of 7 keeps the answer for position 9; they copy its 19",
-            wrong=[(ABSENT, "the heads copy the token of the key they attend to, never the query itself; no key "
-                            "matches a 22, so where do they look? (the plot above: query 9, layer 1)"),
-                   (7, "the 7 follows the second run; the heads look back into the first run, near key 3"),
-                   (21, "the 21 comes after the query: attention only reads earlier positions")])
-def _absent_query_answer() -> int:
-    with torch.no_grad():
-        return _model()(absent_query())[0, Q].argmax().item()
+@prediction("08.b", "whether the answer depends on which absent token the query is",
+            why="yes: no key matches, and layer 1's heads fall back on keys 1-4, but which of them wins depends on "
+                "the query's token: 12 for eight of the 16, 3 for four, 19 for four (next cell)",
+            wrong=[(False, "a fallback on position alone would give one answer for every absent query; the query's "
+                           "token still moves the heads among keys 1-4"),
+                   ("true", "you wrote a string, write True or False without quotes: a bool, not text"),
+                   ("false", "you wrote a string, write True or False without quotes: a bool, not text")])
+def _absent_query_answer() -> bool:
+    return len(set(absent_answers().values())) > 1
 
 
 @prediction("08.c", "the position whose clean blocks.0.hook_attn_out restores the second corruption's answer",
-            why="in the first run layer 0's heads attend to the previous token (not in the repeat), so its attention "
-                "output at 3 is position 3's record "
-                "that a 3 came before it; patched in, layer 1 finds the match again and copies the 19 (the token "
-                "itself changed at 2, but that position's attention output only reads positions 0-2)",
+            why="in the first run layer 0's heads attend to the previous token, so their output at 3 carries the "
+                "token at 2, a 3 in the clean run; patched in, layer 1's heads attend to key 3 again and copy the 19 "
+                "(position 2's own attention output only reads positions 0-2)",
             wrong=[(2, "the 10 at position 2 sits in its embedding, which stays corrupted; layer 1 matches the "
                        "query with a key's record of the token before it. Which position has position 2 before it?"),
                    (9, "layer 1 matches the query's 3 with a key's previous token; the key's record is what the "
@@ -287,22 +287,29 @@ def _layer0_position() -> int:
     return max(range(Q + 1), key=diffs.__getitem__)
 
 
-def head_0_zeroed() -> float:
-    """The clean run's logit difference with layer 1's head 0 zeroed."""
-    return logit_diff(run_hooked(_model(), clean_and_corrupted()[0], "blocks.1.attn.hook_z", ablation_hook(0)))
+def head_0_noised() -> float:
+    """The clean run's logit difference with layer 1's head 0 at the query taken from the corrupted run."""
+    model = _model()
+    point = "blocks.1.attn.hook_z"
+    corrupted_z = clean_cache_of(model, clean_and_corrupted()[1], [point])[point]
+
+    def hook(module, args, output):
+        output = output.clone()
+        output[:, Q, 0] = corrupted_z[:, Q, 0]
+        return output
+
+    return logit_diff(run_hooked(model, clean_and_corrupted()[0], point, hook))
 
 
-@prediction("08.d", "the clean run's logit difference with layer 1's head 0 zeroed: above 8, 0 to 8, or below 0",
-            why="the heads combine, they do not add: one clean head was outvoted by three corrupted ones (0.27), "
-                "and here three clean heads still attend to the 19 and copy it, so zeroing head 0 costs only "
-                "about 1.5 of the +10.8",
-            wrong=[("0 to 8", "that reads head 0's 5.9 as its share of a sum; but single heads sum to 0.61 and all "
-                              "four give 0.93: they do not add. Zeroed in the clean run, three clean heads still "
-                              "copy the 19, and it costs about 1.5"),
-                   ("below 0", "the answer would flip to 17 only if head 0 carried the 19 alone; three other "
-                               "heads attend to it too")])
-def _head_0_zeroed() -> str:
-    diff = head_0_zeroed()
+@prediction("08.d", "the clean run's logit difference with layer 1's head 0 at the query from the corrupted run: "
+                    "above 8, 0 to 8, or below 0",
+            why="0 to 8 (+3.3): the corrupted head 0 carries what it copied in its own run, whose answer is 17, and "
+                "lifts logit[17] from -1.0 to +4.1 (next cell); a zeroed head carries nothing, and cost only 1.53",
+            wrong=[("above 8", "a zeroed head carries no token; the corrupted head carries what it copied in its own "
+                               "run, whose answer is 17: a vote for 17"),
+                   ("below 0", "the three other heads stay clean and still copy the 19")])
+def _head_0_noised() -> str:
+    diff = head_0_noised()
     return "above 8" if diff > 8 else "0 to 8" if diff >= 0 else "below 0"
 
 
@@ -371,6 +378,9 @@ IN_PLACE = (" A note, not a slip: your hook changed `output` in place. That is s
             "the run holds that tensor (the clean values are copies from another run); where something does, such "
             "as autograd's saved tensors or a hook that kept it without copying, edit a copy "
             "(`output = output.clone()`) and return it.")
+STEER_IN_PLACE = (" A note, not a slip: your hook added to `output` in place before returning it. Nothing else in "
+                  "this run holds that tensor, so it works here; where something does (autograd's saved tensors, a "
+                  "hook that kept it without copying), it changes there too: add to a copy, `output.clone()`.")
 ROW_0 = "only the first sequence of the batch changed: edit `output[:, ...]`, every sequence, not `output[0, ...]`"
 
 
@@ -713,6 +723,17 @@ def _scores_slip(model, got, tokens, layer, metric, mean) -> str | None:
     if mean is not None and near(ablation_scores(model, tokens, layer, metric)):
         return "with `mean` given, set the head to mean[:, head], not to 0"
 
+    def one_vector(h):  # mean averaged over positions too: one vector at every position
+        def hook(module, args, output):
+            output = output.clone()
+            output[:, :, h] = mean[:, h].mean(0)
+            return output
+        return hook
+
+    if mean is not None and near(_scores_with(model, tokens, layer, metric, one_vector)):
+        return ("you averaged `mean` over its positions too (one vector for every position): it is already a "
+                "mean over sequences, (position, head, d_head); set each position to its own, mean[:, head]")
+
     def by_position(h):
         def hook(module, args, output):
             output = output.clone()
@@ -776,6 +797,12 @@ def _check_steering(answer) -> Outcome:
     corrupted = torch.cat([clean_and_corrupted()[1], second_corruption()])  # a batch of two sequences
     cases = [((direction, p, s), "blocks.0.hook_resid_post", corrupted, steering_hook(direction, p, s),
               f"scale {s} at position {p}") for p, s in [(CHANGED, 1.0), (CHANGED, 0.5), (CHANGED, 2.0), (Q, -1.0)]]
+    probe = torch.ones(1, 16, 64)
+    if callable(answer) and callable(hook := answer(torch.ones(64), 2, 1.0)) and hook(None, (), probe) is None \
+            and not (probe == 1).all():
+        return Outcome(False, "your hook added to `output` in place and returned None: return a copy, "
+                              "`output = output.clone()`, add to it, `return output`; an in-place edit also changes "
+                              "the tensor for anything else that holds it")
     edited: list[bool] = []
     if (failed := _compare_runs(answer, "steering_hook", cases, edited)) is not None:
         out = _probe(answer, (torch.ones(64), 2, 1.0), torch.ones(1, 16, 64))
@@ -788,11 +815,10 @@ def _check_steering(answer) -> Outcome:
                                       "to the output there (replacing or multiplying it is not steering)")
         return failed
     return Outcome(True, "the same logits as the direction added at the scale and position asked, four cases, "
-                         "on a batch of two." + (IN_PLACE if edited else ""))
+                         "on a batch of two." + (STEER_IN_PLACE if edited else ""))
 
 
 __all__ = [
-    "ABSENT",
     "B2",
     "CHANGED",
     "CHANGED2",
@@ -803,11 +829,11 @@ __all__ = [
     "Q",
     "ablation_hook",
     "ablation_scores",
-    "absent_query",
+    "absent_answers",
     "clean_and_corrupted",
     "clean_cache",
     "clean_cache_of",
-    "head_0_zeroed",
+    "head_0_noised",
     "induction_pair",
     "logit_diff",
     "logit_diff_2",
