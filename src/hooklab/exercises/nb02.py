@@ -157,6 +157,22 @@ def _train(model: nn.Module, steps: int = 100, lr: float = 0.1, batch: int = 64)
     return losses
 
 
+def _naming(model_map: str):
+    """A failure that quotes a layer of the check's model also shows that model, which the student never sees."""
+
+    def wrap(checker):
+        @functools.wraps(checker)
+        def named(answer) -> Outcome:
+            outcome = checker(answer)
+            if outcome.passed or "'" not in outcome.detail:
+                return outcome
+            return Outcome(False, f"{outcome.detail}\n(the check's model: {model_map})")
+
+        return named
+
+    return wrap
+
+
 # ----- the predictions -----------------------------------------------------------------------------
 WEIGHTED = ("features.0", "features.2", "features.5", "head.2")
 
@@ -176,18 +192,17 @@ def _shrink_factors() -> dict[str, float]:
     return factors
 
 
-@prediction("02.a", "which layer with weights shrinks the spread the most",
-            why="with weights of std 0.01 a layer multiplies the spread by about 0.01·√fan_in, so the fewer inputs "
-                "each output adds up, the more it shrinks: features.0 adds up only 9 (0.01·3 = 0.03; measured: 28 "
-                "times smaller), the others 64 to 288 (5 to 12 times)",
-            wrong=[("features.5", "features.5 adds up the most inputs per output (fan_in 288), so it shrinks the "
-                                  "spread the least: 0.01·√288 ≈ 0.17"),
-                   ("head.2", "head.2 adds up 64 inputs per output: 0.01·√64 = 0.08; one layer adds up fewer"),
-                   ("features.2", "features.2 adds up 144 inputs per output: 0.01·√144 = 0.12; one layer adds up "
-                                  "fewer")])
-def _most_shrinking() -> str:
-    factors = _shrink_factors()
-    return max(factors, key=factors.get)
+@prediction("02.a", "how many times features.2 divides the spread of its input",
+            why="features.2 is Conv2d(16, 32, 3): each output adds up fan_in = 16 channels × 3×3 = 144 inputs, so the "
+                "rule says 1 / (0.01·√144) = 8.3; measured 7.3, within 16 % (section 2 shows the rest: the input's "
+                "root-mean-square in place of its std, and the zero padding at the borders)",
+            wrong=[(0.12, "0.01·√144 = 0.12 is what the layer multiplies the spread by; it divides it by 1 / 0.12"),
+                   (25.0, "fan_in counts every input an output adds up: 16 channels × 3×3 pixels, not 16"),
+                   (5.9, "fan_in counts the inputs of an output, 16 channels × 3×3; 32 is the number of outputs"),
+                   (0.69, "the rule has the square root: 0.01·√144 = 0.12, so the spread is divided by 8.3")],
+            rel=0.16)
+def _features2_divisor() -> float:
+    return round(_shrink_factors()["features.2"], 1)
 
 
 def _doubled_layer() -> nn.Linear:
@@ -224,7 +239,8 @@ def _doubled() -> float:
             wrong=[(0.3, "that is the spread divided by the gradient; a step moves a bias by lr × gradient, with lr "
                          "0.1"),
                    (30, "a step moves a bias by lr × gradient = 0.1 × 5.4e-4 = 5.4e-5; the spread 1.6e-4 is about 3 "
-                        "such steps")])
+                        "such steps")],
+            rel=0.17)  # the quotient of two printed numbers: within ±0.5
 def _steps_across() -> int:
     data, model = _digits(), _fresh(0.01)
     x, y = data.x_train[:64], data.y_train[:64]
@@ -381,6 +397,8 @@ def _spread_keys_outcome(got: dict, expected: dict, model: nn.Module) -> Outcome
 
 
 @exercise("02.1", "the spread of every layer's output")
+@_naming("'0' Linear → '1' Sequential('1.0' ReLU, '1.1' a module running '1.1.first' Linear then "
+         "'1.1.second' Tanh) → '2' Linear")
 def _output_stds(output_stds) -> Outcome:
     """``output_stds(model, x)`` hooks every leaf module, runs ``model(x)`` once and returns
     ``{name: std of the output}``."""
@@ -733,6 +751,7 @@ def _stats_outcome(stats, expected: dict) -> Outcome | None:
 
 
 @exercise("02.3", "statistics of chosen layers at every step")
+@_naming("'0' Linear → '1' ReLU → '2' Sequential('2.0' Linear, '2.1' ReLU) → '3' Linear")
 def _step_stats(StepStats) -> Outcome:
     """``with StepStats(model, names) as stats:`` any forward passes; ``stats.means[name]``,
     ``stats.stds[name]`` and ``stats.zeros[name]`` get one number per call of that layer."""
@@ -812,6 +831,7 @@ def _keys_outcome(field: str, got, expected: list[str]) -> Outcome | None:
 
 
 @exercise("02.4", "a recorder that keeps inputs and outputs, safe from in-place layers")
+@_naming("'0' Linear → '1' ReLU(inplace=True) → '2' Sequential('2.0' Linear, '2.1' Tanh) → '3' Linear")
 def _recorder(Recorder) -> Outcome:
     """``with Recorder(model) as rec: model(x)`` fills ``rec.inputs[name]`` (the positional inputs of each leaf
     as they were before the call) and ``rec.outputs[name]``, all detached copies."""
@@ -880,6 +900,11 @@ def _calls_model(inplace: bool = True) -> nn.Module:
     return nn.Sequential(nn.Linear(3, 4), act, _Block(act, inplace=inplace), _Again(), nn.Sequential(nn.Linear(4, 2)))
 
 
+CALLS_MODEL = ("'0' Linear → '1' Tanh → '2' a residual block: '2.fc' Linear → '2.relu' (in place) → '2.extra' "
+               "= '2.extra.0' Linear + the Tanh '1' again, plus the block's input → '2.relu' again → '3' runs '3.fc' "
+               "and calls '3' once inside its own call → '4' Sequential('4.0' Linear)")
+
+
 def _record_list(recorder, size: int) -> tuple[list | None, Outcome | None]:
     records = getattr(recorder, "records", None)
     if isinstance(records, dict):
@@ -914,12 +939,12 @@ def _names_outcome(names: list, expected: list[str]) -> Outcome | None:
     return None
 
 
-def _nested_outcome(records: list, expected: list) -> Outcome | None:
-    """Whether the outer call of ``3``, which calls itself, kept the inputs of the inner call instead."""
+def _nested_outcome(records: list, expected: list, i: int) -> Outcome | None:
+    """Whether record ``i``, the outer call of ``3`` (which calls itself), kept the inputs of the inner call."""
     inner_inputs = next(inputs for name, inputs, _ in expected if name == "3")  # the inner call ends first
-    outer = max(i for i, (name, _, _) in enumerate(records) if name == "3")
-    got = records[outer][1]
-    if (isinstance(got, tuple | list) and len(got) == 1 and isinstance(got[0], torch.Tensor)
+    outer = max(j for j, (name, _, _) in enumerate(expected) if name == "3")
+    got = records[i][1]
+    if (i == outer and isinstance(got, tuple | list) and len(got) == 1 and isinstance(got[0], torch.Tensor)
             and got[0].shape == inner_inputs[0].shape and torch.allclose(got[0], inner_inputs[0])):
         return Outcome(False, f"record {outer + 1} ('3', its outer call) holds the inputs of the call of '3' made "
                               "inside it: '3' calls itself, so a second call starts before the first ends; put "
@@ -927,7 +952,27 @@ def _nested_outcome(records: list, expected: list) -> Outcome | None:
     return None
 
 
+def _paired_outcome(where: str, inputs, expected: list, i: int) -> Outcome | None:
+    """Whether the inputs kept for record ``i`` are those of another call: the hooks were paired wrongly."""
+    if not (isinstance(inputs, tuple | list) and len(inputs) == 1 and isinstance(inputs[0], torch.Tensor)):
+        return None
+
+    def same(want):
+        return len(want) == 1 and want[0].shape == inputs[0].shape and torch.allclose(want[0], inputs[0].detach())
+
+    if same(expected[i - 1][1]):
+        return None
+    other = next((j for j, (_, want, _) in enumerate(expected, start=1) if same(want)), None)
+    if other is None:
+        return None
+    return Outcome(False, f"{where} holds the inputs of another call (those of record {other}, "
+                          f"{expected[other - 1][0]!r}): a forward hook must take the inputs its own call's pre-hook "
+                          "copied; calls nest, so the call that ends is the one started last among those still "
+                          "running: take the inputs put aside last, not first")
+
+
 @exercise("02.5", "a recorder with one record per call, inputs included")
+@_naming(CALLS_MODEL)
 def _call_recorder(CallRecorder) -> Outcome:
     """``with CallRecorder(model) as rec: model(x)`` fills ``rec.records`` with one ``(name, inputs, output)``
     per call of every submodule, in the order the calls end, the inputs as they were before the call."""
@@ -953,12 +998,14 @@ def _call_recorder(CallRecorder) -> Outcome:
     wrong = _names_outcome([name for name, _, _ in records], [name for name, _, _ in expected])
     if wrong:
         return wrong
-    wrong = _nested_outcome(records, expected)
-    if wrong:
-        return wrong
     for i, ((name, inputs, out), (_, want_in, want_out)) in enumerate(zip(records, expected, strict=True), start=1):
-        where = f"record {i} ({name!r})"
-        wrong = _inputs_outcome(where, inputs, want_in, pre_hooked[0]) or _output_outcome(where, out, want_out)
+        where = f"record {i} ({name!r})"  # the first wrong record is the one reported
+        wrong = _inputs_outcome(where, inputs, want_in, pre_hooked[0])
+        if wrong and "no negative values" not in wrong.detail:  # the in-place slip is named first
+            wrong = _nested_outcome(records, expected, i - 1) or _paired_outcome(where, inputs, expected, i) or wrong
+        if wrong:
+            return wrong
+        wrong = _output_outcome(where, out, want_out)
         if wrong:
             return wrong
     broken = _calls_model()
@@ -1014,7 +1061,7 @@ class StepStats:
         self.model, self.names, self.handles = model, names, []
         self.means, self.stds, self.zeros = ({name: [] for name in names} for _ in range(3))
 
-    def keep(self, name, module, args, output):
+    def keep(self, name, output):
         out = output.detach()
         self.means[name].append(out.mean().item())
         self.stds[name].append(out.std().item())
@@ -1022,7 +1069,7 @@ class StepStats:
 
     def __enter__(self):
         for name in self.names:
-            hook = functools.partial(self.keep, name)
+            hook = lambda module, args, output, name=name: self.keep(name, output)  # noqa: E731
             self.handles.append(self.model.get_submodule(name).register_forward_hook(hook))
         return self
 
@@ -1037,17 +1084,19 @@ class Recorder:
     def __init__(self, model: nn.Module) -> None:
         self.model, self.inputs, self.outputs, self.handles = model, {}, {}, []
 
-    def keep_inputs(self, name, module, args):
+    def keep_inputs(self, name, args):
         self.inputs[name] = tuple(a.detach().clone() for a in args)
 
-    def keep_output(self, name, module, args, output):
+    def keep_output(self, name, output):
         self.outputs[name] = output.detach().clone()
 
     def __enter__(self):
         for name, module in self.model.named_modules():
             if next(module.children(), None) is None:
-                self.handles.append(module.register_forward_pre_hook(functools.partial(self.keep_inputs, name)))
-                self.handles.append(module.register_forward_hook(functools.partial(self.keep_output, name)))
+                self.handles.append(module.register_forward_pre_hook(
+                    lambda module, args, name=name: self.keep_inputs(name, args)))
+                self.handles.append(module.register_forward_hook(
+                    lambda module, args, output, name=name: self.keep_output(name, output)))
         return self
 
     def __exit__(self, *exc):
@@ -1065,14 +1114,15 @@ class CallRecorder:
     def put_aside(self, module, args):
         self.waiting.append(tuple(a.detach().clone() for a in args))
 
-    def keep(self, name, module, args, output):
+    def keep(self, name, output):
         self.records.append((name, self.waiting.pop(), output.detach().clone()))
 
     def __enter__(self):
         for name, module in self.model.named_modules():
             if name:
                 self.handles.append(module.register_forward_pre_hook(self.put_aside))
-                self.handles.append(module.register_forward_hook(functools.partial(self.keep, name)))
+                self.handles.append(module.register_forward_hook(
+                    lambda module, args, output, name=name: self.keep(name, output)))
         return self
 
     def __exit__(self, *exc):
