@@ -492,30 +492,26 @@ def _rescaled_outcome(model: nn.Module, before: dict, x: torch.Tensor) -> Outcom
     return None
 
 
-def _output_sizes(model: nn.Module, x: torch.Tensor) -> dict[str, int]:
-    sizes, handles = {}, []
+def _per_layer(model: nn.Module, x: torch.Tensor, measure) -> dict:
+    """``measure(output)`` of each weighted layer on one pass of ``x``, read by hooks removed afterwards."""
+    values, handles = {}, []
     for name, m in _weighted(model).items():
-        handles.append(m.register_forward_hook(lambda m, a, out, name=name: sizes.__setitem__(name, out.numel())))
+        handles.append(m.register_forward_hook(lambda m, a, out, name=name: values.__setitem__(name, measure(out))))
     try:
         with torch.no_grad():
             model(x)
     finally:
         for handle in handles:
             handle.remove()
-    return sizes
+    return values
+
+
+def _output_sizes(model: nn.Module, x: torch.Tensor) -> dict[str, int]:
+    return _per_layer(model, x, lambda out: out.numel())
 
 
 def _stds_of(model: nn.Module, x: torch.Tensor) -> dict[str, float]:
-    stds, handles = {}, []
-    for name, m in _weighted(model).items():
-        handles.append(m.register_forward_hook(lambda m, a, out, name=name: stds.__setitem__(name, out.std().item())))
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return stds
+    return _per_layer(model, x, lambda out: out.std().item())
 
 
 class _WeightsPassedOn:
