@@ -298,6 +298,7 @@ def test_a_common_wrong_guess_gets_its_own_hint():
         ("01.c", "none", "what is 0 × ∞"),
         ("01.d", "h", "got it from a tensor after it"),
         ("01.d", "rms", "not NaN"),
+        ("01.e", 0.0, "does not vanish"),
         ("01.e", 1e4, "how much did that row shrink"),
         ("01.e", 1e6, "the gradient at ms"),
         ("01.f", 0, "What arrives at h in the padded row"),
