@@ -610,3 +610,65 @@ def test_05_5_a_late_bound_fresh_is_told_about_the_loop_variable():
 
     failed("05.5", LateBound, "RuntimeError", "Each name alone runs", "fresh=fresh")
 
+
+
+def test_05_a_and_05_c_numbers_or_words_are_told_to_use_booleans():
+    for id in ("05.a", "05.c"):
+        for guess in ([0, 1], ["no", "yes"]):
+            failed(id, guess, "True or False")
+
+
+def test_05_2_and_05_5_an_exit_that_swallows_the_error_is_named():
+    class SwallowingWatch(DeadWatch):
+        def __exit__(self, *exc):
+            super().__exit__(*exc)
+            return True
+
+    class SwallowingRedrawn(Redrawn):
+        def __exit__(self, *exc):
+            super().__exit__(*exc)
+            return True
+
+    failed("05.2", SwallowingWatch, "returned True", "swallows the error")
+    failed("05.5", SwallowingRedrawn, "returned True", "swallows the error")
+
+
+def test_05_5_swapping_the_module_instead_of_a_hook_is_named():
+    class Swaps(Redrawn):
+        def __enter__(self):
+            self.swapped = []
+            for name in self.names:
+                parent_name, _, child = name.rpartition(".")
+                parent = self.model.get_submodule(parent_name)
+                fresh = copy.deepcopy(parent._modules[child])
+                fresh.reset_parameters()
+                self.swapped.append((parent, child, parent._modules[child]))
+                parent._modules[child] = fresh
+            return self
+
+        def __exit__(self, *exc):
+            for parent, child, layer in self.swapped:
+                parent._modules[child] = layer
+
+    failed("05.5", Swaps, "another module", "register a forward hook")
+
+
+def test_05_4_the_callers_images_and_a_gradient_wrt_a_weight_are_named():
+    def on_the_callers_images(model, layer, images, classes):
+        images.requires_grad_()
+        return recorder()(model, layer, images.detach(), classes)
+
+    def wrt_a_weight(model, layer, images, classes):
+        kept = {}
+
+        def forward_hook(module, args, output):
+            kept["activation"] = output.detach().clone()
+            output.register_hook(lambda grad: kept.__setitem__("gradient", grad.detach().clone()))
+
+        with model.get_submodule(layer).register_forward_hook(forward_hook):
+            score = model(images.detach().clone()).gather(1, classes[:, None]).sum()
+            torch.autograd.grad(score, model.get_submodule(layer).weight)
+        return kept["activation"], kept["gradient"]
+
+    failed("05.4", on_the_callers_images, "requires_grad of the caller's images")
+    failed("05.4", wrt_a_weight, "no gradient reached the images", "not a weight")

@@ -93,6 +93,19 @@ class _AnyNumber:
     __hash__ = None
 
 
+class _PairNotOfBooleans:
+    """Matches a pair that is not two booleans: [0, 1], ["no", "yes"] (the question wants True or False twice)."""
+
+    def __eq__(self, guess: object) -> bool:
+        return isinstance(guess, list | tuple) and len(guess) == 2 and not all(isinstance(g, bool) for g in guess)
+
+    __hash__ = None
+
+
+_BOOLEANS = (_PairNotOfBooleans(), "answer each question with True or False, without quotes, e.g. [True, False], "
+                                   "then run the cell again")
+
+
 def _dead_counts_per_digit(layer: str) -> list[int]:
     """How many channels of ``layer`` are 0 everywhere on each of the 450 test digits, one digit at a time."""
     from ..recording import record
@@ -113,7 +126,8 @@ def _dead_counts_per_digit(layer: str) -> list[int]:
                    ([False, False], "a channel of features.6 reads most of the digit: one that answers a shape only "
                                     "some digits have is silent on the others, so the count moves"),
                    ([True, False], "the other way round: small patches (features.3) look alike in every digit; "
-                                   "whole shapes (features.6) do not")])
+                                   "whole shapes (features.6) do not"),
+                   _BOOLEANS])
 def _dead_count_changes() -> list:
     return [len(set(_dead_counts_per_digit(layer))) > 1 for layer in ("features.3", "features.6")]
 
@@ -197,7 +211,8 @@ def _blocked() -> dict:
             wrong=[([True, True], "the gradient still arrives: the convolution after the max-pool sends each "
                                   "channel a gradient whatever it did; the ReLU is where it stops"),
                    ([False, False], "a ReLU passes the gradient back only where its input was positive, and a "
-                                    "dead channel's input is at most 0 everywhere")])
+                                    "dead channel's input is at most 0 everywhere"),
+                   _BOOLEANS])
 def _dead_gradients() -> list:
     seen = _blocked()
     dead = seen["dead"]
@@ -514,6 +529,17 @@ def _counted_before_the_with_block(watch_class, model: nn.Module, layers: list[s
     return None
 
 
+def _swallows_the_error(call, model: nn.Module) -> str | None:
+    """Run ``call()``, whose with block raises: the error must come out (``__exit__`` returns a false value)."""
+    try:
+        call()
+    except Exception:
+        return None
+    clear_hooks(model)
+    return ("the body of the with block raised, but no error came out of it: your __exit__ returned True, which "
+            "swallows the error; let it return None (no return statement), so the error reaches the caller")
+
+
 @exercise("05.2", "a watch that counts dead channels at every step")
 def _dead_watch(watch_class) -> Outcome:
     """``DeadWatch(model, layers)`` is a context manager: inside ``with``, each forward pass appends to
@@ -545,6 +571,9 @@ def _dead_watch(watch_class) -> Outcome:
         with watch_class(model, layers):
             model(torch.zeros(1, 3, 8, 8))  # the model refuses three channels
 
+    swallowed = _swallows_the_error(raise_inside, model)
+    if swallowed:
+        return Outcome(False, swallowed)
     wrong = hooks_left_when_raising(raise_inside, model)
     if wrong:
         return Outcome(False, "when the body of the with block raised, a hook stayed on the model: remove the "
@@ -804,15 +833,30 @@ _ERRORS = {
 
 
 def _call_recorder(answer, model, layer, x, classes):
-    """The answer's result, or a hint for an error a hook of the wrong kind causes."""
+    """The answer's result, or a hint for an error a hook of the wrong kind causes, or for a gradient taken
+    with respect to something other than the images the model ran on."""
+    reached = []
+
+    def watch_input(module, args):  # the checker's own probe: did a gradient reach the model's input?
+        if isinstance(args[0], torch.Tensor) and args[0].requires_grad:
+            args[0].register_hook(lambda grad: reached.append(True))
+
+    probe = model.register_forward_pre_hook(watch_input)
     try:
-        return answer(model, layer, x, classes), None
+        got = answer(model, layer, x, classes)
     except RuntimeError as error:
         clear_hooks(model)
         hint = next((text for part, text in _ERRORS.items() if part in str(error)), None)
         if hint is None:
             raise
         return None, hint
+    finally:
+        probe.remove()
+    if not reached:
+        return got, ("no gradient reached the images you ran through the model: take torch.autograd.grad with "
+                     "respect to x, the copy x = images.detach().clone().requires_grad_() (not a weight), so the "
+                     "gradient flows all the way down and passes the layer on the way")
+    return got, None
 
 
 def _case_problem(model, x, before_x, where: str) -> str | None:
@@ -821,6 +865,9 @@ def _case_problem(model, x, before_x, where: str) -> str | None:
         return f"{where}: a hook stayed on the model ({left[0]}): remove your forward hook in a finally block"
     if not torch.equal(x, before_x):
         return f"{where}: your function changed the images it was given: work on a copy"
+    if x.requires_grad or x.grad is not None:
+        return (f"{where}: your function switched on requires_grad of the caller's images (images.requires_grad_()), "
+                "which changes the caller's tensor: work on a copy, x = images.detach().clone().requires_grad_()")
     return _grads_kept(model, wrt="x) for a copy x = images.detach().clone().requires_grad_(")
 
 
@@ -863,13 +910,16 @@ def _recorder(answer) -> Outcome:
     and of the gradient of ``sum_n score[n, classes[n]]`` with respect to it, recorded by a forward hook that
     registers a tensor hook on the output; it works where an in-place ReLU follows the layer, removes its
     hook (also when the pass raises), and leaves the images and the parameters' ``.grad`` as they were."""
+    late = None
     for case in _recorder_cases():
         model, layer, x, classes = case["model"], case["layer"], case["x"], case["classes"]
         where = f"at layer '{layer}' of a {type(model).__name__}"
         before_x = x.clone()
         _seed_grads(model)
         got, hint = _call_recorder(answer, model, layer, x, classes)
-        problem = (hint and f"{where}: {hint}") or _case_problem(model, x, before_x, where) or \
+        if got is not None and hint:  # a gradient taken with respect to another tensor: named after the rest
+            late = late or f"{where}: {hint}"
+        problem = (got is None and hint and f"{where}: {hint}") or _case_problem(model, x, before_x, where) or \
             _pair_problem(got, case, where)
         if problem:
             clear_hooks(model)
@@ -879,6 +929,8 @@ def _recorder(answer) -> Outcome:
                                                                      classes[:1]), model)
         if wrong:
             return wrong
+    if late:
+        return Outcome(False, late)
     return Outcome(True, "activations and gradients match at a DigitsCNN's features.5, at a layer an in-place "
                          "ReLU overwrites and at one whose activation and gradient have both signs; no hook left, "
                          "also when the pass raised; the parameters' .grad as they were")
@@ -905,8 +957,15 @@ def _linear_inside(layer: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
 def _redrawn_problem(cls, model: nn.Module, before: dict, x: torch.Tensor, plain: dict) -> str | None:
     """Run ``cls(model, names)`` once and say what is wrong with what the named layers compute inside it."""
     outputs, probes = {}, []
+    layers = {name: model.get_submodule(name) for name in _REDRAWN}
     try:
         with cls(model, list(_REDRAWN)):
+            for name, layer in layers.items():
+                if model.get_submodule(name) is not layer:
+                    return (f"inside the with block, '{name}' is another module: you put a new layer in the model. "
+                            "Leave the model's layers in place and register a forward hook on each named layer "
+                            "that returns fresh(*args)")
+            unhooked = [name for name, layer in layers.items() if not layer._forward_hooks]
             probes = [model.get_submodule(n).register_forward_hook(  # after the answer's hooks: the replaced outputs
                 lambda m, a, out, n=n: outputs.setdefault(n, []).append(out.detach())) for n in plain]
             with torch.no_grad():
@@ -918,6 +977,9 @@ def _redrawn_problem(cls, model: nn.Module, before: dict, x: torch.Tensor, plain
     if any(not torch.equal(v, before[k]) for k, v in model.state_dict().items()):
         return ("the model's own parameters changed: re-draw a copy of each layer (copy.deepcopy, then its "
                 "reset_parameters()) and let the hook run the copy; the model must stay as it was")
+    if unhooked:
+        return (f"inside the with block, no forward hook is registered on '{unhooked[0]}': register one on each "
+                "named layer, returning fresh(*args)")
     for name in plain:
         first, second = outputs[name][0], outputs[name][1]
         if not torch.allclose(first[0], first[-1], atol=1e-6):  # the batch's last image is its first again
@@ -1005,6 +1067,9 @@ def _redrawn(cls) -> Outcome:
         with cls(model, list(_REDRAWN)):
             raise RuntimeError("a pass that fails inside the block")
 
+    swallowed = _swallows_the_error(raising, model)
+    if swallowed:
+        return Outcome(False, swallowed)
     left = hooks_left_when_raising(raising, model)
     if left:
         return Outcome(False, "when the body of the with block raised, a hook stayed on the model: __exit__ runs "
