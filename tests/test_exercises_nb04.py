@@ -84,7 +84,7 @@ def truth(id):
 
 
 def test_the_predictions_truths():
-    assert truth("04.a") == pytest.approx([0.1868, 0.1755], abs=1e-4)
+    assert truth("04.a").values == pytest.approx([0.1868, 0.1755], abs=1e-4)
     assert truth("04.b") == 0.0
     assert truth("04.c") == {"dbeta"}
     assert truth("04.d") == [[4, 6, 6, 4], [6, 9, 9, 6], [6, 9, 9, 6], [4, 6, 6, 4]]
@@ -117,6 +117,7 @@ def test_wrong_guesses_get_their_own_hint(id, guess, words):
 
 
 @pytest.mark.parametrize(("id", "guess"), [("04.a", [0.187, 0.176]), ("04.a", [0.18, 0.18]), ("04.b", 0),
+                                           ("04.a", [[0.187, 0.176]]), ("04.a", torch.tensor([[0.187, 0.176]])),
                                            ("04.b", 1e-7), ("04.b", -1.5e-8), ("04.b", 0.0),
                                            ("04.c", ["DBeta"]),
                                            ("04.d", [[4, 6, 6, 4], [6, 9, 9, 6], [6, 9, 9, 6], [4, 6, 6, 4]]),
@@ -467,6 +468,22 @@ def test_04_8_passes_the_worked_answer_with_both_accuracies():
 ])  # fmt: skip
 def test_04_8_names_the_first_wrong_gradient_and_where_the_slip_is(name, replacement, words):
     failed("04.8", with_replaced(name, replacement), words)
+
+
+def test_04_8_names_bessels_correction_in_batch_norm():
+    failed("04.8", with_replaced("batch_norm_backward", fused_bn(var=lambda x: x.var(0))),
+           "first wrong: 5.weight (BatchNorm2d weight), every entry 0.9990 × the right value", "Bessel's correction",
+           "x.var(0, unbiased=False)")
+
+
+def test_04_2_names_the_input_when_ten_classes_are_written_in():
+    def ten_classes(t, target):
+        d = nb04.ce_backward_steps(t, target)
+        d["logprobs"] = -F.one_hot(target, 10) / len(target)
+        d["probs"] = d["logprobs"] / t["probs"]
+        return d
+    failed("04.2", ten_classes, "with 5 rows of 4 classes: your code raised RuntimeError",
+           "other numbers of classes than 10")
 
 
 def test_04_8_explains_missing_names_float32_and_the_course_formulas():

@@ -33,7 +33,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ..models import TinySigmoidNet
-from . import Outcome, exercise, prediction
+from . import Outcome, exercise, prediction, same
 from ._by_hand import (
     SHOWN_AS_BOUND,
     D,
@@ -54,6 +54,25 @@ W1_222, B1_222 = torch.tensor([[0.15, 0.20], [0.25, 0.30]], dtype=D), torch.tens
 W2_222, B2_222 = torch.tensor([[0.40, 0.45], [0.50, 0.55]], dtype=D), torch.tensor([0.60], dtype=D)
 
 
+class OneRow:
+    """A (1, 2) tensor's values, matched whether written flat, [a, b], or with the tensor's row, [[a, b]]."""
+
+    def __init__(self, values: list[float]) -> None:
+        self.values = values
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, torch.Tensor):
+            other = other.tolist()
+        if isinstance(other, list | tuple) and len(other) == 1 and isinstance(other[0], list | tuple):
+            other = other[0]
+        return same(other, self.values, rel=0.05)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return repr(self.values)
+
+
 @prediction(
     "04.a", "what the last sigmoid passes back to fc2, from [[1, 1]]",
     why="a sigmoid's local derivative is s·(1 − s), read from its output (lesson 03): [[1, 1]] × s2·(1 − s2) = "
@@ -67,12 +86,12 @@ W2_222, B2_222 = torch.tensor([[0.40, 0.45], [0.50, 0.55]], dtype=D), torch.tens
     ],
     rel=0.05,  # a slope worked out by hand to two decimals, [0.18, 0.18] or [0.19, 0.18], is a fair answer
 )  # fmt: skip
-def _dz2() -> list[float]:
+def _dz2() -> OneRow:
     net = TinySigmoidNet()
     z2 = net.fc2(net.s1(net.fc1(torch.tensor([[0.05, 0.1]]))))
     z2.retain_grad()
     net.s2(z2).backward(torch.ones(1, 2))
-    return z2.grad[0].tolist()
+    return OneRow(z2.grad[0].tolist())
 
 
 def _layer(a, w, b):
@@ -289,13 +308,20 @@ def _ce_chain(ce_backward_steps) -> Outcome:
     worst, worst_name = 0.0, ""
     for n, classes, seed, extra in ((8, 10, 61, 0.0), (5, 4, 63, 0.0), (6, 5, 67, 1.0)):
         t, target, grads = _ce_case(n, classes, seed, extra=extra)
-        got, failed = by_hand(ce_backward_steps, ["t", "target"], t, target)
+        label = f"{n} rows of {classes} classes" + (" and counts_sum + 1" if extra else "")
+        try:
+            got, failed = by_hand(ce_backward_steps, ["t", "target"], t, target)
+        except RuntimeError as error:  # name the input it raised on; a size mismatch: often 10 classes written in
+            if isinstance(error, NotImplementedError):
+                raise
+            tip = (". The check tries other numbers of classes than 10: read them from t (t['probs'].shape[1])"
+                   if "size of tensor" in str(error) else "")
+            return Outcome(False, f"with {label}: your code raised RuntimeError: {error}{tip}")
         result = failed or compare_chain(got, grads, CE_LINES, _ce_traps(t, target, grads))
         if isinstance(result, Outcome) and extra and not failed and _recomputes(got, t, target):
             result = Outcome(False, f"{result.detail}. Use the values in t, not a recomputed forward: the check feeds "
                                     "in a changed forward (counts_sum + 1)")
         if isinstance(result, Outcome):
-            label = f"{n} rows of {classes} classes" + (" and counts_sum + 1" if extra else "")
             return Outcome(False, f"with {label}: {result.detail}")
         if result[0] >= worst:
             worst, worst_name = result
@@ -706,6 +732,19 @@ def _layer_label(model, name: str) -> str:
     return f"layer {name} ({type(model.get_submodule(name)).__name__})"
 
 
+def _ratio(got, expected) -> float:
+    return float((got * expected).sum() / (expected * expected).sum())
+
+
+def _bessel_scaled(model, name: str, got, expected) -> bool:
+    """A batch norm weight's gradient scaled by √((N − 1)/N), just under 1: the N − 1 variance."""
+    layer = model.get_submodule(name.rpartition(".")[0])
+    if not isinstance(layer, nn.BatchNorm2d) or not isinstance(got, torch.Tensor) or got.shape != expected.shape:
+        return False
+    r = _ratio(got, expected)
+    return 0.99 < r < 0.99999 and torch.allclose(got, r * expected, rtol=1e-3, atol=1e-8)
+
+
 def _judge_step(got, expected: dict[str, torch.Tensor], model) -> Outcome | float:
     """The answer's parameter gradients in chain order from the loss: the first wrong one named, with
     the layers between it and the last right one (where the slip must be)."""
@@ -721,6 +760,11 @@ def _judge_step(got, expected: dict[str, torch.Tensor], model) -> Outcome | floa
             return Outcome(False, f"no gradient for {what}: return one entry per name of model.named_parameters() "
                                   f"({', '.join(expected)})")
         result = one(what, got[name], expected[name])
+        if isinstance(result, Outcome) and _bessel_scaled(model, name, got[name], expected[name]):
+            return Outcome(False, f"first wrong: {what}, every entry {_ratio(got[name], expected[name]):.4f} × the "
+                                  "right value: x.var(0) divides by N − 1 (Bessel's correction); batch norm's "
+                                  "v = mean((x − μ)²) divides by N (here N·H·W values per channel): use "
+                                  "x.var(0, unbiased=False)")
         if isinstance(result, Outcome):
             if "the inputs are float64" in result.detail:
                 return Outcome(False, f"first wrong: {result.detail}")
