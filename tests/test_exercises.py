@@ -304,6 +304,13 @@ def test_an_answer_that_hangs_is_stopped_after_the_time_limit(capsys, monkeypatc
                                             "again\n")  # fmt: skip
     assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL and signal.getitimer(signal.ITIMER_REAL)[0] == 0
     assert global_hooks() == []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # a kernel whose setup cell did not run
+    try:
+        check("00.1", hangs)
+    finally:
+        torch.set_num_threads(threads)
+    assert "runs torch on 2 threads" in capsys.readouterr().out
     check("00.1", call_like_pytorch)  # the next check runs as before
     assert capsys.readouterr().out.split(": ", 1)[1].startswith("passed")
 

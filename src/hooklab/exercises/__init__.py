@@ -267,8 +267,12 @@ def _verdict(ex: Exercise, answer: object) -> tuple[str, str]:
     except NotImplementedError:
         return "not solved yet", ""
     except _TooLong:
+        torch = sys.modules.get("torch")  # already imported by any answer that could run this long
+        threads = torch.get_num_threads() if torch else 1
+        setup = (f"; this kernel runs torch on {threads} threads, which on a busy machine can make a right answer "
+                 "this slow: run the lesson's setup cell (hooklab.setup() sets one thread)") if threads > 1 else ""
         return "failed", (f"stopped after {limit:g} s: your answer was still running (an endless loop? a hook "
-                          "that calls its own module?); make it finish, then check again")
+                          f"that calls its own module?{setup}); make it finish, then check again")
     except Exception as exc:  # a student's bug: say what it was, don't drown them in a traceback
         if isinstance(exc, TypeError) and "not callable" in str(exc) and not callable(answer):
             return "failed", _not_a_function(ex.id, answer)  # the check called it: not the student's bug
