@@ -499,3 +499,36 @@ def test_06_5_a_forward_hook_that_returns_a_value_is_named():
 
     failed("06.5", returns_the_name, "your forward hook returned a value",
            "a forward hook's return value replaces the output")
+
+
+# ----- the lesson's plumbing ------------------------------------------------------------------------
+def test_yours_or_worked_gives_the_worked_answer_until_yours_passes():
+    from hooklab.exercises import check
+    from hooklab.exercises.nb06 import upgrade, yours_or_worked
+
+    def mine(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        raise NotImplementedError
+
+    check("06.1", mine)
+    assert yours_or_worked("06.1", mine) is upgrade
+    check("06.1", upgrade)
+    assert yours_or_worked("06.1", mine) is mine
+
+
+def test_old_names_cnn_loads_w_and_b():
+    from hooklab.exercises.nb06 import old_names_cnn
+    from hooklab.models import DigitsCNN
+
+    source = DigitsCNN()
+    old = {key.replace(".weight", ".W").replace(".bias", ".b"): value for key, value in source.state_dict().items()}
+    model = old_names_cnn()
+    model.load_state_dict(old)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), source.parameters(), strict=True))
+
+
+def test_operator_calls_counts_one_norm_and_one_div_per_row(capfd):
+    from hooklab.exercises.nb06 import RowNorm, operator_calls
+
+    calls = operator_calls(lambda: RowNorm()(torch.randn(32, 8)))
+    assert calls["aten::linalg_vector_norm"] == 32 and calls["aten::div"] == 32
+    assert "profiler" not in capfd.readouterr().err

@@ -9,7 +9,9 @@ step hooks that measure the update:data ratio (06.2), an optimizer load pre-hook
 learning rate (06.3), a global forward hook that logs the gradient at every module (06.4),
 and which layer created which autograd node (06.5). ``upgrade``, ``watch_updates``, ``keep_lr``,
 ``grad_logger`` and ``nodes_by_layer`` are worked answers: the lesson goes on with them while the
-student's own has not passed. The field guide's exercises on the same hooks are in ``g6.py`` (the
+student's own has not passed. ``yours_or_worked``, ``old_names_cnn``, ``six_orders`` and
+``operator_calls`` are the lesson's plumbing, kept here so that its cells show only what each section
+is about. The field guide's exercises on the same hooks are in ``g6.py`` (the
 firing order) and ``g7.py``.
 """
 
@@ -704,3 +706,64 @@ def grad_logger(names: dict, logged: list):
 
 
 _reference_logger = grad_logger  # the checker's own copy: its argument is called grad_logger too
+
+
+# ----- the lesson's plumbing: so that its cells show only what each section is about -------------------
+_WORKED = {"06.1": upgrade, "06.2": watch_updates, "06.3": keep_lr, "06.4": grad_logger, "06.5": nodes_by_layer}
+
+
+def yours_or_worked(exercise_id: str, yours):
+    """``yours`` once exercise ``exercise_id`` has passed in this kernel, else its worked answer."""
+    from . import passed
+
+    return yours if passed(exercise_id) else _WORKED[exercise_id]
+
+
+def old_names_cnn(hook=upgrade) -> nn.Module:
+    """A new digits CNN with the load pre-hook ``hook`` (06.1) on every conv and linear layer, so that it
+    loads the old checkpoint's ``W`` and ``b``."""
+    from ..models import DigitsCNN
+
+    model = DigitsCNN()
+    for layer in model.modules():
+        if isinstance(layer, nn.Conv2d | nn.Linear):
+            layer.register_load_state_dict_pre_hook(hook)
+    return model
+
+
+def six_orders(path, lr: float, hook=None) -> tuple[float, list[float], list[torch.Tensor]]:
+    """``resume`` from ``path`` in six data orders (seeds 0 to 5), each time on a new ``old_names_cnn()`` and a
+    new ``Adam(lr)`` carrying ``hook`` as its load pre-hook. Returns the lr the runs trained at, each run's
+    test accuracy (3 digits) and each run's final weights, flattened into one vector."""
+    from ..data import digits
+    from ..models import accuracy
+
+    data, found, weights = digits(), [], []
+    for seed in range(6):
+        model = old_names_cnn()
+        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+        with optimizer.register_load_state_dict_pre_hook(hook or (lambda optimizer, state_dict: None)):
+            resume(model, optimizer, path, seed)
+        found.append(round(accuracy(model, data.x_test, data.y_test), 3))
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    return optimizer.param_groups[0]["lr"], found, weights
+
+
+def operator_calls(run) -> dict[str, int]:
+    """How many times each operator ran during ``run()``, counted by PyTorch's profiler
+    (``torch.profiler.profile`` on the CPU, ``key_averages()``). The profiler's own log lines on stderr,
+    which carry the clock time, are silenced."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+                run()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    return {row.key: row.count for row in profile.key_averages()}
