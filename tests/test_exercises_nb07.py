@@ -18,13 +18,13 @@ from hooklab.exercises import exercises, grade, nb07
 IDS = sorted(id for id in exercises() if id.startswith("07."))
 
 
-def test_notebook_07_has_five_predictions_and_five_exercises():
-    assert IDS == ["07.1", "07.2", "07.3", "07.4", "07.5", "07.a", "07.b", "07.c", "07.d", "07.e"]
+def test_notebook_07_has_four_predictions_and_six_exercises():
+    assert IDS == ["07.1", "07.2", "07.3", "07.4", "07.5", "07.6", "07.a", "07.b", "07.c", "07.d"]
 
 
 # ----- predictions ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("07.a", [False, True]), ("07.b", 32), ("07.c", 1 / 64), ("07.d", 65536),
-                                           ("07.e", [8, 73728])])
+@pytest.mark.parametrize(("id", "truth"), [("07.a", [False, True]), ("07.b", 32), ("07.c", 65536),
+                                           ("07.d", [8, 73728])])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     computed = exercises()[id].checker.__wrapped__.truth()
@@ -33,18 +33,18 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
 
 @pytest.mark.parametrize(("id", "guess", "hint"), [
     ("07.a", [True, True], "weight_orig moves"), ("07.a", [False, False], "before every forward pass"),
-    ("07.b", 1, "mean of the per-sample"), ("07.c", 1, "divides it by the 64"), ("07.c", 0.0016, "times lr"),
-    ("07.d", 65536 + 2560, "only for the gradient of the input"), ("07.d", 2560, "like b in a * b"),
-    ("07.e", [8, 95784], "every gradient at once"), ("07.e", [8, 64], "the last gradient"),
-    ("07.e", [8, 40], "the first gradient"), ("07.e", [1, 73728], "until optimizer.step()"),
+    ("07.b", 1, "mean of the per-sample"),
+    ("07.c", 65536 + 2560, "only for the gradient of the input"), ("07.c", 2560, "like b in a * b"),
+    ("07.d", [8, 95784], "every gradient at once"), ("07.d", [8, 64], "the last gradient"),
+    ("07.d", [8, 40], "the first gradient"), ("07.d", [1, 73728], "until optimizer.step()"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
 
 
-def test_07_c_accepts_three_decimals_and_07_a_names_numbers():
-    assert grade("07.c", 0.016).passed and grade("07.c", 0.015).passed and not grade("07.c", 0.02).passed
+def test_07_a_names_numbers_and_the_clipped_share_is_one_over_the_batch():
     assert "booleans" in grade("07.a", [0, 1]).detail
+    assert math.isclose(nb07.clipped_share(), 1 / 64, rel_tol=1e-4)
 
 
 # ----- the problem ------------------------------------------------------------------------------
@@ -55,10 +55,12 @@ def test_plain_training_fails_every_requirement_and_the_worked_tools_meet_them()
     assert nb07.conv_zeros_after_step(_prune(hook=False)) is None  # a stale weight fails the row
     bound = 2 * nb07.CLIP * nb07.LR / nb07.BATCH
     assert nb07.influence() > 10 * bound and nb07.influence(nb07.private_step) <= bound
-    naive = (lambda t: (t.dtype, t.bfloat16()) if t.is_floating_point() else (None, t), nb07.unpack_bf16)
-    budget = nb07.saved_bytes() / nb07.BATCH_GROWTH
-    assert nb07.saved_bytes(*naive) > budget >= nb07.saved_bytes(nb07.pack_bf16, nb07.unpack_bf16)
+    budget = nb07.saved_bytes(nb07.bf16_each_save, nb07.unpack_bf16)  # every saved float in 2 bytes
+    assert nb07.saved_bytes() > budget > nb07.saved_bytes(nb07.pack_bf16, nb07.unpack_bf16)
     assert nb07.gradient_peak()[1] == 8 and nb07.gradient_peak(nb07.fuse_sgd)[1] == 1
+    wide = nb07.wide_linear()  # the fused step halves the wide model's peak, and not the CNN's
+    assert nb07.step_peak(None, *wide) > 1.9 * nb07.step_peak(nb07.fuse_sgd, *wide)
+    assert nb07.step_peak() == nb07.step_peak(nb07.fuse_sgd)
 
 
 def test_the_gradient_timeline_agrees_with_the_peak_spec_measures():
@@ -176,19 +178,32 @@ def test_07_3_accepts_the_worked_answer_and_names_each_slip():
     failed("07.3", lambda layer, a, g: g.sum(0), "shape")
 
 
-# ----- 07.4 -------------------------------------------------------------------------------------
-def test_07_4_accepts_the_worked_answer_and_names_each_slip():
-    assert grade("07.4", (nb07.pack_bf16, nb07.unpack_bf16)).passed
-    failed("07.4", (lambda t: t.to(torch.bfloat16), lambda t: t.float()), "int64")
-    failed("07.4", (lambda t: t.to(torch.bfloat16), lambda t: t.to(torch.float32) if t.dtype == torch.bfloat16 else t),
+# ----- 07.5 -------------------------------------------------------------------------------------
+def test_07_5_accepts_the_worked_answer_and_names_each_slip():
+    assert grade("07.5", (nb07.pack_bf16, nb07.unpack_bf16)).passed
+    failed("07.5", (lambda t: t.to(torch.bfloat16), lambda t: t.float()), "int64")
+    failed("07.5", (lambda t: t.to(torch.bfloat16), lambda t: t.to(torch.float32) if t.dtype == torch.bfloat16 else t),
            "int64")
-    failed("07.4", (lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t, lambda t: t), "dtype")
-    failed("07.4", (lambda t: t, lambda t: t), "bfloat16")
-    failed("07.4", nb07.pack_bf16, "pair")
-    failed("07.4", (lambda t: (lambda: t), lambda f: f()), "inside a function")
-    failed("07.4", (lambda t: (t.dtype, t.half()) if t.is_floating_point() else (None, t), nb07.unpack_bf16), "65504")
-    naive = (lambda t: (t.dtype, t.bfloat16()) if t.is_floating_point() else (None, t), nb07.unpack_bf16)
-    failed("07.4", naive, "saved twice", "first time")
+    failed("07.5", (lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t, lambda t: t), "dtype")
+    failed("07.5", (lambda t: t, lambda t: t), "bfloat16")
+    failed("07.5", nb07.pack_bf16, "pair")
+    failed("07.5", (lambda t: (lambda: t), lambda f: f()), "inside a function")
+    failed("07.5", (lambda t: (t.dtype, t.half()) if t.is_floating_point() else (None, t), nb07.unpack_bf16), "65504")
+    naive = (nb07.bf16_each_save, nb07.unpack_bf16)  # packed at each save: passes, with the optional extra named
+    assert grade("07.5", naive).passed and "optional: pack each tensor once" in grade("07.5", naive).detail
+    inputs = {}
+
+    def caches_the_input_too(t):  # skips parameters only: the batch's input stays cached while it lives
+        if not t.is_floating_point():
+            return None, t
+        if t.requires_grad and t.grad_fn is None:  # a parameter
+            return t.dtype, t.bfloat16()
+        if id(t) not in inputs:
+            inputs[id(t)] = t.dtype, t.bfloat16()
+            weakref.finalize(t, inputs.pop, id(t), None)
+        return inputs[id(t)]
+
+    assert grade("07.5", (caches_the_input_too, nb07.unpack_bf16)).passed
     by_id, cache = {}, {}
 
     def ids_outlive_tensors(t):  # remembers by id, and never forgets: a freed tensor's id is reused
@@ -202,15 +217,15 @@ def test_07_4_accepts_the_worked_answer_and_names_each_slip():
             weakref.finalize(t, cache.pop, id(t), None)
         return cache[id(t)]
 
-    failed("07.4", (ids_outlive_tensors, nb07.unpack_bf16), "weakref.finalize")
-    failed("07.4", (caches_parameters, nb07.unpack_bf16), "earlier pass", "grad_fn")
+    failed("07.5", (ids_outlive_tensors, nb07.unpack_bf16), "weakref.finalize")
+    failed("07.5", (caches_parameters, nb07.unpack_bf16), "earlier pass", "grad_fn")
     by_address = {}
 
     def caches_by_address(t):  # a student's answer: keyed by address, version and shape, never cleared
         key = (t.data_ptr(), t._version, tuple(t.shape))
         return by_address.setdefault(key, (t.dtype, t.bfloat16() if t.is_floating_point() else t))
 
-    failed("07.4", (caches_by_address, nb07.unpack_bf16), "keeps packed tensors after backward")  # + reused address,
+    failed("07.5", (caches_by_address, nb07.unpack_bf16), "keeps packed tensors after backward")  # + reused address,
     slots = {}  # when the allocator hands an address back, which varies: below, as if it always did
 
     def every_address_reused(t):
@@ -218,7 +233,7 @@ def test_07_4_accepts_the_worked_answer_and_names_each_slip():
             return nb07.pack_bf16(t)
         return slots.setdefault((tuple(t.shape), type(t.grad_fn).__name__), (t.dtype, t.bfloat16()))
 
-    failed("07.4", (every_address_reused, nb07.unpack_bf16), "reused address/id handed back an old activation",
+    failed("07.5", (every_address_reused, nb07.unpack_bf16), "reused address/id handed back an old activation",
            "keeps packed tensors after backward")
     weak = {}
 
@@ -231,7 +246,7 @@ def test_07_4_accepts_the_worked_answer_and_names_each_slip():
             weak[id(t)] = weakref.ref(kept)
         return t.dtype, kept
 
-    failed("07.4", (weak_refs_by_id, nb07.unpack_bf16), "reused address/id handed back an old activation",
+    failed("07.5", (weak_refs_by_id, nb07.unpack_bf16), "reused address/id handed back an old activation",
            "weakref.finalize")
     finalized = {}
 
@@ -243,7 +258,7 @@ def test_07_4_accepts_the_worked_answer_and_names_each_slip():
             weakref.finalize(finalized[id(t)][1], finalized.pop, id(t), None)
         return finalized[id(t)]
 
-    failed("07.4", (finalizes_the_copy, nb07.unpack_bf16), "watches the bfloat16 copy", "Finalize t")
+    failed("07.5", (finalizes_the_copy, nb07.unpack_bf16), "watches the bfloat16 copy", "Finalize t")
     copies = weakref.WeakValueDictionary()
 
     def weak_copies(t):  # a copy lives while autograd holds it, after its tensor is freed
@@ -254,19 +269,19 @@ def test_07_4_accepts_the_worked_answer_and_names_each_slip():
             copy = copies[id(t)] = t.bfloat16()
         return t.dtype, copy
 
-    failed("07.4", (weak_copies, nb07.unpack_bf16), "the tensor given to pack", "not enough")
+    failed("07.5", (weak_copies, nb07.unpack_bf16), "the tensor given to pack", "not enough")
     history = []
 
     def keeps_history(t):  # right gradients, but a list that grows every step
         history.append(nb07.pack_bf16(t))
         return history[-1]
 
-    failed("07.4", (keeps_history, nb07.unpack_bf16), "keeps packed tensors after backward", "grows")
+    failed("07.5", (keeps_history, nb07.unpack_bf16), "keeps packed tensors after backward", "grows")
 
 
-# ----- 07.5 -------------------------------------------------------------------------------------
-def test_07_5_accepts_the_worked_answer_and_names_each_slip():
-    assert grade("07.5", nb07.fuse_sgd).passed
+# ----- 07.6 -------------------------------------------------------------------------------------
+def test_07_6_accepts_the_worked_answer_and_names_each_slip():
+    assert grade("07.6", nb07.fuse_sgd).passed
 
     def keeps_grad(model, lr):
         def step(p):
@@ -283,9 +298,9 @@ def test_07_5_accepts_the_worked_answer_and_names_each_slip():
 
         return [p.register_post_accumulate_grad_hook(step) for p in model.parameters()]
 
-    failed("07.5", keeps_grad, "p.grad = None")
-    failed("07.5", wrong_sign, "p -= lr * p.grad")
-    failed("07.5", lambda model, lr: None, "list of handles")
+    failed("07.6", keeps_grad, "p.grad = None")
+    failed("07.6", wrong_sign, "p -= lr * p.grad")
+    failed("07.6", lambda model, lr: None, "list of handles")
 
 
 def test_the_measurements_the_lesson_prints_for_checkpointing_and_dead_channels():
@@ -334,3 +349,31 @@ def test_the_zeros_that_stay_all_read_or_feed_a_dead_channel():
         zero = model.features[i].weight == 0
         touches = dead[i][:, None, None, None] | dead[before][None, :, None, None]
         assert zero.float().mean() > 0.4 and int((zero & ~touches).sum()) <= 1  # one zero in features.5: not dead
+
+
+# ----- 07.4 -------------------------------------------------------------------------------------
+def test_07_4_accepts_the_worked_answer_and_names_each_slip():
+    worked = (nb07.clip_factors, nb07.noisy_mean)
+    assert grade("07.4", worked).passed
+    norms = lambda s: torch.stack([g.flatten(1).norm(dim=1) for g in s])  # noqa: E731  (tensors, N)
+    failed("07.4", (lambda s, c: c / norms(s).norm(dim=0), nb07.noisy_mean), "scales small gradients up")
+    failed("07.4", (lambda s, c: (c / norms(s).sum(0)).clamp(max=1), nb07.noisy_mean), "square root")
+    failed("07.4", (lambda s, c: (c / norms(s)[0]).clamp(max=1), nb07.noisy_mean), "all layers")
+    failed("07.4", (lambda s, c: (c / norms(s)).clamp(max=1), nb07.noisy_mean), "one factor per sample")
+    sums = lambda s, f, c, sigma: [torch.einsum("n,n...->...", f, g) + sigma * c * torch.randn_like(g[0]) for g in s]  # noqa: E731
+    failed("07.4", (nb07.clip_factors, sums), "times too large", "divide the sum by N")
+    unclipped = lambda s, f, c, sigma: [g.mean(0) + sigma * c * torch.randn_like(g[0]) / len(g) for g in s]  # noqa: E731
+    failed("07.4", (nb07.clip_factors, unclipped), "ignores the factors")
+    quiet = lambda s, f, c, sigma: nb07.noisy_mean(s, f, c, 0.0)  # noqa: E731
+    failed("07.4", (nb07.clip_factors, quiet), "adds no noise")
+    failed("07.4", (nb07.clip_factors, lambda s, f, c, sigma: [
+        (torch.einsum("n,n...->...", f, g) + sigma * torch.randn_like(g[0])) / len(g) for g in s]), "noise * clip")
+    failed("07.4", (nb07.clip_factors, lambda s, f, c, sigma: [
+        torch.einsum("n,n...->...", f, g) / len(g) + sigma * c * torch.randn_like(g[0]) for g in s]),
+           "divide the noise by N")
+    failed("07.4", nb07.clip_factors, "pair")
+
+
+def test_the_private_step_with_the_students_pair_bounds_one_images_influence():
+    bound = 2 * nb07.CLIP * nb07.LR / nb07.BATCH
+    assert nb07.influence(nb07.private_step) <= bound * 1.001
