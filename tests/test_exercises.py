@@ -18,7 +18,7 @@ EXAMPLE_PREDICTION = PREDICTIONS[0]
 #: whose answer is a list
 STUB_IS_NONE = {"G6.1"}
 #: ... or a pair of such functions for 07.4, whose answer is (pack, unpack)
-STUB_IS_PAIR = {"07.4"}
+STUB_IS_PAIR = {"07.4", "07.5"}
 
 
 def stub(*args, **kwargs):

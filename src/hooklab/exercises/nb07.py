@@ -818,8 +818,6 @@ _WRONG_TARGET = ("Your weakref.finalize watches the bfloat16 copy, not the tenso
 
 @exercise("07.5", "compress what autograd saves")
 def _check_compress(answer) -> Outcome:
-    if callable(answer):  # one function, not the pair: an unfinished stub still reads "not solved yet"
-        answer(torch.ones(2))
     if not (isinstance(answer, tuple) and len(answer) == 2 and all(callable(f) for f in answer)):
         return Outcome(False, f"pass the pair of functions (pack, unpack), got {kind_of(answer)}")
     pack, unpack = answer
