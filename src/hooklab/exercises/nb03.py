@@ -1,9 +1,9 @@
 """Exercises and predictions of notebook 03: module backward hooks.
 
-Predictions 03.a-03.g compute their truth with torch; exercises 03.1-03.6 are the hooks the lesson's
+Predictions 03.a-03.f compute their truth with torch; exercises 03.1-03.5 are the hooks the lesson's
 sections are about: the gain of each layer (full backward hooks), a factor on the gradient entering a layer
 (a backward pre-hook), a gradient tracker built in three steps (one layer's forward hook that registers a
-tensor hook, so in-place networks work too; a class with remove; a tracker over many layers), and the
+tensor hook, so in-place networks work too; a class with remove; the lesson gives the tracker over many layers), and the
 vanishing point. The guide's exercises on the same hooks are in ``g3.py``.
 """
 
@@ -103,7 +103,7 @@ def _backward_order() -> list[str]:
 
 
 @prediction(
-    "03.b", "the largest factor by which a sigmoid passes a gradient on",
+    "03.b", "the largest slope of a sigmoid, σ'(z)",
     why="σ'(z) = σ(z)(1 − σ(z)) is largest at z = 0, where it is 0.5 · 0.5 = 0.25: a sigmoid passes on at most a "
         "quarter of the gradient it receives.",
     wrong=[
@@ -198,56 +198,32 @@ def _digits_mlp(depth: int = 8, width: int = 32, activation=nn.Sigmoid) -> nn.Se
     return nn.Sequential(*layers, nn.Linear(width, 10))
 
 
-_SIGMOIDS_ONLY = ("you counted the sigmoids (about 0.25 each, eight of them: 10^-4.8); the gradient passes eight "
-                  "Linear layers too, each × about 0.6, and the last one × 0.33")  # fmt: skip
-_ONE_PAIR = "that is one Linear-and-sigmoid pair; the signal passes eight, and their factors multiply"
-_NOT_THE_LOG = "that is the ratio itself; write its log10 (−2 for a hundredth)"
-@prediction(
-    "03.f", "log10 of the gradient std at layer 0's output over layer 16's, in the deep sigmoid network",
-    why="on its way from layer 16's output to layer 0's the gradient passes layers 16 down to 1, and their factors "
-        "multiply: the last pair × 0.33 × 0.24 ≈ 0.08, each of the seven others × 0.58 × 0.24 ≈ 0.14, so "
-        "0.08 × 0.14^7 ≈ 10^-7.",
-    wrong=[
-        (-4.8, _SIGMOIDS_ONLY), (-5.0, _SIGMOIDS_ONLY), (-0.8, _ONE_PAIR), (-1.0, _ONE_PAIR),
-        (1e-7, _NOT_THE_LOG), (1e-6, _NOT_THE_LOG), (1e-8, _NOT_THE_LOG),
-        (7.0, "the gradient shrinks on its way back, so the ratio is below 1 and its log10 is negative"),
-    ],
-    rel=0.043,  # ±0.3 of a decade: any fair rounding of the factors; a layer more or less is ±0.5 or more
-)  # fmt: skip
-@functools.cache
-def _layer_0_over_16() -> float:
-    return _log10_sizes()[0]
-
-
-@functools.cache
-def _log10_sizes() -> tuple[float, float]:
-    """(log10 of the gradient std at layer 0's output over layer 16's, log10 of the spread at layer 16's output
-    over layer 0's), in float64, as the lesson's tracker measures them on 64 images."""
-    pixels, labels, _, _ = _digit_pixels()
-    model, h, outputs = _digits_mlp().double(), pixels[:64].double(), []
-    for module in model:
-        h = module(h)
-        if isinstance(module, nn.Linear):
-            outputs.append(h)
-    grads = torch.autograd.grad(F.cross_entropy(h, labels[:64]), outputs)
-    spreads = [output.std(0).mean() for output in outputs]
-    return (grads[0].std() / grads[-1].std()).log10().item(), (spreads[-1] / spreads[0]).log10().item()
+_GAIN_ONE = ("with gain 1 a Linear keeps the mean square of what it is given, but the ReLU before it sets about half "
+             "its inputs to 0 and halves that mean square: each layer loses a factor √2 in std; the weights must "
+             "make up for it")  # fmt: skip
 
 
 @prediction(
-    "03.g", "log10 of the spread at layer 16's output over layer 0's, in the deep sigmoid network",
-    why="forward, from layer 0's output to layer 16's, the differences between images pass eight sigmoids (× 0.24 "
-        "each) and eight Linear layers, each × about 1/√3 ≈ 0.58 whatever its shape: 0.14^8 ≈ 10^-6.8.",
+    "03.f", "the gain (weights of std gain/√fan_in) that keeps a ReLU layer's spread and gradient level",
+    why="a ReLU sets about half its inputs to 0, which halves their mean square; a Linear multiplies the mean "
+        "square by fan_in × the weights' variance = gain². Level needs gain² = 2: gain √2 ≈ 1.41, weights of std "
+        "√(2/fan_in), He init (He et al., 2015).",
     wrong=[
-        (-0.8, _ONE_PAIR), (-1.0, _ONE_PAIR), (1e-7, _NOT_THE_LOG), (1e-6, _NOT_THE_LOG), (1e-8, _NOT_THE_LOG),
-        (6.8, "the differences shrink on their way forward, so the ratio is below 1 and its log10 is negative"),
-        (-4.8, "you counted the sigmoids (× 0.24 each, eight of them: 10^-4.8); the Linear layers scale the spread "
-               "too, each × about 0.58"),
+        (1.0, _GAIN_ONE),
+        (2.0, "2 is the factor on the mean square (the variance); the weights' std, the gain, is its square root"),
+        (0.5, "the ReLU removes about half the signal, so the weights must be larger than gain 1, not smaller"),
+        (0.7071, "the ReLU removes about half the signal, so the weights must be larger than gain 1, not smaller"),
+        (5 / 3, "5/3 is the gain used for tanh; a ReLU needs the mean square halved by the ReLU made up for"),
     ],
-    rel=0.044,  # ±0.3 of a decade, like 03.f: the two differ by 0.2, less than a fair rounding
+    rel=0.03,  # 1.37-1.46: 1.4, 1.41 and √2 pass; 1.3 and 1.5 do not
 )  # fmt: skip
-def _spread_16_over_0() -> float:
-    return _log10_sizes()[1]
+def _relu_gain() -> float:
+    g = torch.Generator().manual_seed(0)
+    fan_in = 512
+    z = torch.randn(4096, fan_in, generator=g, dtype=torch.float64)  # a Linear's output, zero mean
+    weight = torch.randn(fan_in, fan_in, generator=g, dtype=torch.float64) / math.sqrt(fan_in)  # gain 1
+    after = torch.relu(z) @ weight.T  # through the ReLU and the next Linear
+    return (z.pow(2).mean() / after.pow(2).mean()).sqrt().item()  # the gain that makes up for the loss
 
 
 def _train_one_epoch(model: nn.Module, lr: float = 0.05, epochs: int = 1) -> float:
@@ -266,15 +242,15 @@ def _train_one_epoch(model: nn.Module, lr: float = 0.05, epochs: int = 1) -> flo
 
 @prediction(
     "03.d", "whether the ×7 pre-hooks make the deep sigmoid network learn, above 20 % after one epoch",
-    why="no: the pre-hooks give layer 0 about half of layer 16's gradient, but the forward pass still loses the "
-        "differences between images (section 1's forward factors): they reach the last layers nearly alike, so "
-        "every image pushes the weights the same way and gets the same answer: 10 % (in float64 too: not "
-        "rounding). Section 4 measures how alike, layer by layer.",
+    why="no: the pre-hooks make layer 0's step 7^8 ≈ 6·10^6 times larger, but that is a rescaled gradient, no "
+        "longer dL/dW. How much a step cuts the loss is the true gradient times the step, and layer 0's true "
+        "gradient is still about 10^-7 of layer 16's: its steps barely change the loss, and the network stays at "
+        "10 % (in float64 too: not rounding).",
     wrong=[
         *((text, "write a bool, True or False, without quotes: a string is not a bool") for text in ("True", "False")),
-        (True, "the gradient is back, but the forward pass still loses the differences between images (section 1's "
-               "forward factors): they reach the last layers nearly alike (layer 15's outputs, all about 0.5), so "
-               "a weight's gradient, grad_output^T · input, pushes every image the same way: one digit, 10 %"),
+        (True, "the pre-hooks give layer 0 a larger step, but a step cuts the loss by the true gradient times the "
+               "step, and layer 0's true gradient is still about 10^-7 of layer 16's: the same layers that shrink "
+               "the gradient backward shrink, forward, what layer 0's change does to the output"),
     ],
 )  # fmt: skip
 @functools.cache  # one epoch of training: computed once a session
@@ -306,10 +282,12 @@ def _gains_by_autograd(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, s
     values = [x]
     for layer in model:
         values.append(layer(values[-1]))
-    grads = torch.autograd.grad(F.cross_entropy(values[-1], y), values[1:])  # grads[k] = dL/d(output of layer k)
+    first = 0 if x.requires_grad else 1  # layer 0 has a gradient w.r.t. its input only when x requires grad
+    grads = torch.autograd.grad(F.cross_entropy(values[-1], y), values[first:])
+    grads = ((None,) if first else ()) + grads  # grads[k + 1] = dL/d(output of layer k), grads[0] = dL/dx
     names = [name for name, _ in model.named_children()]
-    return {names[k]: (getattr(grads[k - 1], size)(**options) / getattr(grads[k], size)(**options)).item()
-            for k in reversed(range(1, len(names)))}  # fmt: skip
+    return {names[k]: (getattr(grads[k], size)(**options) / getattr(grads[k + 1], size)(**options)).item()
+            for k in reversed(range(first, len(names)))}  # fmt: skip
 
 
 @exercise("03.1", "how much each layer scales the gradient")
@@ -368,6 +346,9 @@ def _gains(gradient_gains) -> Outcome:
     if list(got) != list(expected):
         return Outcome(False, f"the gains are right, but list them in the order the hooks ran: {list(expected)}, "
                               f"not {list(got)}: record each gain inside its hook, as it runs")
+    failed = _gains_when_x_requires_grad(gradient_gains, model, x, y)
+    if failed is not None:
+        return failed
     failed = hooks_left_when_raising(lambda: gradient_gains(model, torch.randn(5, 7), y), model)
     if failed is not None:
         return failed
@@ -375,6 +356,26 @@ def _gains(gradient_gains) -> Outcome:
     return Outcome(True, f"every gain matches autograd; layer {loudest!r}, the one with 30× weights, "
                          f"multiplies the gradient by {expected[loudest]:.1f}")
 
+
+
+def _gains_when_x_requires_grad(gradient_gains, model: nn.Sequential, x: torch.Tensor,
+                                y: torch.Tensor) -> Outcome | None:  # fmt: skip
+    """A failed Outcome unless, with an input that requires grad, layer '0' is measured too."""
+    x = x.clone().requires_grad_()
+    try:
+        got = gradient_gains(model, x, y.clone())
+    except (RuntimeError, TypeError) as error:
+        return Outcome(False, f"with an x that requires grad: {type(error).__name__}: {error}")
+    finally:
+        clear_hooks(model)
+    expected = _gains_by_autograd(model, x, y)
+    if not isinstance(got, dict) or "0" not in got:
+        return Outcome(False, "when x requires grad, layer '0''s grad_input[0] is a tensor and its gain is missing: "
+                              "leave a layer out when its grad_input[0] is None, not by its name")
+    if not math.isclose(float(got["0"]), expected["0"], rel_tol=1e-4):
+        return Outcome(False, f"when x requires grad, layer '0': gain {float(got['0']):.4g}, expected "
+                              f"{expected['0']:.4g}")
+    return None
 
 
 # ----- 03.2: scale the gradient entering a layer -----------------------------------------------------
@@ -450,7 +451,7 @@ def _scale(scale_grad_output) -> Outcome:
     return Outcome(True, "the weight gradient and the input gradient both used the scaled grad_output")
 
 
-# ----- 03.3-03.5: a gradient tracker, in three steps -------------------------------------------------------
+# ----- 03.3-03.4: a gradient tracker (the lesson gives the third step, GradTracker) -------------------
 _TRACKED, _LR = ["0", "2", "4"], 0.1
 
 
@@ -644,59 +645,7 @@ def _layer_tracker(tracker_class) -> Outcome:
         True, "gradient std, spread and update:data ratio of each layer, three steps, nothing after remove()")
 
 
-@exercise("03.5", "a tracker over many layers, as a with block")
-def _track(tracker_class) -> Outcome:
-    """``tracker_class(model, names, lr)`` is a context manager; inside its ``with`` block, a LayerTracker per name
-    keeps what ``tracker.grad_stds[name]``, ``.ratios[name]`` and ``.spreads[name]`` show; nothing after it."""
-    model, batches, hooked = _in_place_mlp(), _batches(), {}
-    try:
-        tracker = tracker_class(model, list(_TRACKED), lr=_LR)
-        with tracker as entered:
-            hooked.update(_weight_hooks(model))
-            _steps(model, batches)
-    except (TypeError, RuntimeError, AttributeError) as error:
-        _clear_all_hooks(model)
-        if hooked.get("tensor") and not hooked.get("post"):
-            return Outcome(False, _WEIGHT_TENSOR_HOOK)
-        return hint_for(error, _TRACK_ERRORS)
-    except BaseException:  # the answer's own error (or the stub's NotImplementedError): no hook stays
-        _clear_all_hooks(model)
-        raise
-    left = _clear_all_hooks(model)
-    if left:
-        return Outcome(False, f"after the with block {left[0]}: __exit__ must call remove() on every LayerTracker")
-    if entered is not tracker:
-        return Outcome(False, f"__enter__ must return self (got {kind_of(entered)}), so that `with GradTracker(...) "
-                              "as tracker:` gives the tracker")
-    model.zero_grad()
-    model(batches[0]).pow(2).sum().backward()  # after the block: nothing may be added
-    tables = {what: getattr(tracker, what, None) for what in ("grad_stds", "ratios", "spreads")}
-    failed = _compare_tracks(tables, len(batches), "the end of the with block") or _error_surfaces(tracker_class)
-    return failed or Outcome(
-        True, "three steps tracked on every layer, in-place ReLUs and all, evaluation passes under no_grad skipped, "
-              "nothing after the with block")
-
-
-class _RaisedInside(Exception):
-    """The error the check raises inside the answer's with block."""
-
-
-def _error_surfaces(tracker_class) -> Outcome | None:
-    """A failed Outcome unless an error raised inside the ``with`` block reaches the caller, with no hook left."""
-    model = _in_place_mlp()
-    try:
-        with tracker_class(model, list(_TRACKED), lr=_LR):
-            raise _RaisedInside("raised inside the with block")
-    except _RaisedInside:
-        left = _clear_all_hooks(model)
-        return Outcome(False, f"after an error inside the with block, {left[0]}: __exit__ must remove the hooks "
-                              "whatever ended the block") if left else None
-    _clear_all_hooks(model)
-    return Outcome(False, "an error raised inside the with block did not reach the caller: __exit__ returned a true "
-                          "value, so the error was swallowed: return None (or False)")
-
-
-# ----- 03.6: where the gradient vanishes -------------------------------------------------------------------
+# ----- 03.5: where the gradient vanishes -------------------------------------------------------------------
 def _sigmoid_mlp(depth: int = 9, width: int = 16) -> nn.Sequential:
     """6 features → depth × (Linear → Sigmoid) → Linear → 5 classes, PyTorch's default init."""
     torch.manual_seed(1)
@@ -788,7 +737,7 @@ def _vanishing_cases():
     )  # fmt: skip
 
 
-@exercise("03.6", "the layer where the gradient vanishes, seen from the loss")
+@exercise("03.5", "the layer where the gradient vanishes, seen from the loss")
 def _vanishing(vanishing_point) -> Outcome:
     """``vanishing_point(model, x, y, ratio=1e-3)`` runs one backward of ``F.cross_entropy(model(x), y)`` and
     returns the name of the first ``Linear``, in the order backward reaches them, whose output gradient has a
@@ -900,7 +849,8 @@ class LayerTracker:
 
 
 class GradTracker:
-    """03.5: ``with GradTracker(model, names, lr) as tracker: ...`` -> ``tracker.grad_stds[name]``,
+    """Given in the lesson, a with block around LayerTrackers: ``with GradTracker(model, names, lr) as tracker:
+    ...`` -> ``tracker.grad_stds[name]``,
     ``tracker.ratios[name]``, ``tracker.spreads[name]``: a LayerTracker per name."""
 
     def __init__(self, model: nn.Module, names: list[str], lr: float = 0.05) -> None:
@@ -921,7 +871,7 @@ class GradTracker:
 
 
 def vanishing_point(model: nn.Module, x: torch.Tensor, y: torch.Tensor, ratio: float = 1e-3) -> str | None:
-    """03.6: the first Linear, from the loss back, whose output gradient's std is below ``ratio`` times the last's."""
+    """03.5: the first Linear, from the loss back, whose output gradient's std is below ``ratio`` times the last's."""
     names = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     with GradTracker(model, names) as tracker:
         F.cross_entropy(model(x), y).backward()
