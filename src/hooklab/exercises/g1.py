@@ -2,7 +2,7 @@
 (G1.1, section 1), a pre-hook on an autograd node (G1.2, section 4), the .grad tensors alive with an
 SGD step fused into backward (prediction G1.a, section 21), the bytes autograd saves (prediction G1.b,
 section 22) and the gradients of the parameters a shell-style pattern names, clamped and counted
-(G1.3, section 23). Lesson 07 builds the fused step and the bfloat16 saved tensors (07.5, 07.4)."""
+(G1.3, section 23). Lesson 07 builds the fused step and the bfloat16 saved tensors (07.6, 07.5)."""
 
 from __future__ import annotations
 
@@ -490,7 +490,7 @@ def _clamp(clamp_matching) -> Outcome:
 # ----- worked answers the guide falls back on ----------------------------------------------------
 
 def fuse_sgd(model: nn.Module, lr: float) -> list:
-    """A worked answer to lesson 07's exercise 07.5, for section 21's count of the .grad tensors alive."""
+    """A worked answer to lesson 07's exercise 07.6, for section 21's count of the .grad tensors alive."""
 
     def step(p: torch.Tensor) -> None:
         with torch.no_grad():
