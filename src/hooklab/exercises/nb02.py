@@ -194,11 +194,12 @@ def _shrink_factors() -> dict[str, float]:
 
 @prediction("02.a", "how many times features.2 divides the spread of its input",
             why="features.2 is Conv2d(16, 32, 3): each output adds up fan_in = 16 channels × 3×3 = 144 inputs, so the "
-                "rule says 1 / (0.01·√144) = 8.3; measured 7.3, within 16 % (section 2 shows the rest: the input's "
-                "root-mean-square in place of its std, and the zero padding at the borders)",
+                "rule says 1 / (0.01·√144) = 8.3; measured 7.3, within 16 % (the rule assumes inputs of mean 0: guide "
+                "§14 measures the rest)",
             wrong=[(0.12, "0.01·√144 = 0.12 is what the layer multiplies the spread by; it divides it by 1 / 0.12"),
                    (25.0, "fan_in counts every input an output adds up: 16 channels × 3×3 pixels, not 16"),
-                   (5.9, "fan_in counts the inputs of an output, 16 channels × 3×3; 32 is the number of outputs"),
+                   (5.9, "if you counted 32 × 3×3 = 288 inputs: 32 is the number of output channels; each "
+                         "output adds up 16 channels × 3×3 = 144 inputs, so the rule gives 1 / (0.01·√144) = 8.3"),
                    (0.69, "the rule has the square root: 0.01·√144 = 0.12, so the spread is divided by 8.3")],
             rel=0.16)
 def _features2_divisor() -> float:
@@ -231,24 +232,18 @@ def _doubled() -> float:
             post.remove()
 
 
-@prediction("02.c", "how many plain SGD steps move a bias of features.5 across its outputs' spread",
-            why="about 3: the spread 1.6e-4 divided by a step, lr × gradient = 0.1 × 5.4e-4; with momentum 0.9, steps "
-                "that keep their sign grow up to 10 times larger. So within a few steps a bias can fall below "
-                "everything its weights produce: that channel outputs 0 for every digit after the ReLU and gets no "
-                "gradient, so nothing brings it back (momentum only carries its bias further down)",
-            wrong=[(0.3, "that is the spread divided by the gradient; a step moves a bias by lr × gradient, with lr "
-                         "0.1"),
-                   (30, "a step moves a bias by lr × gradient = 0.1 × 5.4e-4 = 5.4e-5; the spread 1.6e-4 is about 3 "
-                        "such steps")],
-            rel=0.17)  # the quotient of two printed numbers: within ±0.5
-def _steps_across() -> int:
-    data, model = _digits(), _fresh(0.01)
-    x, y = data.x_train[:64], data.y_train[:64]
-    F.cross_entropy(model(x), y).backward()
-    step = 0.1 * model.features[5].bias.grad.std()  # lr × a typical bias gradient
-    with torch.no_grad():
-        spread = model.features[:6](x).std()
-    return round((spread / step).item())
+@prediction("02.c", "how many of features.5's 64 biases are negative after 100 steps of the std-0.01 network",
+            why="all 64: a bias's gradient has no input factor, so biases move while the weights barely do; a "
+                "channel whose bias sinks below everything its weights produce is 0 after the ReLU for the whole "
+                "batch and gets no gradient, while momentum carries its bias further down",
+            wrong=[(32, "half is where a random start would leave them; but a channel that is 0 after the ReLU for "
+                        "a whole batch gets no gradient, so nothing pulls a sunken bias back up"),
+                   (0, "the biases start at 0 and move far more than the weights (their gradient has no input "
+                       "factor): the ones that sink do not come back")])
+def _negative_biases() -> int:
+    model = _fresh(0.01)
+    _train(model)
+    return int((model.features[5].bias < 0).sum())
 
 
 def _resnet18():
@@ -598,7 +593,8 @@ def _pre_hooked(model: nn.Module) -> bool:
     return any(module_hooks(m, "_forward_pre_hooks") for m in model.modules())
 
 
-def _entered(recorder_class, model: nn.Module, run, on_enter=None) -> tuple[object, Outcome | None]:
+def _entered(recorder_class, model: nn.Module, run, on_enter=None,
+             usage: str | None = None) -> tuple[object, Outcome | None]:
     """Make the answer's recorder for ``model``, run ``run()`` inside its ``with`` block, with the checker's
     own hooks watching for hooks that return a value; the recorder, or what went wrong. ``on_enter()``
     runs first in the block, before the checker adds its hooks."""
@@ -606,8 +602,9 @@ def _entered(recorder_class, model: nn.Module, run, on_enter=None) -> tuple[obje
     try:
         with recorder as rec:
             if rec is not recorder:
+                usage = usage or f"{type(recorder).__name__}(model) as rec"
                 return None, Outcome(False, f"__enter__ returned {kind_of(rec)}: return self, so that `with "
-                                            f"{type(recorder).__name__}(model) as rec:` gives the recorder")
+                                            f"{usage}:` gives the recorder")
             if on_enter is not None:
                 on_enter()
             watch = _Replacements(model)
@@ -682,7 +679,11 @@ def _output_outcome(where: str, out, want: torch.Tensor) -> Outcome | None:
 # ----- 02.3: statistics at every step --------------------------------------------------------------------
 def _stats_model() -> nn.Module:
     torch.manual_seed(9)
-    return nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 8), nn.ReLU()), nn.Linear(8, 3))
+    model = nn.Sequential(nn.Linear(5, 8), nn.ReLU(), nn.Sequential(nn.Linear(8, 8), nn.ReLU()), nn.Linear(8, 3))
+    with torch.no_grad():  # '2.1' outputs values of about 1e-5 and exact zeros: only `output == 0` counts the zeros
+        model[2][0].weight.mul_(1e-5)
+        model[2][0].bias.mul_(1e-5)
+    return model
 
 
 STATS_NAMES = ["1", "2.1", "3"]
@@ -738,6 +739,10 @@ def _stats_outcome(stats, expected: dict) -> Outcome | None:
                 if _close(value, right):
                     continue
                 shown = f"{value:.4g}" if isinstance(value, int | float) else kind_of(value)
+                if field == "zeros" and isinstance(value, int | float) and value > right:
+                    return Outcome(False, f"self.zeros[{name!r}] at call {step}: {shown}, but only {right:.4g} of "
+                                          "the output is exactly 0: values near 0, such as 1e-5, are not zeros; "
+                                          "count (output == 0)")
                 if field == "stds" and _close(value, expected["population"][name][step - 1]):
                     return Outcome(False, f"self.stds[{name!r}] at call {step}: {shown}, expected {right:.4g}: "
                                           "that is " + POPULATION)
@@ -757,7 +762,7 @@ def _step_stats(StepStats) -> Outcome:
     expected = _stats_expected(model, batches)
     try:
         stats, wrong = _entered(lambda m: StepStats(m, list(STATS_NAMES)), model,
-                                lambda: [model(batch) for batch in batches])
+                                lambda: [model(batch) for batch in batches], usage="StepStats(model, names) as stats")
     finally:
         left_on(model)
     if wrong:
