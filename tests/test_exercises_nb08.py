@@ -16,13 +16,12 @@ from hooklab.exercises import exercises, grade, nb08
 IDS = sorted(id for id in exercises() if id.startswith("08."))
 
 
-def test_notebook_08_has_five_predictions_and_five_exercises():
-    assert IDS == ["08.1", "08.2", "08.3", "08.4", "08.5", "08.a", "08.b", "08.c", "08.d", "08.e"]
+def test_notebook_08_has_four_predictions_and_six_exercises():
+    assert IDS == ["08.1", "08.2", "08.3", "08.4", "08.5", "08.6", "08.a", "08.b", "08.c", "08.d"]
 
 
 # ----- predictions ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("08.a", 6), ("08.b", True), ("08.c", 3), ("08.d", "0 to 8"),
-                                            ("08.e", False)])
+@pytest.mark.parametrize(("id", "truth"), [("08.a", 6), ("08.b", 3), ("08.c", "below"), ("08.d", "lower")])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     assert exercises()[id].checker.__wrapped__.truth() == truth
@@ -30,13 +29,19 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
 
 @pytest.mark.parametrize(("id", "guess", "hint"), [
     ("08.a", 7, "position after it"), ("08.a", 1, "previous-token head"),
-    ("08.b", False, "one answer for every absent query"), ("08.b", "true", "without quotes"),
-    ("08.c", 2, "position 2 before it"), ("08.c", 9, "record"),
-    ("08.d", "above 8", "a vote for 17"), ("08.d", "below 0", "three other heads"),
-    ("08.e", True, "more is not always more"), ("08.e", "False", "a string, write True or False without quotes"),
+    ("08.b", 2, "position 2 before it"), ("08.b", 9, "record"),
+    ("08.c", "above", "a vote for 17"), ("08.c", "0-8", 'pick one of "above" or "below"'),
+    ("08.c", "0 to 8", "pick one of"), ("08.c", True, "pick one of"),
+    ("08.d", "higher", "LayerNorm"), ("08.d", "the same", 'pick one of "higher" or "lower"'),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
+
+
+@pytest.mark.parametrize(("id", "guess"), [("08.c", "0-8"), ("08.c", "less"), ("08.d", "same")])
+def test_a_guess_outside_the_options_is_not_told_the_answer(id, guess):
+    detail = grade(id, guess).detail
+    assert "pick one of" in detail and "next cell" not in detail and ":" not in detail
 
 
 # ----- the problem and the lesson's measurements ---------------------------------------------------
@@ -60,15 +65,6 @@ def leaves_hooks(model, tokens):
     return patterns
 
 
-def keeps_the_graph(model, tokens):
-    patterns, handles = [], [b.attn.hook_pattern.register_forward_hook(lambda m, a, o: patterns.append(o))
-                             for b in model.blocks]
-    model(tokens)
-    for handle in handles:
-        handle.remove()
-    return patterns
-
-
 def removes_after(model, tokens):  # no finally: a forward pass that raises leaves the hooks
     patterns = []
     handles = [b.attn.hook_pattern.register_forward_hook(lambda m, a, o: patterns.append(o.detach()))
@@ -85,7 +81,7 @@ def last_layer_only(model, tokens):
 
 
 @pytest.mark.parametrize(("answer", "words"), [
-    (leaves_hooks, ["still registered", "finally"]), (keeps_the_graph, ["requires grad", "detach"]),
+    (leaves_hooks, ["still registered", "finally"]),
     (last_layer_only, ["1 patterns", "each block"]), ("record_patterns", ["pass your function itself"]),
     (removes_after, ["raised", "finally"]),
 ])  # fmt: skip
@@ -97,7 +93,7 @@ def test_08_1_accepts_the_worked_answer():
     assert grade("08.1", nb08.record_patterns).passed
 
 
-# ----- 08.2 -------------------------------------------------------------------------------------
+# ----- 08.3 -------------------------------------------------------------------------------------
 def run_with_hooks_like(*, bind=True, call="tl", remove="finally", no_grad=True):
     """run_with_hooks with one slip: ``bind=False``, the late-bound loop variable; ``call``: "tl" (right),
     "raw" (fn(module, args, output)), "ignore" (the return value dropped), "name" (the name, not the module);
@@ -143,13 +139,13 @@ def run_with_hooks_like(*, bind=True, call="tl", remove="finally", no_grad=True)
     (run_with_hooks_like(no_grad=False), ["require grad", "torch.no_grad()"]),
     ("run_with_hooks", ["pass your function itself"]),
 ])  # fmt: skip
-def test_08_2_rejects(answer, words):
-    failed("08.2", answer, *words)
+def test_08_3_rejects(answer, words):
+    failed("08.3", answer, *words)
 
 
-def test_08_2_accepts_the_worked_answer_and_it_equals_a_raw_forward_hook():
-    assert grade("08.2", nb08.run_with_hooks).passed
-    assert grade("08.2", run_with_hooks_like()).passed
+def test_08_3_accepts_the_worked_answer_and_it_equals_a_raw_forward_hook():
+    assert grade("08.3", nb08.run_with_hooks).passed
+    assert grade("08.3", run_with_hooks_like()).passed
     model, corrupted = nb08._model(), nb08.clean_and_corrupted()[1]
     clean_z = nb08.clean_cache(model, ["blocks.1.attn.hook_z"])["blocks.1.attn.hook_z"]
     raw = nb08.run_hooked(model, corrupted, "blocks.1.attn.hook_z", lambda m, a, z: nb08._tl_patch(clean_z, 0)(z, m))
@@ -162,7 +158,37 @@ def test_stripe_score_reads_the_key_k_back():
     assert nb08.stripe_score(example, 1).tolist() == [9.0]  # (4 + 9 + 14) / 3
 
 
-# ----- 08.3 -------------------------------------------------------------------------------------
+def test_08_2_accepts_the_worked_answer_and_a_loop():
+    def by_loop(pattern, k):
+        t = pattern.shape[-1]
+        return torch.stack([pattern[:, :, q, q - k] for q in range(k, t)], -1).mean((0, -1))
+
+    assert grade("08.2", nb08.stripe_score).passed
+    assert grade("08.2", by_loop).passed
+
+
+@pytest.mark.parametrize(("answer", "words"), [
+    (lambda p, k: p.diagonal(offset=-k, dim1=-2, dim2=-1).mean(), ["averaged the heads too"]),
+    (lambda p, k: p.diagonal(offset=k, dim1=-2, dim2=-1).mean((0, -1)), ["ahead", "offset=-k"]),
+    (lambda p, k: p.diagonal(offset=-k, dim1=-2, dim2=-1).sum((0, -1)), ["a sum"]),
+    (lambda p, k: p.diagonal(offset=-k, dim1=-2, dim2=-1).sum(-1).mean(0) / p.shape[-2], ["q >= k"]),
+    (lambda p, k: p.diagonal(offset=-k, dim1=-2, dim2=-1).mean(-1), ["average over the sequences too"]),
+    (lambda p, k: "0.5", ["return a tensor"]),
+    ("stripe_score", ["pass your function itself"]),
+])  # fmt: skip
+def test_08_2_rejects(answer, words):
+    failed("08.2", answer, *words)
+
+
+# ----- 08.4 -------------------------------------------------------------------------------------
+def forgets_return(value, position):
+    """The commonest slip: the hook edits a copy of the output and never returns it."""
+    def hook(module, args, output):
+        output = output.clone()
+        output[:, position] = value[:, position]
+    return hook
+
+
 def sweep_like(*, normalise="right", run="corrupted", remove=True, whole=False, transpose=False, onward=False,
                first_everywhere=False, hook_for=None, swapped=False):
     """A patching sweep with one slip; ``hook_for(clean_value, position)``, if given, makes the patch hook."""
@@ -203,18 +229,19 @@ def sweep_like(*, normalise="right", run="corrupted", remove=True, whole=False, 
     (sweep_like(normalise="by clean"), ["the whole range"]),
     (sweep_like(run="clean"), ["patched the clean run", "model(corrupted)"]),
     (sweep_like(whole=True), ["whole output", "output[:, position]"]),
+    (sweep_like(hook_for=forgets_return), ["changed nothing", "return the edited copy"]),
     (sweep_like(transpose=True), ["one row per hook point"]),
     (sweep_like(swapped=True), ["direction is swapped", "model(corrupted)"]),
     (sweep_like(onward=True), ["from the position onward", "output[:, position]"]),
     (sweep_like(first_everywhere=True), ["two different runs", "first clean sequence's value", "[:, position]"]),
     ("patching_sweep", ["pass your function itself"]),
 ])  # fmt: skip
-def test_08_3_rejects(answer, words):
-    failed("08.3", answer, *words)
+def test_08_4_rejects(answer, words):
+    failed("08.4", answer, *words)
 
 
-def test_08_3_accepts_the_worked_answer_and_its_map_finds_each_corruption():
-    assert grade("08.3", nb08.patching_sweep).passed
+def test_08_4_accepts_the_worked_answer_and_its_map_finds_each_corruption():
+    assert grade("08.4", nb08.patching_sweep).passed
     model, (clean, corrupted) = nb08._model(), nb08.clean_and_corrupted()
     first = nb08.patching_sweep(model, clean, corrupted, nb08.POINTS, nb08.logit_diff)
     second = nb08.patching_sweep(model, clean, nb08.second_corruption(), nb08.POINTS, nb08.logit_diff_2)
@@ -222,8 +249,9 @@ def test_08_3_accepts_the_worked_answer_and_its_map_finds_each_corruption():
     assert first[attn0].max() < 0.1 and second[attn0, 3] > 0.8  # only the second corruption needs layer 0
 
 
-# ----- 08.4 -------------------------------------------------------------------------------------
-def scores_like(*, sign=1, keep=False, remove=True, axis="head", mean_used=True, ablated_values=False):
+# ----- 08.5 -------------------------------------------------------------------------------------
+def scores_like(*, sign=1, keep=False, remove=True, axis="head", mean_used=True, ablated_values=False,
+                returns=True):
     """Ablation scores with one slip."""
     def ablation_scores(model, tokens, layer, metric, mean=None):
         z = model.blocks[layer].attn.hook_z
@@ -240,7 +268,7 @@ def scores_like(*, sign=1, keep=False, remove=True, axis="head", mean_used=True,
                     output[:, :, head] = 0.0 if m is None else m[:, head].mean(0)
                 else:
                     output[:, head] = 0.0 if m is None else m[head]
-                return output
+                return output if returns else None
 
             handles.append(z.register_forward_hook(hook))
             with torch.no_grad():
@@ -261,20 +289,21 @@ def scores_like(*, sign=1, keep=False, remove=True, axis="head", mean_used=True,
     (scores_like(keep=True), ["earlier heads were still ablated", "handle.remove()"]),
     (scores_like(remove=False), ["still registered", "finally"]),
     (scores_like(axis="position"), ["ablated a position", "output[:, :, head]"]),
+    (scores_like(returns=False), ["changed nothing", "return the edited copy"]),
     (scores_like(mean_used=False), ["layer 1, mean", "mean[:, head]"]),
     (scores_like(ablated_values=True), ["ablated runs' values", "drop"]),
     (scores_like(axis="mean over positions"), ["layer 1, mean", "over its positions too", "mean[:, head]"]),
 ])  # fmt: skip
-def test_08_4_rejects(answer, words):
-    failed("08.4", answer, *words)
+def test_08_5_rejects(answer, words):
+    failed("08.5", answer, *words)
 
 
-def test_08_4_accepts_the_worked_answer_and_a_list_of_numbers():
-    assert grade("08.4", nb08.ablation_scores).passed
-    assert grade("08.4", lambda *args: nb08.ablation_scores(*args).tolist()).passed
+def test_08_5_accepts_the_worked_answer_and_a_list_of_numbers():
+    assert grade("08.5", nb08.ablation_scores).passed
+    assert grade("08.5", lambda *args: nb08.ablation_scores(*args).tolist()).passed
 
 
-# ----- 08.5 -------------------------------------------------------------------------------------
+# ----- 08.6 -------------------------------------------------------------------------------------
 def adds_everywhere(direction, position, scale):
     return lambda module, args, output: output + scale * direction
 
@@ -317,12 +346,12 @@ def adds_in_place_returned(direction, position, scale):
     (adds_onward, ["from the position onward"]),
     (adds_in_place, ["in place and returned None", "output.clone()", "return output"]),
 ])  # fmt: skip
-def test_08_5_rejects(answer, words):
-    failed("08.5", answer, *words)
+def test_08_6_rejects(answer, words):
+    failed("08.6", answer, *words)
 
 
-def test_08_5_accepts_the_worked_answer():
-    assert grade("08.5", nb08.steering_hook).passed
+def test_08_6_accepts_the_worked_answer():
+    assert grade("08.6", nb08.steering_hook).passed
 
 
 def test_the_measured_facts_the_lesson_states_about_the_heads_and_steering():
@@ -428,11 +457,11 @@ def steer_copy_first(direction, position, scale):
 
 
 @pytest.mark.parametrize(("id", "answer", "words"), [
-    ("08.3", sweep_with(in_place_first), ["only the first sequence"]),
-    ("08.3", sweep_with(copy_first), ["two different runs in one batch", "only the first sequence", "output[:, ...]"]),
-    ("08.4", scores_with(zero_in_place_first), ["only the first sequence"]),
-    ("08.4", scores_with(zero_copy_first), ["a batch of two", "only the first sequence"]),
-    ("08.5", steer_copy_first, ["only the first sequence", "output[:, ...]"]),
+    ("08.4", sweep_with(in_place_first), ["only the first sequence"]),
+    ("08.4", sweep_with(copy_first), ["two different runs in one batch", "only the first sequence", "output[:, ...]"]),
+    ("08.5", scores_with(zero_in_place_first), ["only the first sequence"]),
+    ("08.5", scores_with(zero_copy_first), ["a batch of two", "only the first sequence"]),
+    ("08.6", steer_copy_first, ["only the first sequence", "output[:, ...]"]),
 ])  # fmt: skip
 def test_first_sequence_only_edits_are_rejected(id, answer, words):
     failed(id, answer, *words)
@@ -447,7 +476,7 @@ def zero_in_place_all(output, head, mean):
 
 
 @pytest.mark.parametrize(("id", "answer"), [
-    ("08.3", sweep_with(in_place_all)), ("08.4", scores_with(zero_in_place_all)), ("08.5", adds_in_place_returned),
+    ("08.4", sweep_with(in_place_all)), ("08.5", scores_with(zero_in_place_all)), ("08.6", adds_in_place_returned),
 ])  # fmt: skip
 def test_a_right_in_place_edit_passes_with_a_note(id, answer):
     outcome = grade(id, answer)
@@ -456,7 +485,7 @@ def test_a_right_in_place_edit_passes_with_a_note(id, answer):
 
 
 def test_a_right_copy_passes_without_the_note():
-    assert "A note" not in grade("08.3", sweep_with(lambda o, v, p: torch.where(
+    assert "A note" not in grade("08.4", sweep_with(lambda o, v, p: torch.where(
         torch.arange(o.shape[1])[:, None] == p, v, o))).detail
 
 
@@ -521,3 +550,15 @@ def test_the_positional_prior_and_the_one_position_whose_difference_matters():
     assert norms[4] > norms[3] > 7 and norms[:3].max() < 1e-5
     low = nb08.logit_diff(model(corrupted).detach())
     assert abs(nb08.patched_diff(model, "blocks.0.hook_resid_post", 4) - low) < 0.1
+
+
+def test_each_hook_point_knows_its_name_and_block_as_the_lesson_prints():
+    from hooklab.transformer import HookPoint
+
+    model = nb08._model()
+    for name, module in model.named_modules():
+        if isinstance(module, HookPoint):
+            assert module.name == name
+    assert model.blocks[1].attn.hook_z.layer() == 1 and model.blocks[0].hook_resid_post.layer() == 0
+    with pytest.raises(ValueError, match="not inside a block"):
+        model.hook_embed.layer()

@@ -35,7 +35,17 @@ SHORTEST = 5
 
 
 class HookPoint(nn.Identity):
-    """Returns its input unchanged: a named place for a forward hook to read or replace a value."""
+    """Returns its input unchanged: a named place for a forward hook to read or replace a value. The model
+    gives each its ``name``, its path in ``named_modules()`` (``"blocks.1.attn.hook_z"``)."""
+
+    name: str = ""
+
+    def layer(self) -> int:
+        """The block this point belongs to (``blocks.1.…`` → 1); ``ValueError`` for points outside blocks."""
+        parts = self.name.split(".")
+        if len(parts) < 2 or parts[0] != "blocks":
+            raise ValueError(f"{self.name!r} is not inside a block")
+        return int(parts[1])
 
 
 class Attention(nn.Module):
@@ -92,6 +102,9 @@ class TinyTransformer(nn.Module):
             self.blocks = nn.ModuleList(Block(d_model, heads) for _ in range(layers))
             self.ln_final = nn.LayerNorm(d_model)
             self.unembed = nn.Linear(d_model, VOCAB)
+        for name, module in self.named_modules():
+            if isinstance(module, HookPoint):
+                module.name = name
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long:

@@ -3,14 +3,15 @@
 The lesson's problem is one pair of runs of ``hooklab.transformer.trained_transformer()``: a clean
 sequence (a run of seven tokens, repeated, then two random ones) whose query position ``Q`` predicts
 ``A`` = 19, and a corrupted copy with the 19 of the first run (position ``CHANGED``) replaced by ``B`` =
-17, which predicts 17. ``logit_diff`` is logit[A] − logit[B] at the query. Predictions 08.a-08.e compute
+17, which predicts 17. ``logit_diff`` is logit[A] − logit[B] at the query. Predictions 08.a-08.d compute
 their truth with torch. ``second_corruption()`` changes the 3 before the 19 (position ``CHANGED2``) into
-``B2`` = 10 instead: it needs layer 0 to move the previous token, so patching finds layer 0 (08.c). Exercises:
-record the attention patterns with forward hooks (08.1), TransformerLens's ``run_with_hooks`` by name (08.2),
-the patching sweep over hook points × positions, normalised (08.3), a hook that zero- or mean-ablates one
-head (08.4), and a hook that adds a steering direction (08.5). ``record_patterns``, ``run_with_hooks``,
+``B2`` = 10 instead: it needs layer 0 to move the previous token, so patching finds layer 0 (08.b). Exercises:
+record the attention patterns with forward hooks (08.1), the stripe score of a pattern (08.2),
+TransformerLens's ``run_with_hooks`` by name (08.3),
+the patching sweep over hook points × positions, normalised (08.4), a hook that zero- or mean-ablates one
+head (08.5), and a hook that adds a steering direction (08.6). ``record_patterns``, ``run_with_hooks``,
 ``patching_sweep``, ``patch_hook``, ``ablation_hook`` and ``steering_hook`` are worked answers: the lesson goes
-on with them while the student's own has not passed. ``stripe_score`` is a given tool.
+on with them while the student's own has not passed, as is ``stripe_score``.
 """
 
 from __future__ import annotations
@@ -247,32 +248,9 @@ def _induction_offset() -> int:
     return max(range(9), key=lambda k: stripe_score(pattern, k).mean().item())
 
 
-def absent_answers() -> dict[int, int]:
-    """The model's answer at the query for each token 1-23 the run does not hold, made the query token."""
-    model, clean = _model(), clean_and_corrupted()[0]
-    answers = {}
-    for token in (t for t in range(1, 24) if t not in clean[0, :7]):
-        tokens = clean.clone()
-        tokens[0, Q] = token
-        with torch.no_grad():
-            answers[token] = model(tokens)[0, Q].argmax().item()
-    return answers
-
-
-@prediction("08.b", "whether the answer depends on which absent token the query is",
-            why="yes: no key matches, and layer 1's heads fall back on keys 1-4, but which of them wins depends on "
-                "the query's token: 12 for eight of the 16, 3 for four, 19 for four (next cell)",
-            wrong=[(False, "a fallback on position alone would give one answer for every absent query; the query's "
-                           "token still moves the heads among keys 1-4"),
-                   ("true", "you wrote a string, write True or False without quotes: a bool, not text"),
-                   ("false", "you wrote a string, write True or False without quotes: a bool, not text")])
-def _absent_query_answer() -> bool:
-    return len(set(absent_answers().values())) > 1
-
-
-@prediction("08.c", "the position whose clean blocks.0.hook_attn_out restores the second corruption's answer",
+@prediction("08.b", "the position whose clean blocks.0.hook_attn_out restores the second corruption's answer",
             why="in the first run layer 0's heads attend to the previous token, so their output at 3 carries the "
-                "token at 2, a 3 in the clean run; patched in, layer 1's heads attend to key 3 again and copy the 19 "
+                "token at 2, a 3 in the clean run; patched in, it gives the query its match back "
                 "(position 2's own attention output only reads positions 0-2)",
             wrong=[(2, "the 10 at position 2 sits in its embedding, which stays corrupted; layer 1 matches the "
                        "query with a key's record of the token before it. Which position has position 2 before it?"),
@@ -301,16 +279,32 @@ def head_0_noised() -> float:
     return logit_diff(run_hooked(model, clean_and_corrupted()[0], point, hook))
 
 
-@prediction("08.d", "the clean run's logit difference with layer 1's head 0 at the query from the corrupted run: "
-                    "above 8, 0 to 8, or below 0",
-            why="0 to 8 (+3.3): the corrupted head 0 carries what it copied in its own run, whose answer is 17, and "
-                "lifts logit[17] from -1.0 to +4.1 (next cell); a zeroed head carries nothing, and cost only 1.53",
-            wrong=[("above 8", "a zeroed head carries no token; the corrupted head carries what it copied in its own "
-                               "run, whose answer is 17: a vote for 17"),
-                   ("below 0", "the three other heads stay clean and still copy the 19")])
+class _NoneOf:
+    """Equal to any guess that is none of ``options``: the last ``wrong=`` entry, for a guess outside them."""
+
+    def __init__(self, *options: str) -> None:
+        self.options = options
+
+    def __eq__(self, guess: object) -> bool:
+        from . import same
+
+        return not any(same(guess, option) for option in self.options)
+
+    __hash__ = None
+
+
+@prediction("08.c", "whether head 0 taken from the corrupted run leaves the clean run's logit difference above or "
+                    "below what zeroing it leaves",
+            why="below: a zeroed head carries nothing (it cost 1.53), but the corrupted head 0 carries what it copied "
+                "in its own run, whose answer is 17: a vote for 17 (+3.3 left, next cell)",
+            wrong=[("above", "a zeroed head carries no token; the corrupted head carries what it copied in its own "
+                             "run, whose answer is 17: a vote for 17"),
+                   (True, 'pick one of "above" or "below" (a string)'),
+                   (_NoneOf("above", "below"), "pick one of \"above\" or \"below\" (a string)")])
 def _head_0_noised() -> str:
-    diff = head_0_noised()
-    return "above 8" if diff > 8 else "0 to 8" if diff >= 0 else "below 0"
+    zeroed = logit_diff(_model()(clean_and_corrupted()[0]).detach()) - ablation_scores(
+        _model(), clean_and_corrupted()[0], 1, logit_diff)[0].item()
+    return "above" if head_0_noised() > zeroed else "below"
 
 
 STEER_SCALES = [0, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4]
@@ -330,19 +324,29 @@ def pair_metric(logits: torch.Tensor) -> float:
     return (logits[0, Q, A] - logits[0, Q, B] + logits[1, Q, 14] - logits[1, Q, B]).item()
 
 
-@prediction("08.e", "whether 19 is the top token of the corrupted run, the direction added at scale 4",
-            why="no: at scale 4 the added vector (4 × its norm) is about twice as long as any residual the model saw "
-                "after layer 0; layer 1's heads leave key 3 (0.28 at most, next cell), and the answer leaves 19 "
-                "although the logit difference is still positive",
-            wrong=[(True, "more is not always more: at scale 4 the added vector is about twice as long as any "
-                          "residual the model saw after layer 0. Does layer 1 still attend to position 3?"),
-                   ("true", "you wrote a string, write True or False without quotes: a bool, not text"),
-                   ("false", "you wrote a string, write True or False without quotes: a bool, not text")])
-def _far_steer() -> bool:
+def key_3_attention(scale: float) -> float:
+    """Layer 1's largest attention from the query to key 3 in the corrupted run, the direction added at 3."""
+    from .. import record
+
     model = _model()
-    hook = steering_hook(steering_direction(model), CHANGED, 4.0)
-    logits = run_hooked(model, clean_and_corrupted()[1], "blocks.0.hook_resid_post", hook)
-    return logits[0, Q].argmax().item() == A
+    hook = steering_hook(steering_direction(model), CHANGED, scale)
+    with (model.blocks[0].hook_resid_post.register_forward_hook(hook), torch.no_grad(),
+          record(model, ["blocks.1.attn.hook_pattern"]) as rec):
+        model(clean_and_corrupted()[1])
+    return rec["blocks.1.attn.hook_pattern"].output[0, :, Q, CHANGED].max().item()
+
+
+@prediction("08.d", "whether layer 1's attention from the query to key 3 is higher or lower at scale 4 than at "
+                    "scale 1",
+            why="lower: the LayerNorm before layer 1 scales the residual at 3 to a fixed size, so at scale 4 it is "
+                "mostly the direction, and layer 0's note of the token before it (what the query matches) fades",
+            wrong=[("higher", "the LayerNorm before layer 1 scales the residual to a fixed size: the longer the "
+                              "added vector, the smaller the share of everything else at position 3, including "
+                              "layer 0's note of the token before it"),
+                   (True, 'pick one of "higher" or "lower" (a string)'),
+                   (_NoneOf("higher", "lower"), "pick one of \"higher\" or \"lower\" (a string)")])
+def _far_steer() -> str:
+    return "lower" if key_3_attention(4.0) < key_3_attention(1.0) else "higher"
 
 
 # ----- exercises ----------------------------------------------------------------------------------------------
@@ -362,13 +366,17 @@ def _probe(answer, args: tuple, output: torch.Tensor):
     return hook(None, (), output) if callable(hook) else None
 
 
-def _watch(hook, edited: list):
-    """``hook``, wrapped to note in ``edited`` when it changes the ``output`` it receives in place."""
+def _watch(hook, edited: list, idle: list | None = None):
+    """``hook``, wrapped to note in ``edited`` when it changes the ``output`` it receives in place, and in
+    ``idle``, one bool a call, whether it changed nothing (returned None and left ``output`` as it was)."""
     def wrapper(module, args, output):
         before = output.clone() if isinstance(output, torch.Tensor) else None
         result = hook(module, args, output)
-        if before is not None and not torch.equal(output, before):
+        changed = before is not None and not torch.equal(output, before)
+        if changed:
             edited.append(True)
+        if idle is not None:
+            idle.append(result is None and not changed)
         return result
 
     return wrapper
@@ -384,13 +392,13 @@ STEER_IN_PLACE = (" A note, not a slip: your hook added to `output` in place bef
 ROW_0 = "only the first sequence of the batch changed: edit `output[:, ...]`, every sequence, not `output[0, ...]`"
 
 
-def _watched(model: nn.Module, edited: list) -> nn.Module:
+def _watched(model: nn.Module, edited: list, idle: list | None = None) -> nn.Module:
     """``model``, each of whose modules wraps the forward hooks registered on it in ``_watch``."""
     def registering(module):
         owner = weakref.ref(module)  # weak: no reference cycle keeps the model alive
 
         def register(hook, *args, **kwargs):
-            watched = hook if kwargs.get("with_kwargs") else _watch(hook, edited)
+            watched = hook if kwargs.get("with_kwargs") else _watch(hook, edited, idle)
             return type(owner()).register_forward_hook(owner(), watched, *args, **kwargs)
 
         return register
@@ -446,8 +454,6 @@ def _check_patterns(answer) -> Outcome:
         if g.shape != w.shape:
             return Outcome(False, f"layer {layer}'s pattern has shape {tuple(g.shape)}, want {tuple(w.shape)} "
                                   "(N, heads, query, key): the hook's output, as it is")
-        if g.requires_grad:
-            return Outcome(False, f"layer {layer}'s pattern still requires grad: keep output.detach()")
         if not torch.allclose(g, w, atol=1e-6):
             return Outcome(False, f"layer {layer}'s pattern differs from the model's: record hook_pattern's output "
                                   "in order of the blocks")
@@ -458,6 +464,47 @@ def _check_patterns(answer) -> Outcome:
         return left
     return Outcome(True, "both layers' patterns, (N, heads, query, key), and no hook left behind, even when the "
                          "forward pass raises")
+
+
+def _stripe_cases() -> list[tuple[torch.Tensor, int]]:
+    """Causal patterns ``(3, 4, 10, 10)`` with random rows, and the offsets to score them at."""
+    scores = torch.randn(3, 4, 10, 10, generator=torch.Generator().manual_seed(8))
+    pattern = scores.masked_fill(torch.ones(10, 10, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+    return [(pattern, k) for k in (1, 6, 0, 9)]
+
+
+@exercise("08.2", "the stripe score: each head's attention on the key k tokens back")
+def _check_stripe(answer) -> Outcome:
+    if not callable(answer):
+        return Outcome(False, f"pass your function itself (`stripe_score`), not {kind_of(answer)}")
+    for pattern, k in _stripe_cases():
+        got, want = answer(pattern.clone(), k), stripe_score(pattern, k)
+        if isinstance(got, list | tuple) and all(isinstance(v, int | float) for v in got):
+            got = torch.tensor(got)
+        if not isinstance(got, torch.Tensor):
+            return Outcome(False, f"stripe_score returned {kind_of(got)}: return a tensor, one score a head")
+        got = got.float()
+        if got.shape == want.shape and torch.allclose(got, want, atol=1e-5):
+            continue
+        stripe = pattern.diagonal(offset=-k, dim1=-2, dim2=-1)  # (N, heads, T - k)
+        slips = [(want.mean(), "you averaged the heads too: keep one score a head, averaging over the sequences "
+                               "and the queries only"),
+                 (pattern.diagonal(offset=k, dim1=-2, dim2=-1).mean((0, -1)),
+                  "that is the key k tokens *ahead*, which a causal pattern sets to 0: the key k back is "
+                  "pattern[..., q, q - k], offset=-k"),
+                 (stripe.sum((0, -1)), "that is a sum: average over the sequences and the queries"),
+                 (stripe.sum(-1).mean(0) / pattern.shape[-2], f"you divided by all {pattern.shape[-2]} queries: "
+                  "only the queries q >= k have a key k back, so average over those"),
+                 (stripe.mean(-1), "one score per sequence and head: average over the sequences too")]
+        for value, slip in slips:
+            if value.shape == got.shape and torch.allclose(got, value, atol=1e-5):
+                return Outcome(False, f"at k = {k}: {slip}")
+        if got.shape != want.shape:
+            return Outcome(False, f"at k = {k}: shape {tuple(got.shape)}, want {tuple(want.shape)}, one score a "
+                                  "head")
+        return Outcome(False, f"at k = {k}: {[round(v, 3) for v in got.tolist()]}, want "
+                              f"{[round(v, 3) for v in want.tolist()]}")
+    return Outcome(True, "each head's mean attention on the key k back, at k = 0, 1, 6 and 9, over three sequences")
 
 
 RUN2 = [11, 4, 16, 6, 20, 1, 13]  # another run: its query (16) answers 6; a 22 at position 3 makes it 22
@@ -488,7 +535,7 @@ def _tl_steer(scale: float):
     return fn
 
 
-@exercise("08.2", "TransformerLens's run_with_hooks: forward hooks by name")
+@exercise("08.3", "TransformerLens's run_with_hooks: forward hooks by name")
 def _check_run_with_hooks(answer) -> Outcome:
     if not callable(answer):
         return Outcome(False, f"pass your function itself (`run_with_hooks`), not {kind_of(answer)}")
@@ -592,6 +639,10 @@ def _onward(model, clean, corrupted, metric, high, low) -> torch.Tensor:
     return (raw - low) / (high - low)
 
 
+NOTHING = ("your hook changed nothing: each run gives what the {} run gives. Did it return the edited copy? A "
+           "forward hook that returns None leaves the output as it was")
+
+
 def _sweep_slip(model, got, clean, corrupted, metric) -> str | None:
     """Name the slip when ``got`` is a plausible wrong sweep."""
     with torch.no_grad():
@@ -655,14 +706,17 @@ def _sweep_slip(model, got, clean, corrupted, metric) -> str | None:
     return None
 
 
-@exercise("08.3", "the patching sweep over hook points × positions, normalised")
+@exercise("08.4", "the patching sweep over hook points × positions, normalised")
 def _check_sweep(answer) -> Outcome:
     if not callable(answer):
         return Outcome(False, f"pass your function itself (`patching_sweep`), not {kind_of(answer)}")
     edited: list[bool] = []
-    model = _watched(_model(), edited)
+    idle: list[bool] = []
+    model = _watched(_model(), edited, idle)
     for clean, corrupted, metric, what in _sweep_cases():
+        start = len(idle)
         got = answer(model, clean, corrupted, list(POINTS), metric)
+        nothing = len(idle) > start and all(idle[start:])
         if (leftover := [n for n, m in model.named_modules() if m._forward_hooks]):
             return Outcome(False, f"a forward hook is still registered on {leftover[0]!r} after your sweep: "
                                   "remove each handle right after its run (in a finally block), or the next "
@@ -672,6 +726,8 @@ def _check_sweep(answer) -> Outcome:
         want = patching_sweep(model, clean, corrupted, list(POINTS), metric)
         if got.shape == want.shape and torch.allclose(got.float(), want, atol=1e-3):
             continue
+        if nothing:
+            return Outcome(False, f"corruption {what}: " + NOTHING.format("unpatched corrupted"))
         if (slip := _sweep_slip(model, got.float(), clean, corrupted, metric)) is not None:
             return Outcome(False, f"corruption {what}: {slip}")
         if got.shape != want.shape:
@@ -755,12 +811,13 @@ def _scores_slip(model, got, tokens, layer, metric, mean) -> str | None:
     return None
 
 
-@exercise("08.4", "ablation scores: the metric's drop when each head is ablated")
+@exercise("08.5", "ablation scores: the metric's drop when each head is ablated")
 def _check_scores(answer) -> Outcome:
     if not callable(answer):
         return Outcome(False, f"pass your function itself (`ablation_scores`), not {kind_of(answer)}")
     edited: list[bool] = []
-    model = _watched(_model(), edited)
+    idle: list[bool] = []
+    model = _watched(_model(), edited, idle)
     clean = clean_and_corrupted()[0]
     mean = mean_z(model, 64)
     batch = induction_pair()
@@ -768,7 +825,9 @@ def _check_scores(answer) -> Outcome:
                                            (clean, logit_diff, 1, mean, "layer 1, mean"),
                                            (clean, logit_diff, 0, None, "layer 0, zero"),
                                            (batch, pair_metric, 1, None, "a batch of two, layer 1, zero")]:
+        start = len(idle)
         got = answer(model, tokens, layer, metric, m)
+        nothing = len(idle) > start and all(idle[start:])
         if isinstance(got, list | tuple) and all(isinstance(v, int | float) for v in got):
             got = torch.tensor(got)  # a list of numbers is as good as a tensor
         if (leftover := [n for n, mod in model.named_modules() if mod._forward_hooks]):
@@ -780,6 +839,8 @@ def _check_scores(answer) -> Outcome:
         want = ablation_scores(model, tokens, layer, metric, m)
         if got.shape == want.shape and torch.allclose(got.float(), want, atol=1e-3):
             continue
+        if nothing:
+            return Outcome(False, f"{what}: " + NOTHING.format("intact"))
         if (slip := _scores_slip(model, got.float(), tokens, layer, metric, m)) is not None:
             return Outcome(False, f"{what}: {slip}")
         if got.shape != want.shape:
@@ -790,7 +851,7 @@ def _check_scores(answer) -> Outcome:
                          "two, and no hook left behind." + (IN_PLACE if edited else ""))
 
 
-@exercise("08.5", "steer with a direction added in a forward hook")
+@exercise("08.6", "steer with a direction added in a forward hook")
 def _check_steering(answer) -> Outcome:
     model = _model()
     direction = steering_direction(model)
@@ -829,8 +890,7 @@ __all__ = [
     "Q",
     "ablation_hook",
     "ablation_scores",
-    "absent_answers",
-    "clean_and_corrupted",
+        "clean_and_corrupted",
     "clean_cache",
     "clean_cache_of",
     "head_0_noised",
