@@ -94,7 +94,7 @@ def test_the_predictions_truths():
 @pytest.mark.parametrize(("id", "guess", "words"), [
     ("04.a", [1.0, 1.0], "multiplies it by the sigmoid's slope"),
     ("04.a", [0.7514, 0.7729], "that is s2's output"),
-    ("04.b", 1, "the target's 1 is taken away"),
+    ("04.b", 1, "does any probability change"),
     ("04.c", ["dx", "dbeta"], "Σ y = γ·Σ x̂ + N·β = N·β does not depend on x"),
     ("04.c", ["dx", "dgamma", "dbeta"], "x̂ has mean 0"),
     ("04.d", [[9] * 4] * 4, "falls on the padding"),
@@ -207,6 +207,8 @@ def bn_chain(slip):
             d["x"] = d["diff"] + d["mean"]
         elif slip == "inv_std unsummed":
             d["inv_std"] = t["diff"] * d["x_hat"]
+        elif slip == "dvar without eps":  # eps is not passed in: (var + eps)^(-3/2) is inv_std ** 3
+            d["var"] = -0.5 * t["var"] ** -1.5 * d["inv_std"]
         elif slip == "gamma and beta swapped":
             d["gamma"], d["beta"] = d["beta"], d["gamma"]
         assert n
@@ -223,6 +225,7 @@ def bn_chain(slip):
     ("x without 1/N", ["dx_hat … dmean (8 steps) right; first wrong: dx", "so dx gets dmean/N"]),
     ("inv_std unsummed", ["dx_hat, dgamma, dbeta right; first wrong: dinv_std", "shape (6, 4), expected (1, 4)"]),
     ("gamma and beta swapped", ["dx_hat right; first wrong: dgamma", "that is dbeta"]),
+    ("dvar without eps", ["first wrong: dvar", "your dvar drops eps", "inv_std ** 3"]),
 ])  # fmt: skip
 def test_04_4_names_the_first_wrong_step(slip, words):
     failed("04.4", bn_chain(slip), *words)

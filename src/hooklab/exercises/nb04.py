@@ -272,18 +272,17 @@ class Small:
 
 @prediction(
     "04.b", "what each row of dlogits sums to",
-    why="each row of dlogits is (softmax − one-hot target)/N: the probabilities sum to 1 and the target's 1 is "
-        "taken away, so every row sums to 0. Raising all logits of a row by the same amount changes no "
-        "probability, so the loss has no slope in that direction.",
-    wrong=[(1.0, "the probabilities of a row sum to 1, but the target's 1 is taken away from the correct class: "
-                 "1 − 1"),
-           (-1.0, "the correct class's entry is negative, but the probabilities of the other classes make up for "
-                  "it exactly"),
+    why="adding the same number to every logit of a row changes no probability, so it changes no loss: the "
+        "loss has no slope in that direction, and that slope is the row's sum.",
+    wrong=[(1.0, "add the same number to every logit of a row: does any probability change? The row's sum is "
+                 "the loss's slope in that direction"),
+           (-1.0, "add the same number to every logit of a row: does any probability change? The row's sum is "
+                  "the loss's slope in that direction"),
            (1 / 32, "the 1/N of the mean scales every entry of a row, and scaling 0 gives 0: what does a row sum "
                     "to before the 1/N?"),
            ("0", "write a number, not a string: 0, without quotes"),
            (Small(), "close, but the sum is exactly 0 in exact arithmetic, and 0 up to float32 rounding (about "
-                     "1e-7) as printed: softmax − one-hot is 1 − 1 in every row, whatever the logits")],
+                     "1e-7) as printed: shifting a row changes no probability, whatever the logits")],
 )  # fmt: skip
 def _row_sums() -> Zero:
     logits = (rand(8, 10, seed=71) * 2).float().requires_grad_(True)
@@ -387,6 +386,7 @@ BN_LINES = {
     "x": "diff = x - mean, and mean = x.mean(0, keepdim=True)",
 }
 EPS = 1e-5
+BN_STEPS_EPS = 0.5  # 04.4's cases: an eps large enough that a dvar without it is plainly wrong
 
 
 def _bn_case(n, c, seed, eps=EPS):
@@ -406,8 +406,11 @@ def _bn_step_traps(t, dout, grads) -> dict[str, list[Trap]]:
         "beta": [(((dout * t["x_hat"]).sum(0),), "that is dgamma: beta is added, so dbeta = Σ dout over the rows")],
         "inv_std": [((t["diff"] * grads["x_hat"],), "inv_std has shape (1, C) and is broadcast over the rows: its "
                                                     "gradient sums over them (keepdim=True)")],
-        "var": [((0.5 * (t["var"] + EPS) ** -1.5 * grads["inv_std"],), "a sign slip: d/dv (v + eps)^(-1/2) = "
-                                                                        "-1/2 (v + eps)^(-3/2)")],
+        "var": [((0.5 * t["inv_std"] ** 3 * grads["inv_std"],), "a sign slip: d/dv (v + eps)^(-1/2) = "
+                                                                 "-1/2 (v + eps)^(-3/2)"),
+                ((-0.5 * t["var"] ** -1.5 * grads["inv_std"],),
+                 f"your dvar drops eps: eps is not passed in, but t's inv_std = (var + eps)^(-1/2) holds it (here "
+                 f"eps = {BN_STEPS_EPS}, large enough to show): write (var + eps)^(-3/2) as inv_std ** 3")],
         "diff2": [((grads["var"].expand_as(t["diff2"]),), "var is the mean over the N rows: each row of diff2 "
                                                           "counts 1/N"),
                   (((grads["var"] / (n - 1)).expand_as(t["diff2"]),),
@@ -465,7 +468,7 @@ def _bn_chain(bn_backward_steps) -> Outcome:
     order from ``y``, with x of shape (6, 4), then (3, 5)."""
     worst, worst_name = 0.0, ""
     for (n, c), seed in (((6, 4), 51), ((3, 5), 55)):
-        t, _, gamma, dout, grads = _bn_case(n, c, seed)
+        t, _, gamma, dout, grads = _bn_case(n, c, seed, BN_STEPS_EPS)
         got, failed = by_hand(bn_backward_steps, ["t", "gamma", "dout"], t, gamma, dout)
         result = failed or compare_chain(got, grads, BN_LINES, _bn_step_traps(t, dout, grads))
         if isinstance(result, Outcome):
