@@ -1,10 +1,10 @@
-"""Exercises and predictions of notebook 05, in its order: whether the number of dead channels changes
-(05.a), dead channels found with a forward hook and what zeroing them does (05.b, 05.1), why they stay dead and
-a watch that counts them at every step (05.c, 05.2), the deconvnet rule and guided backpropagation as a class
-of ReLU hooks (05.d, 05.3), the Grad-CAM recorder: a tensor hook registered from a forward hook (05.4), which
-channels of features.3 Grad-CAM weighs and which add to its map (05.e), which map changes with the class
-(05.f), and layers re-drawn by forward hooks that run a fresh copy (05.5). Layer-CAM, with that recorder, is
-the field guide's exercise G5.2, and the cascade of copies G5.3 (their checkers, in g5.py, use the cases here)."""
+"""Exercises and predictions of notebook 05, in its order: what zeroing the live channels does (05.a), dead
+channels found with a forward hook (05.1), why they stay dead and a watch that counts them at every step (05.b,
+05.2), whether guided backprop's map needs a trained network and guided backpropagation as a class of ReLU hooks
+(05.c, 05.3), the Grad-CAM recorder: a tensor hook registered from a forward hook (05.4), which channels of
+features.3 Grad-CAM weighs and which add to its map (05.d), which map changes with the class (05.e), and layers
+re-drawn by forward hooks that run a fresh copy (05.5). Layer-CAM, with that recorder, is the field guide's
+exercise G5.2, and the cascade of copies G5.3 (their checkers, in g5.py, use the cases here)."""
 
 from __future__ import annotations
 
@@ -84,15 +84,6 @@ def _pick_one(choices: tuple[str, ...]) -> str:
     return "pick one of " + ", ".join(f'"{c}"' for c in choices) + ", spelt as here, then run the cell again"
 
 
-class _AnyNumber:
-    """Matches any whole number (the other half of a pair whose words are off the list)."""
-
-    def __eq__(self, guess: object) -> bool:
-        return isinstance(guess, int) and not isinstance(guess, bool)
-
-    __hash__ = None
-
-
 class _PairNotOfBooleans:
     """Matches a pair that is not two booleans: [0, 1], ["no", "yes"] (the question wants True or False twice)."""
 
@@ -104,32 +95,6 @@ class _PairNotOfBooleans:
 
 _BOOLEANS = (_PairNotOfBooleans(), "answer each question with True or False, without quotes, e.g. [True, False], "
                                    "then run the cell again")
-
-
-def _dead_counts_per_digit(layer: str) -> list[int]:
-    """How many channels of ``layer`` are 0 everywhere on each of the 450 test digits, one digit at a time."""
-    from ..recording import record
-
-    model = trained_digits_cnn()
-    with record(model, [layer]) as rec, torch.no_grad():
-        model(_digits().x_test)
-    return (rec[layer].output == 0).flatten(2).all(dim=2).sum(dim=1).tolist()
-
-
-@prediction("05.a", "whether the number of channels dead on a single digit changes from digit to digit",
-            why="at features.3 the same 24 channels are zero on every one of the 450 test digits, and the other 8 "
-                "are live on every one: each reads a 5×5 patch, a piece of stroke that every digit has somewhere. "
-                "At features.6 the count goes from 12 to 16: its channels read most of the digit, and some answer "
-                "shapes that only some digits have. Dead on one digit is not dead on all",
-            wrong=[([True, True], "at features.3 it is 24 of 32 for every digit: a channel there reads a 5×5 patch, "
-                                  "and a piece of stroke that wakes it is in every digit"),
-                   ([False, False], "a channel of features.6 reads most of the digit: one that answers a shape only "
-                                    "some digits have is silent on the others, so the count moves"),
-                   ([True, False], "the other way round: small patches (features.3) look alike in every digit; "
-                                   "whole shapes (features.6) do not"),
-                   _BOOLEANS])
-def _dead_count_changes() -> list:
-    return [len(set(_dead_counts_per_digit(layer))) > 1 for layer in ("features.3", "features.6")]
 
 
 def _zeroed(model: nn.Module, channels: torch.Tensor) -> torch.Tensor:
@@ -145,42 +110,26 @@ def _zeroed(model: nn.Module, channels: torch.Tensor) -> torch.Tensor:
         return model(_digits().x_test).argmax(dim=1)
 
 
-_SAME_OR_LOWER = ("the same", "lower")
-
-
-@prediction("05.b", "what setting the dead, then the live channels of features.3 to 0 does to the test digits",
-            why="the 24 dead channels are already 0 at every position for every test digit, so setting them to 0 "
-                "changes nothing, to the last bit; with the 8 others at 0 as well, everything above features.3 "
-                "sees the same zeros for every digit, so every digit gets the same scores and the same class",
-            wrong=[(["lower", 1], "the 24 channels are 0 everywhere for every test digit already: setting them to "
-                                  "0 changes no number, so no prediction"),
-                   (["the same", 10], "with the 8 live channels at 0, all 32 are 0 for every digit: what the "
-                                      "layers above see no longer depends on the digit, so neither do the scores"),
-                   (["lower", 10], "both: the 24 are 0 for every test digit already, so zeroing them changes "
-                                   "nothing; and with all 32 at 0 the scores no longer depend on the digit"),
-                   (["the same", 8], "count classes, not channels: with all 32 channels at 0, every digit gets "
-                                     "the same scores, so the same one class"),
-                   *[([first, str(n)], f"write the count as a number, not a string: {n}, without quotes")
-                     for first in ("the same", "lower") for n in range(1, 11)],
-                   *[([first, n], 'use the words "the same" or "lower" for the first answer, then run the '
-                                  'cell again') for first in ("same", "unchanged", "no change") for n in range(1, 11)],
-                   ([_NotOneOf(_SAME_OR_LOWER), _AnyNumber()], _pick_one(_SAME_OR_LOWER) + " (the first "
-                                                                            "answer; the second is a number)"),
-                   *[(half, "05.b asks two things, so the guess is a pair: a list [the words, a number], as the "
-                            "comment in the cell shows") for half in ("the same", "lower", *range(1, 11))]])
-def _zeroing() -> list:
+@prediction("05.a", "how many classes the network predicts with the live channels of features.3 set to 0",
+            why="the 24 dead channels are already 0 for every test digit; with the 8 others at 0 too, everything "
+                "above features.3 sees the same zeros for every digit, so every digit gets the same scores and the "
+                "same class",
+            wrong=[(8, "count classes, not channels: with all 32 channels at 0, every digit gets the same scores, "
+                       "so the same one class"),
+                   (10, "with the 8 live channels at 0, all 32 are 0 for every digit: what the layers above see no "
+                        "longer depends on the digit, so neither do the scores"),
+                   *[(str(n), f"write the count as a number, not a string: {n}, without quotes")
+                     for n in range(1, 11)]])
+def _zeroing() -> int:
     model, data, kept = trained_digits_cnn(), _digits(), {}
     handle = model.features[3].register_forward_hook(lambda module, args, output: kept.update(output=output))
     try:
         with torch.no_grad():
-            before = model(data.x_test).argmax(dim=1)
+            model(data.x_test)
     finally:
         handle.remove()
     dead = (kept["output"] == 0).flatten(2).all(dim=2).all(dim=0)
-    same = torch.equal(_zeroed(model, dead), before)
-    return ["the same" if same else "lower", len(_zeroed(model, ~dead).unique())]
-
-
+    return len(_zeroed(model, ~dead).unique())
 
 
 def _blocked() -> dict:
@@ -203,7 +152,7 @@ def _blocked() -> dict:
     return seen
 
 
-@prediction("05.c", "whether the gradient at a dead channel is zero on arrival, and on leaving the ReLU",
+@prediction("05.b", "whether the gradient at a dead channel is zero on arrival, and on leaving the ReLU",
             why="the gradient arrives from above whatever the channel did (the max-pool hands each window's "
                 "gradient to one position), but a ReLU passes it back only where its input was positive: a dead "
                 "channel's input never is, so what it passes back is all zero, and so is the gradient of the "
@@ -219,26 +168,27 @@ def _dead_gradients() -> list:
     return [bool((seen["arrives"][:, dead] == 0).all()), bool((seen["passes"][:, dead] == 0).all())]
 
 
-def _deconvnet_hook(module, grad_input, grad_output):
-    return (grad_output[0].clamp(min=0),)
+_MORE_OR_LESS = ("more", "less")
 
 
-@prediction("05.d", "what the deconvnet rule's ReLU hook passes back",
-            why="the hook's return value replaces grad_input, and it is made from grad_output, what arrives from "
-                "above, which knows nothing of the ReLU's input: its positive part passes wherever the input was, "
-                "[1, 0, 1, 0] (the deconvnet rule); guided backprop clamps grad_input instead, [1, 0, 0, 0]",
-            wrong=[([1.0, -1.0, 0.0, 0.0], "that is the plain gradient; the hook's return value replaces it with "
-                                           "something made from grad_output"),
-                   ([1.0, 0.0, 0.0, 0.0], "that is guided backprop, which clamps grad_input (already 0 where the "
-                                          "input was negative); this hook clamps grad_output, what arrives from "
-                                          "above, which does not depend on the ReLU's input"),
-                   ([1.0, 1.0, 1.0, 1.0], "clamp(min=0) zeroes the negative entries; it does not flip their sign")])
-def _one_deconvnet_relu() -> list:
-    relu = nn.ReLU()
-    x = torch.tensor([2.0, 2.0, -2.0, -2.0], requires_grad=True)
-    with relu.register_full_backward_hook(_deconvnet_hook):
-        (passed,) = torch.autograd.grad(relu(x), x, torch.tensor([1.0, -1.0, 1.0, -1.0]))
-    return passed.tolist()
+@prediction("05.c", "whether guided backprop's map resembles the digit more or less on a network never trained",
+            why="guided backprop passes gradient only where each ReLU was on, and on the first layers a ReLU is on "
+                "where the strokes are, whatever the weights: the clamp keeps a picture of the input. A trained "
+                "network's map also carries what the class asks for, which an untrained one's lacks, so the "
+                "untrained map resembles the digit more",
+            wrong=[("less", "the clamp keeps gradient where the ReLUs were on, and they are on over the strokes "
+                            "whether or not the weights were trained: nothing in the rule needs training"),
+                   (_NotOneOf(_MORE_OR_LESS), _pick_one(_MORE_OR_LESS))])
+def _guided_untrained() -> str:
+    from ..saliency import GuidedBackprop, rank_correlation
+
+    data = _digits()
+    x, labels = data.x_test[:6], data.y_test[:6]
+    alike = []
+    for net in (trained_digits_cnn(), DigitsCNN(seed=0)):
+        with GuidedBackprop(net) as gb:
+            alike.append(float(rank_correlation(gb.saliency(x, labels), x).mean()))
+    return "more" if alike[1] > alike[0] else "less"
 
 
 def _cam_channels() -> list:
@@ -255,11 +205,11 @@ def _cam_channels() -> list:
     return [int((alpha != 0).sum()), int(adds.sum())]
 
 
-@prediction("05.e", "how many channels of features.3 get a Grad-CAM weight, and how many add to the map",
+@prediction("05.d", "how many channels of features.3 get a Grad-CAM weight, and how many add to the map",
             why="α_k is the mean of the gradient arriving at channel k, and the gradient arrives at dead channels "
-                "too (prediction 05.c): all 32 get a weight. But a dead channel's A_k is 0 at every position, so "
+                "too (prediction 05.b): all 32 get a weight. But a dead channel's A_k is 0 at every position, so "
                 "α_k A_k is 0: only the 8 live channels add to the map",
-            wrong=[([8, 8], "α_k is made from what arrives at channel k, and 05.c showed that the gradient does "
+            wrong=[([8, 8], "α_k is made from what arrives at channel k, and 05.b showed that the gradient does "
                             "arrive at a dead channel; it stops only on the way back through the ReLU"),
                    ([32, 32], "a dead channel's A_k is 0 at every position, so α_k A_k is 0 whatever α_k is"),
                    ([24, 8], "all 32 channels get a gradient from above, live or dead: count them all"),
@@ -274,12 +224,12 @@ def _grad_cam_channels() -> list:
 MAP_CHOICES = ("plain gradient", "guided backprop", "Grad-CAM")
 
 
-@prediction("05.f", "which map changes least for another class: the plain gradient, guided backprop or Grad-CAM",
+@prediction("05.e", "which map changes least for another class: the plain gradient, guided backprop or Grad-CAM",
             why="guided backprop's map follows the strokes whatever the weights (section 3: an untrained network's "
                 "resembles the digit even more), so another class changes little (mean rank correlation about "
                 "0.8). The plain "
-                "gradient keeps both signs and Grad-CAM weighs the channels by the class's own w_k/16: both reverse "
-                "much of their order (about -0.4)",
+                "gradient keeps both signs and Grad-CAM weighs the channels by the class's own w_k/16: both partly "
+                "reverse their order (about -0.4)",
             wrong=[("plain gradient", "the plain gradient keeps the negative gradient at every ReLU, and another "
                                       "class's row of the head sends different signs down: much of its order reverses"),
                    ("Grad-CAM", "Grad-CAM's α_k = w_k/16 are the class's row of the head (section 4): another class "
@@ -327,6 +277,10 @@ def _wrong_dead_channels(got, out: torch.Tensor) -> Outcome | None:
         return Outcome(False, "dead_channels returned None: return the sorted channel indices")
     if isinstance(got, torch.Tensor) and got.dtype == torch.bool:
         return Outcome(False, "return channel indices, not a mask of which channels are dead")
+    if isinstance(got, torch.Tensor):
+        return Outcome(False, "you returned a tensor of indices: return a list of ints (add .tolist()). Its "
+                              "entries are 0-d tensors, which print as tensor(3), and a set of them keeps "
+                              "equal channels apart, so comparing two results goes wrong silently")
     try:
         indices = [int(c) for c in got]
     except (TypeError, ValueError, RuntimeError):
