@@ -170,8 +170,49 @@ def wide_linear() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
 
 
 def step_peak(fuse: Callable | None = None, model: nn.Module | None = None, batch=None) -> int:
-    """The most bytes of saved tensors and gradients alive at once in one training step (``gradient_timeline``)."""
+    """The most bytes of saved tensors and gradients alive at once in one training step (``gradient_timeline``):
+    a count, blind to temporaries."""
     return max(size + kept for *_, size, kept in gradient_timeline(fuse, model, batch))
+
+
+def allocator_peak(fuse: Callable | None = None, model: nn.Module | None = None, batch=None) -> int:
+    """The CPU allocator's peak, in bytes above what was allocated before, during one training step (forward,
+    backward and, without ``fuse``, plain SGD's in-place step ``p.add_(p.grad, alpha=-lr)``) of the wide
+    ``Linear`` layers (or ``model`` on ``batch``), measured by ``torch.profiler.profile(profile_memory=True)``:
+    each operator's own allocations counted at its start, its frees at its end. The profiler's log lines on
+    stderr are silenced."""
+    import os
+    import sys
+
+    if model is None:
+        model, batch = wide_linear()
+    x, y = batch
+    model.zero_grad()
+    handles = fuse(model, LR) if fuse else []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+                F.cross_entropy(model(x), y).backward()
+                if not fuse:
+                    with torch.no_grad():
+                        for p in model.parameters():
+                            p.add_(p.grad, alpha=-LR)
+                    model.zero_grad()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        for handle in handles:
+            handle.remove()
+    changes = sorted((e.time_range.start if e.self_cpu_memory_usage > 0 else e.time_range.end, e.self_cpu_memory_usage)
+                     for e in prof.events())
+    now = peak = 0
+    for _, change in changes:
+        now += change
+        peak = max(peak, now)
+    return peak
 
 
 def bf16_each_save(t: torch.Tensor):
@@ -184,22 +225,22 @@ def spec(prune=None, step=None, pack=None, unpack=None, fuse=None) -> None:
     (or as it was measured when an earlier call was given one): every row when no tool or every tool is
     given, else only the rows of the tools given."""
     bound = 2 * CLIP * LR / BATCH
-    budget = saved_bytes(bf16_each_save, unpack_bf16)  # every saved float in 2 bytes
-    peak_budget = max(kept for *_, kept in gradient_timeline(None, *wide_linear())) + 1024 * 1024 * 4  # + 1 weight
+    budget = 0.9 * saved_bytes()  # a tenth less than plain autograd keeps
+    peak_budget = 0.6 * allocator_peak()  # two fifths off plain SGD's peak
     rows = [
         ("keep pruned weights 0 in each of 3 convs", "≥ 50% zero", lambda t: conv_zeros_after_step(t, by_layer=True),
          prune, lambda v: v is not None and min(v.values()) >= 0.5,
          lambda v: "stale weight" if v is None else "/".join(f"{100 * s:.0f}" for s in v.values()) + "% zero"),
         ("limit how far one image moves the update", f"≤ {bound:.4f}", lambda t: influence(t or plain_step), step,
          lambda v: v <= bound * 1.001, lambda v: f"{v:.4f}"),
-        ("saved for backward (256 digits), 16 bits", f"≤ {budget / 1e6:.2f} MB",
+        ("saved for backward (256 digits)", "≤ 90% of plain",
          lambda t: saved_bytes(*(t or (None, None))), (pack, unpack) if pack else None,
          lambda v: v <= budget * 1.001, lambda v: f"{v / 1e6:.2f} MB"),
-        ("peak of a wide-Linear step, saved + grads", f"≤ {peak_budget / 1e6:.2f} MB",
-         lambda t: step_peak(t, *wide_linear()), fuse, lambda v: v <= peak_budget, lambda v: f"{v / 1e6:.2f} MB"),
+        ("peak memory of a wide-Linear training step", "≤ 60% of plain",
+         allocator_peak, fuse, lambda v: v <= peak_budget, lambda v: f"{v / 1e6:.1f} MB"),
     ]
     given = [tool is not None for *_, tool, _, _ in rows]
-    print(f"{'your tool must':<43}{'target':<12}{'without it':<17}{'yours':<16}")
+    print(f"{'your tool must':<43}{'target':<16}{'without it':<17}{'yours':<16}")
     for (words, target, measure, tool, ok, show), shown in zip(rows, given, strict=True):
         if tool is not None:
             _MEASURED[words] = measure(tool)
@@ -207,7 +248,7 @@ def spec(prune=None, step=None, pack=None, unpack=None, fuse=None) -> None:
             continue
         plain = ("✓ " if ok(v := measure(None)) else "✗ ") + show(v)
         yours = ("✓ " if ok(_MEASURED[words]) else "✗ ") + show(_MEASURED[words]) if words in _MEASURED else "not yet"
-        print(f"{words:<43}{target:<12}{plain:<17}{yours:<16}")
+        print(f"{words:<43}{target:<16}{plain:<17}{yours:<16}")
 
 
 def gradient_timeline(fuse: Callable | None = None, model: nn.Module | None = None,
@@ -435,6 +476,18 @@ def fuse_sgd(model: nn.Module, lr: float) -> list:
 
     def step(p):
         with torch.no_grad():
+            p.add_(p.grad, alpha=-lr)  # in place: no gradient-sized temporary, as lr * p.grad would make
+        p.grad = None
+
+    return [p.register_post_accumulate_grad_hook(step) for p in model.parameters()]
+
+
+def fuse_sgd_with_temporary(model: nn.Module, lr: float) -> list:
+    """``fuse_sgd`` written ``p -= lr * p.grad``: ``lr * p.grad`` is a new gradient-sized tensor, alive
+    together with the gradient while the step runs."""
+
+    def step(p):
+        with torch.no_grad():
             p -= lr * p.grad
         p.grad = None
 
@@ -523,7 +576,9 @@ def _linear_saves() -> int:
                    ([8, 40], "that is the first gradient to arrive; fused, the peak is the largest one alone, "
                              "whenever it arrives"),
                    ([1, 73728], "plain SGD keeps every .grad until optimizer.step(): at its gradient peak all of "
-                                "them are alive")])
+                                "them are alive"),
+                   ([8, 2 * 73728], "the count is of gradient tensors only: a temporary the step makes (lr * p.grad) "
+                                    "is not one, and an in-place step (p.add_) makes none: the largest alone")])
 def _peaks() -> list:
     return [gradient_peak()[1], gradient_peak(fuse_sgd)[2]]
 
@@ -585,7 +640,7 @@ def _prune_one(answer, name: str, amount: float) -> Outcome:
                                   + ("largest |w|; prune the smallest" if kept_large else
                                      f"{int((mine == 0).sum())} entries, it zeroes {k} ({amount} × {n} = "
                                      f"{amount * n:.1f}, rounded to the nearest: round(), not int())"))
-        x = torch.randn(2, 3, 6, 6)
+        x, first_mask = torch.randn(2, 3, 6, 6), mine.clone()
         for module in (ours, theirs):
             opt = torch.optim.SGD(module.parameters(), lr=0.5)
             module(x).square().sum().backward()
@@ -594,7 +649,18 @@ def _prune_one(answer, name: str, amount: float) -> Outcome:
                                       "(.detach() or no_grad), so training never moves it; compute "
                                       f"{name}_orig * {name}_mask with autograd on")
             opt.step()
-        if not torch.allclose(ours(x), theirs(x), atol=1e-5):
+        out = ours(x)
+        orig = getattr(ours, name + "_orig").detach()
+        moved = torch.ones_like(orig)
+        moved.view(-1)[orig.abs().flatten().topk(int((first_mask == 0).sum()), largest=False).indices] = 0
+        stale = not torch.allclose(out, theirs(x), atol=1e-5)
+        if not torch.equal(getattr(ours, name + "_mask"), first_mask) or (
+                stale and not torch.equal(moved, first_mask) and torch.allclose(
+                    out, torch.func.functional_call(ours, {name: orig * moved}, (x,)), atol=1e-5)):
+            return Outcome(False, f"after an SGD step your pre-hook prunes other entries: it computes the mask again "
+                                  f"from the moved {name}_orig. The mask is computed once, at pruning time; the "
+                                  f"pre-hook only multiplies {name}_orig by it")
+        if stale:
             return Outcome(False, "after an SGD step, the forward pass used a stale weight (its output differs "
                                   f"from torch's): the optimizer moves {name}_orig, so recompute {name} from both in "
                                   "a forward pre-hook, which runs before forward; a forward hook runs after it")
@@ -724,6 +790,15 @@ def _check_conv_samples(answer) -> Outcome:
         if got.shape != want.shape:
             return Outcome(False, f"for a {where}: shape {tuple(got.shape)}, want {tuple(want.shape)} (N, out, in, kh, "
                                   "kw); unfold with the layer's kernel_size, padding, stride and dilation")
+        n_, o_ = len(a), layer.out_channels
+        if torch.allclose(got, want * n_, atol=1e-5, rtol=1e-4):
+            return Outcome(False, f"for a {where}: {n_} times too large. g is already each sample's own gradient: "
+                                  "do not multiply it by N here (07.2's hook does that, once)")
+        swapped = got.reshape(n_, -1, o_).transpose(1, 2).reshape(want.shape)
+        if not torch.allclose(got, want, atol=1e-5, rtol=1e-4) and torch.allclose(swapped, want, atol=1e-5, rtol=1e-4):
+            return Outcome(False, f"for a {where}: the right numbers in the wrong order. Your einsum gives "
+                                  "(N, in·kh·kw, out); the weight is (out, in·kh·kw): write the output as 'nok', "
+                                  "out first, then reshape")
         if not torch.allclose(got, want, atol=1e-5, rtol=1e-4):
             return Outcome(False, f"for a {where}: differs from torch.func's per-sample gradient by up to "
                                   f"{(got - want).abs().max().item():.1e}: unfold with the layer's dilation, padding "
@@ -793,7 +868,18 @@ def _check_private(answer) -> Outcome:
             return Outcome(False, f"the noise's std is {std:.3f}, want noise · clip / N = {right_std:.3f}: {slip}")
     if abs(std - right_std) > 0.05 * right_std:
         return Outcome(False, f"the noise's std is {std:.3f}, want noise · clip / N = {right_std:.3f}")
-    return Outcome(True, "the same factors and clipped mean as DP-SGD's, noise of std noise · clip / N")
+    twice = [zeros[0], torch.zeros(n, 4000)]  # two tensors, two calls: every draw must be new
+    first, second = mean_of(twice, torch.ones(n), clip, sigma), mean_of(twice, torch.ones(n), clip, sigma)
+    corr = lambda a, b: torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1].abs().item()  # noqa: E731
+    if torch.equal(first[0], second[0]) or corr(first[0], second[0]) > 0.1:
+        return Outcome(False, "noisy_mean adds the same noise at every call (do you seed a generator inside it?): "
+                              "an observer who sees two steps subtracts it; draw fresh noise each call")
+    weight, bias = first
+    if any(corr(bias, part) > 0.1 for part in (weight.flatten()[:4000], weight.flatten()[-4000:])):
+        return Outcome(False, "the bias's noise repeats part of the weight's noise: draw each tensor's noise on its "
+                              "own (torch.randn_like for each tensor), or the noise is not independent")
+    return Outcome(True, "the same factors and clipped mean as DP-SGD's, noise of std noise · clip / N, drawn afresh "
+                         "at each call and for each tensor")
 
 
 def _loss_with_temporaries(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -829,14 +915,16 @@ def _check_compress(answer) -> Outcome:
     if any(t.dtype == torch.float16 for t in kept):
         return Outcome(False, "pack keeps float16, which overflows above 65504 (guide G1, 'Saved tensors in 16 bits'): "
                               "store float tensors as bfloat16, which has float32's range")
-    probes = ((torch.randn(3, 4), "a float32 tensor"), (torch.tensor([[3, 70000]]), "max-pooling's int64 indices"))
+    probes = ((torch.randn(3, 4), "a float32 tensor"), (torch.tensor([[3, 70000]]), "max-pooling's int64 indices"),
+              (torch.randn(3, 4, dtype=torch.float64), "a float64 tensor"))
     for t, what in probes:
         back = unpack(pack(t))
         if not isinstance(back, torch.Tensor) or back.dtype != t.dtype:
             keep = " (keep tensors that are not floating point as they are)" if t.dtype == torch.int64 else ""
             got = back.dtype if isinstance(back, torch.Tensor) else kind_of(back)
             return Outcome(False, f"unpack(pack(t)) for {what} gives {got}, "
-                                  f"not {t.dtype}: unpack must give back the dtype that was packed{keep}")
+                                  f"not {t.dtype}: unpack must give back the dtype that was packed{keep}"
+                                  + (" (keep the dtype with the copy)" if t.dtype == torch.float64 else ""))
         if t.dtype == torch.int64 and not torch.equal(back, t):
             return Outcome(False, "max-pooling saves its indices as int64, and bfloat16 cannot hold 70000 exactly: "
                                   "keep tensors that are not floating point as they are")
@@ -954,7 +1042,14 @@ def _check_fuse(answer) -> Outcome:
         if not torch.allclose(a, b, atol=1e-6):
             return Outcome(False, f"after 3 steps {name} differs from torch.optim.SGD's by "
                                   f"{(a - b).abs().max().item():.1e}: the step is p -= lr * p.grad")
-    return Outcome(True, "the same weights as torch.optim.SGD after 3 steps, and no gradient left after backward")
+    mine, worked = allocator_peak(answer), allocator_peak(fuse_sgd)
+    if mine > worked + 2**20:  # a quarter of one 4 MB gradient of the wide layers
+        return Outcome(False, f"the right weights, but on three 1024-wide Linear layers your step peaks at "
+                              f"{mine / 1e6:.1f} MB against {worked / 1e6:.1f} MB: it makes a gradient-sized temporary "
+                              "(p -= lr * p.grad computes lr * p.grad first). Update in place: "
+                              "p.add_(p.grad, alpha=-lr)")
+    return Outcome(True, "the same weights as torch.optim.SGD after 3 steps, no gradient left after backward, and no "
+                         "gradient-sized temporary")
 
 
 def checkpoint_forward_runs(n: int = 256) -> dict[str, int]:
