@@ -494,6 +494,15 @@ def _swallows_the_error(call, model: nn.Module) -> str | None:
             "swallows the error; let it return None (no return statement), so the error reaches the caller")
 
 
+def _raising_outcome(call, model: nn.Module) -> Outcome | None:
+    """``call()``'s with block raises: the error must come out, and no hook may stay on ``model``."""
+    wrong = _swallows_the_error(call, model)
+    if not wrong and hooks_left_when_raising(call, model):
+        wrong = ("when the body of the with block raised, a hook stayed on the model: __exit__ runs then too, so "
+                 "remove the handles there")
+    return Outcome(False, wrong) if wrong else None
+
+
 @exercise("05.2", "a watch that counts dead channels at every step")
 def _dead_watch(watch_class) -> Outcome:
     """``DeadWatch(model, layers)`` is a context manager: inside ``with``, each forward pass appends to
@@ -525,13 +534,9 @@ def _dead_watch(watch_class) -> Outcome:
         with watch_class(model, layers):
             model(torch.zeros(1, 3, 8, 8))  # the model refuses three channels
 
-    swallowed = _swallows_the_error(raise_inside, model)
-    if swallowed:
-        return Outcome(False, swallowed)
-    wrong = hooks_left_when_raising(raise_inside, model)
+    wrong = _raising_outcome(raise_inside, model)
     if wrong:
-        return Outcome(False, "when the body of the with block raised, a hook stayed on the model: remove the "
-                              "handles in __exit__, which runs also on errors")
+        return wrong
     return Outcome(True, f"dead channels per pass: {expected}; hooks removed, also when the block raised")
 
 
@@ -1021,13 +1026,9 @@ def _redrawn(cls) -> Outcome:
         with cls(model, list(_REDRAWN)):
             raise RuntimeError("a pass that fails inside the block")
 
-    swallowed = _swallows_the_error(raising, model)
-    if swallowed:
-        return Outcome(False, swallowed)
-    left = hooks_left_when_raising(raising, model)
-    if left:
-        return Outcome(False, "when the body of the with block raised, a hook stayed on the model: __exit__ runs "
-                              "then too, so remove the handles there")
+    wrong = _raising_outcome(raising, model)
+    if wrong:
+        return wrong
     return Outcome(True, f"inside the block {', '.join(_REDRAWN)} compute with freshly drawn weights (drawn once), "
                          "the other layers as trained; the model's parameters untouched, no hook left, also when "
                          "the block raised")
