@@ -82,7 +82,8 @@ def guard_with(bad=lambda grad, limit: not grad.isfinite().all() or grad.norm() 
 def test_01_2_accepts_a_guard_that_raises_naming_the_step():
     for message in (lambda name: f"bad gradient at {name}", lambda name: f"{name}.grad is bad",
                     lambda name: f"bad d{name}", lambda name: f"'{name}': norm too large",
-                    lambda name: f"gradient at {name}: check rms", lambda name: f"gradient at {name} (after ms)"):
+                    lambda name: f"gradient at {name}: check rms", lambda name: f"gradient at {name} (after ms)",
+                    lambda name: f"a bad gradient arrived at {name}", lambda name: f"found a NaN or inf at {name}"):
         outcome = grade("01.3", guard_with(message=message))
         assert outcome.passed, outcome.detail
 
@@ -111,6 +112,8 @@ def test_01_2_rejects_wrong_answers():
         (lambda named, limit: guard_with()(named, limit)[:2], "the 5 handles"),
         (names_every_tensor, "does not say which"),
         (names_ms_first, "Name the tensor whose hook raised first"),
+        (guard_with(message=lambda name: "a bad gradient arrived at h"), ("it names 'h'", "whose hook raised")),
+        (guard_with(message=lambda name: f"after logits, a NaN or inf at {name}"), ("but the first bad",)),
         (guard_with(bad=lambda grad, limit: grad.isnan().any() or grad.norm() > limit),
          ("the inf is made there", "isfinite")),
         (guard_with(bad=lambda grad, limit: grad.isnan().any() or grad.sum().abs() > limit), "add up to 0"),

@@ -199,7 +199,7 @@ def _faint_row_term() -> float:
     why="the repair stops the NaN at ms, but in the padded row normed = h / (rms + 1e-6) still divides by "
         "1e-6: the gradient at h there is about a million times dnormed, far above 1e4, so the guard raises at h. "
         "It is harmless (the padded input row is 0, so nothing of it reaches a weight), but a norm limit on h "
-        "cannot tell: put it on the parameters.",
+        "cannot tell: a norm limit belongs on the parameters (guide §26).",
     wrong=[
         ("none", "the repair hook makes ms's gradient finite. What arrives at h in the padded row, through "
                  "h / (rms + 1e-6) with rms = 0 (your dh's term through normed, printed in §2), and how does its "
@@ -373,12 +373,16 @@ def _named_in(raised: BaseException, names: Iterable[str] = ("h", "ms", "rms", "
     return [name for name in names if re.search(rf"(?<![A-Za-z0-9_])d?{re.escape(name)}(?![A-Za-z0-9_])", str(raised))]
 
 
-def _first_named(raised: BaseException, names: Iterable[str] = ("h", "ms", "rms", "normed", "logits", "w", "r",
-                                                              "a", "x")) -> str | None:
-    """The tensor the message names first (``_named_in``'s rule), or None: a message may mention others after it."""
-    found = [(m.start(), name) for name in names
-             for m in [re.search(rf"(?<![A-Za-z0-9_])d?{re.escape(name)}(?![A-Za-z0-9_])", str(raised))] if m]
-    return min(found)[1] if found else None
+def _names_first(raised: BaseException, name: str, names: Iterable[str]) -> bool:
+    """Whether the message names ``name`` (``_named_in``'s rule: ``ms``, ``'ms'``, ``dms``, whole words only) and
+    no other tensor of ``names``, the tensors the check passed in that run, before it. English words that are
+    not among ``names`` do not count."""
+    def at(n: str) -> int | None:
+        m = re.search(rf"(?<![A-Za-z0-9_])d?{re.escape(n)}(?![A-Za-z0-9_])", str(raised))
+        return m.start() if m else None
+
+    where = at(name)
+    return where is not None and all((at(n) is None or at(n) > where) for n in names if n != name)
 
 
 def _inf_first_case(guard) -> Outcome | None:
@@ -387,20 +391,23 @@ def _inf_first_case(guard) -> Outcome | None:
     x = torch.tensor([4.0, 0.0], requires_grad=True)
     a = x.abs()
     r = a.sqrt()
+    reached = []  # hooks registered after the guard's: on a tensor, they run only if the guard's did not raise
     with Hooks() as hooks:
         for handle in guard({"r": r, "a": a, "x": x}, torch.inf):
             hooks.add(handle)
+        for name, t in {"r": r, "a": a, "x": x}.items():
+            hooks.add(t.register_hook(lambda grad, name=name: reached.append(name)))
         try:
             r.sum().backward()
             raised = None
         except Exception as e:  # any error the answer raises is the answer's
             raised = e
-    first = _first_named(raised) if raised is not None else None
-    if first != "a":
+    if raised is None or reached != ["r"]:
         where = "backward ran to the end" if raised is None else f"your hook raised {type(raised).__name__}: {raised}"
         return Outcome(False, f"on 01.c's r = x.abs().sqrt() at x = [4, 0], limit inf (NaN only, as §3 uses it), "
                               f"{where}. The gradient at a is [0.25, inf]: the inf is made there, the NaN only at x. "
-                              "Test not grad.isfinite().all(), False for NaN and ±inf, so the guard names a")
+                              "Test not grad.isfinite().all(), False for NaN and ±inf, so that the guard stops "
+                              "backward at a")
     return None
 
 
@@ -441,15 +448,16 @@ def _guard(guard) -> Outcome:
     if not isinstance(raised, FloatingPointError):
         return Outcome(False, f"your hook raised {type(raised).__name__}: raise FloatingPointError, Python's "
                               "error for a floating-point problem, so the caller can tell it from any other")
-    said, first = _named_in(raised), _first_named(raised)
-    if first != "ms":
-        late = first == names[-1]
+    said = _named_in(raised)
+    if not _names_first(raised, "ms", names):
+        late = _names_first(raised, names[-1], names)
         several = len(said) > 1
         return Outcome(False, f"the error says {str(raised)!r}, but the first bad gradient on the way back is at "
                               "'ms'" + (": every hook names the loop's last name? bind it with name=name" if late
                                         else f": it names {said}, so it does not say which tensor's gradient was "
                                              "bad. Name the tensor whose hook raised first in the message"
-                                        if several else ": put the tensor's name in the message"))
+                                        if several else f": it names {said[0]!r}, not the tensor whose hook raised"
+                                        if said else ": put the tensor's name in the message"))
     if embed.weight.grad is not None:
         return Outcome(False, "the error names ms, but only after backward had finished: raise inside the hook, "
                               "so that backward stops there")
@@ -461,7 +469,7 @@ def _guard(guard) -> Outcome:
     if raised is None:
         return Outcome(False, "with NaN at ms replaced by 0, the gradient at h has a norm of about 5e4, above the "
                               "limit 1e3, and backward ran to the end: raise also when grad.norm() > limit")
-    if not isinstance(raised, FloatingPointError) or _first_named(raised) != "h":
+    if not isinstance(raised, FloatingPointError) or not _names_first(raised, "h", names):
         return Outcome(False, f"with NaN at ms replaced by 0, the first bad gradient is at h (norm about 5e4, "
                               f"limit 1e3), but backward raised {type(raised).__name__}: {raised}. Name the tensor "
                               "whose hook raised first in the message")
