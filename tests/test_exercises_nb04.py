@@ -676,6 +676,7 @@ def test_04_9_passes_the_worked_answer_and_lists_and_modules_of_names():
     (disagreement(table=bp.BACKWARD), "formulas[type(layer)]"),
     (lambda model, x, y, formulas: "5", "return a set (or list) of layer names"),
     (lambda model, x, y, formulas: {"12"}, "not a child of the model"),
+    (lambda model, x, y, formulas: {"1", "5"}, "a fixed answer, not a comparison"),
 ])  # fmt: skip
 def test_04_9_names_the_slip(answer, words):
     outcome = grade("04.9", answer)
