@@ -78,7 +78,8 @@ def _logged_on_resnet18() -> int:
 @prediction("06.c", "the learning rate after loading an optimizer's checkpoint",
             why="load_state_dict loads the checkpoint's param_groups whole, hyperparameters included: the lr is "
                 "the old run's, 0.005, not the 0.001 the optimizer was built with",
-            wrong=[(0.001, "load_state_dict replaces the param_groups with the checkpoint's, lr included")])
+            wrong=[(0.001, "the red run steps as far as a fresh Adam's at 5e-3: load_state_dict replaces "
+                         "the param_groups with the checkpoint's, lr included")])
 def _loaded_lr() -> float:
     weight = nn.Parameter(torch.zeros(2))
     old = torch.optim.Adam([weight], lr=5e-3)
