@@ -324,29 +324,37 @@ def pair_metric(logits: torch.Tensor) -> float:
     return (logits[0, Q, A] - logits[0, Q, B] + logits[1, Q, 14] - logits[1, Q, B]).item()
 
 
-def key_3_attention(scale: float) -> float:
-    """Layer 1's largest attention from the query to key 3 in the corrupted run, the direction added at 3."""
+def random_direction(seed: int) -> torch.Tensor:
+    """A random direction as long as ``steering_direction``: ``torch.randn(64)`` from ``seed``, rescaled."""
+    direction = torch.randn(64, generator=torch.Generator().manual_seed(seed))
+    return direction / direction.norm() * steering_direction(_model()).norm()
+
+
+def key_3_attention(scale: float, direction: torch.Tensor | None = None) -> float:
+    """Layer 1's largest attention from the query to key 3 in the corrupted run, ``direction`` (by default the
+    steering direction) added at 3 at ``scale``."""
     from .. import record
 
     model = _model()
-    hook = steering_hook(steering_direction(model), CHANGED, scale)
+    direction = steering_direction(model) if direction is None else direction
+    hook = steering_hook(direction, CHANGED, scale)
     with (model.blocks[0].hook_resid_post.register_forward_hook(hook), torch.no_grad(),
           record(model, ["blocks.1.attn.hook_pattern"]) as rec):
         model(clean_and_corrupted()[1])
     return rec["blocks.1.attn.hook_pattern"].output[0, :, Q, CHANGED].max().item()
 
 
-@prediction("08.d", "whether layer 1's attention from the query to key 3 is higher or lower at scale 4 than at "
-                    "scale 1",
-            why="lower: the LayerNorm before layer 1 scales the residual at 3 to a fixed size, so at scale 4 it is "
-                "mostly the direction, and layer 0's note of the token before it (what the query matches) fades",
-            wrong=[("higher", "the LayerNorm before layer 1 scales the residual to a fixed size: the longer the "
-                              "added vector, the smaller the share of everything else at position 3, including "
-                              "layer 0's note of the token before it"),
-                   (True, 'pick one of "higher" or "lower" (a string)'),
-                   (_NoneOf("higher", "lower"), "pick one of \"higher\" or \"lower\" (a string)")])
+@prediction("08.d", "whether a random direction as long as ours, at scale 4, also lowers layer 1's attention from the "
+                    "query to key 3 below its value at scale 1 (three random directions)",
+            why="yes: for each of the three, the most any head attends from the query to key 3 is lower at scale 4 "
+                "than at scale 1, so part of the loss comes from the added vector's length, not its direction",
+            wrong=[("no", "for each of the three random directions, the most any head attends from the query to key "
+                          "3 is lower at scale 4 than at scale 1: length alone moves it (printed below)"),
+                   (True, 'pick one of "yes" or "no" (a string)'),
+                   (_NoneOf("yes", "no"), "pick one of \"yes\" or \"no\" (a string)")])
 def _far_steer() -> str:
-    return "lower" if key_3_attention(4.0) < key_3_attention(1.0) else "higher"
+    lower = [key_3_attention(4.0, random_direction(s)) < key_3_attention(1.0, random_direction(s)) for s in range(3)]
+    return "yes" if all(lower) else "no"
 
 
 # ----- exercises ----------------------------------------------------------------------------------------------
@@ -386,8 +394,8 @@ IN_PLACE = (" A note, not a slip: your hook changed `output` in place. That is s
             "the run holds that tensor (the clean values are copies from another run); where something does, such "
             "as autograd's saved tensors or a hook that kept it without copying, edit a copy "
             "(`output = output.clone()`) and return it.")
-STEER_IN_PLACE = (" A note, not a slip: your hook added to `output` in place before returning it. Nothing else in "
-                  "this run holds that tensor, so it works here; where something does (autograd's saved tensors, a "
+STEER_IN_PLACE = (" A note, not a slip: your hook added to `output` in place. Nothing else in this run holds "
+                  "that tensor, so it works here; where something does (autograd's saved tensors, a "
                   "hook that kept it without copying), it changes there too: add to a copy, `output.clone()`.")
 ROW_0 = "only the first sequence of the batch changed: edit `output[:, ...]`, every sequence, not `output[0, ...]`"
 
@@ -858,12 +866,6 @@ def _check_steering(answer) -> Outcome:
     corrupted = torch.cat([clean_and_corrupted()[1], second_corruption()])  # a batch of two sequences
     cases = [((direction, p, s), "blocks.0.hook_resid_post", corrupted, steering_hook(direction, p, s),
               f"scale {s} at position {p}") for p, s in [(CHANGED, 1.0), (CHANGED, 0.5), (CHANGED, 2.0), (Q, -1.0)]]
-    probe = torch.ones(1, 16, 64)
-    if callable(answer) and callable(hook := answer(torch.ones(64), 2, 1.0)) and hook(None, (), probe) is None \
-            and not (probe == 1).all():
-        return Outcome(False, "your hook added to `output` in place and returned None: return a copy, "
-                              "`output = output.clone()`, add to it, `return output`; an in-place edit also changes "
-                              "the tensor for anything else that holds it")
     edited: list[bool] = []
     if (failed := _compare_runs(answer, "steering_hook", cases, edited)) is not None:
         out = _probe(answer, (torch.ones(64), 2, 1.0), torch.ones(1, 16, 64))
@@ -904,6 +906,7 @@ __all__ = [
     "patched_diff",
     "patching_sweep",
     "problem",
+    "random_direction",
     "record_patterns",
     "run_hooked",
     "run_with_hooks",
