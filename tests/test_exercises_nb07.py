@@ -37,7 +37,7 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     ("07.c", 65536 + 2560, "only for the gradient of the input"), ("07.c", 2560, "like b in a * b"),
     ("07.d", [8, 95784], "every gradient at once"), ("07.d", [8, 64], "the last gradient"),
     ("07.d", [8, 40], "the first gradient"), ("07.d", [1, 73728], "until optimizer.step()"),
-    ("07.d", [8, 147456], "gradient tensors only"),
+    ("07.d", [8, 147456], "gradient tensors only"), ("07.d", [0, 73728], "the gradient peak"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
@@ -69,6 +69,8 @@ def test_the_allocator_peak_drops_only_with_an_in_place_fused_step():
     plain, temporary, fused = (nb07.allocator_peak(f) for f in (None, nb07.fuse_sgd_with_temporary, nb07.fuse_sgd))
     assert round(plain / 1e5) == 85 and round(temporary / 1e5) == 85 and round(fused / 1e5) == 44
     assert fused <= 0.6 * plain < temporary
+    five = [nb07.allocator_peak(f, *nb07.wide_linear(5)) for f in (None, nb07.fuse_sgd_with_temporary, nb07.fuse_sgd)]
+    assert [round(peak / 1e5) for peak in five] == [169, 87, 45]  # the temporary: one more gradient, not the saving
 
 
 def test_the_gradient_timeline_agrees_with_the_peak_spec_measures():

@@ -159,13 +159,14 @@ def gradient_peak(fuse: Callable | None = None, model: nn.Module | None = None, 
 _MEASURED: dict[str, object] = {}  # each row's last measurement of a tool, so that a row keeps its answer
 
 
-def wide_linear() -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
-    """The model of the fused-step target: three wide ``Linear`` layers (1024 wide), and a batch of 16 random
-    inputs and targets, the same at every call, where the gradients (4 MB a weight), not the saved tensors,
-    make the peak."""
+def wide_linear(layers: int = 3) -> tuple[nn.Module, tuple[torch.Tensor, torch.Tensor]]:
+    """The model of the fused-step target: ``layers`` wide ``Linear`` layers (1024 wide, the last one to 10
+    outputs; three by default), and a batch of 16 random inputs and targets, the same at every call, where the
+    gradients (4 MB a 1024 x 1024 weight), not the saved tensors, make the peak."""
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 10))
+        wide = [m for _ in range(layers - 1) for m in (nn.Linear(1024, 1024), nn.ReLU())]
+        model = nn.Sequential(*wide, nn.Linear(1024, 10))
         return model, (torch.randn(16, 1024), torch.randint(0, 10, (16,)))
 
 
@@ -577,6 +578,9 @@ def _linear_saves() -> int:
                              "whenever it arrives"),
                    ([1, 73728], "plain SGD keeps every .grad until optimizer.step(): at its gradient peak all of "
                                 "them are alive"),
+                   ([0, 73728], "0 gradients are alive before backward, where the CNN's memory (its saved "
+                                "tensors) peaks; the question asks for the gradient peak: the most gradients alive at "
+                                "once, every .grad kept until optimizer.step()"),
                    ([8, 2 * 73728], "the count is of gradient tensors only: a temporary the step makes (lr * p.grad) "
                                     "is not one, and an in-place step (p.add_) makes none: the largest alone")])
 def _peaks() -> list:
