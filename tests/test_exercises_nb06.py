@@ -194,6 +194,16 @@ def test_06_4_wrong_answers_are_explained(options, expected):
     failed("06.4", lambda names, logged: grad_logger(names, logged, **options), expected)
 
 
+def test_06_4_a_hook_that_logs_another_models_module_is_named():
+    def no_names_test(names, logged):  # names.get(module): no KeyError, but it logs what is not in names
+        def hook(module, args, output):
+            if output.requires_grad:
+                output.register_hook(lambda grad, module=module: logged.append((names.get(module), grad.norm().item())))
+        return hook
+
+    failed("06.4", no_names_test, "you logged None for a module that is not in names")
+
+
 def test_06_4_a_hook_that_changes_the_gradient_is_named():
     def doubling(names, logged):
         def hook(module, args, output):

@@ -311,7 +311,7 @@ def _run_logged(make_hook, seed: int = 0):
         returned.append(hook(module, args, output))
 
     with module_hooks.register_module_forward_hook(hook_and_note):
-        outside(torch.zeros(2, 4, requires_grad=True))  # another model's module: the global hook sees it too
+        outside(torch.zeros(2, 4, requires_grad=True)).sum().backward()  # another model's: the hook sees it too
         model(x).sum().backward()
     return logged, [p.grad for p in model.parameters() if p.requires_grad], returned
 
@@ -339,6 +339,11 @@ def _grad_logger(grad_logger) -> Outcome:
     if not all(torch.equal(a, b) for a, b in zip(grads, want_grads, strict=True)):
         return Outcome(False, "the parameters' gradients changed under your hook: the tensor hook must return "
                               "None (only read grad)")
+    stranger = next((e for e in got if isinstance(e, tuple) and e and e[0] not in {n for n, _ in want}), None) \
+        if isinstance(got, list) else None
+    if stranger is not None:
+        return Outcome(False, f"you logged {stranger[0]!r} for a module that is not in names (another model's): a "
+                              "global hook sees every module in the process; skip one that is not in names")
     if not isinstance(got, list) or len(got) != len(want):
         return Outcome(False, f"logged {len(got) if isinstance(got, list) else got!r} entries, expected {len(want)}: "
                               f"one per call of a module in names whose output requires grad, {[n for n, _ in want]}")
