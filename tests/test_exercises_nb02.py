@@ -26,7 +26,7 @@ def test_the_worked_answers_the_lesson_falls_back_on_pass(id, answer):
 
 
 # ----- predictions ---------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("02.a", 7.3), ("02.b", 14.0), ("02.c", 64),
+@pytest.mark.parametrize(("id", "truth"), [("02.a", 7.3), ("02.b", 14.0), ("02.c", False),
                                            ("02.d", [True, False, True, False]), ("02.e", 75)])  # fmt: skip
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
@@ -46,7 +46,7 @@ def test_02a_accepts_the_rule():
 @pytest.mark.parametrize(("id", "guess", "words"), [
     ("02.a", 0.12, "multiplies"), ("02.a", 25, "16 channels × 3×3"),
     ("02.a", 5.9, "32 × 3×3 = 288"), ("02.b", 8.0, "pre-hook ran too"),
-    ("02.b", 7.0, "replaces the output"), ("02.c", 32, "no gradient"), ("02.c", 0, "do not come back"),
+    ("02.b", 7.0, "replaces the output"), ("02.c", True, "keeps every channel alive"),
     ("02.e", 67, "twice"), ("02.d", [True, True, True, True], "shares memory"),
     ("02.d", [True, False, True, True], "forward hook runs after"),
 ])  # fmt: skip
@@ -186,6 +186,30 @@ def test_02_2_names_the_slip():
     failed("02.2", rescaling(how="population"), "population std", "unbiased=False")
 
 
+def test_02_2_names_the_nested_layers_a_loop_over_children_missed():
+    def top_level_only(model, x):
+        for layer in [m for m in model.children() if isinstance(m, nn.Conv2d | nn.Linear)]:
+            def hook(m, a, out):
+                m.weight.div_(out.std())
+
+            with torch.no_grad():
+                run_then_remove(lambda: model(x), [layer.register_forward_hook(hook)])
+
+    failed("02.2", top_level_only, "['0.0', '1.0'] did not change", "model.modules()")
+
+
+def test_02_2_accepts_weight_data_assigned_without_no_grad_with_an_exact_message():
+    def via_data(model, x):
+        for layer in [m for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear)]:
+            def hook(m, a, out):
+                m.weight.data = m.weight.data / out.std().item()
+
+            run_then_remove(lambda: model(x), [layer.register_forward_hook(hook)])
+
+    result = grade("02.2", via_data)
+    assert result.passed and "in place" not in result.detail and "the same Parameter" in result.detail
+
+
 def test_02_2_names_a_lambda_that_returns_the_weight_it_divided():
     def lambda_rescale(model, x, one_pass=False):
         layers = [m for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear)]
@@ -204,7 +228,8 @@ def test_02_2_names_a_lambda_that_returns_the_weight_it_divided():
 
 
 # ----- 02.3 -------------------------------------------------------------------------------------------
-def step_stats(late=False, as_tensor=False, of="output", population=False, returns=False, near_zero=False):
+def step_stats(late=False, as_tensor=False, of="output", population=False, returns=False, near_zero=False,
+               zeros="share"):
     """An answer to 02.3: one forward hook per named layer appends three numbers (variations: wrong).
     ``returns``: a lambda hook returning the tuple of its three appends, which replaces the output."""
     class StepStats:
@@ -222,8 +247,8 @@ def step_stats(late=False, as_tensor=False, of="output", population=False, retur
                     value = (lambda t: t) if as_tensor else (lambda t: t.item())
                     self.means[key].append(value(out.mean()))
                     self.stds[key].append(value(out.std(unbiased=not population)))
-                    zero = out.abs() <= 1e-4 if near_zero else out == 0  # near_zero: a tolerance, not exact zeros
-                    self.zeros[key].append(value(zero.float().mean()))
+                    zero = out.abs() <= 1e-4 if near_zero else out <= 0 if zeros == "nonpositive" else out == 0
+                    self.zeros[key].append(value(zero.sum().float() if zeros == "count" else zero.float().mean()))
 
                 hook = keep
                 if returns:
@@ -251,6 +276,8 @@ def test_02_3_names_the_slip():
     failed("02.3", step_stats(of="input"), "expected")
     failed("02.3", step_stats(population=True), "population std", "unbiased=False", "use .std()")
     failed("02.3", step_stats(near_zero=True), "self.zeros['2.1']", "not zeros", "(output == 0)")
+    failed("02.3", step_stats(zeros="count"), "a count, not a share")
+    failed("02.3", step_stats(zeros="nonpositive"), "≤ 0 counts negatives")
 
 
 def test_02_3_says_when_a_hook_returned_a_value_that_replaced_the_output():
@@ -274,12 +301,12 @@ def recorder(per_call=True, where="pre", copy=lambda t: t.detach().clone(), copy
     class Recorder:
         def __init__(self, model):
             self.model, self.handles, self.records = model, [], {} if records_as == "dict" else []
-            self.waiting = [] if waiting in ("stack", "queue") else {}
+            self.waiting = [] if waiting in ("stack", "queue", "peek") else {}
             self.inputs, self.outputs = {}, {}
 
         def put_aside(self, name, args):
             copies = tuple(copy(a) for a in args)
-            if waiting in ("stack", "queue"):
+            if waiting in ("stack", "queue", "peek"):
                 self.waiting.append(copies)
             elif waiting == "name stack":
                 self.waiting.setdefault(name, []).append(copies)
@@ -292,6 +319,8 @@ def recorder(per_call=True, where="pre", copy=lambda t: t.detach().clone(), copy
                 return self.waiting.pop()
             if waiting == "queue":
                 return self.waiting.pop(0)
+            if waiting == "peek":  # the last put aside, never taken off the stack
+                return self.waiting[-1]
             if waiting == "name stack":
                 return self.waiting[name].pop()
             return self.waiting.pop(name) if waiting == "slot pop" else self.waiting[name]
@@ -371,6 +400,10 @@ def test_02_5_fails_a_slot_per_name_because_a_module_runs_inside_its_own_call():
 def test_02_5_reports_the_first_record_a_queue_gets_wrong_and_shows_the_model():
     failed("02.5", recorder(waiting="queue"), "record 4 ('2.relu')", "another call", "put aside last",
            "the check's model")
+
+
+def test_02_5_names_a_stack_read_but_never_popped():
+    failed("02.5", recorder(waiting="peek"), "already ended", "take them off the stack (pop)")
 
 
 def test_02_5_names_the_slip():

@@ -232,18 +232,19 @@ def _doubled() -> float:
             post.remove()
 
 
-@prediction("02.c", "how many of features.5's 64 biases are negative after 100 steps of the std-0.01 network",
-            why="all 64: a bias's gradient has no input factor, so biases move while the weights barely do; a "
-                "channel whose bias sinks below everything its weights produce is 0 after the ReLU for the whole "
-                "batch and gets no gradient, while momentum carries its bias further down",
-            wrong=[(32, "half is where a random start would leave them; but a channel that is 0 after the ReLU for "
-                        "a whole batch gets no gradient, so nothing pulls a sunken bias back up"),
-                   (0, "the biases start at 0 and move far more than the weights (their gradient has no input "
-                       "factor): the ones that sink do not come back")])
-def _negative_biases() -> int:
+@prediction("02.c", "whether the std-0.01 network learns once no channel of its features can die",
+            why="no: with the features' biases frozen at 0 no channel dies, and the loss stays at 2.30 all the "
+                "same; the dying channels are a symptom, the cause is the spread that each layer divides by 5 to 30, "
+                "so the logits hardly differ",
+            wrong=[(True, "the channels die only after the loss is already stuck (88 % live at step 5); freezing "
+                          "the biases keeps every channel alive, but the spread still shrinks at every layer")])
+def _learns_with_frozen_biases() -> bool:
     model = _fresh(0.01)
-    _train(model)
-    return int((model.features[5].bias < 0).sum())
+    for m in model.features:
+        if isinstance(m, nn.Conv2d):
+            m.bias.requires_grad_(False)
+    losses = _train(model)
+    return sum(losses[-10:]) / 10 < 2.0
 
 
 def _resnet18():
@@ -252,29 +253,32 @@ def _resnet18():
     return torchvision.models.resnet18(weights=None).eval()
 
 
-def _four_copies(image: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The lesson's four copies around resnet18's stem: bn1's output in its forward hook, and the ReLU's
-    input in its pre-hook (twice) and in its forward hook."""
-    resnet, kept = _resnet18(), {}
+def _four_copies(images: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The lesson's four copies in the He-initialised digits CNN with in-place ReLUs: features.0's output
+    in its forward hook, and the ReLU features.1's input in its pre-hook (twice) and in its forward hook."""
+    model, kept = _fresh(None), {}
+    for layer in model.features:
+        if isinstance(layer, nn.ReLU):
+            layer.inplace = True
 
     def before(module, args):
         kept["pre-hook, .detach()"] = args[0].detach()
         kept["pre-hook, .detach().clone()"] = args[0].detach().clone()
 
-    handles = [resnet.bn1.register_forward_hook(
-                   lambda module, args, output: kept.__setitem__("bn1's hook, .detach().clone()",
+    handles = [model.features[0].register_forward_hook(
+                   lambda module, args, output: kept.__setitem__("features.0's hook, .detach().clone()",
                                                                  output.detach().clone())),
-               resnet.relu.register_forward_pre_hook(before),
-               resnet.relu.register_forward_hook(
+               model.features[1].register_forward_pre_hook(before),
+               model.features[1].register_forward_hook(
                    lambda module, args, output: kept.__setitem__("forward hook, .detach().clone()",
                                                                  args[0].detach().clone()))]
     try:
         with torch.no_grad():
-            resnet(image)
+            model(images)
     finally:
         for handle in handles:
             handle.remove()
-    order = ["bn1's hook, .detach().clone()", "pre-hook, .detach()", "pre-hook, .detach().clone()",
+    order = ["features.0's hook, .detach().clone()", "pre-hook, .detach()", "pre-hook, .detach().clone()",
              "forward hook, .detach().clone()"]
     return {label: kept[label] for label in order}
 
@@ -290,7 +294,7 @@ def _four_copies(image: torch.Tensor) -> dict[str, torch.Tensor]:
                    ([True, False, True, True], "the ReLU's forward hook runs after the ReLU has written its result "
                                                "into args[0]: a clone made then copies that result")])
 def _which_keep_negatives() -> list[bool]:
-    return [bool((kept < 0).any()) for kept in _four_copies(torch.randn(1, 3, 64, 64)).values()]
+    return [bool((kept < 0).any()) for kept in _four_copies(_digits().x_train[:64]).values()]
 
 
 @prediction("02.e", "how many names a forward hook on every submodule of resnet18 appends",
@@ -474,6 +478,10 @@ def _rescaled_outcome(model: nn.Module, before: dict, x: torch.Tensor) -> Outcom
                                   "the whole weight by the output's std")
         if not torch.equal(m.bias, before[name][2]):
             return Outcome(False, f"layer {name!r}: its bias changed; rescale the weight only")
+    untouched = [name for name, m in layers.items() if torch.equal(m.weight, before[name][1])]
+    if untouched and all("." in name for name in untouched):
+        return Outcome(False, f"the weights of {untouched} did not change: those layers sit inside containers, "
+                              "which model.children() does not open; walk model.modules() to reach nested layers")
     got, sizes = _stds_of(model, x), _output_sizes(model, x)
     far = next((name for name, std in got.items() if abs(std - 1) > 1e-3), None)
     if far is not None and math.isclose(got[far], (sizes[far] / (sizes[far] - 1)) ** 0.5, rel_tol=1e-4):
@@ -583,8 +591,8 @@ def _rescale(rescale_to_unit_std) -> Outcome:
     failed = left_when_raising(lambda: rescale_to_unit_std(broken, torch.randn(2, 3, 6, 6)), broken)
     if failed:
         return failed
-    return Outcome(True, f"all {len(before)} layers give std 1 on x, each weight divided in place (the optimizer "
-                         "keeps the same Parameters), no hook left behind")
+    return Outcome(True, f"all {len(before)} layers give std 1 on x, each weight divided by one number and still "
+                         "the same Parameter (an optimizer made before keeps it), no hook left behind")
 
 
 # ----- running an answer's recorder ---------------------------------------------------------------------
@@ -691,7 +699,7 @@ STATS_NAMES = ["1", "2.1", "3"]
 
 def _stats_expected(model: nn.Module, batches: list[torch.Tensor]) -> dict[str, dict[str, list[float]]]:
     """The three numbers of each named layer at each call, and the population std (a common slip)."""
-    rows = {field: {n: [] for n in STATS_NAMES} for field in ("means", "stds", "zeros", "population")}
+    rows = {field: {n: [] for n in STATS_NAMES} for field in ("means", "stds", "zeros", "population", "nonpositive")}
     handles = []
     for name in STATS_NAMES:
         def hook(m, args, out, name=name):
@@ -699,6 +707,7 @@ def _stats_expected(model: nn.Module, batches: list[torch.Tensor]) -> dict[str, 
             rows["stds"][name].append(out.std().item())
             rows["zeros"][name].append((out == 0).float().mean().item())
             rows["population"][name].append(out.std(unbiased=False).item())
+            rows["nonpositive"][name].append((out <= 0).float().mean().item())
 
         handles.append(model.get_submodule(name).register_forward_hook(hook))
     try:
@@ -739,6 +748,13 @@ def _stats_outcome(stats, expected: dict) -> Outcome | None:
                 if _close(value, right):
                     continue
                 shown = f"{value:.4g}" if isinstance(value, int | float) else kind_of(value)
+                if field == "zeros" and isinstance(value, int | float) and value > 1:
+                    return Outcome(False, f"self.zeros[{name!r}] at call {step}: {shown}, a count, not a share: "
+                                          f"expected {right:.4g}, the zeros divided by the number of values "
+                                          "(.float().mean())")
+                if field == "zeros" and _close(value, expected["nonpositive"][name][step - 1]):
+                    return Outcome(False, f"self.zeros[{name!r}] at call {step}: {shown}, expected {right:.4g}: "
+                                          "≤ 0 counts negatives too; count only the exact zeros (output == 0)")
                 if field == "zeros" and isinstance(value, int | float) and value > right:
                     return Outcome(False, f"self.zeros[{name!r}] at call {step}: {shown}, but only {right:.4g} of "
                                           "the output is exactly 0: values near 0, such as 1e-5, are not zeros; "
@@ -953,7 +969,15 @@ def _nested_outcome(records: list, expected: list, i: int) -> Outcome | None:
     return None
 
 
-def _paired_outcome(where: str, inputs, expected: list, i: int) -> Outcome | None:
+def _left_on_a_stack(recorder) -> bool:
+    """Whether the recorder still holds inputs put aside (a list of tuples other than its records) after the
+    forward pass: its forward hooks read them and never took them off."""
+    return any(isinstance(v, list) and v and v is not getattr(recorder, "records", None)
+               and all(isinstance(e, tuple) and all(isinstance(t, torch.Tensor) for t in e) for e in v)
+               for v in vars(recorder).values())
+
+
+def _paired_outcome(where: str, inputs, expected: list, i: int, left: bool = False) -> Outcome | None:
     """Whether the inputs kept for record ``i`` are those of another call: the hooks were paired wrongly."""
     if not (isinstance(inputs, tuple | list) and len(inputs) == 1 and isinstance(inputs[0], torch.Tensor)):
         return None
@@ -966,6 +990,10 @@ def _paired_outcome(where: str, inputs, expected: list, i: int) -> Outcome | Non
     other = next((j for j, (_, want, _) in enumerate(expected, start=1) if same(want)), None)
     if other is None:
         return None
+    if left and other < i:  # the inputs of a call that had already ended: read, never taken off
+        return Outcome(False, f"{where} holds the inputs of record {other} ({expected[other - 1][0]!r}), a call "
+                              "that had already ended: take them off the stack (pop) in the forward hook, so "
+                              "that an ended call's inputs leave it")
     return Outcome(False, f"{where} holds the inputs of another call (those of record {other}, "
                           f"{expected[other - 1][0]!r}): a forward hook must take the inputs its own call's pre-hook "
                           "copied; calls nest, so the call that ends is the one started last among those still "
@@ -1003,7 +1031,8 @@ def _call_recorder(CallRecorder) -> Outcome:
         where = f"record {i} ({name!r})"  # the first wrong record is the one reported
         wrong = _inputs_outcome(where, inputs, want_in, pre_hooked[0])
         if wrong and "no negative values" not in wrong.detail:  # the in-place slip is named first
-            wrong = _nested_outcome(records, expected, i - 1) or _paired_outcome(where, inputs, expected, i) or wrong
+            wrong = _nested_outcome(records, expected, i - 1) or _paired_outcome(where, inputs, expected, i,
+                                                                                  _left_on_a_stack(recorder)) or wrong
         if wrong:
             return wrong
         wrong = _output_outcome(where, out, want_out)
