@@ -383,3 +383,15 @@ def test_a_set_of_names_matches_in_any_order_and_container_and_a_single_name_bar
     assert same("dbeta", frozenset({"dbeta"})) and same([" 'DBeta' "], frozenset({"dbeta"}))
     assert not same(["1"], {"1", "5"}) and not same(["1", "5", "9"], {"1", "5"}) and not same([1, 5], {"1", "5"})
     assert same([1, 5], {5, 1}) and not same([[1], [5]], {1, 5}) and not same(["1", "1"], {1})
+
+
+def test_a_bool_truth_answered_with_anything_else_is_asked_for_a_bool_without_the_answer(monkeypatch):
+    import hooklab.exercises as registry
+    from hooklab.exercises import grade, prediction
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    prediction("99.z", "a question answered by a bool", why="because the rule says so")(lambda: False)
+    for guess in (0, "no", [False]):
+        detail = grade("99.z", guess).detail
+        assert "write True or False" in detail and "because" not in detail
+    assert grade("99.z", False).passed and not grade("99.z", True).passed

@@ -92,7 +92,8 @@ def prediction(id: str, title: str, why: str, wrong: Iterable[tuple[object, str]
     of names matches those names in any order and container (one name may be a bare string); numbers within
     ``rel`` (1 %) of their size; lists and tuples (and tensors, ``torch.Size``) item by item. Only
     ``...`` (the lesson's stub) is "no guess yet": ``None`` is a guess like any other. A number
-    written as a string (``"0.25"``) where the truth is a number is told to drop the quotes.
+    written as a string (``"0.25"``) where the truth is a number is told to drop the quotes; anything but
+    a bool where the truth is a bool (``0``, ``"no"``) is asked for True or False, without the answer.
     """
 
     def register(truth: Callable[[], object]) -> Callable[[], object]:
@@ -106,6 +107,8 @@ def prediction(id: str, title: str, why: str, wrong: Iterable[tuple[object, str]
             hint = next((text for value, text in wrong if same(guess, value, rel)), None)
             if hint is None and _is_number(expected) and isinstance(guess, str) and _as_number(guess) is not None:
                 hint = f"write a number, not a string: {_unquoted(guess)}, without quotes"
+            if hint is None and isinstance(expected, bool) and not isinstance(guess, bool):
+                hint = f"write True or False, without quotes: the question wants a bool, not {kind_of(guess)}"
             return Outcome(False, hint or why)
 
         checker.truth = truth  # for the tests: the value a right guess must match
