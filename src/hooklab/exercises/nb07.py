@@ -719,9 +719,10 @@ def _compare_samples(model: nn.Module, names: list[str], truth: dict, reduction:
     for name, p in model.named_parameters():
         plain = truth[name].mean(0) if reduction == "mean" else truth[name].sum(0)
         if p.grad is not None and not torch.allclose(p.grad, plain, atol=1e-5, rtol=1e-4):
-            return Outcome(False, f"with loss_reduction='{reduction}', {name}.grad is not the plain gradient: you "
-                                  "changed the gradient in place (g *= ...); it flows on to the layer below and into "
-                                  ".grad. Make a new tensor: g = g * N")
+            return Outcome(False, f"with loss_reduction='{reduction}', {name}.grad is not the plain gradient: your "
+                                  "tensor hook changed the gradient backward goes on with, in place (g *= ...) or by "
+                                  "returning a tensor, which replaces it (lesson 01); it flows on to the layer below "
+                                  "and into .grad. Read it only: make a new tensor (g = g * N) and return None")
     for name in names:
         p = model.get_parameter(name)
         got = getattr(p, "grad_sample", None)
