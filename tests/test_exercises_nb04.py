@@ -94,6 +94,8 @@ def test_the_predictions_truths():
 @pytest.mark.parametrize(("id", "guess", "words"), [
     ("04.a", [1.0, 1.0], "multiplies it by the sigmoid's slope"),
     ("04.a", [0.7514, 0.7729], "that is s2's output"),
+    ("04.a", [0.1755, 0.1868], "the right two values, swapped"),
+    ("04.a", [[0.176, 0.187]], "the right two values, swapped"),
     ("04.b", 1, "does any probability change"),
     ("04.c", ["dx", "dbeta"], "Σ y = γ·Σ x̂ + N·β = N·β does not depend on x"),
     ("04.c", ["dx", "dgamma", "dbeta"], "x̂ has mean 0"),
@@ -187,9 +189,25 @@ def test_04_2_names_the_first_wrong_step(slip, words):
     failed("04.2", ce_chain(slip), *words)
 
 
+def test_04_2_names_dcounts_sum_computed_from_counts():
+    def from_counts(t, target):
+        d = ANSWERS["04.2"](t, target)
+        d["counts_sum"] = -(t["counts"].sum(1, keepdim=True)) ** -2 * d["counts_sum_inv"]
+        d["counts"] = t["counts_sum_inv"] * d["probs"] + d["counts_sum"]
+        return d
+
+    failed("04.2", from_counts, "where counts_sum = counts.sum(1) + 1", "first wrong: dcounts_sum",
+           "computed from t['counts'] rather than t['counts_sum']", "read every value from t")
+
+
+def test_04_2_pass_message_says_what_the_third_case_is():
+    assert "counts_sum = counts.sum(1) + 1 (a softmax with one more class" in grade("04.2", ANSWERS["04.2"]).detail
+
+
 def test_04_2_accepts_d_prefixed_keys_but_not_a_missing_max_path():
     assert grade("04.2", ce_chain(keys=lambda k: f"d{k}")).passed
-    failed("04.2", ce_chain("no max path"), "with 6 rows of 5 classes and counts_sum + 1", "logit_maxes")
+    failed("04.2", ce_chain("no max path"), "with 6 rows of 5 classes, where counts_sum = counts.sum(1) + 1",
+           "logit_maxes")
 
 
 def bn_chain(slip):
@@ -253,7 +271,7 @@ def test_04_2_needs_dlogit_maxes_routed_to_the_maximum(how, words):
             d["logits"] = d["norm_logits"] + d["logit_maxes"] / t["logits"].shape[1]
         return d
 
-    failed("04.2", answer, "counts_sum + 1", words)
+    failed("04.2", answer, "counts_sum = counts.sum(1) + 1", words)
 
 
 # ----- 04.3 and 04.5: the fused forms ----------------------------------------------------------------------
@@ -747,7 +765,7 @@ def test_04_2_names_a_forward_recomputed_from_the_logits():
     def recomputed(t, target):
         return ANSWERS["04.2"](nb04.ce_steps(t["logits"], target), target)
 
-    failed("04.2", recomputed, "counts_sum + 1", "Use the values in t, not a recomputed forward",
+    failed("04.2", recomputed, "counts_sum = counts.sum(1) + 1", "Use the values in t, not a recomputed forward",
            "the check feeds in a changed forward")
 
 

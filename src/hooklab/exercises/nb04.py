@@ -81,6 +81,8 @@ class OneRow:
         ([1.0, 1.0], "the sigmoid does not pass [[1, 1]] on unchanged: the chain rule multiplies it by the "
                      "sigmoid's slope s·(1 − s) at s2's output"),
         ([0.7514, 0.7729], "that is s2's output; what it passes back is [[1, 1]] times its slope s·(1 − s)"),
+        (OneRow([0.1755, 0.1868]), "the right two values, swapped: entry j is s2's output j times (1 − it), "
+                                   "and s2's first output, 0.7514, is the smaller, so its slope is the larger"),
         ([0.25, 0.25], "0.25 is the sigmoid's largest slope, at z = 0; at s2's outputs the slope s·(1 − s) is "
                        "smaller"),
     ],
@@ -218,6 +220,7 @@ def _ce_traps(t, target, grads) -> dict[str, list[Trap]]:
         "counts_sum_inv": [((t["counts"] * grads["probs"],), "counts_sum_inv has shape (N, 1) and is broadcast "
                                                              "across each row: its gradient sums over the row "
                                                              "(keepdim=True)")],
+        "counts_sum": [((-t["counts"].sum(1, keepdim=True) ** -2 * grads["counts_sum_inv"],), COUNTS_NOT_SUM)],
         "counts": [((t["counts_sum_inv"] * grads["probs"],), "counts is used twice, in probs and in counts_sum: "
                                                              "add the gradient that comes back through counts_sum"),
                    ((grads["counts_sum"].expand_as(t["counts"]),), "counts is used twice, in probs and in "
@@ -234,6 +237,8 @@ def _ce_traps(t, target, grads) -> dict[str, list[Trap]]:
 ROUTE = ("in the exact cross-entropy dlogit_maxes is 0 up to rounding, so the check also runs your steps with "
          "counts_sum = counts.sum(1, keepdim=True) + 1 (one more class, pinned at each row's maximum), where the "
          "loss does depend on logit_maxes")
+COUNTS_NOT_SUM = ("computed from t['counts'] rather than t['counts_sum']: the check also runs a case where "
+                  "counts_sum is not counts.sum(1) (it is counts.sum(1) + 1) — read every value from t")
 MAXES_ZEROED = f"dlogit_maxes is −Σ dnorm_logits over the row, not zeros: {ROUTE}"
 MAXES_DROPPED = (f"dlogits lacks the path through logit_maxes = logits.max(1): route dlogit_maxes to each row's "
                  f"maximum (one_hot of argmax) and add it; {ROUTE}")
@@ -307,7 +312,7 @@ def _ce_chain(ce_backward_steps) -> Outcome:
     worst, worst_name = 0.0, ""
     for n, classes, seed, extra in ((8, 10, 61, 0.0), (5, 4, 63, 0.0), (6, 5, 67, 1.0)):
         t, target, grads = _ce_case(n, classes, seed, extra=extra)
-        label = f"{n} rows of {classes} classes" + (" and counts_sum + 1" if extra else "")
+        label = f"{n} rows of {classes} classes" + (", where counts_sum = counts.sum(1) + 1" if extra else "")
         try:
             got, failed = by_hand(ce_backward_steps, ["t", "target"], t, target)
         except RuntimeError as error:  # name the input it raised on; a size mismatch: often 10 classes written in
@@ -319,14 +324,15 @@ def _ce_chain(ce_backward_steps) -> Outcome:
         result = failed or compare_chain(got, grads, CE_LINES, _ce_traps(t, target, grads))
         if isinstance(result, Outcome) and extra and not failed and _recomputes(got, t, target):
             result = Outcome(False, f"{result.detail}. Use the values in t, not a recomputed forward: the check feeds "
-                                    "in a changed forward (counts_sum + 1)")
+                                    "in a changed forward (counts_sum = counts.sum(1) + 1)")
         if isinstance(result, Outcome):
             return Outcome(False, f"with {label}: {result.detail}")
         if result[0] >= worst:
             worst, worst_name = result
     return verdict(["every step"], worst, worst_name, verb="matches",
                    prefix="dlogprobs … dlogits, in chain order, with 8 rows of 10 classes, 5 of 4, and 6 of 5 with "
-                          "counts_sum + 1 (where dlogit_maxes is not 0): ")
+                          "counts_sum = counts.sum(1) + 1 (a softmax with one more class, pinned at each row's "
+                          "maximum, so that dlogit_maxes is not 0): ")
 
 
 @exercise("04.3", "cross-entropy fused: dlogits in one expression")
