@@ -113,7 +113,11 @@ def test_01_2_rejects_wrong_answers():
         (names_every_tensor, "does not say which"),
         (names_ms_first, "Name the tensor whose hook raised first"),
         (guard_with(message=lambda name: "a bad gradient arrived at h"), ("it names 'h'", "whose hook raised")),
-        (guard_with(message=lambda name: f"after logits, a NaN or inf at {name}"), ("but the first bad",)),
+        (guard_with(message=lambda name: f"after logits, a NaN or inf at {name}"), ("before 'ms'",)),
+        (guard_with(message=lambda name: f"on the way back from logits, the gradient at {name} is bad"),
+         ("it names 'logits' before 'ms'", "Name that tensor first")),
+        (guard_with(bad=lambda grad, limit: not grad.isfinite().all() or grad.norm() > 1e3),
+         ("limit=1e6", "the limit passed in")),
         (guard_with(bad=lambda grad, limit: grad.isnan().any() or grad.norm() > limit),
          ("the inf is made there", "isfinite")),
         (guard_with(bad=lambda grad, limit: grad.isnan().any() or grad.sum().abs() > limit), "add up to 0"),
@@ -327,3 +331,22 @@ def test_yours_or_worked_gives_the_worked_answer_until_yours_passes():
     check("01.3", right)
     assert yours_or_worked({"guard": right}, "guard") is right
     assert yours_or_worked({}, "guard", "repair")[0] is worked  # a section run on its own: no name of yours
+
+
+def test_01_3_gives_the_late_binding_hint_only_when_ms_is_not_named():
+    message = lambda name: f"on the way back from logits, the gradient at {name} is bad"  # noqa: E731
+    outcome = failed("01.3", guard_with(message=message), "before 'ms'")
+    assert "name=name" not in outcome.detail, outcome.detail
+    failed("01.3", guard_with(bind=False), "name=name")
+
+
+def test_01_2_does_not_give_away_the_nan_at_ms():
+    outcome = failed("01.2", slip(dms=lambda d, rms: torch.nan_to_num(d / (2 * rms))), "do not repair it")
+    assert "NaN" not in outcome.detail, outcome.detail
+
+
+def test_01_e_accepts_about_1_on_both_sides():
+    for guess in (0.9, 0.97, 1.0, 1.02, 1.1):
+        assert grade("01.e", guess).passed, guess
+    for guess in (0.8, 1.2):
+        assert not grade("01.e", guess).passed, guess
