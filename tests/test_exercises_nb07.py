@@ -174,8 +174,8 @@ def test_07_2_accepts_the_worked_answer_and_names_each_slip():
     failed("07.2", _linear_hooks(scale="never"), "times too small", "mean")
     failed("07.2", _linear_hooks(scale="always"), "times too large", "'sum'")
     failed("07.2", _linear_hooks(summed=True), "summed over the batch")
-    failed("07.2", _linear_hooks(scale="in place"), "loss_reduction='mean'", "changed the gradient backward goes on with, in place",
-           "layer below")
+    failed("07.2", _linear_hooks(scale="in place"), "loss_reduction='mean'",
+           "changed the gradient backward goes on with, in place", "layer below")
     failed("07.2", lambda layer, loss_reduction: [layer.register_forward_hook(lambda *args: None)], "no grad_sample")
     failed("07.2", lambda layer, loss_reduction: "hooks", "handle")
     failed("07.2", lambda layer, loss_reduction="mean": nb07.grad_sample_hooks(layer, loss_reduction)[0],
