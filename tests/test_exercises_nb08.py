@@ -76,6 +76,18 @@ def removes_after(model, tokens):  # no finally: a forward pass that raises leav
     return patterns
 
 
+def keeps_the_graph(model, tokens):  # no detach, no no_grad: the patterns require grad
+    patterns = []
+    handles = [b.attn.hook_pattern.register_forward_hook(lambda m, a, o: patterns.append(o))
+               for b in model.blocks]
+    try:
+        model(tokens)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return patterns
+
+
 def last_layer_only(model, tokens):
     return nb08.record_patterns(model, tokens)[-1:]
 
@@ -83,7 +95,7 @@ def last_layer_only(model, tokens):
 @pytest.mark.parametrize(("answer", "words"), [
     (leaves_hooks, ["still registered", "finally"]),
     (last_layer_only, ["1 patterns", "each block"]), ("record_patterns", ["pass your function itself"]),
-    (removes_after, ["raised", "finally"]),
+    (removes_after, ["raised", "finally"]), (keeps_the_graph, ["require grad", "detach", "no_grad"]),
 ])  # fmt: skip
 def test_08_1_rejects(answer, words):
     failed("08.1", answer, *words)

@@ -454,6 +454,9 @@ def _check_patterns(answer) -> Outcome:
                               "after the forward pass (in a finally block)")
     if not isinstance(got, list | tuple) or not all(isinstance(t, torch.Tensor) for t in got):
         return Outcome(False, f"record_patterns returned {kind_of(got)}: return a list of tensors, one a layer")
+    if any(t.requires_grad for t in got):
+        return Outcome(False, "the patterns require grad, so each keeps autograd's graph of the run alive: keep "
+                              "output.detach(), and run model(tokens) under torch.no_grad()")
     want = record_patterns(model, tokens)
     if len(got) != len(want):
         return Outcome(False, f"{len(got)} patterns for a model of {len(want)} layers: register a hook on each "
