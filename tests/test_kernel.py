@@ -24,6 +24,22 @@ def test_the_kernel_is_installed_in_this_environment_with_the_course_settings():
     assert Path(spec.argv[0]).resolve() == Path(sys.executable).resolve()
 
 
+def test_a_course_kernel_keeps_cancelling_queued_cells_after_an_error():
+    """Run All sends every cell at once; with ipykernel's default wait of 0 s, a cell whose request arrives
+    after the error was handled still runs (the browser test caught it on a loaded machine)."""
+    from jupyter_client.manager import start_new_kernel
+
+    km, kc = start_new_kernel(kernel_name=NAME)
+    printed = []
+    try:
+        reply = kc.execute_interactive("print(get_ipython().kernel.stop_on_error_timeout)", timeout=60,
+                                       output_hook=lambda msg: printed.append(msg["content"].get("text", "")))
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+    assert reply["content"]["status"] == "ok" and "".join(printed).strip() == "1.0"
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: str(p.relative_to(ROOT / "notebooks")))
 def test_every_notebook_names_the_course_kernel(path):
     spec = json.loads(path.read_text())["metadata"]["kernelspec"]

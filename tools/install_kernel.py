@@ -29,9 +29,16 @@ KERNEL_ENV = {
 }
 
 
+#: seconds a kernel keeps cancelling queued cells after one raised (ipykernel's default, 0, is a race)
+STOP_WAIT = 1.0
+
+
 def kernel_json(python: str = sys.executable) -> dict:
     return {
-        "argv": [python, "-Xfrozen_modules=off", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        # Run All stops at an error only for requests that reach the kernel before it aborts its queue; under
+        # load the next cells' requests can arrive later and run (ipykernel's stop_on_error_timeout docstring)
+        "argv": [python, "-Xfrozen_modules=off", "-m", "ipykernel_launcher",
+                 f"--Kernel.stop_on_error_timeout={STOP_WAIT}", "-f", "{connection_file}"],
         "display_name": DISPLAY_NAME,
         "language": "python",
         "env": dict(KERNEL_ENV),
