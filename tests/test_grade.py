@@ -335,7 +335,7 @@ def test_the_sandbox_keeps_writes_in_and_the_network_out_and_the_limits_stop_the
         f"open({str(decoy)!r}, 'w').write('overwritten')",
         f"open({str(escaped)!r}, 'w').write('escaped')",
         f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=5)",
-        "for i in range(3000):\n    print('x' * 1000)",
+        "for i in range(3000):\n    print('x' * 1000); __import__('time').sleep(0.002)",  # still printing when stopped
         "chunks = []\nfor i in range(60):  # 3 GB at most, should the limit fail\n    chunks.append(b'x' * 50 * 2**20)",
         "check('G99.3', 3)",
     ])  # fmt: skip
