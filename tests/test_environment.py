@@ -153,3 +153,41 @@ def test_reuse_freed_memory_is_safe_to_call_again():
 
     first, second = reuse_freed_memory(), reuse_freed_memory()
     assert first == second and isinstance(first, bool)
+
+
+def _fake_python(folder, minor, failing_output):
+    """A ``python<minor>`` on PATH that tells its version and fails every other command."""
+    script = folder / f"python{minor}"
+    version = f'if [ "$1" = "-c" ]; then echo {minor}.9; exit 0; fi'
+    script.write_text(f'#!/bin/sh\n{version}\necho "{failing_output}"\nexit 1\n')
+    script.chmod(0o755)
+
+
+def test_make_pythons_prints_why_an_install_failed(tmp_path, monkeypatch, capsys):
+    """A failed install is a failure whose cause (the log's last lines) is in the printed report."""
+    import pythons
+
+    _fake_python(tmp_path, "3.12", "ERROR: [Errno 28] No space left on device")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path))
+    monkeypatch.setattr(pythons, "ROOT", tmp_path)
+    assert pythons.main(["3.12"]) == 1
+    out = capsys.readouterr().out
+    assert "Python 3.12: failed" in out and "install failed: -m venv" in out
+    assert "| ERROR: [Errno 28] No space left on device" in out
+
+
+def test_make_pythons_refuses_a_new_venv_without_room(tmp_path, monkeypatch, capsys):
+    """Too little disk for a new venv: said before pip starts, with the fix."""
+    import shutil
+
+    import pythons
+
+    _fake_python(tmp_path, "3.13", "should not run")
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("PYENV_ROOT", str(tmp_path))
+    monkeypatch.setattr(pythons, "ROOT", tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**11, 10**11 - 10**9, 10**9))
+    assert pythons.main(["3.13"]) == 1
+    out = capsys.readouterr().out
+    assert "install not started: 1.0 GB free" in out and "make clean" in out and "should not run" not in out

@@ -7,7 +7,9 @@ that version (the one ``make env`` built), else ``.venv-X.Y``, created and insta
 env`` does (``requirements.lock``, then hooklab and the course's kernel; pip's cache is reused, and
 nothing is reinstalled while the lock and ``pyproject.toml`` are unchanged). It prints one line per
 version, passed, failed (with the failing cells) or not found, and exits 1 when a run failed; a
-version that is not on the machine is reported, not failed.
+version that is not on the machine is reported, not failed. A new venv takes 6.2 GB: with less than
+``VENV_GB`` free the version fails before pip starts, saying so, and a failed install prints the
+last lines of its log, so that a CI log shows the cause.
 
 Measured on this machine kind (2 shared cores, 2026-11-28), 3.12.1 and 3.13.0 two at a time:
 with both venvs installed, nbval took 397 s and 376 s side by side, 6.6 minutes in all (load 5-7);
@@ -41,6 +43,8 @@ NBVAL = ["-m", "pytest", "-p", "no:cacheprovider", "--nbval", "--nbval-kernel-na
          "--nbval-sanitize-with", "tests/nbval_sanitize.cfg", "--nbval-cell-timeout=300"]  # fmt: skip
 PIP = ["-m", "pip", "install", "--disable-pip-version-check", "-q"]
 INSTALLING = Lock()  # one install at a time: `pip install -e .` writes src/hooklab.egg-info
+VENV_GB = 7.0  # a venv of requirements.lock takes 6.2 GB (torch's CUDA build); pip needs room to unpack
+TAIL = 15  # lines of a failed install's log printed with the failure, so a CI log shows the cause
 
 
 def version_of(python: str | Path) -> str | None:
@@ -74,6 +78,10 @@ def find(minor: str) -> tuple[str, str] | None:
     return None
 
 
+class NoRoom(Exception):
+    """Too little disk for a new venv: said before pip fills the disk."""
+
+
 @dataclass
 class Run:
     minor: str
@@ -84,6 +92,7 @@ class Run:
     nbval_s: float = 0.0
     summary: str = ""
     failed: tuple[str, ...] = ()
+    detail: tuple[str, ...] = ()
 
 
 def ensure_venv(python: str, venv: Path, log) -> float:
@@ -94,6 +103,10 @@ def ensure_venv(python: str, venv: Path, log) -> float:
         return 0.0
     start = time.perf_counter()
     bin_python = venv / "bin" / "python"
+    free_gb = shutil.disk_usage(ROOT).free / 1e9
+    if not bin_python.exists() and free_gb < VENV_GB:
+        raise NoRoom(f"{free_gb:.1f} GB free on the disk of the checkout, a new venv needs about {VENV_GB:.0f} GB:"
+                     " free space (make clean deletes the .venv-X.Y) or name the versions to check")  # fmt: skip
     steps = [[python, "-m", "venv", str(venv)]] if not bin_python.exists() else []
     steps += [[str(bin_python), *PIP, "-r", "requirements.lock"],
               [str(bin_python), *PIP, "--no-deps", "-e", "."],
@@ -111,11 +124,19 @@ def check(minor: str, python: str, version: str, notebooks: list[str], logs: Pat
     venv = main if version_of(main / "bin" / "python") == version else ROOT / f".venv-{minor}"
     run = Run(minor, version, os.path.relpath(venv, ROOT))
     with open(logs / f"pythons-{minor}.log", "w") as log:
+        start = time.perf_counter()
         try:
             with INSTALLING:
                 run.install_s = ensure_venv(python, venv, log)
+        except NoRoom as error:
+            run.status, run.summary = "failed", f"install not started: {error}"
+            return run
         except subprocess.CalledProcessError as error:
-            run.status, run.summary = "failed", f"install failed: {' '.join(error.cmd[1:4])} (see {log.name})"
+            run.install_s = time.perf_counter() - start
+            where = os.path.relpath(log.name, ROOT)
+            run.status, run.summary = "failed", f"install failed: {' '.join(error.cmd[1:4])} (see {where})"
+            log.flush()
+            run.detail = tuple(Path(log.name).read_text(errors="replace").splitlines()[-TAIL:])
             return run
         env = {key: value for key, value in os.environ.items() if key != "PYTHONWARNINGS"}
         # its own kernel first: the "hooklab" kernelspec of this venv, not one found elsewhere
@@ -172,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
         for cell in run.failed:
             print(f"    failed: {cell}")
+        for text in run.detail:
+            print(f"    | {text}")
     print(f"total {time.perf_counter() - start:.0f} s")
     return 1 if any(run.status == "failed" for run in runs.values()) else 0
 
