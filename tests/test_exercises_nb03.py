@@ -37,7 +37,7 @@ def answer_with(attach, names=None, cleanup_in_finally=True):
 
 # ----- predictions ------------------------------------------------------------------------------
 PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that gets its own hint
-    "03.a": (["s2", "fc2", "s1", "fc1"], ["fc1", "s1", "fc2", "s2"], "order of the forward pass"),
+    "03.a": ([0.1868, 0.1755], [0.7514, 0.7729], "the sigmoid's output"),
     "03.b": (0.25, 0.5, "σ(0)"),
     "03.c": ([0.5, 1], [0.5, 10], "reaches only the earlier layers"),
     "03.d": (False, True, "the true gradient times the step"),
@@ -55,6 +55,13 @@ def test_prediction_truth_right_guess_and_hint_for_a_wrong_one(id):
     assert not outcome.passed and hint in outcome.detail, outcome.detail
 
 
+def test_prediction_03_a_needs_the_sigmoid_rule_and_accepts_two_decimals():
+    assert grade("03.a", [0.19, 0.18]).passed and grade("03.a", (0.1868, 0.1755)).passed
+    assert "σ(1 − σ)" in grade("03.a", [1, 1]).detail
+    assert "smaller" in grade("03.a", [0.25, 0.25]).detail
+    assert not grade("03.a", [0.2, 0.2]).passed
+
+
 def test_prediction_03_f_is_ten_to_the_minus_three_and_names_a_level_network():
     assert nb03._relu_gradient_power() == -3
     for guess in (-3, -3.3, -3.4):
@@ -70,7 +77,8 @@ def test_the_scaled_up_gradient_does_not_make_the_network_learn_in_float64_eithe
     model = nb03._digits_mlp().double()
     handles = [m.register_full_backward_pre_hook(lambda m, go: (go[0] * 7,)) for m in model[:16:2]]
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    for idx in torch.randperm(len(labels), generator=torch.Generator().manual_seed(0)).split(8):
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
+    for idx in order[: len(order) // 8 * 8].split(8):  # full batches, as the lesson trains
         optimizer.zero_grad()
         F.cross_entropy(model(pixels[idx]), labels[idx]).backward()
         optimizer.step()
