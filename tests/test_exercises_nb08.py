@@ -16,12 +16,13 @@ from hooklab.exercises import exercises, grade, nb08
 IDS = sorted(id for id in exercises() if id.startswith("08."))
 
 
-def test_notebook_08_has_four_predictions_and_six_exercises():
-    assert IDS == ["08.1", "08.2", "08.3", "08.4", "08.5", "08.6", "08.a", "08.b", "08.c", "08.d"]
+def test_notebook_08_has_five_predictions_and_six_exercises():
+    assert IDS == ["08.1", "08.2", "08.3", "08.4", "08.5", "08.6", "08.a", "08.b", "08.c", "08.d", "08.e"]
 
 
 # ----- predictions ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("08.a", 6), ("08.b", 3), ("08.c", "below"), ("08.d", "yes")])
+@pytest.mark.parametrize(("id", "truth"), [("08.a", 6), ("08.b", 3), ("08.c", "below"), ("08.d", "yes"),
+                                                 ("08.e", [3, 3])])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     assert exercises()[id].checker.__wrapped__.truth() == truth
@@ -33,6 +34,7 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     ("08.c", "above", "a vote for 17"), ("08.c", "0-8", 'pick one of "above" or "below"'),
     ("08.c", "0 to 8", "pick one of"), ("08.c", True, "pick one of"),
     ("08.d", "no", "length alone"), ("08.d", "the same", 'pick one of "yes" or "no"'),
+    ("08.e", [3, 2], "puts back position 3's record"), ("08.e", [4, 3], "left position 2's 3 alone"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
@@ -263,10 +265,10 @@ def test_08_4_accepts_the_worked_answer_and_its_map_finds_each_corruption():
 
 # ----- 08.5 -------------------------------------------------------------------------------------
 def scores_like(*, sign=1, keep=False, remove=True, axis="head", mean_used=True, ablated_values=False,
-                returns=True):
+                returns=True, fixed_layer=None):
     """Ablation scores with one slip."""
     def ablation_scores(model, tokens, layer, metric, mean=None):
-        z = model.blocks[layer].attn.hook_z
+        z = model.blocks[layer if fixed_layer is None else fixed_layer].attn.hook_z
         with torch.no_grad():
             intact = metric(model(tokens))
         scores, handles = torch.zeros(4), []
@@ -278,6 +280,10 @@ def scores_like(*, sign=1, keep=False, remove=True, axis="head", mean_used=True,
                     output[:, :, head] = 0.0 if m is None else m[:, head]
                 elif axis == "mean over positions":
                     output[:, :, head] = 0.0 if m is None else m[:, head].mean(0)
+                elif axis == "query":
+                    output[:, nb08.Q, head] = 0.0 if m is None else m[nb08.Q, head]
+                elif axis == "d_head":
+                    output[..., head] = 0.0 if m is None else m[..., head]
                 else:
                     output[:, head] = 0.0 if m is None else m[head]
                 return output if returns else None
@@ -305,6 +311,9 @@ def scores_like(*, sign=1, keep=False, remove=True, axis="head", mean_used=True,
     (scores_like(mean_used=False), ["layer 1, mean", "mean[:, head]"]),
     (scores_like(ablated_values=True), ["ablated runs' values", "drop"]),
     (scores_like(axis="mean over positions"), ["layer 1, mean", "over its positions too", "mean[:, head]"]),
+    (scores_like(fixed_layer=1), ["layer 0, zero", "layer 1's heads, not layer 0's", "model.blocks[layer]"]),
+    (scores_like(axis="query"), ["layer 0, zero", "at the query only", "output[:, :, head]", "keys"]),
+    (scores_like(axis="d_head"), ["last axis (d_head)", "third axis"]),
 ])  # fmt: skip
 def test_08_5_rejects(answer, words):
     failed("08.5", answer, *words)
@@ -574,3 +583,41 @@ def test_each_hook_point_knows_its_name_and_block_as_the_lesson_prints():
     assert model.blocks[1].attn.hook_z.layer() == 1 and model.blocks[0].hook_resid_post.layer() == 0
     with pytest.raises(ValueError, match="not inside a block"):
         model.hook_embed.layer()
+
+
+def test_the_steering_direction_transfers_to_other_runs_and_frozen_mlp_and_layernorm_make_drops_add():
+    model = nb08._model()
+    others = nb08.runs_with_17_at_3()
+    direction = nb08.steering_direction(model)
+    said = [nb08.run_hooked(model, others, "blocks.0.hook_resid_post",
+                            nb08.steering_hook(direction, nb08.CHANGED, s))[:, nb08.Q].argmax(-1) for s in (0, 1)]
+    assert (said[0] == nb08.A).float().mean() == 0 and (said[1] == nb08.A).float().mean() > 0.9
+    assert len(others) > 200 and (others[:, 3] == nb08.B).all() and (others[:, 10] == nb08.B).all()
+
+
+def test_with_layer_1s_mlp_and_the_final_layernorm_scale_frozen_head_drops_add_and_equal_direct_attribution():
+    model = nb08._model()
+    clean = nb08.clean_and_corrupted()[0]
+    points = ["blocks.1.hook_mlp_out", "blocks.1.hook_resid_post", "blocks.1.attn.hook_z"]
+    with record(model, points) as rec, torch.no_grad():
+        intact = nb08.logit_diff(model(clean))
+    resid, z = rec["blocks.1.hook_resid_post"].output, rec["blocks.1.attn.hook_z"].output
+    sd = (resid.var(-1, unbiased=False, keepdim=True) + model.ln_final.eps).sqrt()
+    frozen = [("blocks.1.hook_mlp_out", lambda m, a, o: rec["blocks.1.hook_mlp_out"].output),
+              ("ln_final", lambda m, a, o: (a[0] - a[0].mean(-1, keepdim=True)) / sd * m.weight + m.bias)]
+
+    def drop(heads, hooks):
+        zero = ("blocks.1.attn.hook_z", lambda m, a, o: o.index_fill(2, torch.tensor(heads), 0.0))
+        with contextlib.ExitStack() as stack, torch.no_grad():
+            for point, hook in [zero, *hooks]:
+                stack.enter_context(model.get_submodule(point).register_forward_hook(hook))
+            return intact - nb08.logit_diff(model(clean))
+
+    singles = [drop([h], frozen) for h in range(4)]
+    assert abs(sum(singles) - drop([0, 1, 2, 3], frozen)) < 1e-3  # they add
+    assert abs(sum(drop([h], []) for h in range(4)) - drop([0, 1, 2, 3], [])) > 5  # unfrozen, they do not
+    w_o, u = model.blocks[1].attn.out.weight, model.unembed.weight[nb08.A] - model.unembed.weight[nb08.B]
+    d = z.shape[-1]
+    for h, single in enumerate(singles):  # each is the head's direct logit attribution at the query
+        c = w_o[:, h * d:(h + 1) * d] @ z[0, nb08.Q, h]
+        assert abs(((c - c.mean()) / sd[0, nb08.Q, 0] * model.ln_final.weight) @ u - single) < 1e-3

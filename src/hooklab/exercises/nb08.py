@@ -3,7 +3,7 @@
 The lesson's problem is one pair of runs of ``hooklab.transformer.trained_transformer()``: a clean
 sequence (a run of seven tokens, repeated, then two random ones) whose query position ``Q`` predicts
 ``A`` = 19, and a corrupted copy with the 19 of the first run (position ``CHANGED``) replaced by ``B`` =
-17, which predicts 17. ``logit_diff`` is logit[A] − logit[B] at the query. Predictions 08.a-08.d compute
+17, which predicts 17. ``logit_diff`` is logit[A] − logit[B] at the query. Predictions 08.a-08.e compute
 their truth with torch. ``second_corruption()`` changes the 3 before the 19 (position ``CHANGED2``) into
 ``B2`` = 10 instead: it needs layer 0 to move the previous token, so patching finds layer 0 (08.b). Exercises:
 record the attention patterns with forward hooks (08.1), the stripe score of a pattern (08.2),
@@ -355,6 +355,53 @@ def key_3_attention(scale: float, direction: torch.Tensor | None = None) -> floa
 def _far_steer() -> str:
     lower = [key_3_attention(4.0, random_direction(s)) < key_3_attention(1.0, random_direction(s)) for s in range(3)]
     return "yes" if all(lower) else "no"
+
+
+def runs_with_17_at_3(n: int = 2000) -> torch.Tensor:
+    """Other sequences like the corrupted one, ``(M, 16)``: from ``induction_batch(n)`` (seed 2), the runs of 7
+    without a 19, with their run's fourth token (position 3, and 10 in the repeat) made a 17."""
+    from ..transformer import induction_batch, induction_mask
+
+    tokens = induction_batch(n, torch.Generator().manual_seed(2))
+    keep = (induction_mask(tokens).float().argmax(1) == 7) & (tokens[:, :7] != A).all(1) & (tokens[:, :7] != B).all(1)
+    tokens = tokens[keep]
+    tokens[:, CHANGED], tokens[:, CHANGED + 7] = B, B
+    return tokens
+
+
+def layer_1_key(tokens: torch.Tensor, hooks=()) -> int:
+    """The key most of layer 1's heads attend to from the query (each head's argmax, then the most common),
+    with ``hooks`` ``[(point, forward hook)]`` registered."""
+    from .. import record
+
+    model = _model()
+    handles = [model.get_submodule(point).register_forward_hook(hook) for point, hook in hooks]
+    try:
+        with record(model, ["blocks.1.attn.hook_pattern"]) as rec, torch.no_grad():
+            model(tokens)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return rec["blocks.1.attn.hook_pattern"].output[0, :, Q].argmax(-1).mode().values.item()
+
+
+@prediction("08.e", "the key layer 1's heads attend to from the query: in the first corruption unpatched, and in the "
+                    "second with blocks.0.hook_attn_out patched in at 3",
+            why="[3, 3]: a head at the query's 3 looks for the key whose previous token was a 3. The first corruption "
+                "changed position 3's own token, not its record of the token before it, so the head still finds "
+                "key 3 and copies the 17 there; in the second, the patch puts that record back at 3",
+            wrong=[([3, 2], "the patch at 3 puts back position 3's record that the token before it was a 3: the "
+                            "query's 3 finds it there again"),
+                   ([9, 3], "layer 1 attends from the query to an earlier key, the one after the 3's earlier copy"),
+                   ([4, 3], "the first corruption left position 2's 3 alone, so position 3 still records a 3 "
+                            "before it: the head finds key 3 and copies what sits there, now 17"),
+                   ([4, 4], "the first corruption left position 2's 3 alone, so position 3 still records a 3 "
+                            "before it: the head finds key 3 and copies what sits there, now 17")])
+def _layer_1_keys() -> list[int]:
+    model = _model()
+    cache = clean_cache(model, ["blocks.0.hook_attn_out"])
+    patched = [("blocks.0.hook_attn_out", patch_hook(cache["blocks.0.hook_attn_out"], CHANGED))]
+    return [layer_1_key(clean_and_corrupted()[1]), layer_1_key(second_corruption(), patched)]
 
 
 # ----- exercises ----------------------------------------------------------------------------------------------
@@ -817,6 +864,32 @@ def _scores_slip(model, got, tokens, layer, metric, mean) -> str | None:
 
     if len(tokens) > 1 and near(_scores_with(model, tokens, layer, metric, first_only)):
         return ROW_0
+    other = 1 - layer
+    if near(ablation_scores(model, tokens, other, metric, mean if other == 1 else None)):
+        return (f"these are layer {other}'s heads, not layer {layer}'s: hook model.blocks[layer].attn.hook_z, the "
+                "layer asked for")
+
+    def at_query(h):
+        def hook(module, args, output):
+            output = output.clone()
+            output[:, Q, h] = 0.0 if mean is None else mean[Q, h]
+            return output
+        return hook
+
+    if near(_scores_with(model, tokens, layer, metric, at_query)):
+        return ("you ablated each head at the query only (position 9): an ablation removes the head at every "
+                "position, output[:, :, head], including the keys it writes for later layers")
+
+    def last_axis(h):
+        def hook(module, args, output):
+            output = output.clone()
+            output[..., h] = 0.0 if mean is None else mean[..., h]
+            return output
+        return hook
+
+    if near(_scores_with(model, tokens, layer, metric, last_axis)):
+        return ("you set one entry of the last axis (d_head) in every head: hook_z is (N, position, head, d_head), "
+                "so a head is the third axis, output[:, :, head]")
     if near(_scores_with(model, tokens, layer, metric, by_position)):
         return "you ablated a position, not a head: hook_z is (N, position, head, d_head), so set output[:, :, head]"
     return None
@@ -895,11 +968,12 @@ __all__ = [
     "Q",
     "ablation_hook",
     "ablation_scores",
-        "clean_and_corrupted",
+    "clean_and_corrupted",
     "clean_cache",
     "clean_cache_of",
     "head_0_noised",
     "induction_pair",
+    "layer_1_key",
     "logit_diff",
     "logit_diff_2",
     "mean_z",
@@ -913,6 +987,7 @@ __all__ = [
     "record_patterns",
     "run_hooked",
     "run_with_hooks",
+    "runs_with_17_at_3",
     "second_corruption",
     "steering_direction",
     "steering_hook",
