@@ -839,3 +839,91 @@ def test_04_9_and_04_e_print_no_full_backward_hook_warning(recwarn):
 
 def test_04_e_says_why_the_convolutions_are_ruled_out():
     failed("04.e", {"0", "4"}, "the convolutions", "fed autograd's grad_output")
+
+
+# ----- more plausible slips, each named --------------------------------------------------------------------
+def _fused_bn_with(dx_from=None, dgamma=None, dbeta=None):
+    """04.5's worked answer with one of its three gradients replaced: ``dx_from(x, gamma, dout, inv_std, x_hat)``."""
+    def answer(x, gamma, dout, eps):
+        inv_std = (x.var(0, unbiased=False) + eps) ** -0.5
+        x_hat = (x - x.mean(0)) * inv_std
+        dx, dg, db = ANSWERS["04.5"](x, gamma, dout, eps)
+        dx = dx if dx_from is None else dx_from(x, gamma, dout, inv_std, x_hat)
+        return dx, dg if dgamma is None else dgamma(x, dout, x_hat), db if dbeta is None else dbeta(x, dout, x_hat)
+    return answer
+
+
+def _three_terms(g, inv_std, x_hat, gamma=1.0, sign=-1.0):
+    return inv_std * (gamma * g - g.mean(0) + sign * x_hat * (g * x_hat).mean(0))
+
+
+@pytest.mark.parametrize(("answer", "words"), [
+    (_fused_bn_with(lambda x, gamma, dout, inv_std, x_hat: _three_terms(dout, inv_std, x_hat)), "your dx has no γ"),
+    (_fused_bn_with(lambda x, gamma, dout, inv_std, x_hat: _three_terms(dout, inv_std, x_hat, gamma=gamma)),
+     "γ multiplies all three paths, not only the direct one"),
+    (_fused_bn_with(lambda x, gamma, dout, inv_std, x_hat: _three_terms(dout * gamma, inv_std, x_hat, sign=1.0)),
+     "a sign slip in the variance's term"),
+    (_fused_bn_with(dgamma=lambda x, dout, x_hat: dout.sum(0)), ("dgamma: max |difference|", "that is dbeta")),
+    (_fused_bn_with(dbeta=lambda x, dout, x_hat: (dout * x_hat).sum(0)), ("dbeta: max |difference|", "that is dgamma")),
+    (_fused_bn_with(dgamma=lambda x, dout, x_hat: (dout * x).sum(0)), "γ multiplies the normalised x̂, not x"),
+])  # fmt: skip
+def test_04_5_names_gamma_sign_and_parameter_slips(answer, words):
+    failed("04.5", answer, *([words] if isinstance(words, str) else words))
+
+
+def test_04_4_names_a_dx_hat_without_gamma():
+    def answer(t, gamma, dout):
+        d = ANSWERS["04.4"](t, torch.ones_like(gamma), dout)
+        return {**d, "gamma": (dout * t["x_hat"]).sum(0)}
+    failed("04.4", answer, "first wrong: dx_hat", "your dx_hat has no γ")
+
+
+@pytest.mark.parametrize(("answer", "words"), [
+    (lambda a, w, s, ds: (ds, ds @ w, ds.T @ a, ds.sum().reshape(1)), "your dz is ds"),
+    (lambda a, w, s, ds: (ds * s * (1 - s), ds * s * (1 - s) @ w.T, (ds * s * (1 - s)).T @ a,
+                          (ds * s * (1 - s)).sum().reshape(1)), ("dz ok; da: max |difference|", "not dz @ w.T")),
+])  # fmt: skip
+def test_04_1_names_a_missing_slope_and_a_transposed_weight_in_da(answer, words):
+    failed("04.1", answer, *([words] if isinstance(words, str) else words))
+
+
+def _ce_only_target(logits, target):
+    d = torch.zeros_like(logits)
+    rows = torch.arange(len(target))
+    d[rows, target] = logits.softmax(1)[rows, target] - 1
+    return d / len(target)
+
+
+@pytest.mark.parametrize(("answer", "words"), [
+    (lambda logits, target: (logits.softmax(1) + F.one_hot(target, logits.shape[1])) / len(target),
+     "a sign slip at the correct class"),
+    (_ce_only_target, "the wrong classes get p_j/N too"),
+])  # fmt: skip
+def test_04_3_names_a_plus_one_and_a_target_column_alone(answer, words):
+    failed("04.3", answer, words)
+
+
+def _steps_with(id, step, value):
+    """04.2's or 04.4's worked answer with one step's gradient replaced: ``value(t, d)``."""
+    def answer(t, *rest):
+        d = ANSWERS[id](t, *rest)
+        return {**d, step: value(t, d, *rest)}
+    return answer
+
+
+@pytest.mark.parametrize(("id", "step", "value", "words"), [
+    ("04.2", "norm_logits", lambda t, d, target: d["counts"], "d/dz exp(z) = exp(z): multiply dcounts by counts"),
+    ("04.4", "var", lambda t, d, gamma, dout: -0.5 * t["inv_std"] * d["inv_std"], "that is inv_std ** 3, not inv_std"),
+    ("04.4", "diff", lambda t, d, gamma, dout: t["inv_std"] * d["x_hat"] + t["diff"] * d["diff2"],
+     "the path through diff2 lost its 2"),
+    ("04.4", "gamma", lambda t, d, gamma, dout: (dout * t["diff"]).sum(0), "γ multiplies x_hat, not diff"),
+])  # fmt: skip
+def test_04_2_and_04_4_name_more_step_slips(id, step, value, words):
+    failed(id, _steps_with(id, step, value), f"first wrong: d{step}", words)
+
+
+def test_04_6_names_a_flipped_dw():
+    def answer(x, w, dout, padding):
+        dx, dw = ANSWERS["04.6"](x, w, dout, padding)
+        return dx, dw.flip(-2, -1)
+    failed("04.6", answer, "your dw is the right one flipped")

@@ -125,7 +125,7 @@ def _layer_grads(layer_backward) -> Outcome:
         torch.sigmoid(z).backward(ds)
         expected = (z.grad, *(t.grad for t in leaves))
         s = _layer(a, w, b)
-        traps = _layer_traps(s, ds, z.grad)
+        traps = _layer_traps(s, ds, z.grad, w)
         got, failed = by_hand(layer_backward, ["a", "w", "s", "ds"], a, w, s, ds)
         compared = failed or compare(got, expected, _LAYER_NAMES, traps)
         if isinstance(compared, Outcome):
@@ -135,8 +135,10 @@ def _layer_grads(layer_backward) -> Outcome:
     return verdict(_LAYER_NAMES, worst, worst_name, prefix="on both layers of the 2-2-2 network and a batch: ")
 
 
-def _layer_traps(s, ds, dz) -> list[Trap]:
+def _layer_traps(s, ds, dz, w) -> list[Trap]:
     return [((ds * s * (1 + s),), "a sign slip: the sigmoid's slope is s·(1 − s)"),
+            ((ds,), "your dz is ds: the sigmoid sits between z and s, so dz = ds times its slope s·(1 − s)"),
+            ((dz @ w.T,), "z_j = Σ_i a_i W_ji, so ∂z_j/∂a_i = W_ji and da = dz @ w, not dz @ w.T"),
             ((s * (1 - s),), "multiply the sigmoid's slope by ds, the gradient that arrives: the chain rule"),
             ((dz.sum(0),), "your db has one entry per unit, as an nn.Linear's would; this network's bias is one "
                            "number shared by both units, shape (1,), so its gradient sums every entry of dz"),
@@ -152,7 +154,7 @@ def _each(got, expected, traps) -> str:
         return ""
     verdicts = []
     for name, g, e in zip(_LAYER_NAMES, got, expected, strict=True):
-        result = one(name, g, e, traps if name in ("dz", "db") else ())
+        result = one(name, g, e, traps if name in ("dz", "da", "db") else ())
         verdicts.append(result.detail if isinstance(result, Outcome) else f"{name} ok")
     return "; ".join(verdicts)
 
@@ -217,6 +219,7 @@ def _ce_traps(t, target, grads) -> dict[str, list[Trap]]:
                      ((torch.full_like(onehot, -1 / n),), "only each row's target entry enters the loss: the "
                                                           "other entries of logprobs get 0")],
         "probs": [((grads["logprobs"] * t["probs"],), "d/dp log p = 1/p: divide by probs")],
+        "norm_logits": [((grads["counts"],), "d/dz exp(z) = exp(z): multiply dcounts by counts")],
         "counts_sum_inv": [((t["counts"] * grads["probs"],), "counts_sum_inv has shape (N, 1) and is broadcast "
                                                              "across each row: its gradient sums over the row "
                                                              "(keepdim=True)")],
@@ -346,7 +349,11 @@ def _ce_fused(ce_backward) -> Outcome:
         probs, onehot = t["probs"], F.one_hot(target, classes).to(D)
         traps = [(((probs - onehot),), "the loss is the mean over the N rows: divide by N"),
                  ((probs / n,), "subtract the one-hot target: the correct class's entry is (p − 1)/N"),
-                 (((probs - 1) / n,), "subtract 1 only at each row's correct class, not everywhere")]
+                 (((probs - 1) / n,), "subtract 1 only at each row's correct class, not everywhere"),
+                 (((probs + onehot) / n,), "a sign slip at the correct class: the loss is −log p_y, so its entry is "
+                                           "(p_y − 1)/N: subtract the one-hot target"),
+                 (((probs - 1) * onehot / n,), "every logit is in the softmax's denominator, so the wrong classes "
+                                               "get p_j/N too, not 0")]
         try:
             got, failed = by_hand(ce_backward, ["logits", "target"], t["logits"], target)
         except RuntimeError as error:
@@ -408,12 +415,16 @@ def _bn_case(n, c, seed, eps=EPS):
 def _bn_step_traps(t, dout, grads) -> dict[str, list[Trap]]:
     n = len(dout)
     return {
-        "gamma": [((dout.sum(0),), "that is dbeta: gamma multiplies x_hat, so dgamma = Σ dout·x_hat over the rows")],
+        "x_hat": [((dout,), "your dx_hat has no γ: y = γ·x_hat + β, so dx_hat = dout·γ")],
+        "gamma": [((dout.sum(0),), "that is dbeta: gamma multiplies x_hat, so dgamma = Σ dout·x_hat over the rows"),
+                  (((dout * t["diff"]).sum(0),), "γ multiplies x_hat, not diff: dgamma = Σ dout·x_hat over the rows")],
         "beta": [(((dout * t["x_hat"]).sum(0),), "that is dgamma: beta is added, so dbeta = Σ dout over the rows")],
         "inv_std": [((t["diff"] * grads["x_hat"],), "inv_std has shape (1, C) and is broadcast over the rows: its "
                                                     "gradient sums over them (keepdim=True)")],
         "var": [((0.5 * t["inv_std"] ** 3 * grads["inv_std"],), "a sign slip: d/dv (v + eps)^(-1/2) = "
                                                                  "-1/2 (v + eps)^(-3/2)"),
+                ((-0.5 * t["inv_std"] * grads["inv_std"],), "d/dv (v + eps)^(-1/2) = -1/2 (v + eps)^(-3/2): that is "
+                                                            "inv_std ** 3, not inv_std"),
                 ((-0.5 * t["var"] ** -1.5 * grads["inv_std"],),
                  f"your dvar drops eps: eps is not passed in, but t's inv_std = (var + eps)^(-1/2) holds it (here "
                  f"eps = {BN_STEPS_EPS}, large enough to show): write (var + eps)^(-3/2) as inv_std ** 3")],
@@ -425,7 +436,9 @@ def _bn_step_traps(t, dout, grads) -> dict[str, list[Trap]]:
         "diff": [((t["inv_std"] * grads["x_hat"],), "diff is used twice, in x_hat and in diff2: add the gradient "
                                                     "that comes back through diff2 (the path of the variance)"),
                  ((2 * t["diff"] * grads["diff2"],), "diff is used twice, in diff2 and in x_hat: add the direct "
-                                                     "path through x_hat")],
+                                                     "path through x_hat"),
+                 ((t["inv_std"] * grads["x_hat"] + t["diff"] * grads["diff2"],), "the path through diff2 lost its "
+                                                                                  "2: d(diff²)/d diff = 2·diff")],
         "mean": [((grads["diff"].sum(0, keepdim=True),), "mean enters diff = x − mean with a minus sign")],
         "x": [((grads["diff"] + grads["mean"],), "mean = x.mean(0): each of the N rows contributes 1/N to the mean, "
                                                  "so dx gets dmean/N"),
@@ -524,7 +537,19 @@ def _bn_traps(x, gamma, dout, eps) -> list[Trap]:
     x_hat_unbiased = (x - x.mean(0)) * (unbiased_var + eps) ** -0.5
     bessel = (f"x.var(0) divides by N − 1 (Bessel's correction); batch norm's v = mean((x − μ)²) divides by N = "
               f"{n}: use x.var(0, unbiased=False)")
+    x_hat = (x - x.mean(0)) * (x.var(0, unbiased=False) + eps) ** -0.5
+    no_gamma = ("your dx has no γ: the normalised input x̂ is multiplied by the weight γ before the next layer, so "
+                "every path from the loss to x starts at dx̂ = dout·γ")
     return [
+        ((_bn_by_paths(x, gamma, dout, eps) / gamma,), no_gamma),
+        ((_bn_by_paths(x, gamma, dout, eps) / gamma + (gamma - 1) * dout * (x.var(0, unbiased=False) + eps) ** -0.5,),
+         "γ multiplies all three paths, not only the direct one: each starts at dx̂ = dout·γ"),
+        ((2 * _bn_by_paths(x, gamma, dout, eps, paths=("mean",)) - _bn_by_paths(x, gamma, dout, eps),),
+         "a sign slip in the variance's term: inv_std = (v + eps)^(−1/2) falls as v grows, so that term is "
+         "−γ·inv_std·x̂·mean(dout·x̂)"),
+        ((dout.sum(0),), "that is dbeta: γ multiplies x̂, so dgamma = Σ dout·x̂ over the rows"),
+        (((dout * x_hat).sum(0),), "that is dgamma: β is added, so dbeta = Σ dout over the rows"),
+        (((dout * x).sum(0),), "γ multiplies the normalised x̂, not x: dgamma = Σ dout·x̂ over the rows"),
         ((_bn_by_paths(x, gamma, dout, eps, frozen=True), (dout * (x - x.mean(0)) * (x.var(0, unbiased=False) + eps)
           ** -0.5).sum(0), dout.sum(0)), "the mean and the variance depend on x too: every row of a column changes "
                                          "them, which adds two paths to dx"),
@@ -617,7 +642,10 @@ def _conv(conv2d_backward) -> Outcome:
                                              "kernel, and any size must work")
         per_image = [reference(partial(F.conv2d, padding=padding), (x[i:i + 1], w), dout[i:i + 1])[1]
                      for i in range(len(x))]
-        traps = [((per_image[0],), NOT_SUMMED_OVER_N), ((per_image[-1],), NOT_SUMMED_OVER_N)]
+        dw = reference(partial(F.conv2d, padding=padding), (x, w), dout)[1]
+        traps = [((per_image[0],), NOT_SUMMED_OVER_N), ((per_image[-1],), NOT_SUMMED_OVER_N),
+                 ((dw.flip(-2, -1),), "your dw is the right one flipped: F.conv2d slides w over x unflipped (a "
+                                      "cross-correlation), so dw needs no flip")]
         cases.append((f"padding={padding}", partial(F.conv2d, padding=padding), {"x": x, "w": w},
                       {"x": x, "w": w, "dout": dout, "padding": padding}, dout, traps))
     try:
