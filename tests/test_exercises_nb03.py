@@ -40,9 +40,9 @@ PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that get
     "03.a": ([0.1868, 0.1755], [0.7514, 0.7729], "the sigmoid's output"),
     "03.b": (0.25, 0.5, "σ(0)"),
     "03.c": ([0.5, 1], [0.5, 10], "reaches only the earlier layers"),
-    "03.d": (False, True, "the true gradient times the step"),
+    "03.d": (8, 7, "layer 0's own runs too"),
     "03.e": ({"0", "1"}, ["0"], "inputs are views as well"),
-    "03.f": (-3, -7, "the sigmoid network's"),
+    "03.f": (-3.3, -7, "the sigmoid network's"),
 }
 
 
@@ -60,13 +60,16 @@ def test_prediction_03_a_needs_the_sigmoid_rule_and_accepts_two_decimals():
     assert "σ(1 − σ)" in grade("03.a", [1, 1]).detail
     assert "smaller" in grade("03.a", [0.25, 0.25]).detail
     assert not grade("03.a", [0.2, 0.2]).passed
+    nested = grade("03.a", [[0.1868, 0.1755]])  # the hook's shape (1, 2): told to write it flat, not marked right
+    assert not nested.passed and "flat" in nested.detail, nested.detail
 
 
-def test_prediction_03_f_is_ten_to_the_minus_three_and_names_a_level_network():
-    assert nb03._relu_gradient_power() == -3
-    for guess in (-3, -3.3, -3.4):
+def test_prediction_03_f_is_ten_to_the_minus_three_point_three_within_ten_percent_and_names_a_level_network():
+    assert nb03._relu_gradient_power() == -3.3
+    for guess in (-3, -3.3, -3.6):  # the prompt says: one decimal, within 10 %
         assert grade("03.f", guess).passed, guess
-    assert not grade("03.f", -2).passed and not grade("03.f", -4).passed
+    assert not grade("03.f", -2.9).passed and not grade("03.f", -3.7).passed
+    assert "√(1/2)" in grade("03.f", -2.2).detail and "not its std" in grade("03.f", -4.5).detail  # ReLU × 1, × 0.5
     assert "He init" in grade("03.f", 0).detail
 
 
@@ -101,10 +104,12 @@ def test_prediction_03_e_names_what_each_partial_set_missed():
         assert "strings" in outcome.detail and "layer 1" not in outcome.detail, outcome.detail
 
 
-def test_prediction_03_d_tells_a_bool_written_as_a_string_without_the_answer():
-    for text in ("False", "true"):
-        outcome = grade("03.d", text)
-        assert not outcome.passed and "a bool" in outcome.detail and "true gradient" not in outcome.detail
+def test_prediction_03_d_names_each_miscount_of_the_pre_hooks():
+    assert nb03._scaled_gradient_power() == 8
+    assert "no pre-hook" in grade("03.d", 9).detail and "travels on" in grade("03.d", 1).detail
+    assert "replaces grad_output" in grade("03.d", 0).detail
+    outcome = grade("03.d", "8")
+    assert not outcome.passed and "not a string" in outcome.detail, outcome.detail
 
 
 def test_prediction_03_b_tells_a_number_written_as_a_string():
