@@ -18,9 +18,10 @@ from hooklab.exercises.nb05 import _Probe, _probe_inputs
 PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that gets its own hint
     "05.a": (1, 8, "count classes, not channels"),
     "05.b": ([False, True], [True, True], "the ReLU is where it stops"),
-    "05.c": ("more", "less", "nothing in the rule needs training"),
+    "05.c": (True, False, "a convolution whose weights have both signs"),
     "05.d": ([32, 8], [8, 8], "does arrive at a dead channel"),
-    "05.e": ("guided backprop", "Grad-CAM", "re-weights the same channels"),
+    "05.e": (144, 16, "16 was the 8×8 digit's 4×4 map"),
+    "05.f": ("guided backprop", "Grad-CAM", "re-weights the same channels"),
 }
 
 
@@ -33,9 +34,9 @@ def test_prediction_truth_right_guess_and_hint_for_a_wrong_one(id):
     assert not outcome.passed and hint in outcome.detail, outcome.detail
 
 
-def test_prediction_05_c_a_word_off_the_list_is_told_the_choices():
-    assert grade("05.c", "More").passed
-    assert grade("05.c", "the same").detail.startswith('pick one of "more", "less"')
+def test_prediction_05_c_a_word_for_a_boolean_is_told_to_drop_the_quotes():
+    assert "answer with True, without quotes" in grade("05.c", "yes").detail
+    assert "answer with False, without quotes" in grade("05.c", "False").detail
 
 
 # ----- 05.1 and 05.2 -------------------------------------------------------------------------------
@@ -74,12 +75,12 @@ def test_05_1_rejects_hooklab_record_and_a_tensor_of_indices():
            .nonzero().flatten(), "a list of ints")
 
 
-def test_05_e_takes_words_and_a_word_off_the_list_is_told_the_choices():
+def test_05_f_takes_words_and_a_word_off_the_list_is_told_the_choices():
     for typo in ("guided", "gradcam", "Grad CAM", "plain", 3):  # not the answer: the list of choices
-        outcome = grade("05.e", typo)
+        outcome = grade("05.f", typo)
         assert not outcome.passed and outcome.detail.startswith('pick one of "plain gradient"'), outcome.detail
-    assert grade("05.e", "Guided Backprop").passed and not grade("05.e", "plain gradient").passed
-    assert "reverses" in grade("05.e", "plain gradient").detail
+    assert grade("05.f", "Guided Backprop").passed and not grade("05.f", "plain gradient").passed
+    assert "reverses" in grade("05.f", "plain gradient").detail
 
 
 def test_05_1_the_hook_must_be_removed_when_the_forward_pass_raises():
@@ -435,7 +436,8 @@ def test_05_4_recorder():
 
 
 def test_05_4_typical_mistakes_get_a_hint():
-    failed("05.4", recorder(clone=False), "overwritten by the in-place ReLU", ".detach().clone()")
+    failed("05.4", recorder(clone=False), "overwritten by the in-place ReLU", "Clone inside the forward hook",
+           ".detach().clone()")
     failed("05.4", recorder(detach=False), "detached copies")
     failed("05.4", recorder(hook="full backward"), "tensor hook on the output instead")
     failed("05.4", recorder(classes_from="predicted"), "predicted class")

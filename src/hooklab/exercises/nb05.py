@@ -1,8 +1,9 @@
 """Exercises and predictions of notebook 05, in its order: what zeroing the live channels does (05.a), dead
 channels found with a forward hook (05.1), why they stay dead and a watch that counts them at every step (05.b,
-05.2), whether guided backprop's map needs a trained network and guided backpropagation as a class of ReLU hooks
+05.2), whether guided backprop's map can be negative and guided backpropagation as a class of ReLU hooks
 (05.c, 05.3), the Grad-CAM recorder: a tensor hook registered from a forward hook (05.4), which channels of
-features.3 Grad-CAM weighs and which add to its map (05.d), which map changes with the class (05.e), and layers
+features.3 Grad-CAM weighs and which add to its map (05.d), α_k = w_k/d on a 24×24 canvas (05.e), which map
+changes with the class (05.f), and layers
 re-drawn by forward hooks that run a fresh copy (05.5). Layer-CAM, with that recorder, is the field guide's
 exercise G5.2, and the cascade of copies G5.3 (their checkers, in g5.py, use the cases here)."""
 
@@ -168,26 +169,26 @@ def _dead_gradients() -> list:
     return [bool((seen["arrives"][:, dead] == 0).all()), bool((seen["passes"][:, dead] == 0).all())]
 
 
-_MORE_OR_LESS = ("more", "less")
-
-
-@prediction("05.c", "whether guided backprop's map resembles the digit more or less on a network never trained",
-            why="measured here: on 8 never-trained networks the guided map's rank correlation with the digit "
-                "is higher than on the trained one. Why is not measured here; Nie et al. (2018) found that guided "
-                "backprop largely reconstructs the input whatever the weights",
-            wrong=[("less", "measured on this network: every one of 8 never-trained draws gives a map closer to the "
-                            "digit than the trained network's; nothing in the rule needs training"),
-                   (_NotOneOf(_MORE_OR_LESS), _pick_one(_MORE_OR_LESS))])
-def _guided_untrained() -> str:
-    from ..saliency import GuidedBackprop, rank_correlation
+def _guided_trained():
+    """Guided backprop's map of the trained network for the first 6 test digits, for their own classes."""
+    from ..saliency import GuidedBackprop
 
     data = _digits()
-    x, labels = data.x_test[:6], data.y_test[:6]
-    alike = []
-    for net in (trained_digits_cnn(), DigitsCNN(seed=0)):
-        with GuidedBackprop(net) as gb:
-            alike.append(float(rank_correlation(gb.saliency(x, labels), x).mean()))
-    return "more" if alike[1] > alike[0] else "less"
+    with GuidedBackprop(trained_digits_cnn()) as gb:
+        return gb.saliency(data.x_test[:6], data.y_test[:6])
+
+
+@prediction("05.c", "whether guided backprop's map of the trained network has negative pixels",
+            why="the clamp acts only on what each ReLU passes back; below the first ReLU, features.0 is a "
+                "convolution whose weights have both signs, so the positive gradient leaving features.1 reaches "
+                "the pixels with either sign",
+            wrong=[(False, "the clamp acts at the ReLUs only: what leaves the first ReLU is positive, but it then "
+                           "passes back through features.0, a convolution whose weights have both signs"),
+                   *[(word, f"answer with {answer}, without quotes")
+                     for word, answer in (("True", "True"), ("true", "True"), ("yes", "True"),
+                                          ("False", "False"), ("false", "False"), ("no", "False"))]])
+def _guided_negative() -> bool:
+    return bool((_guided_trained() < 0).any())
 
 
 def _cam_channels() -> list:
@@ -220,10 +221,36 @@ def _grad_cam_channels() -> list:
     return _cam_channels()
 
 
+def _canvas_divisor() -> int:
+    """d in α_k = w_k/d for Grad-CAM at features.6 of the trained network on 24×24 inputs: measured, not typed."""
+    from ..saliency import grad_cam
+
+    model = trained_digits_cnn()
+    x = torch.zeros(4, 1, 24, 24)
+    x[:, :, 5:13, 9:17] = _digits().x_test[:4]
+    cam = grad_cam(model, x, "features.6")
+    w = model.head[-1].weight.detach()[cam.targets]
+    return round(float((w * w).sum() / (w * cam.weights).sum()))
+
+
+@prediction("05.e", "d in α_k = w_k/d for Grad-CAM at features.6 on a 24×24 canvas",
+            why="the head takes the mean of each channel over all positions of features.6, and on a 24×24 input "
+                "the padded convolutions keep 24×24 while the 2×2 max-pool halves it: 12×12 = 144 positions, so "
+                "∂score/∂A^k_ij = w_k/144 everywhere, and so is their mean α_k",
+            wrong=[(16, "16 was the 8×8 digit's 4×4 map; on the canvas the mean runs over more positions: the padded "
+                        "convolutions keep the input's size and the max-pool halves it"),
+                   (576, "features.6 comes after the 2×2 max-pool, which halves 24×24"),
+                   (12, "the mean runs over all 12×12 positions, not one row of them"),
+                   (64, "64 is the number of channels; the mean that makes α_k runs over positions"),
+                   *[(str(n), f"write the number without quotes: {n}") for n in (16, 144, 576)]])
+def _canvas_alpha() -> int:
+    return _canvas_divisor()
+
+
 MAP_CHOICES = ("plain gradient", "guided backprop", "Grad-CAM")
 
 
-@prediction("05.e", "which map changes least for another class: the plain gradient, guided backprop or Grad-CAM",
+@prediction("05.f", "which map changes least for another class: the plain gradient, guided backprop or Grad-CAM",
             why="guided backprop's map changes little with the weights (section 3: an untrained network's "
                 "resembles the digit even more), and another class changes it little too (mean rank correlation about "
                 "0.8). The plain "
@@ -849,7 +876,9 @@ def _pair_problem(got, case: dict, where: str) -> str | None:
                 "output as it was when you registered it (lesson 03)")
     if not torch.allclose(act, case["activation"], atol=1e-6):
         if torch.allclose(act, case["activation"].relu(), atol=1e-6):
-            return (f"{where}: the activation you kept was overwritten by the in-place ReLU after the layer: keep "
+            return (f"{where}: the activation you kept was overwritten by the in-place ReLU after the layer: you "
+                    "stored output (or output.detach(), which shares its memory) in the forward hook and cloned it "
+                    "later, after the ReLU had written over it. Clone inside the forward hook: keep "
                     "output.detach().clone(), a copy with memory of its own (lesson 02)")
         return f"{where}: the activation is not the layer's output: {compare_tensors(act, case['activation']).detail}"
     if not torch.allclose(grad, case["gradient"], atol=1e-6):
