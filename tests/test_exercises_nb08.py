@@ -16,12 +16,12 @@ from hooklab.exercises import exercises, grade, nb08
 IDS = sorted(id for id in exercises() if id.startswith("08."))
 
 
-def test_notebook_08_has_five_predictions_and_six_exercises():
-    assert IDS == ["08.1", "08.2", "08.3", "08.4", "08.5", "08.6", "08.a", "08.b", "08.c", "08.d", "08.e"]
+def test_notebook_08_has_five_predictions_and_seven_exercises():
+    assert IDS == ["08.1", "08.2", "08.3", "08.4", "08.5", "08.6", "08.7", "08.a", "08.b", "08.c", "08.d", "08.e"]
 
 
 # ----- predictions ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("08.a", 6), ("08.b", 3), ("08.c", "below"), ("08.d", "yes"),
+@pytest.mark.parametrize(("id", "truth"), [("08.a", 4), ("08.b", 3), ("08.c", "below"), ("08.d", "yes"),
                                                  ("08.e", [3, 3])])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
@@ -29,12 +29,12 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
 
 
 @pytest.mark.parametrize(("id", "guess", "hint"), [
-    ("08.a", 7, "position after it"), ("08.a", 1, "previous-token head"),
+    ("08.a", 5, "position after it"), ("08.a", 6, "run of 7"), ("08.a", 1, "previous-token head"),
     ("08.b", 2, "position 2 before it"), ("08.b", 9, "record"),
     ("08.c", "above", "a vote for 17"), ("08.c", "0-8", 'pick one of "above" or "below"'),
     ("08.c", "0 to 8", "pick one of"), ("08.c", True, "pick one of"),
     ("08.d", "no", "length alone"), ("08.d", "the same", 'pick one of "yes" or "no"'),
-    ("08.e", [3, 2], "puts back position 3's record"), ("08.e", [4, 3], "left position 2's 3 alone"),
+    ("08.e", [3, 2], "puts back position 3's record"), ("08.e", [4, 3], "position 4 records a 19"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
@@ -44,6 +44,22 @@ def test_wrong_guesses_get_their_hint(id, guess, hint):
 def test_a_guess_outside_the_options_is_not_told_the_answer(id, guess):
     detail = grade(id, guess).detail
     assert "pick one of" in detail and "next cell" not in detail and ":" not in detail
+
+
+@pytest.mark.parametrize(("id", "guess"), [
+    ("08.a", "four"), ("08.a", 4.5), ("08.a", [4]), ("08.a", True), ("08.b", "three"), ("08.b", [3]),
+    ("08.b", False), ("08.e", ["3", "3"]), ("08.e", "3, 3"), ("08.e", [3]), ("08.e", 3), ("08.e", True),
+    ("08.e", (3, "3")),
+])  # fmt: skip
+def test_a_guess_in_the_wrong_form_gets_a_format_hint_not_the_answer(id, guess):
+    detail = failed(id, guess, "write").detail
+    truth = exercises()[id].checker.__wrapped__.truth()
+    assert str(truth) not in detail and "back" not in detail and "record" not in detail
+
+
+@pytest.mark.parametrize(("id", "guess"), [("08.a", "4"), ("08.b", " 3 ")])
+def test_a_number_in_quotes_is_told_to_drop_them(id, guess):
+    failed(id, guess, "not a string")
 
 
 # ----- the problem and the lesson's measurements ---------------------------------------------------
@@ -325,6 +341,59 @@ def test_08_5_accepts_the_worked_answer_and_a_list_of_numbers():
 
 
 # ----- 08.6 -------------------------------------------------------------------------------------
+def std_returns_nothing(std):
+    return lambda module, args, output: None
+
+
+def std_not_centred(std):
+    return lambda module, args, output: args[0] / std * module.weight + module.bias
+
+
+def std_without_affine(std):
+    return lambda module, args, output: (args[0] - args[0].mean(-1, keepdim=True)) / std
+
+
+def std_from_output(std):
+    return lambda module, args, output: (output - output.mean(-1, keepdim=True)) / std * module.weight + module.bias
+
+
+def std_whole_mean(std):
+    return lambda module, args, output: (args[0] - args[0].mean()) / std * module.weight + module.bias
+
+
+def std_not_a_hook(std):
+    return std
+
+
+@pytest.mark.parametrize(("answer", "words"), [
+    (std_returns_nothing, ["unchanged", "return nothing"]), (std_not_centred, ["subtract each row's mean"]),
+    (std_without_affine, ["module.weight", "module.bias"]), (std_from_output, ["args[0]"]),
+    (std_whole_mean, ["over the last axis"]), (std_not_a_hook, ["return the hook function"]),
+    (3, ["pass your function itself"]),
+])  # fmt: skip
+def test_08_6_rejects(answer, words):
+    failed("08.6", answer, *words)
+
+
+def test_08_6_accepts_the_worked_answer_and_it_makes_the_head_drops_add():
+    assert grade("08.6", nb08.fixed_std_hook).passed
+    model, clean = nb08._model(), nb08.clean_and_corrupted()[0]
+    with record(model, ["blocks.1.hook_mlp_out", "blocks.1.hook_resid_post"]) as rec, torch.no_grad():
+        intact = nb08.logit_diff(model(clean))
+    resid = rec["blocks.1.hook_resid_post"].output
+    std = (resid.var(-1, unbiased=False, keepdim=True) + model.ln_final.eps).sqrt()
+    handles = [model.blocks[1].hook_mlp_out.register_forward_hook(lambda m, a, o: rec["blocks.1.hook_mlp_out"].output),
+               model.ln_final.register_forward_hook(nb08.fixed_std_hook(std))]
+    try:
+        single = nb08.ablation_scores(model, clean, 1, nb08.logit_diff)
+        joint = intact - nb08.logit_diff(nb08.run_hooked(model, clean, "blocks.1.attn.hook_z", lambda m, a, o: o * 0))
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert abs(single.sum().item() - joint) < 1e-3 and joint > 5
+
+
+# ----- 08.7 -------------------------------------------------------------------------------------
 def adds_everywhere(direction, position, scale):
     return lambda module, args, output: output + scale * direction
 
@@ -366,12 +435,12 @@ def adds_in_place_returned(direction, position, scale):
     (adds_everywhere, ["every position"]), (replaces, ["output + scale * direction"]),
     (adds_onward, ["from the position onward"]),
 ])  # fmt: skip
-def test_08_6_rejects(answer, words):
-    failed("08.6", answer, *words)
+def test_08_7_rejects(answer, words):
+    failed("08.7", answer, *words)
 
 
-def test_08_6_accepts_the_worked_answer():
-    assert grade("08.6", nb08.steering_hook).passed
+def test_08_7_accepts_the_worked_answer():
+    assert grade("08.7", nb08.steering_hook).passed
 
 
 def test_the_measured_facts_the_lesson_states_about_the_heads_and_steering():
@@ -481,7 +550,7 @@ def steer_copy_first(direction, position, scale):
     ("08.4", sweep_with(copy_first), ["two different runs in one batch", "only the first sequence", "output[:, ...]"]),
     ("08.5", scores_with(zero_in_place_first), ["only the first sequence"]),
     ("08.5", scores_with(zero_copy_first), ["a batch of two", "only the first sequence"]),
-    ("08.6", steer_copy_first, ["only the first sequence", "output[:, ...]"]),
+    ("08.7", steer_copy_first, ["only the first sequence", "output[:, ...]"]),
 ])  # fmt: skip
 def test_first_sequence_only_edits_are_rejected(id, answer, words):
     failed(id, answer, *words)
@@ -496,8 +565,8 @@ def zero_in_place_all(output, head, mean):
 
 
 @pytest.mark.parametrize(("id", "answer"), [
-    ("08.4", sweep_with(in_place_all)), ("08.5", scores_with(zero_in_place_all)), ("08.6", adds_in_place_returned),
-    ("08.6", adds_in_place),
+    ("08.4", sweep_with(in_place_all)), ("08.5", scores_with(zero_in_place_all)), ("08.7", adds_in_place_returned),
+    ("08.7", adds_in_place),
 ])  # fmt: skip
 def test_a_right_in_place_edit_passes_with_a_note(id, answer):
     outcome = grade(id, answer)
@@ -573,7 +642,7 @@ def test_the_positional_prior_and_the_one_position_whose_difference_matters():
     assert abs(nb08.patched_diff(model, "blocks.0.hook_resid_post", 4) - low) < 0.1
 
 
-def test_each_hook_point_knows_its_name_and_block_as_the_lesson_prints():
+def test_each_hook_point_knows_its_name_and_block():
     from hooklab.transformer import HookPoint
 
     model = nb08._model()
@@ -621,3 +690,27 @@ def test_with_layer_1s_mlp_and_the_final_layernorm_scale_frozen_head_drops_add_a
     for h, single in enumerate(singles):  # each is the head's direct logit attribution at the query
         c = w_o[:, h * d:(h + 1) * d] @ z[0, nb08.Q, h]
         assert abs(((c - c.mean()) / sd[0, nb08.Q, 0] * model.ln_final.weight) @ u - single) < 1e-3
+
+
+def test_layer_0_attends_7_back_by_position_and_layer_1_falls_back_on_key_2_without_a_match():
+    """Layer 0's stripe at k = 7 is there for runs of 5 as for runs of 7; from the query, its head 1 puts the
+    same weight on key 2 whether key 2 holds the query's token or not; with no key recording the query's
+    token before it, layer 1's heads attend key 2 and the model says the token there."""
+    from hooklab.transformer import induction_batch, induction_mask
+
+    model, clean = nb08._model(), nb08.clean_and_corrupted()[0]
+    tokens = induction_batch(1000, torch.Generator().manual_seed(0))
+    length = induction_mask(tokens).float().argmax(1)
+    for run in (5, 7):
+        layer_0 = nb08.record_patterns(model, tokens[length == run])[0]
+        scores = [nb08.stripe_score(layer_0, k).mean().item() for k in range(9)]
+        assert max(range(2, 9), key=scores.__getitem__) == 7, run
+    no_copy = clean.clone()
+    no_copy[0, nb08.Q] = 20
+    for tokens, keys, said in [(clean, [3, 3, 3, 3], 19), (nb08.second_corruption(), [2, 2, 2, 4], 10),
+                               (no_copy, [2, 2, 2, 2], 3)]:
+        layer_0, layer_1 = nb08.record_patterns(model, tokens)
+        assert 0.385 <= layer_0[0, 1, nb08.Q, 2].item() < 0.405
+        assert layer_1[0, :, nb08.Q].argmax(-1).tolist() == keys
+        with torch.no_grad():
+            assert model(tokens)[0, nb08.Q].argmax().item() == said

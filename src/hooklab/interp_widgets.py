@@ -90,7 +90,7 @@ class PatchingExplorer:
         winner = {self.answer: "clean", wrong: "corrupted"}.get(predicted, "neither")
         return (f"corruption {self.names[corruption]}: clean {point} patched in at position {position}: "
                 f"logit[{self.answer}] − logit[{wrong}] at position {self.query} = {diff:+.1f}, normalised "
-                f"{self.normalised(point, position, corruption):.2f} "
+                f"{round(self.normalised(point, position, corruption), 2) + 0.0:.2f} "  # + 0.0: no "-0.00"
                 f"({winner} answer wins); predicts {predicted}, layer "
                 f"{len(self.model.blocks) - 1}'s heads attend keys {keys}")
 

@@ -9,8 +9,9 @@ their truth with torch. ``second_corruption()`` changes the 3 before the 19 (pos
 record the attention patterns with forward hooks (08.1), the stripe score of a pattern (08.2),
 TransformerLens's ``run_with_hooks`` by name (08.3),
 the patching sweep over hook points × positions, normalised (08.4), a hook that zero- or mean-ablates one
-head (08.5), and a hook that adds a steering direction (08.6). ``record_patterns``, ``run_with_hooks``,
-``patching_sweep``, ``patch_hook``, ``ablation_hook`` and ``steering_hook`` are worked answers: the lesson goes
+head (08.5), a hook that makes a LayerNorm divide by a fixed std (08.6), and a hook that adds a steering direction
+(08.7). ``record_patterns``, ``run_with_hooks``, ``patching_sweep``, ``patch_hook``, ``ablation_hook``,
+``fixed_std_hook`` and ``steering_hook`` are worked answers: the lesson goes
 on with them while the student's own has not passed, as is ``stripe_score``.
 """
 
@@ -169,6 +170,16 @@ def ablation_scores(model: nn.Module, tokens: torch.Tensor, layer: int, metric,
     return scores
 
 
+def fixed_std_hook(std: torch.Tensor):
+    """A forward hook for an ``nn.LayerNorm`` that divides by ``std`` instead of its input's own std:
+    ``(x − x.mean(-1)) / std · weight + bias`` from the input ``x`` (``std`` broadcasts against ``x``)."""
+    def hook(module, args, output):
+        centred = args[0] - args[0].mean(-1, keepdim=True)
+        return centred / std * module.weight + module.bias
+
+    return hook
+
+
 def steering_hook(direction: torch.Tensor, position: int, scale: float):
     """A forward hook that adds ``scale · direction`` (``(d_model,)``) to the output at ``position``."""
     def hook(module, args, output):
@@ -233,19 +244,54 @@ def mean_z(model: nn.Module, n: int = 256) -> torch.Tensor:
 
 
 # ----- predictions ----------------------------------------------------------------------------------------
-@prediction("08.a", "the offset k at which layer 1's stripe score, over the runs of 7, is highest",
-            why="an induction head at a repeated token attends to the position after the token's earlier copy: the "
-                "copy is 7 back (the run's length), the position after it 6 back, so k = 6",
-            wrong=[(7, "7 back is the earlier copy of the query's own token; the head attends to the position after "
-                       "it, whose token comes next"),
-                   (1, "the previous token is 1 back: a previous-token head's stripe, not an induction head's")])
-def _induction_offset() -> int:
+class _Format:
+    """Equal to any guess of the wrong form (``is_slip(guess)`` true): a ``wrong=`` entry whose hint names the
+    form the question wants, never the answer."""
+
+    def __init__(self, is_slip) -> None:
+        self.is_slip = is_slip
+
+    def __eq__(self, guess: object) -> bool:
+        try:
+            return bool(self.is_slip(guess))
+        except (TypeError, ValueError):
+            return False
+
+    __hash__ = None
+
+
+def _spelled_number(value: object) -> bool:
+    return isinstance(value, str) and value.strip().strip("'\"").lstrip("-").isdigit()
+
+
+_WHOLE = "write one whole number, like 0, without quotes or brackets"
+ONE_POSITION = [(True, _WHOLE), (False, _WHOLE),
+                (_Format(lambda g: isinstance(g, float | list | tuple)
+                         or (isinstance(g, str) and not _spelled_number(g))), _WHOLE)]
+
+
+def _stripe_peak(length: int) -> int:
     from ..transformer import induction_batch, induction_mask
 
     tokens = induction_batch(1000, torch.Generator().manual_seed(0))
-    runs_of_7 = tokens[induction_mask(tokens).float().argmax(1) == 7]
-    pattern = record_patterns(_model(), runs_of_7)[1]
+    runs = tokens[induction_mask(tokens).float().argmax(1) == length]
+    pattern = record_patterns(_model(), runs)[1]
     return max(range(9), key=lambda k: stripe_score(pattern, k).mean().item())
+
+
+@prediction("08.a", "the offset k at which layer 1's stripe score, over the runs of 5, is highest",
+            why="an induction head at a repeated token attends to the position after the token's earlier copy: in a "
+                "run of 5 the copy is 5 back (the run's length), the position after it 4 back, so k = 4",
+            wrong=[(5, "5 back is the earlier copy of the query's own token; the head attends to the position after "
+                       "it, whose token comes next"),
+                   (6, "6 back fits the figure's run of 7; in a run of 5 the earlier copy is 5 back, and the head "
+                       "attends to the position after it"),
+                   (7, "7 back fits a run of 7; in a run of 5 the earlier copy is 5 back, and the head attends to the "
+                       "position after it"),
+                   (1, "the previous token is 1 back: a previous-token head's stripe, not an induction head's"),
+                   *ONE_POSITION])
+def _induction_offset() -> int:
+    return _stripe_peak(5)
 
 
 @prediction("08.b", "the position whose clean blocks.0.hook_attn_out restores the second corruption's answer",
@@ -255,7 +301,8 @@ def _induction_offset() -> int:
             wrong=[(2, "the 10 at position 2 sits in its embedding, which stays corrupted; layer 1 matches the "
                        "query with a key's record of the token before it. Which position has position 2 before it?"),
                    (9, "layer 1 matches the query's 3 with a key's previous token; the key's record is what the "
-                       "second corruption broke, not the query")])
+                       "second corruption broke, not the query"),
+                   *ONE_POSITION])
 def _layer0_position() -> int:
     model = _model()
     point = "blocks.0.hook_attn_out"
@@ -344,8 +391,8 @@ def key_3_attention(scale: float, direction: torch.Tensor | None = None) -> floa
     return rec["blocks.1.attn.hook_pattern"].output[0, :, Q, CHANGED].max().item()
 
 
-@prediction("08.d", "whether a random direction as long as ours, at scale 4, also lowers layer 1's attention from the "
-                    "query to key 3 below its value at scale 1 (three random directions)",
+@prediction("08.d", "whether a random direction as long as ours, added at scale 4 instead of 1, lowers layer 1's "
+                    "attention from the query to key 3",
             why="yes: for each of the three, the most any head attends from the query to key 3 is lower at scale 4 "
                 "than at scale 1, so part of the loss comes from the added vector's length, not its direction",
             wrong=[("no", "for each of the three random directions, the most any head attends from the query to key "
@@ -385,23 +432,35 @@ def layer_1_key(tokens: torch.Tensor, hooks=()) -> int:
     return rec["blocks.1.attn.hook_pattern"].output[0, :, Q].argmax(-1).mode().values.item()
 
 
-@prediction("08.e", "the key layer 1's heads attend to from the query: in the first corruption unpatched, and in the "
-                    "second with blocks.0.hook_attn_out patched in at 3",
-            why="[3, 3]: a head at the query's 3 looks for the key whose previous token was a 3. The first corruption "
-                "changed position 3's own token, not its record of the token before it, so the head still finds "
-                "key 3 and copies the 17 there; in the second, the patch puts that record back at 3",
+def _two_whole(guess: object) -> bool:
+    return isinstance(guess, list | tuple) and len(guess) == 2 and all(
+        isinstance(g, int) and not isinstance(g, bool) for g in guess)
+
+
+_TWO = "write a list of two whole numbers, like [0, 0], without quotes: the key in (a), then the key in (b)"
+TWO_KEYS = [(True, _TWO), (False, _TWO), (_Format(lambda g: not _two_whole(g)), _TWO)]
+
+
+@prediction("08.e", "the key layer 1's heads attend to from the query: in the first corruption with "
+                    "blocks.0.hook_resid_post patched in at 4, and in the second with blocks.0.hook_attn_out "
+                    "patched in at 3",
+            why="[3, 3]: a head at the query's 3 looks for the key whose record says the token before it was a 3. "
+                "In the first corruption that is still key 3 (only its own token changed), and position 4's "
+                "residual, patched or not, records a 19 before it; in the second, the patch puts 3's record back",
             wrong=[([3, 2], "the patch at 3 puts back position 3's record that the token before it was a 3: the "
                             "query's 3 finds it there again"),
                    ([9, 3], "layer 1 attends from the query to an earlier key, the one after the 3's earlier copy"),
-                   ([4, 3], "the first corruption left position 2's 3 alone, so position 3 still records a 3 "
-                            "before it: the head finds key 3 and copies what sits there, now 17"),
-                   ([4, 4], "the first corruption left position 2's 3 alone, so position 3 still records a 3 "
-                            "before it: the head finds key 3 and copies what sits there, now 17")])
+                   ([4, 3], "patching 4 puts back its residual, but the query's 3 looks for a key that records a 3 "
+                            "before it; position 4 records a 19"),
+                   ([4, 4], "the query's 3 looks for a key that records a 3 before it; position 4 records a 19, "
+                            "however it is patched"),
+                   *TWO_KEYS])
 def _layer_1_keys() -> list[int]:
     model = _model()
-    cache = clean_cache(model, ["blocks.0.hook_attn_out"])
-    patched = [("blocks.0.hook_attn_out", patch_hook(cache["blocks.0.hook_attn_out"], CHANGED))]
-    return [layer_1_key(clean_and_corrupted()[1]), layer_1_key(second_corruption(), patched)]
+    cache = clean_cache(model, ["blocks.0.hook_resid_post", "blocks.0.hook_attn_out"])
+    at_4 = [("blocks.0.hook_resid_post", patch_hook(cache["blocks.0.hook_resid_post"], CHANGED + 1))]
+    at_3 = [("blocks.0.hook_attn_out", patch_hook(cache["blocks.0.hook_attn_out"], CHANGED))]
+    return [layer_1_key(clean_and_corrupted()[1], at_4), layer_1_key(second_corruption(), at_3)]
 
 
 # ----- exercises ----------------------------------------------------------------------------------------------
@@ -935,7 +994,64 @@ def _check_scores(answer) -> Outcome:
                          "two, and no hook left behind." + (IN_PLACE if edited else ""))
 
 
-@exercise("08.6", "steer with a direction added in a forward hook")
+def _fixed_std_cases():
+    """Two LayerNorms with weights and biases of their own, inputs ``(2, 3, 8)`` and a std to divide by."""
+    gen = torch.Generator().manual_seed(8)
+    cases = []
+    for shift in (0.0, 3.0):
+        norm = nn.LayerNorm(8)
+        with torch.no_grad():
+            norm.weight.copy_(torch.rand(8, generator=gen) + 0.5)
+            norm.bias.copy_(torch.randn(8, generator=gen))
+        x = torch.randn(2, 3, 8, generator=gen) * 2 + shift
+        cases.append((norm, x, torch.rand(2, 3, 1, generator=gen) + 0.5))
+    return cases
+
+
+def _fixed_std_slip(norm: nn.LayerNorm, x: torch.Tensor, std: torch.Tensor, got: torch.Tensor) -> str | None:
+    def near(value):
+        return value.shape == got.shape and torch.allclose(got, value, atol=1e-4)
+
+    centred = x - x.mean(-1, keepdim=True)
+    if near(norm(x)):
+        return ("the LayerNorm's output is unchanged (did your hook return nothing?): it still divides by the "
+                "input's own std; return the centred input divided by the std you were given")
+    if near(x / std * norm.weight + norm.bias):
+        return "subtract each row's mean over the last axis first: x - x.mean(-1, keepdim=True)"
+    if near(centred / std):
+        return "multiply by module.weight and add module.bias, as the LayerNorm does after dividing"
+    normed = norm(x)
+    if near((normed - normed.mean(-1, keepdim=True)) / std * norm.weight + norm.bias):
+        return "start from the LayerNorm's input, args[0]: its output is already divided by the input's own std"
+    if near((x - x.mean()) / std * norm.weight + norm.bias):
+        return "take the mean of each row over the last axis (x.mean(-1, keepdim=True)), not of the whole tensor"
+    return None
+
+
+@exercise("08.6", "freeze the final LayerNorm's std with a forward hook")
+def _check_fixed_std(answer) -> Outcome:
+    for norm, x, std in _fixed_std_cases():
+        hook = _hook_or_outcome(answer, "fixed_std_hook", std)
+        if isinstance(hook, Outcome):
+            return hook
+        handle = norm.register_forward_hook(hook)
+        try:
+            with torch.no_grad():
+                got = norm(x)
+        finally:
+            handle.remove()
+        want = fixed_std_hook(std)(norm, (x,), None)
+        if got.shape == want.shape and torch.allclose(got, want, atol=1e-5):
+            continue
+        if (slip := _fixed_std_slip(norm, x, std, got)) is not None:
+            return Outcome(False, slip)
+        return Outcome(False, "the LayerNorm's output with your hook is not (x - x.mean(-1)) / std * weight + bias, "
+                              "x its input")
+    return Outcome(True, "the centred input divided by the std given, times the LayerNorm's weight, plus its bias, "
+                         "on two LayerNorms.")
+
+
+@exercise("08.7", "steer with a direction added in a forward hook")
 def _check_steering(answer) -> Outcome:
     model = _model()
     direction = steering_direction(model)
@@ -971,6 +1087,7 @@ __all__ = [
     "clean_and_corrupted",
     "clean_cache",
     "clean_cache_of",
+    "fixed_std_hook",
     "head_0_noised",
     "induction_pair",
     "layer_1_key",
