@@ -6,6 +6,7 @@ not the course has guide notebooks yet."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -74,16 +75,39 @@ def test_the_guide_is_copied_and_graded_by_make_test_and_no_worked_answer_of_les
 
 def test_the_notebooks_say_the_worked_answers_come_from_the_instructor(copy):
     """The lessons' "Worked answers: [solutions/…](…)" and the guide's "worked answers are in […]"
-    would point into the folder the copy leaves out; every other byte of a notebook is the course's."""
+    would point into the folder the copy leaves out; every other markdown cell is the course's."""
     for notebook in sorted((copy / "notebooks").rglob("*.ipynb")):
-        course = (ROOT / notebook.relative_to(copy)).read_text(encoding="utf-8")
-        text = notebook.read_text(encoding="utf-8")
-        assert "solutions/" not in text, notebook.name
-        if "solutions/" in course:
-            assert "from your instructor" in text, notebook.name
-            assert len(text.splitlines()) <= len(course.splitlines())
-        else:
-            assert text == course, notebook.name
+        course = json.loads((ROOT / notebook.relative_to(copy)).read_text(encoding="utf-8"))["cells"]
+        cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+        assert "solutions/" not in json.dumps(cells), notebook.name
+        assert [c["cell_type"] for c in cells] == [c["cell_type"] for c in course]
+        for mine, theirs in zip(cells, course, strict=True):
+            if mine["cell_type"] == "markdown" and "solutions/" in "".join(theirs["source"]):
+                assert "from your instructor" in "".join(mine["source"]), notebook.name
+            else:
+                assert mine["source"] == theirs["source"], notebook.name
+
+
+def test_a_predictions_answer_is_not_stored_in_the_copy_and_every_other_output_is(copy):
+    """A student reads the **Predict.** question, writes a guess, then runs the cell that shows the
+    answer: in the copy that cell has no stored output (in the course it has one, checked by nbval)."""
+    hidden = 0
+    for notebook in sorted((copy / "notebooks").glob("*.ipynb")):
+        course = json.loads((ROOT / notebook.relative_to(copy)).read_text(encoding="utf-8"))["cells"]
+        cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+        answers = release.answer_cells(course)
+        predictions = [i for i, c in enumerate(course) if "".join(c["source"]).startswith("**Predict.**")]
+        assert len(answers) >= len(predictions) // 2, f"{notebook.name}: the answer cells are not found"
+        for i, (mine, theirs) in enumerate(zip(cells, course, strict=True)):
+            if i in answers:
+                assert theirs["outputs"], (notebook.name, i)
+                assert mine["outputs"] == [] and mine["execution_count"] is None, (notebook.name, i)
+                assert "".join(course[i - 2]["source"]).startswith("**Predict.**")
+                assert "guess" in "".join(course[i - 1]["source"])
+            elif mine["cell_type"] == "code":
+                assert mine["outputs"] == theirs["outputs"], (notebook.name, i)
+        hidden += len(answers)
+    assert hidden >= 30
 
 
 @pytest.mark.parametrize(("line", "expected"), [

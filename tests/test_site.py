@@ -260,3 +260,23 @@ def test_without_the_worked_answers_the_guide_stays_and_no_link_leads_to_an_answ
         sorted([page for page in SMALL_PAGES if not page.startswith("solutions/")] + ["index.html"])  # fmt: skip
     assert local_links(out)[1] == []
     assert "Worked answers" not in (out / "index.html").read_text()
+
+
+def test_a_predictions_answer_is_folded_until_the_reader_opens_it(site):
+    """On a lesson's page the output of each cell that shows a prediction's answer sits in a closed
+    <details> block, after the question and the guess cell; other outputs are shown as they are."""
+    from release import answer_cells  # tools/
+
+    folded = 0
+    for name in NOTEBOOKS:
+        nb = nbformat.read(ROOT / "notebooks" / name, as_version=4)
+        page = (site / name.replace(".ipynb", ".html")).read_text()
+        answers = answer_cells(nb.cells)
+        assert page.count('<details class="hooklab-answer">') == len(answers), name
+        first = nb.cells[answers[0]].outputs[0]
+        shown = "".join(first.get("text", "")) or "".join(first.get("data", {}).get("text/plain", ""))
+        if shown.strip():
+            line = escape(shown.strip().splitlines()[0], quote=False)
+            assert page.index(line) > page.index('<details class="hooklab-answer">'), name
+        folded += len(answers)
+    assert folded >= 30

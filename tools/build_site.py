@@ -32,6 +32,7 @@ from pathlib import Path
 import nbformat
 from nbconvert import HTMLExporter
 from nbconvert.filters.markdown_mistune import markdown2html_mistune
+from release import answer_cells  # tools/
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
@@ -131,6 +132,19 @@ def draw_widgets(nb) -> None:
             out["data"] = {"text/html": body}
 
 
+ANSWER = "<details class='hooklab-answer'><summary>The answer: write your guess first, then open</summary>{}</details>"
+
+
+def fold_answers(nb) -> None:
+    """The outputs of each cell that shows a prediction's answer (``release.answer_cells``) become
+    one folded block that a reader opens after guessing, as a student runs the cell after guessing."""
+    for index in answer_cells(nb.cells):
+        cell = nb.cells[index]
+        shown = "".join(output_html(out) for out in cell.outputs)
+        if shown:
+            cell.outputs = [nbformat.v4.new_output("display_data", data={"text/html": ANSWER.format(shown)})]
+
+
 # --- pages ---------------------------------------------------------------------------------------
 
 
@@ -145,12 +159,16 @@ def local_links(page: str) -> str:
 def title_and_goals(nb) -> tuple[str, str]:
     """The notebook's H1 title and the markdown of its learning goals: the list after a bold line
     "**After this notebook you will be able to**" (or "**You will be able to:**", "**After this lesson you
-    can**"); a lesson that opens straight with its problem has none."""
+    can**"), or the sentence that follows such a bold start; a lesson that opens straight with its
+    problem has none."""
     first = next((c.source for c in nb.cells if c.cell_type == "markdown"), "")
     title = next((line[2:].strip() for line in first.splitlines() if line.startswith("# ")), "")
     bold = r"\*\*(?:After [^*\n]*)?(?:[Yy]ou will be able to|you can):?\*\*:?\n"
     goals = re.search(bold + r"((?:[-*] .*\n?(?:  .*\n?)*)+)", first)
-    return title, goals[1] if goals else ""
+    if goals:
+        return title, goals[1]
+    inline = re.search(bold.removesuffix(r"\n") + r"[ \t]*(\S.*?)(?:\n\n|\Z)", first, re.S)  # the goals as a sentence
+    return title, " ".join(inline[1].split()) if inline else ""
 
 
 def nav(page: str, order: list[str]) -> str:
@@ -176,6 +194,7 @@ def nav(page: str, order: list[str]) -> str:
 def render(path: Path, page: str, order: list[str], exporter: HTMLExporter) -> str:
     nb = nbformat.read(path, as_version=4)
     draw_widgets(nb)
+    fold_answers(nb)
     nb.metadata["title"] = title_and_goals(nb)[0] or path.stem
     has_math = any(re.search(r"\$[^$\n]+\$", c.source) for c in nb.cells if c.cell_type == "markdown")
     body, _ = exporter.from_notebook_node(nb, resources={"hooklab_math": has_math})

@@ -14,7 +14,8 @@ machine, which may have no bubblewrap). No tests: the course's exercise tests ne
 
 The notebooks' links to their worked answers (``Worked answers: [solutions/…](…)``) would point
 into the missing folder: in the copy they say that the worked answers come from the instructor
-(``without_answer_links``).
+(``without_answer_links``). The cells that show a prediction's answer are copied without their
+stored output (``answer_cells``): the student guesses, then runs the cell to see it.
 """
 
 from __future__ import annotations
@@ -103,7 +104,13 @@ def student_readme(readme: str) -> str:
         raise SystemExit(f"README.md has no section {missing}: update README_SECTIONS in tools/release.py")
     kept = [TWO_COMMANDS if title == "## Two commands" else sections[title] for title in README_SECTIONS]
     paragraphs = "".join(kept).replace("`make grade`", "`make test`").split("\n\n")  # the copy's make test grades
-    return "\n\n".join(p for p in paragraphs if "solutions/" not in p).rstrip() + "\n"
+    paragraphs = [STUDY if "(#a-student-copy)" in p else p for p in paragraphs if "solutions/" not in p]
+    return "\n\n".join(paragraphs).rstrip() + "\n"
+
+
+#: What the copy's README says in place of the course's paragraph on studying from the student copy.
+STUDY = ("The answer to each **Predict.** question is not stored under it: write your guess, then run\n"
+         "the cell after it to see the answer.")
 
 
 #: How a notebook points to its worked answers, and what the copy says instead: "Worked answers:
@@ -129,20 +136,38 @@ def without_answer_links(text: str, name: str) -> str:
     return text
 
 
+PREDICT = re.compile(r"^\s*\*\*Predict\.\*\*")
+GUESS = re.compile(r"""^\s*check\(\s*["'](?:\d\d|G\d+)\.[a-z]["']\s*,""", re.MULTILINE)
+
+
+def answer_cells(cells: list[dict]) -> list[int]:
+    """The cells that show a prediction's answer: after each ``**Predict.**`` markdown cell and the
+    code cell holding the student's guess (``check("01.a", guess)``), the next code cell."""
+    text = lambda cell: "".join(cell["source"])  # noqa: E731
+    found = []
+    for i in range(len(cells) - 2):
+        if (cells[i]["cell_type"] == "markdown" and PREDICT.match(text(cells[i]))
+                and cells[i + 1]["cell_type"] == "code" and GUESS.search(text(cells[i + 1]))
+                and cells[i + 2]["cell_type"] == "code"):  # fmt: skip
+            found.append(i + 2)
+    return found
+
+
 def copy_notebook(source: Path, folder: Path) -> None:
-    """Copy a notebook into ``folder``, its links to the worked answers rewritten (cells whose
-    markdown names ``solutions/``; every other byte as it was)."""
-    text = source.read_text(encoding="utf-8")
-    if "solutions/" not in text:
-        shutil.copy2(source, folder)
-        return
+    """Copy a notebook into ``folder`` for a student: its links to the worked answers rewritten
+    (cells whose markdown names ``solutions/``), and no stored output in the cells that show a
+    prediction's answer (``answer_cells``), so the answer appears only when the student runs the
+    cell after guessing; every other cell as it was."""
     import json
 
-    nb = json.loads(text)
-    for cell in nb["cells"]:
+    nb = json.loads(source.read_text(encoding="utf-8"))
+    cells = nb.get("cells", [])
+    for cell in cells:
         if cell["cell_type"] == "markdown" and "solutions/" in "".join(cell["source"]):
             lines = without_answer_links("".join(cell["source"]), source.name).splitlines(keepends=True)
             cell["source"] = lines
+    for index in answer_cells(cells):
+        cells[index]["outputs"], cells[index]["execution_count"] = [], None
     (folder / source.name).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
