@@ -395,3 +395,27 @@ def test_a_bool_truth_answered_with_anything_else_is_asked_for_a_bool_without_th
         detail = grade("99.z", guess).detail
         assert "write True or False" in detail and "because" not in detail
     assert grade("99.z", False).passed and not grade("99.z", True).passed
+
+
+def test_a_slip_of_form_says_so_and_never_gives_the_answer(capsys, monkeypatch):
+    """A guess in another form than the question asks (a quoted number, 0 for False, what ``form``
+    names) prints "not in the form asked" and the form wanted, not "not quite" and the rule."""
+    import hooklab.exercises as registry
+    from hooklab.exercises import check, grade, prediction
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    monkeypatch.setattr(registry, "_CHECKED", {})
+    one_list = lambda g: "write two numbers in one flat list" if isinstance(g, list) and g and isinstance(g[0], list) else None  # noqa: E731, E501
+    prediction("99.f", "two numbers", why="both are 3, by the rule", form=one_list)(lambda: [3, 3])
+    prediction("99.g", "a number", why="it is 4, by the rule")(lambda: 4.0)
+    prediction("99.h", "a bool", why="no, by the rule")(lambda: False)
+    for id, guess in (("99.f", [[3, 3]]), ("99.g", "4"), ("99.h", 0)):
+        outcome = grade(id, guess)
+        assert not outcome.passed and outcome.form and "rule" not in outcome.detail, (id, outcome)
+        check(id, guess)
+        assert "not in the form asked — " in capsys.readouterr().out
+        assert registry.checked()[id][0] == "not in the form asked"
+    for id, guess in (("99.f", [3, 4]), ("99.g", 5), ("99.h", True)):  # wrong in the right form: the rule
+        outcome = grade(id, guess)
+        assert not outcome.passed and not outcome.form and "rule" in outcome.detail
+    assert grade("99.f", (3, 3)).passed and grade("99.g", 4).passed and grade("99.h", False).passed

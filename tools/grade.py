@@ -32,9 +32,10 @@ cell the run ended, and the cells after it count as not run. A notebook cannot b
 cannot be read, its kernel does not start, or a timed-out cell does not stop on the interrupt (the
 next cell then times out too, and the run is given up); the batch goes on with the next notebook.
 ``--json FILE`` writes the same as JSON, rewritten after every notebook, the predictions apart
-under ``"predictions"`` (each one's verdict: right, not quite, or no guess yet). The exit status
-is 0 when every notebook was graded and ran to its end (whatever its verdicts), 1 when at least
-one could not be graded or was ended early, 2 for a usage error (bubblewrap missing included).
+under ``"predictions"`` (each one's verdict: right, not quite, not in the form asked, or no guess
+yet). The exit status is 0 when every notebook was graded and ran to its end (whatever its
+verdicts), 1 when at least one could not be graded or was ended early, 2 for a usage error
+(bubblewrap missing included).
 
 ``--jobs N`` runs N notebooks at a time, one kernel each (default: the number of cores this
 process may use); the report keeps the order of the command line. Each kernel runs on one thread
@@ -493,7 +494,7 @@ def report(path: Path, verdicts: dict, problems: list[str], suspect: list[str] =
     for id, r in others.items():
         detail = f" — {r['detail']}" if r["detail"] else ""
         lines.append(f"  also checked: {id} ({r['title']}) {r['verdict']}{detail}")
-    made = [r["verdict"] for r in predictions.values() if r["verdict"] in ("right", "not quite")]
+    made = [r["verdict"] for r in predictions.values() if r["verdict"] != "no guess yet"]
     if made:
         lines.append(f"  predictions: {made.count('right')} right of {len(made)} made (not marked)")
     lines += [f"  {p}" for p in problems]

@@ -54,6 +54,7 @@ __all__ = ["check", "checked", "exercise", "exercises", "grade", "passed", "pred
 class Outcome:
     passed: bool
     detail: str
+    form: bool = False  # a prediction written in another form than the question asks: the hint names the form
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,8 @@ def exercise(id: str, title: str, time_limit: float | None = None):
     return register
 
 
-def prediction(id: str, title: str, why: str, wrong: Iterable[tuple[object, str]] = (), rel: float = 0.01):
+def prediction(id: str, title: str, why: str, wrong: Iterable[tuple[object, str]] = (), rel: float = 0.01,
+               form: Callable[[object], str | None] | None = None):
     """Register a prediction ``id`` (a lesson number and a letter: ``"01.a"``): the decorated
     function takes no argument and **computes** the truth with torch (the same experiment the
     lesson's next cell shows), so a wrong expectation fails the tests instead of misleading a student.
@@ -94,6 +96,9 @@ def prediction(id: str, title: str, why: str, wrong: Iterable[tuple[object, str]
     ``...`` (the lesson's stub) is "no guess yet": ``None`` is a guess like any other. A number
     written as a string (``"0.25"``) where the truth is a number is told to drop the quotes; anything but
     a bool where the truth is a bool (``0``, ``"no"``) is asked for True or False, without the answer.
+    ``form(guess)``, if given, returns a hint naming the form the question wants (or None) for a guess
+    that matches neither the truth nor a ``wrong`` entry. Such a slip of form prints ``not in the form
+    asked`` instead of ``not quite``, and its hint never gives the answer away.
     """
 
     def register(truth: Callable[[], object]) -> Callable[[], object]:
@@ -105,11 +110,15 @@ def prediction(id: str, title: str, why: str, wrong: Iterable[tuple[object, str]
             if same(guess, expected, rel):
                 return Outcome(True, why)
             hint = next((text for value, text in wrong if same(guess, value, rel)), None)
-            if hint is None and _is_number(expected) and isinstance(guess, str) and _as_number(guess) is not None:
-                hint = f"write a number, not a string: {_unquoted(guess)}, without quotes"
-            if hint is None and isinstance(expected, bool) and not isinstance(guess, bool):
-                hint = f"write True or False, without quotes: the question wants a bool, not {kind_of(guess)}"
-            return Outcome(False, hint or why)
+            if hint is not None:
+                return Outcome(False, hint)
+            if _is_number(expected) and isinstance(guess, str) and _as_number(guess) is not None:
+                return Outcome(False, f"write a number, not a string: {_unquoted(guess)}, without quotes", form=True)
+            if isinstance(expected, bool) and not isinstance(guess, bool):
+                return Outcome(False, f"write True or False, without quotes: the question wants a bool, not "
+                                      f"{kind_of(guess)}", form=True)  # fmt: skip
+            slip = form(guess) if form is not None else None
+            return Outcome(False, slip, form=True) if slip else Outcome(False, why)
 
         checker.truth = truth  # for the tests: the value a right guess must match
         if id in _REGISTRY:
@@ -247,7 +256,8 @@ def check(id: str, answer: object) -> None:
     changed = _GRADING.get("tampered", list)()  # [] outside a grading kernel
     verdict, detail = _verdict(ex, answer)
     if ex.kind == "prediction":
-        verdict = {"not solved yet": "no guess yet", "passed": "right", "failed": "not quite"}[verdict]
+        verdict = {"not solved yet": "no guess yet", "passed": "right", "failed": "not quite",
+                   "form": "not in the form asked"}[verdict]  # fmt: skip
         if verdict == "no guess yet":
             detail = "replace the ... with your guess, run this cell, then the next one"
         _CHECKED[id] = (verdict, detail)
@@ -280,7 +290,7 @@ def _verdict(ex: Exercise, answer: object) -> tuple[str, str]:
         if isinstance(exc, TypeError) and "not callable" in str(exc) and not callable(answer):
             return "failed", _not_a_function(ex.id, answer)  # the check called it: not the student's bug
         return "failed", f"your code raised {type(exc).__name__}: {_short(str(exc))}"
-    return ("passed" if outcome.passed else "failed"), outcome.detail
+    return ("passed" if outcome.passed else "form" if outcome.form else "failed"), outcome.detail
 
 
 #: Seconds a check may run before it is stopped (only in the main thread, as in a notebook).
