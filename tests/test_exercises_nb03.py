@@ -38,7 +38,7 @@ def answer_with(attach, names=None, cleanup_in_finally=True):
 # ----- predictions ------------------------------------------------------------------------------
 PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that gets its own hint
     "03.a": ([0.1868, 0.1755], [0.7514, 0.7729], "the sigmoid's output"),
-    "03.b": (0.25, 0.5, "σ(0)"),
+    "03.b": (0.32, 0.25, "a sigmoid's factor"),
     "03.c": ([0.5, 1], [0.5, 10], "reaches only the earlier layers"),
     "03.d": (8, 7, "layer 0's own runs too"),
     "03.e": ({"0", "1"}, ["0"], "inputs are views as well"),
@@ -110,6 +110,13 @@ def test_prediction_03_d_names_each_miscount_of_the_pre_hooks():
     assert "replaces grad_output" in grade("03.d", 0).detail
     outcome = grade("03.d", "8")
     assert not outcome.passed and "not a string" in outcome.detail, outcome.detail
+
+
+def test_prediction_03_b_is_the_last_linear_factor_and_names_each_slip():
+    assert abs(nb03._last_linear_factor() - (10 / 96) ** 0.5) < 0.02
+    assert grade("03.b", 0.33).passed and not grade("03.b", 0.3).passed
+    assert "without the 3" in grade("03.b", 0.56).detail and "square 32 → 32" in grade("03.b", 0.58).detail
+    assert "swapped" in grade("03.b", 1.03).detail and "square root" in grade("03.b", 0.1).detail
 
 
 def test_prediction_03_b_tells_a_number_written_as_a_string():
