@@ -21,8 +21,8 @@ def test_notebook_08_has_five_predictions_and_seven_exercises():
 
 
 # ----- predictions ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("08.a", 4), ("08.b", 3), ("08.c", "below"), ("08.d", "yes"),
-                                                 ("08.e", [3, 3])])
+@pytest.mark.parametrize(("id", "truth"), [("08.a", 4), ("08.b", 3), ("08.c", "larger"), ("08.d", "yes"),
+                                                 ("08.e", [19, 5])])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     assert exercises()[id].checker.__wrapped__.truth() == truth
@@ -31,10 +31,12 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
 @pytest.mark.parametrize(("id", "guess", "hint"), [
     ("08.a", 5, "position after it"), ("08.a", 6, "run of 7"), ("08.a", 1, "previous-token head"),
     ("08.b", 2, "position 2 before it"), ("08.b", 9, "record"),
-    ("08.c", "above", "a vote for 17"), ("08.c", "0-8", 'pick one of "above" or "below"'),
-    ("08.c", "0 to 8", "pick one of"), ("08.c", True, "pick one of"),
-    ("08.d", "no", "length alone"), ("08.d", "the same", 'pick one of "yes" or "no"'),
-    ("08.e", [3, 2], "puts back position 3's record"), ("08.e", [4, 3], "position 4 records a 19"),
+    ("08.c", "smaller", "nothing after the heads bent their sum"), ("08.c", "equal", "final LayerNorm"),
+    ("08.c", "0-8", 'pick one of "larger", "smaller" or "equal"'), ("08.c", "0 to 8", "pick one of"),
+    ("08.c", True, "pick one of"),
+    ("08.d", "no", "divides each residual by its std"), ("08.d", "the same", 'pick one of "yes" or "no"'),
+    ("08.e", [19, 3], "not where they looked"), ("08.e", [14, 5], "carries the 19"),
+    ("08.e", [14, 3], "where do the heads"), ("08.e", [19, 4], "the position after it"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
@@ -365,10 +367,15 @@ def std_not_a_hook(std):
     return std
 
 
+def std_without_keepdim(std):
+    return lambda module, args, output: (args[0] - args[0].mean(-1)) / std * module.weight + module.bias
+
+
 @pytest.mark.parametrize(("answer", "words"), [
     (std_returns_nothing, ["unchanged", "return nothing"]), (std_not_centred, ["subtract each row's mean"]),
     (std_without_affine, ["module.weight", "module.bias"]), (std_from_output, ["args[0]"]),
     (std_whole_mean, ["over the last axis"]), (std_not_a_hook, ["return the hook function"]),
+    (std_without_keepdim, ["shape error", "keepdim=True"]),
     (3, ["pass your function itself"]),
 ])  # fmt: skip
 def test_08_6_rejects(answer, words):
@@ -714,3 +721,41 @@ def test_layer_0_attends_7_back_by_position_and_layer_1_falls_back_on_key_2_with
         assert layer_1[0, :, nb08.Q].argmax(-1).tolist() == keys
         with torch.no_grad():
             assert model(tokens)[0, nb08.Q].argmax().item() == said
+
+
+def test_the_steering_direction_is_mostly_a_token_swap_whose_rest_steers_nothing():
+    """Cosine 0.88 with embedding(19) − embedding(17); that difference alone turns nearly every other run to 19,
+    and the direction without it turns none."""
+    model = nb08._model()
+    direction = nb08.steering_direction(model)
+    swap = model.embed.weight[nb08.A] - model.embed.weight[nb08.B]
+    assert 0.87 < torch.cosine_similarity(direction, swap, 0).item() < 0.89
+    rest = direction - (direction @ swap) / (swap @ swap) * swap
+    others = nb08.runs_with_17_at_3()
+
+    def share_19(added):
+        hook = nb08.steering_hook(added.detach(), nb08.CHANGED, 1)
+        said = nb08.run_hooked(model, others, "blocks.0.hook_resid_post", hook)[:, nb08.Q].argmax(-1)
+        return (said == nb08.A).float().mean().item()
+
+    assert share_19(swap) > 0.95 and share_19(rest) < 0.01
+
+
+def test_the_third_corruption_answers_14_and_a_patch_after_the_heads_changes_the_answer_not_the_pattern():
+    model, third = nb08._model(), nb08.third_corruption()
+    with torch.no_grad():
+        assert model(third)[0, nb08.Q].argmax().item() == nb08.B3
+    assert nb08.layer_1_key(third) == 5 and nb08.third_patched() == (nb08.A, 5)
+
+
+def test_the_lesson_does_not_ask_for_a_copy_where_the_checker_accepts_an_in_place_edit():
+    """08.4, 08.5 and 08.7 accept a right in-place edit with a note: their instructions (before the hints) ask for
+    the edited output, not for a copy."""
+    import json
+    from pathlib import Path
+
+    lesson = Path(__file__).parents[1] / "notebooks" / "08_transformer_interpretability.ipynb"
+    cells = ["".join(c["source"]) for c in json.loads(lesson.read_text())["cells"] if c["cell_type"] == "markdown"]
+    for id in ("08.4", "08.5", "08.7"):
+        (text,) = [c for c in cells if f"### Exercise {id}" in c]
+        assert "copy" not in text.split(f"### Exercise {id}")[1].split("<details>")[0], id

@@ -340,18 +340,29 @@ class _NoneOf:
     __hash__ = None
 
 
-@prediction("08.c", "whether head 0 taken from the corrupted run leaves the clean run's logit difference above or "
-                    "below what zeroing it leaves",
-            why="below: a zeroed head carries nothing (it cost 1.53), but the corrupted head 0 carries what it copied "
-                "in its own run, whose answer is 17: a vote for 17 (+3.3 left, next cell)",
-            wrong=[("above", "a zeroed head carries no token; the corrupted head carries what it copied in its own "
-                             "run, whose answer is 17: a vote for 17"),
-                   (True, 'pick one of "above" or "below" (a string)'),
-                   (_NoneOf("above", "below"), "pick one of \"above\" or \"below\" (a string)")])
-def _head_0_noised() -> str:
-    zeroed = logit_diff(_model()(clean_and_corrupted()[0]).detach()) - ablation_scores(
-        _model(), clean_and_corrupted()[0], 1, logit_diff)[0].item()
-    return "above" if head_0_noised() > zeroed else "below"
+def joint_and_single_drops() -> tuple[float, float]:
+    """The clean run's drop with all four of layer 1's heads zeroed at once, and the sum of the four drops with
+    one head zeroed at a time."""
+    model, clean = _model(), clean_and_corrupted()[0]
+    intact = logit_diff(model(clean).detach())
+    joint = intact - logit_diff(run_hooked(model, clean, "blocks.1.attn.hook_z", lambda m, a, o: o * 0))
+    return joint, ablation_scores(model, clean, 1, logit_diff).sum().item()
+
+
+_LARGER = ("they would add only if nothing after the heads bent their sum; layer 1's MLP and the final LayerNorm "
+           "(which divides by the residual's std) read it")
+
+
+@prediction("08.c", "whether the drop with all four layer-1 heads zeroed at once is larger, smaller or equal to the "
+                    "sum of the single drops",
+            why="larger (next cell): the heads' outputs are added into the residual, but layer 1's MLP and the final "
+                "LayerNorm read that sum and are not linear, so one head's drop depends on what the others still write",
+            wrong=[("smaller", _LARGER), ("equal", _LARGER),
+                   (True, 'pick one of "larger", "smaller" or "equal" (a string)'),
+                   (_NoneOf("larger", "smaller", "equal"), 'pick one of "larger", "smaller" or "equal" (a string)')])
+def _joint_drop() -> str:
+    joint, summed = joint_and_single_drops()
+    return "equal" if abs(joint - summed) < 0.1 else "larger" if joint > summed else "smaller"
 
 
 STEER_SCALES = [0, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4]
@@ -391,12 +402,12 @@ def key_3_attention(scale: float, direction: torch.Tensor | None = None) -> floa
     return rec["blocks.1.attn.hook_pattern"].output[0, :, Q, CHANGED].max().item()
 
 
-@prediction("08.d", "whether a random direction as long as ours, added at scale 4 instead of 1, lowers layer 1's "
-                    "attention from the query to key 3",
+@prediction("08.d", "whether, for each of three random directions as long as ours, the largest of layer 1's four "
+                    "heads' attention from the query to key 3 is lower at scale 4 than at scale 1",
             why="yes: for each of the three, the most any head attends from the query to key 3 is lower at scale 4 "
                 "than at scale 1, so part of the loss comes from the added vector's length, not its direction",
-            wrong=[("no", "for each of the three random directions, the most any head attends from the query to key "
-                          "3 is lower at scale 4 than at scale 1: length alone moves it (printed below)"),
+            wrong=[("no", "the LayerNorm before layer 1 divides each residual by its std: a long vector added at 3 "
+                          "shrinks the rest of position 3's content, its record included, whatever its direction"),
                    (True, 'pick one of "yes" or "no" (a string)'),
                    (_NoneOf("yes", "no"), "pick one of \"yes\" or \"no\" (a string)")])
 def _far_steer() -> str:
@@ -437,30 +448,43 @@ def _two_whole(guess: object) -> bool:
         isinstance(g, int) and not isinstance(g, bool) for g in guess)
 
 
-_TWO = "write a list of two whole numbers, like [0, 0], without quotes: the key in (a), then the key in (b)"
+_TWO = ("write a list of two whole numbers, like [0, 0], without quotes: the token the model predicts, then "
+        "the key most of layer 1's heads attend to")
 TWO_KEYS = [(True, _TWO), (False, _TWO), (_Format(lambda g: not _two_whole(g)), _TWO)]
+B3 = 14  # the third corruption's answer: the query's 3 becomes an 8, whose earlier copy (4) is followed by 14
 
 
-@prediction("08.e", "the key layer 1's heads attend to from the query: in the first corruption with "
-                    "blocks.0.hook_resid_post patched in at 4, and in the second with blocks.0.hook_attn_out "
-                    "patched in at 3",
-            why="[3, 3]: a head at the query's 3 looks for the key whose record says the token before it was a 3. "
-                "In the first corruption that is still key 3 (only its own token changed), and position 4's "
-                "residual, patched or not, records a 19 before it; in the second, the patch puts 3's record back",
-            wrong=[([3, 2], "the patch at 3 puts back position 3's record that the token before it was a 3: the "
-                            "query's 3 finds it there again"),
-                   ([9, 3], "layer 1 attends from the query to an earlier key, the one after the 3's earlier copy"),
-                   ([4, 3], "patching 4 puts back its residual, but the query's 3 looks for a key that records a 3 "
-                            "before it; position 4 records a 19"),
-                   ([4, 4], "the query's 3 looks for a key that records a 3 before it; position 4 records a 19, "
-                            "however it is patched"),
+def third_corruption() -> torch.Tensor:
+    """The clean run with an 8 at the query, ``(1, 16)``: the model answers 14, the token after the earlier 8."""
+    tokens = clean_and_corrupted()[0].clone()
+    tokens[0, Q] = 8
+    return tokens
+
+
+def third_patched() -> tuple[int, int]:
+    """The third corruption with the clean ``blocks.1.hook_attn_out`` patched in at the query: the predicted
+    token, and the key most of layer 1's heads attend to from the query."""
+    point = "blocks.1.hook_attn_out"
+    hook = patch_hook(clean_cache(_model(), [point])[point], Q)
+    said = run_hooked(_model(), third_corruption(), point, hook)[0, Q].argmax().item()
+    return said, layer_1_key(third_corruption(), [(point, hook)])
+
+
+@prediction("08.e", "in the third corruption (an 8 at the query) with the clean blocks.1.hook_attn_out patched in "
+                    "at the query: the token predicted, and the key layer 1's heads attend to",
+            why="[19, 5]: the patch replaces what layer 1's heads wrote at the query with the clean run's copy of "
+                "the 19, but their pattern was computed before that output, from the query's own 8: they still "
+                "attend key 5, the position after the earlier 8",
+            wrong=[([19, 3], "the pattern is computed inside the attention, before hook_attn_out fires: the patch "
+                             "replaces what the heads wrote, not where they looked, and the query still holds an 8"),
+                   ([14, 5], "the output after the heads is what the patch replaces: the clean one carries the 19 "
+                             "the heads copied in the clean run"),
+                   ([14, 3], "the patch replaces what the heads wrote at the query, not the query's token: where do "
+                             "the heads of a query holding an 8 look?"),
+                   ([19, 4], "key 4 holds the earlier 8 itself; an induction head attends to the position after it"),
                    *TWO_KEYS])
-def _layer_1_keys() -> list[int]:
-    model = _model()
-    cache = clean_cache(model, ["blocks.0.hook_resid_post", "blocks.0.hook_attn_out"])
-    at_4 = [("blocks.0.hook_resid_post", patch_hook(cache["blocks.0.hook_resid_post"], CHANGED + 1))]
-    at_3 = [("blocks.0.hook_attn_out", patch_hook(cache["blocks.0.hook_attn_out"], CHANGED))]
-    return [layer_1_key(clean_and_corrupted()[1], at_4), layer_1_key(second_corruption(), at_3)]
+def _third_patched() -> list[int]:
+    return list(third_patched())
 
 
 # ----- exercises ----------------------------------------------------------------------------------------------
@@ -1038,6 +1062,12 @@ def _check_fixed_std(answer) -> Outcome:
         try:
             with torch.no_grad():
                 got = norm(x)
+        except RuntimeError as e:
+            if "must match the size" in str(e):
+                return Outcome(False, "your hook raised a shape error: x.mean(-1) drops the last axis, so (N, "
+                                      "position, 8) minus (N, position) cannot broadcast; keep the axis, "
+                                      "x.mean(-1, keepdim=True)")
+            return Outcome(False, f"your hook raised {type(e).__name__}: {e}")
         finally:
             handle.remove()
         want = fixed_std_hook(std)(norm, (x,), None)
@@ -1075,6 +1105,7 @@ def _check_steering(answer) -> Outcome:
 
 __all__ = [
     "B2",
+    "B3",
     "CHANGED",
     "CHANGED2",
     "POINTS",
@@ -1090,6 +1121,7 @@ __all__ = [
     "fixed_std_hook",
     "head_0_noised",
     "induction_pair",
+    "joint_and_single_drops",
     "layer_1_key",
     "logit_diff",
     "logit_diff_2",
@@ -1109,4 +1141,6 @@ __all__ = [
     "steering_direction",
     "steering_hook",
     "stripe_score",
+    "third_corruption",
+    "third_patched",
 ]
