@@ -158,9 +158,58 @@ def test_04_1_tries_layer_1_from_what_layer_2_passes_back():
            "multiply the sigmoid's slope by ds")
 
 
-# ----- 04.2 and 04.4: the chains -------------------------------------------------------------------------
+# ----- 04.2: keep_grads -----------------------------------------------------------------------------------
+def _late_binding(steps):  # every hook looks `name` up when it runs: after the loop, the last name
+    grads = {}
+    for name, value in steps.items():
+        value.register_hook(lambda grad: grads.__setitem__(name, grad))  # noqa: B023
+    return grads
+
+
+def _read_grad_now(steps):  # .grad before backward: None everywhere
+    for value in steps.values():
+        if not value.is_leaf:
+            value.retain_grad()
+    return {name: value.grad for name, value in steps.items()}
+
+
+def _keeps_values(steps):
+    grads = {}
+    for name, value in steps.items():
+        value.register_hook(lambda grad, name=name, value=value: grads.__setitem__(name, value))
+    return grads
+
+
+def _replaces(steps):
+    grads = {}
+    for name, value in steps.items():
+        value.register_hook(lambda grad, name=name: grads.__setitem__(name, grad) or 2 * grad)
+    return grads
+
+
+@pytest.mark.parametrize(("answer", "words"), [
+    (_late_binding, ["only 'loss' was kept", "name=name"]),
+    (_read_grad_now, ["None for every step", "before backward ran"]),
+    (_keeps_values, ["not its gradient", "the step's value"]),
+    (_replaces, ["replaces the gradient", "return None"]),
+    (lambda steps: {}, ["still empty", "register_hook"]),
+    (lambda steps: steps, ["the steps you were given"]),
+    (lambda steps: None, ["return the dict", "not NoneType"]),
+])
+def test_04_2_names_the_slip(answer, words):
+    failed("04.2", answer, *words)
+
+
+def test_04_2_a_hook_left_on_some_steps_only_is_named():
+    def some(steps):
+        kept = nb04.keep_grads({name: value for name, value in steps.items() if name != "probs"})
+        return kept
+    failed("04.2", some, "no gradient kept for ['probs']")
+
+
+# ----- 04.3 and G4.6: the chains -------------------------------------------------------------------------
 def ce_chain(slip=None, keys=lambda k: k):
-    right = ANSWERS["04.2"]
+    right = ANSWERS["04.3"]
 
     def ce_backward_steps(t, target):
         d = right(t, target)
@@ -186,32 +235,32 @@ def ce_chain(slip=None, keys=lambda k: k):
     ("missing", ["dlogprobs, dprobs, dcounts_sum_inv right; no entry for 'counts_sum'"]),
 ])  # fmt: skip
 def test_04_2_names_the_first_wrong_step(slip, words):
-    failed("04.2", ce_chain(slip), *words)
+    failed("04.3", ce_chain(slip), *words)
 
 
 def test_04_2_names_dcounts_sum_computed_from_counts():
     def from_counts(t, target):
-        d = ANSWERS["04.2"](t, target)
+        d = ANSWERS["04.3"](t, target)
         d["counts_sum"] = -(t["counts"].sum(1, keepdim=True)) ** -2 * d["counts_sum_inv"]
         d["counts"] = t["counts_sum_inv"] * d["probs"] + d["counts_sum"]
         return d
 
-    failed("04.2", from_counts, "where counts_sum = counts.sum(1) + 1", "first wrong: dcounts_sum",
+    failed("04.3", from_counts, "where counts_sum = counts.sum(1) + 1", "first wrong: dcounts_sum",
            "computed from t['counts'] rather than t['counts_sum']", "read every value from t")
 
 
 def test_04_2_pass_message_says_what_the_third_case_is():
-    assert "counts_sum = counts.sum(1) + 1 (a softmax with one more class" in grade("04.2", ANSWERS["04.2"]).detail
+    assert "counts_sum = counts.sum(1) + 1 (a softmax with one more class" in grade("04.3", ANSWERS["04.3"]).detail
 
 
 def test_04_2_accepts_d_prefixed_keys_but_not_a_missing_max_path():
-    assert grade("04.2", ce_chain(keys=lambda k: f"d{k}")).passed
-    failed("04.2", ce_chain("no max path"), "with 6 rows of 5 classes, where counts_sum = counts.sum(1) + 1",
+    assert grade("04.3", ce_chain(keys=lambda k: f"d{k}")).passed
+    failed("04.3", ce_chain("no max path"), "with 6 rows of 5 classes, where counts_sum = counts.sum(1) + 1",
            "logit_maxes")
 
 
 def bn_chain(slip):
-    right = ANSWERS["04.4"]
+    right = nb04.bn_backward_steps
 
     def bn_backward_steps(t, gamma, dout):
         d, n = right(t, gamma, dout), len(dout)
@@ -246,12 +295,12 @@ def bn_chain(slip):
     ("dvar without eps", ["first wrong: dvar", "your dvar drops eps", "inv_std ** 3"]),
 ])  # fmt: skip
 def test_04_4_names_the_first_wrong_step(slip, words):
-    failed("04.4", bn_chain(slip), *words)
+    failed("G4.6", bn_chain(slip), *words)
 
 
 def test_04_2_and_04_4_want_a_dict():
-    failed("04.2", lambda t, target: [t["probs"]], "return a dict with one gradient per step", "not list")
-    failed("04.4", lambda t, gamma, dout: None, "return a dict", "not NoneType")
+    failed("04.3", lambda t, target: [t["probs"]], "return a dict with one gradient per step", "not list")
+    failed("G4.6", lambda t, gamma, dout: None, "return a dict", "not NoneType")
 
 
 @pytest.mark.parametrize(("how", "words"), [
@@ -271,24 +320,24 @@ def test_04_2_needs_dlogit_maxes_routed_to_the_maximum(how, words):
             d["logits"] = d["norm_logits"] + d["logit_maxes"] / t["logits"].shape[1]
         return d
 
-    failed("04.2", answer, "counts_sum = counts.sum(1) + 1", words)
+    failed("04.3", answer, "counts_sum = counts.sum(1) + 1", words)
 
 
-# ----- 04.3 and 04.5: the fused forms ----------------------------------------------------------------------
+# ----- 04.4 and 04.5: the fused forms ----------------------------------------------------------------------
 @pytest.mark.parametrize(("answer", "words"), [
     (lambda logits, target: logits.softmax(1) - F.one_hot(target, logits.shape[1]), "divide by N"),
-    (lambda logits, target: -ANSWERS["04.3"](logits, target), "every entry has the wrong sign"),
+    (lambda logits, target: -ANSWERS["04.4"](logits, target), "every entry has the wrong sign"),
     (lambda logits, target: logits.softmax(1) / len(target), "subtract the one-hot target"),
     (lambda logits, target: (logits.softmax(1) - 1) / len(target), "subtract 1 only at each row's correct class"),
     (lambda logits, target: (logits.softmax(1) - F.one_hot(target)) / len(target),
      "F.one_hot infers the number of classes from the largest target: pass num_classes=logits.shape[1]"),
 ])  # fmt: skip
 def test_04_3_names_the_slip(answer, words):
-    failed("04.3", answer, words)
+    failed("04.4", answer, words)
 
 
 def test_04_3_says_it_equals_the_chain():
-    detail = grade("04.3", lambda logits, target: (logits.log_softmax(1).exp() - F.one_hot(
+    detail = grade("04.4", lambda logits, target: (logits.log_softmax(1).exp() - F.one_hot(
         target, logits.shape[1])) / len(target)).detail
     assert detail == ("with 8 rows of 10 classes and 5 of 4: dlogits equals the chain of eight steps, as computed by "
                       "autograd; max |difference| < 1e-12")
@@ -357,7 +406,7 @@ def test_04_5_names_the_usual_slips(answer, words):
 @pytest.mark.parametrize("answer", [by_three_paths(), fused_bn()], ids=["three paths", "closed form"])
 def test_04_5_accepts_both_forms_and_says_it_equals_the_chain(answer):
     outcome = grade("04.5", answer)
-    assert outcome.passed and "equal the chain of 04.4's steps" in outcome.detail, outcome.detail
+    assert outcome.passed and "equal the chain of the seven steps" in outcome.detail, outcome.detail
 
 
 def test_04_5_refuses_the_course_formula():
@@ -435,8 +484,9 @@ def test_04_5_needs_eps():
 
 
 def test_the_lessons_worked_answers_pass():
-    for id, answer in (("04.1", nb04.layer_backward), ("04.2", nb04.ce_backward_steps), ("04.3", nb04.ce_backward),
-                       ("04.4", nb04.bn_backward_steps), ("04.5", nb04.batch_norm_backward),
+    for id, answer in (("04.1", nb04.layer_backward), ("04.2", nb04.keep_grads), ("04.3", nb04.ce_backward_steps),
+                       ("04.4", nb04.ce_backward),
+                       ("G4.6", nb04.bn_backward_steps), ("04.5", nb04.batch_norm_backward),
                        ("04.6", nb04.conv2d_backward), ("04.7", nb04.max_pool_backward),
                        ("04.9", nb04.disagreeing_layers)):
         assert grade(id, answer).passed, id
@@ -503,7 +553,7 @@ def test_04_2_names_the_input_when_ten_classes_are_written_in():
         d["logprobs"] = -F.one_hot(target, 10) / len(target)
         d["probs"] = d["logprobs"] / t["probs"]
         return d
-    failed("04.2", ten_classes, "with 5 rows of 4 classes: your code raised RuntimeError",
+    failed("04.3", ten_classes, "with 5 rows of 4 classes: your code raised RuntimeError",
            "other numbers of classes than 10")
 
 
@@ -763,9 +813,9 @@ def test_the_problems_formulas_train_worse_and_only_batch_norm_slips():
 
 def test_04_2_names_a_forward_recomputed_from_the_logits():
     def recomputed(t, target):
-        return ANSWERS["04.2"](nb04.ce_steps(t["logits"], target), target)
+        return ANSWERS["04.3"](nb04.ce_steps(t["logits"], target), target)
 
-    failed("04.2", recomputed, "counts_sum = counts.sum(1) + 1", "Use the values in t, not a recomputed forward",
+    failed("04.3", recomputed, "counts_sum = counts.sum(1) + 1", "Use the values in t, not a recomputed forward",
            "the check feeds in a changed forward")
 
 
@@ -803,13 +853,13 @@ def test_the_lessons_04_8_skeleton_completed_with_the_other_four_layers_passes()
     source = cell.replace("        else:  # your code here", rest + "        else:  # your code here")
     source = source.replace(stub, recorder)
     source = "\n".join(line for line in source.splitlines() if not line.startswith("check("))
-    namespace = {"torch": torch, "nn": nn, "F": F, "hooklab": hooklab, "ce_backward": ANSWERS["04.3"],
+    namespace = {"torch": torch, "nn": nn, "F": F, "hooklab": hooklab, "ce_backward": ANSWERS["04.4"],
                  "batch_norm_backward": ANSWERS["04.5"], "conv2d_backward": ANSWERS["04.6"],
                  "max_pool_backward": ANSWERS["04.7"]}
     exec(source, namespace)
     outcome = grade("04.8", namespace["model_backward"])
     assert outcome.passed, outcome.detail
-    skeleton = {"torch": torch, "nn": nn, "F": F, "hooklab": hooklab, "ce_backward": ANSWERS["04.3"]}
+    skeleton = {"torch": torch, "nn": nn, "F": F, "hooklab": hooklab, "ce_backward": ANSWERS["04.4"]}
     exec("\n".join(line for line in cell.splitlines() if not line.startswith("check(")), skeleton)
     with pytest.raises(NotImplementedError):  # the stub as the lesson stores it: not solved yet, no hook left
         skeleton["model_backward"](model := nb04.digits_cnn(), torch.randn(2, 1, 8, 8), torch.tensor([0, 1]))
@@ -873,9 +923,9 @@ def test_04_5_names_gamma_sign_and_parameter_slips(answer, words):
 
 def test_04_4_names_a_dx_hat_without_gamma():
     def answer(t, gamma, dout):
-        d = ANSWERS["04.4"](t, torch.ones_like(gamma), dout)
+        d = nb04.bn_backward_steps(t, torch.ones_like(gamma), dout)
         return {**d, "gamma": (dout * t["x_hat"]).sum(0)}
-    failed("04.4", answer, "first wrong: dx_hat", "your dx_hat has no γ")
+    failed("G4.6", answer, "first wrong: dx_hat", "your dx_hat has no γ")
 
 
 @pytest.mark.parametrize(("answer", "words"), [
@@ -900,23 +950,23 @@ def _ce_only_target(logits, target):
     (_ce_only_target, "the wrong classes get p_j/N too"),
 ])  # fmt: skip
 def test_04_3_names_a_plus_one_and_a_target_column_alone(answer, words):
-    failed("04.3", answer, words)
+    failed("04.4", answer, words)
 
 
 def _steps_with(id, step, value):
-    """04.2's or 04.4's worked answer with one step's gradient replaced: ``value(t, d)``."""
+    """04.3's or G4.6's worked answer with one step's gradient replaced: ``value(t, d)``."""
     def answer(t, *rest):
-        d = ANSWERS[id](t, *rest)
+        d = (nb04.bn_backward_steps if id == "G4.6" else ANSWERS[id])(t, *rest)
         return {**d, step: value(t, d, *rest)}
     return answer
 
 
 @pytest.mark.parametrize(("id", "step", "value", "words"), [
-    ("04.2", "norm_logits", lambda t, d, target: d["counts"], "d/dz exp(z) = exp(z): multiply dcounts by counts"),
-    ("04.4", "var", lambda t, d, gamma, dout: -0.5 * t["inv_std"] * d["inv_std"], "that is inv_std ** 3, not inv_std"),
-    ("04.4", "diff", lambda t, d, gamma, dout: t["inv_std"] * d["x_hat"] + t["diff"] * d["diff2"],
+    ("04.3", "norm_logits", lambda t, d, target: d["counts"], "d/dz exp(z) = exp(z): multiply dcounts by counts"),
+    ("G4.6", "var", lambda t, d, gamma, dout: -0.5 * t["inv_std"] * d["inv_std"], "that is inv_std ** 3, not inv_std"),
+    ("G4.6", "diff", lambda t, d, gamma, dout: t["inv_std"] * d["x_hat"] + t["diff"] * d["diff2"],
      "the path through diff2 lost its 2"),
-    ("04.4", "gamma", lambda t, d, gamma, dout: (dout * t["diff"]).sum(0), "γ multiplies x_hat, not diff"),
+    ("G4.6", "gamma", lambda t, d, gamma, dout: (dout * t["diff"]).sum(0), "γ multiplies x_hat, not diff"),
 ])  # fmt: skip
 def test_04_2_and_04_4_name_more_step_slips(id, step, value, words):
     failed(id, _steps_with(id, step, value), f"first wrong: d{step}", words)

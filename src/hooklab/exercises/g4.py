@@ -5,6 +5,7 @@
 * G4.3 cross-entropy with label smoothing (section 7);
 * G4.4 a linear layer on a batch of sequences (section 8);
 * G4.5 ELU from its output only, as after an in-place ELU (section 11).
+* G4.6 batch norm in seven atomic steps, checked in chain order (section 14; lesson 04 asks the fused form).
 
 They are judged like notebook 04's (``_by_hand``): with autograd off and watched, against autograd's
 gradients in float64, with a hint for the usual slips.
@@ -19,7 +20,7 @@ import torch.nn.functional as F
 
 from . import Outcome, exercise
 from ._by_hand import SHOWN_AS_BOUND, D, Trap, by_hand, check_cases, compare, rand, reference
-from .nb04 import B1_222, B2_222, W1_222, W2_222
+from .nb04 import B1_222, B2_222, W1_222, W2_222, _bn_chain
 
 # ----- G4.1: a training step of the 2-2-2 network under MSE -------------------------------------------
 STEP_INPUTS = torch.tensor([[0.05, 0.1], [0.9, 0.2], [0.3, 0.8], [0.6, 0.6]], dtype=D)
@@ -156,3 +157,7 @@ def _elu(elu_backward) -> Outcome:
     cases = [(f"alpha={alpha}", partial(F.elu, alpha=alpha), {"x": x},
               {"out": F.elu(x, alpha), "dout": dout, "alpha": alpha}, dout, []) for alpha in (1.0, 0.5)]
     return check_cases(elu_backward, cases, "with alpha 1.0 and 0.5: ")
+
+
+# ----- G4.6: batch norm in seven atomic steps (the chain lesson 04's fused 04.5 is compared with) -----------
+exercise("G4.6", "batch norm in seven atomic steps, checked in chain order")(_bn_chain)

@@ -4,16 +4,17 @@ on real digits with the student's own backward pass.
 Predictions 04.a-04.e compute their truth with torch. Exercises, in the order the lesson asks them:
 
 * 04.1 one layer of the 2-2-2 network (linear with a shared bias, then a sigmoid): four gradients;
-* 04.2 cross-entropy in eight atomic steps, 04.3 its fused form;
-* 04.4 batch norm in seven atomic steps, 04.5 its fused form;
+* 04.2 ``keep_grads``: a tensor hook on every step of a forward, keeping each step's gradient by name;
+* 04.3 cross-entropy in eight atomic steps, 04.4 its fused form;
+* 04.5 batch norm's fused backward (its seven atomic steps are the field guide's G4.6, registered in g4.py);
 * 04.6 a convolution (via ``unfold`` / ``fold`` or any other way), 04.7 max pooling;
 * 04.8 the whole CNN for one epoch of training, compared with autograd at every step;
 * 04.9 every layer whose backward formula disagrees with what its hooks recorded.
 
-The atomic exercises (04.2, 04.4) are judged **in chain order**, from the loss back, against the
+The atomic exercises (04.3, G4.6) are judged **in chain order**, from the loss back, against the
 gradients autograd gave each intermediate, kept by a tensor hook on it (in the order backward
 produces them); the message names the first wrong step and the forward line that made it, after the
-idea of the ``cmp`` helper of Karpathy's makemore part 4. The fused exercises (04.3, 04.5) are
+idea of the ``cmp`` helper of Karpathy's makemore part 4. The fused exercises (04.4, 04.5) are
 compared with that chain. Every answer runs with autograd off and watched (``_by_hand``): autograd,
 PyTorch's backward operators and the course's own formulas in ``hooklab.backprop`` fail it with a
 message saying so.
@@ -159,11 +160,63 @@ def _each(got, expected, traps) -> str:
     return "; ".join(verdicts)
 
 
-# ----- cross-entropy: atomic steps (04.b, 04.2) and fused (04.3) ---------------------------------------
+# ----- keep_grads (04.2): a tensor hook on every step ---------------------------------------------------
+@exercise("04.2", "keep_grads: a tensor hook on every step, each gradient by name")
+def _keep_grads(keep_grads) -> Outcome:
+    """``keep_grads(steps) -> dict``: a tensor hook on each tensor of ``steps`` ({name: tensor}), so that
+    backward fills the returned dict with each step's gradient by name, in the order it reaches them.
+    Tried on cross-entropy's eight steps (``ce_steps``), against the gradients of hooks of our own."""
+    logits, target = (rand(5, 4, seed=81) * 2).requires_grad_(True), torch.tensor([0, 3, 1, 1, 2])
+    _, expected = _retained(lambda: ce_steps(logits, target), ("loss", *CE_CHAIN), lambda t: t["loss"].backward())
+    mine = logits.detach().clone().requires_grad_(True)
+    t = ce_steps(mine, target)
+    kept = keep_grads(t)
+    if kept is t:
+        return Outcome(False, "you returned the steps you were given: return a new dict, which your hooks fill")
+    if not isinstance(kept, dict):
+        return Outcome(False, f"return the dict your hooks fill, not {type(kept).__name__}")
+    if kept and all(value is None for value in kept.values()):
+        return Outcome(False, "your dict holds None for every step: .grad is read when you build the dict, before "
+                              "backward ran (and retain_grad is not a hook); a hook stores each gradient as it arrives")
+    if kept:
+        return Outcome(False, f"before backward ran, your dict already held {sorted(kept)}: let each hook add its "
+                              "entry when its gradient arrives (the dict then lists the steps in the order "
+                              "backward reached them)")
+    t["loss"].backward()
+    if not kept:
+        return Outcome(False, "backward ran, but your dict is still empty: register a hook on each step with "
+                              "value.register_hook(fn); autograd calls fn(grad) when that step's gradient is "
+                              "ready: store grad in the dict there")
+    if list(kept) == [list(t)[-1]] and torch.equal(kept[list(t)[-1]], expected["logits"]):
+        return Outcome(False, f"only '{list(t)[-1]}' was kept, holding the last gradient backward made (dlogits): "
+                              "each hook looked up `name` when it ran, after the loop had ended. Bind it when you "
+                              "register: lambda grad, name=name: ...")
+    if missing := [name for name in expected if name not in kept]:
+        return Outcome(False, f"no gradient kept for {missing}: register a hook on every step")
+    if extra := [name for name in kept if name not in expected]:
+        return Outcome(False, f"your dict has keys {extra} that are not step names: key each gradient by its name")
+    if not torch.equal(mine.grad, expected["logits"]):
+        return Outcome(False, "your hooks changed the gradients: a hook that returns a tensor replaces the gradient; "
+                              "store it and return None")
+    worst, worst_name = 0.0, ""
+    for name, grad in expected.items():
+        got = kept[name]
+        if not isinstance(got, torch.Tensor) or got.shape != grad.shape or not torch.allclose(got, grad):
+            value = t[name]
+            said = (" (that is the step's value: the hook receives the gradient)"
+                    if isinstance(got, torch.Tensor) and got.shape == value.shape and torch.equal(got, value) else "")
+            return Outcome(False, f"what you kept for '{name}' is not its gradient{said}")
+        if (diff := float((got - grad).abs().max())) >= worst:
+            worst, worst_name = diff, name
+    return verdict(["every step's gradient"], worst, worst_name, verb="matches",
+                   prefix="on cross-entropy's eight steps, in the order backward reached them: ")
+
+
+# ----- cross-entropy: atomic steps (04.b, 04.3) and fused (04.4) ---------------------------------------
 def ce_steps(logits, target, extra=0.0):
     """Cross-entropy in eight named steps, as notebook 04 writes it; the dict keeps every result.
     ``extra`` is added to ``counts_sum``: a softmax with one more class pinned at each row's maximum,
-    whose loss depends on ``logit_maxes`` (04.2's check of the route back to the maximum)."""
+    whose loss depends on ``logit_maxes`` (04.3's check of the route back to the maximum)."""
     t = {"logits": logits}
     t["logit_maxes"] = logits.max(1, keepdim=True).values
     t["norm_logits"] = logits - t["logit_maxes"]
@@ -300,14 +353,14 @@ def _row_sums() -> Zero:
 
 
 def _recomputes(got, t, target) -> bool:
-    """Whether 04.2's answer matches the chain of the plain cross-entropy of ``t["logits"]``: its forward
+    """Whether 04.3's answer matches the chain of the plain cross-entropy of ``t["logits"]``: its forward
     recomputed from the logits, not read from ``t``."""
     logits = t["logits"].clone().requires_grad_(True)
     _, plain = _retained(lambda: ce_steps(logits, target), CE_CHAIN, lambda t: t["loss"].backward())
     return not isinstance(compare_chain(got, plain, CE_LINES, {}), Outcome)
 
 
-@exercise("04.2", "cross-entropy in eight atomic steps, checked in chain order")
+@exercise("04.3", "cross-entropy in eight atomic steps, checked in chain order")
 def _ce_chain(ce_backward_steps) -> Outcome:
     """``ce_backward_steps(t, target) -> {step: gradient}`` for the steps of ``ce_steps`` (``t`` holds
     each step's value). Judged in chain order from the loss, on a batch of 8 rows of 10 classes, then
@@ -338,10 +391,10 @@ def _ce_chain(ce_backward_steps) -> Outcome:
                           "maximum, so that dlogit_maxes is not 0): ")
 
 
-@exercise("04.3", "cross-entropy fused: dlogits in one expression")
+@exercise("04.4", "cross-entropy fused: dlogits in one expression")
 def _ce_fused(ce_backward) -> Outcome:
     """``ce_backward(logits, target) -> dlogits`` for ``F.cross_entropy(logits, target)`` (class
-    indices, mean over the batch), compared with the chain of 04.2's eight steps. In the second case
+    indices, mean over the batch), compared with the chain of 04.3's eight steps. In the second case
     the largest class never occurs among the targets."""
     worst, worst_name = 0.0, ""
     for n, classes, seed, largest in ((8, 10, 61, None), (5, 4, 65, 2)):
@@ -371,7 +424,7 @@ def _ce_fused(ce_backward) -> Outcome:
                    prefix="with 8 rows of 10 classes and 5 of 4: ")
 
 
-# ----- batch norm: atomic steps (04.c, 04.4) and fused (04.5) -----------------------------------------
+# ----- batch norm: atomic steps (04.c, G4.6) and fused (04.5) -----------------------------------------
 def bn_steps(x, gamma, beta, eps=1e-5):
     """Batch norm in training mode in seven named steps over the rows of ``x`` (N, C), as notebook 04
     writes it; the dict keeps every result."""
@@ -399,7 +452,7 @@ BN_LINES = {
     "x": "diff = x - mean, and mean = x.mean(0, keepdim=True)",
 }
 EPS = 1e-5
-BN_STEPS_EPS = 0.5  # 04.4's cases: an eps large enough that a dvar without it is plainly wrong
+BN_STEPS_EPS = 0.5  # G4.6's cases: an eps large enough that a dvar without it is plainly wrong
 
 
 def _bn_case(n, c, seed, eps=EPS):
@@ -480,7 +533,6 @@ def _which_change() -> frozenset:
                  if not torch.allclose(a, b, atol=1e-9))
 
 
-@exercise("04.4", "batch norm in seven atomic steps, checked in chain order")
 def _bn_chain(bn_backward_steps) -> Outcome:
     """``bn_backward_steps(t, gamma, dout) -> {step: gradient}`` for the steps of ``bn_steps`` plus
     ``gamma`` and ``beta`` (``t`` holds each step's value, ``dout`` arrives at ``y``). Judged in chain
@@ -592,7 +644,7 @@ def _ignores_eps(got, x, gamma, dout, eps) -> bool:
 def _bn_fused(batch_norm_backward) -> Outcome:
     """``batch_norm_backward(x, gamma, dout, eps) -> (dx, dgamma, dbeta)`` for batch norm in training mode
     on ``x`` of shape (N, C) (the batch's mean and biased variance, per column; the same argument order
-    as ``hooklab.backprop.batch_norm_backward``), compared with the chain of 04.4's steps; tried with
+    as ``hooklab.backprop.batch_norm_backward``), compared with the chain of the seven steps; tried with
     N = 6 and N = 3, then with a large eps (0.5); an answer that ignores eps is named in any case."""
     worst, worst_name, names = 0.0, "", ["dx", "dgamma", "dbeta"]
     for (n, c), seed, eps in (((6, 4), 51, EPS), ((3, 5), 55, EPS), ((5, 3), 57, 0.5)):
@@ -608,7 +660,7 @@ def _bn_fused(batch_norm_backward) -> Outcome:
             return Outcome(False, f"with {shown}: {compared.detail}")
         if compared[0] >= worst:
             worst, worst_name = compared
-    return verdict(names, worst, worst_name, verb="equal the chain of 04.4's steps, as computed by",
+    return verdict(names, worst, worst_name, verb="equal the chain of the seven steps, as computed by",
                    prefix="with x of shapes (6, 4) and (3, 5), and eps = 0.5 on (5, 3): ")
 
 
@@ -1272,8 +1324,16 @@ def layer_backward(a, w, s, ds):
     return dz, dz @ w, dz.T @ a, dz.sum().reshape(1)
 
 
+def keep_grads(steps):
+    """04.2: a tensor hook on each step; backward fills the dict by name, in the order it reaches them."""
+    grads = {}
+    for name, value in steps.items():  # name=name binds each hook to its own name (a closure would see the last)
+        value.register_hook(lambda grad, name=name: grads.__setitem__(name, grad))
+    return grads
+
+
 def ce_backward_steps(t, target):
-    """04.2: the eight steps of ``ce_steps``, from the loss back."""
+    """04.3: the eight steps of ``ce_steps``, from the loss back."""
     n, d = len(target), {}
     d["logprobs"] = torch.zeros_like(t["logprobs"])
     d["logprobs"][torch.arange(n), target] = -1.0 / n
@@ -1289,14 +1349,14 @@ def ce_backward_steps(t, target):
 
 
 def ce_backward(logits, target):
-    """04.3: dlogits of the mean cross-entropy in one expression, (softmax − one-hot) / N."""
+    """04.4: dlogits of the mean cross-entropy in one expression, (softmax − one-hot) / N."""
     d = logits.softmax(1)
     d[torch.arange(len(target)), target] -= 1
     return d / len(target)
 
 
 def bn_backward_steps(t, gamma, dout):
-    """04.4: the seven steps of ``bn_steps``, from ``y`` back, plus ``gamma`` and ``beta``."""
+    """G4.6: the seven steps of ``bn_steps``, from ``y`` back, plus ``gamma`` and ``beta``."""
     n = len(dout)
     d = {"x_hat": dout * gamma, "gamma": (dout * t["x_hat"]).sum(0), "beta": dout.sum(0)}
     d["inv_std"] = (t["diff"] * d["x_hat"]).sum(0, keepdim=True)
