@@ -20,7 +20,7 @@ PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that get
     "05.b": ([False, True], [True, True], "the ReLU is where it stops"),
     "05.c": (True, False, "a convolution whose weights have both signs"),
     "05.d": ([32, 8], [8, 8], "does arrive at a dead channel"),
-    "05.e": (144, 16, "16 was the 8×8 digit's 4×4 map"),
+    "05.e": ("lower", "higher", "measured the other way"),
     "05.f": ("guided backprop", "Grad-CAM", "re-weights the same channels"),
 }
 
@@ -32,6 +32,14 @@ def test_prediction_truth_right_guess_and_hint_for_a_wrong_one(id):
     assert grade(id, right).passed
     outcome = grade(id, wrong)
     assert not outcome.passed and hint in outcome.detail, outcome.detail
+
+
+def test_prediction_05_e_a_guess_in_another_form_is_asked_for_one_of_the_two_words():
+    for guess in ("less", 0.66, ["lower"]):
+        outcome = grade("05.e", guess)
+        assert not outcome.passed and '"higher" or "lower"' in outcome.detail, outcome.detail
+        assert "measured" not in outcome.detail
+    assert grade("05.e", " Lower ").passed
 
 
 def test_prediction_05_c_a_word_for_a_boolean_is_told_to_drop_the_quotes():
@@ -175,14 +183,17 @@ def test_05_1_messages():
 class DeadWatch:
     """A right answer to 05.2; the keyword arguments plant the usual mistakes."""
 
-    def __init__(self, model, layers, *, per="all", fraction=False, remove=True, enter_returns_self=True):
+    def __init__(self, model, layers, *, per="all", fraction=False, remove=True, enter_returns_self=True,
+                 tensors=False):
         self.model, self.layers, self.counts, self.handles = model, layers, {name: [] for name in layers}, []
         self.per, self.fraction, self.remove, self.enter_returns_self = per, fraction, remove, enter_returns_self
+        self.tensors = tensors
 
     def _hook(self, name):
         def count(module, args, output):
             dead = getattr((output == 0).flatten(2).all(dim=2), self.per)(dim=0)
-            self.counts[name].append(dead.float().mean().item() if self.fraction else int(dead.sum()))
+            count = dead.sum() if self.tensors else int(dead.sum())
+            self.counts[name].append(dead.float().mean().item() if self.fraction else count)
 
         return count
 
@@ -214,6 +225,7 @@ def test_05_2_typical_mistakes_get_a_hint():
     failed("05.2", _watch(fraction=True), "not their fraction")
     failed("05.2", _watch(remove=False), "stayed on the model", "__exit__")
     failed("05.2", _watch(enter_returns_self=False), "return self")
+    failed("05.2", _watch(tensors=True), "holds tensors", "int(...)")
     failed("05.2", DeadWatch(torch.nn.Linear(1, 1), []), "pass the class DeadWatch itself")
 
 
@@ -436,7 +448,7 @@ def test_05_4_recorder():
 
 
 def test_05_4_typical_mistakes_get_a_hint():
-    failed("05.4", recorder(clone=False), "overwritten by the in-place ReLU", "Clone inside the forward hook",
+    failed("05.4", recorder(clone=False), "overwritten by the in-place ReLU", "inside the forward hook",
            ".detach().clone()")
     failed("05.4", recorder(detach=False), "detached copies")
     failed("05.4", recorder(hook="full backward"), "tensor hook on the output instead")
@@ -449,6 +461,22 @@ def test_05_4_typical_mistakes_get_a_hint():
     failed("05.4", recorder(no_grad=True), "gradients enabled")
     failed("05.4", lambda model, layer, images, classes: recorder()(model, layer, images, classes)[0],
            "two tensors")
+
+
+def test_05_4_keeping_output_cpu_detach_is_told_that_cpu_returns_the_tensor_itself():
+    def as_on_a_gpu(model, layer, images, classes):  # pytorch-grad-cam's ActivationsAndGradients keeps this
+        kept = {}
+
+        def forward_hook(module, args, output):
+            kept["activation"] = output.cpu().detach()
+            output.register_hook(lambda grad: kept.__setitem__("gradient", grad.cpu().detach()))
+
+        with model.get_submodule(layer).register_forward_hook(forward_hook):
+            x = images.detach().clone().requires_grad_()
+            torch.autograd.grad(model(x).gather(1, classes[:, None]).sum(), x)
+        return kept["activation"], kept["gradient"]
+
+    failed("05.4", as_on_a_gpu, "overwritten by the in-place ReLU", ".cpu() returns the tensor itself")
 
 
 def kept_output(how):
@@ -539,11 +567,13 @@ def test_05_5_typical_mistakes_get_a_hint():
             for name in self.names:
                 self.handles.append(self.model.get_submodule(name).register_forward_hook(
                     lambda m, a, out: torch.randn_like(out)))
+            return self
 
     class ResetsTheModel(Redrawn):
         def __enter__(self):
             for name in self.names:
                 self.model.get_submodule(name).reset_parameters()
+            return self
 
     class KeepsHooks(Redrawn):
         def __exit__(self, *exc):
@@ -557,11 +587,13 @@ def test_05_5_typical_mistakes_get_a_hint():
                 return fresh(*args)
 
             self.handles = [self.model.get_submodule(n).register_forward_hook(hook) for n in self.names]
+            return self
 
     class ScalesTheOutput(Redrawn):
         def __enter__(self):
             for name in self.names:
                 self.handles.append(self.model.get_submodule(name).register_forward_hook(lambda m, a, out: out * 0.5))
+            return self
 
     class RemovesOnlyWithoutError(Redrawn):
         def __exit__(self, kind, *rest):
@@ -574,7 +606,13 @@ def test_05_5_typical_mistakes_get_a_hint():
                 layer = self.model.get_submodule(name)
                 fresh = copy.deepcopy(layer)  # forgot reset_parameters()
                 self.handles.append(layer.register_forward_hook(lambda m, args, out, fresh=fresh: fresh(*args)))
+            return self
 
+    class ReturnsNothing(Redrawn):
+        def __enter__(self):
+            super().__enter__()
+
+    failed("05.5", ReturnsNothing, "return self")
     failed("05.5", RandomOutput, "not return random numbers")
     failed("05.5", ResetsTheModel, "the model's own parameters changed")
     failed("05.5", KeepsHooks, "still registered", "__exit__")

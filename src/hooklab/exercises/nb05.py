@@ -2,7 +2,8 @@
 channels found with a forward hook (05.1), why they stay dead and a watch that counts them at every step (05.b,
 05.2), whether guided backprop's map can be negative and guided backpropagation as a class of ReLU hooks
 (05.c, 05.3), the Grad-CAM recorder: a tensor hook registered from a forward hook (05.4), which channels of
-features.3 Grad-CAM weighs and which add to its map (05.d), α_k = w_k/d on a 24×24 canvas (05.e), which map
+features.3 Grad-CAM weighs and which add to its map (05.d), whether the map on a 24×24 canvas stays on the digits the
+network misreads (05.e), which map
 changes with the class (05.f), and layers
 re-drawn by forward hooks that run a fresh copy (05.5). Layer-CAM, with that recorder, is the field guide's
 exercise G5.2, and the cascade of copies G5.3 (their checkers, in g5.py, use the cases here)."""
@@ -221,30 +222,57 @@ def _grad_cam_channels() -> list:
     return _cam_channels()
 
 
-def _canvas_divisor() -> int:
-    """d in α_k = w_k/d for Grad-CAM at features.6 of the trained network on 24×24 inputs: measured, not typed."""
+def _on_canvas(x: torch.Tensor, seed: int, size: int = 24) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each 8×8 digit pasted at a random spot of a blank canvas (lesson 05's), and the spots' corners."""
+    corner = torch.randint(0, size - 7, (len(x), 2), generator=torch.Generator().manual_seed(seed))
+    canvas = torch.zeros(len(x), 1, size, size)
+    for k, (r, c) in enumerate(corner.tolist()):
+        canvas[k, :, r:r + 8, c:c + 8] = x[k]
+    return canvas, corner
+
+
+@functools.cache
+def _canvas_shares() -> tuple[float, float]:
+    """Lesson 05's canvas experiment: the trained network's head re-fitted for one epoch on 24×24 canvases, then
+    Grad-CAM at features.6 for each test digit's own class. The mean share of the map inside the digit's box, for
+    the canvases the head reads right and for those it misreads."""
+    from ..models import train_digits
     from ..saliency import grad_cam
 
-    model = trained_digits_cnn()
-    x = torch.zeros(4, 1, 24, 24)
-    x[:, :, 5:13, 9:17] = _digits().x_test[:4]
-    cam = grad_cam(model, x, "features.6")
-    w = model.head[-1].weight.detach()[cam.targets]
-    return round(float((w * w).sum() / (w * cam.weights).sum()))
+    data = _digits()
+    train = torch.cat([_on_canvas(data.x_train, seed)[0] for seed in range(4)])
+    big = trained_digits_cnn()
+    big.features.requires_grad_(False)
+    train_digits(big, data._replace(x_train=train, y_train=data.y_train.repeat(4)), epochs=1, lr=1e-2,
+                 batch_size=16, progress=False)
+    x, corner = _on_canvas(data.x_test, seed=4)
+    box = torch.zeros(len(x), 12, 12)
+    for k, (r, c) in enumerate(corner.tolist()):
+        box[k, r // 2:(r + 9) // 2, c // 2:(c + 9) // 2] = 1
+    maps = grad_cam(big, x, "features.6", data.y_test).maps
+    share = (maps * box).sum(dim=(1, 2)) / maps.sum(dim=(1, 2)).clamp_min(1e-12)
+    with torch.no_grad():
+        right = big(x).argmax(dim=1) == data.y_test
+    return float(share[right].mean()), float(share[~right].mean())
 
 
-@prediction("05.e", "d in α_k = w_k/d for Grad-CAM at features.6 on a 24×24 canvas",
-            why="the head takes the mean of each channel over all positions of features.6, and on a 24×24 input "
-                "the padded convolutions keep 24×24 while the 2×2 max-pool halves it: 12×12 = 144 positions, so "
-                "∂score/∂A^k_ij = w_k/144 everywhere, and so is their mean α_k",
-            wrong=[(16, "16 was the 8×8 digit's 4×4 map; on the canvas the mean runs over more positions: the padded "
-                        "convolutions keep the input's size and the max-pool halves it"),
-                   (576, "features.6 comes after the 2×2 max-pool, which halves 24×24"),
-                   (12, "the mean runs over all 12×12 positions, not one row of them"),
-                   (64, "64 is the number of channels; the mean that makes α_k runs over positions"),
-                   *[(str(n), f"write the number without quotes: {n}") for n in (16, 144, 576)]])
-def _canvas_alpha() -> int:
-    return _canvas_divisor()
+def _higher_or_lower(guess: object) -> str | None:
+    if isinstance(guess, str) and guess.strip().strip("'\"`").lower() in {"higher", "lower"}:
+        return None
+    return 'answer with one word, "higher" or "lower", in quotes, then run the cell again'
+
+
+@prediction("05.e", "whether Grad-CAM's map stays in the digit's box on the canvases the network misreads",
+            why="measured: on the canvases the head misreads, a smaller share of the map for the digit's own class "
+                "lies on the digit. The map shows where the network finds evidence for that class; when less of it "
+                "is on the digit, another class wins more often",
+            wrong=[("higher", "measured the other way: on the canvases the head misreads, the map for the digit's "
+                              "own class lies less on the digit; where the evidence for the right class is found off "
+                              "the digit, another class wins more often")],
+            form=_higher_or_lower)
+def _misread_share() -> str:
+    right, misread = _canvas_shares()
+    return "lower" if misread < right - 0.03 else "higher" if misread > right + 0.03 else "about the same"
 
 
 MAP_CHOICES = ("plain gradient", "guided backprop", "Grad-CAM")
@@ -349,7 +377,7 @@ def _wrong_pass(calls: list) -> Outcome | None:
     per call (gradients enabled is not wrong, only wasteful: the checker's pass message says so)."""
     if any(call[3] for call in calls):
         return Outcome(False, "you used hooklab.record: this exercise asks for your own forward hook; register "
-                              "one with hooklab.get_layer(model, layer).register_forward_hook(...) and remove "
+                              "one with model.get_submodule(layer).register_forward_hook(...) and remove "
                               "it in a finally block")
     if len(calls) != 1:
         return Outcome(False, f"the model ran {len(calls)} times: register a forward hook on the layer and call "
@@ -359,7 +387,7 @@ def _wrong_pass(calls: list) -> Outcome | None:
         return Outcome(False, "run the model once on the whole batch x")
     if not hooked:
         return Outcome(False, "no forward hook of yours was on the layer while the model ran: register one on "
-                              "hooklab.get_layer(model, layer) and read the output there")
+                              "model.get_submodule(layer) and read the output there")
     return None
 
 
@@ -486,6 +514,9 @@ def _counts_hint(got: dict, expected: dict, model: nn.Module, layers: list[str],
         if len(values) != len(batches):
             return _length_hint(got, name, len(values), len(batches))
         channels = model.features[int(name.rpartition(".")[2]) - 1].out_channels  # the convolution before
+        if any(isinstance(v, torch.Tensor) for v in values):
+            return (f"counts[{name!r}] holds tensors: append a plain number, int(...) of the count, so the list "
+                    "keeps no tensors alive and prints as numbers")
         if values != expected[name]:
             if all(isinstance(v, float) for v in values) and [round(v * channels) for v in values] == expected[name]:
                 return "count the dead channels (an int per pass), not their fraction"
@@ -877,9 +908,10 @@ def _pair_problem(got, case: dict, where: str) -> str | None:
     if not torch.allclose(act, case["activation"], atol=1e-6):
         if torch.allclose(act, case["activation"].relu(), atol=1e-6):
             return (f"{where}: the activation you kept was overwritten by the in-place ReLU after the layer: you "
-                    "stored output (or output.detach(), which shares its memory) in the forward hook and cloned it "
-                    "later, after the ReLU had written over it. Clone inside the forward hook: keep "
-                    "output.detach().clone(), a copy with memory of its own (lesson 02)")
+                    "kept output, or a view that shares its memory (output.detach(); output.cpu().detach() too, "
+                    "since on the CPU .cpu() returns the tensor itself), and the ReLU wrote over it after your hook "
+                    "ran. Keep a copy with memory of its own, output.detach().clone(), made inside the forward "
+                    "hook (lesson 02)")
         return f"{where}: the activation is not the layer's output: {compare_tensors(act, case['activation']).detail}"
     if not torch.allclose(grad, case["gradient"], atol=1e-6):
         if torch.allclose(grad, case["predicted"], atol=1e-6):
@@ -946,7 +978,11 @@ def _redrawn_problem(cls, model: nn.Module, before: dict, x: torch.Tensor, plain
     outputs, probes = {}, []
     layers = {name: model.get_submodule(name) for name in _REDRAWN}
     try:
-        with cls(model, list(_REDRAWN)):
+        redrawn = cls(model, list(_REDRAWN))
+        with redrawn as entered:
+            if entered is not redrawn:
+                return ("__enter__ must return the object itself (return self), so that `with Redrawn(...) as r:` "
+                        "gives it, as every context manager of this lesson does")
             for name, layer in layers.items():
                 if model.get_submodule(name) is not layer:
                     return (f"inside the with block, '{name}' is another module: you put a new layer in the model. "
