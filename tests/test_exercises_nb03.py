@@ -64,13 +64,30 @@ def test_prediction_03_a_needs_the_sigmoid_rule_and_accepts_two_decimals():
     assert not nested.passed and "flat" in nested.detail, nested.detail
 
 
-def test_prediction_03_f_is_ten_to_the_minus_three_point_three_within_ten_percent_and_names_a_level_network():
+def test_prediction_03_f_is_ten_to_the_minus_three_point_three_within_0_08_and_names_a_level_network():
     assert nb03._relu_gradient_power() == -3.3
-    for guess in (-3, -3.3, -3.6):  # the prompt says: one decimal, within 10 %
+    for guess in (-3.3, -3.33, -3.34, -3.37):  # measured, and 7 square Linears and 8 ReLUs, worked by hand
         assert grade("03.f", guess).passed, guess
-    assert not grade("03.f", -2.9).passed and not grade("03.f", -3.7).passed
-    assert "√(1/2)" in grade("03.f", -2.2).detail and "not its std" in grade("03.f", -4.5).detail  # ReLU × 1, × 0.5
+    assert "√(1/2)" in grade("03.f", -2.15).detail and "not its std" in grade("03.f", -4.55).detail  # ReLU × 1, × 0.5
     assert "He init" in grade("03.f", 0).detail
+
+
+@pytest.mark.parametrize(("guess", "slip"), [
+    (-3.58, "8 square Linears"), (-3.6, "8 square Linears"),  # layer 0 counted: 8 and 8
+    (-3.19, "7 ReLUs"), (-3.21, "7 ReLUs"), (-3.2, "7 ReLUs"),  # 7 and 7
+    (-3.11, "6 square Linears"), (-3.1, "6 square Linears"),  # 6 and 8
+    (-2.85, "layer 16's own factor"),  # 7 and 8, without layer 16
+])  # fmt: skip
+def test_prediction_03_f_rejects_a_count_off_by_one_and_names_it(guess, slip):
+    outcome = grade("03.f", guess)
+    assert not outcome.passed and slip in outcome.detail, (guess, outcome.detail)
+
+
+@pytest.mark.parametrize("guess", [-3.4, -3, -3.44])  # one decimal; 8 square Linears and 7 ReLUs
+def test_prediction_03_f_asks_for_two_decimals_and_rejects_what_one_decimal_blurs(guess):
+    outcome = grade("03.f", guess)
+    assert not outcome.passed, guess
+    assert ("two decimals" in outcome.detail) == (round(guess, 1) == guess), outcome.detail
 
 
 def test_the_scaled_up_gradient_does_not_make_the_network_learn_in_float64_either():

@@ -215,22 +215,41 @@ def _digits_mlp(depth: int = 8, width: int = 32, activation=nn.Sigmoid) -> nn.Se
     return nn.Sequential(*layers, nn.Linear(width, 10))
 
 
+_CROSSED = ("from layer 16's output back to layer 0's, the gradient crosses layer 16 (× 0.33), ReLU 15, Linear 14, "
+            "ReLU 13, …, Linear 2, ReLU 1")
+
+
+def _two_decimals(guess: object) -> str | None:
+    """A number given with one decimal or none: too coarse to tell a right count from one off by one."""
+    if isinstance(guess, int | float) and not isinstance(guess, bool) and round(guess, 1) == guess:
+        return ("give two decimals (e.g. -1.25): one decimal cannot tell a right count of layers from one off "
+                "by one, whose powers differ by 0.1 to 0.2")
+    return None
+
+
 @prediction(
     "03.f", "layer 0's output gradient std over layer 16's, a power of ten, in the default-init ReLU network",
     why="going back from layer 16's output, the last Linear scales the gradient's std by about √(10/96) ≈ 0.32, "
-        "each 32 → 32 Linear in PyTorch's default init by about √(1/3) ≈ 0.58, and each ReLU, which passes it on "
-        "about half its units, by about √(1/2) ≈ 0.71: 0.32 × 0.71 × (0.58 × 0.71)^7 ≈ 10^-3.3.",
+        "each of the 7 square Linears (14, 12, …, 2) in PyTorch's default init by about √(1/3) ≈ 0.58, and each of "
+        "the 8 ReLUs, which pass it on about half their units, by about √(1/2) ≈ 0.71: "
+        "0.33 × 0.71⁸ × 0.58⁷ ≈ 10^-3.33 (measured 10^-3.30).",
     wrong=[
         (-7, "-7 is the sigmoid network's: a sigmoid passes at most 0.25, a ReLU passes × 1 where it is active "
              "(about half its units), so each layer pair loses less"),
-        (-2.2, "that counts each ReLU as × 1; a ReLU passes the gradient only where its input was positive, about "
-               "half its units, and zeros the rest: the std × about √(1/2)"),
+        (-3.58, "that counts 8 square Linears; layer 0 is not crossed: the gradient stops at its output. "
+                + _CROSSED),
+        (-3.19, "that counts 7 ReLUs, one short: " + _CROSSED),
+        (-3.10, "that counts 6 square Linears, one short: " + _CROSSED),
+        (-2.85, "layer 16's own factor is missing: the gradient at its output still has to cross it (× 0.33)"),
+        (-2.15, "that counts each ReLU as × 1; a ReLU passes the gradient only where its input was positive, about "
+                "half its units, and zeros the rest: the std × about √(1/2)"),
         (-4.6, "zeroing half the elements halves the gradient's variance, not its std: a ReLU scales the std by "
                "about √(1/2) ≈ 0.71, not 0.5"),
         (0.0, "0 would be a level network, which needs weights of std √(2/fan_in) (He init); PyTorch's default "
             "draws them of std 1/√(3·fan_in), so each square Linear still scales the std by about 0.58"),
     ],
-    rel=0.1,  # one decimal, within 10 %: -3.3 is right, so are -3.0 and -3.6
+    rel=0.025,  # ±0.08 around -3.3: -3.33 to -3.37 (the right count) pass; -3.21 (a ReLU short), -3.42 not
+    form=_two_decimals,
 )  # fmt: skip
 @functools.cache  # one forward and backward: computed once a session
 def _relu_gradient_power() -> float:
