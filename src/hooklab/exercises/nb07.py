@@ -2,7 +2,7 @@
 
 ``spec`` is the lesson's acceptance test: four targets on the digits CNN, set at its start, each measured
 on a plain training step and on the student's own tool. ``gradient_timeline`` shows where the gradient
-memory peaks, with and without the fused step. Predictions 07.a-07.d compute their truth with
+memory peaks, with and without the fused step. Predictions 07.a-07.e compute their truth with
 torch. Exercises, in the order the lesson asks them: pruning with a forward pre-hook (07.1),
 per-sample gradients of a Linear layer from a forward hook and a tensor hook (07.2), and of a
 Conv2d through ``unfold`` (07.3), DP-SGD's clipping and noise (07.4), compressing what autograd saves
@@ -565,7 +565,26 @@ def _linear_saves() -> int:
     return sum(sizes)
 
 
-@prediction("07.d", "the gradient tensors alive at plain SGD's gradient peak, and the most gradient bytes alive at "
+def _a_share(guess) -> str | None:
+    if isinstance(guess, int | float) and not isinstance(guess, bool) and 1 < guess <= 100:
+        return "answer with a share between 0 and 1 (0.5 for half), not a percentage"
+    return None
+
+
+@prediction("07.d", "the share of plain autograd's saved bytes that a bfloat16 pack keeps",
+            why="each float tensor is packed to half its bytes at each save, so a ReLU output saved twice becomes "
+                "two bfloat16 copies, as many bytes as the one float32 tensor, and max-pool's int64 indices keep "
+                "theirs: about 0.86 of plain's bytes",
+            wrong=[(0.5, "half holds for a float tensor saved once; a ReLU output saved twice becomes two bfloat16 "
+                         "copies (as many bytes as the one float32 tensor), and the int64 indices are not floats"),
+                   (1.0, "every float saved once shrinks to 2 bytes a number; only tensors saved twice and the "
+                         "int64 indices keep their bytes")],
+            rel=0.03, form=_a_share)
+def _bf16_share() -> float:
+    return saved_bytes(bf16_each_save, unpack_bf16) / saved_bytes()
+
+
+@prediction("07.e", "the gradient tensors alive at plain SGD's gradient peak, and the most gradient bytes alive at "
                     "once, fused",
             why="plain SGD keeps every .grad until optimizer.step(): all 8 at its peak; fused, each gradient is freed "
                 "by its own hook before the next arrives, so the peak is the largest one alone, features.5.weight's: "
