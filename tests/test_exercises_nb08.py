@@ -21,7 +21,7 @@ def test_notebook_08_has_five_predictions_and_seven_exercises():
 
 
 # ----- predictions ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("08.a", 4), ("08.b", 3), ("08.c", "larger"), ("08.d", "yes"),
+@pytest.mark.parametrize(("id", "truth"), [("08.a", 4), ("08.b", 3), ("08.c", "not equal"), ("08.d", "yes"),
                                                  ("08.e", [19, 5])])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
@@ -31,9 +31,9 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
 @pytest.mark.parametrize(("id", "guess", "hint"), [
     ("08.a", 5, "position after it"), ("08.a", 6, "run of 7"), ("08.a", 1, "previous-token head"),
     ("08.b", 2, "position 2 before it"), ("08.b", 9, "record"),
-    ("08.c", "smaller", "nothing after the heads bent their sum"), ("08.c", "equal", "final LayerNorm"),
-    ("08.c", "0-8", 'pick one of "larger", "smaller" or "equal"'), ("08.c", "0 to 8", "pick one of"),
-    ("08.c", True, "pick one of"),
+    ("08.c", "equal", "final LayerNorm"), ("08.c", "equal", "neither is linear"),
+    ("08.c", "larger", 'answer "equal" or "not equal"'), ("08.c", "0 to 8", "(a string)"),
+    ("08.c", True, '"equal" or "not equal"'),
     ("08.d", "no", "divides each residual by its std"), ("08.d", "the same", 'pick one of "yes" or "no"'),
     ("08.e", [19, 3], "not where they looked"), ("08.e", [14, 5], "carries the 19"),
     ("08.e", [14, 3], "where do the heads"), ("08.e", [19, 4], "the position after it"),
@@ -42,10 +42,11 @@ def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
 
 
-@pytest.mark.parametrize(("id", "guess"), [("08.c", "0-8"), ("08.c", "less"), ("08.d", "same")])
+@pytest.mark.parametrize(("id", "guess"), [("08.c", "0-8"), ("08.c", "smaller"), ("08.d", "same")])
 def test_a_guess_outside_the_options_is_not_told_the_answer(id, guess):
     detail = grade(id, guess).detail
-    assert "pick one of" in detail and "next cell" not in detail and ":" not in detail
+    assert ("pick one of" in detail or '"not equal"' in detail) and "next cell" not in detail
+    assert "not linear" not in detail
 
 
 @pytest.mark.parametrize(("id", "guess"), [
@@ -371,7 +372,13 @@ def std_without_keepdim(std):
     return lambda module, args, output: (args[0] - args[0].mean(-1)) / std * module.weight + module.bias
 
 
+def std_plus_eps(std):
+    return lambda module, args, output: ((args[0] - args[0].mean(-1, keepdim=True)) / (std + module.eps)
+                                         * module.weight + module.bias)
+
+
 @pytest.mark.parametrize(("answer", "words"), [
+    (std_plus_eps, ["module.eps", "already includes it"]),
     (std_returns_nothing, ["unchanged", "return nothing"]), (std_not_centred, ["subtract each row's mean"]),
     (std_without_affine, ["module.weight", "module.bias"]), (std_from_output, ["args[0]"]),
     (std_whole_mean, ["over the last axis"]), (std_not_a_hook, ["return the hook function"]),

@@ -122,7 +122,8 @@ def patch_hook(clean_value: torch.Tensor, position: int):
 def patching_sweep(model: nn.Module, clean: torch.Tensor, corrupted: torch.Tensor, points: list[str],
                    metric) -> torch.Tensor:
     """``(len(points), positions)``: the corrupted run's ``metric(logits)`` with the clean output of one
-    hook point put back at one position, normalised: 0 is the corrupted run, 1 the clean one."""
+    hook point put back at one position (by ``run_with_hooks``), normalised: 0 is the corrupted run, 1 the clean
+    one."""
     from ..recording import record
 
     with record(model, points) as rec, torch.no_grad():
@@ -132,12 +133,12 @@ def patching_sweep(model: nn.Module, clean: torch.Tensor, corrupted: torch.Tenso
     sweep = torch.zeros(len(points), corrupted.shape[1])
     for row, point in enumerate(points):
         for position in range(corrupted.shape[1]):
-            handle = model.get_submodule(point).register_forward_hook(patch_hook(rec[point].output, position))
-            try:
-                with torch.no_grad():
-                    sweep[row, position] = metric(model(corrupted))
-            finally:
-                handle.remove()
+            def fn(activation, hook, value=rec[point].output, position=position):  # TransformerLens-style
+                activation = activation.clone()
+                activation[:, position] = value[:, position]
+                return activation
+
+            sweep[row, position] = metric(run_with_hooks(model, corrupted, [(point, fn)]))
     return (sweep - low) / (high - low)
 
 
@@ -295,8 +296,8 @@ def _induction_offset() -> int:
 
 
 @prediction("08.b", "the position whose clean blocks.0.hook_attn_out restores the second corruption's answer",
-            why="in the first run layer 0's heads attend to the previous token, so their output at 3 carries the "
-                "token at 2, a 3 in the clean run; patched in, it gives the query its match back "
+            why="at position 3 layer 0's heads attend to position 2 (section 1's last lines), so their output at 3 "
+                "carries the token at 2, a 3 in the clean run; patched in, it gives the query its match back "
                 "(position 2's own attention output only reads positions 0-2)",
             wrong=[(2, "the 10 at position 2 sits in its embedding, which stays corrupted; layer 1 matches the "
                        "query with a key's record of the token before it. Which position has position 2 before it?"),
@@ -349,20 +350,20 @@ def joint_and_single_drops() -> tuple[float, float]:
     return joint, ablation_scores(model, clean, 1, logit_diff).sum().item()
 
 
-_LARGER = ("they would add only if nothing after the heads bent their sum; layer 1's MLP and the final LayerNorm "
-           "(which divides by the residual's std) read it")
+_ADD = ("they would add only if everything after the heads were linear; layer 1's MLP and the final LayerNorm "
+        "(which divides by the residual's std) read their sum, and neither is linear")
+_EQUAL_OR_NOT = 'answer "equal" or "not equal" (a string)'
 
 
-@prediction("08.c", "whether the drop with all four layer-1 heads zeroed at once is larger, smaller or equal to the "
-                    "sum of the single drops",
-            why="larger (next cell): the heads' outputs are added into the residual, but layer 1's MLP and the final "
-                "LayerNorm read that sum and are not linear, so one head's drop depends on what the others still write",
-            wrong=[("smaller", _LARGER), ("equal", _LARGER),
-                   (True, 'pick one of "larger", "smaller" or "equal" (a string)'),
-                   (_NoneOf("larger", "smaller", "equal"), 'pick one of "larger", "smaller" or "equal" (a string)')])
+@prediction("08.c", "whether the drop with all four layer-1 heads zeroed at once equals the sum of the single drops",
+            why="not equal (next cell): the heads' outputs are added into the residual, but layer 1's MLP and the "
+                "final LayerNorm read that sum and are not linear, so one head's drop depends on what the others "
+                "still write",
+            wrong=[("equal", _ADD)],
+            form=lambda guess: _EQUAL_OR_NOT)
 def _joint_drop() -> str:
     joint, summed = joint_and_single_drops()
-    return "equal" if abs(joint - summed) < 0.1 else "larger" if joint > summed else "smaller"
+    return "equal" if abs(joint - summed) < 0.1 else "not equal"
 
 
 STEER_SCALES = [0, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4]
@@ -743,30 +744,35 @@ def _raw_run(model: nn.Module, tokens: torch.Tensor, hooks) -> torch.Tensor:
     return run_with_hooks(model, tokens, hooks)
 
 
+CHECK_POINTS = ["hook_embed", "blocks.0.hook_attn_out", "blocks.1.hook_attn_out", "blocks.1.hook_resid_post"]
+
+
 def _sweep_cases():
-    """(clean, corrupted, metric, what) for the lesson's two corruptions, and two different pairs in a batch."""
+    """(clean, corrupted, metric, what) for the lesson's two corruptions, and two different pairs in a batch, cut
+    after the query (later positions cannot change it): fewer runs, the same slips."""
     clean, corrupted = clean_and_corrupted()
     clean2, corrupted2 = other_pair()
 
     def both(logits):  # each sequence's own logit difference, added
         return logit_diff(logits[:1]) + (logits[1, Q, 6] - logits[1, Q, 22]).item()
 
-    return [(clean, corrupted, logit_diff, f"19 → {B} at position {CHANGED}"),
-            (clean, second_corruption(), logit_diff_2, f"3 → {B2} at position {CHANGED2}"),
-            (torch.cat([clean, clean2]), torch.cat([corrupted, corrupted2]), both,
-             "two different runs in one batch")]
+    cases = [(clean, corrupted, logit_diff, f"19 → {B} at position {CHANGED}"),
+             (clean, second_corruption(), logit_diff_2, f"3 → {B2} at position {CHANGED2}"),
+             (torch.cat([clean, clean2]), torch.cat([corrupted, corrupted2]), both,
+              "two different runs in one batch")]
+    return [(c[:, :Q + 1], x[:, :Q + 1], metric, what) for c, x, metric, what in cases]  # up to the query
 
 
 def _raw_sweep(model, clean, corrupted, metric) -> torch.Tensor:
     """The un-normalised sweep: the clean values patched into ``corrupted``."""
-    cache = clean_cache_of(model, clean, POINTS)
+    cache = clean_cache_of(model, clean, CHECK_POINTS)
     return torch.tensor([[metric(run_hooked(model, corrupted, point, patch_hook(cache[point], position)))
-                          for position in range(corrupted.shape[1])] for point in POINTS])
+                          for position in range(corrupted.shape[1])] for point in CHECK_POINTS])
 
 
 def _onward(model, clean, corrupted, metric, high, low) -> torch.Tensor:
     """The sweep patched from each position to the end of the sequence, normalised."""
-    cache = clean_cache_of(model, clean, POINTS)
+    cache = clean_cache_of(model, clean, CHECK_POINTS)
 
     def onward(value, position):
         def hook(module, args, output):
@@ -776,7 +782,7 @@ def _onward(model, clean, corrupted, metric, high, low) -> torch.Tensor:
         return hook
 
     raw = torch.tensor([[metric(run_hooked(model, corrupted, point, onward(cache[point], position)))
-                         for position in range(corrupted.shape[1])] for point in POINTS])
+                         for position in range(corrupted.shape[1])] for point in CHECK_POINTS])
     return (raw - low) / (high - low)
 
 
@@ -812,9 +818,9 @@ def _sweep_slip(model, got, clean, corrupted, metric) -> str | None:
                 return output
             return hook
 
-        cache = clean_cache_of(model, clean, POINTS)
+        cache = clean_cache_of(model, clean, CHECK_POINTS)
         row0 = torch.tensor([[metric(run_hooked(model, corrupted, point, first_only(point, position, cache[point])))
-                              for position in range(corrupted.shape[1])] for point in POINTS])
+                              for position in range(corrupted.shape[1])] for point in CHECK_POINTS])
         if near((row0 - low) / (high - low)):
             return ROW_0
 
@@ -827,7 +833,7 @@ def _sweep_slip(model, got, clean, corrupted, metric) -> str | None:
 
         shared = torch.tensor([[metric(run_hooked(model, corrupted, point,
                                                   first_everywhere(point, position, cache[point])))
-                                for position in range(corrupted.shape[1])] for point in POINTS])
+                                for position in range(corrupted.shape[1])] for point in CHECK_POINTS])
         if near((shared - low) / (high - low)):
             return ("every sequence got the first clean sequence's value (`clean_value[0, position]`): put back "
                     "each sequence's own, `clean_value[:, position]`")
@@ -856,7 +862,7 @@ def _check_sweep(answer) -> Outcome:
     model = _watched(_model(), edited, idle)
     for clean, corrupted, metric, what in _sweep_cases():
         start = len(idle)
-        got = answer(model, clean, corrupted, list(POINTS), metric)
+        got = answer(model, clean, corrupted, list(CHECK_POINTS), metric)
         nothing = len(idle) > start and all(idle[start:])
         if (leftover := [n for n, m in model.named_modules() if m._forward_hooks]):
             return Outcome(False, f"a forward hook is still registered on {leftover[0]!r} after your sweep: "
@@ -864,7 +870,7 @@ def _check_sweep(answer) -> Outcome:
                                   "run is patched twice")
         if not isinstance(got, torch.Tensor):
             return Outcome(False, f"patching_sweep returned {kind_of(got)}: return a tensor, (points, positions)")
-        want = patching_sweep(model, clean, corrupted, list(POINTS), metric)
+        want = patching_sweep(model, clean, corrupted, list(CHECK_POINTS), metric)
         if got.shape == want.shape and torch.allclose(got.float(), want, atol=1e-3):
             continue
         if nothing:
@@ -875,7 +881,7 @@ def _check_sweep(answer) -> Outcome:
             return Outcome(False, f"corruption {what}: shape {tuple(got.shape)}, want {tuple(want.shape)}: one "
                                   "row per hook point, one column per position of the sequence")
         row, col = divmod((got.float() - want).abs().argmax().item(), want.shape[1])
-        return Outcome(False, f"corruption {what}: {POINTS[row]} at position {col} gives {got[row, col]:.2f}, "
+        return Outcome(False, f"corruption {what}: {CHECK_POINTS[row]} at position {col} gives {got[row, col]:.2f}, "
                               f"want {want[row, col]:.2f}")
     return Outcome(True, "the same map as the model's, for both corruptions, alone and in one batch, and no hook "
                          "left behind." + (IN_PLACE if edited else ""))
@@ -1019,11 +1025,11 @@ def _check_scores(answer) -> Outcome:
 
 
 def _fixed_std_cases():
-    """Two LayerNorms with weights and biases of their own, inputs ``(2, 3, 8)`` and a std to divide by."""
+    """Two LayerNorms with weights, biases and eps of their own, inputs ``(2, 3, 8)`` and a std to divide by."""
     gen = torch.Generator().manual_seed(8)
     cases = []
     for shift in (0.0, 3.0):
-        norm = nn.LayerNorm(8)
+        norm = nn.LayerNorm(8, eps=0.25)  # an eps large enough that adding it again shows
         with torch.no_grad():
             norm.weight.copy_(torch.rand(8, generator=gen) + 0.5)
             norm.bias.copy_(torch.randn(8, generator=gen))
@@ -1047,6 +1053,9 @@ def _fixed_std_slip(norm: nn.LayerNorm, x: torch.Tensor, std: torch.Tensor, got:
     normed = norm(x)
     if near((normed - normed.mean(-1, keepdim=True)) / std * norm.weight + norm.bias):
         return "start from the LayerNorm's input, args[0]: its output is already divided by the input's own std"
+    if near(centred / (std + norm.eps) * norm.weight + norm.bias):
+        return ("you added module.eps to std: the std you are given already includes it, sqrt(var + eps), so "
+                "divide by std alone")
     if near((x - x.mean()) / std * norm.weight + norm.bias):
         return "take the mean of each row over the last axis (x.mean(-1, keepdim=True)), not of the whole tensor"
     return None
