@@ -9,10 +9,9 @@ step hooks that measure the update:data ratio (06.2), an optimizer load pre-hook
 learning rate (06.3), a global forward hook that logs the gradient at every module (06.4),
 and which layer created which autograd node (06.5). ``upgrade``, ``watch_updates``, ``keep_lr``,
 ``grad_logger`` and ``nodes_by_layer`` are worked answers: the lesson goes on with them while the
-student's own has not passed. ``yours_or_worked``, ``old_names_cnn``, ``six_orders`` and
-``operator_calls`` are the lesson's plumbing, kept here so that its cells show only what each section
-is about. The field guide's exercises on the same hooks are in ``g6.py`` (the
-firing order) and ``g7.py``.
+student's own has not passed. ``yours_or_worked`` and ``old_names_cnn`` are the lesson's plumbing,
+kept here so that its cells show only what each section is about. The field guide's exercises on the
+same hooks are in ``g6.py`` (the firing order) and ``g7.py``.
 """
 
 from __future__ import annotations
@@ -55,42 +54,62 @@ def _resnet18() -> nn.Module:
         return torchvision.models.resnet18()
 
 
-@prediction("06.d", "how many gradients a global forward hook logs over resnet18's 68 modules",
-            why="a global forward hook runs at every call of every module, and each block's forward calls its relu "
-                "twice: 68 modules + 8 second relu calls = 76 outputs, each hooked once (the root's output is fc's "
-                "tensor, hooked twice, and both hooks run)",
-            wrong=[(68, "a hook runs per call, not per module: each of the 8 blocks calls its relu twice, and each "
-                        "call's output gets its own tensor hook"),
-                   (67, "the root model is a module too (named ''), and its output gets a hook like any other's; "
-                        "and each block calls its relu twice"),
-                   (75, "the root model is a module too (named ''): its output is fc's tensor, hooked a second time, "
-                        "and both hooks run"),
-                   (52, "containers are modules too: the global hook runs for every module called, leaves or not"),
+@prediction("06.d", "how many gradients a global forward hook logs for layer1.0.relu",
+            why="a global forward hook runs at every call of a module, and BasicBlock.forward calls self.relu twice: "
+                "each call's output gets its own tensor hook, so layer1.0.relu's name is logged twice",
+            wrong=[(1, "a hook runs per call, not per module: BasicBlock.forward calls self.relu twice, and each "
+                       "call's output gets its own tensor hook"),
                    (0, "a forward hook that only registers tensor hooks wraps nothing: in-place code runs as written, "
-                       "and every hooked output gets its gradient")])
-def _logged_on_resnet18() -> int:
+                       "and every hooked output gets its gradient"),
+                   (4, "each call's output gets one tensor hook, and backward runs it once: one gradient per call")])
+def _relu_logged_on_resnet18() -> int:
     model, logged = _resnet18(), []
     with module_hooks.register_module_forward_hook(grad_logger({m: n for n, m in model.named_modules()}, logged)):
         model(torch.randn(1, 3, 64, 64)).sum().backward()
-    return len(logged)
+    return sum(name == "layer1.0.relu" for name, _ in logged)
 
 
-@prediction("06.c", "the learning rate after loading an optimizer's checkpoint",
-            why="load_state_dict loads the checkpoint's param_groups whole, hyperparameters included: the lr is "
-                "the old run's, 0.005, not the 0.001 the optimizer was built with",
-            wrong=[(0.001, "the red run steps as far as a fresh Adam's at 5e-3: load_state_dict replaces "
-                         "the param_groups with the checkpoint's, lr included")])
-def _loaded_lr() -> float:
-    weight = nn.Parameter(torch.zeros(2))
-    old = torch.optim.Adam([weight], lr=5e-3)
-    new = torch.optim.Adam([weight], lr=1e-3)
-    new.load_state_dict(old.state_dict())
-    return new.param_groups[0]["lr"]
+def _lr_or_moments(guess) -> str | None:
+    if str(guess).strip().strip("'\"").lower() not in {"lr", "moments", "both"}:
+        return 'answer with one of three words: "lr", "moments" or "both"'
+    return None
 
 
-def _old_checkpoint_weights() -> dict:
-    """The weights the lesson's old training code saved (after one Adam step at lr 5e-3 from the trained
-    digits CNN), under today's key names."""
+@prediction("06.c", "which part of the loaded optimizer state made the red run step as if at lr 5e-3",
+            why="Adam steps by lr · m̂/(√v̂ + ε): the saved moments enter as a ratio with no scale of its own (±1 "
+                "after one step), so they cannot make every layer's steps several times larger; the lr can, and "
+                "load_state_dict loads the checkpoint's lr with its param_groups",
+            wrong=[("moments", "m̂/(√v̂ + ε) has no scale of its own: it is ±1 after one step, whatever the "
+                               "gradients were, so the saved moments cannot make every layer's steps several times "
+                               "larger"),
+                   ("both", "the moments enter Adam's step as a ratio with no scale of its own (±1 after one "
+                            "step): only one part of the state can make every layer's steps several times larger")],
+            form=_lr_or_moments)
+def _cause_of_big_steps() -> str:
+    return _measured_cause()
+
+
+@functools.cache  # three epochs: measured once per process
+def _measured_cause() -> str:
+    """Resume the old checkpoint (weights and Adam state) at lr 1e-3, with and without keep_lr, against a fresh
+    Adam at 1e-3: which part of the loaded state moved the median update:data ratio of head.2."""
+    import tempfile
+
+    weights, state = _old_run()
+    with tempfile.TemporaryDirectory() as folder:
+        path = f"{folder}/old.pt"
+        fresh = _median_head_ratio(1e-3, {"model": weights}, path)
+        loaded = _median_head_ratio(1e-3, {"model": weights, "optimizer": state}, path)
+        lr_kept = _median_head_ratio(1e-3, {"model": weights, "optimizer": state}, path, keep_lr)
+    lr_part, moments_part = loaded - lr_kept, lr_kept - fresh
+    if abs(moments_part) < 0.1 * abs(lr_part):
+        return "lr"
+    return "moments" if abs(lr_part) < 0.1 * abs(moments_part) else "both"
+
+
+def _old_run() -> tuple[dict, dict]:
+    """The weights (under today's key names) and the Adam state the lesson's old training code saved, one
+    Adam step at lr 5e-3 past the trained digits CNN."""
     from ..data import digits
     from ..models import trained_digits_cnn
 
@@ -98,26 +117,27 @@ def _old_checkpoint_weights() -> dict:
     optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
     nn.functional.cross_entropy(model(data.x_train[:32]), data.y_train[:32]).backward()
     optimizer.step()
-    return {key: value.detach().clone() for key, value in model.state_dict().items()}
+    return {key: value.detach().clone() for key, value in model.state_dict().items()}, optimizer.state_dict()
 
 
-def _median_head_ratio(lr: float, weights: dict, path) -> float:
-    """The median log10 update:data of head.2.weight over resume's epoch, a fresh Adam at ``lr``."""
+def _median_head_ratio(lr: float, checkpoint: dict, path, hook=None) -> float:
+    """The median log10 update:data of head.2.weight over resume's epoch from ``checkpoint``, an Adam built at
+    ``lr`` carrying ``hook`` as its load pre-hook."""
     from ..models import DigitsCNN
 
     model = DigitsCNN()
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    torch.save({"model": weights}, path)
+    torch.save(checkpoint, path)
     ratios, hooks = watch_updates(model, optimizer)
-    with hooks:
+    with hooks, optimizer.register_load_state_dict_pre_hook(hook or (lambda optimizer, state_dict: None)):
         resume(model, optimizer, path)
     return torch.tensor(ratios["head.2.weight"]).median().item()
 
 
 @prediction("06.b", "how much higher a fresh Adam's update:data ratio sits at lr 5e-3 than at 1e-3",
             why="Adam divides each gradient by its own running size, so its step is proportional to lr and ignores "
-                "the gradient's scale: five times the lr, five times the update, log10(5) ≈ 0.7 higher. Measured a "
-                "little less: the rest of Adam's step, m̂/(√v̂ + ε), depends on the gradients each run meets",
+                "the gradient's scale: five times the lr, five times the update, log10(5) ≈ 0.7 higher (measured: a "
+                "little less)",
             wrong=[(5, "5 is the ratio of the steps; the plot's axis is log10, so the band rises by log10(5)"),
                    (4, "the lr is 5 times larger, not 4 larger: in log10, that is log10(5)"),
                    (0, "Adam divides by the gradient's running size, not by the lr: the lr scales every step"),
@@ -131,10 +151,10 @@ def _band_rise() -> float:
 def _measured_band_rise() -> float:
     import tempfile
 
-    weights = _old_checkpoint_weights()
+    weights, _ = _old_run()
     with tempfile.TemporaryDirectory() as folder:
         path = f"{folder}/weights.pt"
-        return _median_head_ratio(5e-3, weights, path) - _median_head_ratio(1e-3, weights, path)
+        return _median_head_ratio(5e-3, {"model": weights}, path) - _median_head_ratio(1e-3, {"model": weights}, path)
 
 
 class RowNorm(nn.Module):
@@ -203,7 +223,10 @@ def _failed_load_outcome(error: RuntimeError, calls: list) -> Outcome:
     else:
         for prefix, _, _, left in calls:
             if left:
-                hint = f" (the hook left {left[0]!r}: build every key from prefix, {prefix!r} for that Linear)"
+                key, copied = left[0]
+                hint = (f" (the old key {key!r} is still there beside its copy: pop it, "
+                        "state_dict[new] = state_dict.pop(old))" if copied else
+                        f" (the hook left {key!r}: build every key from prefix, {prefix!r} for that Linear)")
                 break
     return Outcome(False, f"loading the old checkpoint failed: {' '.join(lines[1:]) or error}{hint}")
 
@@ -235,7 +258,8 @@ def _rename_keys(upgrade) -> Outcome:
         touched = sorted(
             key for key in (set(others) | set(state_dict)) - own if state_dict.get(key) is not others.get(key)
         )
-        left = [key for key in (prefix + "W", prefix + "b") if key in state_dict]
+        left = [(key, prefix + new in state_dict)
+                for key, new in ((prefix + "W", "weight"), (prefix + "b", "bias")) if key in state_dict]
         calls.append((prefix, returned, [(key, key in others, key in state_dict) for key in touched], left))
 
     with Hooks() as hooks:
@@ -516,8 +540,8 @@ def _old_sgd_checkpoint() -> dict:
 @exercise("06.3", "keep the new learning rate when loading an optimizer's checkpoint")
 def _keep_lr(keep_lr) -> Outcome:
     """``keep_lr(optimizer, state_dict)`` is an optimizer load_state_dict pre-hook: everything of the
-    checkpoint is loaded except each group's ``lr``, which stays the optimizer's own; the caller's
-    checkpoint is left as it was."""
+    checkpoint is loaded except each group's ``lr``, which stays the optimizer's own. Editing the groups
+    in place or returning new ones both pass."""
     checkpoint = _old_sgd_checkpoint()
     untouched = copy.deepcopy(checkpoint)
     params, optimizer = _sgd((0.01, 0.002), 0.9, seed=65)
@@ -533,11 +557,6 @@ def _keep_lr(keep_lr) -> Outcome:
     if returned and returned[0] is not None and not isinstance(returned[0], dict):
         return Outcome(False, f"the hook returned {kind_of(returned[0])}: return None (having edited the state_dict "
                               "it got) or the state dict to load")
-    for i, (group, old_group) in enumerate(zip(checkpoint["param_groups"], untouched["param_groups"], strict=True)):
-        if group != old_group:
-            return Outcome(False, f"the checkpoint you loaded from changed: its group {i} now says lr "
-                                  f"{group.get('lr')}. The hook gets a shallow copy: its 'param_groups' list and "
-                                  "the group dicts in it are the caller's own. Build new groups ({**group, 'lr': ...})")
     for i, (group, want) in enumerate(zip(optimizer.param_groups, (0.01, 0.002), strict=True)):
         if group["lr"] != want:
             source = "the checkpoint's" if group["lr"] == untouched["param_groups"][i]["lr"] else "neither"
@@ -552,7 +571,7 @@ def _keep_lr(keep_lr) -> Outcome:
             return Outcome(False, "the checkpoint's momentum buffers were not loaded: keep its 'state', and build "
                                   "each group from the checkpoint's group (its 'params' are numbers), changing only lr")
     return Outcome(True, "both groups keep their own lr (0.01 and 0.002); the checkpoint's momentum 0.8 and its "
-                         "momentum buffers are loaded; the checkpoint itself is unchanged")
+                         "momentum buffers are loaded")
 
 
 # ----- 06.5: which layer created which node ---------------------------------------------------------
@@ -735,41 +754,3 @@ def old_names_cnn(hook=upgrade) -> nn.Module:
         if isinstance(layer, nn.Conv2d | nn.Linear):
             layer.register_load_state_dict_pre_hook(hook)
     return model
-
-
-def six_orders(path, lr: float, hook=None) -> tuple[float, list[float], list[torch.Tensor]]:
-    """``resume`` from ``path`` in six data orders (seeds 0 to 5), each time on a new ``old_names_cnn()`` and a
-    new ``Adam(lr)`` carrying ``hook`` as its load pre-hook. Returns the lr the runs trained at, each run's
-    test accuracy (3 digits) and each run's final weights, flattened into one vector."""
-    from ..data import digits
-    from ..models import accuracy
-
-    data, found, weights = digits(), [], []
-    for seed in range(6):
-        model = old_names_cnn()
-        optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-        with optimizer.register_load_state_dict_pre_hook(hook or (lambda optimizer, state_dict: None)):
-            resume(model, optimizer, path, seed)
-        found.append(round(accuracy(model, data.x_test, data.y_test), 3))
-        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
-    return optimizer.param_groups[0]["lr"], found, weights
-
-
-def operator_calls(run) -> dict[str, int]:
-    """How many times each operator ran during ``run()``, counted by PyTorch's profiler
-    (``torch.profiler.profile`` on the CPU, ``key_averages()``). The profiler's own log lines on stderr,
-    which carry the clock time, are silenced."""
-    import os
-    import sys
-
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
-                run()
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-    return {row.key: row.count for row in profile.key_averages()}
