@@ -8,8 +8,8 @@ Predictions 04.a-04.e compute their truth with torch. Exercises, in the order th
 * 04.3 cross-entropy in eight atomic steps, 04.4 its fused form;
 * 04.5 batch norm's fused backward (its seven atomic steps are the field guide's G4.6, registered in g4.py);
 * 04.6 a convolution (via ``unfold`` / ``fold`` or any other way), 04.7 max pooling;
-* 04.8 the whole CNN for one epoch of training, compared with autograd at every step;
-* 04.9 every layer whose backward formula disagrees with what its hooks recorded.
+* 04.8 every layer whose backward formula disagrees with what its hooks recorded;
+* 04.9 the whole CNN for one epoch of training, compared with autograd at every step.
 
 The atomic exercises (04.3, G4.6) are judged **in chain order**, from the loss back, against the
 gradients autograd gave each intermediate, kept by a tensor hook on it (in the order backward
@@ -746,7 +746,7 @@ def _max_pool(max_pool_backward) -> Outcome:
         if seed == 95:
             assert reference(partial(F.max_pool2d, kernel_size=2), (x,), dout)[0][0, 0, 0, 0] == dout[0, 0, 0, 0]
             last = _last_max_takes_it(x, dout)
-            traps += [((spread * at_max,), TIES), ((spread * at_max / at_max.double().reshape(
+            traps += [((spread * at_max,), MASK), ((spread * at_max / at_max.double().reshape(
                 *shape[:2], shape[2] // 2, 2, shape[3] // 2, 2).sum((3, 5)).repeat_interleave(2, -2)
                 .repeat_interleave(2, -1),), TIES), ((last,), TIES)]
         label = f"x of shape {shape}" + (", with tied maxima" if seed == 95 else "")
@@ -780,9 +780,15 @@ class _PyTorchRouting(TorchFunctionMode):
 
 TIES = ("a window with tied maxima (batch norm maps the digits' blank background to one value per channel, so such "
         "windows are common in the CNN): splitting the gradient, or giving it to the last maximum, is a fair choice "
-        "on paper, but 04.8 compares with autograd at every step, and PyTorch's max_pool2d gives the whole gradient "
+        "on paper, but 04.9 compares with autograd at every step, and PyTorch's max_pool2d gives the whole gradient "
         "to the first maximum in row-major order (measured on CPU with torch 2.14.1; the documentation does not "
         "say). argmax over the window's four values, flattened, picks it")
+
+
+MASK = ("a window with tied maxima got its whole gradient at every tied maximum: a mask x == the window's maximum "
+        "marks all of them, so that window passes back its gradient two or more times. Only one input may take it: "
+        "PyTorch's max_pool2d gives it to the first maximum in row-major order (measured on CPU with torch 2.14.1). "
+        "argmax over the window's four values, flattened, picks it")
 
 
 def _last_max_takes_it(x, dout):
@@ -794,7 +800,7 @@ def _last_max_takes_it(x, dout):
     return dx.reshape(n, c, h // 2, w // 2, 2, 2).permute(0, 1, 2, 4, 3, 5).reshape(x.shape)
 
 
-# ----- the capstone: one epoch on the digits (04.8) ----------------------------------------------
+# ----- the capstone: one epoch on the digits (04.9) ----------------------------------------------
 LR, BATCH, ACCURACY_TOLERANCE = 0.1, 32, 0.02
 
 
@@ -878,7 +884,7 @@ def _accuracy(model, x, y) -> float:
         return (model.eval()(x).argmax(1) == y).double().mean().item()
 
 
-@exercise("04.8", "one epoch on the digits with your own backward pass", time_limit=300)
+@exercise("04.9", "one epoch on the digits with your own backward pass", time_limit=300)
 def _capstone(model_backward) -> Outcome:
     """``model_backward(model, x, y) -> {parameter name: gradient}`` for
     ``F.cross_entropy(model(x), y)`` on the lesson's CNN, whose parameters do not require grad. The
@@ -942,7 +948,7 @@ def _capstone(model_backward) -> Outcome:
 
 
 
-# ----- the payoff: find the slip with hooks (04.e, 04.9) -----------------------------------------------------
+# ----- the payoff: find the slip with hooks (04.e, 04.8) -----------------------------------------------------
 def _statistics_as_constants(bn, x, out, dout):
     """Batch norm's backward with one slip: it treats the batch mean and variance as constants. So dx
     keeps only the direct path, dout·γ·inv_std, and drops the paths through the mean and the variance.
@@ -1008,7 +1014,7 @@ def _close(a, b) -> bool:
 def _verdicts(model, x, y, formulas, chained=False, close=_close) -> dict[str, tuple[bool, bool]]:
     """For each child in forward order: (its formula's dx disagrees with its grad_input, its formula's
     parameter gradients disagree with .grad), each formula run on what that layer recorded; or
-    (``chained``) on the dx the formula of the layer after it passed on, the slip 04.9 names."""
+    (``chained``) on the dx the formula of the layer after it passed on, the slip 04.8 names."""
     from hooklab.recording import record
 
     with _training_on_purpose(), record(model, backward=True) as rec, warnings.catch_warnings():
@@ -1137,7 +1143,7 @@ LOCAL_NAMES = ("the formulas name each parameter as the layer does, 'weight' or 
                "convolution without bias gives {'bias': None}: skip the gradients that are None")
 
 
-@exercise("04.9", "name every layer whose backward formula slipped, with hooks")
+@exercise("04.8", "name every layer whose backward formula slipped, with hooks", time_limit=300)
 def _disagreeing_layers(disagreeing_layers) -> Outcome:
     """``disagreeing_layers(model, x, y, formulas) -> set of layer names``: with the forward and backward
     of ``F.cross_entropy(model(x), y)`` recorded by hooks, each layer's formula from ``formulas`` (layer
@@ -1450,14 +1456,14 @@ def mended_digits(before, after, images, labels, count=8):
 
 
 def model_backward(model, x, y):
-    """04.8: every layer's backward by hand (``hooklab.backprop``'s formulas), from what forward hooks recorded."""
+    """04.9: every layer's backward by hand (``hooklab.backprop``'s formulas), from what forward hooks recorded."""
     from hooklab.backprop import BACKWARD
 
     return hand_backward(BACKWARD)(model, x, y)
 
 
 def disagreeing_layers(model, x, y, formulas):
-    """04.9: every layer whose formula from ``formulas``, run on what the student's own hooks recorded at
+    """04.8: every layer whose formula from ``formulas``, run on what the student's own hooks recorded at
     that layer, disagrees with autograd's gradients; an empty set when none does."""
     from hooklab.hooks import Hooks
 
