@@ -26,7 +26,7 @@ def test_the_worked_answers_the_lesson_falls_back_on_pass(id, answer):
 
 
 # ----- predictions ---------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("02.a", 7.3), ("02.b", 14.0), ("02.c", False),
+@pytest.mark.parametrize(("id", "truth"), [("02.a", 7.3), ("02.b", 14.0), ("02.c", 10000.0),
                                            ("02.d", [True, False, True, False]), ("02.e", 75)])  # fmt: skip
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
@@ -39,6 +39,15 @@ def test_02a_why_quotes_the_measured_factors():
     assert all(5 <= f <= 30 for f in factors.values())  # the lesson's "5 to 30 times"
 
 
+def test_02c_why_quotes_the_measured_gradients_and_asks_for_a_power_of_ten():
+    small, he = nb02._first_step_weight_grads(0.01), nb02._first_step_weight_grads(None)
+    assert round(he["features.5.weight"] / small["features.5.weight"], -3) == 15000  # "measured 1.5·10⁴"
+    assert all(3e-5 < g < 8e-5 for g in small.values()) and all(0.09 < g < 0.9 for g in he.values())
+    stds = {std: nb02.output_stds(nb02._fresh(std), nb02._digits().x_train[:64]) for std in (0.01, None)}
+    assert round(stds[None]["features.4"] / stds[0.01]["features.4"], -1) in (550, 560)  # "about 550 times"
+    failed("02.c", 15000, "a power of ten")
+
+
 def test_02a_accepts_the_rule():
     assert grade("02.a", 8.3).passed and grade("02.a", 7.3).passed and not grade("02.a", 9.0).passed
 
@@ -46,7 +55,7 @@ def test_02a_accepts_the_rule():
 @pytest.mark.parametrize(("id", "guess", "words"), [
     ("02.a", 0.12, "multiplies"), ("02.a", 25, "16 channels × 3×3"),
     ("02.a", 5.9, "32 × 3×3 = 288"), ("02.b", 8.0, "pre-hook ran too"),
-    ("02.b", 7.0, "replaces the output"), ("02.c", True, "keeps every channel alive"),
+    ("02.b", 7.0, "replaces the output"), ("02.c", 1000, "input alone"), ("02.c", 1, "nothing has died"),
     ("02.e", 67, "twice"), ("02.d", [True, True, True, True], "shares memory"),
     ("02.d", [True, False, True, True], "forward hook runs after"),
 ])  # fmt: skip
@@ -293,7 +302,8 @@ def recorder(per_call=True, where="pre", copy=lambda t: t.detach().clone(), copy
     """A recorder class (variations: wrong). ``per_call``: 02.5's, one ``(name, inputs, output)`` per call
     of every submodule; else 02.4's, ``inputs`` and ``outputs`` dicts over the leaves. Inputs are copied
     in a pre-hook (``where="pre"``) or, wrong for in-place layers, in the forward hook. ``waiting``: how
-    a call's two hooks meet: one ``stack`` for all modules, a stack per name (``name stack``), one slot
+    a call's two hooks meet: one ``stack`` for all modules, a stack per name (``name stack``), a queue per
+    name (``name queue``, wrong for a module called inside its own call), one slot
     per name (``slot``, wrong for a module called inside its own call) or a slot popped (``slot pop``)."""
     copy_out = copy_out or copy
     leaves_only = (not per_call) if leaves_only is None else leaves_only
@@ -308,7 +318,7 @@ def recorder(per_call=True, where="pre", copy=lambda t: t.detach().clone(), copy
             copies = tuple(copy(a) for a in args)
             if waiting in ("stack", "queue", "peek"):
                 self.waiting.append(copies)
-            elif waiting == "name stack":
+            elif waiting in ("name stack", "name queue"):
                 self.waiting.setdefault(name, []).append(copies)
             else:
                 self.waiting[name] = copies
@@ -323,6 +333,8 @@ def recorder(per_call=True, where="pre", copy=lambda t: t.detach().clone(), copy
                 return self.waiting[-1]
             if waiting == "name stack":
                 return self.waiting[name].pop()
+            if waiting == "name queue":
+                return self.waiting[name].pop(0)
             return self.waiting.pop(name) if waiting == "slot pop" else self.waiting[name]
 
         def keep(self, name, inputs, output):
@@ -400,6 +412,12 @@ def test_02_5_fails_a_slot_per_name_because_a_module_runs_inside_its_own_call():
 def test_02_5_reports_the_first_record_a_queue_gets_wrong_and_shows_the_model():
     failed("02.5", recorder(waiting="queue"), "record 4 ('2.relu')", "another call", "put aside last",
            "the check's model")
+
+
+def test_02_5_names_a_queue_per_name_as_a_pairing_slip_not_an_in_place_one():
+    outcome = failed("02.5", recorder(waiting="name queue"), "record 12 ('3')", "record 13",
+                     "another call of '3'", "put aside last")
+    assert "clone" not in outcome.detail and "in-place" not in outcome.detail
 
 
 def test_02_5_names_a_stack_read_but_never_popped():
