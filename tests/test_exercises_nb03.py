@@ -375,7 +375,9 @@ def output_tracker(kind="tensor hook", returns_handle=False, skip_no_grad=True, 
             return module.register_full_backward_hook(lambda m, gi, go: grad_stds.append(number(go[0].std())))
 
         def forward_hook(m, args, output):
-            if skip_no_grad and not output.requires_grad:
+            if skip_no_grad == "grad enabled" and not torch.is_grad_enabled():
+                return None
+            if skip_no_grad is True and not output.requires_grad:
                 return None
             if output.requires_grad:
                 spreads.append(number(spread(output)))
@@ -447,6 +449,10 @@ def test_03_3_rejects_full_backward_hooks_returned_handles_and_output_stds():
 
 def test_03_3_explains_a_tensor_hook_on_an_evaluation_output():
     failed("03.3", output_tracker(skip_no_grad=False), "torch.no_grad()", "output.requires_grad")
+
+
+def test_03_3_names_a_grad_mode_test_that_fails_on_a_frozen_model():
+    failed("03.3", output_tracker(skip_no_grad="grad enabled"), "frozen model", "output.requires_grad")
 
 
 def test_03_4_names_a_ratio_without_log10_or_lr():

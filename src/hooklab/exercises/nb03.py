@@ -513,6 +513,9 @@ _WEIGHT_TENSOR_HOOK = (
 )
 _NO_GRAD_OUTPUT = ("the check evaluates the model under torch.no_grad() between steps: those outputs need no gradient "
                    "and cannot take a tensor hook; register one only when output.requires_grad")  # fmt: skip
+_FROZEN_OUTPUT = ("on a frozen model (requires_grad_(False) on every parameter) the output needs no gradient even "
+                  "with gradients enabled, so register_hook raises: torch.is_grad_enabled() is not enough, "
+                  "test output.requires_grad itself")  # fmt: skip
 _TRACK_ERRORS = {"BackwardHookFunction is a view": _FULL_HOOK_IN_PLACE, "RemovableHandle": _RETURNED_HANDLE,
                  "doesn't require gradient": _NO_GRAD_OUTPUT}  # fmt: skip
 
@@ -658,8 +661,30 @@ def _track_output(track_output) -> Outcome:
         return Outcome(False, f"after removing the handles you returned, {left[0]}: return the forward hook's handle")
     model.zero_grad()
     model(batches[0]).pow(2).sum().backward()  # after the removal: nothing may be added
-    return _compare_tracks({"grad_stds": stds, "spreads": spreads}, len(batches), "the handle's removal") or Outcome(
-        True, "three steps on an in-place MLP, evaluation passes under no_grad skipped, nothing after remove()")
+    return _compare_tracks({"grad_stds": stds, "spreads": spreads}, len(batches), "the handle's removal") or (
+        _frozen_model_outcome(track_output) or Outcome(
+            True, "three steps on an in-place MLP, evaluation passes under no_grad and a frozen model skipped, "
+                  "nothing after remove()"))
+
+
+def _frozen_model_outcome(track_output) -> Outcome | None:
+    """A forward pass of a frozen model, gradients enabled: its outputs need no grad, so nothing is appended."""
+    model, stds, spreads = _in_place_mlp().requires_grad_(False), [], []
+    try:
+        handle = track_output(model[0], stds, spreads)
+        try:
+            model(_batches()[0])
+        finally:
+            handle.remove()
+    except RuntimeError as error:
+        _clear_all_hooks(model)
+        if "doesn't require gradient" in str(error):
+            return Outcome(False, _FROZEN_OUTPUT)
+        raise
+    if stds or spreads:
+        return Outcome(False, f"on a frozen model (no parameter requires grad) your hook appended {len(spreads)} "
+                              f"spread(s): append only when output.requires_grad")
+    return None
 
 
 @exercise("03.4", "a class that tracks one layer and removes its hooks")
