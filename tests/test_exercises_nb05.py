@@ -18,9 +18,9 @@ from hooklab.exercises.nb05 import _Probe, _probe_inputs
 PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that gets its own hint
     "05.a": (1, 8, "count classes, not channels"),
     "05.b": ([False, True], [True, True], "the ReLU is where it stops"),
-    "05.c": (True, False, "a convolution whose weights have both signs"),
+    "05.c": ("untrained", "trained", "the ReLU masks are set by the digit"),
     "05.d": ([32, 8], [8, 8], "does arrive at a dead channel"),
-    "05.e": ("lower", "higher", "measured the other way"),
+    "05.e": (["brightest", "random", "darkest"], ["random", "brightest", "darkest"], "not by much"),
     "05.f": ("guided backprop", "Grad-CAM", "re-weights the same channels"),
 }
 
@@ -34,17 +34,18 @@ def test_prediction_truth_right_guess_and_hint_for_a_wrong_one(id):
     assert not outcome.passed and hint in outcome.detail, outcome.detail
 
 
-def test_prediction_05_e_a_guess_in_another_form_is_asked_for_one_of_the_two_words():
-    for guess in ("less", 0.66, ["lower"]):
+def test_prediction_05_e_a_guess_in_another_form_is_asked_for_an_order_of_the_three_words():
+    for guess in ("brightest", ["brightest", "random"], ["brightest", "random", "random"]):
         outcome = grade("05.e", guess)
-        assert not outcome.passed and '"higher" or "lower"' in outcome.detail, outcome.detail
+        assert not outcome.passed and "order the three words" in outcome.detail, outcome.detail
         assert "measured" not in outcome.detail
-    assert grade("05.e", " Lower ").passed
+    assert grade("05.e", (" Brightest ", "random", "DARKEST")).passed
 
 
-def test_prediction_05_c_a_word_for_a_boolean_is_told_to_drop_the_quotes():
-    assert "answer with True, without quotes" in grade("05.c", "yes").detail
-    assert "answer with False, without quotes" in grade("05.c", "False").detail
+def test_prediction_05_c_a_word_off_the_list_is_told_the_choices():
+    assert grade("05.c", " Untrained ").passed
+    outcome = grade("05.c", "never trained")
+    assert not outcome.passed and 'pick one of "trained", "untrained"' in outcome.detail, outcome.detail
 
 
 # ----- 05.1 and 05.2 -------------------------------------------------------------------------------
@@ -696,3 +697,22 @@ def test_05_4_the_callers_images_and_a_gradient_wrt_a_weight_are_named():
 
     failed("05.4", on_the_callers_images, "requires_grad of the caller's images")
     failed("05.4", wrt_a_weight, "no gradient reached the images", "not a weight")
+
+
+def test_05_4_differentiating_with_respect_to_the_kept_output_names_the_hook_that_never_ran():
+    def wrt_the_kept_output(model, layer, images, classes):  # natural, nearly right: KeyError where a ReLU is in place
+        seen = {}
+
+        def forward_hook(module, args, output):
+            seen["A"], seen["out"] = output.detach().clone(), output
+            output.register_hook(lambda grad: seen.__setitem__("G", grad.detach().clone()))
+
+        handle = model.get_submodule(layer).register_forward_hook(forward_hook)
+        try:
+            torch.autograd.grad(model(images).gather(1, classes[:, None]).sum(), seen["out"])
+        finally:
+            handle.remove()
+        return seen["A"], seen["G"]
+
+    failed("05.4", wrt_the_kept_output, "KeyError: 'G'", "your tensor hook never ran",
+           "torch.autograd.grad(total, out)", "images.detach().clone().requires_grad_()")

@@ -1,10 +1,9 @@
 """Exercises and predictions of notebook 05, in its order: what zeroing the live channels does (05.a), dead
 channels found with a forward hook (05.1), why they stay dead and a watch that counts them at every step (05.b,
-05.2), whether guided backprop's map can be negative and guided backpropagation as a class of ReLU hooks
-(05.c, 05.3), the Grad-CAM recorder: a tensor hook registered from a forward hook (05.4), which channels of
-features.3 Grad-CAM weighs and which add to its map (05.d), whether the map on a 24×24 canvas stays on the digits the
-network misreads (05.e), which map
-changes with the class (05.f), and layers
+05.2), whose guided map resembles the digit more, trained or untrained, and guided backpropagation as a class of ReLU
+hooks (05.c, 05.3), the Grad-CAM recorder: a tensor hook registered from a forward hook (05.4), which channels of
+features.3 Grad-CAM weighs and which add to its map (05.d), how the class score falls when the pixels under the
+map's brightest cells are deleted (05.e), which map changes with the class (05.f), and layers
 re-drawn by forward hooks that run a fresh copy (05.5). Layer-CAM, with that recorder, is the field guide's
 exercise G5.2, and the cascade of copies G5.3 (their checkers, in g5.py, use the cases here)."""
 
@@ -170,26 +169,34 @@ def _dead_gradients() -> list:
     return [bool((seen["arrives"][:, dead] == 0).all()), bool((seen["passes"][:, dead] == 0).all())]
 
 
-def _guided_trained():
-    """Guided backprop's map of the trained network for the first 6 test digits, for their own classes."""
-    from ..saliency import GuidedBackprop
+def _guided_resemblance() -> tuple[float, list[float]]:
+    """How much guided backprop's map resembles the digit (mean rank correlation with the pixels, first 6 test
+    digits, their own classes): for the trained network, and for 8 never-trained ones (seeds 0 to 7)."""
+    from ..saliency import GuidedBackprop, rank_correlation
 
     data = _digits()
-    with GuidedBackprop(trained_digits_cnn()) as gb:
-        return gb.saliency(data.x_test[:6], data.y_test[:6])
+    x, labels = data.x_test[:6], data.y_test[:6]
+    means = []
+    for net in [trained_digits_cnn()] + [DigitsCNN(seed=seed) for seed in range(8)]:
+        with GuidedBackprop(net) as gb:
+            means.append(float(rank_correlation(gb.saliency(x, labels), x).mean()))
+    return means[0], means[1:]
 
 
-@prediction("05.c", "whether guided backprop's map of the trained network has negative pixels",
-            why="the clamp acts only on what each ReLU passes back; below the first ReLU, features.0 is a "
-                "convolution whose weights have both signs, so the positive gradient leaving features.1 reaches "
-                "the pixels with either sign",
-            wrong=[(False, "the clamp acts at the ReLUs only: what leaves the first ReLU is positive, but it then "
-                           "passes back through features.0, a convolution whose weights have both signs"),
-                   *[(word, f"answer with {answer}, without quotes")
-                     for word, answer in (("True", "True"), ("true", "True"), ("yes", "True"),
-                                          ("False", "False"), ("false", "False"), ("no", "False"))]])
-def _guided_negative() -> bool:
-    return bool((_guided_trained() < 0).any())
+WHOSE = ("trained", "untrained")
+
+
+@prediction("05.c", "whose guided map resembles the digit more: the trained network's or a never-trained one's",
+            why="guided backprop keeps only positive gradient at every ReLU, and where each ReLU passes is set by "
+                "the input, not by what the weights learned: the map mostly reflects the digit through those masks. "
+                "Measured: every one of 8 never-trained networks' maps resembles the digit more than the trained one's",
+            wrong=[("trained", "guided backprop clamps what each ReLU passes back to its positive part, and the ReLU "
+                               "masks are set by the digit itself: the map mostly reflects the input, whatever the "
+                               "weights learned; the trained weights add their own pattern on top"),
+                   (_NotOneOf(WHOSE), _pick_one(WHOSE))])
+def _whose_guided_map() -> str:
+    trained, untrained = _guided_resemblance()
+    return "untrained" if min(untrained) > trained else "trained" if max(untrained) < trained else "it depends"
 
 
 def _cam_channels() -> list:
@@ -222,57 +229,55 @@ def _grad_cam_channels() -> list:
     return _cam_channels()
 
 
-def _on_canvas(x: torch.Tensor, seed: int, size: int = 24) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each 8×8 digit pasted at a random spot of a blank canvas (lesson 05's), and the spots' corners."""
-    corner = torch.randint(0, size - 7, (len(x), 2), generator=torch.Generator().manual_seed(seed))
-    canvas = torch.zeros(len(x), 1, size, size)
-    for k, (r, c) in enumerate(corner.tolist()):
-        canvas[k, :, r:r + 8, c:c + 8] = x[k]
-    return canvas, corner
-
-
-@functools.cache
-def _canvas_shares() -> tuple[float, float]:
-    """Lesson 05's canvas experiment: the trained network's head re-fitted for one epoch on 24×24 canvases, then
-    Grad-CAM at features.6 for each test digit's own class. The mean share of the map inside the digit's box, for
-    the canvases the head reads right and for those it misreads."""
-    from ..models import train_digits
+def _deletion_drops(cells: int = 4) -> dict:
+    """The deletion test of lesson 05 on all 450 test digits: Grad-CAM at features.6 for the predicted class, the
+    2×2 pixels under ``cells`` of its 16 cells filled with the digit's mean pixel by a forward pre-hook on the
+    model, for the brightest cells, cells in a random order per digit (seed 0) and the darkest cells. The mean fall
+    of the class score, for each."""
     from ..saliency import grad_cam
 
-    data = _digits()
-    train = torch.cat([_on_canvas(data.x_train, seed)[0] for seed in range(4)])
-    big = trained_digits_cnn()
-    big.features.requires_grad_(False)
-    train_digits(big, data._replace(x_train=train, y_train=data.y_train.repeat(4)), epochs=1, lr=1e-2,
-                 batch_size=16, progress=False)
-    x, corner = _on_canvas(data.x_test, seed=4)
-    box = torch.zeros(len(x), 12, 12)
-    for k, (r, c) in enumerate(corner.tolist()):
-        box[k, r // 2:(r + 9) // 2, c // 2:(c + 9) // 2] = 1
-    maps = grad_cam(big, x, "features.6", data.y_test).maps
-    share = (maps * box).sum(dim=(1, 2)) / maps.sum(dim=(1, 2)).clamp_min(1e-12)
-    with torch.no_grad():
-        right = big(x).argmax(dim=1) == data.y_test
-    return float(share[right].mean()), float(share[~right].mean())
+    model, x = trained_digits_cnn(), _digits().x_test
+    cam = grad_cam(model, x, "features.6")
+    order = cam.raw.flatten(1).argsort(dim=1, descending=True)
+    fill = x.mean(dim=(1, 2, 3), keepdim=True)
+    chance = torch.rand(len(x), 16, generator=torch.Generator().manual_seed(0)).argsort(dim=1)
+    drops = {}
+    for label, ranked in (("brightest", order), ("random", chance), ("darkest", order.flip(1))):
+        patch = torch.zeros(len(x), 16).scatter_(1, ranked[:, :cells], 1.0).reshape(-1, 1, 4, 4)
+        patch = patch.repeat_interleave(2, 2).repeat_interleave(2, 3).bool()
+        with model.register_forward_pre_hook(lambda m, args, p=patch: (torch.where(p, fill, args[0]),)), \
+                torch.no_grad():
+            drops[label] = (cam.scores - model(x).gather(1, cam.targets[:, None])[:, 0]).mean().item()
+    return drops
 
 
-def _higher_or_lower(guess: object) -> str | None:
-    if isinstance(guess, str) and guess.strip().strip("'\"`").lower() in {"higher", "lower"}:
-        return None
-    return 'answer with one word, "higher" or "lower", in quotes, then run the cell again'
+DELETED = ("brightest", "random", "darkest")
 
 
-@prediction("05.e", "whether Grad-CAM's map stays in the digit's box on the canvases the network misreads",
-            why="measured: on the canvases the head misreads, a smaller share of the map for the digit's own class "
-                "lies on the digit. The map shows where the network finds evidence for that class; when less of it "
-                "is on the digit, another class wins more often",
-            wrong=[("higher", "measured the other way: on the canvases the head misreads, the map for the digit's "
-                              "own class lies less on the digit; where the evidence for the right class is found off "
-                              "the digit, another class wins more often")],
-            form=_higher_or_lower)
-def _misread_share() -> str:
-    right, misread = _canvas_shares()
-    return "lower" if misread < right - 0.03 else "higher" if misread > right + 0.03 else "about the same"
+class _NotAnOrderOf:
+    """A wrong-guess pattern: anything but a list of the three words, each once."""
+
+    def __eq__(self, guess: object) -> bool:
+        return not (isinstance(guess, list | tuple) and len(guess) == 3 and all(isinstance(g, str) for g in guess)
+                    and sorted(g.strip().strip("'\"`").lower() for g in guess) == sorted(DELETED))
+
+    __hash__ = None
+
+
+@prediction("05.e", "how the class score falls with the pixels under the map's brightest, random or darkest cells "
+                    "filled",
+            why="measured: filling the pixels under the map's 4 brightest cells lowers the class score most, 4 random "
+                "cells less, the 4 darkest least. The map ranks the regions the prediction rests on, coarsely: the "
+                "brightest cells are only a little ahead of random ones",
+            wrong=[(["random", "brightest", "darkest"], "measured: over 4 cells the map's brightest are ahead of "
+                                                        "random cells, though not by much"),
+                   (["brightest", "darkest", "random"], "the map's darkest cells hold the least evidence for the "
+                                                        "class: filling them lowers the score least"),
+                   (_NotAnOrderOf(), 'order the three words from the largest fall to the smallest, e.g. '
+                                     '["random", "darkest", "brightest"], then run the cell again')])
+def _deletion_order() -> list:
+    drops = _deletion_drops()
+    return sorted(drops, key=drops.get, reverse=True)
 
 
 MAP_CHOICES = ("plain gradient", "guided backprop", "Grad-CAM")
@@ -866,6 +871,15 @@ def _call_recorder(answer, model, layer, x, classes):
         if hint is None:
             raise
         return None, hint
+    except (KeyError, IndexError) as error:  # the gradient kept by the tensor hook was never written
+        clear_hooks(model)
+        if reached:
+            raise
+        return None, (f"your code raised {type(error).__name__}: {error}: your tensor hook never ran, because no "
+                      "gradient passed the layer's output on its way down. Differentiating with respect to the kept "
+                      "output (torch.autograd.grad(total, out)) stops at that tensor, and where an in-place ReLU "
+                      "follows the layer, that tensor is the ReLU's result, past your hook. Run the model on a copy, "
+                      "x = images.detach().clone().requires_grad_(), and differentiate with respect to x")
     finally:
         probe.remove()
     if not reached:
