@@ -290,7 +290,8 @@ def _stripe_peak(length: int) -> int:
                    (7, "7 back fits a run of 7; in a run of 5 the earlier copy is 5 back, and the head attends to the "
                        "position after it"),
                    (1, "the previous token is 1 back: a previous-token head's stripe, not an induction head's"),
-                   *ONE_POSITION])
+                   (True, _WHOLE), (False, _WHOLE)],
+            form=lambda guess: _WHOLE if isinstance(guess, float | list | tuple | str) else None)
 def _induction_offset() -> int:
     return _stripe_peak(5)
 
@@ -327,20 +328,6 @@ def head_0_noised() -> float:
     return logit_diff(run_hooked(model, clean_and_corrupted()[0], point, hook))
 
 
-class _NoneOf:
-    """Equal to any guess that is none of ``options``: the last ``wrong=`` entry, for a guess outside them."""
-
-    def __init__(self, *options: str) -> None:
-        self.options = options
-
-    def __eq__(self, guess: object) -> bool:
-        from . import same
-
-        return not any(same(guess, option) for option in self.options)
-
-    __hash__ = None
-
-
 def joint_and_single_drops() -> tuple[float, float]:
     """The clean run's drop with all four of layer 1's heads zeroed at once, and the sum of the four drops with
     one head zeroed at a time."""
@@ -350,20 +337,68 @@ def joint_and_single_drops() -> tuple[float, float]:
     return joint, ablation_scores(model, clean, 1, logit_diff).sum().item()
 
 
-_ADD = ("they would add only if everything after the heads were linear; layer 1's MLP and the final LayerNorm "
-        "(which divides by the residual's std) read their sum, and neither is linear")
-_EQUAL_OR_NOT = 'answer "equal" or "not equal" (a string)'
+_BIGGER_OR_SMALLER = 'answer "bigger" or "smaller" (a string)'
 
 
-@prediction("08.c", "whether the drop with all four layer-1 heads zeroed at once equals the sum of the single drops",
-            why="not equal (next cell): the heads' outputs are added into the residual, but layer 1's MLP and the "
-                "final LayerNorm read that sum and are not linear, so one head's drop depends on what the others "
-                "still write",
-            wrong=[("equal", _ADD)],
-            form=lambda guess: _EQUAL_OR_NOT)
+@prediction("08.d", "whether the drop with all four layer-1 heads zeroed at once is bigger or smaller than the sum "
+                    "of the single drops",
+            why="bigger (next cell): with one head zeroed, three still copy the 19 from key 3, and what reads their "
+                "sum (layer 1's MLP, the final LayerNorm) still gives most of the answer; with all four zeroed, "
+                "that sum is gone, and the MLP loses its input too",
+            wrong=[("smaller", "with one head zeroed, three heads still attend key 3 and copy the 19 (section 1): "
+                               "what is left to copy it when all four are zeroed?")],
+            form=lambda guess: _BIGGER_OR_SMALLER)
 def _joint_drop() -> str:
     joint, summed = joint_and_single_drops()
-    return "equal" if abs(joint - summed) < 0.1 else "not equal"
+    return "bigger" if joint > summed else "smaller"
+
+
+def renamed_before_key_2(token: int = 0) -> torch.Tensor:
+    """The second corruption with ``token`` at position 1, the token before key 2, ``(1, 16)``."""
+    tokens = second_corruption()
+    tokens[0, 1] = token
+    return tokens
+
+
+def predicted(tokens: torch.Tensor) -> int:
+    """The token the model predicts at the query."""
+    with torch.no_grad():
+        return _model()(tokens)[0, Q].argmax().item()
+
+
+@prediction("08.c", "whether the second corruption, with position 1's 12 changed into a 0, still predicts 10",
+            why="False: layer 1's heads pick a key by the record layer 0 wrote there, the token before it; position "
+                "1 is key 2's record, so changing it moves half the heads off key 2 (to key 4), and the model says "
+                "8, key 4's token",
+            wrong=[(True, "layer 1's heads choose a key by its record of the token before it (section 1), and "
+                          "position 1 is the token before key 2: does key 2 still look the same to them?")])
+def _still_10() -> bool:
+    return predicted(renamed_before_key_2(0)) == B2
+
+
+def steered_normalised(scale: float) -> float:
+    """The corrupted run's normalised logit difference with the steering direction added at the changed
+    position, at ``scale``."""
+    model = _model()
+    clean, corrupted = clean_and_corrupted()
+    hook = steering_hook(steering_direction(model), CHANGED, scale)
+    with torch.no_grad():
+        ends = logit_diff(model(clean)), logit_diff(model(corrupted))
+    steered = logit_diff(run_hooked(model, corrupted, "blocks.0.hook_resid_post", hook))
+    return (steered - ends[1]) / (ends[0] - ends[1])
+
+
+@prediction("08.e", "the normalised logit difference of the corrupted run steered at scale 1",
+            why="0.93: at scale 1 the hook adds clean − corrupted, so position 3 holds the clean run's value, "
+                "exactly section 2's patch of blocks.0.hook_resid_post at 3",
+            wrong=[(1.0, "1 is the whole last residual patched; scale 1 puts back one position after layer 0: "
+                         "what did section 2's map give for it?"),
+                   (0.0, "scale 1 adds the whole difference clean − corrupted at position 3: what is left of "
+                         "the corruption there?")],
+            rel=0.02,
+            form=lambda guess: "write one number, like 0.5, without quotes")
+def _scale_1() -> float:
+    return round(steered_normalised(1.0), 2)
 
 
 STEER_SCALES = [0, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4]
@@ -377,43 +412,16 @@ def induction_pair() -> torch.Tensor:
     return torch.cat([clean, other])
 
 
+def first_metric(logits: torch.Tensor) -> float:
+    """logit[12] − logit[17] at position 0 of the first sequence: what the model predicts after the first token,
+    which only position 0's activations reach."""
+    return (logits[0, 0, RUN[1]] - logits[0, 0, B]).item()
+
+
 def pair_metric(logits: torch.Tensor) -> float:
     """On ``induction_pair()``: logit[19] − logit[17] of the first sequence plus logit[14] − logit[17] of the
     second, at the query."""
     return (logits[0, Q, A] - logits[0, Q, B] + logits[1, Q, 14] - logits[1, Q, B]).item()
-
-
-def random_direction(seed: int) -> torch.Tensor:
-    """A random direction as long as ``steering_direction``: ``torch.randn(64)`` from ``seed``, rescaled."""
-    direction = torch.randn(64, generator=torch.Generator().manual_seed(seed))
-    return direction / direction.norm() * steering_direction(_model()).norm()
-
-
-def key_3_attention(scale: float, direction: torch.Tensor | None = None) -> float:
-    """Layer 1's largest attention from the query to key 3 in the corrupted run, ``direction`` (by default the
-    steering direction) added at 3 at ``scale``."""
-    from .. import record
-
-    model = _model()
-    direction = steering_direction(model) if direction is None else direction
-    hook = steering_hook(direction, CHANGED, scale)
-    with (model.blocks[0].hook_resid_post.register_forward_hook(hook), torch.no_grad(),
-          record(model, ["blocks.1.attn.hook_pattern"]) as rec):
-        model(clean_and_corrupted()[1])
-    return rec["blocks.1.attn.hook_pattern"].output[0, :, Q, CHANGED].max().item()
-
-
-@prediction("08.d", "whether, for each of three random directions as long as ours, the largest of layer 1's four "
-                    "heads' attention from the query to key 3 is lower at scale 4 than at scale 1",
-            why="yes: for each of the three, the most any head attends from the query to key 3 is lower at scale 4 "
-                "than at scale 1, so part of the loss comes from the added vector's length, not its direction",
-            wrong=[("no", "the LayerNorm before layer 1 divides each residual by its std: a long vector added at 3 "
-                          "shrinks the rest of position 3's content, its record included, whatever its direction"),
-                   (True, 'pick one of "yes" or "no" (a string)'),
-                   (_NoneOf("yes", "no"), "pick one of \"yes\" or \"no\" (a string)")])
-def _far_steer() -> str:
-    lower = [key_3_attention(4.0, random_direction(s)) < key_3_attention(1.0, random_direction(s)) for s in range(3)]
-    return "yes" if all(lower) else "no"
 
 
 def runs_with_17_at_3(n: int = 2000) -> torch.Tensor:
@@ -471,7 +479,7 @@ def third_patched() -> tuple[int, int]:
     return said, layer_1_key(third_corruption(), [(point, hook)])
 
 
-@prediction("08.e", "in the third corruption (an 8 at the query) with the clean blocks.1.hook_attn_out patched in "
+@prediction("08.f", "in the third corruption (an 8 at the query) with the clean blocks.1.hook_attn_out patched in "
                     "at the query: the token predicted, and the key layer 1's heads attend to",
             why="[19, 5]: the patch replaces what layer 1's heads wrote at the query with the clean run's copy of "
                 "the 19, but their pattern was computed before that output, from the query's own 8: they still "
@@ -965,6 +973,16 @@ def _scores_slip(model, got, tokens, layer, metric, mean) -> str | None:
             return output
         return hook
 
+    def from_one(h):
+        def hook(module, args, output):
+            output = output.clone()
+            output[:, 1:, h] = 0.0 if mean is None else mean[1:, h]
+            return output
+        return hook
+
+    if near(_scores_with(model, tokens, layer, metric, from_one)):
+        return ("you left position 0 out (output[:, 1:, head]): an ablation removes the head at every position, "
+                "output[:, :, head], position 0 included")
     if near(_scores_with(model, tokens, layer, metric, at_query)):
         return ("you ablated each head at the query only (position 9): an ablation removes the head at every "
                 "position, output[:, :, head], including the keys it writes for later layers")
@@ -997,7 +1015,8 @@ def _check_scores(answer) -> Outcome:
     for tokens, metric, layer, m, what in [(clean, logit_diff, 1, None, "layer 1, zero"),
                                            (clean, logit_diff, 1, mean, "layer 1, mean"),
                                            (clean, logit_diff, 0, None, "layer 0, zero"),
-                                           (batch, pair_metric, 1, None, "a batch of two, layer 1, zero")]:
+                                           (batch, pair_metric, 1, None, "a batch of two, layer 1, zero"),
+                                           (clean, first_metric, 1, None, "layer 1, zero, read at position 0")]:
         start = len(idle)
         got = answer(model, tokens, layer, metric, m)
         nothing = len(idle) > start and all(idle[start:])
@@ -1020,8 +1039,9 @@ def _check_scores(answer) -> Outcome:
             return Outcome(False, f"{what}: shape {tuple(got.shape)}, want {tuple(want.shape)}, one score a head")
         return Outcome(False, f"{what}: scores {[round(v, 2) for v in got.tolist()]}, want "
                               f"{[round(v, 2) for v in want.tolist()]}")
-    return Outcome(True, "the same drops as the model's, zero and mean, layers 0 and 1, on one run and a batch of "
-                         "two, and no hook left behind." + (IN_PLACE if edited else ""))
+    return Outcome(True, "the same drops as the model's, zero and mean, layers 0 and 1, read at the query and at "
+                         "position 0, on one run and a batch of two, and no hook left behind."
+                   + (IN_PLACE if edited else ""))
 
 
 def _fixed_std_cases():
@@ -1140,13 +1160,15 @@ __all__ = [
     "patch_hook",
     "patched_diff",
     "patching_sweep",
+    "predicted",
     "problem",
-    "random_direction",
     "record_patterns",
+    "renamed_before_key_2",
     "run_hooked",
     "run_with_hooks",
     "runs_with_17_at_3",
     "second_corruption",
+    "steered_normalised",
     "steering_direction",
     "steering_hook",
     "stripe_score",
