@@ -96,9 +96,10 @@ def prediction(id: str, title: str, why: str, wrong: Iterable[tuple[object, str]
     ``...`` (the lesson's stub) is "no guess yet": ``None`` is a guess like any other. A number
     written as a string (``"0.25"``) where the truth is a number is told to drop the quotes; anything but
     a bool where the truth is a bool (``0``, ``"no"``) is asked for True or False, without the answer.
-    ``form(guess)``, if given, returns a hint naming the form the question wants (or None) for a guess
-    that matches neither the truth nor a ``wrong`` entry. Such a slip of form prints ``not in the form
-    asked`` instead of ``not quite``, and its hint never gives the answer away.
+    ``form(guess)``, if given, returns a hint naming the form the question wants for a guess that
+    matches neither the truth nor a ``wrong`` entry, and None for a guess in the form asked: a wrong
+    number where a number is asked is "not quite", not a slip of form. A slip of form prints ``not in
+    the form asked`` instead of ``not quite``, and its hint never gives the answer away.
     """
 
     def register(truth: Callable[[], object]) -> Callable[[], object]:
