@@ -33,7 +33,8 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     ("06.a", "head.2", "ends with a dot"), ("06.a", "2.", "whole path"),
     ("06.d", 1, "per call, not per module"), ("06.d", 4, "one gradient per call"),
     ("06.c", "moments", "no scale of its own"), ("06.c", "both", "only one part"),
-    ("06.c", 0.005, '"lr", "moments" or "both"'), ("06.c", "the learning rate", '"lr", "moments" or "both"'),
+    ("06.c", "neither", "the lr included"),
+    ("06.c", 0.005, '"both" or "neither"'), ("06.c", "the learning rate", '"both" or "neither"'),
     ("06.e", 64, "UnbindBackward0"), ("06.e", 96, "not one per row"),
     ("06.e", 2, "vectorised"),
     ("06.b", 5, "axis is log10"), ("06.b", 0, "the lr scales every step"), ("06.b", -0.7, "the band rises"),
@@ -496,15 +497,22 @@ def test_resume_loads_both_states_and_leaves_the_checkpoint_as_it_was(tmp_path):
     resume(fresh, torch.optim.Adam(fresh.parameters(), lr=1e-3), tmp_path / "weights.pt")  # no optimizer
 
 
-def test_06_1_any_hook_that_renames_the_full_keys_passes():
-    """The lesson's rule is about full keys: a hook that finds its layer's old keys by their ending passes too
-    (each layer's hook sees only its own keys, measured in the lesson), a bare "W" does not."""
+def test_06_1_a_hook_that_ignores_prefix_renames_a_submodules_key_and_is_told():
+    """A layer's hook sees its submodules' keys too: renaming every key that ends in ".W" renames the check's
+    0.gate.W, a submodule's parameter named W today; dropping prefix altogether ("W") renames nothing."""
 
     def by_ending(module, state_dict, prefix, *rest):
         for key in [key for key in state_dict if key.endswith((".W", ".b"))]:
             state_dict[key[:-1] + ("weight" if key.endswith("W") else "bias")] = state_dict.pop(key)
 
-    assert grade("06.1", by_ending).passed
+    def by_ending_without_dot(module, state_dict, prefix, *rest):
+        for key in [key for key in state_dict if key.endswith("W")]:
+            state_dict[key[:-1] + "weight"] = state_dict.pop(key)
+        if prefix + "b" in state_dict:
+            state_dict[prefix + "bias"] = state_dict.pop(prefix + "b")
+
+    failed("06.1", by_ending, "renamed '0.gate.W'", "submodule inside the Linear at '0.'", "prefix + 'W' only")
+    failed("06.1", by_ending_without_dot, "renamed '0.gate.W'", "merely ends in .W")
     failed("06.1", upgrade_ignoring_prefix, "prefix")
 
 

@@ -70,20 +70,25 @@ def _relu_logged_on_resnet18() -> int:
 
 
 def _lr_or_moments(guess) -> str | None:
-    if str(guess).strip().strip("'\"").lower() not in {"lr", "moments", "both"}:
-        return 'answer with one of three words: "lr", "moments" or "both"'
+    if str(guess).strip().strip("'\"").lower() not in {"lr", "moments", "both", "neither"}:
+        return 'answer with one of four words: "lr", "moments", "both" or "neither"'
     return None
 
 
-@prediction("06.c", "which part of the loaded optimizer state made the red run step as if at lr 5e-3",
-            why="Adam steps by lr · m̂/(√v̂ + ε): the saved moments enter as a ratio with no scale of its own (±1 "
-                "after one step), so they cannot make every layer's steps several times larger; the lr can, and "
-                "load_state_dict loads the checkpoint's lr with its param_groups",
-            wrong=[("moments", "m̂/(√v̂ + ε) has no scale of its own: it is ±1 after one step, whatever the "
-                               "gradients were, so the saved moments cannot make every layer's steps several times "
-                               "larger"),
-                   ("both", "the moments enter Adam's step as a ratio with no scale of its own (±1 after one "
-                            "step): only one part of the state can make every layer's steps several times larger")],
+_MOMENTS_HAVE_NO_SCALE = ("the saved moments enter Adam's step as the ratio m̂/(√v̂ + ε), which has no scale of its "
+                          "own: after one saved step it stays at or below about 1 at the next, whatever the "
+                          "gradients' size, as a fresh Adam's does")
+
+
+@prediction("06.c", "which part of the loaded optimizer state changes how far the red run steps",
+            why="load_state_dict loads the checkpoint's param_groups, and the old run's lr 5e-3 with them: the lr "
+                "multiplies every step. " + _MOMENTS_HAVE_NO_SCALE + ", so one step of history cannot scale every "
+                "layer's steps",
+            wrong=[("moments", _MOMENTS_HAVE_NO_SCALE + "; the lr multiplies every step, and load_state_dict loads "
+                               "the checkpoint's lr with its param_groups"),
+                   ("both", _MOMENTS_HAVE_NO_SCALE + ": only one part of the state multiplies every step"),
+                   ("neither", "load_state_dict loads the checkpoint's param_groups, the lr included: our Adam's "
+                               "lr is replaced by the old run's")],
             form=_lr_or_moments)
 def _cause_of_big_steps() -> str:
     return _measured_cause()
@@ -102,6 +107,8 @@ def _measured_cause() -> str:
         loaded = _median_head_ratio(1e-3, {"model": weights, "optimizer": state}, path)
         lr_kept = _median_head_ratio(1e-3, {"model": weights, "optimizer": state}, path, keep_lr)
     lr_part, moments_part = loaded - lr_kept, lr_kept - fresh
+    if max(abs(lr_part), abs(moments_part)) < 0.1:  # within a tenth of a decade of a fresh Adam's steps
+        return "neither"
     if abs(moments_part) < 0.1 * abs(lr_part):
         return "lr"
     return "moments" if abs(lr_part) < 0.1 * abs(moments_part) else "both"
@@ -185,17 +192,29 @@ def _nodes_of_row_norm() -> int:
 # ----- 06.1: reading old checkpoints -----------------------------------------------------------------
 def _checkpoint_model() -> nn.Sequential:
     """Two Linears, at ``0.`` and one level deeper at ``2.0.``, each with a ``batches`` buffer, and at
-    ``3.`` a Linear without a bias."""
+    ``3.`` a Linear without a bias. The first holds a submodule ``gate`` whose own parameter is named ``W``
+    today: its key ``0.gate.W`` reaches the hook on ``0.`` (a module's hook sees its submodules' keys) and
+    must stay as it is, so a hook that renames every key ending in ``.W`` fails."""
     model = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Sequential(nn.Linear(3, 1)), nn.Linear(1, 2, bias=False))
     for linear in (model[0], model[2][0]):
         linear.register_buffer("batches", torch.zeros((), dtype=torch.long))
+    model[0].gate = nn.Module()
+    model[0].gate.W = nn.Parameter(torch.randn(3))
     return model
 
 
 def _touched_other_keys(calls: list) -> Outcome | None:
     """Whether a hook call replaced, removed or added a key other than its Linear's W and b."""
-    for _, _, touched, _ in calls:
+    for prefix, _, touched, _ in calls:
+        added = {key for key, before, after in touched if after and not before}
         for key, before, after in touched:
+            place, _, name = key.rpartition(".")
+            if before and not after and key.startswith(prefix) and name in ("W", "b"):
+                verb = "renamed" if {f"{place}.weight", f"{place}.bias"} & added else "removed"
+                return Outcome(False, f"the hook {verb} {key!r}, the {name} of a submodule inside the Linear at "
+                                      f"{prefix!r}: a layer's state_dict holds its submodules' keys too, so a key "
+                                      f"that merely ends in .{name} may not be the layer's own; rename "
+                                      f"prefix + {name!r} only")
             verb = "replaced the value of" if before and after else "removed" if before else "added"
             return Outcome(False, f"the hook {verb} {key!r}, which is not its Linear's W or b: leave every "
                                   "other key as it is")
@@ -298,7 +317,7 @@ def _rename_keys(upgrade) -> Outcome:
         if wrong is not None:
             return wrong
     return Outcome(True, "old and new checkpoints both load, into all three Linear layers (at 0., 2.0. and 3., "
-                         "the last without a bias), other keys kept")
+                         "the last without a bias), other keys kept, 0.gate.W included")
 
 
 # ----- 06.4: a global forward hook that logs the gradient at every module ------------------------------
