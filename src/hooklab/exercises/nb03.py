@@ -282,8 +282,9 @@ def _train_one_epoch(model: nn.Module, lr: float = 0.05, epochs: int = 1) -> flo
 @prediction(
     "03.d", "the power of 7 by which ×7 pre-hooks on Linear layers 0, 2, …, 14 multiply layer 0's weight.grad",
     why="each pre-hook multiplies its layer's grad_output, and so everything that layer computes from it, its "
-        "grad_input included: the factor is passed on and compounds. Layer 0's weight.grad is computed after eight "
-        "pre-hooks have run, those of layers 14, 12, …, 2 and its own: 7^8.",
+        "grad_input included: the factor reaches every layer below it and compounds (Linear k's weight.grad grows "
+        "× 7^(8 − k/2)). Layer 0's is computed after eight pre-hooks have run, those of layers 14, 12, …, 2 and "
+        "its own: 7^8.",
     wrong=[
         (1, "layer 0's own pre-hook is only the last of eight: each pre-hook on a later layer multiplies that "
             "layer's grad_output, so its grad_input too, and the factor travels on towards layer 0"),
