@@ -84,7 +84,7 @@ def truth(id):
 
 
 def test_the_predictions_truths():
-    assert truth("04.a").values == pytest.approx([0.1868, 0.1755], abs=1e-4)
+    assert truth("04.a") == pytest.approx(0.1656, abs=1e-4)
     assert truth("04.b") == 0.0
     assert truth("04.c") == {"dbeta"}
     assert truth("04.d") == [[4, 6, 6, 4], [6, 9, 9, 6], [6, 9, 9, 6], [4, 6, 6, 4]]
@@ -92,10 +92,10 @@ def test_the_predictions_truths():
 
 
 @pytest.mark.parametrize(("id", "guess", "words"), [
-    ("04.a", [1.0, 1.0], "multiplies it by the sigmoid's slope"),
-    ("04.a", [0.7514, 0.7729], "that is s2's output"),
-    ("04.a", [0.1755, 0.1868], "the right two values, swapped"),
-    ("04.a", [[0.176, 0.187]], "the right two values, swapped"),
+    ("04.a", 0.0827, "also sums over the batch's rows"),
+    ("04.a", 0.0414, "the sum, not the mean"),
+    ("04.a", [0.0786, 0.0870], "its gradient is one number too"),
+    ("04.a", 1, "times the gradient arriving"),
     ("04.b", 1, "does any probability change"),
     ("04.c", ["dx", "dbeta"], "Σ y = γ·Σ x̂ + N·β = N·β does not depend on x"),
     ("04.c", ["dx", "dgamma", "dbeta"], "x̂ has mean 0"),
@@ -118,8 +118,7 @@ def test_wrong_guesses_get_their_own_hint(id, guess, words):
     assert not outcome.passed and words in outcome.detail, outcome.detail
 
 
-@pytest.mark.parametrize(("id", "guess"), [("04.a", [0.187, 0.176]), ("04.a", [0.18, 0.18]), ("04.b", 0),
-                                           ("04.a", [[0.187, 0.176]]), ("04.a", torch.tensor([[0.187, 0.176]])),
+@pytest.mark.parametrize(("id", "guess"), [("04.a", 0.1656), ("04.a", 0.166), ("04.b", 0),
                                            ("04.b", 1e-7), ("04.b", -1.5e-8), ("04.b", 0.0),
                                            ("04.c", ["DBeta"]),
                                            ("04.d", [[4, 6, 6, 4], [6, 9, 9, 6], [6, 9, 9, 6], [4, 6, 6, 4]]),
@@ -129,33 +128,32 @@ def test_right_guesses_pass(id, guess):
     assert grade(id, guess).passed
 
 
-# ----- 04.1: one layer of the 2-2-2 network --------------------------------------------------------------
+# ----- 04.1: a linear layer of the 2-2-2 network ------------------------------------------------------
 def layer(slip=None):
-    def layer_backward(a, w, s, ds):
-        dz = ds * s * (1 + s) if slip == "sign" else ds * s * (1 - s)
+    def linear_backward(a, w, dz):
+        da = dz @ w.T if slip == "da transposed" else dz @ w
         dw = a.T @ dz if slip == "transposed" else dz.T @ a
-        db = dz.sum(0) if slip == "per unit" else dz.sum().reshape(1)
-        return (dz, dz @ w, dw, db) if slip != "three" else (dz, dz @ w, dw)
-    return layer_backward
+        db = {"per unit": dz.sum(0), "first row": dz[:1].sum().reshape(1)}.get(slip, dz.sum().reshape(1))
+        return (da, dw, db) if slip != "two" else (da, dw)
+    return linear_backward
 
 
 @pytest.mark.parametrize(("slip", "words"), [
-    ("sign", "layer 2 of the 2-2-2 network (from [[1, 1]]): dz: max |difference|"),
-    ("transposed", "dz ok; da ok; dw: max |difference| 7.4e-03 (it is the transpose of the right dw"),
+    ("da transposed", "layer 2 of the 2-2-2 network: da: max |difference|"),
+    ("transposed", "da ok; dw: max |difference| 7.4e-03 (it is the transpose of the right dw"),
     ("per unit", "dw ok; db: shape (2,), expected (1,) (your db has one entry per unit, as an nn.Linear's would"),
-    ("three", "returned 3 tensor(s), expected 4: (dz, da, dw, db)"),
+    ("first row", "a batch of 3 rows: da ok; dw ok; db: max |difference|"),
+    ("two", "returned 2 tensor(s), expected 3: (da, dw, db)"),
 ])  # fmt: skip
 def test_04_1_names_each_gradient_and_the_slip(slip, words):
     failed("04.1", layer(slip), words)
 
 
 def test_04_1_tries_layer_1_from_what_layer_2_passes_back():
-    def right_on_layer_2_only(a, w, s, ds):  # dz from [[1, 1]]: the slope alone, ds forgotten
-        dz = s * (1 - s)
-        return dz, dz @ w, dz.T @ a, dz.sum().reshape(1)
+    def right_on_one_row_only(a, w, dz):  # dw from the first row alone
+        return dz @ w, dz[:1].T @ a[:1], dz.sum().reshape(1)
 
-    failed("04.1", right_on_layer_2_only, "with layer 1 (from what layer 2 passes back): dz: max |difference|",
-           "multiply the sigmoid's slope by ds")
+    failed("04.1", right_on_one_row_only, "with a batch of 3 rows: da ok; dw: max |difference|")
 
 
 # ----- 04.2: keep_grads -----------------------------------------------------------------------------------
@@ -484,7 +482,7 @@ def test_04_5_needs_eps():
 
 
 def test_the_lessons_worked_answers_pass():
-    for id, answer in (("04.1", nb04.layer_backward), ("04.2", nb04.keep_grads), ("04.3", nb04.ce_backward_steps),
+    for id, answer in (("04.1", nb04.linear_backward), ("04.2", nb04.keep_grads), ("04.3", nb04.ce_backward_steps),
                        ("04.4", nb04.ce_backward),
                        ("G4.6", nb04.bn_backward_steps), ("04.5", nb04.batch_norm_backward),
                        ("04.6", nb04.conv2d_backward), ("04.7", nb04.max_pool_backward),
@@ -930,11 +928,10 @@ def test_04_4_names_a_dx_hat_without_gamma():
 
 
 @pytest.mark.parametrize(("answer", "words"), [
-    (lambda a, w, s, ds: (ds, ds @ w, ds.T @ a, ds.sum().reshape(1)), "your dz is ds"),
-    (lambda a, w, s, ds: (ds * s * (1 - s), ds * s * (1 - s) @ w.T, (ds * s * (1 - s)).T @ a,
-                          (ds * s * (1 - s)).sum().reshape(1)), ("dz ok; da: max |difference|", "not dz @ w.T")),
+    (lambda a, w, dz: (dz @ w, dz.T @ a, dz.mean().reshape(1)), "the sum of dz, not the mean"),
+    (lambda a, w, dz: (dz @ w.T, dz.T @ a, dz.sum().reshape(1)), ("da: max |difference|", "not dz @ w.T")),
 ])  # fmt: skip
-def test_04_1_names_a_missing_slope_and_a_transposed_weight_in_da(answer, words):
+def test_04_1_names_a_mean_bias_and_a_transposed_weight_in_da(answer, words):
     failed("04.1", answer, *([words] if isinstance(words, str) else words))
 
 

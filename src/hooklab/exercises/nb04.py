@@ -3,7 +3,7 @@ on real digits with the student's own backward pass.
 
 Predictions 04.a-04.e compute their truth with torch. Exercises, in the order the lesson asks them:
 
-* 04.1 one layer of the 2-2-2 network (linear with a shared bias, then a sigmoid): four gradients;
+* 04.1 a linear layer of the 2-2-2 network (a bias shared by both units): three gradients;
 * 04.2 ``keep_grads``: a tensor hook on every step of a forward, keeping each step's gradient by name;
 * 04.3 cross-entropy in eight atomic steps, 04.4 its fused form;
 * 04.5 batch norm's fused backward (its seven atomic steps are the field guide's G4.6, registered in g4.py);
@@ -34,7 +34,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ..models import TinySigmoidNet
-from . import Outcome, exercise, prediction, same
+from . import Outcome, exercise, prediction
 from ._by_hand import (
     SHOWN_AS_BOUND,
     D,
@@ -53,81 +53,60 @@ from ._by_hand import (
 X222 = torch.tensor([[0.05, 0.1]], dtype=D)  # the 2-2-2 network's input
 W1_222, B1_222 = torch.tensor([[0.15, 0.20], [0.25, 0.30]], dtype=D), torch.tensor([0.35], dtype=D)
 W2_222, B2_222 = torch.tensor([[0.40, 0.45], [0.50, 0.55]], dtype=D), torch.tensor([0.60], dtype=D)
+BATCH_222 = [[0.05, 0.1], [0.5, -0.3]]  # lesson 03's batch of two inputs, the first the classic one
 
 
-class OneRow:
-    """A (1, 2) tensor's values, matched whether written flat, [a, b], or with the tensor's row, [[a, b]]."""
-
-    def __init__(self, values: list[float]) -> None:
-        self.values = values
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, torch.Tensor):
-            other = other.tolist()
-        if isinstance(other, list | tuple) and len(other) == 1 and isinstance(other[0], list | tuple):
-            other = other[0]
-        return same(other, self.values, rel=0.05)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return repr(self.values)
+def _bias_form(guess) -> str | None:
+    if isinstance(guess, list | tuple | torch.Tensor) and len(guess) == 2:
+        return "fc1's bias is one number shared by both units, shape (1,): its gradient is one number too"
+    return None
 
 
 @prediction(
-    "04.a", "what the last sigmoid passes back to fc2, from [[1, 1]]",
-    why="a sigmoid's local derivative is s·(1 − s), read from its output (lesson 03): [[1, 1]] × s2·(1 − s2) = "
-        "[0.187, 0.176]. Each entry shrinks to under a fifth on its way through the sigmoid.",
+    "04.a", "fc1.bias.grad for a batch of two inputs, the bias shared by both units",
+    why="z1 = a W1ᵀ + b puts the one shared bias in all four entries of z1 (two rows × two units), each with "
+        "slope 1: its gradient sums all four entries of dz1, 0.0392 + 0.0435 + 0.0393 + 0.0436 = 0.1656.",
     wrong=[
-        ([1.0, 1.0], "the sigmoid does not pass [[1, 1]] on unchanged: the chain rule multiplies it by the "
-                     "sigmoid's slope s·(1 − s) at s2's output"),
-        ([0.7514, 0.7729], "that is s2's output; what it passes back is [[1, 1]] times its slope s·(1 − s)"),
-        (OneRow([0.1755, 0.1868]), "the right two values, swapped: entry j is s2's output j times (1 − it), "
-                                   "and s2's first output, 0.7514, is the smaller, so its slope is the larger"),
-        ([0.25, 0.25], "0.25 is the sigmoid's largest slope, at z = 0; at s2's outputs the slope s·(1 − s) is "
-                       "smaller"),
+        (0.0827, "that is one row's sum: a parameter's gradient also sums over the batch's rows, each row adds "
+                 "its own dz1"),
+        (0.0414, "that is the mean of dz1's four entries; the bias is added once to each entry, so each passes its "
+                 "whole gradient: the sum, not the mean"),
+        (1.0, "the bias's slope is 1 in each entry, but its gradient is that slope times the gradient arriving "
+              "there, dz1, summed over every entry it enters"),
     ],
-    rel=0.05,  # a slope worked out by hand to two decimals, [0.18, 0.18] or [0.19, 0.18], is a fair answer
+    rel=0.02,
+    form=_bias_form,
 )  # fmt: skip
-def _dz2() -> OneRow:
+def _shared_bias() -> float:
     net = TinySigmoidNet()
-    z2 = net.fc2(net.s1(net.fc1(torch.tensor([[0.05, 0.1]]))))
-    z2.retain_grad()
-    net.s2(z2).backward(torch.ones(1, 2))
-    return OneRow(z2.grad[0].tolist())
+    net(torch.tensor(BATCH_222)).backward(torch.ones(2, 2))
+    return net.fc1.bias.grad.item()
 
 
-def _layer(a, w, b):
-    """One layer of the 2-2-2 network: a linear map with a bias of shape (1,) shared by both units,
-    then a sigmoid."""
-    return torch.sigmoid(a @ w.T + b)
+_LAYER_NAMES = ["da", "dw", "db"]
 
 
-_LAYER_NAMES = ["dz", "da", "dw", "db"]
-
-
-@exercise("04.1", "one layer of the 2-2-2 network: four gradients")
-def _layer_grads(layer_backward) -> Outcome:
-    """``layer_backward(a, w, s, ds) -> (dz, da, dw, db)`` for ``s = sigmoid(z)``, ``z = a @ w.T + b``
-    with one bias of shape (1,) shared by both units; ``ds`` is the gradient arriving at ``s``. Tried
-    on layer 2 of the 2-2-2 network (from ``[[1, 1]]``), then on layer 1 (from what layer 2 passes
-    back), then on a batch of 3 rows."""
-    s1 = _layer(X222, W1_222, B1_222)
-    s2 = _layer(s1, W2_222, B2_222)
-    ds1 = (s2 * (1 - s2)) @ W2_222  # what layer 2 passes back from [[1, 1]]
-    cases = [("layer 2 of the 2-2-2 network (from [[1, 1]])", s1, W2_222, B2_222, torch.ones(1, 2, dtype=D)),
-             ("layer 1 (from what layer 2 passes back)", X222, W1_222, B1_222, ds1),
+@exercise("04.1", "a linear layer with a shared bias: three gradients")
+def _layer_grads(linear_backward) -> Outcome:
+    """``linear_backward(a, w, dz) -> (da, dw, db)`` for ``z = a @ w.T + b`` with one bias of shape (1,)
+    shared by both units; ``dz`` is the gradient arriving at ``z``. Tried on layer 2 of the 2-2-2
+    network (from what its sigmoid passes back from ``[[1, 1]]``), then on layer 1, then on a batch of
+    3 rows."""
+    z1 = X222 @ W1_222.T + B1_222
+    s1 = torch.sigmoid(z1)
+    s2 = torch.sigmoid(s1 @ W2_222.T + B2_222)
+    dz2 = s2 * (1 - s2)  # what s2 passes back from [[1, 1]] (lesson 03)
+    dz1 = (dz2 @ W2_222) * s1 * (1 - s1)
+    cases = [("layer 2 of the 2-2-2 network", s1, W2_222, B2_222, dz2),
+             ("layer 1 (from what layer 2 passes back)", X222, W1_222, B1_222, dz1),
              ("a batch of 3 rows", rand(3, 2, seed=41), W1_222, B1_222, rand(3, 2, seed=42))]
     worst, worst_name = 0.0, ""
-    for label, a, w, b, ds in cases:
+    for label, a, w, b, dz in cases:
         leaves = [t.clone().requires_grad_(True) for t in (a, w, b)]
-        z = leaves[0] @ leaves[1].T + leaves[2]
-        z.retain_grad()
-        torch.sigmoid(z).backward(ds)
-        expected = (z.grad, *(t.grad for t in leaves))
-        s = _layer(a, w, b)
-        traps = _layer_traps(s, ds, z.grad, w)
-        got, failed = by_hand(layer_backward, ["a", "w", "s", "ds"], a, w, s, ds)
+        (leaves[0] @ leaves[1].T + leaves[2]).backward(dz)
+        expected = tuple(t.grad for t in leaves)
+        traps = _layer_traps(a, dz, w)
+        got, failed = by_hand(linear_backward, ["a", "w", "dz"], a, w, dz)
         compared = failed or compare(got, expected, _LAYER_NAMES, traps)
         if isinstance(compared, Outcome):
             return Outcome(False, f"with {label}: {_each(got, expected, traps) or compared.detail}")
@@ -136,26 +115,25 @@ def _layer_grads(layer_backward) -> Outcome:
     return verdict(_LAYER_NAMES, worst, worst_name, prefix="on both layers of the 2-2-2 network and a batch: ")
 
 
-def _layer_traps(s, ds, dz, w) -> list[Trap]:
-    return [((ds * s * (1 + s),), "a sign slip: the sigmoid's slope is s·(1 − s)"),
-            ((ds,), "your dz is ds: the sigmoid sits between z and s, so dz = ds times its slope s·(1 − s)"),
-            ((dz @ w.T,), "z_j = Σ_i a_i W_ji, so ∂z_j/∂a_i = W_ji and da = dz @ w, not dz @ w.T"),
-            ((s * (1 - s),), "multiply the sigmoid's slope by ds, the gradient that arrives: the chain rule"),
+def _layer_traps(a, dz, w) -> list[Trap]:
+    return [((dz @ w.T,), "z_j = Σ_i a_i W_ji, so ∂z_j/∂a_i = W_ji and da = dz @ w, not dz @ w.T"),
             ((dz.sum(0),), "your db has one entry per unit, as an nn.Linear's would; this network's bias is one "
                            "number shared by both units, shape (1,), so its gradient sums every entry of dz"),
             ((dz.mean().reshape(1),), "the shared bias enters every entry of z once: its gradient is the sum of "
                                       "dz, not the mean"),
+            ((dz[:1].sum().reshape(1),), "db holds the first row only: a parameter's gradient sums over every row "
+                                         "of the batch"),
             ((dz,), "db must have the bias's shape (1,): sum dz over every entry")]
 
 
 def _each(got, expected, traps) -> str:
-    """One verdict per gradient, like ``cmp``: ``dz ok; da ok; dw: max |difference| ... (hint); db ok``.
-    Empty when ``got`` is not four tensors (``compare`` explains that)."""
-    if not isinstance(got, tuple | list) or len(got) != 4 or not all(isinstance(g, torch.Tensor) for g in got):
+    """One verdict per gradient, like ``cmp``: ``da ok; dw: max |difference| ... (hint); db ok``.
+    Empty when ``got`` is not three tensors (``compare`` explains that)."""
+    if not isinstance(got, tuple | list) or len(got) != 3 or not all(isinstance(g, torch.Tensor) for g in got):
         return ""
     verdicts = []
     for name, g, e in zip(_LAYER_NAMES, got, expected, strict=True):
-        result = one(name, g, e, traps if name in ("dz", "da", "db") else ())
+        result = one(name, g, e, traps if name in ("da", "db") else ())
         verdicts.append(result.detail if isinstance(result, Outcome) else f"{name} ok")
     return "; ".join(verdicts)
 
@@ -1324,10 +1302,9 @@ def _what_went_wrong(model, x, y, formulas, verdicts, got, names, expected, floa
 
 
 # ----- worked answers: the lesson goes on with them until the student's own pass -----------------------------
-def layer_backward(a, w, s, ds):
-    """04.1: one layer of the 2-2-2 network, ``s = sigmoid(a @ w.T + b)`` with a shared bias of shape (1,)."""
-    dz = ds * s * (1 - s)
-    return dz, dz @ w, dz.T @ a, dz.sum().reshape(1)
+def linear_backward(a, w, dz):
+    """04.1: a linear layer ``z = a @ w.T + b`` with a bias of shape (1,) shared by both units."""
+    return dz @ w, dz.T @ a, dz.sum().reshape(1)
 
 
 def keep_grads(steps):
