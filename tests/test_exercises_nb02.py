@@ -26,7 +26,7 @@ def test_the_worked_answers_the_lesson_falls_back_on_pass(id, answer):
 
 
 # ----- predictions ---------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("02.a", 7.3), ("02.b", 14.0), ("02.c", 10000.0),
+@pytest.mark.parametrize(("id", "truth"), [("02.a", 7.82), ("02.b", 14.0), ("02.c", 10000.0),
                                            ("02.d", [True, False, True, False]), ("02.e", 75)])  # fmt: skip
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
@@ -48,14 +48,16 @@ def test_02c_why_quotes_the_measured_gradients_and_asks_for_a_power_of_ten():
     failed("02.c", 15000, "a power of ten")
 
 
-def test_02a_accepts_the_rule():
-    assert grade("02.a", 8.3).passed and grade("02.a", 7.3).passed and not grade("02.a", 9.0).passed
+def test_02a_accepts_from_the_measured_value_to_the_rule_and_no_further():
+    assert grade("02.a", 8.3).passed and grade("02.a", 7.3).passed and grade("02.a", 8.33).passed
+    assert not grade("02.a", 9.0).passed and not grade("02.a", 6.2).passed and not grade("02.a", 7.0).passed
 
 
 @pytest.mark.parametrize(("id", "guess", "words"), [
     ("02.a", 0.12, "multiplies"), ("02.a", 25, "16 channels × 3×3"),
     ("02.a", 5.9, "32 × 3×3 = 288"), ("02.b", 8.0, "pre-hook ran too"),
     ("02.b", 7.0, "replaces the output"), ("02.c", 1000, "input alone"), ("02.c", 1, "nothing has died"),
+    ("02.c", 100000, "shrunk less than the input"), ("02.a", 100, "√144 = 12"),
     ("02.e", 67, "twice"), ("02.d", [True, True, True, True], "shares memory"),
     ("02.d", [True, False, True, True], "forward hook runs after"),
 ])  # fmt: skip
