@@ -265,10 +265,24 @@ def _spelled_number(value: object) -> bool:
     return isinstance(value, str) and value.strip().strip("'\"").lstrip("-").isdigit()
 
 
+def _is_a_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 _WHOLE = "write one whole number, like 0, without quotes or brackets"
 ONE_POSITION = [(True, _WHOLE), (False, _WHOLE),
                 (_Format(lambda g: isinstance(g, float | list | tuple)
                          or (isinstance(g, str) and not _spelled_number(g))), _WHOLE)]
+
+
+def _two_whole(guess: object) -> bool:
+    return isinstance(guess, list | tuple) and len(guess) == 2 and all(
+        isinstance(g, int) and not isinstance(g, bool) for g in guess)
+
+
+_TWO = ("write a list of two whole numbers, like [0, 0], without quotes: the token the model predicts, then "
+        "the key most of layer 1's heads attend to")
+TWO_KEYS = [(True, _TWO), (False, _TWO), (_Format(lambda g: not _two_whole(g)), _TWO)]
 
 
 def _stripe_peak(length: int) -> int:
@@ -366,14 +380,23 @@ def predicted(tokens: torch.Tensor) -> int:
         return _model()(tokens)[0, Q].argmax().item()
 
 
-@prediction("08.c", "whether the second corruption, with position 1's 12 changed into a 0, still predicts 10",
-            why="False: layer 1's heads pick a key by the record layer 0 wrote there, the token before it; position "
-                "1 is key 2's record, so changing it moves half the heads off key 2 (to key 4), and the model says "
-                "8, key 4's token",
-            wrong=[(True, "layer 1's heads choose a key by its record of the token before it (section 1), and "
-                          "position 1 is the token before key 2: does key 2 still look the same to them?")])
-def _still_10() -> bool:
-    return predicted(renamed_before_key_2(0)) == B2
+def says(tokens: torch.Tensor) -> list[int]:
+    """``[the token the model predicts at the query, the key most of layer 1's heads attend to there]``."""
+    return [predicted(tokens), layer_1_key(tokens)]
+
+
+@prediction("08.c", "in the second corruption with position 1's 12 changed into a 3: the token predicted, and the key "
+                    "layer 1's heads attend to",
+            why="[10, 2]: the query's 3 now has an earlier copy at position 1; layer 0 writes \"a 3 before me\" at "
+                "position 2, so layer 1's heads attend key 2, the position after the copy, and copy its 10",
+            wrong=[([3, 1], "position 1 holds the earlier copy of the query's 3; an induction head attends to the "
+                            "position after it, and copies that token"),
+                   ([19, 3], "the 19 at position 3 now follows a 10, not a 3: which key has a 3 before it?"),
+                   ([10, 1], "the 10 sits at position 2; the head attends to the key whose token it copies"),
+                   ([19, 2], "the head copies the token of the key it attends to: which token is at key 2?"),
+                   *TWO_KEYS])
+def _twelve_into_3() -> list[int]:
+    return says(renamed_before_key_2(3))
 
 
 def steered_normalised(scale: float) -> float:
@@ -396,7 +419,7 @@ def steered_normalised(scale: float) -> float:
                    (0.0, "scale 1 adds the whole difference clean − corrupted at position 3: what is left of "
                          "the corruption there?")],
             rel=0.02,
-            form=lambda guess: "write one number, like 0.5, without quotes")
+            form=lambda guess: None if _is_a_number(guess) else "write one number, like 0.5, without quotes")
 def _scale_1() -> float:
     return round(steered_normalised(1.0), 2)
 
@@ -452,14 +475,6 @@ def layer_1_key(tokens: torch.Tensor, hooks=()) -> int:
     return rec["blocks.1.attn.hook_pattern"].output[0, :, Q].argmax(-1).mode().values.item()
 
 
-def _two_whole(guess: object) -> bool:
-    return isinstance(guess, list | tuple) and len(guess) == 2 and all(
-        isinstance(g, int) and not isinstance(g, bool) for g in guess)
-
-
-_TWO = ("write a list of two whole numbers, like [0, 0], without quotes: the token the model predicts, then "
-        "the key most of layer 1's heads attend to")
-TWO_KEYS = [(True, _TWO), (False, _TWO), (_Format(lambda g: not _two_whole(g)), _TWO)]
 B3 = 14  # the third corruption's answer: the query's 3 becomes an 8, whose earlier copy (4) is followed by 14
 
 
