@@ -17,7 +17,7 @@ from hooklab.exercises.nb05 import _Probe, _probe_inputs
 # ----- predictions ------------------------------------------------------------------------------
 PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that gets its own hint
     "05.a": (1, 8, "count classes, not channels"),
-    "05.b": ([False, True], [True, True], "the ReLU is where it stops"),
+    "05.b": ([True, False], [True, True], "the ReLU is where it stops"),
     "05.c": ("untrained", "trained", "the ReLU masks are set by the digit"),
     "05.d": ([32, 8], [8, 8], "does arrive at a dead channel"),
     "05.e": (["brightest", "random", "darkest"], ["random", "brightest", "darkest"], "not by much"),
@@ -641,6 +641,17 @@ def test_05_5_a_late_bound_fresh_is_told_about_the_loop_variable():
 def test_05_b_numbers_or_words_are_told_to_use_booleans():
     for guess in ([0, 1], ["no", "yes"]):
         failed("05.b", guess, "True or False")
+
+
+def test_05_b_the_slot_asks_what_the_question_asks():
+    assert grade("05.b", [True, False]).passed  # receives a gradient, passes none back
+    failed("05.b", [False, False], "it does receive a gradient")
+    failed("05.b", [False, True], "the other way round")
+
+
+def test_05_3_a_hook_returning_a_tensor_is_told_to_return_a_tuple():
+    tensor_not_tuple = guided(hook=lambda m, gi, go: gi[0].clamp(min=0))
+    failed("05.3", tensor_not_tuple, "returned a tensor", "(grad_input[0].clamp(min=0),)")
 
 
 def test_05_2_and_05_5_an_exit_that_swallows_the_error_is_named():

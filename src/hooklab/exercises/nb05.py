@@ -94,7 +94,7 @@ class _PairNotOfBooleans:
     __hash__ = None
 
 
-_BOOLEANS = (_PairNotOfBooleans(), "answer each question with True or False, without quotes, e.g. [True, False], "
+_BOOLEANS = (_PairNotOfBooleans(), "answer each question with True or False, without quotes, two in a list, "
                                    "then run the cell again")
 
 
@@ -153,20 +153,21 @@ def _blocked() -> dict:
     return seen
 
 
-@prediction("05.b", "whether the gradient at a dead channel is zero on arrival, and on leaving the ReLU",
+@prediction("05.b", "whether a dead channel receives a gradient from above, and whether its ReLU passes one back",
             why="the gradient arrives from above whatever the channel did (the max-pool hands each window's "
                 "gradient to one position), but a ReLU passes it back only where its input was positive: a dead "
-                "channel's input never is, so what it passes back is all zero, and so is the gradient of the "
-                "weights feeding it",
-            wrong=[([True, True], "the gradient still arrives: the convolution after the max-pool sends each "
-                                  "channel a gradient whatever it did; the ReLU is where it stops"),
-                   ([False, False], "a ReLU passes the gradient back only where its input was positive, and a "
-                                    "dead channel's input is at most 0 everywhere"),
+                "channel's input never is, so it passes nothing back, and the weights feeding it get a zero gradient",
+            wrong=[([True, True], "it does receive one, but the ReLU is where it stops: a ReLU passes the gradient "
+                                  "back only where its input was positive, and a dead channel's never is"),
+                   ([False, False], "it passes nothing back, right; but it does receive a gradient: the max-pool "
+                                    "above hands each window's gradient to one position, even in a window of zeros"),
+                   ([False, True], "the other way round: the gradient arrives from above whatever the channel did; "
+                                   "the ReLU, seeing an input that is never positive, passes none of it back"),
                    _BOOLEANS])
 def _dead_gradients() -> list:
     seen = _blocked()
     dead = seen["dead"]
-    return [bool((seen["arrives"][:, dead] == 0).all()), bool((seen["passes"][:, dead] == 0).all())]
+    return [bool((seen["arrives"][:, dead] != 0).any()), bool((seen["passes"][:, dead] != 0).any())]
 
 
 def _guided_resemblance() -> tuple[float, list[float]]:
@@ -267,8 +268,8 @@ class _NotAnOrderOf:
 @prediction("05.e", "how the class score falls with the pixels under the map's brightest, random or darkest cells "
                     "filled",
             why="measured: filling the pixels under the map's 4 brightest cells lowers the class score most, 4 random "
-                "cells less, the 4 darkest least. The map ranks the regions the prediction rests on, coarsely: the "
-                "brightest cells are only a little ahead of random ones",
+                "cells less, the 4 darkest least. But the brightest are only a little ahead of random cells, and ahead "
+                "on only a little over half the digits (printed): a coarse ranking, only partly faithful",
             wrong=[(["random", "brightest", "darkest"], "measured: over 4 cells the map's brightest are ahead of "
                                                         "random cells, though not by much"),
                    (["brightest", "darkest", "random"], "the map's darkest cells hold the least evidence for the "
@@ -770,6 +771,10 @@ def _guided_class(cls) -> Outcome:
             clear_hooks(model)
             if "modified inplace" in str(error):
                 return Outcome(False, _INPLACE)
+            if "invalid number of grad_input" in str(error):
+                return Outcome(False, "your hook returned a tensor, and PyTorch read it as a sequence of its rows "
+                                      "(hence 'got 4, but expected 1'): a full backward hook returns a tuple like "
+                                      "grad_input, one entry per input: (grad_input[0].clamp(min=0),)")
             if attempt != "raise":
                 raise
         when = {"run": "after the with block", "raise": "when the body of the with block raised",
