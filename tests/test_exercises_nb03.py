@@ -3,7 +3,9 @@ lesson shows and answer the common wrong guesses with their own hint."""
 
 from __future__ import annotations
 
+import json
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -644,3 +646,10 @@ def test_03_5_names_the_last_linear_hard_coded_as_the_lessons():
     failed("03.5", vanishing_with(compare="layer 16"), "deep sigmoid network", "you compared with layer '16'",
            "last Linear is '18'", "whatever its name")
     assert "sorted as strings" not in grade("03.5", vanishing_with(compare="layer 16")).detail
+
+
+def test_03_4_text_asks_for_the_plain_numbers_its_checker_demands():
+    cells = json.loads((Path(__file__).parents[1] / "notebooks/03_backward_hooks.ipynb").read_text())["cells"]
+    text = next("".join(c["source"]) for c in cells if "### Exercise 03.4" in "".join(c["source"]))
+    assert ".item()" in text.split("### Exercise 03.4")[1]
+    failed("03.4", layer_tracker(as_tensors=True), "ratios['0'] holds tensors", ".item()", "as the exercise asks")
