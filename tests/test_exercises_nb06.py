@@ -22,7 +22,7 @@ def test_notebook_06_has_five_predictions_and_five_exercises():
 
 
 # ----- predictions ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("06.a", "head.2."), ("06.d", 2), ("06.c", "lr"), ("06.e", 66)])
+@pytest.mark.parametrize(("id", "truth"), [("06.a", 2), ("06.d", 2), ("06.c", "lr"), ("06.e", 66)])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     computed = exercises()[id].checker.__wrapped__.truth()
@@ -30,7 +30,7 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
 
 
 @pytest.mark.parametrize(("id", "guess", "hint"), [
-    ("06.a", "head.2", "ends with a dot"), ("06.a", "2.", "whole path"),
+    ("06.a", 8, "only those under"), ("06.a", 0, "full spelling"),
     ("06.d", 1, "per call, not per module"), ("06.d", 4, "one gradient per call"),
     ("06.c", "moments", "no scale of its own"), ("06.c", "both", "only one part"),
     ("06.c", "neither", "the lr included"),
@@ -277,6 +277,20 @@ def test_06_2_watch_updates():
 ])  # fmt: skip
 def test_06_2_wrong_answers_are_named(options, words):
     failed("06.2", lambda model, optimizer: watch_updates(model, optimizer, **options), *words)
+
+
+def test_06_2_math_log10_without_clone_is_named():
+    def with_math(model, optimizer):
+        weights = {name: p for name, p in model.named_parameters() if p.ndim > 1}
+        ratios, before, hooks = {name: [] for name in weights}, {}, hooklab.Hooks()
+        hooks.add(optimizer.register_step_pre_hook(
+            lambda o, a, k: before.update({n: p.detach() for n, p in weights.items()})))
+        hooks.add(optimizer.register_step_post_hook(lambda o, a, k: [
+            ratios[n].append(math.log10((p.detach() - before[n]).std().item() / before[n].std().item()))
+            for n, p in weights.items()]))
+        return ratios, hooks
+
+    failed("06.2", with_math, "log10 got 0", "p.detach().clone()")
 
 
 def test_06_2_a_pre_hook_left_behind_is_named():
@@ -540,15 +554,18 @@ def test_06_5_a_forward_hook_that_returns_a_value_is_named():
 # ----- the lesson's plumbing ------------------------------------------------------------------------
 def test_yours_or_worked_gives_the_worked_answer_until_yours_passes():
     from hooklab.exercises import check
-    from hooklab.exercises.nb06 import upgrade, yours_or_worked
+    from hooklab.exercises.nb06 import upgrade, watch_updates, yours_or_worked
 
     def mine(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
         raise NotImplementedError
 
+    names = {"upgrade": mine}
     check("06.1", mine)
-    assert yours_or_worked("06.1", mine) is upgrade
+    assert yours_or_worked(names, "upgrade") is upgrade
     check("06.1", upgrade)
-    assert yours_or_worked("06.1", mine) is mine
+    assert yours_or_worked(names, "upgrade") is mine and names["upgrade"] is mine
+    assert yours_or_worked({}, "upgrade") is upgrade  # a section run on its own: the worked answer
+    assert yours_or_worked(names, "upgrade", "watch_updates")[1] is watch_updates
 
 
 def test_old_names_cnn_loads_w_and_b():

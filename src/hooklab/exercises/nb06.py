@@ -29,17 +29,18 @@ from . import Outcome, exercise, kind_of, prediction
 
 
 # ----- predictions ---------------------------------------------------------------------------------
-@prediction("06.a", "the prefix a load pre-hook on head.2 receives",
-            why="load_state_dict hands each module the dotted path from the model to it, ending in a dot, so that "
-                "its own keys are prefix + 'weight' and prefix + 'bias': 'head.2.'",
-            wrong=[("head.2", "almost: prefix + 'weight' must be 'head.2.weight', so the prefix ends with a dot"),
-                   ("2.", "the prefix is the whole path from the model down to the layer, containers included"),
-                   ("", "the empty prefix is the root model's; a layer inside it gets the path to it")])
-def _prefix() -> str:
+@prediction("06.a", "how many keys a load pre-hook on head.2 finds in its state_dict",
+            why="load_state_dict hands each module only the entries under its own prefix ('head.2.'), spelled in "
+                "full: head.2.weight and head.2.bias, 2 of the model's 8",
+            wrong=[(8, "the model's state dict holds 8 entries, but each layer's hook is handed only those under "
+                       "its own prefix, 'head.2.'"),
+                   (0, "the keys keep their full spelling, 'head.2.weight' and 'head.2.bias': the layer's own are "
+                       "there, under its prefix")])
+def _keys_seen() -> int:
     from ..models import DigitsCNN
 
     model, seen = DigitsCNN(), []
-    handle = model.head[2].register_load_state_dict_pre_hook(lambda module, sd, prefix, *rest: seen.append(prefix))
+    handle = model.head[2].register_load_state_dict_pre_hook(lambda module, sd, prefix, *rest: seen.append(len(sd)))
     try:
         model.load_state_dict(DigitsCNN(seed=1).state_dict())
     finally:
@@ -497,7 +498,15 @@ def _watch_updates(watch_updates) -> Outcome:
     std(w before)) of every weight (``p.ndim > 1``) at every ``optimizer.step()``, from a step pre-hook
     that copies the weights and a step post-hook that compares; removing ``hooks`` stops it."""
     for label, make_optimizer in _OPTIMIZERS:
-        result, expected, formula, norms, model, optimizer, (x, y) = _train_and_measure(watch_updates, make_optimizer)
+        try:
+            result, expected, formula, norms, model, optimizer, (x, y) = _train_and_measure(watch_updates,
+                                                                                            make_optimizer)
+        except ValueError as error:
+            if "math domain error" not in str(error):
+                raise
+            return Outcome(False, f"with {label}, log10 got 0: the weights before and after the step looked equal. "
+                                  "p.detach() shares memory with p, and step() changes p in place: keep "
+                                  "p.detach().clone()")
         if not isinstance(result, tuple) or len(result) != 2:
             return Outcome(False, f"return (ratios, hooks), not {kind_of(result)}")
         ratios, hooks = result
@@ -756,11 +765,18 @@ _reference_logger = grad_logger  # the checker's own copy: its argument is calle
 _WORKED = {"06.1": upgrade, "06.2": watch_updates, "06.3": keep_lr, "06.4": grad_logger, "06.5": nodes_by_layer}
 
 
-def yours_or_worked(exercise_id: str, yours):
-    """``yours`` once exercise ``exercise_id`` has passed in this kernel, else its worked answer."""
+_IDS = {"upgrade": "06.1", "watch_updates": "06.2", "keep_lr": "06.3", "grad_logger": "06.4",
+        "nodes_by_layer": "06.5"}
+
+
+def yours_or_worked(names: dict, *wanted: str):
+    """The lesson's fallback: each of ``wanted`` (``"upgrade"``, ``"watch_updates"`` ...) from ``names`` (the
+    notebook's ``globals()``) once its exercise passed in this kernel, else the worked answer. It returns, and
+    never assigns: the student's own names stay theirs."""
     from . import passed
 
-    return yours if passed(exercise_id) else _WORKED[exercise_id]
+    found = [names[name] if passed(_IDS[name]) and name in names else _WORKED[_IDS[name]] for name in wanted]
+    return found[0] if len(found) == 1 else tuple(found)
 
 
 def old_names_cnn(hook=upgrade) -> nn.Module:
