@@ -167,7 +167,8 @@ def _lesson_problem() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     "01.e",
     "embed.weight.grad after the guard raised at ms (zero_grad() had set it to None)",
     why="an error raised in a hook stops backward where it is. embed.weight's gradient is computed from h's, and h's "
-        "is passed on only once its two terms, through normed and through ms, are summed: ms's never came. So "
+        "is passed on only once its two terms, through normed and through ms, are summed (in §2 the hook on u "
+        "fired once, with 3 + 4): ms's never came. So "
         "embed's backward never ran, and .grad stays None, as zero_grad() left it. No NaN reaches a weight.",
     wrong=[
         ("NaN", "the NaN is made at ms, but the guard raises there: does backward go on to h and embed.weight "
@@ -196,7 +197,8 @@ def _grad_after_raise() -> str:
     "01.f",
     "embed.weight's gradient norm at step 11, with the repair hook on ms",
     why="the repair makes every gradient finite, and the padded row of dh is huge (about 1e6 · dnormed), but "
-        "embed.weight's gradient is dhᵀ @ x: that row meets x's padded row, all zeros, and adds nothing. The "
+        "embed.weight's gradient is dhᵀ @ x, one term outer(dh[i], x[i]) for each row i: that row meets x's "
+        "padded row, all zeros, and adds nothing. The "
         "other 7 rows give an ordinary gradient.",
     wrong=[
         ("NaN", "your repair hook on ms turns the NaN into 0 before it goes on to h: what is left to make a NaN?"),
@@ -596,9 +598,9 @@ def _by_hand(by_hand) -> Outcome:
         return Outcome(False, slip)
     lines = [_cmp(name, mine[name], caught[name], real) for name in ("logits", "normed", "rms", "ms", "h")]
     pad = ("the padded row of your dh is what autograd computes there" if mine["h"][~real].isnan().all() else
-           "the padded row of your dh is dnormed / (rms + 1e-6), what any finite dms gives where h = 0")
+           "the padded row of your dh is dnormed / (rms + 1e-6), its term through normed alone")
     return Outcome(True, "against the hooks, in float64, on the 3 rows that are not padding; " + pad + " (either "
-                         "passes; dms there is not compared):\n" + "\n".join(lines))
+                         "passes: why, after prediction 01.d):\n" + "\n".join(lines))
 
 
 @exercise("01.4", "repair a gradient in backward: non-finite entries to 0")
