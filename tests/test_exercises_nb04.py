@@ -481,6 +481,14 @@ def test_04_5_needs_eps():
     failed("04.5", no_eps, "with x of shape (6, 4)", "eps = 0", "use it")
 
 
+def test_04_5_names_parameter_gradients_kept_as_rows():
+    def keepdim(x, gamma, dout, eps):
+        dx, dgamma, dbeta = ANSWERS["04.5"](x, gamma, dout, eps)
+        return dx, dgamma.reshape(1, -1), dbeta.reshape(1, -1)
+
+    failed("04.5", keepdim, "dgamma: shape (1, 4), expected (4,)", "are (C,)", "without keepdim=True")
+
+
 def test_the_lessons_worked_answers_pass():
     for id, answer in (("04.1", nb04.linear_backward), ("04.2", nb04.keep_grads), ("04.3", nb04.ce_backward_steps),
                        ("04.4", nb04.ce_backward),

@@ -633,6 +633,9 @@ def _bn_fused(batch_norm_backward) -> Outcome:
         if isinstance(compared, Outcome) and _ignores_eps(got, x, gamma, dout, eps):
             compared = Outcome(False, f"dx: your dx is batch norm's with eps = 0: inv_std = (v + eps)^(−1/2), and the "
                                       f"check passes eps = {eps}; use it")
+        if isinstance(compared, Outcome) and re.search(r"^d(gamma|beta): shape \(1, \d+\)", compared.detail):
+            compared = Outcome(False, f"{compared.detail}: a gradient has its parameter's shape, and gamma and beta "
+                                      "are (C,): sum over the rows without keepdim=True")
         if isinstance(compared, Outcome):
             shown = f"x of shape {(n, c)}" + (f" and eps = {eps}" if eps != EPS else "")
             return Outcome(False, f"with {shown}: {compared.detail}")
@@ -1415,20 +1418,25 @@ def gradient_errors(right: dict, wrong: dict, model, ax=None):
 
 
 def mended_digits(before, after, images, labels, count=8):
-    """The first ``count`` of ``images`` that model ``before`` gets wrong and model ``after`` right, each
-    titled with both answers. Returns the figure."""
+    """Up to ``count`` of ``images`` that model ``before`` gets wrong and model ``after`` right, the first of
+    each true class (in class order, so the picture shows different digits), each titled with both answers.
+    Returns the figure."""
     import matplotlib.pyplot as plt
 
     with torch.no_grad():
         was, now = before.eval()(images).argmax(1), after.eval()(images).argmax(1)
-    mended = ((was != labels) & (now == labels)).nonzero().flatten()[:count].tolist()
+    first_of_class = {}
+    for i in ((was != labels) & (now == labels)).nonzero().flatten().tolist():
+        first_of_class.setdefault(labels[i].item(), i)
+    mended = [first_of_class[digit] for digit in sorted(first_of_class)][:count]
     fig, axes = plt.subplots(1, count, figsize=(1.2 * count, 1.6))
     for ax in axes:
         ax.axis("off")
     for ax, i in zip(axes, mended, strict=False):
         ax.imshow(images[i, 0].numpy(), cmap="gray_r")
         ax.set_title(f"{was[i].item()} → {now[i].item()}", fontsize=9)
-    fig.suptitle("test digits: slipped backward's answer → fixed backward's answer (right)", fontsize=9, y=1.05)
+    fig.suptitle("one test digit per class that the slipped backward's model gets wrong and yours right: "
+                 "its answer → yours (the true digit)", fontsize=9, y=1.05)
     return fig
 
 
