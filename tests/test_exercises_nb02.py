@@ -305,8 +305,8 @@ def recorder(per_call=True, where="pre", copy=lambda t: t.detach().clone(), copy
     of every submodule; else 02.4's, ``inputs`` and ``outputs`` dicts over the leaves. Inputs are copied
     in a pre-hook (``where="pre"``) or, wrong for in-place layers, in the forward hook. ``waiting``: how
     a call's two hooks meet: one ``stack`` for all modules, a stack per name (``name stack``), a queue per
-    name (``name queue``, wrong for a module called inside its own call), one slot
-    per name (``slot``, wrong for a module called inside its own call) or a slot popped (``slot pop``)."""
+    name (``name queue``), one slot per name (``slot``) or a slot popped (``slot pop``): all right while no
+    module is called again before its call ends; one ``queue`` for all modules, wrong."""
     copy_out = copy_out or copy
     leaves_only = (not per_call) if leaves_only is None else leaves_only
 
@@ -400,26 +400,18 @@ def test_02_4_names_the_slip():
     failed("02.4", recorder(**kw, enter_returns_self=False), "return self", "Recorder(model)")
 
 
-def test_02_5_accepts_one_stack_or_a_stack_per_name():
-    for answer in (recorder(), recorder(waiting="name stack")):
+def test_02_5_accepts_one_stack_a_stack_per_name_or_a_slot_per_name():
+    """No call of the check's model starts inside another call of the same module (none does in resnet18
+    either), so inputs kept under the module's name pair each call with its own."""
+    for answer in (recorder(), recorder(waiting="name stack"), recorder(waiting="slot"),
+                   recorder(waiting="slot pop"), recorder(waiting="name queue")):
         result = grade("02.5", answer)
         assert result.passed, result.detail
-
-
-def test_02_5_fails_a_slot_per_name_because_a_module_runs_inside_its_own_call():
-    failed("02.5", recorder(waiting="slot"), "('3', its outer call)", "inside it", "stack")
-    failed("02.5", recorder(waiting="slot pop"), "KeyError", "stack", "append in the pre-hook")
 
 
 def test_02_5_reports_the_first_record_a_queue_gets_wrong_and_shows_the_model():
     failed("02.5", recorder(waiting="queue"), "record 4 ('2.relu')", "another call", "put aside last",
            "the check's model")
-
-
-def test_02_5_names_a_queue_per_name_as_a_pairing_slip_not_an_in_place_one():
-    outcome = failed("02.5", recorder(waiting="name queue"), "record 12 ('3')", "record 13",
-                     "another call of '3'", "put aside last")
-    assert "clone" not in outcome.detail and "in-place" not in outcome.detail
 
 
 def test_02_5_names_a_stack_read_but_never_popped():
@@ -435,7 +427,7 @@ def test_02_5_names_the_slip():
     failed("02.5", recorder(where="forward"), "forward pre-hook", "overwrote")
     failed("02.5", recorder(copy=lambda t: t.detach(), copy_out=lambda t: t.detach().clone()), "clone")
     failed("02.5", recorder(copy_out=lambda t: t.detach()), "output kept for record", "clone")
-    failed("02.5", recorder(per_call=False), "0 records for 15 calls")
+    failed("02.5", recorder(per_call=False), "0 records for 11 calls")
     failed("02.5", recorder(returns_copies=True), "returned a value", "replaced the layer's inputs")
     failed("02.5", recorder(enter_returns_self=False), "return self")
 

@@ -257,11 +257,10 @@ def _power_of_ten(guess) -> str | None:
 
 @prediction("02.c", "how many times smaller features.5's weight gradient is at step 1 with std 0.01 than with He init",
             why="a weight's gradient is its input times the gradient arriving from above, and both are shrunk: "
-                "features.5's input about 550 times (9e-4 against 0.5), the gradient from the logits about 18 times, "
-                "since it comes back through head.2's weights of std 0.01 instead of 0.18: together about 10⁴ "
-                "(measured 1.5·10⁴)",
-            wrong=[(1000.0, "that is the input alone (9e-4 against 0.5); the gradient arriving from above is smaller "
-                            "too: it comes back through head.2's weights, of std 0.01 instead of 0.18"),
+                "features.5's input about 550 times (8.9e-4 against 0.5), the gradient from above about 18 times: "
+                "550 × 18 ≈ 10⁴ (measured 1.5·10⁴)",
+            wrong=[(1000.0, "that is the input alone (8.9e-4 against 0.5); multiply by the gradient from above, "
+                            "18 times smaller too"),
                    (100.0, "a weight's gradient is input × gradient from above, and both are shrunk: the input "
                            "about 550 times, the gradient from head.2 about 18 times"),
                    (1.0, "nothing has died at step 1, but a weight's gradient is input × gradient from above, and "
@@ -923,30 +922,16 @@ class _Block(nn.Module):
         return self.relu(self.extra(out) + x)
 
 
-class _Again(nn.Module):
-    """Calls itself once inside its own call, as a recursive model does: the inner call starts after the
-    outer one and ends before it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor, inner: bool = False) -> torch.Tensor:
-        h = self.fc(x)
-        return h if inner else h + self(h.tanh(), inner=True)
-
-
 def _calls_model(inplace: bool = True) -> nn.Module:
-    """Calls ``1`` (a Tanh) at the top and again inside ``2.extra``; ``2.relu`` twice per forward; ``3`` calls
-    itself inside its own call (so ``3`` and ``3.fc`` run twice)."""
+    """Calls ``1`` (a Tanh) at the top and again inside ``2.extra``; ``2.relu`` twice per forward."""
     torch.manual_seed(2)  # on the checker's own random stream (see ``exercise``)
     act = nn.Tanh()
-    return nn.Sequential(nn.Linear(3, 4), act, _Block(act, inplace=inplace), _Again(), nn.Sequential(nn.Linear(4, 2)))
+    return nn.Sequential(nn.Linear(3, 4), act, _Block(act, inplace=inplace), nn.Sequential(nn.Linear(4, 2)))
 
 
 CALLS_MODEL = ("'0' Linear → '1' Tanh → '2' a residual block: '2.fc' Linear → '2.relu' (in place) → '2.extra' "
-               "= '2.extra.0' Linear + the Tanh '1' again, plus the block's input → '2.relu' again → '3' runs '3.fc' "
-               "and calls '3' once inside its own call → '4' Sequential('4.0' Linear)")
+               "= '2.extra.0' Linear + the Tanh '1' again, plus the block's input → '2.relu' again → '3' "
+               "Sequential('3.0' Linear)")
 
 
 def _record_list(recorder, size: int) -> tuple[list | None, Outcome | None]:
@@ -983,47 +968,12 @@ def _names_outcome(names: list, expected: list[str]) -> Outcome | None:
     return None
 
 
-def _nested_outcome(records: list, expected: list, i: int) -> Outcome | None:
-    """Whether record ``i``, the outer call of ``3`` (which calls itself), kept the inputs of the inner call."""
-    inner_inputs = next(inputs for name, inputs, _ in expected if name == "3")  # the inner call ends first
-    outer = max(j for j, (name, _, _) in enumerate(expected) if name == "3")
-    got = records[i][1]
-    if (i == outer and isinstance(got, tuple | list) and len(got) == 1 and isinstance(got[0], torch.Tensor)
-            and got[0].shape == inner_inputs[0].shape and torch.allclose(got[0], inner_inputs[0])):
-        return Outcome(False, f"record {outer + 1} ('3', its outer call) holds the inputs of the call of '3' made "
-                              "inside it: '3' calls itself, so a second call starts before the first ends; put "
-                              "inputs aside on a stack: append in the pre-hook, pop in the forward hook")
-    return None
-
-
 def _left_on_a_stack(recorder) -> bool:
     """Whether the recorder still holds inputs put aside (a list of tuples other than its records) after the
     forward pass: its forward hooks read them and never took them off."""
     return any(isinstance(v, list) and v and v is not getattr(recorder, "records", None)
                and all(isinstance(e, tuple) and all(isinstance(t, torch.Tensor) for t in e) for e in v)
                for v in vars(recorder).values())
-
-
-def _same_inputs(inputs, want) -> bool:
-    return (isinstance(inputs, tuple | list) and len(inputs) == len(want) == 1
-            and isinstance(inputs[0], torch.Tensor) and want[0].shape == inputs[0].shape
-            and bool(torch.allclose(want[0], inputs[0].detach())))
-
-
-def _same_module_outcome(where: str, inputs, expected: list, i: int) -> Outcome | None:
-    """Whether record ``i`` holds the inputs of another call of the same module (a queue per name hands the
-    call that ends first the inputs of the one that started first): a pairing slip, not an in-place one."""
-    name, want, _ = expected[i - 1]
-    if _same_inputs(inputs, want):
-        return None
-    others = (j for j, (n, w, _) in enumerate(expected, start=1) if j != i and n == name and _same_inputs(inputs, w))
-    other = next(others, None)
-    if other is None:
-        return None
-    return Outcome(False, f"{where} holds the inputs of record {other}, another call of {name!r}: your hooks paired "
-                          f"the two calls of {name!r} the wrong way round; '3' calls itself, so its inner call starts "
-                          "last and ends first: its forward hook must take the inputs put aside last (a stack: "
-                          "append in the pre-hook, pop from the end in the forward hook), not the first (a queue)")
 
 
 def _paired_outcome(where: str, inputs, expected: list, i: int, left: bool = False) -> Outcome | None:
@@ -1064,8 +1014,8 @@ def _call_recorder(CallRecorder) -> Outcome:
     except (KeyError, IndexError) as error:
         left_on(model)
         return Outcome(False, f"your code raised {type(error).__name__}: {error}: a forward hook found no inputs "
-                              "waiting for its call; calls nest ('3' even runs inside its own call), so keep "
-                              "inputs on a stack: append in the pre-hook, pop in the forward hook")
+                              "waiting for its call: put each call's inputs aside in its pre-hook and take them "
+                              "back in its forward hook")
     finally:
         left_on(model)
     if wrong:
@@ -1080,10 +1030,7 @@ def _call_recorder(CallRecorder) -> Outcome:
         where = f"record {i} ({name!r})"  # the first wrong record is the one reported
         wrong = _inputs_outcome(where, inputs, want_in, pre_hooked[0])
         if wrong:  # inputs of another call of the same module: a pairing slip, whatever the values look like
-            paired = _nested_outcome(records, expected, i - 1) or _same_module_outcome(where, inputs, expected, i)
-            if paired:
-                wrong = paired
-            elif "no negative values" not in wrong.detail:  # else the in-place slip is named first
+            if "no negative values" not in wrong.detail:  # else the in-place slip is named first
                 wrong = _paired_outcome(where, inputs, expected, i, _left_on_a_stack(recorder)) or wrong
         if wrong:
             return wrong
@@ -1095,8 +1042,8 @@ def _call_recorder(CallRecorder) -> Outcome:
     failed = left_when_raising(lambda: _raise_inside(recorder, broken), broken)
     if failed:
         return failed
-    return Outcome(True, f"{len(expected)} records in the order the calls end ('1', '2.relu', '3' and '3.fc' twice "
-                         "each, '3' once inside its own call), each with its inputs from before the call and its "
+    return Outcome(True, f"{len(expected)} records in the order the calls end ('1' and '2.relu' twice "
+                         "each), each with its inputs from before the call and its "
                          "output, all detached copies; backward ran; no hook left")
 
 
