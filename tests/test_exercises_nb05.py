@@ -45,7 +45,9 @@ def test_prediction_05_e_a_guess_in_another_form_is_asked_for_an_order_of_the_th
 def test_prediction_05_c_a_word_off_the_list_is_told_the_choices():
     assert grade("05.c", " Untrained ").passed
     outcome = grade("05.c", "never trained")
-    assert not outcome.passed and 'pick one of "trained", "untrained"' in outcome.detail, outcome.detail
+    assert not outcome.passed and 'pick one of "trained", "untrained", "about the same"' in outcome.detail
+    outcome = grade("05.c", "About the same")
+    assert not outcome.passed and "a fair guess" in outcome.detail and "pick one" not in outcome.detail
 
 
 # ----- 05.1 and 05.2 -------------------------------------------------------------------------------
@@ -148,6 +150,23 @@ def test_05_1_one_forward_pass_of_the_whole_batch_with_a_forward_hook():
     failed("05.1", lambda m, layer, x: _dead(m, "features.0", x), "no forward hook of yours was on the layer")
     failed("05.1", without_a_hook, "no forward hook of yours was on the layer")
     failed("05.1", lambda m, layer, x: (m.features[:2](x) == 0).flatten(2).all(2).all(0).nonzero(), "ran 0 times")
+
+
+def test_05_1_a_layer_with_negative_outputs_is_checked_too():
+    def by_mean(m, layer, x):  # right after a ReLU only: a mean of 0 is all zeros only where nothing is negative
+        outputs = []
+        with torch.no_grad(), m.get_submodule(layer).register_forward_hook(lambda mod, i, o: outputs.append(o)):
+            m(x)
+        return (outputs[0].mean(dim=(0, 2, 3)) == 0).nonzero().flatten().tolist()
+
+    def at_most_zero(m, layer, x):
+        outputs = []
+        with torch.no_grad(), m.get_submodule(layer).register_forward_hook(lambda mod, i, o: outputs.append(o)):
+            m(x)
+        return (outputs[0] <= 0).flatten(2).all(2).all(0).nonzero().flatten().tolist()
+
+    failed("05.1", by_mean, "channel 0 averages exactly 0", "== 0")
+    failed("05.1", at_most_zero, "channel 2 is -1 everywhere", "not <= 0")
 
 
 def test_05_1_messages():

@@ -184,19 +184,25 @@ def _guided_resemblance() -> tuple[float, list[float]]:
     return means[0], means[1:]
 
 
-WHOSE = ("trained", "untrained")
+WHOSE = ("trained", "untrained", "about the same")
 
 
-@prediction("05.c", "whose guided map resembles the digit more: the trained network's or a never-trained one's",
+@prediction("05.c", "whose guided map resembles the digit more: the trained network's, a never-trained one's, or "
+                    "neither",
             why="guided backprop keeps only positive gradient at every ReLU, and where each ReLU passes is set by "
                 "the input, not by what the weights learned: the map mostly reflects the digit through those masks. "
                 "Measured: every one of 8 never-trained networks' maps resembles the digit more than the trained one's",
             wrong=[("trained", "guided backprop clamps what each ReLU passes back to its positive part, and the ReLU "
                                "masks are set by the digit itself: the map mostly reflects the input, whatever the "
                                "weights learned; the trained weights add their own pattern on top"),
-                   (_NotOneOf(WHOSE), _pick_one(WHOSE))])
+                   ("about the same", "the masks, set by the digit, shape both maps, so that is a fair guess; but the "
+                                      "trained weights add a pattern of their own on top of the digit: "
+                                      "measured, every never-trained network's map resembles the digit more")],
+            form=lambda guess: _pick_one(WHOSE) if _NotOneOf(WHOSE) == guess else None)
 def _whose_guided_map() -> str:
     trained, untrained = _guided_resemblance()
+    if max(abs(u - trained) for u in untrained) < 0.05:
+        return "about the same"
     return "untrained" if min(untrained) > trained else "trained" if max(untrained) < trained else "it depends"
 
 
@@ -367,6 +373,48 @@ def _wrong_dead_channels(got, out: torch.Tensor) -> Outcome | None:
     return None
 
 
+def _signed_case() -> tuple[nn.Module, torch.Tensor]:
+    """A convolution (outputs of both signs) then a ReLU, and two images. At the convolution, channel 0 is +1 at one
+    position of the first image, -1 there in the second and 0 elsewhere: its mean is exactly 0, yet it is not dead;
+    channel 1 is 0 everywhere: dead; channel 2 is -1 everywhere: below 0, not 0, so not dead."""
+    conv = nn.Conv2d(1, 3, 3, padding=1)
+    with torch.no_grad():
+        conv.weight.zero_()
+        conv.bias.zero_()
+        conv.weight[0, 0, 1, 1] = 1.0
+        conv.bias[2] = -1.0
+    x = torch.zeros(2, 1, 4, 4)
+    x[0, 0, 1, 2], x[1, 0, 1, 2] = 1.0, -1.0
+    return nn.Sequential(conv, nn.ReLU()), x
+
+
+def _wrong_on_signed(dead_channels) -> Outcome | None:
+    """What is wrong with ``dead_channels`` on layer '0' of ``_signed_case``, a layer whose outputs can be negative."""
+    model, x = _signed_case()
+    with torch.no_grad():
+        out = model[0](x)
+    try:
+        got = dead_channels(model, "0", x)
+    finally:
+        left = clear_hooks(model)
+    if left:
+        return Outcome(False, f"on a convolution, a hook was left registered ({left[0]}): remove it in a finally block")
+    try:
+        indices = {int(c) for c in got}
+    except (TypeError, ValueError, RuntimeError):
+        indices = set()
+    where = "on a convolution (layer '0' of a small model, before its ReLU), whose outputs can be negative"
+    if 0 in indices:
+        return Outcome(False, f"{where}, channel 0 averages exactly 0 but is +1 in one image and -1 in the other: a "
+                              "mean of 0 is not all zeros (after a ReLU, where nothing is negative, the two agree); "
+                              "compare each value with == 0")
+    if 2 in indices:
+        return Outcome(False, f"{where}, channel 2 is -1 everywhere: below 0 is not 0; dead means exactly 0 "
+                              "(after a ReLU the two agree), so compare with == 0, not <= 0")
+    wrong = _wrong_dead_channels(got, out)
+    return Outcome(False, f"{where}: {wrong.detail}") if wrong else None
+
+
 _REPLACED = ("a forward hook's return value replaces the layer's output, and yours changed it: "
              "keep what you need in the hook and return nothing")
 
@@ -441,7 +489,8 @@ def _dead_channels(dead_channels) -> Outcome:
     if left:
         return Outcome(False, f"a hook was left registered ({left[0]}): remove it in a finally block")
     wrong = _wrong_pass(calls) or _wrong_dead_channels(got, out) or hooks_left_when_raising(
-        lambda: dead_channels(model, "features.1", torch.zeros(1, 3, 8, 8)), model)  # 3 channels: the model raises
+        lambda: dead_channels(model, "features.1", torch.zeros(1, 3, 8, 8)), model  # 3 channels: the model raises
+    ) or _wrong_on_signed(dead_channels)
     if wrong:
         return wrong
     expected = _channels((out == 0).flatten(2).all(dim=2).all(dim=0))
