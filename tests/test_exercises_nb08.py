@@ -22,8 +22,8 @@ def test_notebook_08_has_six_predictions_and_seven_exercises():
 
 
 # ----- predictions ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("08.a", 4), ("08.b", 3), ("08.c", [10, 2]), ("08.d", "bigger"),
-                                           ("08.e", 0.93), ("08.f", [19, 5])])
+@pytest.mark.parametrize(("id", "truth"), [("08.a", 4), ("08.b", 3), ("08.c", [14, 5]), ("08.d", "bigger"),
+                                           ("08.e", 1.0), ("08.f", [19, 5])])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     assert exercises()[id].checker.__wrapped__.truth() == truth
@@ -32,10 +32,10 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
 @pytest.mark.parametrize(("id", "guess", "hint"), [
     ("08.a", 5, "position after it"), ("08.a", 6, "run of 7"), ("08.a", 1, "previous-token head"),
     ("08.b", 2, "position 2 before it"), ("08.b", 9, "record"),
-    ("08.c", [3, 1], "position after it"), ("08.c", [19, 3], "which key has a 3"), ("08.c", 10, "two whole"),
-    ("08.d", "smaller", "three heads still attend key 3"), ("08.d", "equal", 'answer "bigger" or "smaller"'),
+    ("08.c", [8, 4], "position after it"), ("08.c", [19, 3], "unchanged run"), ("08.c", [14, 4], "earlier 8"),
+    ("08.c", 10, "two whole"), ("08.d", "smaller", "scaled up"), ("08.d", "equal", 'answer "bigger" or "smaller"'),
     ("08.d", True, '"bigger" or "smaller"'),
-    ("08.e", 1.0, "whole last residual"), ("08.e", 0, "what is left of the corruption"),
+    ("08.e", 0.93, "this run's normalised"), ("08.e", 0, "copies the token at position 3"),
     ("08.e", [0.9], "write one number"),
     ("08.f", [19, 3], "not where they looked"), ("08.f", [14, 5], "carries the 19"),
     ("08.f", [14, 3], "where do the heads"), ("08.f", [19, 4], "the position after it"),
@@ -46,7 +46,6 @@ def test_wrong_guesses_get_their_hint(id, guess, hint):
 
 @pytest.mark.parametrize(("id", "guess"), [("08.d", "0-8"), ("08.d", "the same"), ("08.d", "equal")])
 def test_a_guess_outside_the_options_is_not_told_the_answer(id, guess):
-    """(08.d's form hint is unconditional: "Bigger" and " bigger " are matched as right before it.)"""
     detail = grade(id, guess).detail
     assert '"bigger" or "smaller"' in detail and "next cell" not in detail and "make" not in detail
 
@@ -70,13 +69,24 @@ def test_08_d_takes_any_case_and_spaces(guess):
 @pytest.mark.parametrize("guess", [0.5, 0.9, 0.95, 2])
 def test_08_e_a_wrong_number_is_not_quite_not_a_slip_of_form(guess):
     outcome = grade("08.e", guess)
-    assert not outcome.passed and not outcome.form and "scale 1" in outcome.detail
+    assert not outcome.passed and not outcome.form and "whatever the run" in outcome.detail
+
+
+@pytest.mark.parametrize(("id", "guess"), [("08.e", 0.5), ("08.a", 3), ("08.c", [3, 3]), ("08.f", [0, 0])])
+def test_a_wrong_guess_in_the_form_asked_is_not_quite(id, guess):
+    outcome = grade(id, guess)
+    assert not outcome.passed and not outcome.form
+
+
+def test_08_d_form_is_none_only_for_bigger_or_smaller():
+    assert all(nb08._bigger_or_smaller(g) is None for g in ("bigger", " Smaller ", "'bigger'"))
+    assert all(nb08._bigger_or_smaller(g) for g in ("equal", True, 1.0, ["bigger"]))
 
 
 @pytest.mark.parametrize("guess", ["about half", True, [0.9], (0.9,)])
 def test_08_e_a_guess_that_is_not_a_number_gets_the_form_hint(guess):
     outcome = failed("08.e", guess, "write one number")
-    assert outcome.form and "0.93" not in outcome.detail
+    assert outcome.form and "1.0" not in outcome.detail
 
 
 @pytest.mark.parametrize(("id", "guess"), [("08.a", "4"), ("08.b", " 3 ")])
@@ -792,7 +802,8 @@ def test_the_lesson_does_not_ask_for_a_copy_where_the_checker_accepts_an_in_plac
 
 def test_key_2_is_chosen_by_the_token_before_it():
     """In the second corruption, a 3 before key 2 (a true match for the query's 3) draws all four of layer 1's
-    heads and the model says 10 (08.c); a 0 there sends half of them to key 4, and the model says 8."""
+    heads and the model says 10; a 0 there sends half of them to key 4, and the model says 8 (measured, not in
+    the lesson: why the heads fall back on key 2 there is not explained by the two steps)."""
     assert nb08.says(nb08.renamed_before_key_2(3)) == [nb08.B2, 2]
     assert nb08.predicted(nb08.renamed_before_key_2(0)) == 8
 

@@ -285,16 +285,22 @@ _TWO = ("write a list of two whole numbers, like [0, 0], without quotes: the tok
 TWO_KEYS = [(True, _TWO), (False, _TWO), (_Format(lambda g: not _two_whole(g)), _TWO)]
 
 
+def repeat_score(pattern: torch.Tensor, run: int, k: int) -> torch.Tensor:
+    """ARENA's induction score generalised to any offset: the mean attention on the key k back, over the
+    repeated half's queries only (``run`` to ``2 * run - 1``) and the sequences, per head ``(heads,)``."""
+    return pattern.diagonal(offset=-k, dim1=-2, dim2=-1)[..., max(run - k, 0): 2 * run - k].mean((0, -1))
+
+
 def _stripe_peak(length: int) -> int:
     from ..transformer import induction_batch, induction_mask
 
     tokens = induction_batch(1000, torch.Generator().manual_seed(0))
     runs = tokens[induction_mask(tokens).float().argmax(1) == length]
     pattern = record_patterns(_model(), runs)[1]
-    return max(range(9), key=lambda k: stripe_score(pattern, k).mean().item())
+    return max(range(length + 1), key=lambda k: repeat_score(pattern, length, k).mean().item())
 
 
-@prediction("08.a", "the offset k at which layer 1's stripe score, over the runs of 5, is highest",
+@prediction("08.a", "the offset k at which layer 1's induction score, over the runs of 5, is highest",
             why="an induction head at a repeated token attends to the position after the token's earlier copy: in a "
                 "run of 5 the copy is 5 back (the run's length), the position after it 4 back, so k = 4",
             wrong=[(5, "5 back is the earlier copy of the query's own token; the head attends to the position after "
@@ -354,14 +360,19 @@ def joint_and_single_drops() -> tuple[float, float]:
 _BIGGER_OR_SMALLER = 'answer "bigger" or "smaller" (a string)'
 
 
+def _bigger_or_smaller(guess: object) -> str | None:
+    in_form = isinstance(guess, str) and guess.strip().strip("'\"").lower() in ("bigger", "smaller")
+    return None if in_form else _BIGGER_OR_SMALLER
+
+
 @prediction("08.d", "whether the drop with all four layer-1 heads zeroed at once is bigger or smaller than the sum "
                     "of the single drops",
-            why="bigger (next cell): with one head zeroed, three still copy the 19 from key 3, and what reads their "
-                "sum (layer 1's MLP, the final LayerNorm) still gives most of the answer; with all four zeroed, "
-                "that sum is gone, and the MLP loses its input too",
-            wrong=[("smaller", "with one head zeroed, three heads still attend key 3 and copy the 19 (section 1): "
-                               "what is left to copy it when all four are zeroed?")],
-            form=lambda guess: _BIGGER_OR_SMALLER)
+            why="bigger (next cells): zero one head and the final LayerNorm divides what is left by a smaller std, "
+                "which scales the other heads' part back up; zero all four and there is nothing left to scale up",
+            wrong=[("smaller", "the final LayerNorm divides by the residual's std: with one head zeroed that std "
+                               "shrinks, and the heads left are scaled up. Is anything left to scale up when all "
+                               "four are zeroed?")],
+            form=_bigger_or_smaller)
 def _joint_drop() -> str:
     joint, summed = joint_and_single_drops()
     return "bigger" if joint > summed else "smaller"
@@ -385,18 +396,20 @@ def says(tokens: torch.Tensor) -> list[int]:
     return [predicted(tokens), layer_1_key(tokens)]
 
 
-@prediction("08.c", "in the second corruption with position 1's 12 changed into a 3: the token predicted, and the key "
+@prediction("08.c", "in the clean run with the query's 3 changed into an 8: the token predicted, and the key "
                     "layer 1's heads attend to",
-            why="[10, 2]: the query's 3 now has an earlier copy at position 1; layer 0 writes \"a 3 before me\" at "
-                "position 2, so layer 1's heads attend key 2, the position after the copy, and copy its 10",
-            wrong=[([3, 1], "position 1 holds the earlier copy of the query's 3; an induction head attends to the "
+            why="[14, 5]: the earlier 8 sits at position 4, so layer 0 writes \"an 8 before me\" at position 5; "
+                "layer 1's heads at the query, now an 8, attend key 5 and copy its 14",
+            wrong=[([19, 3], "that is the unchanged run's answer: the query is now an 8, so its heads look for "
+                             "a key with an 8 before it"),
+                   ([8, 4], "position 4 holds the earlier copy of the 8; an induction head attends to the "
                             "position after it, and copies that token"),
-                   ([19, 3], "the 19 at position 3 now follows a 10, not a 3: which key has a 3 before it?"),
-                   ([10, 1], "the 10 sits at position 2; the head attends to the key whose token it copies"),
-                   ([19, 2], "the head copies the token of the key it attends to: which token is at key 2?"),
+                   ([14, 4], "key 4 holds the earlier 8 itself; the head attends to the key whose token it "
+                             "copies"),
+                   ([19, 5], "the head copies the token of the key it attends to: which token is at key 5?"),
                    *TWO_KEYS])
-def _twelve_into_3() -> list[int]:
-    return says(renamed_before_key_2(3))
+def _query_into_8() -> list[int]:
+    return says(third_corruption())
 
 
 def steered_normalised(scale: float) -> float:
@@ -411,17 +424,26 @@ def steered_normalised(scale: float) -> float:
     return (steered - ends[1]) / (ends[0] - ends[1])
 
 
-@prediction("08.e", "the normalised logit difference of the corrupted run steered at scale 1",
-            why="0.93: at scale 1 the hook adds clean − corrupted, so position 3 holds the clean run's value, "
-                "exactly section 2's patch of blocks.0.hook_resid_post at 3",
-            wrong=[(1.0, "1 is the whole last residual patched; scale 1 puts back one position after layer 0: "
-                         "what did section 2's map give for it?"),
-                   (0.0, "scale 1 adds the whole difference clean − corrupted at position 3: what is left of "
-                         "the corruption there?")],
+def steered_elsewhere(scale: float = 1.0) -> float:
+    """The fraction of ``runs_with_17_at_3()`` that predicts 19 at the query with the steering direction (from
+    the lesson's clean and corrupted runs) added at position 3 after layer 0, at ``scale``."""
+    model = _model()
+    hook = steering_hook(steering_direction(model), CHANGED, scale)
+    logits = run_hooked(model, runs_with_17_at_3(), "blocks.0.hook_resid_post", hook)
+    return (logits[:, Q].argmax(-1) == A).float().mean().item()
+
+
+@prediction("08.e", "the fraction of 233 other runs with a 17 at position 3 that predict 19, steered at scale 1",
+            why="1.0 (all of them): the direction, clean − corrupted at position 3 after layer 0, says \"a 19 "
+                "here, not a 17\" whatever the run, and each run's query copies the token at 3",
+            wrong=[(0.0, "each of these runs' queries copies the token at position 3, a 17: the direction adds "
+                         "there what turned this run's 17 into a 19"),
+                   (0.93, "0.93 is this run's normalised logit difference; the question is the share of other "
+                          "runs whose answer becomes 19")],
             rel=0.02,
             form=lambda guess: None if _is_a_number(guess) else "write one number, like 0.5, without quotes")
-def _scale_1() -> float:
-    return round(steered_normalised(1.0), 2)
+def _steered_elsewhere() -> float:
+    return round(steered_elsewhere(1.0), 2)
 
 
 STEER_SCALES = [0, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4]
