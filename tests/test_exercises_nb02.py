@@ -94,7 +94,7 @@ def stds_answer(which="leaves", late=False, of="output", key="name", in_finally=
     return output_stds
 
 
-def test_02_1_accepts_one_hook_per_leaf_and_tensor_values():
+def test_02_1_accepts_numbers_and_rejects_tensors():
     result = grade("02.1", stds_answer())
     assert result.passed, result.detail
 
@@ -107,7 +107,27 @@ def test_02_1_accepts_one_hook_per_leaf_and_tensor_values():
         run_then_remove(lambda: model(x), handles)
         return stds
 
-    assert grade("02.1", tensors).passed  # returning the output itself replaces nothing
+    failed("02.1", tensors, "keeps a tensor", ".item()")  # as 02.3 says
+
+    def numbers(model, x):
+        stds, handles = {}, []
+        for name, module in model.named_modules():
+            if name and not list(module.children()):
+                keep = lambda m, a, out, name=name: stds.update({name: out.std().item()}) or out  # noqa: E731
+                handles.append(module.register_forward_hook(keep))
+        run_then_remove(lambda: model(x), handles)
+        return stds
+
+    assert grade("02.1", numbers).passed  # returning the output itself replaces nothing
+
+
+def test_02d_takes_ones_and_zeros_and_a_short_list_as_slips_of_form():
+    outcome = grade("02.d", [1, 0, 1, 0])
+    assert not outcome.passed and outcome.form and "[True, False, True, False]" in outcome.detail
+    outcome = grade("02.d", [True, False, True])
+    assert not outcome.passed and outcome.form and "has 3" in outcome.detail
+    outcome = grade("02.d", [False, False, False, False])
+    assert not outcome.passed and not outcome.form  # a wrong guess in the form asked
 
 
 def test_02_1_names_the_slip():

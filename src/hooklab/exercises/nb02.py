@@ -309,6 +309,20 @@ def _four_copies(images: torch.Tensor) -> dict[str, torch.Tensor]:
     return {label: kept[label] for label in order}
 
 
+def _four_bools(guess) -> str | None:
+    """The form 02.d asks for: a list of four True/False, one per copy, in the order (1) to (4)."""
+    if not isinstance(guess, list | tuple):
+        return f"write a list of four True/False, one per copy (1) to (4), not {kind_of(guess)}"
+    if len(guess) != 4:
+        return f"write four True/False, one per copy (1) to (4): your list has {len(guess)}"
+    if all(isinstance(g, int) and not isinstance(g, bool) and g in (0, 1) for g in guess):
+        bools = [bool(g) for g in guess]
+        return f"write True or False for each copy, not 1 or 0: {bools}"
+    if not all(isinstance(g, bool) for g in guess):
+        return "write True or False for each of the four copies, without quotes"
+    return None
+
+
 @prediction("02.d", "which of four copies of the ReLU's input still hold negative values",
             why="a .detach() copy shares memory with the tensor, so the in-place ReLU overwrites it later; a "
                 ".clone() made before the ReLU runs keeps the values; and by the time the ReLU's forward hook runs, "
@@ -318,7 +332,8 @@ def _four_copies(images: torch.Tensor) -> dict[str, torch.Tensor]:
                    ([True, True, True, False], "the pre-hook's .detach() copy is taken before the ReLU runs, but it "
                                                "shares memory with the tensor the ReLU then overwrites"),
                    ([True, False, True, True], "the ReLU's forward hook runs after the ReLU has written its result "
-                                               "into args[0]: a clone made then copies that result")])
+                                               "into args[0]: a clone made then copies that result")],
+            form=_four_bools)
 def _which_keep_negatives() -> list[bool]:
     return [bool((kept < 0).any()) for kept in _four_copies(_digits().x_train[:64]).values()]
 
@@ -447,6 +462,10 @@ def _output_stds(output_stds) -> Outcome:
     wrong = _spread_keys_outcome(got, expected, model)
     if wrong:
         return wrong
+    tensor = next((str(k) for k, v in got.items() if isinstance(v, torch.Tensor)), None)
+    if tensor is not None:
+        return Outcome(False, f"layer {tensor!r} keeps a tensor: keep a plain number (.item()), so that nothing "
+                              "of the layer's output stays in memory")
     values = {str(k): _number(v) for k, v in got.items()}
     if any(v is None for v in values.values()):
         name = next(k for k, v in values.items() if v is None)
