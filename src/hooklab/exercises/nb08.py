@@ -265,10 +265,6 @@ def _spelled_number(value: object) -> bool:
     return isinstance(value, str) and value.strip().strip("'\"").lstrip("-").isdigit()
 
 
-def _is_a_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
 _WHOLE = "write one whole number, like 0, without quotes or brackets"
 ONE_POSITION = [(True, _WHOLE), (False, _WHOLE),
                 (_Format(lambda g: isinstance(g, float | list | tuple)
@@ -367,11 +363,12 @@ def _bigger_or_smaller(guess: object) -> str | None:
 
 @prediction("08.d", "whether the drop with all four layer-1 heads zeroed at once is bigger or smaller than the sum "
                     "of the single drops",
-            why="bigger (next cells): zero one head and the final LayerNorm divides what is left by a smaller std, "
-                "which scales the other heads' part back up; zero all four and there is nothing left to scale up",
+            why="bigger (next cells): with one head zeroed, layer 1's MLP and the final LayerNorm's smaller std "
+                "make up for much of it; with all four zeroed they make up less, though still some (freeze the std "
+                "and the joint drop grows, 6.26 → 9.45). The single drops add up only with both held fixed",
             wrong=[("smaller", "the final LayerNorm divides by the residual's std: with one head zeroed that std "
-                               "shrinks, and the heads left are scaled up. Is anything left to scale up when all "
-                               "four are zeroed?")],
+                               "shrinks, and the heads left are scaled up (layer 1's MLP adds to them too), so one "
+                               "head's drop looks small. Can they make up as much with all four zeroed?")],
             form=_bigger_or_smaller)
 def _joint_drop() -> str:
     joint, summed = joint_and_single_drops()
@@ -433,17 +430,20 @@ def steered_elsewhere(scale: float = 1.0) -> float:
     return (logits[:, Q].argmax(-1) == A).float().mean().item()
 
 
-@prediction("08.e", "the fraction of 233 other runs with a 17 at position 3 that predict 19, steered at scale 1",
-            why="1.0 (all of them): the direction, clean − corrupted at position 3 after layer 0, says \"a 19 "
-                "here, not a 17\" whatever the run, and each run's query copies the token at 3",
-            wrong=[(0.0, "each of these runs' queries copies the token at position 3, a 17: the direction adds "
-                         "there what turned this run's 17 into a 19"),
-                   (0.93, "0.93 is this run's normalised logit difference; the question is the share of other "
-                          "runs whose answer becomes 19")],
-            rel=0.02,
-            form=lambda guess: None if _is_a_number(guess) else "write one number, like 0.5, without quotes")
-def _steered_elsewhere() -> float:
-    return round(steered_elsewhere(1.0), 2)
+def _more_or_less(guess: object) -> str | None:
+    in_form = isinstance(guess, str) and guess.strip().strip("'\"").lower() in ("more", "less")
+    return None if in_form else 'answer "more" or "less" (a string)'
+
+
+@prediction("08.e", "whether more or less than half of 233 other runs with a 17 at position 3 predict 19, "
+                    "steered at scale 1",
+            why="more (all 233): the direction carries the 19-instead-of-17 at position 3 (section 2's hook_embed "
+                "row restores 1.00 there alone), and each of these runs' queries copies the token at 3",
+            wrong=[("less", "each of these runs' queries copies the token at position 3, a 17: the direction adds "
+                            "there what turned this run's 17 into a 19. Does that depend on the other tokens?")],
+            form=_more_or_less)
+def _steered_elsewhere() -> str:
+    return "more" if steered_elsewhere(1.0) > 0.5 else "less"
 
 
 STEER_SCALES = [0, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4]
@@ -1113,6 +1113,9 @@ def _fixed_std_slip(norm: nn.LayerNorm, x: torch.Tensor, std: torch.Tensor, got:
     if near(centred / (std + norm.eps) * norm.weight + norm.bias):
         return ("you added module.eps to std: the std you are given already includes it, sqrt(var + eps), so "
                 "divide by std alone")
+    if near(centred / (std ** 2 + norm.eps).sqrt() * norm.weight + norm.bias):
+        return ("you added module.eps again, as sqrt(std² + eps): the std you are given already includes it, "
+                "sqrt(var + eps), so divide by std alone")
     if near((x - x.mean()) / std * norm.weight + norm.bias):
         return "take the mean of each row over the last axis (x.mean(-1, keepdim=True)), not of the whole tensor"
     return None
