@@ -18,9 +18,9 @@ from hooklab.exercises.nb05 import _Probe, _probe_inputs
 PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that gets its own hint
     "05.a": (1, 8, "count classes, not channels"),
     "05.b": ([True, False], [True, True], "the ReLU is where it stops"),
-    "05.c": ("untrained", "trained", "the ReLU masks are set by the digit"),
+    "05.c": ("yes", "no", "the ReLU masks are set by the digit"),
     "05.d": ([32, 8], [8, 8], "does arrive at a dead channel"),
-    "05.e": (["brightest", "random", "darkest"], ["random", "brightest", "darkest"], "not by much"),
+    "05.e": ("between 1/2 and 3/4", "more than 3/4", "only about half the digits"),
     "05.f": ("guided backprop", "Grad-CAM", "re-weights the same channels"),
 }
 
@@ -34,20 +34,20 @@ def test_prediction_truth_right_guess_and_hint_for_a_wrong_one(id):
     assert not outcome.passed and hint in outcome.detail, outcome.detail
 
 
-def test_prediction_05_e_a_guess_in_another_form_is_asked_for_an_order_of_the_three_words():
-    for guess in ("brightest", ["brightest", "random"], ["brightest", "random", "random"]):
+def test_prediction_05_e_a_guess_in_another_form_is_told_the_choices():
+    for guess in ("brightest", 0.56, ["brightest", "random", "darkest"]):
         outcome = grade("05.e", guess)
-        assert not outcome.passed and "order the three words" in outcome.detail, outcome.detail
+        assert not outcome.passed and 'pick one of "less than 1/2"' in outcome.detail, outcome.detail
         assert "measured" not in outcome.detail
-    assert grade("05.e", (" Brightest ", "random", "DARKEST")).passed
+    assert grade("05.e", " Between 1/2 and 3/4 ").passed
+    outcome = grade("05.e", "less than 1/2")
+    assert not outcome.passed and "more than half" in outcome.detail and "pick one" not in outcome.detail
 
 
 def test_prediction_05_c_a_word_off_the_list_is_told_the_choices():
-    assert grade("05.c", " Untrained ").passed
-    outcome = grade("05.c", "never trained")
-    assert not outcome.passed and 'pick one of "trained", "untrained", "about the same"' in outcome.detail
-    outcome = grade("05.c", "About the same")
-    assert not outcome.passed and "a fair guess" in outcome.detail and "pick one" not in outcome.detail
+    assert grade("05.c", " Yes ").passed
+    outcome = grade("05.c", "untrained")
+    assert not outcome.passed and 'pick one of "yes", "no"' in outcome.detail
 
 
 # ----- 05.1 and 05.2 -------------------------------------------------------------------------------
@@ -116,6 +116,19 @@ def test_05_1_a_tiny_threshold_is_caught_too():
         return (outputs[0].abs() <= 1e-3).flatten(2).all(dim=2).all(dim=0).nonzero().flatten().tolist()
 
     failed("05.1", below_a_tiny_threshold, "channel 15 reaches 0.0001", "== 0")
+
+    def below_a_very_tiny_threshold(model, layer, x):  # a channel of the check is 1e-9 everywhere
+        outputs = []
+        run_then_remove(lambda: model(x), [model.get_submodule(layer).register_forward_hook(
+            lambda m, i, o: outputs.append(o.detach()))])
+        return (outputs[0].abs() < 1e-6).flatten(2).all(dim=2).all(dim=0).nonzero().flatten().tolist()
+
+    failed("05.1", below_a_very_tiny_threshold, "channel 4 reaches 1e-09", "== 0")
+
+
+def test_05_1_a_set_or_an_unsorted_list_is_told_to_sort():
+    failed("05.1", lambda m, layer, x: set(_dead(m, layer, x)), "a set", "sorted")
+    failed("05.1", lambda m, layer, x: _dead(m, layer, x)[::-1], "sorted")
 
 
 def test_05_a_a_count_written_as_a_string_is_told_to_drop_the_quotes():
@@ -204,14 +217,15 @@ class DeadWatch:
     """A right answer to 05.2; the keyword arguments plant the usual mistakes."""
 
     def __init__(self, model, layers, *, per="all", fraction=False, remove=True, enter_returns_self=True,
-                 tensors=False):
+                 tensors=False, threshold=None):
         self.model, self.layers, self.counts, self.handles = model, layers, {name: [] for name in layers}, []
         self.per, self.fraction, self.remove, self.enter_returns_self = per, fraction, remove, enter_returns_self
-        self.tensors = tensors
+        self.tensors, self.threshold = tensors, threshold
 
     def _hook(self, name):
         def count(module, args, output):
-            dead = getattr((output == 0).flatten(2).all(dim=2), self.per)(dim=0)
+            zero = output == 0 if self.threshold is None else output.abs() < self.threshold
+            dead = getattr(zero.flatten(2).all(dim=2), self.per)(dim=0)
             count = dead.sum() if self.tensors else int(dead.sum())
             self.counts[name].append(dead.float().mean().item() if self.fraction else count)
 
@@ -246,6 +260,8 @@ def test_05_2_typical_mistakes_get_a_hint():
     failed("05.2", _watch(remove=False), "stayed on the model", "__exit__")
     failed("05.2", _watch(enter_returns_self=False), "return self")
     failed("05.2", _watch(tensors=True), "holds tensors", "int(...)")
+    failed("05.2", _watch(threshold=1e-6), "small but not 0", "== 0")
+    failed("05.2", _watch(threshold=1e-3), "small but not 0", "== 0")
     failed("05.2", DeadWatch(torch.nn.Linear(1, 1), []), "pass the class DeadWatch itself")
 
 
@@ -628,6 +644,16 @@ def test_05_5_typical_mistakes_get_a_hint():
                 self.handles.append(layer.register_forward_hook(lambda m, args, out, fresh=fresh: fresh(*args)))
             return self
 
+    class DrawsItsOwn(Redrawn):
+        def __enter__(self):
+            for name in self.names:
+                layer = self.model.get_submodule(name)
+                fresh = copy.deepcopy(layer)
+                for p in fresh.parameters():
+                    torch.nn.init.normal_(p, std=0.1)
+                self.handles.append(layer.register_forward_hook(lambda m, args, out, fresh=fresh: fresh(*args)))
+            return self
+
     class ReturnsNothing(Redrawn):
         def __enter__(self):
             super().__enter__()
@@ -637,7 +663,8 @@ def test_05_5_typical_mistakes_get_a_hint():
     failed("05.5", ResetsTheModel, "the model's own parameters changed")
     failed("05.5", KeepsHooks, "still registered", "__exit__")
     failed("05.5", CopiesInsideTheHook, "RecursionError", "copies its hooks too")
-    failed("05.5", ScalesTheOutput, "freshly drawn Linear")
+    failed("05.5", ScalesTheOutput, "reset_parameters()", "not a changed output")
+    failed("05.5", DrawsItsOwn, "re-drawn by its reset_parameters()", "normal_")
     failed("05.5", RemovesOnlyWithoutError, "when the body of the with block raised")
     failed("05.5", ReturnsTheTrainedOutput, "still computes what the trained layer computes")
     failed("05.5", Redrawn(nn.Linear(1, 1), []), "the class Redrawn itself")
