@@ -23,6 +23,8 @@ CELLS = [
 ]
 
 
+KERNEL_MS = 20_000  # a redraw the kernel computes, on a machine busy with other checks
+
 def test_the_patching_explorer_redraws_for_a_new_point_and_position(lab, lab_root, page, artifacts):
     """Pick blocks.1.hook_resid_post in the dropdown (position 3: the corrupted answer wins), then move the
     position to the query with the mouse (the clean answer wins): the text and the picture change each time.
@@ -52,9 +54,13 @@ def test_the_patching_explorer_redraws_for_a_new_point_and_position(lab, lab_roo
     nb.control(area, "dropdown", "point").locator("select").select_option("blocks.0.hook_attn_out")
     nb.drag_to(nb.slider(area, "position"), 3 / 9)
     expect(nb.readout(nb.slider(area, "position"))).to_have_text("3")
+    # the readout moves at once; the kernel may still be drawing an earlier position of the drag (a
+    # loaded machine once showed position 4 after the next change): wait for its drawing at 3 first
+    expect(text).to_contain_text(re.compile(r"blocks\.0\.hook_attn_out patched in at position 3:"), timeout=KERNEL_MS)
     nb.control(area, "dropdown", "corruption").locator("select").select_option(label="3 → 10 at position 2")
     expect(text).to_contain_text(re.compile(r"corruption 3 → 10 at position 2: clean blocks\.0\.hook_attn_out "
-                                            r"patched in at position 3: .*normalised 0\.87 \(clean answer wins\)"))
+                                            r"patched in at position 3: .*normalised 0\.87 \(clean answer wins\)"),
+                                 timeout=KERNEL_MS)
     area.scroll_into_view_if_needed()
     page.screenshot(path=str(artifacts / "patching_explorer.png"))
     assert nb.error_outputs(page) == []
