@@ -219,14 +219,6 @@ _CROSSED = ("from layer 16's output back to layer 0's, the gradient crosses laye
             "ReLU 13, …, Linear 2, ReLU 1")
 
 
-def _two_decimals(guess: object) -> str | None:
-    """A number given with one decimal or none: too coarse to tell a right count from one off by one."""
-    if isinstance(guess, int | float) and not isinstance(guess, bool) and round(guess, 1) == guess:
-        return ("give two decimals (e.g. -1.25): one decimal cannot tell a right count of layers from one off "
-                "by one, whose powers differ by 0.1 to 0.2")
-    return None
-
-
 @prediction(
     "03.f", "layer 0's output gradient std over layer 16's, a power of ten, in the default-init ReLU network",
     why="going back from layer 16's output, the last Linear scales the gradient's std by about √(10/96) ≈ 0.32, "
@@ -249,7 +241,6 @@ def _two_decimals(guess: object) -> str | None:
             "draws them of std 1/√(3·fan_in), so each square Linear still scales the std by about 0.58"),
     ],
     rel=0.025,  # ±0.08 around -3.3: -3.33 to -3.37 (the right count) pass; -3.21 (a ReLU short), -3.42 not
-    form=_two_decimals,
 )  # fmt: skip
 @functools.cache  # one forward and backward: computed once a session
 def _relu_gradient_power() -> float:
