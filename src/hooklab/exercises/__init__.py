@@ -47,7 +47,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-__all__ = ["check", "checked", "exercise", "exercises", "grade", "passed", "prediction"]
+__all__ = ["check", "checked", "exercise", "exercises", "grade", "passed", "prediction", "yours_or_worked"]
 
 
 @dataclass(frozen=True)
@@ -541,6 +541,15 @@ def passed(id: str) -> bool:
     """Whether the last ``check`` of exercise ``id`` in this process passed: a lesson goes on with a
     worked answer while the student's has not."""
     return _CHECKED.get(id, ("not checked",))[0] == "passed"
+
+
+def yours_or_worked(names: dict, worked: dict[str, tuple[str, object]], *wanted: str):
+    """A lesson's fallback for its later cells: each name in ``wanted`` taken from ``names`` (the notebook's
+    ``globals()``) once its exercise has passed in this kernel, else the worked answer. ``worked`` maps a
+    name to (its exercise id, its worked answer). It returns and never assigns: the student's names stay
+    theirs. One name gives one object, several a tuple."""
+    found = [names[name] if passed(worked[name][0]) and name in names else worked[name][1] for name in wanted]
+    return found[0] if len(found) == 1 else tuple(found)
 
 
 def hint_for(error: Exception, hints: dict[str, str]) -> Outcome:

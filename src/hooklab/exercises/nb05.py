@@ -533,10 +533,6 @@ def _run_watch(watch_class, model: nn.Module, layers: list[str], batches: list[t
     return getattr(watch, "counts", None)
 
 
-class _Wrong(Exception):
-    """A problem of the answer found while running it, with the hint to show."""
-
-
 def _length_hint(got: dict, name: str, entries: int, passes: int) -> str:
     """Why ``counts[name]`` has the wrong length: all counts under one name is the late-binding closure."""
     lengths = {key: len(value) for key, value in got.items() if isinstance(value, list | tuple)}

@@ -770,13 +770,11 @@ _IDS = {"upgrade": "06.1", "watch_updates": "06.2", "keep_lr": "06.3", "grad_log
 
 
 def yours_or_worked(names: dict, *wanted: str):
-    """The lesson's fallback: each of ``wanted`` (``"upgrade"``, ``"watch_updates"`` ...) from ``names`` (the
-    notebook's ``globals()``) once its exercise passed in this kernel, else the worked answer. It returns, and
-    never assigns: the student's own names stay theirs."""
-    from . import passed
+    """``hooklab.exercises.yours_or_worked`` for this lesson: ``"upgrade"``, ``"watch_updates"`` ... (06.1-06.5),
+    the student's once passed, else the worked answers."""
+    from . import yours_or_worked as pick
 
-    found = [names[name] if passed(_IDS[name]) and name in names else _WORKED[_IDS[name]] for name in wanted]
-    return found[0] if len(found) == 1 else tuple(found)
+    return pick(names, {name: (id, _WORKED[id]) for name, id in _IDS.items()}, *wanted)
 
 
 def old_names_cnn(hook=upgrade) -> nn.Module:
