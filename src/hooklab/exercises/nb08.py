@@ -3,7 +3,7 @@
 The lesson's problem is one pair of runs of ``hooklab.transformer.trained_transformer()``: a clean
 sequence (a run of seven tokens, repeated, then two random ones) whose query position ``Q`` predicts
 ``A`` = 19, and a corrupted copy with the 19 of the first run (position ``CHANGED``) replaced by ``B`` =
-17, which predicts 17. ``logit_diff`` is logit[A] − logit[B] at the query. Predictions 08.a-08.e compute
+17, which predicts 17. ``logit_diff`` is logit[A] − logit[B] at the query. Predictions 08.a-08.f compute
 their truth with torch. ``second_corruption()`` changes the 3 before the 19 (position ``CHANGED2``) into
 ``B2`` = 10 instead: it needs layer 0 to move the previous token, so patching finds layer 0 (08.b). Exercises:
 record the attention patterns with forward hooks (08.1), the stripe score of a pattern (08.2),
@@ -245,30 +245,12 @@ def mean_z(model: nn.Module, n: int = 256) -> torch.Tensor:
 
 
 # ----- predictions ----------------------------------------------------------------------------------------
-class _Format:
-    """Equal to any guess of the wrong form (``is_slip(guess)`` true): a ``wrong=`` entry whose hint names the
-    form the question wants, never the answer."""
-
-    def __init__(self, is_slip) -> None:
-        self.is_slip = is_slip
-
-    def __eq__(self, guess: object) -> bool:
-        try:
-            return bool(self.is_slip(guess))
-        except (TypeError, ValueError):
-            return False
-
-    __hash__ = None
-
-
-def _spelled_number(value: object) -> bool:
-    return isinstance(value, str) and value.strip().strip("'\"").lstrip("-").isdigit()
-
-
 _WHOLE = "write one whole number, like 0, without quotes or brackets"
-ONE_POSITION = [(True, _WHOLE), (False, _WHOLE),
-                (_Format(lambda g: isinstance(g, float | list | tuple)
-                         or (isinstance(g, str) and not _spelled_number(g))), _WHOLE)]
+
+
+def _one_whole(guess: object) -> str | None:
+    """The form hint for a guess that is not one whole number (a bool is not one), else None."""
+    return None if isinstance(guess, int) and not isinstance(guess, bool) else _WHOLE
 
 
 def _two_whole(guess: object) -> bool:
@@ -278,7 +260,11 @@ def _two_whole(guess: object) -> bool:
 
 _TWO = ("write a list of two whole numbers, like [0, 0], without quotes: the token the model predicts, then "
         "the key most of layer 1's heads attend to")
-TWO_KEYS = [(True, _TWO), (False, _TWO), (_Format(lambda g: not _two_whole(g)), _TWO)]
+
+
+def _two_keys(guess: object) -> str | None:
+    """The form hint for a guess that is not a list of two whole numbers, else None."""
+    return None if _two_whole(guess) else _TWO
 
 
 def repeat_score(pattern: torch.Tensor, run: int, k: int) -> torch.Tensor:
@@ -305,9 +291,8 @@ def _stripe_peak(length: int) -> int:
                        "attends to the position after it"),
                    (7, "7 back fits a run of 7; in a run of 5 the earlier copy is 5 back, and the head attends to the "
                        "position after it"),
-                   (1, "the previous token is 1 back: a previous-token head's stripe, not an induction head's"),
-                   (True, _WHOLE), (False, _WHOLE)],
-            form=lambda guess: _WHOLE if isinstance(guess, float | list | tuple | str) else None)
+                   (1, "the previous token is 1 back: a previous-token head's stripe, not an induction head's")],
+            form=_one_whole)
 def _induction_offset() -> int:
     return _stripe_peak(5)
 
@@ -319,8 +304,8 @@ def _induction_offset() -> int:
             wrong=[(2, "the 10 at position 2 sits in its embedding, which stays corrupted; layer 1 matches the "
                        "query with a key's record of the token before it. Which position has position 2 before it?"),
                    (9, "layer 1 matches the query's 3 with a key's previous token; the key's record is what the "
-                       "second corruption broke, not the query"),
-                   *ONE_POSITION])
+                       "second corruption broke, not the query")],
+            form=_one_whole)
 def _layer0_position() -> int:
     model = _model()
     point = "blocks.0.hook_attn_out"
@@ -363,9 +348,9 @@ def _bigger_or_smaller(guess: object) -> str | None:
 
 @prediction("08.d", "whether the drop with all four layer-1 heads zeroed at once is bigger or smaller than the sum "
                     "of the single drops",
-            why="bigger (next cells): with one head zeroed, layer 1's MLP and the final LayerNorm's smaller std "
-                "make up for much of it; with all four zeroed they make up less, though still some (freeze the std "
-                "and the joint drop grows, 6.26 → 9.45). The single drops add up only with both held fixed",
+            why="bigger (next cell: 1.07 summed, 6.26 at once): with one head zeroed, the std shrinks a little and "
+                "scales up the three heads left, which carry the same 19 (layer 1's MLP adds to them too); with all "
+                "four zeroed, no head is left to scale up. The single drops add up only with both held fixed",
             wrong=[("smaller", "the final LayerNorm divides by the residual's std: with one head zeroed that std "
                                "shrinks, and the heads left are scaled up (layer 1's MLP adds to them too), so one "
                                "head's drop looks small. Can they make up as much with all four zeroed?")],
@@ -394,9 +379,9 @@ def says(tokens: torch.Tensor) -> list[int]:
 
 
 @prediction("08.c", "in the clean run with the query's 3 changed into an 8: the token predicted, and the key "
-                    "layer 1's heads attend to",
+                    "most of layer 1's heads attend to",
             why="[14, 5]: the earlier 8 sits at position 4, so layer 0 writes \"an 8 before me\" at position 5; "
-                "layer 1's heads at the query, now an 8, attend key 5 and copy its 14",
+                "at the query, now an 8, three of layer 1's four heads attend key 5 and copy its 14",
             wrong=[([19, 3], "that is the unchanged run's answer: the query is now an 8, so its heads look for "
                              "a key with an 8 before it"),
                    ([8, 4], "position 4 holds the earlier copy of the 8; an induction head attends to the "
@@ -404,7 +389,8 @@ def says(tokens: torch.Tensor) -> list[int]:
                    ([14, 4], "key 4 holds the earlier 8 itself; the head attends to the key whose token it "
                              "copies"),
                    ([19, 5], "the head copies the token of the key it attends to: which token is at key 5?"),
-                   *TWO_KEYS])
+],
+            form=_two_keys)
 def _query_into_8() -> list[int]:
     return says(third_corruption())
 
@@ -421,29 +407,22 @@ def steered_normalised(scale: float) -> float:
     return (steered - ends[1]) / (ends[0] - ends[1])
 
 
-def steered_elsewhere(scale: float = 1.0) -> float:
-    """The fraction of ``runs_with_17_at_3()`` that predicts 19 at the query with the steering direction (from
-    the lesson's clean and corrupted runs) added at position 3 after layer 0, at ``scale``."""
+def steered_answer(scale: float) -> int:
+    """The token the corrupted run predicts at the query with the steering direction added at the changed
+    position after layer 0, at ``scale``."""
     model = _model()
     hook = steering_hook(steering_direction(model), CHANGED, scale)
-    logits = run_hooked(model, runs_with_17_at_3(), "blocks.0.hook_resid_post", hook)
-    return (logits[:, Q].argmax(-1) == A).float().mean().item()
+    return run_hooked(model, clean_and_corrupted()[1], "blocks.0.hook_resid_post", hook)[0, Q].argmax().item()
 
 
-def _more_or_less(guess: object) -> str | None:
-    in_form = isinstance(guess, str) and guess.strip().strip("'\"").lower() in ("more", "less")
-    return None if in_form else 'answer "more" or "less" (a string)'
-
-
-@prediction("08.e", "whether more or less than half of 233 other runs with a 17 at position 3 predict 19, "
-                    "steered at scale 1",
-            why="more (all 233): the direction carries the 19-instead-of-17 at position 3 (section 2's hook_embed "
-                "row restores 1.00 there alone), and each of these runs' queries copies the token at 3",
-            wrong=[("less", "each of these runs' queries copies the token at position 3, a 17: the direction adds "
-                            "there what turned this run's 17 into a 19. Does that depend on the other tokens?")],
-            form=_more_or_less)
-def _steered_elsewhere() -> str:
-    return "more" if steered_elsewhere(1.0) > 0.5 else "less"
+@prediction("08.e", "whether the corrupted run, steered at scale 4, still predicts 19",
+            why="no (next cell): four times the difference overshoots; logit[19] − logit[17] stays positive (+7.2), "
+                "but a third token, 23, beats both. A logit difference between two tokens says nothing about the "
+                "other 22",
+            wrong=[(True, "scale 1 is the patch; scale 4 adds four times the difference. And logit[19] − "
+                          "logit[17] compares only two of the 24 tokens: could a third one win?")])
+def _steered_at_4() -> bool:
+    return steered_answer(4) == A
 
 
 STEER_SCALES = [0, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4]
@@ -517,9 +496,9 @@ def third_patched() -> tuple[int, int]:
 
 
 @prediction("08.f", "in the third corruption (an 8 at the query) with the clean blocks.1.hook_attn_out patched in "
-                    "at the query: the token predicted, and the key layer 1's heads attend to",
+                    "at the query: the token predicted, and the key most of layer 1's heads attend to",
             why="[19, 5]: the patch replaces what layer 1's heads wrote at the query with the clean run's copy of "
-                "the 19, but their pattern was computed before that output, from the query's own 8: they still "
+                "the 19, but their pattern was computed before that output, from the query's own 8: most still "
                 "attend key 5, the position after the earlier 8",
             wrong=[([19, 3], "the pattern is computed inside the attention, before hook_attn_out fires: the patch "
                              "replaces what the heads wrote, not where they looked, and the query still holds an 8"),
@@ -528,7 +507,8 @@ def third_patched() -> tuple[int, int]:
                    ([14, 3], "the patch replaces what the heads wrote at the query, not the query's token: where do "
                              "the heads of a query holding an 8 look?"),
                    ([19, 4], "key 4 holds the earlier 8 itself; an induction head attends to the position after it"),
-                   *TWO_KEYS])
+],
+            form=_two_keys)
 def _third_patched() -> list[int]:
     return list(third_patched())
 
@@ -1208,6 +1188,7 @@ __all__ = [
     "run_with_hooks",
     "runs_with_17_at_3",
     "second_corruption",
+    "steered_answer",
     "steered_normalised",
     "steering_direction",
     "steering_hook",
