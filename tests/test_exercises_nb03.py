@@ -39,7 +39,7 @@ def answer_with(attach, names=None, cleanup_in_finally=True):
 
 # ----- predictions ------------------------------------------------------------------------------
 PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that gets its own hint
-    "03.a": ([0.1868, 0.1755], [0.7514, 0.7729], "the sigmoid's output"),
+    "03.a": ((["s2", "fc2", "s1", "fc1"], "fc1"), (["fc1", "s1", "fc2", "s2"], "fc1"), "forward order reversed"),
     "03.b": (0.32, 0.25, "a sigmoid's factor"),
     "03.c": ([0.5, 1], [0.5, 10], "reaches only the earlier layers"),
     "03.d": (8, 7, "layer 0's own runs too"),
@@ -57,13 +57,13 @@ def test_prediction_truth_right_guess_and_hint_for_a_wrong_one(id):
     assert not outcome.passed and hint in outcome.detail, outcome.detail
 
 
-def test_prediction_03_a_needs_the_sigmoid_rule_and_accepts_two_decimals():
-    assert grade("03.a", [0.19, 0.18]).passed and grade("03.a", (0.1868, 0.1755)).passed
-    assert "σ(1 − σ)" in grade("03.a", [1, 1]).detail
-    assert "smaller" in grade("03.a", [0.25, 0.25]).detail
-    assert not grade("03.a", [0.2, 0.2]).passed
-    nested = grade("03.a", [[0.1868, 0.1755]])  # the hook's shape (1, 2): told to write it flat, not marked right
-    assert not nested.passed and "flat" in nested.detail, nested.detail
+def test_prediction_03_a_names_the_order_and_the_none_slot_each_with_its_own_hint():
+    assert nb03._order_and_none() == (["s2", "fc2", "s1", "fc1"], "fc1")
+    assert grade("03.a", [("S2", "fc2", "s1", "fc1"), "fc1"]).passed  # any list or tuple, names loosely
+    zeros = grade("03.a", (["s2", "fc2", "s1", "fc1"], None))  # "it gets zeros, nothing is None"
+    assert not zeros.passed and "fc1's only input, x, needs no grad" in zeros.detail, zeros.detail
+    both = grade("03.a", (["fc1", "s1", "fc2", "s2"], "s1"))
+    assert "forward order reversed" in both.detail and "s1's input" in both.detail, both.detail
 
 
 def test_prediction_03_f_is_ten_to_the_minus_three_point_three_within_0_08_and_names_a_level_network():
@@ -479,9 +479,61 @@ def test_the_deep_sigmoid_network_stays_at_ten_percent_after_thirty_epochs():
 
 
 # ----- 03.5 ------------------------------------------------------------------------------------
+def test_03_5_accepts_the_worked_with_block():
+    outcome = grade("03.5", nb03.GradTracker)
+    assert outcome.passed, outcome.detail
+
+
+class _LeavesHooks(nb03.GradTracker):
+    def __exit__(self, *exc):
+        pass
+
+
+class _Swallows(nb03.GradTracker):
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        return True
+
+
+class _ReturnsNothing(nb03.GradTracker):
+    def __enter__(self):
+        super().__enter__()
+
+
+class _HooksInInit(nb03.GradTracker):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.__enter__()
+
+
+class _RemovesOnlyOnSuccess(nb03.GradTracker):
+    def __exit__(self, exc_type, *rest):
+        if exc_type is None:
+            super().__exit__(exc_type, *rest)
+
+
+class _ForgetsTheLayers(nb03.GradTracker):
+    def __exit__(self, *exc):
+        super().__exit__(*exc)
+        self.layers = {}
+
+
+@pytest.mark.parametrize(("answer", "words"), [
+    (_LeavesHooks, ("after the with block", "forward hook is still registered on layer '0'", "remove()")),
+    (_Swallows, ("swallowed the error", "return None")),
+    (_ReturnsNothing, ("__enter__ returned None", "return self")),
+    (_HooksInInit, ("before the with block", "__enter__")),
+    (_RemovesOnlyOnSuccess, ("when the with block raised", "whatever *exc holds")),
+    (_ForgetsTheLayers, ("empty after the end of the with block", "keeps self.layers")),
+])  # fmt: skip
+def test_03_5_names_each_slip(answer, words):
+    failed("03.5", answer, *words)
+
+
+# ----- 03.6 ------------------------------------------------------------------------------------
 def vanishing_with(pick="first in backward order", kind="tensor hook", in_finally=True, fixed_ratio=None,
                    compare="ratio"):  # fmt: skip
-    """An answer to 03.5: a tensor hook (registered in a forward hook) on every Linear's output appends (name, std)
+    """An answer to 03.6: a tensor hook (registered in a forward hook) on every Linear's output appends (name, std)
     in the order backward reaches them; ``pick`` chooses from them (variations: a full backward hook, the weights'
     gradients, a ratio of its own, the ratio used as an absolute limit, the hooks removed only when nothing
     raised)."""
@@ -520,59 +572,59 @@ def vanishing_with(pick="first in backward order", kind="tensor hook", in_finall
     return vanishing_point
 
 
-def test_03_5_accepts_the_first_layer_below_the_ratio_in_backward_order():
-    outcome = grade("03.5", vanishing_with())
+def test_03_6_accepts_the_first_layer_below_the_ratio_in_backward_order():
+    outcome = grade("03.6", vanishing_with())
     assert outcome.passed, outcome.detail
 
 
-def test_03_5_names_each_wrong_order():
-    failed("03.5", vanishing_with("first in forward order"), "deep sigmoid network", "expected '10', got '0'",
+def test_03_6_names_each_wrong_order():
+    failed("03.6", vanishing_with("first in forward order"), "deep sigmoid network", "expected '10', got '0'",
            "counted from the input")
-    failed("03.5", vanishing_with("sorted as strings"), "expected '10', got '8'", "sorted as strings")
-    failed("03.5", vanishing_with("smallest"), "'0' has the smallest gradient std")
+    failed("03.6", vanishing_with("sorted as strings"), "expected '10', got '8'", "sorted as strings")
+    failed("03.6", vanishing_with("smallest"), "'0' has the smallest gradient std")
 
     def smallest_unless_right_elsewhere(model, x, y, ratio=1e-3):  # wrong only where the smallest is not the first
         return vanishing_with("first in backward order" if len(model) == 19 else "smallest")(model, x, y, ratio)
 
-    failed("03.5", smallest_unless_right_elsewhere, "layers '6' and '4' large", "expected '10', got '6'",
+    failed("03.6", smallest_unless_right_elsewhere, "layers '6' and '4' large", "expected '10', got '6'",
            "'6' has the smallest gradient std")
 
 
-def test_03_5_names_a_comparison_with_the_largest_gradient_instead_of_the_last_layers():
-    failed("03.5", vanishing_with(compare="largest"), "last layer has large weights", "return None, not '4'",
+def test_03_6_names_a_comparison_with_the_largest_gradient_instead_of_the_last_layers():
+    failed("03.6", vanishing_with(compare="largest"), "last layer has large weights", "return None, not '4'",
            "largest gradient std of any Linear", "'16'")
 
 
-def test_03_5_names_the_weights_gradients_as_the_wrong_quantity():
-    outcome = failed("03.5", vanishing_with(kind="weight.grad"), "first layer's output is tiny", "return None, not '2'",
+def test_03_6_names_the_weights_gradients_as_the_wrong_quantity():
+    outcome = failed("03.6", vanishing_with(kind="weight.grad"), "first layer's output is tiny", "return None, not '2'",
                      "weights' gradients (weight.grad)", "the layer's input is small")
     assert "counted from the input" not in outcome.detail and "hooks fire" not in outcome.detail, outcome.detail
 
 
-def test_03_5_names_a_ratio_used_as_an_absolute_limit():
-    failed("03.5", vanishing_with(compare="absolute"), "deep sigmoid network", "expected '10', got '14'",
+def test_03_6_names_a_ratio_used_as_an_absolute_limit():
+    failed("03.6", vanishing_with(compare="absolute"), "deep sigmoid network", "expected '10', got '14'",
            "below 0.001 itself", "ratio × the std at the last Linear's output ('18')", "batch size")
 
 
-def test_03_5_rejects_a_ratio_of_its_own_full_backward_hooks_and_hooks_left_behind():
-    failed("03.5", vanishing_with(fixed_ratio=1e-3), "ratio=0.1", "use the ratio you are given")
+def test_03_6_rejects_a_ratio_of_its_own_full_backward_hooks_and_hooks_left_behind():
+    failed("03.6", vanishing_with(fixed_ratio=1e-3), "ratio=0.1", "use the ratio you are given")
     with warnings.catch_warnings():  # layer '0' of the sigmoid network: no input requires grad
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
-        failed("03.5", vanishing_with(kind="full backward hook"), "in-place ReLUs", "tensor hook on the output")
-    failed("03.5", vanishing_with(in_finally=False), "finally")
+        failed("03.6", vanishing_with(kind="full backward hook"), "in-place ReLUs", "tensor hook on the output")
+    failed("03.6", vanishing_with(in_finally=False), "finally")
 
 
-def test_03_5_says_what_to_return():
-    failed("03.5", lambda model, x, y, ratio=1e-3: None, "'10'", "you returned None")
-    failed("03.5", lambda model, x, y, ratio=1e-3: 10, "a str", "not int")
+def test_03_6_says_what_to_return():
+    failed("03.6", lambda model, x, y, ratio=1e-3: None, "'10'", "you returned None")
+    failed("03.6", lambda model, x, y, ratio=1e-3: 10, "a str", "not int")
 
     def always_a_name(model, x, y, ratio=1e-3):
         return vanishing_with()(model, x, y, ratio) or "0"
 
-    failed("03.5", always_a_name, "He-initialised", "return None")
+    failed("03.6", always_a_name, "He-initialised", "return None")
 
 
-def test_03_5_names_a_layer_that_is_not_a_linear():
+def test_03_6_names_a_layer_that_is_not_a_linear():
     def every_module(model, x, y, ratio=1e-3):  # a tensor hook on the output of every module, the model's included
         seen, handles = [], []
 
@@ -588,10 +640,10 @@ def test_03_5_names_a_layer_that_is_not_a_linear():
         stds = dict(seen)
         return next((name for name, _ in seen if stds[name] < ratio * seen[0][1]), None)
 
-    failed("03.5", every_module, "deep sigmoid network", "is a Sigmoid, not a Linear", "isinstance(module, nn.Linear)")
+    failed("03.6", every_module, "deep sigmoid network", "is a Sigmoid, not a Linear", "isinstance(module, nn.Linear)")
 
 
-def test_03_5_explains_a_tracker_given_modules_without_a_weight():
+def test_03_6_explains_a_tracker_given_modules_without_a_weight():
     tracker = nb03.GradTracker
 
     def tracks_every_module(model, x, y, ratio=1e-3):
@@ -599,10 +651,10 @@ def test_03_5_explains_a_tracker_given_modules_without_a_weight():
             F.cross_entropy(model(x), y).backward()
         return next(iter(t.grad_stds))
 
-    failed("03.5", tracks_every_module, "without a weight", "Linear layers only")
+    failed("03.6", tracks_every_module, "without a weight", "Linear layers only")
 
 
-def test_03_5_names_a_wrong_layer_before_hooks_left_behind():
+def test_03_6_names_a_wrong_layer_before_hooks_left_behind():
     def forward_order_and_no_cleanup(model, x, y, ratio=1e-3):
         return vanishing_with("first in forward order", in_finally=False)(model, x, y, ratio)
 
@@ -614,10 +666,10 @@ def test_03_5_names_a_wrong_layer_before_hooks_left_behind():
         model[0].register_forward_hook(lambda m, a, out: None)
         return vanishing_with("first in forward order")(model, x, y, ratio)
 
-    failed("03.5", forward_order_and_no_cleanup, "counted from the input")
-    outcome = failed("03.5", wrong_and_hooks_stay, "counted from the input")
+    failed("03.6", forward_order_and_no_cleanup, "counted from the input")
+    outcome = failed("03.6", wrong_and_hooks_stay, "counted from the input")
     assert "remove your hooks" not in outcome.detail, outcome.detail
-    failed("03.5", right_but_hooks_stay, "the layer is right", "remove your hooks", "forward hook is still registered")
+    failed("03.6", right_but_hooks_stay, "the layer is right", "remove your hooks", "forward hook is still registered")
 
 
 def test_a_tracker_tensor_hook_sees_the_gradient_its_modules_pre_hook_scaled_whatever_the_registration_order():
@@ -642,10 +694,10 @@ def test_a_tracker_tensor_hook_sees_the_gradient_its_modules_pre_hook_scaled_wha
         torch.testing.assert_close(seen[0], plain * 7)
 
 
-def test_03_5_names_the_last_linear_hard_coded_as_the_lessons():
-    failed("03.5", vanishing_with(compare="layer 16"), "deep sigmoid network", "you compared with layer '16'",
+def test_03_6_names_the_last_linear_hard_coded_as_the_lessons():
+    failed("03.6", vanishing_with(compare="layer 16"), "deep sigmoid network", "you compared with layer '16'",
            "last Linear is '18'", "whatever its name")
-    assert "sorted as strings" not in grade("03.5", vanishing_with(compare="layer 16")).detail
+    assert "sorted as strings" not in grade("03.6", vanishing_with(compare="layer 16")).detail
 
 
 def test_03_4_text_asks_for_the_plain_numbers_its_checker_demands():

@@ -1,9 +1,9 @@
 """Exercises and predictions of notebook 03: module backward hooks.
 
-Predictions 03.a-03.f compute their truth with torch; exercises 03.1-03.5 are the hooks the lesson's
+Predictions 03.a-03.f compute their truth with torch; exercises 03.1-03.6 are the hooks the lesson's
 sections are about: the gain of each layer (full backward hooks), a factor on the gradient entering a layer
 (a backward pre-hook), a gradient tracker built in three steps (one layer's forward hook that registers a
-tensor hook, so in-place networks work too; a class with remove; the lesson gives the tracker over many layers), and the
+tensor hook, so in-place networks work too; a class with remove; a with block over many layers), and the
 vanishing point. The guide's exercises on the same hooks are in ``g3.py``.
 """
 
@@ -84,33 +84,55 @@ def _remove(handles) -> None:
 
 
 # ----- predictions -----------------------------------------------------------------------------------
-def _s2_grad_input(nested: bool = False) -> list:
-    net, kept = TinySigmoidNet(), []
-    handle = net.s2.register_full_backward_hook(lambda m, gi, go: kept.append(gi[0]))
-    try:
-        net(torch.tensor([[0.05, 0.1]], requires_grad=True)).backward(torch.tensor([[1.0, 1.0]]))
-    finally:
-        handle.remove()
-    return kept[0].tolist() if nested else kept[0].flatten().tolist()
+_FORWARD_ORDER = ["fc1", "s1", "fc2", "s2"]
+_BACKWARD_ORDER = ["s2", "fc2", "s1", "fc1"]
+_ORDER_HINT = ("backward runs from the loss towards the input: the hook of the layer nearest the output fires "
+               "first, so the order is the forward order reversed")
+_NONE_HINTS = {
+    None: "one grad_input[0] is None: fc1's only input, x, needs no grad, so there is no dL/dx to hand its hook",
+    "s1": "s1's input is fc1's output, which needs grad (fc1 has parameters): a tensor. fc1's only input, x, "
+          "needs no grad",
+    "fc2": "fc2's input is s1's output, which needs grad: a tensor. fc1's only input, x, needs no grad",
+    "s2": "s2's input is fc2's output, which needs grad: a tensor. fc1's only input, x, needs no grad",
+}
+
+
+def _order_and_none_wrongs() -> list:
+    wrong = []
+    for order in (_FORWARD_ORDER, _BACKWARD_ORDER):
+        for none in (None, "fc1", "s1", "fc2", "s2"):
+            if order is _BACKWARD_ORDER and none == "fc1":
+                continue  # the truth
+            hints = [_ORDER_HINT] if order is _FORWARD_ORDER else []
+            hints += [_NONE_HINTS[none]] if none != "fc1" else []
+            wrong.append(((order, none), "; and ".join(hints)))
+    return wrong
 
 
 @prediction(
-    "03.a", "the grad_input that a full backward hook on TinySigmoidNet's s2 receives",
-    why="σ(z) = 1/(1 + e^−z) has the slope e^−z/(1 + e^−z)² = σ(1 − σ): a sigmoid sends on grad_output · σ(1 − σ), "
-        "element by element: [1 · 0.7514 · 0.2486, 1 · 0.7729 · 0.2271] = [0.1868, 0.1755].",
-    wrong=[
-        ([1.0, 1.0], "that is grad_output, what arrives at s2; what leaves is grad_output times the sigmoid's slope, "
-                     "σ(1 − σ)"),
-        ([0.7514, 0.7729], "that is σ, the sigmoid's output; it sends on grad_output times its slope, σ(1 − σ)"),
-        ([0.2486, 0.2271], "that is 1 − σ; the sigmoid's slope is σ(1 − σ), and it multiplies grad_output"),
-        ([0.25, 0.25], "0.25 is the slope where σ = 0.5 (z = 0); here σ is 0.75 and 0.77, so σ(1 − σ) is smaller"),
-        (_s2_grad_input(nested=True), "right numbers, in the hook's shape (1, 2); the question asks for two numbers, "
-                                      "flat: drop the outer brackets"),
-    ],
-    rel=0.03,  # two decimals, worked by hand, pass: [0.19, 0.18]
+    "03.a", "the order in which TinySigmoidNet's four backward hooks run, and whose grad_input[0] is None",
+    why="backward starts at the loss, so s2's hook runs first and fc1's last. fc1's only input, x, needs no grad: "
+        "there is no dL/dx, so its grad_input is (None,) (with a UserWarning). Every other layer's input is an "
+        "output of a layer with parameters, so it needs grad and gets a tensor.",
+    wrong=_order_and_none_wrongs(),
 )  # fmt: skip
-def _s2_grad_input_flat() -> list[float]:
-    return _s2_grad_input()
+def _order_and_none() -> tuple[list[str], str | None]:
+    net, order, nones = TinySigmoidNet(), [], []
+
+    def hook(module, grad_input, grad_output):
+        name = next(n for n, m in net.named_children() if m is module)
+        order.append(name)
+        if grad_input[0] is None:
+            nones.append(name)
+
+    handles = [m.register_full_backward_hook(hook) for m in net.children()]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # fc1's hook warns that no input requires grad
+            net(torch.tensor([[0.05, 0.1]])).backward(torch.tensor([[1.0, 1.0]]))
+    finally:
+        _remove(handles)
+    return order, (nones[0] if len(nones) == 1 else None)
 
 
 @prediction(
@@ -712,7 +734,57 @@ def _layer_tracker(tracker_class) -> Outcome:
         True, "gradient std, spread and update:data ratio of each layer, three steps, nothing after remove()")
 
 
-# ----- 03.5: where the gradient vanishes -------------------------------------------------------------------
+# ----- 03.5: the with block ----------------------------------------------------------------------------------
+@exercise("03.5", "a with block that owns a LayerTracker per layer")
+def _grad_tracker(tracker_class) -> Outcome:
+    """``with tracker_class(model, names, lr) as tracker:`` makes a LayerTracker per name in ``__enter__`` and
+    removes them all in ``__exit__``, also when the block raises, without swallowing the error."""
+    model, batches = _in_place_mlp(), _batches()
+    try:
+        tracker = tracker_class(model, list(_TRACKED), lr=_LR)
+        left = _clear_all_hooks(model)
+        if left:
+            return Outcome(False, f"creating the tracker, before the with block, registered hooks ({left[0]}): "
+                                  "make the LayerTrackers in __enter__, so that only the with block owns them")
+        with tracker as entered:
+            if entered is not tracker:
+                _clear_all_hooks(model)
+                return Outcome(False, f"__enter__ returned {kind_of(entered)}: return self, which `as tracker` "
+                                      "names")
+            _steps(model, batches)
+    except (TypeError, RuntimeError, AttributeError) as error:
+        _clear_all_hooks(model)
+        return hint_for(error, _TRACK_ERRORS)
+    except BaseException:
+        _clear_all_hooks(model)
+        raise
+    left = _clear_all_hooks(model)
+    if left:
+        return Outcome(False, f"after the with block, {left[0]}: __exit__ calls remove() on every LayerTracker")
+    model.zero_grad()
+    model(batches[0]).pow(2).sum().backward()
+    tables = {what: getattr(tracker, what, None) for what in ("grad_stds", "ratios", "spreads")}
+    failed = _compare_tracks(tables, len(batches), "the end of the with block")
+    if failed:
+        return failed
+    raised, model = False, _in_place_mlp()
+    try:
+        with tracker_class(model, list(_TRACKED), lr=_LR):
+            model(batches[0][:, :2])  # a wrong input size: the block raises
+    except RuntimeError:
+        raised = True
+    left = _clear_all_hooks(model)
+    if left:
+        return Outcome(False, f"when the with block raised, {left[0]}: __exit__ runs then too; remove every "
+                              "LayerTracker there, whatever *exc holds")
+    if not raised:
+        return Outcome(False, "the with block raised, and your __exit__ swallowed the error: it returned a true "
+                              "value; return None (no return), so the error goes on")
+    return Outcome(True, "hooks only inside the with block, removed at its end and when it raises; the tracks "
+                         "stay readable after it")
+
+
+# ----- 03.6: where the gradient vanishes -------------------------------------------------------------------
 def _sigmoid_mlp(depth: int = 9, width: int = 16) -> nn.Sequential:
     """6 features → depth × (Linear → Sigmoid) → Linear → 5 classes, PyTorch's default init."""
     torch.manual_seed(1)
@@ -807,7 +879,7 @@ def _vanishing_cases():
     )  # fmt: skip
 
 
-@exercise("03.5", "the layer where the gradient vanishes, seen from the loss")
+@exercise("03.6", "the layer where the gradient vanishes, seen from the loss")
 def _vanishing(vanishing_point) -> Outcome:
     """``vanishing_point(model, x, y, ratio=1e-3)`` runs one backward of ``F.cross_entropy(model(x), y)`` and
     returns the name of the first ``Linear``, in the order backward reaches them, whose output gradient has a
@@ -932,9 +1004,8 @@ class LayerTracker:
 
 
 class GradTracker:
-    """Given in the lesson, a with block around LayerTrackers: ``with GradTracker(model, names, lr) as tracker:
-    ...`` -> ``tracker.grad_stds[name]``,
-    ``tracker.ratios[name]``, ``tracker.spreads[name]``: a LayerTracker per name."""
+    """03.5: a with block around LayerTrackers: ``with GradTracker(model, names, lr) as tracker: ...`` ->
+    ``tracker.grad_stds[name]``, ``tracker.ratios[name]``, ``tracker.spreads[name]``: a LayerTracker per name."""
 
     def __init__(self, model: nn.Module, names: list[str], lr: float = 0.05) -> None:
         self.model, self.names, self.lr, self.layers = model, names, lr, {}
@@ -954,7 +1025,7 @@ class GradTracker:
 
 
 def vanishing_point(model: nn.Module, x: torch.Tensor, y: torch.Tensor, ratio: float = 1e-3) -> str | None:
-    """03.5: the first Linear, from the loss back, whose output gradient's std is below ``ratio`` times the last's."""
+    """03.6: the first Linear, from the loss back, whose output gradient's std is below ``ratio`` times the last's."""
     names = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     with GradTracker(model, names) as tracker:
         F.cross_entropy(model(x), y).backward()
