@@ -369,7 +369,7 @@ def test_a_grading_kernel_signs_each_verdict_as_it_is_checked_and_names_what_was
 def test_a_slow_checker_gets_its_own_time_limit_and_the_limit_scales_with_the_environment(monkeypatch):
     from hooklab.exercises import TIME_LIMIT, _scaled
 
-    assert EXERCISES["04.9"].time_limit > TIME_LIMIT and EXERCISES["00.1"].time_limit is None
+    assert EXERCISES["04.10"].time_limit > TIME_LIMIT and EXERCISES["00.1"].time_limit is None
     monkeypatch.setenv("HOOKLAB_CHECK_TIME_SCALE", "10")
     assert _scaled(60) == 600
     monkeypatch.setenv("HOOKLAB_CHECK_TIME_SCALE", "fast")

@@ -27,13 +27,13 @@ SOLUTIONS = ROOT / "notebooks" / "solutions" / "04_backprop_by_hand_solutions.ip
 
 def worked_answers() -> dict:
     """Each exercise's worked answer from the solutions notebook, by id: every code cell runs, without
-    its check() lines, in one namespace (04.9 uses the answers before it)."""
+    its check() lines, in one namespace (04.10 uses the answers before it)."""
     namespace, answers = {}, {}
     for cell in json.loads(SOLUTIONS.read_text())["cells"]:
         if cell["cell_type"] != "code":
             continue
         lines = "".join(cell["source"]).splitlines()
-        checks = [re.fullmatch(r'check\("(04\.\d)", (\w+)\)', line) for line in lines]
+        checks = [re.fullmatch(r'check\("(04\.\d+)", (\w+)\)', line) for line in lines]
         exec("\n".join(line for line, found in zip(lines, checks, strict=True) if not found), namespace)
         answers.update((found[1], namespace[found[2]]) for found in checks if found)
     return answers
@@ -43,11 +43,11 @@ ANSWERS = worked_answers()
 
 
 def test_the_worked_answers_of_the_solutions_notebook_pass():
-    assert list(ANSWERS) == [f"04.{k}" for k in range(1, 10)]  # in the order the notebook asks them
+    assert list(ANSWERS) == [f"04.{k}" for k in range(1, 11)]  # in the order the notebook asks them
     for id, answer in ANSWERS.items():
         outcome = grade(id, answer)
         assert outcome.passed, f"{id}: {outcome.detail}"
-        if id != "04.8":  # 04.8 names a layer, no difference
+        if id != "04.9":  # 04.9 names a layer, no difference
             assert "max |difference| < 1e-12" in outcome.detail, outcome.detail
 
 
@@ -205,7 +205,7 @@ def test_04_2_a_hook_left_on_some_steps_only_is_named():
     failed("04.2", some, "no gradient kept for ['probs']")
 
 
-# ----- 04.3 and G4.6: the chains -------------------------------------------------------------------------
+# ----- 04.3 and 04.5 (G4.6): the chains -------------------------------------------------------------------------
 def ce_chain(slip=None, keys=lambda k: k):
     right = ANSWERS["04.3"]
 
@@ -293,12 +293,12 @@ def bn_chain(slip):
     ("dvar without eps", ["first wrong: dvar", "your dvar drops eps", "inv_std ** 3"]),
 ])  # fmt: skip
 def test_04_4_names_the_first_wrong_step(slip, words):
-    failed("G4.6", bn_chain(slip), *words)
+    failed("04.5", bn_chain(slip), *words)
 
 
 def test_04_2_and_04_4_want_a_dict():
     failed("04.3", lambda t, target: [t["probs"]], "return a dict with one gradient per step", "not list")
-    failed("G4.6", lambda t, gamma, dout: None, "return a dict", "not NoneType")
+    failed("04.5", lambda t, gamma, dout: None, "return a dict", "not NoneType")
 
 
 @pytest.mark.parametrize(("how", "words"), [
@@ -321,7 +321,7 @@ def test_04_2_needs_dlogit_maxes_routed_to_the_maximum(how, words):
     failed("04.3", answer, "counts_sum = counts.sum(1) + 1", words)
 
 
-# ----- 04.4 and 04.5: the fused forms ----------------------------------------------------------------------
+# ----- 04.4 and 04.6: the fused forms ----------------------------------------------------------------------
 @pytest.mark.parametrize(("answer", "words"), [
     (lambda logits, target: logits.softmax(1) - F.one_hot(target, logits.shape[1]), "divide by N"),
     (lambda logits, target: -ANSWERS["04.4"](logits, target), "every entry has the wrong sign"),
@@ -354,7 +354,7 @@ def fused_bn(var=lambda x: x.var(0, unbiased=False), mean_n=True, var_n=True, fr
 
 
 def by_three_paths(mean_n=True, var_n=True, paths=("mean", "var")):
-    """04.5 written as the sum of its three paths, with a 1/N lost on one of them, or a path dropped."""
+    """04.6 written as the sum of its three paths, with a 1/N lost on one of them, or a path dropped."""
     def batch_norm_backward(x, gamma, dout, eps):
         n, mean, var = len(x), x.mean(0), x.var(0, unbiased=False)
         inv_std, dx_hat = (var + eps) ** -0.5, dout * gamma
@@ -398,28 +398,28 @@ BESSEL = "x.var(0) divides by N − 1 (Bessel's correction); batch norm's v = me
      "dgamma: max |difference| 3.2e+00 (every entry is 0.167 × the right value, 1/6"),
 ])  # fmt: skip
 def test_04_5_names_the_usual_slips(answer, words):
-    failed("04.5", answer, words)
+    failed("04.6", answer, words)
 
 
 @pytest.mark.parametrize("answer", [by_three_paths(), fused_bn()], ids=["three paths", "closed form"])
 def test_04_5_accepts_both_forms_and_says_it_equals_the_chain(answer):
-    outcome = grade("04.5", answer)
+    outcome = grade("04.6", answer)
     assert outcome.passed and "equal the chain of the seven steps" in outcome.detail, outcome.detail
 
 
 def test_04_5_refuses_the_course_formula():
-    failed("04.5", lambda x, gamma, dout, eps: bp.batch_norm_backward(x, gamma, dout, eps),
+    failed("04.6", lambda x, gamma, dout, eps: bp.batch_norm_backward(x, gamma, dout, eps),
            "your answer called hooklab.backprop.batch_norm_backward, the course's own backward formula")
 
 
 def test_hooklab_batch_norm_backward_takes_the_exercises_argument_order():
     x, gamma, dout = torch.randn(5, 3, dtype=torch.float64), torch.rand(3, dtype=torch.float64), torch.randn(5, 3)
     for mine, theirs in zip(bp.batch_norm_backward(x, gamma, dout.double(), 1e-5),
-                            ANSWERS["04.5"](x, gamma, dout.double(), 1e-5), strict=True):
+                            ANSWERS["04.6"](x, gamma, dout.double(), 1e-5), strict=True):
         assert torch.allclose(mine, theirs)
 
 
-# ----- 04.6 and 04.7: convolution and pooling ---------------------------------------------------------
+# ----- 04.7 and 04.8: convolution and pooling ---------------------------------------------------------
 def conv_by_loops(x, w, dout, padding):  # one kernel offset at a time, on the padded input
     xp = F.pad(x, [padding] * 4)
     kh, kw = w.shape[-2:]
@@ -438,8 +438,8 @@ def max_pool_by_indices(x, dout):
 
 
 @pytest.mark.parametrize(("id", "answer"), [
-    ("04.6", conv_by_loops),
-    ("04.6", lambda x, w, dout, padding: (F.conv_transpose2d(dout, w, padding=padding),
+    ("04.7", conv_by_loops),
+    ("04.7", lambda x, w, dout, padding: (F.conv_transpose2d(dout, w, padding=padding),
                                           conv_by_loops(x, w, dout, padding)[1])),
 ])  # fmt: skip
 def test_other_right_conv_and_pool_answers_pass(id, answer):
@@ -453,7 +453,7 @@ def test_04_6_explains_a_dx_with_the_padding_left_on():
         size = tuple(s + 2 * padding for s in x.shape[-2:])
         return F.fold(torch.einsum("ok,nol->nkl", w.flatten(1), d), size, kernel), conv_by_loops(x, w, dout, padding)[1]
 
-    failed("04.6", padding_kept, "with padding=1: dx: shape (2, 2, 7, 7), expected (2, 2, 5, 5)",
+    failed("04.7", padding_kept, "with padding=1: dx: shape (2, 2, 7, 7), expected (2, 2, 5, 5)",
            "cut the padding off")
 
 
@@ -462,7 +462,7 @@ def test_04_6_explains_a_dx_with_the_padding_left_on():
     (lambda x, dout: dout.repeat_interleave(2, -2).repeat_interleave(2, -1), "only its largest input should"),
 ])  # fmt: skip
 def test_04_7_names_the_slip(answer, words):
-    failed("04.7", answer, words)
+    failed("04.8", answer, words)
 
 
 def test_04_7_refuses_pytorchs_routing():
@@ -470,50 +470,51 @@ def test_04_7_refuses_pytorchs_routing():
         _, idx = F.max_pool2d(x, 2, return_indices=True)
         return F.max_unpool2d(dout, idx, 2, output_size=x.shape[-2:])
 
-    failed("04.7", max_pool_by_indices, "max_pool2d with return_indices=True", "write that routing")
-    failed("04.7", by_unpooling, "called max_unpool2d", "find each window's maximum yourself")
+    failed("04.8", max_pool_by_indices, "max_pool2d with return_indices=True", "write that routing")
+    failed("04.8", by_unpooling, "called max_unpool2d", "find each window's maximum yourself")
 
 
 def test_04_5_needs_eps():
     def no_eps(x, gamma, dout, eps):
-        return ANSWERS["04.5"](x, gamma, dout, 0.0)
+        return ANSWERS["04.6"](x, gamma, dout, 0.0)
 
-    failed("04.5", no_eps, "with x of shape (6, 4)", "eps = 0", "use it")
+    failed("04.6", no_eps, "with x of shape (6, 4)", "eps = 0", "use it")
 
 
 def test_04_5_names_parameter_gradients_kept_as_rows():
     def keepdim(x, gamma, dout, eps):
-        dx, dgamma, dbeta = ANSWERS["04.5"](x, gamma, dout, eps)
+        dx, dgamma, dbeta = ANSWERS["04.6"](x, gamma, dout, eps)
         return dx, dgamma.reshape(1, -1), dbeta.reshape(1, -1)
 
-    failed("04.5", keepdim, "dgamma: shape (1, 4), expected (4,)", "are (C,)", "without keepdim=True")
+    failed("04.6", keepdim, "dgamma: shape (1, 4), expected (4,)", "are (C,)", "without keepdim=True")
 
 
 def test_the_lessons_worked_answers_pass():
     for id, answer in (("04.1", nb04.linear_backward), ("04.2", nb04.keep_grads), ("04.3", nb04.ce_backward_steps),
                        ("04.4", nb04.ce_backward),
-                       ("G4.6", nb04.bn_backward_steps), ("04.5", nb04.batch_norm_backward),
-                       ("04.6", nb04.conv2d_backward), ("04.7", nb04.max_pool_backward),
-                       ("04.8", nb04.disagreeing_layers)):
+                       ("04.5", nb04.bn_backward_steps), ("G4.6", nb04.bn_backward_steps),
+                       ("04.6", nb04.batch_norm_backward),
+                       ("04.7", nb04.conv2d_backward), ("04.8", nb04.max_pool_backward),
+                       ("04.9", nb04.disagreeing_layers)):
         assert grade(id, answer).passed, id
 
 
 def test_04_8_names_the_ties_when_a_max_pool_is_blamed():
-    outcome = grade("04.8", lambda model, x, y, formulas: {"9", "7"})
+    outcome = grade("04.9", lambda model, x, y, formulas: {"9", "7"})
     assert not outcome.passed and "tied maxima" in outcome.detail, outcome.detail
 
 
 def test_04_6_and_04_7_refuse_the_course_formulas():
-    failed("04.6", lambda x, w, dout, padding: bp.conv2d_backward(x, w, dout, padding=padding)[:2],
+    failed("04.7", lambda x, w, dout, padding: bp.conv2d_backward(x, w, dout, padding=padding)[:2],
            "your answer called hooklab.backprop.conv2d_backward")
-    failed("04.7", lambda x, dout: bp.max_pool2d_backward(x, dout, 2),
+    failed("04.8", lambda x, dout: bp.max_pool2d_backward(x, dout, 2),
            "your answer called hooklab.backprop.max_pool2d_backward")
 
 
-# ----- 04.9: one epoch ----------------------------------------------------------------------------------------
+# ----- 04.10: one epoch ----------------------------------------------------------------------------------------
 def with_replaced(name, replacement):
-    """04.9's worked answer, with one of the functions it uses replaced."""
-    answer = ANSWERS["04.9"]
+    """04.10's worked answer, with one of the functions it uses replaced."""
+    answer = ANSWERS["04.10"]
 
     def model_backward(model, x, y):
         saved = answer.__globals__[name]
@@ -526,7 +527,7 @@ def with_replaced(name, replacement):
 
 
 def test_04_8_passes_the_worked_answer_with_both_accuracies():
-    detail = grade("04.9", ANSWERS["04.9"]).detail
+    detail = grade("04.10", ANSWERS["04.10"]).detail
     assert re.fullmatch(r"43 steps, and at every one your gradients match autograd's \(max \|difference\| < 1e-12\); "
                         r"test accuracy after one epoch (0\.\d\d) with yours, \1 with autograd's", detail), detail
 
@@ -544,11 +545,11 @@ def test_04_8_passes_the_worked_answer_with_both_accuracies():
      "first wrong: 9.bias (Linear bias)"),
 ])  # fmt: skip
 def test_04_8_names_the_first_wrong_gradient_and_where_the_slip_is(name, replacement, words):
-    failed("04.9", with_replaced(name, replacement), words)
+    failed("04.10", with_replaced(name, replacement), words)
 
 
 def test_04_8_names_bessels_correction_in_batch_norm():
-    failed("04.9", with_replaced("batch_norm_backward", fused_bn(var=lambda x: x.var(0))),
+    failed("04.10", with_replaced("batch_norm_backward", fused_bn(var=lambda x: x.var(0))),
            "first wrong: 5.weight (BatchNorm2d weight), every entry 0.9990 × the right value", "Bessel's correction",
            "x.var(0, unbiased=False)")
 
@@ -565,14 +566,14 @@ def test_04_2_names_the_input_when_ten_classes_are_written_in():
 
 def test_04_8_explains_missing_names_float32_and_the_course_formulas():
     def without_a_bias(model, x, y):
-        grads = ANSWERS["04.9"](model, x, y)
+        grads = ANSWERS["04.10"](model, x, y)
         del grads["9.bias"]
         return grads
 
-    failed("04.9", without_a_bias, "at step 1: no gradient for 9.bias (Linear bias): return one entry per name")
-    failed("04.9", lambda model, x, y: {k: v.float() for k, v in ANSWERS["04.9"](model, x, y).items()},
+    failed("04.10", without_a_bias, "at step 1: no gradient for 9.bias (Linear bias): return one entry per name")
+    failed("04.10", lambda model, x, y: {k: v.float() for k, v in ANSWERS["04.10"](model, x, y).items()},
            "is float32, the inputs are float64")
-    failed("04.9", lambda model, x, y: list(ANSWERS["04.9"](model, x, y).values()),
+    failed("04.10", lambda model, x, y: list(ANSWERS["04.10"](model, x, y).values()),
            "return a dict {parameter name: gradient}")
 
     def with_the_course_formulas(model, x, y):
@@ -585,20 +586,20 @@ def test_04_8_explains_missing_names_float32_and_the_course_formulas():
             grads.update({f"{r.name}.{k}": g for k, g in params.items() if g is not None})
         return grads
 
-    failed("04.9", with_the_course_formulas, "write the formula yourself: your answer called hooklab.backprop.")
+    failed("04.10", with_the_course_formulas, "write the formula yourself: your answer called hooklab.backprop.")
 
 
 def test_04_8_names_a_hook_left_registered():
     def leaves_a_hook(model, x, y):
         model[0].register_forward_hook(lambda *args: None)
-        return ANSWERS["04.9"](model, x, y)
+        return ANSWERS["04.10"](model, x, y)
 
-    failed("04.9", leaves_a_hook, "at step 1: a hook is still registered", "layer '0'", "with hooklab.Hooks()")
+    failed("04.10", leaves_a_hook, "at step 1: a hook is still registered", "layer '0'", "with hooklab.Hooks()")
 
 
 def test_04_8_names_a_recorder_whose_hooks_share_the_last_name():
     def late_binding(model, x, y):
-        saved = ANSWERS["04.9"].__globals__["record_forward"]
+        saved = ANSWERS["04.10"].__globals__["record_forward"]
 
         def record_forward(model, x):
             records = []
@@ -607,13 +608,13 @@ def test_04_8_names_a_recorder_whose_hooks_share_the_last_name():
                     handles.add(layer.register_forward_hook(
                         lambda layer, args, out: records.append((name, layer, args[0], out))))  # noqa: B023
                 return model(x), records
-        ANSWERS["04.9"].__globals__["record_forward"] = record_forward
+        ANSWERS["04.10"].__globals__["record_forward"] = record_forward
         try:
-            return ANSWERS["04.9"](model, x, y)
+            return ANSWERS["04.10"](model, x, y)
         finally:
-            ANSWERS["04.9"].__globals__["record_forward"] = saved
+            ANSWERS["04.10"].__globals__["record_forward"] = saved
 
-    failed("04.9", late_binding, "at step 1: every gradient you returned is named after layer '9'", "name=name")
+    failed("04.10", late_binding, "at step 1: every gradient you returned is named after layer '9'", "name=name")
 
 
 def test_04_8_refuses_autograd_on_the_model():
@@ -626,15 +627,15 @@ def test_04_8_refuses_autograd_on_the_model():
                 model.requires_grad_(False)
         return dict(zip([n for n, _ in model.named_parameters()], grads, strict=True))
 
-    failed("04.9", by_autograd, "write the formula yourself: your answer called a backward op")
+    failed("04.10", by_autograd, "write the formula yourself: your answer called a backward op")
 
 
 def test_the_stubs_print_not_solved_yet(capsys):
     def model_backward(model, x, y):
         raise NotImplementedError
 
-    check("04.9", model_backward)
-    expected = "Exercise 04.9 (one epoch on the digits with your own backward pass): not solved yet\n"
+    check("04.10", model_backward)
+    expected = "Exercise 04.10 (one epoch on the digits with your own backward pass): not solved yet\n"
     assert capsys.readouterr().out == expected
 
 
@@ -662,13 +663,13 @@ def test_04_6_names_the_shapes_when_a_fixed_3x3_kernel_raises():
         dcols = w.reshape(w.shape[0], -1).T @ dout.flatten(2)
         return F.fold(dcols, x.shape[-2:], 3, padding=padding), dw
 
-    failed("04.6", three_by_three, "RuntimeError", "w of shape (4, 3, 3, 2), a 3×2 kernel", "any")
+    failed("04.7", three_by_three, "RuntimeError", "w of shape (4, 3, 3, 2), a 3×2 kernel", "any")
 
 
 def test_04_6_names_the_shapes_of_a_wrong_shape_only():
-    failed("04.6", lambda x, w, dout, padding: (conv_by_loops(x, w, dout, padding)[0], torch.zeros(4, 3, 3, 3)),
+    failed("04.7", lambda x, w, dout, padding: (conv_by_loops(x, w, dout, padding)[0], torch.zeros(4, 3, 3, 3)),
            "[the case: x of shape (2, 3, 6, 5), w of shape (4, 3, 3, 2): a 3×2 kernel, and any size must work]")
-    outcome = failed("04.6", lambda x, w, dout, padding: (torch.zeros_like(x), torch.zeros_like(w)), "dx")
+    outcome = failed("04.7", lambda x, w, dout, padding: (torch.zeros_like(x), torch.zeros_like(w)), "dx")
     assert "any size must work" not in outcome.detail, outcome.detail  # a wrong value is not the kernel size's fault
 
 
@@ -679,7 +680,7 @@ def test_04_6_names_a_dw_not_summed_over_the_images(per_image):
         each = torch.stack([conv_by_loops(x[i:i + 1], w, dout[i:i + 1], padding)[1] for i in range(len(x))])
         return dx, each if per_image else each[0]
 
-    outcome = failed("04.6", unsummed, "sums the contributions of all N images")
+    outcome = failed("04.7", unsummed, "sums the contributions of all N images")
     assert "any size must work" not in outcome.detail, outcome.detail
 
 
@@ -689,22 +690,22 @@ def max_pool_every_tie(x, dout):
 
 
 def test_04_7_names_the_ties():
-    outcome = failed("04.7", max_pool_every_tie, "with tied maxima", "a mask x == the window's maximum",
+    outcome = failed("04.8", max_pool_every_tie, "with tied maxima", "a mask x == the window's maximum",
                      "two or more times", "the first maximum in row-major order", "measured on CPU with torch 2.14.1")
     assert "splitting" not in outcome.detail and "last maximum" not in outcome.detail, outcome.detail
-    failed("04.7", lambda x, dout: nb04._last_max_takes_it(x, dout), "with tied maxima", "first maximum")
+    failed("04.8", lambda x, dout: nb04._last_max_takes_it(x, dout), "with tied maxima", "first maximum")
 
 
-def test_max_pool2d_gives_a_tie_to_the_first_maximum():  # what 04.7 and the lesson say, measured
+def test_max_pool2d_gives_a_tie_to_the_first_maximum():  # what 04.8 and the lesson say, measured
     x = torch.tensor([[[[0.0, 2.0], [2.0, 1.0]], [[0.4, 0.4], [0.4, 0.4]]]], requires_grad=True)
     F.max_pool2d(x, 2).backward(torch.ones(1, 2, 1, 1))
     assert x.grad.flatten().tolist() == [0, 1, 0, 0, 1, 0, 0, 0]
 
 
-# ----- 04.8: where is the slip? -------------------------------------------------------------------------
+# ----- 04.9: where is the slip? -------------------------------------------------------------------------
 def disagreement(close=lambda a, b: torch.allclose(a, b, atol=1e-5), skip_none=True, leave_hook=False,
                  params_only=False, table=None, chained=False, first_only=False, skip_bias=True, dx_only=False):
-    """04.8's worked answer, with one slip: ``torch.equal`` (or no comparison at all), layer 0's None
+    """04.9's worked answer, with one slip: ``torch.equal`` (or no comparison at all), layer 0's None
     grad_input compared, a hook left behind, the parameters' gradients alone, another table than the
     formulas given, each formula's dx passed on instead of the recorded grad_output, a stop at the
     first disagreement from the loss back, or ``getattr(layer, name).grad`` on the conv's None bias."""
@@ -734,10 +735,10 @@ def disagreement(close=lambda a, b: torch.allclose(a, b, atol=1e-5), skip_none=T
 
 
 def test_04_9_passes_the_worked_answer_and_lists_and_modules_of_names():
-    outcome = grade("04.8", ANSWERS["04.8"])
+    outcome = grade("04.9", ANSWERS["04.9"])
     assert outcome.passed and "the problem's slip" in outcome.detail, outcome.detail
-    assert grade("04.8", lambda *args: sorted(ANSWERS["04.8"](*args))).passed
-    assert grade("04.8", lambda *args: [int(name) for name in ANSWERS["04.8"](*args)]).passed
+    assert grade("04.9", lambda *args: sorted(ANSWERS["04.9"](*args))).passed
+    assert grade("04.9", lambda *args: [int(name) for name in ANSWERS["04.9"](*args)]).passed
 
 
 @pytest.mark.parametrize(("answer", "words"), [
@@ -754,22 +755,22 @@ def test_04_9_passes_the_worked_answer_and_lists_and_modules_of_names():
     (lambda model, x, y, formulas: {"1", "5"}, "a fixed answer, not a comparison"),
 ])  # fmt: skip
 def test_04_9_names_the_slip(answer, words):
-    outcome = grade("04.8", answer)
+    outcome = grade("04.9", answer)
     assert not outcome.passed and words in outcome.detail, outcome.detail
 
 
 def test_04_9_names_a_chained_backward_even_without_the_grad_input_of_layer_0():
-    failed("04.8", disagreement(chained=True), "with the problem's formulas", "{'0', '1', '2', '3', '4', '5'}",
+    failed("04.9", disagreement(chained=True), "with the problem's formulas", "{'0', '1', '2', '3', '4', '5'}",
            "judged on what that layer recorded")
 
 
 def test_04_9_wants_a_float32_tolerance():  # plain allclose blames layer 4 of the right formulas in float32
-    failed("04.8", disagreement(close=torch.allclose), "in float32", "'4'", "float32 rounding",
+    failed("04.9", disagreement(close=torch.allclose), "in float32", "'4'", "float32 rounding",
            "relative tolerance (e.g. rtol=1e-3")
 
 
 def test_04_9_blames_a_too_loose_tolerance_before_the_loop():  # layer 5's slip: < 1e-3 per entry, 6 % relative
-    outcome = failed("04.8", disagreement(close=lambda a, b: torch.allclose(a, b, atol=1e-3)), "you named {'1'}",
+    outcome = failed("04.9", disagreement(close=lambda a, b: torch.allclose(a, b, atol=1e-3)), "you named {'1'}",
                      "the dx of another layer", "6% of its size", "too loose", "rtol=1e-3, atol=1e-5")
     assert "'5'" not in outcome.detail  # the problem's answer is prediction 04.e's
 
@@ -778,30 +779,30 @@ def test_04_9_blames_a_too_loose_tolerance_before_the_loop():  # layer 5's slip:
     disagreement(chained=True, params_only=True), disagreement(first_only=True), disagreement(params_only=True),
     disagreement(close=lambda a, b: torch.allclose(a, b, atol=1e-3))])
 def test_04_9_never_names_the_answer_of_the_problems_formulas(answer):
-    outcome = grade("04.8", answer)
+    outcome = grade("04.9", answer)
     assert not outcome.passed and "the problem's formulas" in outcome.detail, outcome.detail
     assert "'5'" not in outcome.detail.partition("you named")[2].partition("}")[2], outcome.detail
 
 
 def test_04_9_says_when_the_hand_chained_gradient_fed_the_formulas():  # {'0', '1', '4'}: upstream of the slip
-    failed("04.8", disagreement(chained=True, params_only=True), "you named {'0', '1', '4'}",
+    failed("04.9", disagreement(chained=True, params_only=True), "you named {'0', '1', '4'}",
            "judge each layer on the grad_output its own hook recorded, not on the gradient your formulas passed down")
 
 
 def test_04_9_says_parameter_gradients_cannot_see_grad_input():
-    outcome = failed("04.8", disagreement(params_only=True), "you named no layer", "parameters' gradients alone",
+    outcome = failed("04.9", disagreement(params_only=True), "you named no layer", "parameters' gradients alone",
                      "Compare each layer's grad_input")
     assert "reversed(rec.records)" not in outcome.detail
 
 
 def test_04_9_names_the_parameter_gradients_a_grad_input_comparison_skips():
-    outcome = failed("04.8", disagreement(dx_only=True), "formulas whose Linear bias gradient", "you named no layer",
+    outcome = failed("04.9", disagreement(dx_only=True), "formulas whose Linear bias gradient", "you named no layer",
                      "grad_input alone", "skips the parameters' gradients", "with its .grad too")
     assert "compare with torch.allclose" not in outcome.detail
 
 
 def test_04_9_a_comparison_of_nothing_is_not_told_it_compares_grad_input():
-    outcome = failed("04.8", disagreement(close=lambda a, b: True), "you named no layer")
+    outcome = failed("04.9", disagreement(close=lambda a, b: True), "you named no layer")
     assert "grad_input alone" not in outcome.detail
 
 
@@ -833,7 +834,7 @@ def test_04_5_names_the_bessel_factor_of_the_fused_formula():
         dx = gamma * inv_std / n * (n * dout - dout.sum(0) - n / (n - 1) * x_hat * (dout * x_hat).sum(0))
         return dx, (dout * x_hat).sum(0), dout.sum(0)
 
-    failed("04.5", with_bessel_factor, "the factor n/(n − 1)", "Bessel's correction", "divides by N = 6")
+    failed("04.6", with_bessel_factor, "the factor n/(n − 1)", "Bessel's correction", "divides by N = 6")
 
 
 def test_the_lessons_04_8_skeleton_completed_with_the_other_four_layers_passes():
@@ -861,10 +862,10 @@ def test_the_lessons_04_8_skeleton_completed_with_the_other_four_layers_passes()
     source = source.replace(stub, recorder)
     source = "\n".join(line for line in source.splitlines() if not line.startswith("check("))
     namespace = {"torch": torch, "nn": nn, "F": F, "hooklab": hooklab, "ce_backward": ANSWERS["04.4"],
-                 "batch_norm_backward": ANSWERS["04.5"], "conv2d_backward": ANSWERS["04.6"],
-                 "max_pool_backward": ANSWERS["04.7"]}
+                 "batch_norm_backward": ANSWERS["04.6"], "conv2d_backward": ANSWERS["04.7"],
+                 "max_pool_backward": ANSWERS["04.8"]}
     exec(source, namespace)
-    outcome = grade("04.9", namespace["model_backward"])
+    outcome = grade("04.10", namespace["model_backward"])
     assert outcome.passed, outcome.detail
     skeleton = {"torch": torch, "nn": nn, "F": F, "hooklab": hooklab, "ce_backward": ANSWERS["04.4"]}
     exec("\n".join(line for line in cell.splitlines() if not line.startswith("check(")), skeleton)
@@ -877,7 +878,7 @@ def test_04_8_names_the_padding_pair_when_an_int_was_expected():
     def padding_as_given(model, x, y):  # F.pad(x, (padding,) * 4) in a conv2d_backward, handed layer.padding
         return {"0.weight": F.pad(x, (model[0].padding,) * 4)}
 
-    failed("04.9", padding_as_given, "layer.padding is a pair", "pass layer.padding[0]")
+    failed("04.10", padding_as_given, "layer.padding is a pair", "pass layer.padding[0]")
 
 
 def test_04_9_refuses_an_identity_test_of_the_formulas():
@@ -885,11 +886,11 @@ def test_04_9_refuses_an_identity_test_of_the_formulas():
         from hooklab import backprop as bp
         return {n for n, layer in model.named_children() if formulas[type(layer)] is not bp.BACKWARD[type(layer)]}
 
-    failed("04.8", by_identity, "each wrapped in a new function", "not which function they are")
+    failed("04.9", by_identity, "each wrapped in a new function", "not which function they are")
 
 
 def test_04_9_and_04_e_print_no_full_backward_hook_warning(recwarn):
-    assert grade("04.8", ANSWERS["04.8"]).passed
+    assert grade("04.9", ANSWERS["04.9"]).passed
     grade("04.e", {"1", "5"})
     assert not [w for w in recwarn if "Full backward hook is firing" in str(w.message)]
 
@@ -900,11 +901,11 @@ def test_04_e_says_why_the_convolutions_are_ruled_out():
 
 # ----- more plausible slips, each named --------------------------------------------------------------------
 def _fused_bn_with(dx_from=None, dgamma=None, dbeta=None):
-    """04.5's worked answer with one of its three gradients replaced: ``dx_from(x, gamma, dout, inv_std, x_hat)``."""
+    """04.6's worked answer with one of its three gradients replaced: ``dx_from(x, gamma, dout, inv_std, x_hat)``."""
     def answer(x, gamma, dout, eps):
         inv_std = (x.var(0, unbiased=False) + eps) ** -0.5
         x_hat = (x - x.mean(0)) * inv_std
-        dx, dg, db = ANSWERS["04.5"](x, gamma, dout, eps)
+        dx, dg, db = ANSWERS["04.6"](x, gamma, dout, eps)
         dx = dx if dx_from is None else dx_from(x, gamma, dout, inv_std, x_hat)
         return dx, dg if dgamma is None else dgamma(x, dout, x_hat), db if dbeta is None else dbeta(x, dout, x_hat)
     return answer
@@ -925,7 +926,7 @@ def _three_terms(g, inv_std, x_hat, gamma=1.0, sign=-1.0):
     (_fused_bn_with(dgamma=lambda x, dout, x_hat: (dout * x).sum(0)), "γ multiplies the normalised x̂, not x"),
 ])  # fmt: skip
 def test_04_5_names_gamma_sign_and_parameter_slips(answer, words):
-    failed("04.5", answer, *([words] if isinstance(words, str) else words))
+    failed("04.6", answer, *([words] if isinstance(words, str) else words))
 
 
 def test_04_4_names_a_dx_hat_without_gamma():
@@ -980,6 +981,6 @@ def test_04_2_and_04_4_name_more_step_slips(id, step, value, words):
 
 def test_04_6_names_a_flipped_dw():
     def answer(x, w, dout, padding):
-        dx, dw = ANSWERS["04.6"](x, w, dout, padding)
+        dx, dw = ANSWERS["04.7"](x, w, dout, padding)
         return dx, dw.flip(-2, -1)
-    failed("04.6", answer, "your dw is the right one flipped")
+    failed("04.7", answer, "your dw is the right one flipped")

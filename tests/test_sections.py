@@ -54,7 +54,7 @@ def test_each_section_runs_from_the_setup_cells_alone(path):
 
 def test_04_sections_run_on_their_own_with_the_worked_answers(tmp_path):
     """Lesson 04's stored exercise cells raise NotImplementedError before they reach a name from an
-    earlier section (04.9's body calls 04.4–04.7's functions), so the test above cannot see such a
+    earlier section (04.10's body calls 04.4–04.8's functions), so the test above cannot see such a
     name missing. Here each exercise cell holds the worked answers instead, as a student's would
     once written: every check in a section run from setup alone must pass."""
     import re
@@ -65,14 +65,14 @@ def test_04_sections_run_on_their_own_with_the_worked_answers(tmp_path):
     worked, pending = {}, []  # exercise id -> the worked answers' code up to its check (not the demos after it)
     for cell in nbformat.read(ROOT / "notebooks" / "solutions" / "04_backprop_by_hand_solutions.ipynb", 4).cells:
         if cell.cell_type == "code":
-            answer = re.match(r'(?s).*?check\("(04\.\d)"[^\n]*', cell.source)
+            answer = re.match(r'(?s).*?check\("(04\.\d+)"[^\n]*', cell.source)
             if answer or re.search(r"^(def|class) ", cell.source, re.MULTILINE):  # not a demo cell after a check
                 pending.append(answer.group() if answer else cell.source)
             if answer:
                 worked[answer.group(1)], pending = pending, []
     nb = nbformat.read(lesson, as_version=4)
     for cell in nb.cells:
-        ids = re.findall(r'check\("(04\.\d)"', cell.source) if "NotImplementedError" in cell.source else []
+        ids = re.findall(r'check\("(04\.\d+)"', cell.source) if "NotImplementedError" in cell.source else []
         if ids:
             cell.source = "\n\n".join(source for ex in ids for source in worked[ex])
     path = tmp_path / lesson.name

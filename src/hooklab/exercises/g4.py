@@ -159,5 +159,5 @@ def _elu(elu_backward) -> Outcome:
     return check_cases(elu_backward, cases, "with alpha 1.0 and 0.5: ")
 
 
-# ----- G4.6: batch norm in seven atomic steps (the chain lesson 04's fused 04.5 is compared with) -----------
+# ----- G4.6: batch norm in seven atomic steps (the chain lesson 04's fused 04.6 is compared with) -----------
 exercise("G4.6", "batch norm in seven atomic steps, checked in chain order")(_bn_chain)

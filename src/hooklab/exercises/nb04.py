@@ -6,15 +6,15 @@ Predictions 04.a-04.e compute their truth with torch. Exercises, in the order th
 * 04.1 a linear layer of the 2-2-2 network (a bias shared by both units): three gradients;
 * 04.2 ``keep_grads``: a tensor hook on every step of a forward, keeping each step's gradient by name;
 * 04.3 cross-entropy in eight atomic steps, 04.4 its fused form;
-* 04.5 batch norm's fused backward (its seven atomic steps are the field guide's G4.6, registered in g4.py);
-* 04.6 a convolution (via ``unfold`` / ``fold`` or any other way), 04.7 max pooling;
-* 04.8 every layer whose backward formula disagrees with what its hooks recorded;
-* 04.9 the whole CNN for one epoch of training, compared with autograd at every step.
+* 04.5 batch norm in seven atomic steps (also the field guide's G4.6, registered in g4.py), 04.6 its fused form;
+* 04.7 a convolution (via ``unfold`` / ``fold`` or any other way), 04.8 max pooling;
+* 04.9 every layer whose backward formula disagrees with what its hooks recorded;
+* 04.10 the whole CNN for one epoch of training, compared with autograd at every step.
 
-The atomic exercises (04.3, G4.6) are judged **in chain order**, from the loss back, against the
+The atomic exercises (04.3, 04.5) are judged **in chain order**, from the loss back, against the
 gradients autograd gave each intermediate, kept by a tensor hook on it (in the order backward
 produces them); the message names the first wrong step and the forward line that made it, after the
-idea of the ``cmp`` helper of Karpathy's makemore part 4. The fused exercises (04.4, 04.5) are
+idea of the ``cmp`` helper of Karpathy's makemore part 4. The fused exercises (04.4, 04.6) are
 compared with that chain. Every answer runs with autograd off and watched (``_by_hand``): autograd,
 PyTorch's backward operators and the course's own formulas in ``hooklab.backprop`` fail it with a
 message saying so.
@@ -402,7 +402,7 @@ def _ce_fused(ce_backward) -> Outcome:
                    prefix="with 8 rows of 10 classes and 5 of 4: ")
 
 
-# ----- batch norm: atomic steps (04.c, G4.6) and fused (04.5) -----------------------------------------
+# ----- batch norm: atomic steps (04.c, 04.5, G4.6) and fused (04.6) -----------------------------------------
 def bn_steps(x, gamma, beta, eps=1e-5):
     """Batch norm in training mode in seven named steps over the rows of ``x`` (N, C), as notebook 04
     writes it; the dict keeps every result."""
@@ -511,6 +511,7 @@ def _which_change() -> frozenset:
                  if not torch.allclose(a, b, atol=1e-9))
 
 
+@exercise("04.5", "batch norm in seven atomic steps, checked in chain order")
 def _bn_chain(bn_backward_steps) -> Outcome:
     """``bn_backward_steps(t, gamma, dout) -> {step: gradient}`` for the steps of ``bn_steps`` plus
     ``gamma`` and ``beta`` (``t`` holds each step's value, ``dout`` arrives at ``y``). Judged in chain
@@ -530,7 +531,7 @@ def _bn_chain(bn_backward_steps) -> Outcome:
 
 def _bn_by_paths(x, gamma, dout, eps, var=None, mean_n=True, var_n=True, frozen=False, paths=("mean", "var")):
     """dx of batch norm from its three paths (direct, through the variance, through the mean), with the
-    slips 04.5 names: ``var`` another variance (``x.var(0)``), ``mean_n`` / ``var_n`` False for a
+    slips 04.6 names: ``var`` another variance (``x.var(0)``), ``mean_n`` / ``var_n`` False for a
     missing 1/N on that path, ``frozen`` for the statistics treated as constants, ``paths`` without
     ``"mean"`` or ``"var"`` for that path dropped."""
     n = len(x)
@@ -618,7 +619,7 @@ def _ignores_eps(got, x, gamma, dout, eps) -> bool:
     return torch.allclose(got[0].detach().double(), _bn_by_paths(x, gamma, dout, 0.0), rtol=1e-10, atol=1e-12)
 
 
-@exercise("04.5", "batch norm fused: dx in one expression")
+@exercise("04.6", "batch norm fused: dx in one expression")
 def _bn_fused(batch_norm_backward) -> Outcome:
     """``batch_norm_backward(x, gamma, dout, eps) -> (dx, dgamma, dbeta)`` for batch norm in training mode
     on ``x`` of shape (N, C) (the batch's mean and biased variance, per column; the same argument order
@@ -645,7 +646,7 @@ def _bn_fused(batch_norm_backward) -> Outcome:
                    prefix="with x of shapes (6, 4) and (3, 5), and eps = 0.5 on (5, 3): ")
 
 
-# ----- convolution and pooling (04.d, 04.6, 04.7) -----------------------------------------------------
+# ----- convolution and pooling (04.d, 04.7, 04.8) -----------------------------------------------------
 @prediction(
     "04.d", "how many output positions use each pixel of a 4×4 image (3×3 kernel, padding 1)",
     why="a pixel is in one patch for each kernel position that covers it: 9 in the middle, 6 on an edge, 4 in a "
@@ -660,7 +661,7 @@ def _coverage() -> list[list[float]]:
     return F.fold(F.unfold(ones, 3, padding=1), (4, 4), 3, padding=1)[0, 0].tolist()
 
 
-@exercise("04.6", "conv2d backward, stride 1, with padding")
+@exercise("04.7", "conv2d backward, stride 1, with padding")
 def _conv(conv2d_backward) -> Outcome:
     """``conv2d_backward(x, w, dout, padding) -> (dx, dw)`` for ``y = F.conv2d(x, w, padding=padding)``
     (stride 1, no bias, any kernel size); tried with padding 0 on a 6×5 input with a 3×2 kernel, then
@@ -704,7 +705,7 @@ NOT_SUMMED_OVER_N = ("the same kernel w slides over every image of the batch, so
                      "N images: sum over the images' axis")
 
 
-@exercise("04.7", "max pooling backward, 2×2 windows")
+@exercise("04.8", "max pooling backward, 2×2 windows")
 def _max_pool(max_pool_backward) -> Outcome:
     """``max_pool_backward(x, dout) -> dx`` for ``y = F.max_pool2d(x, 2)`` (2×2 windows, stride 2).
     Tried on x of shape (2, 3, 4, 4), then (1, 2, 6, 8), without ties, then on (1, 2, 4, 4) with tied
@@ -738,7 +739,7 @@ def _max_pool(max_pool_backward) -> Outcome:
                                                         "windows: ")
     if routing.found and "write the formula yourself" not in outcome.detail:  # the course's formula named first
         return Outcome(False, f"your answer called {routing.found}: PyTorch's own routing, which picks each "
-                              "window's maximum for you. 04.7 asks you to write that routing: find each window's "
+                              "window's maximum for you. 04.8 asks you to write that routing: find each window's "
                               "maximum yourself (e.g. unfold the windows and take argmax), then send dout there")
     return outcome
 
@@ -761,7 +762,7 @@ class _PyTorchRouting(TorchFunctionMode):
 
 TIES = ("a window with tied maxima (batch norm maps the digits' blank background to one value per channel, so such "
         "windows are common in the CNN): splitting the gradient, or giving it to the last maximum, is a fair choice "
-        "on paper, but 04.9 compares with autograd at every step, and PyTorch's max_pool2d gives the whole gradient "
+        "on paper, but 04.10 compares with autograd at every step, and PyTorch's max_pool2d gives the whole gradient "
         "to the first maximum in row-major order (measured on CPU with torch 2.14.1; the documentation does not "
         "say). argmax over the window's four values, flattened, picks it")
 
@@ -781,7 +782,7 @@ def _last_max_takes_it(x, dout):
     return dx.reshape(n, c, h // 2, w // 2, 2, 2).permute(0, 1, 2, 4, 3, 5).reshape(x.shape)
 
 
-# ----- the capstone: one epoch on the digits (04.9) ----------------------------------------------
+# ----- the capstone: one epoch on the digits (04.10) ----------------------------------------------
 LR, BATCH, ACCURACY_TOLERANCE = 0.1, 32, 0.02
 
 
@@ -865,7 +866,7 @@ def _accuracy(model, x, y) -> float:
         return (model.eval()(x).argmax(1) == y).double().mean().item()
 
 
-@exercise("04.9", "one epoch on the digits with your own backward pass", time_limit=300)
+@exercise("04.10", "one epoch on the digits with your own backward pass", time_limit=300)
 def _capstone(model_backward) -> Outcome:
     """``model_backward(model, x, y) -> {parameter name: gradient}`` for
     ``F.cross_entropy(model(x), y)`` on the lesson's CNN, whose parameters do not require grad. The
@@ -894,7 +895,7 @@ def _capstone(model_backward) -> Outcome:
             if "tuple" not in str(error):
                 raise
             return Outcome(False, f"your code raised TypeError: {error}. A Conv2d's layer.padding is a pair, (1, 1), "
-                                  "and 04.6's conv2d_backward takes one int: pass layer.padding[0]")
+                                  "and 04.7's conv2d_backward takes one int: pass layer.padding[0]")
         left = [] if failed else leftover_hooks(mine)
         if left:
             return Outcome(False, f"at step {steps}: a hook is still registered after your function returned "
@@ -929,15 +930,19 @@ def _capstone(model_backward) -> Outcome:
 
 
 
-# ----- the payoff: find the slip with hooks (04.e, 04.8) -----------------------------------------------------
-def _statistics_as_constants(bn, x, out, dout):
-    """Batch norm's backward with one slip: it treats the batch mean and variance as constants. So dx
-    keeps only the direct path, dout·γ·inv_std, and drops the paths through the mean and the variance.
-    The weight's and bias's gradients are right."""
+# ----- the payoff: find the slip with hooks (04.e, 04.9) -----------------------------------------------------
+def _batch_norm(bn, x, out, dout):
+    """Batch norm's backward formula, as the problem's backward writes it."""
     inv_std = (x.var((0, 2, 3), unbiased=False, keepdim=True) + bn.eps) ** -0.5
     x_hat = (x - x.mean((0, 2, 3), keepdim=True)) * inv_std
     dx = dout * bn.weight[:, None, None] * inv_std
     return dx, {"weight": (dout * x_hat).sum((0, 2, 3)), "bias": dout.sum((0, 2, 3))}
+
+
+# What the lesson prints once 04.e is answered; not in the docstring, which help() would show before.
+_batch_norm.slip = ("it treats the batch mean and variance as constants. So dx keeps only the direct path, "
+                    "dout·γ·inv_std, and drops the paths through the mean and the variance. The weight's and "
+                    "bias's gradients are right.")
 
 
 def _passes_everything(relu, x, out, dout):
@@ -959,7 +964,7 @@ def formulas_with_a_slip() -> dict:
     {parameter name: gradient})`` as in ``hooklab.backprop.BACKWARD``, and one of them slips."""
     from hooklab.backprop import BACKWARD
 
-    return {**BACKWARD, nn.BatchNorm2d: _statistics_as_constants}
+    return {**BACKWARD, nn.BatchNorm2d: _batch_norm}
 
 
 def hand_backward(formulas):
@@ -995,7 +1000,7 @@ def _close(a, b) -> bool:
 def _verdicts(model, x, y, formulas, chained=False, close=_close) -> dict[str, tuple[bool, bool]]:
     """For each child in forward order: (its formula's dx disagrees with its grad_input, its formula's
     parameter gradients disagree with .grad), each formula run on what that layer recorded; or
-    (``chained``) on the dx the formula of the layer after it passed on, the slip 04.8 names."""
+    (``chained``) on the dx the formula of the layer after it passed on, the slip 04.9 names."""
     from hooklab.recording import record
 
     with _training_on_purpose(), record(model, backward=True) as rec, warnings.catch_warnings():
@@ -1124,7 +1129,7 @@ LOCAL_NAMES = ("the formulas name each parameter as the layer does, 'weight' or 
                "convolution without bias gives {'bias': None}: skip the gradients that are None")
 
 
-@exercise("04.8", "name every layer whose backward formula slipped, with hooks", time_limit=300)
+@exercise("04.9", "name every layer whose backward formula slipped, with hooks", time_limit=300)
 def _disagreeing_layers(disagreeing_layers) -> Outcome:
     """``disagreeing_layers(model, x, y, formulas) -> set of layer names``: with the forward and backward
     of ``F.cross_entropy(model(x), y)`` recorded by hooks, each layer's formula from ``formulas`` (layer
@@ -1342,7 +1347,7 @@ def ce_backward(logits, target):
 
 
 def bn_backward_steps(t, gamma, dout):
-    """G4.6: the seven steps of ``bn_steps``, from ``y`` back, plus ``gamma`` and ``beta``."""
+    """04.5 (and G4.6): the seven steps of ``bn_steps``, from ``y`` back, plus ``gamma`` and ``beta``."""
     n = len(dout)
     d = {"x_hat": dout * gamma, "gamma": (dout * t["x_hat"]).sum(0), "beta": dout.sum(0)}
     d["inv_std"] = (t["diff"] * d["x_hat"]).sum(0, keepdim=True)
@@ -1355,14 +1360,14 @@ def bn_backward_steps(t, gamma, dout):
 
 
 def batch_norm_backward(x, gamma, dout, eps):
-    """04.5: batch norm fused, ``(dx, dgamma, dbeta)``: one term per path of ``x``."""
+    """04.6: batch norm fused, ``(dx, dgamma, dbeta)``: one term per path of ``x``."""
     inv_std = (x.var(0, unbiased=False) + eps) ** -0.5  # the biased variance, as batch norm
     x_hat, g = (x - x.mean(0)) * inv_std, dout * gamma
     return inv_std * (g - g.mean(0) - x_hat * (g * x_hat).mean(0)), (dout * x_hat).sum(0), dout.sum(0)
 
 
 def conv2d_backward(x, w, dout, padding):
-    """04.6: ``(dx, dw)`` of ``F.conv2d(x, w, padding=padding)``, stride 1, no bias: a matrix product on
+    """04.7: ``(dx, dw)`` of ``F.conv2d(x, w, padding=padding)``, stride 1, no bias: a matrix product on
     ``unfold``'s patches, and ``fold`` adds each patch's gradient back onto its pixels."""
     kernel, d = w.shape[-2:], dout.flatten(2)  # d: (N, out, L)
     cols = F.unfold(x, kernel, padding=padding)  # (N, C·kh·kw, L)
@@ -1372,7 +1377,7 @@ def conv2d_backward(x, w, dout, padding):
 
 
 def max_pool_backward(x, dout):
-    """04.7: ``dx`` of ``F.max_pool2d(x, 2)``: each window's gradient to its first maximum in row-major order."""
+    """04.8: ``dx`` of ``F.max_pool2d(x, 2)``: each window's gradient to its first maximum in row-major order."""
     windows = F.unfold(x.flatten(0, 1)[:, None], 2, stride=2)  # (N·C, 4 values, L windows)
     winner = F.one_hot(windows.argmax(1), 4).transpose(1, 2).to(x.dtype)  # argmax: the first maximum
     dcols = winner * dout.flatten(0, 1).flatten(1)[:, None]
@@ -1441,14 +1446,14 @@ def mended_digits(before, after, images, labels, count=8):
 
 
 def model_backward(model, x, y):
-    """04.9: every layer's backward by hand (``hooklab.backprop``'s formulas), from what forward hooks recorded."""
+    """04.10: every layer's backward by hand (``hooklab.backprop``'s formulas), from what forward hooks recorded."""
     from hooklab.backprop import BACKWARD
 
     return hand_backward(BACKWARD)(model, x, y)
 
 
 def disagreeing_layers(model, x, y, formulas):
-    """04.8: every layer whose formula from ``formulas``, run on what the student's own hooks recorded at
+    """04.9: every layer whose formula from ``formulas``, run on what the student's own hooks recorded at
     that layer, disagrees with autograd's gradients; an empty set when none does."""
     from hooklab.hooks import Hooks
 
