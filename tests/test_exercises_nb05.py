@@ -20,7 +20,7 @@ PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that get
     "05.b": ([True, False], [True, True], "the ReLU is where it stops"),
     "05.c": ("yes", "no", "the ReLU masks are set by the digit"),
     "05.d": ([32, 8], [8, 8], "does arrive at a dead channel"),
-    "05.e": ("between 1/2 and 3/4", "more than 3/4", "only about half the digits"),
+    "05.e": ("random", "darkest", "the least evidence for the class"),
     "05.f": ("guided backprop", "Grad-CAM", "re-weights the same channels"),
 }
 
@@ -35,13 +35,22 @@ def test_prediction_truth_right_guess_and_hint_for_a_wrong_one(id):
 
 
 def test_prediction_05_e_a_guess_in_another_form_is_told_the_choices():
-    for guess in ("brightest", 0.56, ["brightest", "random", "darkest"]):
+    for guess in ("brightest", 0.56, ["darkest", "random"], "rand"):
         outcome = grade("05.e", guess)
-        assert not outcome.passed and 'pick one of "less than 1/2"' in outcome.detail, outcome.detail
-        assert "measured" not in outcome.detail
-    assert grade("05.e", " Between 1/2 and 3/4 ").passed
-    outcome = grade("05.e", "less than 1/2")
-    assert not outcome.passed and "more than half" in outcome.detail and "pick one" not in outcome.detail
+        assert not outcome.passed and 'pick one of "darkest", "random", "about the same"' in outcome.detail, \
+            outcome.detail
+        assert "measured" not in outcome.detail and "least evidence" not in outcome.detail
+    assert grade("05.e", " Random ").passed
+    outcome = grade("05.e", "about the same")
+    assert not outcome.passed and "standard error" in outcome.detail and "pick one" not in outcome.detail
+
+
+def test_prediction_05_d_counts_in_another_form_are_told_to_write_two_numbers():
+    for guess in ([32, "8"], ["32", "8"], 8, [32, 8, 0], [True, False]):
+        outcome = grade("05.d", guess)
+        assert not outcome.passed and "two whole numbers in a list" in outcome.detail, outcome.detail
+    outcome = grade("05.d", [24, 24])  # the right form, a wrong count: not a slip of form
+    assert not outcome.passed and "two whole numbers" not in outcome.detail, outcome.detail
 
 
 def test_prediction_05_c_a_word_off_the_list_is_told_the_choices():
@@ -685,7 +694,7 @@ def test_05_5_a_late_bound_fresh_is_told_about_the_loop_variable():
 
 
 def test_05_b_numbers_or_words_are_told_to_use_booleans():
-    for guess in ([0, 1], ["no", "yes"]):
+    for guess in ([0, 1], ["no", "yes"], True, [True]):
         failed("05.b", guess, "True or False")
 
 

@@ -2,8 +2,8 @@
 channels found with a forward hook (05.1), why they stay dead and a watch that counts them at every step (05.b,
 05.2), whose guided map resembles the digit more, trained or untrained, and guided backpropagation as a class of ReLU
 hooks (05.c, 05.3), the Grad-CAM recorder: a tensor hook registered from a forward hook (05.4), which channels of
-features.3 Grad-CAM weighs and which add to its map (05.d), how the class score falls when the pixels under the
-map's brightest cells are deleted (05.e), which map changes with the class (05.f), and layers
+features.3 Grad-CAM weighs and which add to its map (05.d), whether deleting the pixels under the map's darkest
+cells or random ones lowers the class score more (05.e), which map changes with the class (05.f), and layers
 re-drawn by forward hooks that run a fresh copy (05.5). Layer-CAM, with that recorder, is the field guide's
 exercise G5.2, and the cascade of copies G5.3 (their checkers, in g5.py, use the cases here)."""
 
@@ -67,35 +67,36 @@ def _grads_kept(model: nn.Module, wrt: str = "images") -> str | None:
 
 
 # ----- predictions ------------------------------------------------------------------------------------
-class _NotOneOf:
-    """A wrong-guess pattern: any guess that is not one of the offered words (a typo, an abbreviation, another
-    type). ``same`` compares it with ``==``, so it matches what no choice matches."""
-
-    def __init__(self, choices: tuple[str, ...]):
-        self.choices = choices
-
-    def __eq__(self, guess: object) -> bool:
-        return not (isinstance(guess, str) and " ".join(guess.strip().strip("'\"`").lower().split())
-                    in {c.lower() for c in self.choices})
-
-    __hash__ = None
-
-
 def _pick_one(choices: tuple[str, ...]) -> str:
     return "pick one of " + ", ".join(f'"{c}"' for c in choices) + ", spelt as here, then run the cell again"
 
 
-class _PairNotOfBooleans:
-    """Matches a pair that is not two booleans: [0, 1], ["no", "yes"] (the question wants True or False twice)."""
+def _one_of(choices: tuple[str, ...]):
+    """A ``form`` for ``prediction``: None for one of the offered words (any case, quotes, spaces), else the list
+    of choices (a typo, an abbreviation, a number)."""
+    offered = {c.lower() for c in choices}
 
-    def __eq__(self, guess: object) -> bool:
-        return isinstance(guess, list | tuple) and len(guess) == 2 and not all(isinstance(g, bool) for g in guess)
+    def form(guess: object) -> str | None:
+        if isinstance(guess, str) and " ".join(guess.strip().strip("'\"`").lower().split()) in offered:
+            return None
+        return _pick_one(choices)
 
-    __hash__ = None
+    return form
 
 
-_BOOLEANS = (_PairNotOfBooleans(), "answer each question with True or False, without quotes, two in a list, "
-                                   "then run the cell again")
+def _two_booleans(guess: object) -> str | None:
+    """A ``form`` for ``prediction``: None for two booleans, else what the question wants ([0, 1], ["no", "yes"])."""
+    if isinstance(guess, list | tuple) and len(guess) == 2 and all(isinstance(g, bool) for g in guess):
+        return None
+    return "answer each question with True or False, without quotes, two in a list, then run the cell again"
+
+
+def _two_counts(guess: object) -> str | None:
+    """A ``form`` for ``prediction``: None for two whole numbers, else what the question wants (["8", 32], 8)."""
+    if isinstance(guess, list | tuple) and len(guess) == 2 and all(
+            isinstance(g, int) and not isinstance(g, bool) for g in guess):
+        return None
+    return "write two whole numbers in a list, without quotes, e.g. [0, 0], then run the cell again"
 
 
 def _zeroed(model: nn.Module, channels: torch.Tensor) -> torch.Tensor:
@@ -118,9 +119,7 @@ def _zeroed(model: nn.Module, channels: torch.Tensor) -> torch.Tensor:
             wrong=[(8, "count classes, not channels: with all 32 channels at 0, every digit gets the same scores, "
                        "so the same one class"),
                    (10, "with the 8 live channels at 0, all 32 are 0 for every digit: what the layers above see no "
-                        "longer depends on the digit, so neither do the scores"),
-                   *[(str(n), f"write the count as a number, not a string: {n}, without quotes")
-                     for n in range(1, 11)]])
+                        "longer depends on the digit, so neither do the scores")])
 def _zeroing() -> int:
     model, data, kept = trained_digits_cnn(), _digits(), {}
     handle = model.features[3].register_forward_hook(lambda module, args, output: kept.update(output=output))
@@ -162,8 +161,8 @@ def _blocked() -> dict:
                    ([False, False], "it passes nothing back, right; but it does receive a gradient: the max-pool "
                                     "above hands each window's gradient to one position, even in a window of zeros"),
                    ([False, True], "the other way round: the gradient arrives from above whatever the channel did; "
-                                   "the ReLU, seeing an input that is never positive, passes none of it back"),
-                   _BOOLEANS])
+                                   "the ReLU, seeing an input that is never positive, passes none of it back")],
+            form=_two_booleans)
 def _dead_gradients() -> list:
     seen = _blocked()
     dead = seen["dead"]
@@ -195,7 +194,7 @@ RESEMBLES = ("yes", "no")
             wrong=[("no", "the ReLU masks are set by the digit, not by what the weights learned, and guided backprop "
                           "keeps only the positive gradient through them: the map is mostly the input seen through "
                           "the masks, trained or not")],
-            form=lambda guess: _pick_one(RESEMBLES) if _NotOneOf(RESEMBLES) == guess else None)
+            form=_one_of(RESEMBLES))
 def _untrained_resembles() -> str:
     _, untrained = _guided_resemblance()
     return "yes" if min(untrained) >= 0.5 else "no" if max(untrained) < 0.5 else "it depends"
@@ -224,9 +223,8 @@ def _cam_channels() -> list:
                    ([32, 32], "a dead channel's A_k is 0 at every position, so α_k A_k is 0 whatever α_k is"),
                    ([24, 8], "all 32 channels get a gradient from above, live or dead: count them all"),
                    ([8, 32], "the other way round: the weight comes from the gradient, which reaches all 32; the "
-                             "map needs A_k, which only 8 have"),
-                   *[([n, str(m)], "write both counts as numbers, without quotes") for n in (8, 24, 32)
-                     for m in (8, 24, 32)]])
+                             "map needs A_k, which only 8 have")],
+            form=_two_counts)
 def _grad_cam_channels() -> list:
     return _cam_channels()
 
@@ -253,23 +251,24 @@ def _deletion_drops(cells: int = 4) -> dict:
     return drops
 
 
-SHARES = ("less than 1/2", "between 1/2 and 3/4", "more than 3/4")
+DELETED = ("darkest", "random", "about the same")
 
 
-@prediction("05.e", "on what share of the 450 digits filling the map's 4 brightest cells lowers the class score more "
-                    "than filling 4 random cells",
-            why="measured: the brightest cells are ahead on average, but on barely more than half the digits (56 %, "
-                "printed): on a 2×2-pixel grid of 16 cells the map ranks coarsely, and many digits have several "
-                "cells about as important as its brightest",
-            wrong=[("more than 3/4", "measured: on average the brightest cells are ahead (printed), but on only "
-                                     "about half the digits: the ranking is coarse, only partly faithful"),
-                   ("less than 1/2", "measured: the brightest cells are ahead on more than half the digits, "
-                                     "though not on many more")],
-            form=lambda guess: _pick_one(SHARES) if _NotOneOf(SHARES) == guess else None)
-def _brightest_ahead_share() -> str:
+@prediction("05.e", "which lowers the class score more: filling the map's 4 darkest cells or 4 random cells",
+            why="if the map ranks the evidence at all, its darkest cells hold the least of it (before its ReLU, even "
+                "evidence against the class): filling them costs the score less than filling cells picked at random "
+                "(mean falls printed). The other end is weaker: the brightest cells beat random ones on only about "
+                "half the digits",
+            wrong=[("darkest", "the darkest cells are where the map puts the least evidence for the class: filling "
+                               "them removes less than filling cells picked at random, which hold average evidence"),
+                   ("about the same", "measured: the gap is many times its standard error (printed); the darkest "
+                                      "cells hold the least evidence for the class, random ones an average share")],
+            form=_one_of(DELETED))
+def _darkest_or_random() -> str:
     drops = _deletion_drops()
-    share = float((drops["brightest"] > drops["random"]).float().mean())
-    return SHARES[0] if share < 0.5 else SHARES[1] if share <= 0.75 else SHARES[2]
+    gap = drops["random"] - drops["darkest"]  # digit by digit
+    error = float(gap.std()) / len(gap) ** 0.5
+    return DELETED[1] if gap.mean() > 3 * error else DELETED[0] if gap.mean() < -3 * error else DELETED[2]
 
 
 MAP_CHOICES = ("plain gradient", "guided backprop", "Grad-CAM")
@@ -284,8 +283,8 @@ MAP_CHOICES = ("plain gradient", "guided backprop", "Grad-CAM")
             wrong=[("plain gradient", "the plain gradient keeps the negative gradient at every ReLU, and another "
                                       "class's row of the head sends different signs down: much of its order reverses"),
                    ("Grad-CAM", "Grad-CAM's α_k = w_k/16 are the class's row of the head (section 4): another class "
-                                "re-weights the same channels directly"),
-                   (_NotOneOf(MAP_CHOICES), _pick_one(MAP_CHOICES))])
+                                "re-weights the same channels directly")],
+            form=_one_of(MAP_CHOICES))
 def _which_changes_more() -> str:
     from ..saliency import GuidedBackprop, grad_cam, input_gradient, rank_correlation
 
