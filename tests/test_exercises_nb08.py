@@ -22,8 +22,8 @@ def test_notebook_08_has_six_predictions_and_seven_exercises():
 
 
 # ----- predictions ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("08.a", 4), ("08.b", 3), ("08.c", [14, 5]), ("08.d", "bigger"),
-                                           ("08.e", False), ("08.f", [19, 5])])
+@pytest.mark.parametrize(("id", "truth"), [("08.a", 4), ("08.b", 3), ("08.c", [14, 5]), ("08.d", 6),
+                                           ("08.e", 23), ("08.f", [19, 5])])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     assert exercises()[id].checker.__wrapped__.truth() == truth
@@ -33,9 +33,10 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     ("08.a", 5, "position after it"), ("08.a", 6, "run of 7"), ("08.a", 1, "previous-token head"),
     ("08.b", 2, "position 2 before it"), ("08.b", 9, "record"),
     ("08.c", [8, 4], "position after it"), ("08.c", [19, 3], "unchanged run"), ("08.c", [14, 4], "earlier 8"),
-    ("08.c", 10, "two whole"), ("08.d", "smaller", "scaled up"), ("08.d", "equal", 'answer "bigger" or "smaller"'),
-    ("08.d", True, '"bigger" or "smaller"'),
-    ("08.e", True, "could a third one win"), ("08.e", 0.9, "True or False"), ("08.e", "no", "True or False"),
+    ("08.c", 10, "two whole"), ("08.d", 1, "single drops summed"), ("08.d", 11, "whole intact difference"),
+    ("08.d", 3, "say little"), ("08.d", "bigger", "1, 3, 6 or 11"), ("08.d", True, "1, 3, 6 or 11"),
+    ("08.e", 19, "follow both lines"), ("08.e", 17, "away from 17"), ("08.e", True, "whole number"),
+    ("08.e", [23], "whole number"),
     ("08.f", [19, 3], "not where they looked"), ("08.f", [14, 5], "carries the 19"),
     ("08.f", [14, 3], "where do the heads"), ("08.f", [19, 4], "the position after it"),
 ])  # fmt: skip
@@ -43,10 +44,10 @@ def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
 
 
-@pytest.mark.parametrize(("id", "guess"), [("08.d", "0-8"), ("08.d", "the same"), ("08.d", "equal")])
+@pytest.mark.parametrize(("id", "guess"), [("08.d", 6.26), ("08.d", 4), ("08.d", "six"), ("08.d", [6])])
 def test_a_guess_outside_the_options_is_not_told_the_answer(id, guess):
-    detail = grade(id, guess).detail
-    assert '"bigger" or "smaller"' in detail and "next cell" not in detail and "make" not in detail
+    outcome = grade(id, guess)
+    assert outcome.form and "1, 3, 6 or 11" in outcome.detail and "next cell" not in outcome.detail
 
 
 @pytest.mark.parametrize(("id", "guess"), [
@@ -62,21 +63,21 @@ def test_a_guess_in_the_wrong_form_gets_a_format_hint_not_the_answer(id, guess):
     assert str(truth) not in detail and "back" not in detail and "record" not in detail
 
 
-@pytest.mark.parametrize("guess", ["Bigger", " bigger "])
-def test_08_d_takes_any_case_and_spaces(guess):
+@pytest.mark.parametrize("guess", [6, 6.0])
+def test_08_d_takes_a_whole_number_or_a_float(guess):
     assert grade("08.d", guess).passed
 
 
-@pytest.mark.parametrize(("id", "guess"), [("08.e", True), ("08.a", 3), ("08.b", 2), ("08.c", [3, 3]),
+@pytest.mark.parametrize(("id", "guess"), [("08.e", 12), ("08.a", 3), ("08.b", 2), ("08.c", [3, 3]),
                                            ("08.f", [0, 0])])
 def test_a_wrong_guess_in_the_form_asked_is_not_quite(id, guess):
     outcome = grade(id, guess)
     assert not outcome.passed and not outcome.form
 
 
-def test_08_d_form_is_none_only_for_bigger_or_smaller():
-    assert all(nb08._bigger_or_smaller(g) is None for g in ("bigger", " Smaller ", "'bigger'"))
-    assert all(nb08._bigger_or_smaller(g) for g in ("equal", True, 1.0, ["bigger"]))
+def test_08_d_form_is_none_only_for_the_four_options():
+    assert all(nb08._joint_option(g) is None for g in (1, 3, 6.0, 11))
+    assert all(nb08._joint_option(g) for g in (True, 2, 6.26, "6", [6]))
 
 
 def test_the_form_hints_accept_only_the_form_asked():
@@ -490,6 +491,21 @@ def test_08_7_rejects(answer, words):
     failed("08.7", answer, *words)
 
 
+def copies_for_negative_scales(direction, position, scale):
+    def hook(module, args, output):
+        output = output.clone()
+        if scale > 0:
+            output[:, position] += scale * direction
+        return output
+
+    return hook
+
+
+def test_08_7_an_unchanged_copy_is_not_called_none():
+    outcome = failed("08.7", copies_for_negative_scales, "scale -1.0", "unchanged", "a negative scale too")
+    assert "None" not in outcome.detail
+
+
 def test_08_7_accepts_the_worked_answer():
     assert grade("08.7", nb08.steering_hook).passed
 
@@ -803,15 +819,6 @@ def test_the_lesson_does_not_ask_for_a_copy_where_the_checker_accepts_an_in_plac
     for id in ("08.4", "08.5", "08.7"):
         (text,) = [c for c in cells if f"### Exercise {id}" in c]
         assert "copy" not in text.split(f"### Exercise {id}")[1].split("<details>")[0], id
-
-
-def test_key_2_is_chosen_by_the_token_before_it():
-    """In the second corruption, a 3 before key 2 (a true match for the query's 3) draws all four of layer 1's
-    heads and the model says 10; a 0 there sends half of them to key 4, and the model says 8; a 5 there (the
-    lesson's line) sends all four to key 4."""
-    assert nb08.says(nb08.renamed_before_key_2(3)) == [nb08.B2, 2]
-    assert nb08.layer_1_key(nb08.second_corruption()) == 2 and nb08.layer_1_key(nb08.renamed_before_key_2(5)) == 4
-    assert nb08.predicted(nb08.renamed_before_key_2(0)) == 8
 
 
 def test_freezing_only_the_final_layernorm_or_only_layer_1s_mlp():

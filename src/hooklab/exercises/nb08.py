@@ -338,33 +338,32 @@ def joint_and_single_drops() -> tuple[float, float]:
     return joint, ablation_scores(model, clean, 1, logit_diff).sum().item()
 
 
-_BIGGER_OR_SMALLER = 'answer "bigger" or "smaller" (a string)'
+JOINT_OPTIONS = (1, 3, 6, 11)  # 08.d's choices: the joint drop is about one of these
 
 
-def _bigger_or_smaller(guess: object) -> str | None:
-    in_form = isinstance(guess, str) and guess.strip().strip("'\"").lower() in ("bigger", "smaller")
-    return None if in_form else _BIGGER_OR_SMALLER
+def _joint_option(guess: object) -> str | None:
+    """The form hint for a guess that is not one of ``JOINT_OPTIONS``, else None."""
+    in_form = isinstance(guess, int | float) and not isinstance(guess, bool) and guess in JOINT_OPTIONS
+    return None if in_form else "write one of the numbers 1, 3, 6 or 11, without quotes"
 
 
-@prediction("08.d", "whether the drop with all four layer-1 heads zeroed at once is bigger or smaller than the sum "
-                    "of the single drops",
-            why="bigger (next cell: 1.07 summed, 6.26 at once): with one head zeroed, the std shrinks a little and "
-                "scales up the three heads left, which carry the same 19 (layer 1's MLP adds to them too); with all "
-                "four zeroed, no head is left to scale up. The single drops add up only with both held fixed",
-            wrong=[("smaller", "the final LayerNorm divides by the residual's std: with one head zeroed that std "
-                               "shrinks, and the heads left are scaled up (layer 1's MLP adds to them too), so one "
-                               "head's drop looks small. Can they make up as much with all four zeroed?")],
-            form=_bigger_or_smaller)
-def _joint_drop() -> str:
-    joint, summed = joint_and_single_drops()
-    return "bigger" if joint > summed else "smaller"
-
-
-def renamed_before_key_2(token: int = 0) -> torch.Tensor:
-    """The second corruption with ``token`` at position 1, the token before key 2, ``(1, 16)``."""
-    tokens = second_corruption()
-    tokens[0, 1] = token
-    return tokens
+@prediction("08.d", "the drop in the logit difference with all four layer-1 heads zeroed at once: about 1, 3, 6 "
+                    "or 11",
+            why="about 6 (next cell: 6.26, against 1.07 summed): with one head zeroed, the final LayerNorm's std "
+                "shrinks a little and scales up the three heads left, which copy the same 19 (layer 1's MLP adds "
+                "to them too); with all four zeroed, no head is left to scale up. Yet not all of +10.8 is lost",
+            wrong=[(1, "1 is the single drops summed, true only if each head's loss did not depend on the others. "
+                       "Four heads copy the same 19: with one gone, the three left can make up for it; with all "
+                       "four gone, nothing can"),
+                   (11, "11 is the whole intact difference: the rest of the model still writes at the query, and "
+                        "with no head writing the final LayerNorm divides by a much smaller std (next cell), which "
+                        "scales up what is left"),
+                   (3, "the three heads left make up for a lost one, so the single drops (1.07) say little about "
+                       "losing all four; and not all of +10.8 is lost")],
+            form=_joint_option)
+def _joint_drop() -> int:
+    joint, _ = joint_and_single_drops()
+    return min(JOINT_OPTIONS, key=lambda option: abs(option - joint))
 
 
 def predicted(tokens: torch.Tensor) -> int:
@@ -415,14 +414,16 @@ def steered_answer(scale: float) -> int:
     return run_hooked(model, clean_and_corrupted()[1], "blocks.0.hook_resid_post", hook)[0, Q].argmax().item()
 
 
-@prediction("08.e", "whether the corrupted run, steered at scale 4, still predicts 19",
-            why="no (next cell): four times the difference overshoots; logit[19] − logit[17] stays positive (+7.2), "
-                "but a third token, 23, beats both. A logit difference between two tokens says nothing about the "
-                "other 22",
-            wrong=[(True, "scale 1 is the patch; scale 4 adds four times the difference. And logit[19] − "
-                          "logit[17] compares only two of the 24 tokens: could a third one win?")])
-def _steered_at_4() -> bool:
-    return steered_answer(4) == A
+@prediction("08.e", "the token the corrupted run predicts, steered at scale 4",
+            why="23 (next cell): past scale 1 the logit of 19 falls and that of 23 rises, and by scale 4 23 leads, "
+                "while logit[19] − logit[17] is still +7.2. A logit difference between two tokens says nothing "
+                "about the other 22",
+            wrong=[(A, "from scale 1 to 2 the logit of 19 falls and that of 23 rises (above): follow both lines "
+                       "to scale 4"),
+                   (B, "the direction is clean − corrupted: more of it pushes the run away from 17, not back")],
+            form=_one_whole)
+def _steered_at_4() -> int:
+    return steered_answer(4)
 
 
 STEER_SCALES = [0, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4]
@@ -579,7 +580,13 @@ def _compare_runs(answer, what: str, cases, edited: list) -> Outcome | None:
         hook = _hook_or_outcome(answer, what, *args)
         if isinstance(hook, Outcome):
             return hook
-        got = run_hooked(model, tokens, point, _watch(hook, edited))
+        returned: list = []
+
+        def noting(module, args, output, hook=hook, returned=returned):  # notes what the hook returned
+            returned.append(hook(module, args, output))
+            return returned[-1]
+
+        got = run_hooked(model, tokens, point, _watch(noting, edited))
         if (leftover := [n for n, m in model.named_modules() if m._forward_hooks]):
             return Outcome(False, f"a forward hook is still registered on {leftover[0]!r}: the hook should not "
                                   "register hooks")
@@ -589,10 +596,14 @@ def _compare_runs(answer, what: str, cases, edited: list) -> Outcome | None:
         if len(got) > 1 and torch.allclose(got[0], want[0], atol=1e-5):
             return Outcome(False, f"{where}: {ROW_0}")
         plain = run_hooked(model, tokens, point, lambda m, a, o: None)
-        if torch.allclose(got, plain, atol=1e-5):
+        if torch.allclose(got, plain, atol=1e-5) and all(r is None for r in returned):
             return Outcome(False, f"{where}: the output is unchanged; your hook returned None, so the model "
                                   "kept its own output: a forward hook replaces it by returning the new value "
                                   "(return output at the end)")
+        if torch.allclose(got, plain, atol=1e-5):
+            negative = ", a negative scale too" if "scale -" in where else ""
+            return Outcome(False, f"{where}: the output is unchanged: your hook returned it as it was. Add "
+                                  f"scale * direction at the position for every scale{negative}")
         return Outcome(False, f"{where}: the logit difference is {logit_diff(got):+.2f}, want "
                               f"{logit_diff(want):+.2f}")
     return None
@@ -1183,7 +1194,6 @@ __all__ = [
     "predicted",
     "problem",
     "record_patterns",
-    "renamed_before_key_2",
     "run_hooked",
     "run_with_hooks",
     "runs_with_17_at_3",
