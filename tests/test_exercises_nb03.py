@@ -134,6 +134,11 @@ def test_prediction_03_d_names_each_miscount_of_the_pre_hooks():
 def test_prediction_03_b_is_the_last_linear_factor_and_names_each_slip():
     assert abs(nb03._last_linear_factor() - (10 / 96) ** 0.5) < 0.02
     assert grade("03.b", 0.33).passed and not grade("03.b", 0.3).passed
+    for guess in (0.323, 0.32, 0.33, 0.34):  # worked out √(10/96), as two decimals, measured, and as near the measured
+        assert grade("03.b", guess).passed, guess
+    for guess in (0.31, 0.35):  # round neither the worked 0.323 nor the measured 0.331
+        outcome = grade("03.b", guess)
+        assert not outcome.passed and not outcome.form, (guess, outcome.detail)
     assert "without the 3" in grade("03.b", 0.56).detail and "square 32 → 32" in grade("03.b", 0.58).detail
     assert "swapped" in grade("03.b", 1.03).detail and "square root" in grade("03.b", 0.1).detail
 
@@ -401,6 +406,7 @@ def layer_tracker(ratio="right", ratio_hook="post-accumulate", removes="both", a
     ratios = {
         "right": lambda lr, w: ((lr * w.grad).std() / w.std()).log10(),
         "no log10": lambda lr, w: (lr * w.grad).std() / w.std(),
+        "natural log": lambda lr, w: ((lr * w.grad).std() / w.std()).log(),
         "no lr": lambda lr, w: (w.grad.std() / w.std()).log10(),
     }
     number = _number(as_tensors)
@@ -459,6 +465,7 @@ def test_03_3_names_a_grad_mode_test_that_fails_on_a_frozen_model():
 
 def test_03_4_names_a_ratio_without_log10_or_lr():
     failed("03.4", layer_tracker(ratio="no log10"), "ratios['0']", "take log10")
+    failed("03.4", layer_tracker(ratio="natural log"), "ratios['0']", "natural log", "ln 10", ".log10()")
     failed("03.4", layer_tracker(ratio="no lr"), "ratios['0']", "lr · weight.grad")
 
 
