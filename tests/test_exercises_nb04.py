@@ -984,3 +984,76 @@ def test_04_6_names_a_flipped_dw():
         dx, dw = ANSWERS["04.7"](x, w, dout, padding)
         return dx, dw.flip(-2, -1)
     failed("04.7", answer, "your dw is the right one flipped")
+
+
+def test_04_3_names_probs_recomputed_instead_of_read_from_t():
+    def with_probs(t, target):  # probs recomputed from counts, as if counts_sum were counts.sum(1)
+        return ANSWERS["04.3"]({**t, "probs": t["counts"] / t["counts"].sum(1, keepdim=True)}, target)
+
+    failed("04.3", with_probs, "first wrong: dprobs", "you divided by a probs you recomputed",
+           "Read every forward value from t")
+
+
+# ----- 04.9 and 04.10 need hooks: a loop over the children holds only while forward is a chain ---------------
+def test_04_9_refuses_a_retain_grad_loop_over_the_children():
+    def looped(model, x, y, formulas):  # each child called on the last one's output, every output's .grad kept
+        seen, a = {}, x
+        for name, layer in model.named_children():
+            out = layer(a)
+            out.retain_grad()
+            seen[name], a = (a, out), out
+        F.cross_entropy(a, y).backward()
+        found = set()
+        for name, (a, out) in seen.items():
+            layer = model.get_submodule(name)
+            with torch.no_grad():
+                dx, params = formulas[type(layer)](layer, a.detach(), out.detach(), out.grad)
+            pairs = [(dx, a.grad)] + [(g, getattr(layer, k).grad) for k, g in params.items() if g is not None]
+            if any(b is not None and not torch.allclose(p, b, rtol=1e-3, atol=1e-5) for p, b in pairs):
+                found.add(name)
+        model.zero_grad()
+        return found
+
+    failed("04.9", looped, "your answer registered no hook and never called model(x)",
+           "it only works while forward is a chain", "a skip connection")
+
+
+def test_04_9_checks_a_forward_that_is_not_a_chain():
+    _, model, _, expected = next(case for case in nb04._slipped_cases() if "skip connection" in case[0])
+    x = torch.randn(4, 1, 8, 8, dtype=torch.float64)
+    assert expected == {"2", "6"} and not torch.allclose(model(x), nn.Sequential.forward(model, x))
+
+
+def _recording(record_forward):
+    """04.10's worked answer with its recorder replaced."""
+    def answer(model, x, y):
+        saved = ANSWERS["04.10"].__globals__["record_forward"]
+        ANSWERS["04.10"].__globals__["record_forward"] = record_forward
+        try:
+            return ANSWERS["04.10"](model, x, y)
+        finally:
+            ANSWERS["04.10"].__globals__["record_forward"] = saved
+    return answer
+
+
+def _run_the_children(model, x):
+    records, a = [], x
+    for name, layer in model.named_children():
+        out = layer(a)
+        records.append((name, layer, a, out))
+        a = out
+    return a, records
+
+
+def test_04_10_refuses_a_forward_loop_over_the_children():
+    failed("04.10", _recording(_run_the_children), "at step 1: your answer registered no hook and never called "
+           "model(x)", "it only works while forward is a chain")
+
+
+def test_04_10_refuses_model_x_run_beside_an_unhooked_loop():
+    def beside(model, x):
+        model(x)
+        return _run_the_children(model, x)
+
+    failed("04.10", _recording(beside), "at step 1: your answer registered no hook while model(x) ran",
+           "it only works while forward is a chain")

@@ -249,7 +249,8 @@ def _ce_traps(t, target, grads) -> dict[str, list[Trap]]:
         "logprobs": [((-onehot,), "the loss is a mean over the N rows: each target entry gets −1/N"),
                      ((torch.full_like(onehot, -1 / n),), "only each row's target entry enters the loss: the "
                                                           "other entries of logprobs get 0")],
-        "probs": [((grads["logprobs"] * t["probs"],), "d/dp log p = 1/p: divide by probs")],
+        "probs": [((grads["logprobs"] * t["probs"],), "d/dp log p = 1/p: divide by probs"),
+                  ((grads["logprobs"] / t["logits"].softmax(1),), PROBS_RECOMPUTED)],
         "norm_logits": [((grads["counts"],), "d/dz exp(z) = exp(z): multiply dcounts by counts")],
         "counts_sum_inv": [((t["counts"] * grads["probs"],), "counts_sum_inv has shape (N, 1) and is broadcast "
                                                              "across each row: its gradient sums over the row "
@@ -271,6 +272,9 @@ def _ce_traps(t, target, grads) -> dict[str, list[Trap]]:
 ROUTE = ("in the exact cross-entropy dlogit_maxes is 0 up to rounding, so the check also runs your steps with "
          "counts_sum = counts.sum(1, keepdim=True) + 1 (one more class, pinned at each row's maximum), where the "
          "loss does depend on logit_maxes")
+PROBS_RECOMPUTED = ("you divided by a probs you recomputed (counts / counts.sum(1), or a softmax), not by "
+                    "t['probs']: the check also runs a changed forward, where counts_sum = counts.sum(1) + 1 and "
+                    "probs is no longer the softmax of the logits. Read every forward value from t")
 COUNTS_NOT_SUM = ("computed from t['counts'] rather than t['counts_sum']: the check also runs a case where "
                   "counts_sum is not counts.sum(1) (it is counts.sum(1) + 1) — read every value from t")
 MAXES_ZEROED = f"dlogit_maxes is −Σ dnorm_logits over the row, not zeros: {ROUTE}"
@@ -794,6 +798,62 @@ def digits_cnn() -> nn.Sequential:
                          nn.Flatten(), nn.Linear(128, 10))
 
 
+CALL_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+
+
+class DigitsCNN(nn.Sequential):
+    """The lesson's CNN as the checks of 04.9 and 04.10 run it: each call of its forward notes how many of
+    its layers have a hook on them then. An answer that runs the layers itself, in a loop, never calls it."""
+
+    def forward(self, x):
+        self.__dict__.setdefault("hooked", []).append(
+            sum(any(getattr(m, kind, None) for kind in CALL_HOOKS) for m in self.children()))
+        return self.run(x)
+
+    def run(self, x):
+        return super().forward(x)
+
+
+class DigitsSkipCNN(DigitsCNN):
+    """The lesson's CNN with a skip connection: pool '3''s output, its 16 channels twice, is added to batch
+    norm '5''s. Its forward is not a chain of its layers: a loop over them runs another network."""
+
+    def run(self, x):
+        a = self[3](self[2](self[1](self[0](x))))
+        h = self[5](self[4](a)) + a.repeat(1, 2, 1, 1)
+        for layer in list(self)[6:]:
+            h = layer(h)
+        return h
+
+
+def watched(model: nn.Sequential, kind=DigitsCNN) -> DigitsCNN:
+    """``model`` (the lesson's CNN), its forward now noting the hooks on its layers at each call."""
+    model.__class__ = kind
+    model.hooked = []
+    return model
+
+
+NEEDS_HOOKS = ("it only works while forward is a chain of the model's layers, run in the order they were "
+               "added: a skip connection, a layer used twice or any other code in forward escapes a loop over "
+               "them. A hook on each layer catches what model(x) really gives it, whatever forward does")
+
+
+def _steps_taken(model: DigitsCNN) -> int:
+    """How many training-mode forward passes batch norm '1' has made: it moves when the layers run."""
+    return int(model[1].num_batches_tracked)
+
+
+def _unhooked(model: DigitsCNN, steps_before: int) -> str | None:
+    """Why an answer that recorded without hooks is refused, or None when model(x) ran with hooks on, or
+    when the layers never ran (an answer that computes nothing gets its own message)."""
+    if not model.hooked and _steps_taken(model) > steps_before:
+        return f"your answer registered no hook and never called model(x): it ran the layers itself, and {NEEDS_HOOKS}"
+    if model.hooked and not any(model.hooked):
+        return (f"your answer registered no hook while model(x) ran: what it recorded came from running the "
+                f"layers itself, and {NEEDS_HOOKS}")
+    return None
+
+
 @contextlib.contextmanager
 def _training_on_purpose():
     """No TrainModeWarning from a recording inside: the checkers' models are in train mode on purpose
@@ -872,13 +932,14 @@ def _capstone(model_backward) -> Outcome:
     ``F.cross_entropy(model(x), y)`` on the lesson's CNN, whose parameters do not require grad. The
     check trains it for one epoch of plain SGD (lr 0.1, batches of 32, float64) with your gradients,
     compares them at every step with autograd's on a copy of the model, and trains a second copy
-    with autograd alone: the two test accuracies must agree within 0.02."""
+    with autograd alone: the two test accuracies must agree within 0.02. The records must come from hooks
+    while ``model(x)`` runs, not from a loop calling the layers itself."""
     from ..audit import leftover_hooks
     from ..data import digits
 
     data = digits()
     images, test_images = data.x_train.double(), data.x_test.double()
-    mine, theirs = digits_cnn().double(), digits_cnn().double()
+    mine, theirs = watched(digits_cnn()).double(), digits_cnn().double()
     mine.requires_grad_(False)
     names = [name for name, _ in mine.named_parameters()]
     order = torch.randperm(len(data.y_train), generator=torch.Generator().manual_seed(0))
@@ -888,6 +949,7 @@ def _capstone(model_backward) -> Outcome:
         twin = copy.deepcopy(mine).requires_grad_(True)  # its forward moves only its own running statistics
         expected = dict(zip(names, torch.autograd.grad(F.cross_entropy(twin(x), y), list(twin.parameters())),
                             strict=True))
+        steps_before = _steps_taken(mine)
         try:
             with _training_on_purpose():
                 got, failed = by_hand(model_backward, ["model", "x", "y"], mine, x, y)
@@ -896,6 +958,9 @@ def _capstone(model_backward) -> Outcome:
                 raise
             return Outcome(False, f"your code raised TypeError: {error}. A Conv2d's layer.padding is a pair, (1, 1), "
                                   "and 04.7's conv2d_backward takes one int: pass layer.padding[0]")
+        unhooked = None if failed or steps > 1 else _unhooked(mine, steps_before)
+        if unhooked:
+            return Outcome(False, f"at step 1: {unhooked}")
         left = [] if failed else leftover_hooks(mine)
         if left:
             return Outcome(False, f"at step {steps}: a hook is still registered after your function returned "
@@ -1058,6 +1123,9 @@ def _wrapped(formulas) -> dict:
     return {kind: wrap(formula) for kind, formula in formulas.items()}
 
 
+SKIP = "the CNN with a skip connection (pool '3''s output added to batch norm '5''s)"
+
+
 def _slipped_cases():
     """(what the case is, a CNN in training mode, the formulas under test, the layers the answer must name)."""
     from hooklab.backprop import BACKWARD
@@ -1072,9 +1140,11 @@ def _slipped_cases():
             ("hooklab.backprop's formulas (no slip)", BACKWARD, set()),
             ("hooklab.backprop's formulas, each wrapped in a new function (no slip)", _wrapped(BACKWARD), set()),
             ("the problem's formulas, in float32 as the lesson runs them", slipped, {"1", "5"}),
-            ("hooklab.backprop's formulas, in float32 as the lesson runs them", BACKWARD, set())):
-        model = digits_cnn() if "float32" in label else digits_cnn().double()
-        cases.append((label, model, formulas, expected))
+            ("hooklab.backprop's formulas, in float32 as the lesson runs them", BACKWARD, set()),
+            (f"formulas whose ReLU passes every gradient, on {SKIP}", {**BACKWARD, nn.ReLU: _passes_everything},
+             {"2", "6"})):
+        model = watched(digits_cnn(), DigitsSkipCNN if SKIP in label else DigitsCNN)
+        cases.append((label, model if "float32" in label else model.double(), formulas, expected))
     return cases
 
 
@@ -1139,8 +1209,9 @@ def _disagreeing_layers(disagreeing_layers) -> Outcome:
     for every layer, not the first, tells apart an answer that passes each formula's dx on to the layer
     before (which also blames every layer the wrong gradient reaches). Tried in float64 on the lesson's
     CNN with a slip in one formula (in a dx, in a parameter's gradient), with none, then in float32 as
-    the lesson runs it, and with right formulas that are new functions (an identity test fails there); the
-    answer's own hooks must be gone."""
+    the lesson runs it, with right formulas that are new functions (an identity test fails there), and on
+    the CNN with a skip connection in its forward. The answer must record with hooks while ``model(x)``
+    runs (a loop calling the layers itself holds only for a chain), and its hooks must be gone."""
     from ..data import digits
 
     data = digits()
@@ -1157,6 +1228,8 @@ def _judge_disagreeing(disagreeing_layers, data) -> Outcome:
         x, y = data.x_train[:32] if float32 else data.x_train[:32].double(), data.y_train[:32]
         verdicts = _verdicts(model, x, y, formulas)
         assert _disagreeing(verdicts) == expected, (label, verdicts)  # the slips are where the cases put them
+        model.hooked.clear()
+        steps_before = _steps_taken(model)
         try:
             with _training_on_purpose():
                 got = disagreeing_layers(model, x, y, formulas)
@@ -1176,6 +1249,9 @@ def _judge_disagreeing(disagreeing_layers, data) -> Outcome:
             return Outcome(False, f"with {label}: a hook is still registered after your function returned "
                                   f"({left[0]}): add every handle with handles.add(...) inside "
                                   "`with hooklab.Hooks() as handles:`")
+        unhooked = _unhooked(model, steps_before)
+        if unhooked:
+            return Outcome(False, unhooked)
         names = _names(got)
         if names == expected:
             continue
@@ -1194,8 +1270,8 @@ def _judge_disagreeing(disagreeing_layers, data) -> Outcome:
                                hide=label.startswith("the problem's formulas"))
         return Outcome(False, f"with {label}: {why}")
     return Outcome(True, "a Linear bias gradient's slip found in '9', a ReLU that passes every gradient in '2' and "
-                         "'6', the problem's slip, and no layer for formulas without a slip, even when each is a new "
-                         "function")
+                         "'6' (also with a skip connection in forward), the problem's slip, and no layer for formulas "
+                         "without a slip, even when each is a new function")
 
 
 def _fixed_answer(disagreeing_layers, data, names) -> bool:
