@@ -204,6 +204,9 @@ def _shrink_factors() -> dict[str, float]:
                    (5.9, "if you counted 32 × 3×3 = 288 inputs: 32 is the number of output channels; each "
                          "output adds up 16 channels × 3×3 = 144 inputs, so the rule gives 1 / (0.01·√144) = 8.3"),
                    (0.69, "the rule has the square root: 0.01·√144 = 0.12, so the spread is divided by 8.3"),
+                   (12.0, "√144 = 12 is how many times larger the spread of a sum of 144 products is than one "
+                          "product's; each product is already 0.01 times its input, so the layer multiplies the "
+                          "spread by 0.01·12 = 0.12: it divides it by 8.3"),
                    (100.0, "a sum of 144 products has √144 = 12 times the spread of one product: the layer "
                            "divides by 1 / (0.01·12) = 8.3, not by 1 / 0.01")],
             rel=0.07)
@@ -502,6 +505,11 @@ def _rescaled_outcome(model: nn.Module, before: dict, x: torch.Tensor) -> Outcom
     if replaced:
         return Outcome(False, f"layer {replaced[0]!r} has a new weight Parameter: an optimizer made before holds "
                               "the old one; change the weight in place (module.weight.div_(std))")
+    swapped = [name for name, m in layers.items() if m.weight.data_ptr() != before[name][3]]
+    if swapped:
+        return Outcome(False, f"layer {swapped[0]!r}: its weight Parameter now holds a new tensor (weight.data = "
+                              "...), a swap autograd does not track; the rule is to change the weight in place, "
+                              "under torch.no_grad(): module.weight.div_(std)")
     unchanged = [name for name, m in layers.items() if torch.equal(m.weight, before[name][1])]
     if len(unchanged) == len(layers):
         return Outcome(False, "no weight changed: divide each layer's weight in place by its output's std (a "
@@ -589,7 +597,7 @@ def _rescale(rescale_to_unit_std) -> Outcome:
     output on ``x``, so that afterwards every one of them gives std 1."""
     model = _rescale_model()
     x = torch.randn(16, 1, 6, 6, generator=torch.Generator().manual_seed(1))
-    before = {name: (m.weight, m.weight.detach().clone(), m.bias.detach().clone())
+    before = {name: (m.weight, m.weight.detach().clone(), m.bias.detach().clone(), m.weight.data_ptr())
               for name, m in _weighted(model).items()}
     replacements = _WeightsPassedOn(model)
     try:
@@ -931,16 +939,30 @@ class _Block(nn.Module):
         return self.relu(self.extra(out) + x)
 
 
+class _Again(nn.Module):
+    """A step that calls itself once more on its own result, a tiny recurrence: its second call starts and
+    ends inside its first, so inputs kept under the module's name alone pair the first call with the second's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, again: bool = True) -> torch.Tensor:
+        out = self.fc(torch.tanh(x))  # tanh first: the inner call's input differs from its fc's
+        return self(out, again=False) if again else out
+
+
 def _calls_model(inplace: bool = True) -> nn.Module:
-    """Calls ``1`` (a Tanh) at the top and again inside ``2.extra``; ``2.relu`` twice per forward."""
+    """Calls ``1`` (a Tanh) at the top and again inside ``2.extra``; ``2.relu`` twice per forward; ``3``
+    calls itself once."""
     torch.manual_seed(2)  # on the checker's own random stream (see ``exercise``)
     act = nn.Tanh()
-    return nn.Sequential(nn.Linear(3, 4), act, _Block(act, inplace=inplace), nn.Sequential(nn.Linear(4, 2)))
+    return nn.Sequential(nn.Linear(3, 4), act, _Block(act, inplace=inplace), _Again())
 
 
 CALLS_MODEL = ("'0' Linear → '1' Tanh → '2' a residual block: '2.fc' Linear → '2.relu' (in place) → '2.extra' "
-               "= '2.extra.0' Linear + the Tanh '1' again, plus the block's input → '2.relu' again → '3' "
-               "Sequential('3.0' Linear)")
+               "= '2.extra.0' Linear + the Tanh '1' again, plus the block's input → '2.relu' again → '3', which "
+               "runs '3.fc' Linear, then calls '3' again inside its own call ('3.fc' again)")
 
 
 def _record_list(recorder, size: int) -> tuple[list | None, Outcome | None]:
@@ -985,8 +1007,10 @@ def _left_on_a_stack(recorder) -> bool:
                for v in vars(recorder).values())
 
 
-def _paired_outcome(where: str, inputs, expected: list, i: int, left: bool = False) -> Outcome | None:
-    """Whether the inputs kept for record ``i`` are those of another call: the hooks were paired wrongly."""
+def _paired_outcome(where: str, inputs, expected: list, i: int, left: bool = False,
+                    same_name: bool = False) -> Outcome | None:
+    """Whether the inputs kept for record ``i`` are those of another call (``same_name``: of another call of
+    the same module): the hooks were paired wrongly."""
     if not (isinstance(inputs, tuple | list) and len(inputs) == 1 and isinstance(inputs[0], torch.Tensor)):
         return None
 
@@ -995,13 +1019,19 @@ def _paired_outcome(where: str, inputs, expected: list, i: int, left: bool = Fal
 
     if same(expected[i - 1][1]):
         return None
-    other = next((j for j, (_, want, _) in enumerate(expected, start=1) if same(want)), None)
+    other = next((j for j, (name, want, _) in enumerate(expected, start=1)
+                  if same(want) and (not same_name or name == expected[i - 1][0])), None)
     if other is None:
         return None
     if left and other < i:  # the inputs of a call that had already ended: read, never taken off
         return Outcome(False, f"{where} holds the inputs of record {other} ({expected[other - 1][0]!r}), a call "
                               "that had already ended: take them off the stack (pop) in the forward hook, so "
                               "that an ended call's inputs leave it")
+    if other < i and expected[other - 1][0] == expected[i - 1][0]:  # one slot per name, overwritten
+        return Outcome(False, f"{where} holds the inputs of record {other}, the call of the same module that "
+                              "started inside it and overwrote them: a module can call itself, so one place per "
+                              "name is not enough; push each call's inputs onto a stack (a list) in the pre-hook "
+                              "and pop() the last in the forward hook")
     return Outcome(False, f"{where} holds the inputs of another call (those of record {other}, "
                           f"{expected[other - 1][0]!r}): a forward hook must take the inputs its own call's pre-hook "
                           "copied; calls nest, so the call that ends is the one started last among those still "
@@ -1023,8 +1053,9 @@ def _call_recorder(CallRecorder) -> Outcome:
     except (KeyError, IndexError) as error:
         left_on(model)
         return Outcome(False, f"your code raised {type(error).__name__}: {error}: a forward hook found no inputs "
-                              "waiting for its call: put each call's inputs aside in its pre-hook and take them "
-                              "back in its forward hook")
+                              "waiting for its call; calls nest ('3' calls itself: its second call starts and "
+                              "ends inside its first), so push each call's inputs onto a stack (a list) in the "
+                              "pre-hook and pop() the last in the forward hook")
     finally:
         left_on(model)
     if wrong:
@@ -1038,9 +1069,10 @@ def _call_recorder(CallRecorder) -> Outcome:
     for i, ((name, inputs, out), (_, want_in, want_out)) in enumerate(zip(records, expected, strict=True), start=1):
         where = f"record {i} ({name!r})"  # the first wrong record is the one reported
         wrong = _inputs_outcome(where, inputs, want_in, pre_hooked[0])
-        if wrong:  # inputs of another call of the same module: a pairing slip, whatever the values look like
-            if "no negative values" not in wrong.detail:  # else the in-place slip is named first
-                wrong = _paired_outcome(where, inputs, expected, i, _left_on_a_stack(recorder)) or wrong
+        if wrong:  # inputs of another call: a pairing slip, whatever the values look like; where they look
+            # overwritten by the in-place ReLU, only another call of the same module counts as a pairing slip
+            wrong = _paired_outcome(where, inputs, expected, i, _left_on_a_stack(recorder),
+                                    same_name="no negative values" in wrong.detail) or wrong
         if wrong:
             return wrong
         wrong = _output_outcome(where, out, want_out)
@@ -1051,9 +1083,9 @@ def _call_recorder(CallRecorder) -> Outcome:
     failed = left_when_raising(lambda: _raise_inside(recorder, broken), broken)
     if failed:
         return failed
-    return Outcome(True, f"{len(expected)} records in the order the calls end ('1' and '2.relu' twice "
-                         "each), each with its inputs from before the call and its "
-                         "output, all detached copies; backward ran; no hook left")
+    return Outcome(True, f"{len(expected)} records in the order the calls end ('1', '2.relu', '3' and '3.fc' "
+                         "twice each, one call of '3' inside the other), each with its inputs from before the "
+                         "call and its output, all detached copies; backward ran; no hook left")
 
 
 # ----- worked answers the lesson falls back on ------------------------------------------------------------
