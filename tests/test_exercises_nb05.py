@@ -12,13 +12,13 @@ from torch import nn
 
 import hooklab
 from hooklab.exercises import exercises, grade
-from hooklab.exercises.nb05 import _Probe, _probe_inputs
+from hooklab.exercises.nb05 import _Probe, _probe_inputs, pixels_under, random_orders, worked_recorder
 
 # ----- predictions ------------------------------------------------------------------------------
 PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that gets its own hint
     "05.a": (1, 8, "count classes, not channels"),
     "05.b": ([True, False], [True, True], "the ReLU is where it stops"),
-    "05.c": ("yes", "no", "the ReLU masks are set by the digit"),
+    "05.c": ("yes", "no", "redo the small example"),
     "05.d": ([32, 8], [8, 8], "does arrive at a dead channel"),
     "05.e": ("random", "darkest", "the least evidence for the class"),
     "05.f": ("guided backprop", "Grad-CAM", "re-weights the same channels"),
@@ -490,6 +490,20 @@ def recorder(*, clone=True, detach=True, hook="tensor", classes_from="given", re
 def test_05_4_recorder():
     outcome = grade("05.4", recorder())
     assert outcome.passed and "in-place" in outcome.detail
+
+
+def test_05_4_the_lessons_worked_recorder_passes():
+    assert grade("05.4", worked_recorder).passed
+
+
+def test_the_deletion_tests_bookkeeping():
+    hidden = pixels_under(torch.tensor([[0, 5], [15, 15]]))
+    assert hidden.shape == (2, 1, 8, 8) and hidden.dtype == torch.bool
+    assert hidden[0, 0, :2, :2].all() and hidden[0, 0, 2:4, 2:4].all() and int(hidden[0].sum()) == 8
+    assert hidden[1, 0, 6:, 6:].all() and int(hidden[1].sum()) == 4
+    orders = random_orders(3, seed=0)
+    assert torch.equal(orders.sort(dim=1).values, torch.arange(16).expand(3, 16))
+    assert torch.equal(orders, random_orders(3, seed=0)) and not torch.equal(orders, random_orders(3, seed=1))
 
 
 def test_05_4_typical_mistakes_get_a_hint():

@@ -188,12 +188,13 @@ RESEMBLES = ("yes", "no")
 
 @prediction("05.c", "whether guided backprop's map on a never-trained network resembles the digit: rank correlation "
                     "0.5 or more",
-            why="guided backprop passes gradient only where each ReLU's input was positive, a mask set by the digit, "
-                "and keeps its positive part: the map is mostly the digit seen through those masks, whatever the "
-                "weights. Measured: all 8 never-trained networks' maps reach 0.5",
-            wrong=[("no", "the ReLU masks are set by the digit, not by what the weights learned, and guided backprop "
-                          "keeps only the positive gradient through them: the map is mostly the input seen through "
-                          "the masks, trained or not")],
+            why="a unit is on because its weights line up with the ink under it (w·x > 0); guided backprop sends "
+                "back only positive amounts, and only through units that are on, so the map is a positive mix of "
+                "weight patterns that each line up with the digit, whatever the weights are. Measured: all 8 "
+                "never-trained networks' maps reach 0.5",
+            wrong=[("no", "redo the small example: the unit that is on has weights lined up with the ink (that is "
+                          "why it is on), the clamp keeps its share positive, and the unit that would draw the "
+                          "opposite is off. That holds for random weights as well as trained ones")],
             form=_one_of(RESEMBLES))
 def _untrained_resembles() -> str:
     _, untrained = _guided_resemblance()
@@ -240,11 +241,10 @@ def _deletion_drops(cells: int = 4) -> dict:
     cam = grad_cam(model, x, "features.6")
     order = cam.raw.flatten(1).argsort(dim=1, descending=True)
     fill = x.mean(dim=(1, 2, 3), keepdim=True)
-    chance = torch.rand(len(x), 16, generator=torch.Generator().manual_seed(0)).argsort(dim=1)
+    chance = random_orders(len(x), 0)
     drops = {}
     for label, ranked in (("brightest", order), ("random", chance), ("darkest", order.flip(1))):
-        patch = torch.zeros(len(x), 16).scatter_(1, ranked[:, :cells], 1.0).reshape(-1, 1, 4, 4)
-        patch = patch.repeat_interleave(2, 2).repeat_interleave(2, 3).bool()
+        patch = pixels_under(ranked[:, :cells])
         with model.register_forward_pre_hook(lambda m, args, p=patch: (torch.where(p, fill, args[0]),)), \
                 torch.no_grad():
             drops[label] = cam.scores - model(x).gather(1, cam.targets[:, None])[:, 0]
@@ -275,15 +275,17 @@ MAP_CHOICES = ("plain gradient", "guided backprop", "Grad-CAM")
 
 
 @prediction("05.f", "which map changes least for another class: the plain gradient, guided backprop or Grad-CAM",
-            why="guided backprop's map changes little with the weights (section 3: an untrained network's "
-                "resembles the digit even more), and another class changes it little too (mean rank correlation about "
-                "0.8). The plain "
-                "gradient keeps both signs and Grad-CAM weighs the channels by the class's own w_k/16: both partly "
-                "reverse their order (about -0.4)",
-            wrong=[("plain gradient", "the plain gradient keeps the negative gradient at every ReLU, and another "
-                                      "class's row of the head sends different signs down: much of its order reverses"),
+            why="the class enters only at the top, as w_c/16 at each channel of features.6: guided backprop's clamp "
+                "there drops the channels with w_ck < 0, and below it only positive gradient passes, through masks "
+                "set by the digit. Another class starts from another half of the channels, then follows the same "
+                "paths: measured, a guided map started from no class at all (gradient 1 everywhere) correlates "
+                "about 0.9 with each class's. The plain gradient and Grad-CAM are linear in w_c and partly reverse "
+                "(about -0.4)",
+            wrong=[("plain gradient", "the plain gradient is linear in the class's row w_c (the ReLU masks are set "
+                                      "by the digit): another class's row, negatively correlated with it here, "
+                                      "reverses much of its order"),
                    ("Grad-CAM", "Grad-CAM's α_k = w_k/16 are the class's row of the head (section 4): another class "
-                                "re-weights the same channels directly")],
+                                "re-weights the same channels directly, and its row is negatively correlated here")],
             form=_one_of(MAP_CHOICES))
 def _which_changes_more() -> str:
     from ..saliency import GuidedBackprop, grad_cam, input_gradient, rank_correlation
@@ -1160,3 +1162,35 @@ def _redrawn(cls) -> Outcome:
     return Outcome(True, f"inside the block {', '.join(_REDRAWN)} compute with freshly drawn weights (drawn once), "
                          "the other layers as trained; the model's parameters untouched, no hook left, also when "
                          "the block raised")
+
+
+# ----- worked answer and bookkeeping the lesson uses -------------------------------------------------------
+def worked_recorder(model: nn.Module, layer: str, images: torch.Tensor, classes: torch.Tensor):
+    """Exercise 05.4's worked answer, used in the lesson until the student's passes: the layer's output and the
+    gradient of ``sum_n score[n, classes[n]]`` at it, both detached, kept by a forward hook that registers a
+    tensor hook on the output."""
+    kept = {}
+
+    def forward_hook(module, args, output):
+        kept["activation"] = output.detach().clone()
+        output.register_hook(lambda grad: kept.update(gradient=grad.detach().clone()))
+
+    handle = model.get_submodule(layer).register_forward_hook(forward_hook)
+    try:
+        x = images.detach().clone().requires_grad_(True)
+        torch.autograd.grad(model(x).gather(1, classes[:, None]).sum(), x)
+    finally:
+        handle.remove()
+    return kept["activation"], kept["gradient"]
+
+
+def pixels_under(cells: torch.Tensor, grid: int = 4, size: int = 2) -> torch.Tensor:
+    """The deletion test's bookkeeping: ``cells`` (N, k), indices into each map's ``grid × grid`` cells (row by
+    row), to an (N, 1, grid·size, grid·size) boolean mask, True on the ``size × size`` pixels under each cell."""
+    picked = torch.zeros(len(cells), grid * grid).scatter_(1, cells, 1.0).reshape(-1, 1, grid, grid)
+    return picked.repeat_interleave(size, 2).repeat_interleave(size, 3).bool()
+
+
+def random_orders(n: int, seed: int, cells: int = 16) -> torch.Tensor:
+    """(n, cells): a random order of the cells for each of n maps, from a generator seeded with ``seed``."""
+    return torch.rand(n, cells, generator=torch.Generator().manual_seed(seed)).argsort(dim=1)
