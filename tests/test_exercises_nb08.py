@@ -23,7 +23,7 @@ def test_notebook_08_has_six_predictions_and_seven_exercises():
 
 # ----- predictions ------------------------------------------------------------------------------
 @pytest.mark.parametrize(("id", "truth"), [("08.a", 4), ("08.b", 3), ("08.c", [14, 5]), ("08.d", 6),
-                                           ("08.e", 23), ("08.f", [19, 5])])
+                                           ("08.e", [True, False]), ("08.f", [19, 5])])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     assert exercises()[id].checker.__wrapped__.truth() == truth
@@ -35,8 +35,9 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     ("08.c", [8, 4], "position after it"), ("08.c", [19, 3], "unchanged run"), ("08.c", [14, 4], "earlier 8"),
     ("08.c", 10, "two whole"), ("08.d", 1, "single drops summed"), ("08.d", 11, "whole intact difference"),
     ("08.d", 3, "say little"), ("08.d", "bigger", "1, 3, 6 or 11"), ("08.d", True, "1, 3, 6 or 11"),
-    ("08.e", 19, "follow both lines"), ("08.e", 17, "away from 17"), ("08.e", True, "whole number"),
-    ("08.e", [23], "whole number"),
+    ("08.e", [True, True], "third token"), ("08.e", [False, False], "away from 17"),
+    ("08.e", [False, True], "difference is positive"), ("08.e", 23, "two bools"), ("08.e", [1, 0], "two bools"),
+    ("08.e", True, "two bools"),
     ("08.f", [19, 3], "not where they looked"), ("08.f", [14, 5], "carries the 19"),
     ("08.f", [14, 3], "where do the heads"), ("08.f", [19, 4], "the position after it"),
 ])  # fmt: skip
@@ -68,7 +69,7 @@ def test_08_d_takes_a_whole_number_or_a_float(guess):
     assert grade("08.d", guess).passed
 
 
-@pytest.mark.parametrize(("id", "guess"), [("08.e", 12), ("08.a", 3), ("08.b", 2), ("08.c", [3, 3]),
+@pytest.mark.parametrize(("id", "guess"), [("08.a", 3), ("08.b", 2), ("08.c", [3, 3]),
                                            ("08.f", [0, 0])])
 def test_a_wrong_guess_in_the_form_asked_is_not_quite(id, guess):
     outcome = grade(id, guess)
@@ -87,6 +88,8 @@ def test_the_form_hints_accept_only_the_form_asked():
 
 def test_08_e_asks_about_scale_4_where_the_difference_hides_a_third_token():
     assert nb08.steered_answer(1) == nb08.A and nb08.steered_answer(4) not in (nb08.A, nb08.B)
+    logits = nb08.steered_at(4)
+    assert logits[nb08.A] - logits[nb08.B] > 5
 
 
 @pytest.mark.parametrize(("id", "guess"), [("08.a", "4"), ("08.b", " 3 ")])

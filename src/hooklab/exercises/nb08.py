@@ -414,16 +414,34 @@ def steered_answer(scale: float) -> int:
     return run_hooked(model, clean_and_corrupted()[1], "blocks.0.hook_resid_post", hook)[0, Q].argmax().item()
 
 
-@prediction("08.e", "the token the corrupted run predicts, steered at scale 4",
-            why="23 (next cell): past scale 1 the logit of 19 falls and that of 23 rises, and by scale 4 23 leads, "
-                "while logit[19] − logit[17] is still +7.2. A logit difference between two tokens says nothing "
-                "about the other 22",
-            wrong=[(A, "from scale 1 to 2 the logit of 19 falls and that of 23 rises (above): follow both lines "
-                       "to scale 4"),
-                   (B, "the direction is clean − corrupted: more of it pushes the run away from 17, not back")],
-            form=_one_whole)
-def _steered_at_4() -> int:
-    return steered_answer(4)
+def steered_at(scale: float) -> torch.Tensor:
+    """The corrupted run's logits at the query, steered at ``scale`` (the direction added at the changed
+    position after layer 0), ``(vocab,)``."""
+    model = _model()
+    hook = steering_hook(steering_direction(model), CHANGED, scale)
+    return run_hooked(model, clean_and_corrupted()[1], "blocks.0.hook_resid_post", hook)[0, Q]
+
+
+def _two_bools(guess: object) -> str | None:
+    """The form hint for a guess that is not a list of two bools, else None."""
+    if isinstance(guess, list | tuple) and len(guess) == 2 and all(isinstance(g, bool) for g in guess):
+        return None
+    return ("write a list of two bools, like [True, True], without quotes: is logit[19] − logit[17] still "
+            "positive, then does 19 still win")
+
+
+@prediction("08.e", "steered at scale 4: is logit[19] − logit[17] still positive, and does 19 still win",
+            why="[True, False] (next cell): at scale 4 logit[19] − logit[17] is still +7.2, yet 23 has the highest "
+                "logit. A difference between two tokens says nothing about the other 22",
+            wrong=[([True, True], "the difference compares 19 with 17 only: a third token can pass 19 while "
+                                  "19 stays above 17. Follow the top 3 logits from scale 1 to 2"),
+                   ([False, False], "the direction is clean − corrupted: more of it pushes the run away from 17, "
+                                    "not back"),
+                   ([False, True], "if 19 wins, its logit is above 17's, so the difference is positive")],
+            form=_two_bools)
+def _steered_at_4() -> list[bool]:
+    logits = steered_at(4)
+    return [bool(logits[A] > logits[B]), logits.argmax().item() == A]
 
 
 STEER_SCALES = [0, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4]
