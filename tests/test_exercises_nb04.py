@@ -738,7 +738,11 @@ def test_04_9_passes_the_worked_answer_and_lists_and_modules_of_names():
     outcome = grade("04.9", ANSWERS["04.9"])
     assert outcome.passed and "the problem's slip" in outcome.detail, outcome.detail
     assert grade("04.9", lambda *args: sorted(ANSWERS["04.9"](*args))).passed
-    assert grade("04.9", lambda *args: [int(name) for name in ANSWERS["04.9"](*args)]).passed
+
+
+def test_04_9_rejects_layer_names_as_ints():
+    outcome = grade("04.9", lambda *args: {int(name) for name in ANSWERS["04.9"](*args)})
+    assert not outcome.passed and "a layer's name is a string" in outcome.detail, outcome.detail
 
 
 @pytest.mark.parametrize(("answer", "words"), [

@@ -1156,12 +1156,23 @@ def _names(got):
         return None
     names = set()
     for item in got:
-        if isinstance(item, int) and not isinstance(item, bool):
-            item = str(item)
         if not isinstance(item, str):
             return None
         names.add(item.strip().strip("'\""))
     return names
+
+
+def _int_names(got) -> str | None:
+    """The hint for an answer naming layers by int ({1, 5}): 04.e's, with the answer's own names as strings."""
+    if not isinstance(got, set | frozenset | list | tuple) or isinstance(got, str):
+        return None
+    ints = [item for item in got if isinstance(item, int) and not isinstance(item, bool)]
+    if not ints:
+        return None
+    as_strings = "{" + ", ".join(repr(str(item)) for item in sorted(ints)) + "}"
+    return (f"you returned {sorted(ints)[:4]}, layer names as ints; a layer's name is a string, as "
+            f"named_children() gives it: {as_strings}. The lesson looks each name up among "
+            "model.named_children(), where an int is never found")
 
 
 SLIP_FACTS = ("ReLU '6' and max-pool '7' sit between '9' and '5', and a right 5.weight and 5.bias mean batch "
@@ -1252,6 +1263,9 @@ def _judge_disagreeing(disagreeing_layers, data) -> Outcome:
         unhooked = _unhooked(model, steps_before)
         if unhooked:
             return Outcome(False, unhooked)
+        int_names = _int_names(got)
+        if int_names:
+            return Outcome(False, int_names)
         names = _names(got)
         if names == expected:
             continue
@@ -1498,7 +1512,7 @@ def gradient_errors(right: dict, wrong: dict, model, ax=None):
     return ax.figure
 
 
-def mended_digits(before, after, images, labels, count=8):
+def mended_digits(before, after, images, labels, count=10):
     """Up to ``count`` of ``images`` that model ``before`` gets wrong and model ``after`` right, the first of
     each true class (in class order, so the picture shows different digits), each titled with both answers.
     Returns the figure."""
@@ -1516,8 +1530,9 @@ def mended_digits(before, after, images, labels, count=8):
     for ax, i in zip(axes, mended, strict=False):
         ax.imshow(images[i, 0].numpy(), cmap="gray_r")
         ax.set_title(f"{was[i].item()} → {now[i].item()}", fontsize=9)
-    fig.suptitle("one test digit per class that the slipped backward's model gets wrong and yours right: "
-                 "its answer → yours (the true digit)", fontsize=9, y=1.05)
+    fig.suptitle(f"the first test digit of each class that the slipped backward's model gets wrong and yours right "
+                 f"({len(first_of_class)} of the 10 classes have one): its answer → yours, the true digit",
+                 fontsize=9, y=1.05)
     return fig
 
 
