@@ -27,23 +27,22 @@ def test_patched_logit_difference_matches_the_lessons_patch(explorer):
 
 
 def test_the_second_corruption_is_named_and_its_normalised_map_is_the_sweeps(explorer):
-    assert explorer.names == ["19 → 17 at position 3", "3 → 10 at position 2"]
+    assert explorer.names == ["19 → 17 at position 3", "5 → 3 at position 0, 3 → 5 at position 2"]
     clean = nb08.clean_and_corrupted()[0]
     sweep = nb08.patching_sweep(explorer.model, clean, nb08.second_corruption(), nb08.POINTS, nb08.logit_diff_2)
     for row, point in enumerate(nb08.POINTS):
-        for position in (2, 3, 9):
+        for position in (1, 2, 3, 9):
             assert explorer.normalised(point, position, 1) == pytest.approx(sweep[row, position].item(), abs=1e-4)
-    assert explorer.normalised("blocks.0.hook_attn_out", 3, 1) > 0.8 > 0.1 > explorer.normalised(
+    assert explorer.normalised("blocks.0.hook_attn_out", 3, 1) > 0.5 > 0.1 > explorer.normalised(
         "blocks.0.hook_attn_out", 3, 0)
 
 
 def test_the_summary_names_the_prediction_and_the_keys_layer_1_attends_from_the_query(explorer):
     """What the lesson prints beside the widget: the second corruption patched at layer 0's attention output."""
-    at_2, at_3 = (explorer.summary("blocks.0.hook_attn_out", p, 1) for p in (2, 3))
-    assert at_2.endswith("predicts 10, layer 1's heads attend keys [2, 2, 2, 2]"), at_2
-    assert at_3.endswith("predicts 19, layer 1's heads attend keys [3, 3, 3, 3]"), at_3
-    after_layer_0 = explorer.summary("blocks.0.hook_resid_post", 2, 1)  # 19 beats 10, but 8 wins
-    assert "normalised 0.66 (neither answer wins); predicts 8" in after_layer_0, after_layer_0
+    at_1, at_2, at_3 = (explorer.summary("blocks.0.hook_attn_out", p, 1) for p in (1, 2, 3))
+    assert at_2.endswith("predicts 12, layer 1's heads attend keys [1, 1, 1, 1]"), at_2
+    assert at_3.endswith("predicts 19, layer 1's heads attend keys [3, 1, 3, 3]"), at_3
+    assert "normalised 0.44 (neither answer wins)" in at_1, at_1  # the swapped-in record at 1 removed
 
 
 def test_the_widget_redraws_text_and_picture_when_a_control_moves(explorer):
@@ -60,6 +59,6 @@ def test_the_widget_redraws_text_and_picture_when_a_control_moves(explorer):
     panel.point.value, panel.position.value = "blocks.0.hook_attn_out", 3
     third = panel.png
     panel.corruption.value = 1
-    assert panel.redraws == 6 and "3 → 10 at position 2" in panel.text and "normalised 0.87" in panel.text
+    assert panel.redraws == 6 and "5 → 3 at position 0" in panel.text and "normalised 0.60" in panel.text
     assert panel.png != third
     assert not [n for n, m in explorer.model.named_modules() if m._forward_hooks]

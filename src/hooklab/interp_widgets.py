@@ -2,7 +2,7 @@
 
 ``PatchingExplorer(model, clean, corrupted, query, answer, wrong, also=[(tokens, wrong), ...])`` runs the
 clean sequence once and keeps each hook point's output (``hooklab.record``). Each corruption (the first,
-then those in ``also``) is named by the token it changes (``"3 → 10 at position 2"``).
+then those in ``also``) is named by the tokens it changes (``"19 → 17 at position 3"``).
 ``patched(point, position, corruption=0)`` runs that corrupted sequence with a forward hook that puts the
 clean value back at that one position, and returns the logit difference logit[answer] − logit[its wrong
 token] at ``query``; ``normalised`` is the same scaled so that 0 is the corrupted run and 1 the clean one;

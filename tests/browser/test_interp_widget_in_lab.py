@@ -28,7 +28,8 @@ KERNEL_MS = 20_000  # a redraw the kernel computes, on a machine busy with other
 def test_the_patching_explorer_redraws_for_a_new_point_and_position(lab, lab_root, page, artifacts):
     """Pick blocks.1.hook_resid_post in the dropdown (position 3: the corrupted answer wins), then move the
     position to the query with the mouse (the clean answer wins): the text and the picture change each time.
-    Then blocks.0.hook_attn_out at 3, and the second corruption (3 → 10 at position 2): layer 0 restores it."""
+    Then blocks.0.hook_attn_out at 3, and the second corruption (positions 0 and 2 swapped): layer 0 restores
+    it."""
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in CELLS])
     notebook.metadata["kernelspec"] = {"name": NAME, "display_name": DISPLAY_NAME, "language": "python"}
     path = lab_root / "patching_explorer.ipynb"
@@ -57,9 +58,10 @@ def test_the_patching_explorer_redraws_for_a_new_point_and_position(lab, lab_roo
     # the readout moves at once; the kernel may still be drawing an earlier position of the drag (a
     # loaded machine once showed position 4 after the next change): wait for its drawing at 3 first
     expect(text).to_contain_text(re.compile(r"blocks\.0\.hook_attn_out patched in at position 3:"), timeout=KERNEL_MS)
-    nb.control(area, "dropdown", "corruption").locator("select").select_option(label="3 → 10 at position 2")
-    expect(text).to_contain_text(re.compile(r"corruption 3 → 10 at position 2: clean blocks\.0\.hook_attn_out "
-                                            r"patched in at position 3: .*normalised 0\.87 \(clean answer wins\)"),
+    swapped = "5 → 3 at position 0, 3 → 5 at position 2"  # the second corruption's name in the dropdown
+    nb.control(area, "dropdown", "corruption").locator("select").select_option(label=swapped)
+    expect(text).to_contain_text(re.compile(rf"corruption {swapped}: clean blocks\.0\.hook_attn_out "
+                                            r"patched in at position 3: .*normalised 0\.60 \(clean answer wins\)"),
                                  timeout=KERNEL_MS)
     area.scroll_into_view_if_needed()
     page.screenshot(path=str(artifacts / "patching_explorer.png"))

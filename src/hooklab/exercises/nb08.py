@@ -4,11 +4,12 @@ The lesson's problem is one pair of runs of ``hooklab.transformer.trained_transf
 sequence (a run of seven tokens, repeated, then two random ones) whose query position ``Q`` predicts
 ``A`` = 19, and a corrupted copy with the 19 of the first run (position ``CHANGED``) replaced by ``B`` =
 17, which predicts 17. ``logit_diff`` is logit[A] − logit[B] at the query. Predictions 08.a-08.f compute
-their truth with torch. ``second_corruption()`` changes the 3 before the 19 (position ``CHANGED2``) into
-``B2`` = 10 instead: it needs layer 0 to move the previous token, so patching finds layer 0 (08.b). Exercises:
+their truth with torch. ``second_corruption()`` swaps positions 0 and ``CHANGED2`` = 2 instead, moving the
+earlier 3 to position 0: the model then answers the 12 after it, ``B2``, as the induction mechanism predicts,
+and patching layer 0's output finds where its previous-token records sit (08.b). Exercises:
 record the attention patterns with forward hooks (08.1), the stripe score of a pattern (08.2),
 TransformerLens's ``run_with_hooks`` by name (08.3),
-the patching sweep over hook points × positions, normalised (08.4), a hook that zero- or mean-ablates one
+the patching sweep over hook points × positions, normalised (08.4), a hook that zero-ablates one
 head (08.5), a hook that makes a LayerNorm divide by a fixed std (08.6), and a hook that adds a steering direction
 (08.7). ``record_patterns``, ``run_with_hooks``, ``patching_sweep``, ``patch_hook``, ``ablation_hook``,
 ``fixed_std_hook`` and ``steering_hook`` are worked answers: the lesson goes
@@ -26,7 +27,7 @@ from . import Outcome, exercise, kind_of, prediction
 
 RUN = [5, 12, 3, 19, 8, 14, 2]
 Q, A, B, CHANGED = 9, 19, 17, 3  # the query position, the clean answer, the corrupted one, the changed position
-B2, CHANGED2 = 10, 2  # the second corruption: the 3 at position 2 becomes a 10 (the model then answers 10)
+B2, CHANGED2 = 12, 2  # the second corruption: positions 0 and 2 swap, so the earlier 3 sits at 0, before a 12
 POINTS = ["hook_embed", "blocks.0.hook_attn_out", "blocks.0.hook_mlp_out", "blocks.0.hook_resid_post",
           "blocks.1.hook_attn_out", "blocks.1.hook_mlp_out", "blocks.1.hook_resid_post"]
 
@@ -46,9 +47,10 @@ def clean_and_corrupted() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def second_corruption() -> torch.Tensor:
-    """The clean run with ``B2`` at position ``CHANGED2`` (the 3 before the 19), ``(1, 16)``."""
+    """The clean run with positions 0 and ``CHANGED2`` swapped (3 12 5 19 …): the earlier 3 now sits at
+    position 0, before a 12 (``B2``), ``(1, 16)``."""
     tokens = clean_and_corrupted()[0].clone()
-    tokens[0, CHANGED2] = B2
+    tokens[0, [0, CHANGED2]] = tokens[0, [CHANGED2, 0]]
     return tokens
 
 
@@ -297,22 +299,35 @@ def _induction_offset() -> int:
     return _stripe_peak(5)
 
 
-@prediction("08.b", "the position whose clean blocks.0.hook_attn_out restores the second corruption's answer",
-            why="at position 3 layer 0's heads attend to position 2 (section 1's last lines), so their output at 3 "
-                "carries the token at 2, a 3 in the clean run; patched in, it gives the query its match back "
-                "(position 2's own attention output only reads positions 0-2)",
-            wrong=[(2, "the 10 at position 2 sits in its embedding, which stays corrupted; layer 1 matches the "
-                       "query with a key's record of the token before it. Which position has position 2 before it?"),
-                   (9, "layer 1 matches the query's 3 with a key's previous token; the key's record is what the "
-                       "second corruption broke, not the query")],
-            form=_one_whole)
-def _layer0_position() -> int:
-    model = _model()
-    point = "blocks.0.hook_attn_out"
-    cache = clean_cache(model, [point])
-    diffs = [logit_diff_2(run_hooked(model, second_corruption(), point, patch_hook(cache[point], p)))
-             for p in range(Q + 1)]
-    return max(range(Q + 1), key=diffs.__getitem__)
+def _positions(guess: object) -> str | None:
+    """The form hint for a guess that is not a list of whole numbers, smallest first, else None."""
+    if isinstance(guess, list | tuple) and all(isinstance(g, int) and not isinstance(g, bool) for g in guess):
+        return None if list(guess) == sorted(guess) else "write the positions smallest first, like [0, 1]"
+    return "write a list of whole numbers, smallest first, like [0, 1], without quotes"
+
+
+def layer_0_restores() -> torch.Tensor:
+    """The second corruption with the clean ``blocks.0.hook_attn_out`` patched in at one position at a time,
+    0 to the query: the normalised logit[A] − logit[B2], ``(Q + 1,)``."""
+    clean = clean_and_corrupted()[0]
+    return patching_sweep(_model(), clean, second_corruption(), ["blocks.0.hook_attn_out"], logit_diff_2)[0, :Q + 1]
+
+
+@prediction("08.b", "the positions whose clean blocks.0.hook_attn_out, patched in alone, restores more than 0.3 of "
+                    "the second corruption's logit[19] − logit[12]",
+            why="[1, 3]: layer 0's output at a position records the token before it. The clean record at 3, \"a 3 "
+                "before me\", gives the query its match back; the clean record at 1, \"a 5 before me\", removes "
+                "the match the swap made there",
+            wrong=[([3], "3 is one of them: its clean record, \"a 3 before me\", gives the query its match back. "
+                         "What does the record at 1 say in the swapped run, and in the clean one?"),
+                   ([1], "1 is one of them: its clean record removes the match the swap made. What does the clean "
+                         "record at 3 say?"),
+                   ([0, 2], "the tokens at 0 and 2 sit in their embeddings, which stay swapped; layer 0's output at "
+                            "a position records the token before it"),
+                   ([9], "the query's own record is the same in both runs: its token before it, 12, did not move")],
+            form=_positions)
+def _layer0_positions() -> list[int]:
+    return [p for p, v in enumerate(layer_0_restores().tolist()) if v > 0.3]
 
 
 def head_0_noised() -> float:
@@ -338,32 +353,25 @@ def joint_and_single_drops() -> tuple[float, float]:
     return joint, ablation_scores(model, clean, 1, logit_diff).sum().item()
 
 
-JOINT_OPTIONS = (1, 3, 6, 11)  # 08.d's choices: the joint drop is about one of these
+def _more_or_less(guess: object) -> str | None:
+    """The form hint for a guess that is not the word "more" or "less", else None."""
+    if isinstance(guess, str) and guess.strip().strip("'\"").lower() in ("more", "less"):
+        return None
+    return 'write one word in quotes, "more" or "less"'
 
 
-def _joint_option(guess: object) -> str | None:
-    """The form hint for a guess that is not one of ``JOINT_OPTIONS``, else None."""
-    in_form = isinstance(guess, int | float) and not isinstance(guess, bool) and guess in JOINT_OPTIONS
-    return None if in_form else "write one of the numbers 1, 3, 6 or 11, without quotes"
-
-
-@prediction("08.d", "the drop in the logit difference with all four layer-1 heads zeroed at once: about 1, 3, 6 "
-                    "or 11",
-            why="about 6 (next cell: 6.26, against 1.07 summed): with one head zeroed, the final LayerNorm's std "
-                "shrinks a little and scales up the three heads left, which copy the same 19 (layer 1's MLP adds "
-                "to them too); with all four zeroed, no head is left to scale up. Yet not all of +10.8 is lost",
-            wrong=[(1, "1 is the single drops summed, true only if each head's loss did not depend on the others. "
-                       "Four heads copy the same 19: with one gone, the three left can make up for it; with all "
-                       "four gone, nothing can"),
-                   (11, "11 is the whole intact difference: the rest of the model still writes at the query, and "
-                        "with no head writing the final LayerNorm divides by a much smaller std (next cell), which "
-                        "scales up what is left"),
-                   (3, "the three heads left make up for a lost one, so the single drops (1.07) say little about "
-                       "losing all four; and not all of +10.8 is lost")],
-            form=_joint_option)
-def _joint_drop() -> int:
-    joint, _ = joint_and_single_drops()
-    return min(JOINT_OPTIONS, key=lambda option: abs(option - joint))
+@prediction("08.d", "all four layer-1 heads zeroed at once: is the drop more or less than the single drops summed "
+                    "(1.07)",
+            why="more (next cell: 6.26): one head zeroed, the final LayerNorm divides by a smaller std and scales "
+                "up the three heads left, which copy the same 19; all four zeroed, no head is left to scale up",
+            wrong=[("less", "one head zeroed, the other three, scaled up 1.26× by the final LayerNorm, copy the same "
+                            "19 and make up for it; with all four zeroed, what is left to make up for them?"),
+                   ("same", "the single drops add up only if each head's loss did not depend on the others: with "
+                            "one head zeroed, the final LayerNorm scales up the three left")],
+            form=_more_or_less)
+def _joint_drop() -> str:
+    joint, single = joint_and_single_drops()
+    return "more" if joint > single else "less"
 
 
 def predicted(tokens: torch.Tensor) -> int:
@@ -1056,15 +1064,13 @@ def _check_scores(answer) -> Outcome:
     idle: list[bool] = []
     model = _watched(_model(), edited, idle)
     clean = clean_and_corrupted()[0]
-    mean = mean_z(model, 64)
     batch = induction_pair()
     for tokens, metric, layer, m, what in [(clean, logit_diff, 1, None, "layer 1, zero"),
-                                           (clean, logit_diff, 1, mean, "layer 1, mean"),
                                            (clean, logit_diff, 0, None, "layer 0, zero"),
                                            (batch, pair_metric, 1, None, "a batch of two, layer 1, zero"),
                                            (clean, first_metric, 1, None, "layer 1, zero, read at position 0")]:
         start = len(idle)
-        got = answer(model, tokens, layer, metric, m)
+        got = answer(model, tokens, layer, metric)
         nothing = len(idle) > start and all(idle[start:])
         if isinstance(got, list | tuple) and all(isinstance(v, int | float) for v in got):
             got = torch.tensor(got)  # a list of numbers is as good as a tensor
@@ -1085,7 +1091,7 @@ def _check_scores(answer) -> Outcome:
             return Outcome(False, f"{what}: shape {tuple(got.shape)}, want {tuple(want.shape)}, one score a head")
         return Outcome(False, f"{what}: scores {[round(v, 2) for v in got.tolist()]}, want "
                               f"{[round(v, 2) for v in want.tolist()]}")
-    return Outcome(True, "the same drops as the model's, zero and mean, layers 0 and 1, read at the query and at "
+    return Outcome(True, "the same drops as the model's, layers 0 and 1, read at the query and at "
                          "position 0, on one run and a batch of two, and no hook left behind."
                    + (IN_PLACE if edited else ""))
 
