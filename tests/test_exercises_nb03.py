@@ -113,6 +113,24 @@ def test_the_scaled_up_gradient_does_not_make_the_network_learn_in_float64_eithe
     assert accuracy < 0.12, accuracy
 
 
+def test_with_pre_hooks_on_the_last_two_linears_only_no_sigmoid_saturates_and_the_network_still_fails():
+    """The lesson states it (measured on torch 2.14.1): the 10 % is the forward collapse, not saturation."""
+    _, _, test_pixels, _ = nb03._digit_pixels()
+    model = nb03._digits_mlp()
+    handles = [m.register_full_backward_pre_hook(lambda m, go: (go[0] * 7,)) for m in model[12:16:2]]
+    try:
+        accuracy = nb03._train_one_epoch(model)
+    finally:
+        for handle in handles:
+            handle.remove()
+    with torch.no_grad():
+        outputs = [model[: k + 1](test_pixels) for k in range(1, 16, 2)]  # each sigmoid's output
+        logits = model(test_pixels)
+    assert accuracy < 0.12, accuracy
+    assert max(((h < 0.03) | (h > 0.97)).float().mean().item() for h in outputs) == 0
+    assert logits.std(0).mean() < 1e-6
+
+
 def test_prediction_03_e_names_what_each_partial_set_missed():
     assert "layer 0's output goes straight into the in-place ReLU" in grade("03.e", ["1"]).detail
     assert "layer 0's output goes straight into the in-place ReLU" in grade("03.e", "1").detail  # one name, bare

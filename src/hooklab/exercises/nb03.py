@@ -297,13 +297,15 @@ def _train_one_epoch(model: nn.Module, lr: float = 0.05, epochs: int = 1) -> flo
 
 @prediction(
     "03.d", "whether ×7 pre-hooks on Linear layers 0, 2, …, 14 make the deep sigmoid network learn (above 20 %)",
-    why="False: the pre-hooks undo the gradient's shrinking (layer 0's weight.grad × 7⁸), which for SGD is each "
-        "layer's learning rate × that power; but such steps saturate the first sigmoids, and the forward pass still "
-        "shrinks the differences between images layer by layer: every image gets the same class, 10 %.",
+    why="False: the forward pass collapses. Each layer pair still shrinks the differences between images × about "
+        "0.14, so the logits barely depend on the image and every image gets the same class, 10 %. The pre-hooks "
+        "make the early layers' gradients, and so their SGD steps, up to 7⁸ times larger, but a larger step cannot "
+        "restore differences the forward pass erased: with pre-hooks on the last two Linears only, no sigmoid "
+        "saturates, and it is still 10 %.",
     wrong=[
         (True, "the gradient now reaches layer 0 at full size, but backward is half the story: the forward pass still "
-               "shrinks the differences between images × about 0.14 a layer pair (section 1), and learning rates up "
-               "to 7⁸ times larger saturate the first sigmoids"),
+               "shrinks the differences between images × about 0.14 a layer pair (section 1), so the logits barely "
+               "depend on the image and every image gets the same class. A larger step does not undo that."),
     ],
 )  # fmt: skip
 @functools.cache  # one epoch of training: computed once a session
