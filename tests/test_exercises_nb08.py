@@ -22,8 +22,8 @@ def test_notebook_08_has_six_predictions_and_seven_exercises():
 
 
 # ----- predictions ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("08.a", 4), ("08.b", [1, 3]), ("08.c", [14, 5]), ("08.d", "more"),
-                                           ("08.e", [True, False]), ("08.f", [19, 5])])
+@pytest.mark.parametrize(("id", "truth"), [("08.a", 4), ("08.b", [1, 3]), ("08.c", [14, 5]), ("08.e", "more"),
+                                           ("08.f", [True, False]), ("08.d", [19, 5])])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     assert exercises()[id].checker.__wrapped__.truth() == truth
@@ -34,19 +34,19 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     ("08.b", [3], "record at 1"), ("08.b", [1], "record at 3"), ("08.b", [0, 2], "embeddings"),
     ("08.b", [9], "did not move"),
     ("08.c", [8, 4], "position after it"), ("08.c", [19, 3], "unchanged run"), ("08.c", [14, 4], "earlier 8"),
-    ("08.c", 10, "two whole"), ("08.d", "less", "make up for it"), ("08.d", "Same", "add up only if"),
-    ("08.d", "bigger", '"more" or "less"'), ("08.d", True, '"more" or "less"'),
-    ("08.e", [True, True], "third token"), ("08.e", [False, False], "away from 17"),
-    ("08.e", [False, True], "difference is positive"), ("08.e", 23, "two bools"), ("08.e", [1, 0], "two bools"),
-    ("08.e", True, "two bools"),
-    ("08.f", [19, 3], "not where they looked"), ("08.f", [14, 5], "carries the 19"),
-    ("08.f", [14, 3], "where do the heads"), ("08.f", [19, 4], "the position after it"),
+    ("08.c", 10, "two whole"), ("08.e", "less", "make up for it"), ("08.e", "Same", "add up only if"),
+    ("08.e", "bigger", '"more" or "less"'), ("08.e", True, '"more" or "less"'),
+    ("08.f", [True, True], "third token"), ("08.f", [False, False], "away from 17"),
+    ("08.f", [False, True], "difference is positive"), ("08.f", 23, "two bools"), ("08.f", [1, 0], "two bools"),
+    ("08.f", True, "two bools"),
+    ("08.d", [19, 3], "not where they looked"), ("08.d", [14, 5], "carries the 19"),
+    ("08.d", [14, 3], "where do the heads"), ("08.d", [19, 4], "the position after it"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
 
 
-@pytest.mark.parametrize(("id", "guess"), [("08.d", 6.26), ("08.d", "bigger"), ("08.d", ["more"])])
+@pytest.mark.parametrize(("id", "guess"), [("08.e", 6.26), ("08.e", "bigger"), ("08.e", ["more"])])
 def test_a_guess_outside_the_options_is_not_told_the_answer(id, guess):
     outcome = grade(id, guess)
     assert outcome.form and '"more" or "less"' in outcome.detail and "next cell" not in outcome.detail
@@ -54,8 +54,8 @@ def test_a_guess_outside_the_options_is_not_told_the_answer(id, guess):
 
 @pytest.mark.parametrize(("id", "guess"), [
     ("08.a", "four"), ("08.a", 4.5), ("08.a", [4]), ("08.a", True), ("08.b", "three"), ("08.b", 3),
-    ("08.b", [3, 1]), ("08.b", False), ("08.f", ["3", "3"]), ("08.f", "3, 3"), ("08.f", [3]), ("08.f", 3),
-    ("08.f", True), ("08.f", (3, "3")),
+    ("08.b", [3, 1]), ("08.b", False), ("08.d", ["3", "3"]), ("08.d", "3, 3"), ("08.d", [3]), ("08.d", 3),
+    ("08.d", True), ("08.d", (3, "3")),
 ])  # fmt: skip
 def test_a_guess_in_the_wrong_form_gets_a_format_hint_not_the_answer(id, guess):
     outcome = failed(id, guess, "write")
@@ -66,18 +66,18 @@ def test_a_guess_in_the_wrong_form_gets_a_format_hint_not_the_answer(id, guess):
 
 
 @pytest.mark.parametrize("guess", ["more", "More", " 'more' "])
-def test_08_d_takes_the_word_in_any_case(guess):
-    assert grade("08.d", guess).passed
+def test_08_e_takes_the_word_in_any_case(guess):
+    assert grade("08.e", guess).passed
 
 
 @pytest.mark.parametrize(("id", "guess"), [("08.a", 3), ("08.b", [2]), ("08.c", [3, 3]),
-                                           ("08.f", [0, 0])])
+                                           ("08.d", [0, 0])])
 def test_a_wrong_guess_in_the_form_asked_is_not_quite(id, guess):
     outcome = grade(id, guess)
     assert not outcome.passed and not outcome.form
 
 
-def test_08_d_form_is_none_only_for_the_two_words():
+def test_08_e_form_is_none_only_for_the_two_words():
     assert all(nb08._more_or_less(g) is None for g in ("more", "Less", " more "))
     assert all(nb08._more_or_less(g) for g in (True, 6, "bigger", ["more"]))
 
@@ -87,7 +87,7 @@ def test_the_form_hints_accept_only_the_form_asked():
     assert nb08._two_keys([19, 5]) is None and all(nb08._two_keys(g) for g in ([19], (19, "5"), [True, 5], 19))
 
 
-def test_08_e_asks_about_scale_4_where_the_difference_hides_a_third_token():
+def test_08_f_asks_about_scale_4_where_the_difference_hides_a_third_token():
     assert nb08.steered_answer(1) == nb08.A and nb08.steered_answer(4) not in (nb08.A, nb08.B)
     logits = nb08.steered_at(4)
     assert logits[nb08.A] - logits[nb08.B] > 5
@@ -643,6 +643,12 @@ def test_a_right_in_place_edit_passes_with_a_note(id, answer):
     assert "A note, not a slip" in outcome.detail and "output.clone()" in outcome.detail
 
 
+def test_the_ablation_note_speaks_of_its_own_run_only():
+    """An ablation patches in no values from another run: its in-place note does not say it does."""
+    detail = grade("08.5", scores_with(zero_in_place_all)).detail
+    assert "A note, not a slip" in detail and "another run" not in detail and "clean values" not in detail
+
+
 def test_a_right_copy_passes_without_the_note():
     assert "A note" not in grade("08.4", sweep_with(lambda o, v, p: torch.where(
         torch.arange(o.shape[1])[:, None] == p, v, o))).detail
@@ -828,7 +834,7 @@ def test_the_lesson_does_not_ask_for_a_copy_where_the_checker_accepts_an_in_plac
 
 
 def test_freezing_only_the_final_layernorm_or_only_layer_1s_mlp():
-    """The rows the lesson prints: the final LayerNorm alone frozen, the joint drop grows (6.26 -> 9.45); layer 1's
+    """Measured: the final LayerNorm alone frozen, the joint drop grows (6.26 -> 9.45); layer 1's
     MLP alone frozen, it shrinks to 0.93; the LayerNorm frozen, 9.45 splits into the heads' direct path (5.56) and
     the change in what layer 1's MLP writes (3.89), which add up."""
     model, clean = nb08._model(), nb08.clean_and_corrupted()[0]

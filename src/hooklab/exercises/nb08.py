@@ -224,6 +224,19 @@ def patched_diff(model: nn.Module, point: str, position: int, cache: dict | None
     return logit_diff(run_hooked(model, clean_and_corrupted()[1], point, patch_hook(clean, position)))
 
 
+def resid_norms(n: int = 1000) -> tuple[float, float]:
+    """The smallest and largest norm of ``blocks.0.hook_resid_post``, over every position of ``n`` sequences
+    like the clean one (``induction_batch``, seed 0): the range the model meets."""
+    from ..recording import record
+    from ..transformer import induction_batch
+
+    model = _model()
+    with record(model, ["blocks.0.hook_resid_post"]) as rec, torch.no_grad():
+        model(induction_batch(n, torch.Generator().manual_seed(0)))
+    norms = rec["blocks.0.hook_resid_post"].output.norm(dim=-1)
+    return norms.min().item(), norms.max().item()
+
+
 def steering_direction(model: nn.Module) -> torch.Tensor:
     """Clean − corrupted ``blocks.0.hook_resid_post`` at the changed position, ``(d_model,)``."""
     from ..recording import record
@@ -360,7 +373,7 @@ def _more_or_less(guess: object) -> str | None:
     return 'write one word in quotes, "more" or "less"'
 
 
-@prediction("08.d", "all four layer-1 heads zeroed at once: is the drop more or less than the single drops summed "
+@prediction("08.e", "all four layer-1 heads zeroed at once: is the drop more or less than the single drops summed "
                     "(1.07)",
             why="more (next cell: 6.26): one head zeroed, the final LayerNorm divides by a smaller std and scales "
                 "up the three heads left, which copy the same 19; all four zeroed, no head is left to scale up",
@@ -438,7 +451,7 @@ def _two_bools(guess: object) -> str | None:
             "positive, then does 19 still win")
 
 
-@prediction("08.e", "steered at scale 4: is logit[19] − logit[17] still positive, and does 19 still win",
+@prediction("08.f", "steered at scale 4: is logit[19] − logit[17] still positive, and does 19 still win",
             why="[True, False] (next cell): at scale 4 logit[19] − logit[17] is still +7.2, yet 23 has the highest "
                 "logit. A difference between two tokens says nothing about the other 22",
             wrong=[([True, True], "the difference compares 19 with 17 only: a third token can pass 19 while "
@@ -522,7 +535,7 @@ def third_patched() -> tuple[int, int]:
     return said, layer_1_key(third_corruption(), [(point, hook)])
 
 
-@prediction("08.f", "in the third corruption (an 8 at the query) with the clean blocks.1.hook_attn_out patched in "
+@prediction("08.d", "in the third corruption (an 8 at the query) with the clean blocks.1.hook_attn_out patched in "
                     "at the query: the token predicted, and the key most of layer 1's heads attend to",
             why="[19, 5]: the patch replaces what layer 1's heads wrote at the query with the clean run's copy of "
                 "the 19, but their pattern was computed before that output, from the query's own 8: most still "
@@ -573,6 +586,9 @@ def _watch(hook, edited: list, idle: list | None = None):
     return wrapper
 
 
+ABLATE_IN_PLACE = (" A note, not a slip: your hook changed `output` in place. Nothing else in this run holds "
+                   "that tensor, so it works here; where something does (autograd's saved tensors, a hook that kept "
+                   "it without copying), it changes there too: edit a copy, `output = output.clone()`, and return it.")
 IN_PLACE = (" A note, not a slip: your hook changed `output` in place. That is safe here, because nothing else in "
             "the run holds that tensor (the clean values are copies from another run); where something does, such "
             "as autograd's saved tensors or a hook that kept it without copying, edit a copy "
@@ -1093,7 +1109,7 @@ def _check_scores(answer) -> Outcome:
                               f"{[round(v, 2) for v in want.tolist()]}")
     return Outcome(True, "the same drops as the model's, layers 0 and 1, read at the query and at "
                          "position 0, on one run and a batch of two, and no hook left behind."
-                   + (IN_PLACE if edited else ""))
+                   + (ABLATE_IN_PLACE if edited else ""))
 
 
 def _fixed_std_cases():
