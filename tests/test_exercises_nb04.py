@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -86,7 +87,7 @@ def truth(id):
 def test_the_predictions_truths():
     assert truth("04.a") == pytest.approx(0.1656, abs=1e-4)
     assert truth("04.b") == 0.0
-    assert truth("04.c") == {"dbeta"}
+    assert truth("04.c") == {"x_hat"}
     assert truth("04.d") == [[4, 6, 6, 4], [6, 9, 9, 6], [6, 9, 9, 6], [4, 6, 6, 4]]
     assert truth("04.e") == {"1", "5"}
 
@@ -97,32 +98,32 @@ def test_the_predictions_truths():
     ("04.a", [0.0786, 0.0870], "its gradient is one number too"),
     ("04.a", 1, "times the gradient arriving"),
     ("04.b", 1, "does any probability change"),
-    ("04.c", ["dx", "dbeta"], "Σ y = γ·Σ x̂ + N·β = N·β does not depend on x"),
-    ("04.c", ["dx", "dgamma", "dbeta"], "x̂ has mean 0"),
+    ("04.c", ["x_hat", "inv_std", "var", "diff2", "diff", "mean", "x"], "autograd's own gradients"),
+    ("04.c", ["x_hat", "inv_std"], "they agree"),
     ("04.d", [[9] * 4] * 4, "falls on the padding"),
     ("04.b", 1 / 32, "scaling 0 gives 0"),
     ("04.b", 1e-3, "close, but the sum is exactly 0"),
     ("04.b", -0.01, "close, but the sum is exactly 0"),
     ("04.b", "0", "write a number, not a string"),
-    ("04.c", ["beta"], "'dbeta', not 'beta'"),
+    ("04.c", [], "dout·γ"),
     ("04.e", {"4"}, "only because of what arrived at its output"),
     ("04.e", {"5"}, "does another layer use the same formula"),
     ("04.e", {"0", "1", "2", "3", "4", "5"}, "a backward chained through the formulas"),
     ("04.e", set(), "the slip is there"),
     ("04.e", {1, 5}, "a layer's name is a string"),
     ("04.e", ["5"], "does another layer use the same formula"),
-    ("04.c", ("beta",), "'dbeta', not 'beta'"),
+    ("04.c", ("x_hat", "gamma", "beta"), "leaves them right"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_own_hint(id, guess, words):
     outcome = grade(id, guess)
     assert not outcome.passed and words in outcome.detail, outcome.detail
 
 
-@pytest.mark.parametrize(("id", "guess"), [("04.a", 0.1656), ("04.a", 0.166), ("04.b", 0),
+@pytest.mark.parametrize(("id", "guess"), [("04.a", 0.1656), ("04.a", 0.166), ("04.a", 0.16), ("04.b", 0),
                                            ("04.b", 1e-7), ("04.b", -1.5e-8), ("04.b", 0.0),
-                                           ("04.c", ["DBeta"]),
+                                           ("04.c", ["X_hat"]),
                                            ("04.d", [[4, 6, 6, 4], [6, 9, 9, 6], [6, 9, 9, 6], [4, 6, 6, 4]]),
-                                           ("04.c", "dbeta"), ("04.c", ("dbeta",)),
+                                           ("04.c", "x_hat"), ("04.c", ("x_hat",)),
                                            ("04.e", {"5", "1"}), ("04.e", ["5", "1"]), ("04.e", ("1", "5"))])
 def test_right_guesses_pass(id, guess):
     assert grade(id, guess).passed
@@ -133,7 +134,8 @@ def layer(slip=None):
     def linear_backward(a, w, dz):
         da = dz @ w.T if slip == "da transposed" else dz @ w
         dw = a.T @ dz if slip == "transposed" else dz.T @ a
-        db = {"per unit": dz.sum(0), "first row": dz[:1].sum().reshape(1)}.get(slip, dz.sum().reshape(1))
+        db = {"per unit": dz.sum(0), "first row": dz[:1].sum().reshape(1), "scalar": dz.sum()}.get(
+            slip, dz.sum().reshape(1))
         return (da, dw, db) if slip != "two" else (da, dw)
     return linear_backward
 
@@ -143,6 +145,8 @@ def layer(slip=None):
     ("transposed", "da ok; dw: max |difference| 7.4e-03 (it is the transpose of the right dw"),
     ("per unit", "dw ok; db: shape (2,), expected (1,) (your db has one entry per unit, as an nn.Linear's would"),
     ("first row", "a batch of 3 rows: da ok; dw ok; db: max |difference|"),
+    ("scalar", "db: shape (), expected (1,) (the shared bias is a tensor of shape (1,), and its gradient keeps that "
+               "shape: sum, then reshape(1))"),
     ("two", "returned 2 tensor(s), expected 3: (da, dw, db)"),
 ])  # fmt: skip
 def test_04_1_names_each_gradient_and_the_slip(slip, words):
@@ -640,7 +644,7 @@ def test_the_stubs_print_not_solved_yet(capsys):
 
 
 def test_04_c_and_04_e_accept_a_set_answer_in_any_container_and_order():
-    for guess in ("dbeta", ["dbeta"], ("dbeta",), {"dbeta"}, frozenset(["'dbeta'"])):
+    for guess in ("x_hat", ["x_hat"], ("x_hat",), {"x_hat"}, frozenset(["'x_hat'"])):
         assert grade("04.c", guess).passed, guess
     for guess in ({"1", "5"}, ["5", "1"], ("1", "5"), ["1", "5"]):
         assert grade("04.e", guess).passed, guess
@@ -738,6 +742,59 @@ def test_04_9_passes_the_worked_answer_and_lists_and_modules_of_names():
     outcome = grade("04.9", ANSWERS["04.9"])
     assert outcome.passed and "the problem's slip" in outcome.detail, outcome.detail
     assert grade("04.9", lambda *args: sorted(ANSWERS["04.9"](*args))).passed
+
+
+def _called_twice():
+    """A forward that calls the same two children twice (Sequential keeps one child per module: '0' and '1')."""
+    torch.manual_seed(0)
+    fc, act = nn.Linear(6, 6), nn.Tanh()
+    return nn.Sequential(fc, act, fc, act).double(), torch.randn(8, 6, dtype=torch.float64), torch.arange(8) % 6
+
+
+def _linear_bias_by_the_mean(layer, x, out, dout):
+    dx, params = bp.BACKWARD[nn.Linear](layer, x, out, dout)
+    return dx, {**params, "bias": dout.mean(0)}
+
+
+@pytest.mark.parametrize("answer", [ANSWERS["04.9"], nb04.disagreeing_layers])
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+def test_04_9_worked_answers_judge_each_call_of_a_layer_called_twice(answer):
+    model, x, y = _called_twice()
+    assert [name for name, _ in model.named_children()] == ["0", "1"]
+    assert answer(model, x, y, bp.BACKWARD) == set()  # no false alarm
+    assert answer(model, x, y, {**bp.BACKWARD, nn.Linear: _linear_bias_by_the_mean}) == {"0"}
+    assert answer(model, x, y, {**bp.BACKWARD, nn.Tanh: lambda layer, x, out, d: (d, {})}) == {"1"}
+    assert leftover_hooks(model) == []
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+def test_a_one_slot_recorder_on_a_layer_called_twice_pairs_the_last_forward_with_the_first_backward():
+    """What lesson 04 §5 says of its Hook: each hook fires once per call; kept in one slot, the forward is the
+    last call's and the gradient the first call's (backward runs in reverse), so right formulas disagree."""
+    model, x, y = _called_twice()
+    fired, kept = [], {}
+
+    def forward(layer, args, out, name):
+        fired.append(("forward", name))
+        kept[name] = [args[0].detach(), out.detach()]  # one slot: the last call's
+
+    def backward(layer, grad_input, grad_output, name):
+        fired.append(("backward", name))
+        kept[name][2:] = [grad_input[0], grad_output[0]]  # one slot: the last backward's, the first call's
+
+    with hooklab.Hooks() as handles:
+        for name, layer in model.named_children():
+            handles.add(layer.register_forward_hook(partial(forward, name=name)))
+            handles.add(layer.register_full_backward_hook(partial(backward, name=name)))
+        F.cross_entropy(model(x), y).backward()
+    assert fired == [("forward", "0"), ("forward", "1")] * 2 + [("backward", "1"), ("backward", "0")] * 2
+    judged = set()
+    for name, (inp, out, grad_input, grad_output) in kept.items():
+        layer = model.get_submodule(name)
+        dx, params = bp.BACKWARD[type(layer)](layer, inp, out, grad_output)
+        pairs = [(dx, grad_input)] + [(g, getattr(layer, k).grad) for k, g in params.items() if g is not None]
+        judged |= {name} if any(b is not None and not torch.allclose(a, b) for a, b in pairs) else set()
+    assert judged == {"0", "1"}  # right formulas, and a false alarm on both layers
 
 
 def test_04_9_rejects_layer_names_as_ints():
