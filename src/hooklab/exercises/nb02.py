@@ -390,7 +390,7 @@ def _spreads(model: nn.Module, x: torch.Tensor, of: str = "output") -> dict[str,
 
     def keep(name):
         def hook(module, args, output):
-            stds[name] = (output if of == "output" else args[0]).std().item()
+            stds[name] = (args[0] if of == "input" else output).std(unbiased=of != "population").item()
 
         return hook
 
@@ -476,7 +476,11 @@ def _output_stds(output_stds) -> Outcome:
     inputs = _spreads(model, x, of="input")
     if all(math.isclose(values[n], inputs[n], rel_tol=1e-4) for n in expected) and inputs != expected:
         return Outcome(False, "these are the spreads of the inputs: a forward hook's third argument is the output")
+    population = _spreads(model, x, of="population")
     for name, std in expected.items():
+        if not math.isclose(values[name], std, rel_tol=1e-4) and math.isclose(values[name], population[name],
+                                                                               rel_tol=1e-6):
+            return Outcome(False, f"layer {name!r}: {values[name]:.4g}, expected {std:.4g}: that is " + POPULATION)
         if not math.isclose(values[name], std, rel_tol=1e-4):
             return Outcome(False, f"layer {name!r}: {values[name]:.4g}, expected {std:.4g} (output.std(), over "
                                   "every element of the output)")
@@ -909,7 +913,7 @@ def _reference_calls(model: nn.Module, x: torch.Tensor) -> list[tuple]:
     return records
 
 
-# the check's model: a ReLU called twice, a Tanh used in two places, a module that calls itself
+# the check's model: a ReLU called twice, a Tanh used in two places
 class _Block(nn.Module):
     """A small residual block that calls its ReLU twice, like torchvision's BasicBlock, and uses a
     borrowed activation ``act`` inside ``extra``."""
@@ -925,30 +929,15 @@ class _Block(nn.Module):
         return self.relu(self.extra(out) + x)
 
 
-class _Again(nn.Module):
-    """A step that calls itself once more on its own result, a tiny recurrence: its second call starts and
-    ends inside its first, so inputs kept under the module's name alone pair the first call with the second's."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.fc = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor, again: bool = True) -> torch.Tensor:
-        out = self.fc(torch.tanh(x))  # tanh first: the inner call's input differs from its fc's
-        return self(out, again=False) if again else out
-
-
 def _calls_model(inplace: bool = True) -> nn.Module:
-    """Calls ``1`` (a Tanh) at the top and again inside ``2.extra``; ``2.relu`` twice per forward; ``3``
-    calls itself once."""
+    """Calls ``1`` (a Tanh) at the top and again inside ``2.extra``; ``2.relu`` twice per forward."""
     torch.manual_seed(2)  # on the checker's own random stream (see ``exercise``)
     act = nn.Tanh()
-    return nn.Sequential(nn.Linear(3, 4), act, _Block(act, inplace=inplace), _Again())
+    return nn.Sequential(nn.Linear(3, 4), act, _Block(act, inplace=inplace))
 
 
 CALLS_MODEL = ("'0' Linear → '1' Tanh → '2' a residual block: '2.fc' Linear → '2.relu' (in place) → '2.extra' "
-               "= '2.extra.0' Linear + the Tanh '1' again, plus the block's input → '2.relu' again → '3', which "
-               "runs '3.fc' Linear, then calls '3' again inside its own call ('3.fc' again)")
+               "= '2.extra.0' Linear + the Tanh '1' again, plus the block's input → '2.relu' again")
 
 
 def _record_list(recorder, size: int) -> tuple[list | None, Outcome | None]:
@@ -1011,17 +1000,17 @@ def _paired_outcome(where: str, inputs, expected: list, i: int, left: bool = Fal
         return None
     if left and other < i:  # the inputs of a call that had already ended: read, never taken off
         return Outcome(False, f"{where} holds the inputs of record {other} ({expected[other - 1][0]!r}), a call "
-                              "that had already ended: take them off the stack (pop) in the forward hook, so "
-                              "that an ended call's inputs leave it")
-    if other < i and expected[other - 1][0] == expected[i - 1][0]:  # one slot per name, overwritten
-        return Outcome(False, f"{where} holds the inputs of record {other}, the call of the same module that "
-                              "started inside it and overwrote them: a module can call itself, so one slot per "
-                              "name is not enough; push each call's inputs onto a stack (a list) in the pre-hook "
-                              "and pop() the last in the forward hook")
+                              "that had already ended: take them off (pop) in the forward hook, so that an ended "
+                              "call's inputs leave")
+    if other < i and expected[other - 1][0] == expected[i - 1][0]:  # an earlier call's inputs, never taken back
+        return Outcome(False, f"{where} holds the inputs of record {other}, an earlier call of the same module: "
+                              "the pre-hook puts each call's inputs aside, and the forward hook of that same call "
+                              "takes them back (waiting.pop(name))")
     return Outcome(False, f"{where} holds the inputs of another call (those of record {other}, "
                           f"{expected[other - 1][0]!r}): a forward hook must take the inputs its own call's pre-hook "
-                          "copied; calls nest, so the call that ends is the one started last among those still "
-                          "running: take the inputs put aside last, not first")
+                          "copied: keep them under the module's name (waiting[name]) and take them back with "
+                          "waiting.pop(name); on one list, take the inputs put aside last, not first (calls nest: "
+                          "a container's call ends after its children's)")
 
 
 @exercise("02.4", "a recorder with one record per call, inputs included")
@@ -1039,9 +1028,9 @@ def _call_recorder(CallRecorder) -> Outcome:
     except (KeyError, IndexError) as error:
         left_on(model)
         return Outcome(False, f"your code raised {type(error).__name__}: {error}: a forward hook found no inputs "
-                              "waiting for its call; calls nest ('3' calls itself: its second call starts and "
-                              "ends inside its first), so push each call's inputs onto a stack (a list) in the "
-                              "pre-hook and pop() the last in the forward hook")
+                              "waiting for its call; the pre-hook puts each call's inputs aside under the "
+                              "module's name (waiting[name] = copies), and the forward hook of the same call "
+                              "takes them back (waiting.pop(name))")
     finally:
         left_on(model)
     if wrong:
@@ -1055,10 +1044,9 @@ def _call_recorder(CallRecorder) -> Outcome:
     for i, ((name, inputs, out), (_, want_in, want_out)) in enumerate(zip(records, expected, strict=True), start=1):
         where = f"record {i} ({name!r})"  # the first wrong record is the one reported
         if inputs is None and any(other == name for other, _, _ in expected[:i - 1]):
-            return Outcome(False, f"{where} has no inputs (None): a call of {name!r} that started inside this one "
-                                  "took them from their slot before this call ended; a module can call itself, "
-                                  "so one slot per name is not enough: push each call's inputs onto a stack (a "
-                                  "list) in the pre-hook and pop() the last in the forward hook")
+            return Outcome(False, f"{where} has no inputs (None): the pre-hook puts each call's inputs aside under "
+                                  "the module's name, and the forward hook of the same call takes them back "
+                                  "(waiting.pop(name))")
         wrong = _inputs_outcome(where, inputs, want_in, pre_hooked[0])
         if wrong:  # inputs of another call: a pairing slip, whatever the values look like; where they look
             # overwritten by the in-place ReLU, only another call of the same module counts as a pairing slip
@@ -1074,9 +1062,9 @@ def _call_recorder(CallRecorder) -> Outcome:
     failed = left_when_raising(lambda: _raise_inside(recorder, broken), broken)
     if failed:
         return failed
-    return Outcome(True, f"{len(expected)} records in the order the calls end ('1', '2.relu', '3' and '3.fc' "
-                         "twice each, one call of '3' inside the other), each with its inputs from before the "
-                         "call and its output, all detached copies; backward ran; no hook left")
+    return Outcome(True, f"{len(expected)} records in the order the calls end ('1' and '2.relu' twice each), "
+                         "each with its inputs from before the call and its output, all detached copies; "
+                         "backward ran; no hook left")
 
 
 # ----- worked answers the lesson falls back on ------------------------------------------------------------
@@ -1144,18 +1132,19 @@ class CallRecorder:
     calls end."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.model, self.records, self.handles, self.waiting = model, [], [], []
+        self.model, self.records, self.handles, self.waiting = model, [], [], {}
 
-    def put_aside(self, module, args):
-        self.waiting.append(tuple(a.detach().clone() for a in args))
+    def put_aside(self, name, args):
+        self.waiting[name] = tuple(a.detach().clone() for a in args)
 
     def keep(self, name, output):
-        self.records.append((name, self.waiting.pop(), output.detach().clone()))
+        self.records.append((name, self.waiting.pop(name), output.detach().clone()))
 
     def __enter__(self):
         for name, module in self.model.named_modules():
             if name:
-                self.handles.append(module.register_forward_pre_hook(self.put_aside))
+                self.handles.append(module.register_forward_pre_hook(
+                    lambda module, args, name=name: self.put_aside(name, args)))
                 self.handles.append(module.register_forward_hook(
                     lambda module, args, output, name=name: self.keep(name, output)))
         return self
