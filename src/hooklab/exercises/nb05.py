@@ -1,11 +1,11 @@
-"""Exercises and predictions of notebook 05, in its order: what zeroing the live channels does (05.a), dead
+"""Exercises and predictions of notebook 05, in its order: which live channel matters most (05.a), dead
 channels found with a forward hook (05.1), why they stay dead and a watch that counts them at every step (05.b,
 05.2), whose guided map resembles the digit more, trained or untrained, and guided backpropagation as a class of ReLU
 hooks (05.c, 05.3), the Grad-CAM recorder: a tensor hook registered from a forward hook (05.4), which channels of
-features.3 Grad-CAM weighs and which add to its map (05.d), whether deleting the pixels under the map's darkest
-cells or random ones lowers the class score more (05.e), which map changes with the class (05.f), and layers
-re-drawn by forward hooks that run a fresh copy (05.5). 05.3 and 05.5 subclass ``Hooked``, the student's
-DeadWatch generalised; section 2's twelve-epoch runs at lr 1e-3 are stored in ``SLOW_RUNS``. Layer-CAM, with
+features.3 Grad-CAM weighs and which add to its map (05.d), on what share of digits filling the pixels under the
+map's brightest cells lowers the class score more than under random ones (05.e), which map changes with the class
+(05.f), and layers re-drawn by forward hooks that run a fresh copy (05.5). 05.3 and 05.5 subclass ``Hooked``, the
+student's DeadWatch generalised; section 2's twelve-epoch runs at lr 1e-3 are stored in ``SLOW_RUNS``. Layer-CAM, with
 that recorder, is the field guide's exercise G5.2, and the cascade of copies G5.3 (their checkers, in g5.py, use
 the cases here)."""
 
@@ -101,7 +101,7 @@ def _two_counts(guess: object) -> str | None:
     return "write two whole numbers in a list, without quotes, e.g. [0, 0], then run the cell again"
 
 
-def _zeroed(model: nn.Module, channels: torch.Tensor) -> torch.Tensor:
+def _zeroed(model: nn.Module, channels) -> torch.Tensor:
     """The trained network's predictions for the test digits, with a forward hook on features.3 whose
     return value sets the given channels to 0."""
 
@@ -114,15 +114,9 @@ def _zeroed(model: nn.Module, channels: torch.Tensor) -> torch.Tensor:
         return model(_digits().x_test).argmax(dim=1)
 
 
-@prediction("05.a", "how many classes the network predicts with the live channels of features.3 set to 0",
-            why="the 24 dead channels are already 0 for every test digit; with the 8 others at 0 too, everything "
-                "above features.3 sees the same zeros for every digit, so every digit gets the same scores and the "
-                "same class",
-            wrong=[(8, "count classes, not channels: with all 32 channels at 0, every digit gets the same scores, "
-                       "so the same one class"),
-                   (10, "with the 8 live channels at 0, all 32 are 0 for every digit: what the layers above see no "
-                        "longer depends on the digit, so neither do the scores")])
-def _zeroing() -> int:
+def _knockouts() -> tuple[dict[int, float], dict[int, float]]:
+    """For each live channel of features.3 (test digits): its mean output, and the test accuracy with that channel
+    alone set to 0 by a forward hook."""
     model, data, kept = trained_digits_cnn(), _digits(), {}
     handle = model.features[3].register_forward_hook(lambda module, args, output: kept.update(output=output))
     try:
@@ -130,8 +124,34 @@ def _zeroing() -> int:
             model(data.x_test)
     finally:
         handle.remove()
-    dead = (kept["output"] == 0).flatten(2).all(dim=2).all(dim=0)
-    return len(_zeroed(model, ~dead).unique())
+    out = kept["output"]
+    live = (out != 0).flatten(2).any(dim=2).any(dim=0).nonzero().flatten().tolist()
+    means = {c: float(out[:, c].mean()) for c in live}
+    accuracies = {c: float((_zeroed(model, [c]) == data.y_test).float().mean()) for c in live}
+    return means, accuracies
+
+
+def _a_channel(guess: object) -> str | None:
+    """A ``form`` for ``prediction``: None for a channel number, else what the question wants."""
+    if isinstance(guess, int) and not isinstance(guess, bool) and 0 <= guess < 32:
+        return None
+    return "write one channel number, a whole number from 0 to 31, without quotes, then run the cell again"
+
+
+@prediction("05.a", "which live channel of features.3, set to 0 alone, lowers the test accuracy most",
+            why="the layer above reads each channel through its values: the channel with the largest mean output "
+                "supplies the most of its input, so zeroing it moves the scores most (printed: the mean outputs "
+                "beside the accuracies)",
+            wrong=[(16, "channel 16 is dead: it is 0 for every digit already, so setting it to 0 changes nothing; "
+                        "pick among the 8 live ones, by their mean output"),
+                   (0, "channel 0 is the first live one, not the largest: compare the 8 live channels' mean outputs "
+                       "(rec['features.3'].output.mean(dim=(0, 2, 3)))"),
+                   (23, "close: its mean output is the second largest; one channel's is far larger")],
+            form=_a_channel)
+def _most_needed() -> int | str:
+    _, accuracies = _knockouts()
+    ranked = sorted(accuracies, key=accuracies.get)
+    return ranked[0] if accuracies[ranked[1]] - accuracies[ranked[0]] > 0.05 else "no single one"
 
 
 def _blocked() -> dict:
@@ -194,9 +214,9 @@ RESEMBLES = ("yes", "no")
                 "back only positive amounts, and only through units that are on, so the map is a positive mix of "
                 "weight patterns that each line up with the digit, whatever the weights are. Measured: all 8 "
                 "never-trained networks' maps reach 0.5",
-            wrong=[("no", "redo the small example: the unit that is on has weights lined up with the ink (that is "
-                          "why it is on), the clamp keeps its share positive, and the unit that would draw the "
-                          "opposite is off. That holds for random weights as well as trained ones")],
+            wrong=[("no", "a unit that is on has weights lined up with the ink under it (that is why it is on), the "
+                          "clamp keeps its share positive, and a unit that would draw the opposite is off. Random "
+                          "weights line up with the ink this way as well as trained ones")],
             form=_one_of(RESEMBLES))
 def _untrained_resembles() -> str:
     _, untrained = _guided_resemblance()
@@ -232,45 +252,47 @@ def _grad_cam_channels() -> list:
     return _cam_channels()
 
 
-def _deletion_drops(cells: int = 4) -> dict:
+def _deletion_drops(cells: int = 4, orders: int = 5) -> dict:
     """The deletion test of lesson 05 on all 450 test digits: Grad-CAM at features.6 for the predicted class, the
     2×2 pixels under ``cells`` of its 16 cells filled with the digit's mean pixel by a forward pre-hook on the
-    model, for the brightest cells, cells in a random order per digit (seed 0) and the darkest cells. The fall
-    of the class score, digit by digit, for each."""
+    model, for the brightest cells, the darkest cells and cells in ``orders`` random orders per digit (seeds 0, 1,
+    ...). The fall of the class score, digit by digit, for each (``random``: a list, one per order)."""
     from ..saliency import grad_cam
 
     model, x = trained_digits_cnn(), _digits().x_test
     cam = grad_cam(model, x, "features.6")
     order = cam.raw.flatten(1).argsort(dim=1, descending=True)
     fill = x.mean(dim=(1, 2, 3), keepdim=True)
-    chance = random_orders(len(x), 0)
-    drops = {}
-    for label, ranked in (("brightest", order), ("random", chance), ("darkest", order.flip(1))):
+
+    def falls(ranked):
         patch = pixels_under(ranked[:, :cells])
-        with model.register_forward_pre_hook(lambda m, args, p=patch: (torch.where(p, fill, args[0]),)), \
-                torch.no_grad():
-            drops[label] = cam.scores - model(x).gather(1, cam.targets[:, None])[:, 0]
-    return drops
+        with model.register_forward_pre_hook(lambda m, args: (torch.where(patch, fill, args[0]),)), torch.no_grad():
+            return cam.scores - model(x).gather(1, cam.targets[:, None])[:, 0]
+
+    return {"brightest": falls(order), "darkest": falls(order.flip(1)),
+            "random": [falls(random_orders(len(x), seed)) for seed in range(orders)]}
 
 
-DELETED = ("darkest", "random", "about the same")
+SHARES = ("nearly all", "most", "about half")
+_SHARE_BOUNDS = {"nearly all": (0.9, 1.0), "most": (0.7, 0.9), "about half": (0.35, 0.7)}
 
 
-@prediction("05.e", "which lowers the class score more: filling the map's 4 darkest cells or 4 random cells",
-            why="if the map ranks the evidence at all, its darkest cells hold the least of it (before its ReLU, even "
-                "evidence against the class): filling them costs the score less than filling cells picked at random "
-                "(mean falls printed). The other end is weaker: the brightest cells beat random ones on only about "
-                "half the digits",
-            wrong=[("darkest", "the darkest cells are where the map puts the least evidence for the class: filling "
-                               "them removes less than filling cells picked at random, which hold average evidence"),
-                   ("about the same", "measured: the gap is many times its standard error (printed); the darkest "
-                                      "cells hold the least evidence for the class, random ones an average share")],
-            form=_one_of(DELETED))
-def _darkest_or_random() -> str:
+@prediction("05.e", "on what share of the digits filling the map's 4 brightest cells lowers the class score more "
+                    "than filling 4 random cells",
+            why="a cell of features.6 is computed from most of the digit, not from the 2×2 pixels under it, so what "
+                "lies under the brightest cells is not what made them bright: filling there beats filling random "
+                "cells on only about half the digits (printed, five random orders)",
+            wrong=[("nearly all", "the map ranks cells of features.6, and each is computed from most of the digit "
+                                  "(printed: 36 to 64 of the 64 pixels): the 4 pixels under a bright cell are not "
+                                  "what made it bright"),
+                   ("most", "fewer: each cell of features.6 is computed from most of the digit, so the 4 pixels "
+                            "under a bright cell hold little more of the evidence than 4 pixels anywhere")],
+            form=_one_of(SHARES))
+def _brightest_beats_random() -> str:
     drops = _deletion_drops()
-    gap = drops["random"] - drops["darkest"]  # digit by digit
-    error = float(gap.std()) / len(gap) ** 0.5
-    return DELETED[1] if gap.mean() > 3 * error else DELETED[0] if gap.mean() < -3 * error else DELETED[2]
+    shares = [float((drops["brightest"] > chance).float().mean()) for chance in drops["random"]]
+    fits = [k for k, (low, high) in _SHARE_BOUNDS.items() if all(low <= share <= high for share in shares)]
+    return fits[0] if fits else "it depends on the random order"
 
 
 MAP_CHOICES = ("plain gradient", "guided backprop", "Grad-CAM")
@@ -371,13 +393,16 @@ def _wrong_dead_channels(got, out: torch.Tensor) -> Outcome | None:
 def _signed_case() -> tuple[nn.Module, torch.Tensor]:
     """A convolution (outputs of both signs) then a ReLU, and two images. At the convolution, channel 0 is +1 at one
     position of the first image, -1 there in the second and 0 elsewhere: its mean is exactly 0, yet it is not dead;
-    channel 1 is 0 everywhere: dead; channel 2 is -1 everywhere: below 0, not 0, so not dead."""
-    conv = nn.Conv2d(1, 3, 3, padding=1)
+    channel 1 is 0 everywhere: dead; channel 2 is -1 everywhere: below 0, not 0, so not dead; channel 3 is 0 at that
+    position of the first image and negative everywhere else (-1, and -2 in the second image): its largest value is
+    0, yet it is not dead."""
+    conv = nn.Conv2d(1, 4, 3, padding=1)
     with torch.no_grad():
         conv.weight.zero_()
         conv.bias.zero_()
         conv.weight[0, 0, 1, 1] = 1.0
         conv.bias[2] = -1.0
+        conv.weight[3, 0, 1, 1], conv.bias[3] = 1.0, -1.0
     x = torch.zeros(2, 1, 4, 4)
     x[0, 0, 1, 2], x[1, 0, 1, 2] = 1.0, -1.0
     return nn.Sequential(conv, nn.ReLU()), x
@@ -406,6 +431,10 @@ def _wrong_on_signed(dead_channels) -> Outcome | None:
     if 2 in indices:
         return Outcome(False, f"{where}, channel 2 is -1 everywhere: below 0 is not 0; dead means exactly 0 "
                               "(after a ReLU the two agree), so compare with == 0, not <= 0")
+    if 3 in indices:
+        return Outcome(False, f"{where}, channel 3's largest value is 0, but everywhere else it is negative (-1 or "
+                              "-2): a largest value of 0 is not all zeros (after a ReLU the two agree); dead means "
+                              "exactly 0 at every position, so compare each value with == 0, not the max")
     wrong = _wrong_dead_channels(got, out)
     return Outcome(False, f"{where}: {wrong.detail}") if wrong else None
 
