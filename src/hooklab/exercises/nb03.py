@@ -109,12 +109,31 @@ def _order_and_none_wrongs() -> list:
     return wrong
 
 
+_NAMES = {"fc1", "s1", "fc2", "s2"}
+
+
+def _order_and_none_form(guess: object) -> str | None:
+    """A hint for a guess that is not (a list of the four names, one name or None), else None."""
+    asked = ("the question asks for two things, as a pair: (the four names in the order the hooks run, one name "
+             "or None), e.g. ([\"fc1\", \"s1\", \"fc2\", \"s2\"], \"s2\")")
+    if not isinstance(guess, (list, tuple)) or len(guess) != 2:
+        return asked
+    order, none = guess
+    names = [str(n).strip().strip("'\"").lower() for n in order] if isinstance(order, (list, tuple)) else []
+    if sorted(names) != sorted(_NAMES):
+        return asked + ": the first item lists each of fc1, s1, fc2, s2 once"
+    if none is not None and str(none).strip().strip("'\"").lower() not in _NAMES:
+        return asked + ": the second item is one of the four names, or None"
+    return None
+
+
 @prediction(
     "03.a", "the order in which TinySigmoidNet's four backward hooks run, and which gets None as grad_input[0], if any",
     why="backward starts at the loss, so s2's hook runs first and fc1's last. fc1's only input, x, needs no grad: "
         "there is no dL/dx, so its grad_input is (None,) (with a UserWarning). Every other layer's input is an "
         "output of a layer with parameters, so it needs grad and gets a tensor.",
     wrong=_order_and_none_wrongs(),
+    form=_order_and_none_form,
 )  # fmt: skip
 def _order_and_none() -> tuple[list[str], str | None]:
     net, order, nones = TinySigmoidNet(), [], []
@@ -733,8 +752,6 @@ def _layer_tracker(tracker_class) -> Outcome:
         _clear_all_hooks(model)
         raise
     left = _clear_all_hooks(model)
-    if hooked.get("tensor") and not hooked.get("post"):
-        return Outcome(False, _WEIGHT_TENSOR_HOOK)
     if left:
         return Outcome(False, f"after remove(), {left[0]}: keep both handles, the forward hook's and the "
                               "post-accumulate-grad hook's, and remove both")
@@ -742,8 +759,44 @@ def _layer_tracker(tracker_class) -> Outcome:
     model(batches[0]).pow(2).sum().backward()
     tables = {what: {name: getattr(t, what, None) for name, t in trackers.items()}
               for what in ("grad_stds", "ratios", "spreads")}  # fmt: skip
-    return _compare_tracks(tables, len(batches), "remove()") or Outcome(
-        True, "gradient std, spread and update:data ratio of each layer, three steps, nothing after remove()")
+    return _compare_tracks(tables, len(batches), "remove()") or _accumulation_outcome(tracker_class) or Outcome(
+        True, "gradient std, spread and update:data ratio of each layer, three steps, nothing after remove(), and "
+              "two backward passes adding up in .grad before a step")
+
+
+def _accumulated_ratios(batches: list[torch.Tensor]) -> tuple[list[float], list[float]]:
+    """Layer '0''s log10 update:data ratios over two backward passes without zero_grad between them: what .grad
+    holds after each (the sum so far), and what each pass alone gives (what a tensor hook on the weight sees)."""
+    model = _in_place_mlp()
+    weight = model[0].weight
+    grads = [torch.autograd.grad(model(x).pow(2).sum(), weight)[0] for x in batches]
+
+    def ratio(grad: torch.Tensor) -> float:
+        return ((_LR * grad).std() / weight.std()).log10().item()
+
+    return [ratio(grads[0]), ratio(grads[0] + grads[1])], [ratio(grad) for grad in grads]
+
+
+def _accumulation_outcome(tracker_class) -> Outcome | None:
+    """Two backward passes before a step, gradients adding up in .grad: the ratio must be .grad's, the sum."""
+    model, batches = _in_place_mlp(), _batches()[:2]
+    tracker = tracker_class(model[0], lr=_LR)
+    try:
+        for x in batches:  # no zero_grad between them: .grad holds the sum of both passes' gradients
+            model(x).pow(2).sum().backward()
+    finally:
+        tracker.remove()
+        _clear_all_hooks(model)
+    got = [float(v) for v in getattr(tracker, "ratios", [])]
+    want, per_pass = _accumulated_ratios(batches)
+    if len(got) == 2 and all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(got, want, strict=True)):
+        return None
+    shown = f"ratios['0'] {[f'{v:.4g}' for v in got]}, expected {[f'{v:.4g}' for v in want]}"
+    if len(got) == 2 and all(math.isclose(a, b, rel_tol=1e-4) for a, b in zip(got, per_pass, strict=True)):
+        return Outcome(False, f"two backward passes before a step, gradients adding up in .grad: {shown}, the "
+                              f"second from .grad, the sum of both passes; {_WEIGHT_TENSOR_HOOK}")
+    return Outcome(False, f"two backward passes before a step, gradients adding up in .grad: {shown} (one ratio "
+                          "a backward pass, from .grad once it is complete)")
 
 
 # ----- 03.5: the with block ----------------------------------------------------------------------------------
