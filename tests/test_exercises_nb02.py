@@ -25,7 +25,7 @@ def test_the_worked_answers_the_lesson_falls_back_on_pass(id, answer):
 
 
 # ----- predictions ---------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("02.a", 8.2), ("02.b", 14.0), ("02.c", False),
+@pytest.mark.parametrize(("id", "truth"), [("02.a", 8.2), ("02.b", 14.0), ("02.c", 3.11),
                                            ("02.d", [True, False, True, False]), ("02.e", 75)])  # fmt: skip
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
@@ -38,10 +38,12 @@ def test_02a_why_quotes_the_measured_factors():
     assert all(5 <= f <= 30 for f in factors.values())  # the lesson's "5 to 30 times"
 
 
-def test_02c_the_control_stays_flat_with_every_channel_live():
-    losses = nb02._frozen_bias_losses()
-    assert round(sum(losses[-10:]) / 10, 2) == 2.31  # the lesson's "2.31 over the last 10 steps"
-    failed("02.c", "no", "True or False")
+def test_02c_accepts_half_a_decade_either_way_and_asks_for_the_power_of_ten():
+    assert round(nb02._bias_over_weight(), -2) == 1300  # the lesson's "1.3e+03 times the weight's"
+    assert all(grade("02.c", guess).passed for guess in (3, 3.0, 2.6, 3.6))
+    assert not any(grade("02.c", guess).passed for guess in (2, 2.5, 3.7, 4))
+    failed("02.c", 1000, "log10 of the factor", "not 100")
+    failed("02.c", "3", "without quotes")
 
 
 def test_02a_accepts_from_the_measured_value_to_the_rule_with_padding_and_no_further():
@@ -53,7 +55,8 @@ def test_02a_accepts_from_the_measured_value_to_the_rule_with_padding_and_no_fur
 @pytest.mark.parametrize(("id", "guess", "words"), [
     ("02.a", 0.12, "multiplies"), ("02.a", 25, "16 channels × 3×3"),
     ("02.a", 5.9, "32 × 3×3 = 288"), ("02.b", 8.0, "pre-hook ran too"),
-    ("02.b", 7.0, "replaces the output"), ("02.c", True, "live channel is not enough"),
+    ("02.b", 7.0, "replaces the output"), ("02.c", 0, "only if the inputs were of size 1"),
+    ("02.c", -3, "the other way round"),
     ("02.a", 100, "√144 = 12"), ("02.a", 12, "0.01·12 = 0.12"),
     ("02.e", 67, "twice"), ("02.d", [True, True, True, True], "shares memory"),
     ("02.d", [True, False, True, True], "forward hook runs after"),
@@ -313,6 +316,21 @@ def step_stats(late=False, as_tensor=False, of="output", population=False, retur
 def test_02_3_accepts_numbers_per_call():
     result = grade("02.3", step_stats())
     assert result.passed, result.detail
+
+
+def test_02_3_rejects_hooks_registered_in_init_naming_lesson_00_3_s_rule():
+    base = step_stats()
+
+    class InInit(base):
+        def __init__(self, model, names):
+            super().__init__(model, names)
+            base.__enter__(self)  # registered when made
+
+        def __enter__(self):
+            return self
+
+    failed("02.3", InInit, "right after StepStats(model, names)", "registered on layer '1'",
+           "in __enter__, not __init__", "00.3")
 
 
 def test_02_3_names_the_slip():

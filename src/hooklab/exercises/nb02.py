@@ -1,10 +1,10 @@
 """Predictions and exercises of notebook 02: module forward hooks.
 
 The lesson's problem is a digits CNN whose weights are drawn with std 0.01: its loss does not
-move. The predictions recompute what the lesson shows (``_fresh`` and ``_train`` are the lesson's
-``fresh`` and ``train``); the exercises are the hooks of each section: one hook per layer (02.1),
-a hook that changes weights (02.2), statistics kept at every training step (02.3), and the
-student's recorder grown to one record per call, its inputs copied before in-place layers run (02.4).
+move. The predictions recompute what the lesson shows (``_fresh`` is the lesson's ``fresh``); the
+exercises are the hooks of each section: one hook per layer (02.1), a hook that changes weights (02.2),
+statistics kept at every training step (02.3), and the student's recorder grown to one record per
+call, its inputs copied before in-place layers run (02.4).
 
 At the end, the worked answers the lesson falls back on while a student's own has not passed
 (``output_stds``, ``rescale_to_unit_std``, ``StepStats``, ``CallRecorder``).
@@ -141,21 +141,6 @@ def _fresh(std: float | None = 0.01) -> nn.Module:
     return model
 
 
-def _train(model: nn.Module, steps: int = 100, lr: float = 0.1, batch: int = 64) -> list[float]:
-    """The lesson's ``train``: SGD with momentum on random batches of digits; the loss of every step."""
-    data = _digits()
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    generator, losses = torch.Generator().manual_seed(0), []
-    for _ in range(steps):
-        idx = torch.randint(0, len(data.y_train), (batch,), generator=generator)
-        loss = F.cross_entropy(model(data.x_train[idx]), data.y_train[idx])
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    return losses
-
-
 def _naming(model_map: str):
     """A failure that quotes a layer of the check's model also shows that model, which the student never sees."""
 
@@ -254,26 +239,35 @@ def _doubled() -> float:
             post.remove()
 
 
-@functools.cache
-def _frozen_bias_losses() -> tuple[float, ...]:
-    """The lesson's control: the std-0.01 network trained 100 steps with its convolutions' biases frozen at 0."""
-    model = _fresh(0.01)
-    for m in model.modules():
-        if isinstance(m, nn.Conv2d):
-            m.bias.requires_grad_(False)
-    return tuple(_train(model))
+def _bias_over_weight() -> float:
+    """The std-0.01 network's first backward on 64 digits: std of features.5's bias gradient over that of its
+    weight gradient (the lesson prints it)."""
+    data, model = _digits(), _fresh(0.01)
+    F.cross_entropy(model(data.x_train[:64]), data.y_train[:64]).backward()
+    conv = model.features[5]
+    return (conv.bias.grad.std() / conv.weight.grad.std()).item()
 
 
-@prediction("02.c", "whether the std-0.01 network learns with its convolutions' biases frozen at 0",
-            why="no: a weight's gradient is its layer's input times the gradient from above (dL/dw = x·dL/dy), "
-                "both tiny in this network, so its weights barely move, dead channels or not; frozen biases "
-                "keep every channel live and change nothing else, and the loss stays near 2.30",
-            wrong=[(True, "a live channel is not enough: a weight's gradient is its layer's input times the "
-                          "gradient from above (dL/dw = x·dL/dy), both still tiny, so the weights move as little "
-                          "as before")])
-def _learns_with_frozen_biases() -> bool:
-    losses = _frozen_bias_losses()
-    return sum(losses[-10:]) / 10 < 2.0
+def _a_power_of_ten(guess) -> str | None:
+    """The form 02.c asks for: log10 of the factor, a number between -10 and 10."""
+    if isinstance(guess, int | float) and not isinstance(guess, bool) and abs(guess) >= 10:
+        return "write the power of ten, log10 of the factor: 2 for a factor of 100, not 100"
+    return None
+
+
+@prediction("02.c", "by what power of ten features.5's bias gradient exceeds its weight gradient",
+            why="dL/db adds up dL/dy over every image and position; dL/dw adds up the same terms, each multiplied "
+                "by the layer's input, here of size about 10⁻³ (section 1: features.4's output has std 8.9e-04). "
+                "So the bias gradient is about 1 / 10⁻³ = 10³ times the weight's: measured 1.3·10³, log10 3.1; "
+                "the check accepts half a decade either way",
+            wrong=[(0.0, "they would be the same size only if the inputs were of size 1: dL/dw multiplies each "
+                         "term of dL/db by an input of size about 10⁻³"),
+                   (-3.0, "the other way round: dL/dw multiplies each term of dL/db by an input of size about "
+                          "10⁻³, so the weight's gradient is the smaller one")],
+            rel=0.165, form=_a_power_of_ten)
+def _bias_over_weight_decades() -> float:
+    """log10 of the factor, 3.11; ``rel`` = 16.5 % of it is half a decade: 2.6 to 3.6 pass, 2.5 and 3.7 fail."""
+    return round(math.log10(_bias_over_weight()), 2)
 
 
 def _resnet18():
@@ -697,6 +691,12 @@ def _entered(recorder_class, model: nn.Module, run, on_enter=None,
     own hooks watching for hooks that return a value; the recorder, or what went wrong. ``on_enter()``
     runs first in the block, before the checker adds its hooks."""
     recorder, watch = recorder_class(model), None
+    early = left_on(model)  # made, not yet entered: nothing may be registered
+    if early:
+        made = (usage or f"{type(recorder).__name__}(model) as rec").split(" as ")[0]
+        return None, Outcome(False, f"right after {made}, before any with block, {early[0]}: register the hooks "
+                                    "in __enter__, not __init__ (lesson 00.3's rule: a recorder never used in a "
+                                    "with block must leave nothing), and return self")
     try:
         with recorder as rec:
             if rec is not recorder:
