@@ -326,65 +326,53 @@ def layer_0_restores() -> torch.Tensor:
     return patching_sweep(_model(), clean, second_corruption(), ["blocks.0.hook_attn_out"], logit_diff_2)[0, :Q + 1]
 
 
-@prediction("08.b", "the positions whose clean blocks.0.hook_attn_out, patched in alone, restores more than 0.3 of "
-                    "the second corruption's logit[19] − logit[12]",
-            why="[1, 3]: layer 0's output at a position records the token before it. The clean record at 3, \"a 3 "
-                "before me\", gives the query its match back; the clean record at 1, \"a 5 before me\", removes "
-                "the match the swap made there",
-            wrong=[([3], "3 is one of them: its clean record, \"a 3 before me\", gives the query its match back. "
-                         "What does the record at 1 say in the swapped run, and in the clean one?"),
-                   ([1], "1 is one of them: its clean record removes the match the swap made. What does the clean "
-                         "record at 3 say?"),
-                   ([0, 2], "the tokens at 0 and 2 sit in their embeddings, which stay swapped; layer 0's output at "
-                            "a position records the token before it"),
-                   ([9], "the query's own record is the same in both runs: its token before it, 12, did not move")],
-            form=_positions)
-def _layer0_positions() -> list[int]:
-    return [p for p, v in enumerate(layer_0_restores().tolist()) if v > 0.3]
+@prediction("08.b", "the one position whose clean blocks.0.hook_attn_out, patched in alone, gives the query its "
+                    "match back (restores the most of the second corruption's logit[19] − logit[12])",
+            why="3: layer 0's output at a position records the token before it. The clean record at 3, \"a 3 before "
+                "me\", is the one the query's 3 looks for",
+            wrong=[(1, "1 holds the swapped run's match: its record says \"a 3 before me\" there, and the clean one "
+                       "does not. Where does the clean run's record \"a 3 before me\" sit?"),
+                   (0, "the earlier 3 sits at 0 in the swapped run, but the tokens sit in their embeddings, which stay "
+                       "swapped; layer 0's output at a position records the token before it"),
+                   (2, "the clean run's 3 sits at 2, in its embedding, which the patch leaves swapped; layer 0's "
+                       "output at a position records the token before it"),
+                   (9, "the query's own record is the same in both runs: its token before it, 12, did not move")],
+            form=_one_whole)
+def _layer0_position() -> int:
+    return int(layer_0_restores().argmax())
 
 
-def head_0_noised() -> float:
-    """The clean run's logit difference with layer 1's head 0 at the query taken from the corrupted run."""
-    model = _model()
-    point = "blocks.1.attn.hook_z"
-    corrupted_z = clean_cache_of(model, clean_and_corrupted()[1], [point])[point]
-
-    def hook(module, args, output):
-        output = output.clone()
-        output[:, Q, 0] = corrupted_z[:, Q, 0]
-        return output
-
-    return logit_diff(run_hooked(model, clean_and_corrupted()[0], point, hook))
+def _one_number(guess: object) -> str | None:
+    """The form hint for a guess that is not one number (a bool is not one), else None."""
+    ok = isinstance(guess, int | float) and not isinstance(guess, bool)
+    return None if ok else "write one number, like 1.5, without quotes or brackets"
 
 
-def joint_and_single_drops() -> tuple[float, float]:
-    """The clean run's drop with all four of layer 1's heads zeroed at once, and the sum of the four drops with
-    one head zeroed at a time."""
+def zeroed_std(heads: list[int]) -> float:
+    """What the final LayerNorm divides by at the query, ``sqrt(var + eps)``, with these layer-1 heads zeroed."""
+    from ..recording import record
+
     model, clean = _model(), clean_and_corrupted()[0]
-    intact = logit_diff(model(clean).detach())
-    joint = intact - logit_diff(run_hooked(model, clean, "blocks.1.attn.hook_z", lambda m, a, o: o * 0))
-    return joint, ablation_scores(model, clean, 1, logit_diff).sum().item()
+    keep = torch.ones(4, 1)
+    keep[heads] = 0
+    with model.blocks[1].attn.hook_z.register_forward_hook(lambda m, a, o: o * keep), \
+            record(model, ["blocks.1.hook_resid_post"]) as rec, torch.no_grad():
+        model(clean)
+    resid = rec["blocks.1.hook_resid_post"].output[0, Q]
+    return (resid.var(unbiased=False) + model.ln_final.eps).sqrt().item()
 
 
-def _more_or_less(guess: object) -> str | None:
-    """The form hint for a guess that is not the word "more" or "less", else None."""
-    if isinstance(guess, str) and guess.strip().strip("'\"").lower() in ("more", "less"):
-        return None
-    return 'write one word in quotes, "more" or "less"'
-
-
-@prediction("08.e", "all four layer-1 heads zeroed at once: is the drop more or less than the single drops summed "
-                    "(1.07)",
-            why="more (next cell: 6.26): one head zeroed, the final LayerNorm divides by a smaller std and scales "
-                "up the three heads left, which copy the same 19; all four zeroed, no head is left to scale up",
-            wrong=[("less", "one head zeroed, the other three, scaled up 1.26× by the final LayerNorm, copy the same "
-                            "19 and make up for it; with all four zeroed, what is left to make up for them?"),
-                   ("same", "the single drops add up only if each head's loss did not depend on the others: with "
-                            "one head zeroed, the final LayerNorm scales up the three left")],
-            form=_more_or_less)
-def _joint_drop() -> str:
-    joint, single = joint_and_single_drops()
-    return "more" if joint > single else "less"
+@prediction("08.e", "all four layer-1 heads zeroed at once: what the final LayerNorm divides by at the query "
+                    "(intact 2.76), within 30 %",
+            why="about 0.77 (next cell): the four heads wrote most of the residual at the query; zeroed, what is left "
+                "has a far smaller std, and the LayerNorm scales it up by the same factor, about 3.6×",
+            wrong=[(2.76, "that is near the intact 2.76: the LayerNorm divides by the std of what is left once the "
+                          "heads' outputs are gone. Did they write much of it?"),
+                   (0, "the embeddings, layer 0 and layer 1's MLP still write to the residual: the std of what is "
+                       "left is not 0")],
+            rel=0.3, form=_one_number)
+def _zeroed_std() -> float:
+    return zeroed_std([0, 1, 2, 3])
 
 
 def predicted(tokens: torch.Tensor) -> int:
@@ -463,9 +451,6 @@ def _two_bools(guess: object) -> str | None:
 def _steered_at_4() -> list[bool]:
     logits = steered_at(4)
     return [bool(logits[A] > logits[B]), logits.argmax().item() == A]
-
-
-STEER_SCALES = [0, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4]
 
 
 def induction_pair() -> torch.Tensor:
@@ -715,7 +700,9 @@ def _check_stripe(answer) -> Outcome:
                  (stripe.sum((0, -1)), "that is a sum: average over the sequences and the queries"),
                  (stripe.sum(-1).mean(0) / pattern.shape[-2], f"you divided by all {pattern.shape[-2]} queries: "
                   "only the queries q >= k have a key k back, so average over those"),
-                 (stripe.mean(-1), "one score per sequence and head: average over the sequences too")]
+                 (stripe.mean(-1), "one score per sequence and head: average over the sequences too"),
+                 (stripe[..., 1:].mean((0, -1)), "you started one query late, at q = k + 1: the first query with a "
+                  "key k back is q = k itself (its key is position 0), so average over the queries q >= k")]
         for value, slip in slips:
             if value.shape == got.shape and torch.allclose(got, value, atol=1e-5):
                 return Outcome(False, f"at k = {k}: {slip}")
@@ -925,6 +912,10 @@ def _sweep_slip(model, got, clean, corrupted, metric) -> str | None:
     if near(torch.ones_like(want)):
         return ("every cell is the clean answer: you patched the clean run. Put the clean value into the "
                 "corrupted run: model(corrupted) while the hook is registered")
+    if near(torch.zeros_like(want)):
+        return ("every cell is 0, the corrupted run's own answer: your recorded values are the corrupted run's. "
+                "`record` keeps each point's last call: run only model(clean) inside the record block, and "
+                "model(corrupted) outside it")
     if got.shape == want.shape and (got - got[:, :1]).abs().max() < 1e-3:
         return ("each row is the same at every position: the hook replaced the whole output. Put back only "
                 "output[:, position], on a copy of the output")
@@ -1209,7 +1200,6 @@ __all__ = [
     "CHANGED",
     "CHANGED2",
     "POINTS",
-    "STEER_SCALES",
     "A",
     "B",
     "Q",
@@ -1219,9 +1209,7 @@ __all__ = [
     "clean_cache",
     "clean_cache_of",
     "fixed_std_hook",
-    "head_0_noised",
     "induction_pair",
-    "joint_and_single_drops",
     "layer_1_key",
     "logit_diff",
     "logit_diff_2",
@@ -1245,4 +1233,5 @@ __all__ = [
     "stripe_score",
     "third_corruption",
     "third_patched",
+    "zeroed_std",
 ]
