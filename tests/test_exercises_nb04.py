@@ -797,6 +797,44 @@ def test_a_one_slot_recorder_on_a_layer_called_twice_pairs_the_last_forward_with
     assert judged == {"0", "1"}  # right formulas, and a false alarm on both layers
 
 
+def one_slot(model, x, y, formulas):
+    """04.9 as its instructions once read: the lesson's one-slot Hook on each child, right on a chain, wrong
+    on a module called twice (the last call's input, the first call's gradient)."""
+    class Hook:
+        def __init__(self, module, handles):
+            handles.add(module.register_forward_hook(self.forward))
+            handles.add(module.register_full_backward_hook(self.backward))
+
+        def forward(self, module, args, output):
+            self.input, self.output = args[0].detach(), output.detach()
+
+        def backward(self, module, grad_input, grad_output):
+            self.grad_input, self.grad_output = grad_input[0], grad_output[0]
+
+    with hooklab.Hooks() as handles:
+        hooks = {name: Hook(layer, handles) for name, layer in model.named_children()}
+        F.cross_entropy(model(x), y).backward()
+    found = set()
+    for name, h in hooks.items():
+        layer = model.get_submodule(name)
+        with torch.no_grad():
+            dx, params = formulas[type(layer)](layer, h.input, h.output, h.grad_output)
+        pairs = [(dx, h.grad_input)] + [(g, getattr(layer, k).grad) for k, g in params.items() if g is not None]
+        if any(b is not None and not torch.allclose(a, b, rtol=1e-3, atol=1e-5) for a, b in pairs):
+            found.add(name)
+    model.zero_grad()
+    return found
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+def test_04_9_refuses_a_one_slot_record_on_a_module_called_twice():
+    cases, x, y = nb04._reused_cases()
+    for _, model, formulas, expected in cases:  # the worked answers pass there, the one-slot Hook does not
+        assert ANSWERS["04.9"](model, x, y, formulas) == nb04.disagreeing_layers(model, x, y, formulas) == expected
+    failed("04.9", one_slot, "calls the same Linear '0' and Tanh '1' twice", "you named ['0', '1']",
+           "no formula disagrees", "fires each hook twice", "Keep one record per call")
+
+
 def test_04_9_rejects_layer_names_as_ints():
     outcome = grade("04.9", lambda *args: {int(name) for name in ANSWERS["04.9"](*args)})
     assert not outcome.passed and "a layer's name is a string" in outcome.detail, outcome.detail

@@ -1160,6 +1160,57 @@ def _slipped_cases():
     return cases
 
 
+REUSED = "a model whose forward calls the same Linear '0' and Tanh '1' twice, Sequential(fc, tanh, fc, tanh)"
+
+
+def _reused_cases():
+    """(what the case is, a model that reuses its two children, the formulas, the layers the answer must name):
+    each hook fires once per call, so an answer keeping one record per layer pairs the last call's input with
+    the first call's gradient (backward meets the calls in reverse) and blames right formulas."""
+    from hooklab.backprop import BACKWARD
+
+    cases = []
+    for label, formulas, expected in (("hooklab.backprop's formulas (no slip)", BACKWARD, set()),
+                                      ("formulas whose Linear bias gradient is a mean over the rows, not a sum",
+                                       {**BACKWARD, nn.Linear: _bias_by_the_mean}, {"0"})):
+        torch.manual_seed(0)
+        fc, act = nn.Linear(6, 6), nn.Tanh()
+        cases.append((f"{label}, on {REUSED}", nn.Sequential(fc, act, fc, act).double(), formulas, expected))
+    return cases, torch.randn(8, 6, dtype=D), torch.arange(8) % 6
+
+
+ONE_RECORD_PER_CALL = ("A module called twice fires each hook twice, once per call. Kept in one slot per layer, the "
+                       "record pairs the last call's input with the first call's gradient (backward meets the calls "
+                       "in reverse), and right formulas disagree. Keep one record per call (a list per layer), judge "
+                       "each call's dx on its own record, and compare each parameter's gradient, summed over the "
+                       "calls, with its .grad")
+
+
+def _judge_reused(disagreeing_layers) -> Outcome | None:
+    """The reused-module cases, after the lesson's CNN: None when the answer names the right layers."""
+    from ..audit import leftover_hooks
+
+    cases, x, y = _reused_cases()
+    for label, model, formulas, expected in cases:
+        try:
+            got = disagreeing_layers(model, x, y, formulas)
+        except RuntimeError as error:  # a one-slot record: a shape or a missing record
+            return Outcome(False, f"with {label}: your code raised RuntimeError: {error}. {ONE_RECORD_PER_CALL}")
+        finally:
+            model.zero_grad()
+        left = leftover_hooks(model)
+        if left:
+            return Outcome(False, f"with {label}: a hook is still registered after your function returned "
+                                  f"({left[0]}): add every handle with handles.add(...) inside "
+                                  "`with hooklab.Hooks() as handles:`")
+        names = _names(got)
+        if names != expected:
+            truth = f"the layers whose formula disagrees are {sorted(expected)}" if expected else "no formula disagrees"
+            return Outcome(False, f"with {label}: you named {sorted(names) if names is not None else got!r:.60}, "
+                                  f"but {truth} here. {ONE_RECORD_PER_CALL}")
+    return None
+
+
 def _names(got):
     """The answer as a set of layer names, or None when it is not a collection of names."""
     if got is None:
@@ -1233,8 +1284,10 @@ def _disagreeing_layers(disagreeing_layers) -> Outcome:
     before (which also blames every layer the wrong gradient reaches). Tried in float64 on the lesson's
     CNN with a slip in one formula (in a dx, in a parameter's gradient), with none, then in float32 as
     the lesson runs it, with right formulas that are new functions (an identity test fails there), and on
-    the CNN with a skip connection in its forward. The answer must record with hooks while ``model(x)``
-    runs (a loop calling the layers itself holds only for a chain), and its hooks must be gone."""
+    the CNN with a skip connection in its forward, then on a small model whose forward calls the same
+    Linear and Tanh twice (one record per layer, not per call, blames right formulas there). The answer
+    must record with hooks while ``model(x)`` runs (a loop calling the layers itself holds only for a
+    chain), and its hooks must be gone."""
     from ..data import digits
 
     data = digits()
@@ -1295,9 +1348,13 @@ def _judge_disagreeing(disagreeing_layers, data) -> Outcome:
         why = _what_went_wrong(model, x, y, formulas, verdicts, got, names, expected, float32,
                                hide=label.startswith("the problem's formulas"))
         return Outcome(False, f"with {label}: {why}")
+    reused = _judge_reused(disagreeing_layers)
+    if reused is not None:
+        return reused
     return Outcome(True, "a Linear bias gradient's slip found in '9', a ReLU that passes every gradient in '2' and "
-                         "'6' (also with a skip connection in forward), the problem's slip, and no layer for formulas "
-                         "without a slip, even when each is a new function")
+                         "'6' (also with a skip connection in forward), the problem's slip, no layer for formulas "
+                         "without a slip, even when each is a new function, and each call of a module called twice "
+                         "judged on its own record")
 
 
 def _fixed_answer(disagreeing_layers, data, names) -> bool:
@@ -1518,7 +1575,9 @@ def gradient_errors(right: dict, wrong: dict, model, ax=None):
     labels = [f"{n}\n{kind[type(model.get_submodule(n.rpartition('.')[0]))]}" for n in names]
     if ax is None:
         _, ax = plt.subplots(figsize=(10, 2.8))
-    ax.bar(labels, errors, color="tab:red")
+    bars = ax.bar(labels, errors, color="tab:red")
+    ax.bar_label(bars, labels=[f"{e:.2f}" for e in errors], fontsize=8)  # a right gradient reads 0.00, not a gap
+    ax.set_ylim(0, 1.15 * max(errors))
     ax.set(xlabel="parameter, from the loss back", ylabel="|slipped − right| / |right|",
            title="How far each parameter's gradient is off, one batch of 32 digits")
     return ax.figure
