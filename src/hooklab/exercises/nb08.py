@@ -342,12 +342,6 @@ def _layer0_position() -> int:
     return int(layer_0_restores().argmax())
 
 
-def _one_number(guess: object) -> str | None:
-    """The form hint for a guess that is not one number (a bool is not one), else None."""
-    ok = isinstance(guess, int | float) and not isinstance(guess, bool)
-    return None if ok else "write one number, like 1.5, without quotes or brackets"
-
-
 def zeroed_std(heads: list[int]) -> float:
     """What the final LayerNorm divides by at the query, ``sqrt(var + eps)``, with these layer-1 heads zeroed."""
     from ..recording import record
@@ -362,17 +356,27 @@ def zeroed_std(heads: list[int]) -> float:
     return (resid.var(unbiased=False) + model.ln_final.eps).sqrt().item()
 
 
-@prediction("08.e", "all four layer-1 heads zeroed at once: what the final LayerNorm divides by at the query "
-                    "(intact 2.76), within 30 %",
-            why="about 0.77 (next cell): the four heads wrote most of the residual at the query; zeroed, what is left "
-                "has a far smaller std, and the LayerNorm scales it up by the same factor, about 3.6×",
-            wrong=[(2.76, "that is near the intact 2.76: the LayerNorm divides by the std of what is left once the "
-                          "heads' outputs are gone. Did they write much of it?"),
-                   (0, "the embeddings, layer 0 and layer 1's MLP still write to the residual: the std of what is "
-                       "left is not 0")],
-            rel=0.3, form=_one_number)
-def _zeroed_std() -> float:
-    return zeroed_std([0, 1, 2, 3])
+STD_CHOICES = ("same", "smaller", "much smaller")  # 08.e: about the same, down to half, less than half
+
+
+def _std_choice(guess: object) -> str | None:
+    """The form hint for a guess that is not one of 08.e's three choices, else None."""
+    ok = isinstance(guess, str) and guess.strip().strip("'\"").lower() in STD_CHOICES
+    return None if ok else 'write one of "same", "smaller" or "much smaller", in quotes'
+
+
+@prediction("08.e", "all four layer-1 heads zeroed at once: does the final LayerNorm divide by about the same std "
+                    "as intact (2.76), a smaller one (down to half) or a much smaller one (less than half)",
+            why="much smaller: 0.77 (next cell). The heads wrote the largest part at the query, and layer 1's MLP, "
+                "which reads them, writes less without them; the LayerNorm scales what is left up 3.6×",
+            wrong=[("same", "the heads' output has the largest std of the parts at the query (1.77, printed "
+                            "above): take it away, and what is left varies far less"),
+                   ("smaller", "without the heads, the other parts as they were would give about 1.45, but layer "
+                               "1's MLP reads the heads (section 2): zeroed, what does it write?")],
+            form=_std_choice)
+def _zeroed_std() -> str:
+    ratio = zeroed_std([]) / zeroed_std([0, 1, 2, 3])
+    return STD_CHOICES[0] if ratio < 1.25 else STD_CHOICES[1] if ratio < 2 else STD_CHOICES[2]
 
 
 def predicted(tokens: torch.Tensor) -> int:
@@ -702,7 +706,9 @@ def _check_stripe(answer) -> Outcome:
                   "only the queries q >= k have a key k back, so average over those"),
                  (stripe.mean(-1), "one score per sequence and head: average over the sequences too"),
                  (stripe[..., 1:].mean((0, -1)), "you started one query late, at q = k + 1: the first query with a "
-                  "key k back is q = k itself (its key is position 0), so average over the queries q >= k")]
+                  "key k back is q = k itself (its key is position 0), so average over the queries q >= k"),
+                 (pattern.diagonal(offset=-k).mean((0, -1)), "torch.diagonal took the diagonal of its default dims "
+                  "0 and 1 (sequences and heads): name the query and key axes, dim1=-2, dim2=-1")]
         for value, slip in slips:
             if value.shape == got.shape and torch.allclose(got, value, atol=1e-5):
                 return Outcome(False, f"at k = {k}: {slip}")
@@ -1180,7 +1186,12 @@ def _check_steering(answer) -> Outcome:
     cases = [((direction, p, s), "blocks.0.hook_resid_post", corrupted, steering_hook(direction, p, s),
               f"scale {s} at position {p}") for p, s in [(CHANGED, 1.0), (CHANGED, 0.5), (CHANGED, 2.0), (Q, -1.0)]]
     edited: list[bool] = []
-    if (failed := _compare_runs(answer, "steering_hook", cases, edited)) is not None:
+    try:
+        failed = _compare_runs(answer, "steering_hook", cases, edited)
+    except IndexError as e:  # output[position]: the first axis is the batch
+        return Outcome(False, f"your hook raised IndexError ({e}): the output is (batch, position, d_model); "
+                              "index output[:, position], the position of every sequence")
+    if failed is not None:
         out = _probe(answer, (torch.ones(64), 2, 1.0), torch.ones(1, 16, 64))
         if isinstance(out, torch.Tensor) and out.shape == (1, 16, 64):
             if (out[0, 2] == 2).all() and (out[0] == 2).all(-1).sum() > 1:
