@@ -110,7 +110,7 @@ def test_the_predictions_truths():
     ("04.e", {"5"}, "does another layer use the same formula"),
     ("04.e", {"0", "1", "2", "3", "4", "5"}, "a backward chained through the formulas"),
     ("04.e", set(), "the slip is there"),
-    ("04.e", {1, 5}, "a layer's name is a string"),
+    ("04.e", {1, 5}, "write layer names as strings"),
     ("04.e", ["5"], "does another layer use the same formula"),
     ("04.c", ("x_hat", "gamma", "beta"), "leaves them right"),
 ])  # fmt: skip
@@ -1156,3 +1156,53 @@ def test_04_10_refuses_model_x_run_beside_an_unhooked_loop():
 
     failed("04.10", _recording(beside), "at step 1: your answer registered no hook while model(x) ran",
            "it only works while forward is a chain")
+
+
+def test_04_e_names_as_ints_are_not_in_the_form_asked():
+    outcome = grade("04.e", {1, 5})
+    assert not outcome.passed and outcome.form, "a slip of form prints 'not in the form asked', not 'not quite'"
+    assert "'1'" not in outcome.detail and "'5'" not in outcome.detail, outcome.detail  # the answer not given away
+    assert not grade("04.e", {"4"}).form  # a wrong guess in the form asked: not quite
+
+
+def in_forward_order(model, x, y, formulas):
+    """04.9's worked answer with one slip: a record per call, but each backward paired with the calls in
+    forward order (the first backward, which belongs to the last call, goes with the first call)."""
+    calls = {name: [] for name, _ in model.named_children()}
+    backwards = dict.fromkeys(calls, 0)
+
+    def forward(layer, args, output, name):
+        calls[name].append({"input": args[0].detach(), "output": output.detach()})
+
+    def backward(layer, grad_input, grad_output, name):
+        calls[name][backwards[name]].update(grad_input=grad_input[0], grad_output=grad_output[0])
+        backwards[name] += 1
+
+    with hooklab.Hooks() as handles:
+        for name, layer in model.named_children():
+            handles.add(layer.register_forward_hook(partial(forward, name=name)))
+            handles.add(layer.register_full_backward_hook(partial(backward, name=name)))
+        F.cross_entropy(model(x), y).backward()
+    found = set()
+    for name, layer_calls in calls.items():
+        layer, summed = model.get_submodule(name), {}
+        for call in layer_calls:
+            with torch.no_grad():
+                dx, params = formulas[type(layer)](layer, call["input"], call["output"], call["grad_output"])
+            if call["grad_input"] is not None and not torch.allclose(dx, call["grad_input"], rtol=1e-3, atol=1e-5):
+                found.add(name)
+            for k, g in params.items():
+                if g is not None:
+                    summed[k] = summed.get(k, 0) + g
+        if any(not torch.allclose(g, getattr(layer, k).grad, rtol=1e-3, atol=1e-5) for k, g in summed.items()):
+            found.add(name)
+    model.zero_grad()
+    return found
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+def test_04_9_names_backwards_paired_with_the_calls_in_forward_order():
+    outcome = failed("04.9", in_forward_order, "calls the same Linear '0' and Tanh '1' twice",
+                     "backward meets the calls in reverse order")
+    assert "Kept in one slot" not in outcome.detail, outcome.detail
+    failed("04.9", one_slot, "Kept in one slot")  # a one-slot record keeps its own message

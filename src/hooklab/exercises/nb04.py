@@ -34,7 +34,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from ..models import TinySigmoidNet
-from . import Outcome, exercise, prediction
+from . import Outcome, exercise, kind_of, prediction
 from ._by_hand import (
     SHOWN_AS_BOUND,
     D,
@@ -1186,6 +1186,52 @@ ONE_RECORD_PER_CALL = ("A module called twice fires each hook twice, once per ca
                        "calls, with its .grad")
 
 
+IN_FORWARD_ORDER = ("A module called twice fires each hook twice, and you kept one record per call, but backward "
+                    "meets the calls in reverse order: its first backward belongs to the last call. You paired each "
+                    "call's input with another call's gradient, so right formulas disagree. Fill the records from "
+                    "the end (the first backward goes with the last forward), judge each call's dx on its own "
+                    "record, and compare each parameter's gradient, summed over the calls, with its .grad")
+
+
+def _pairs_in_forward_order(disagreeing_layers, model, x, y, formulas) -> bool:
+    """Whether the answer runs the formula of the reused Linear '0' once per call, each time with the input of one
+    call and the gradient of another: a record per call, its backwards paired in forward order."""
+    inputs, grads = [], []
+    fc = model[0]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Full backward hook is firing")
+        handles = [fc.register_forward_hook(lambda m, args, out: inputs.append(args[0].detach())),
+                   fc.register_full_backward_hook(lambda m, gi, go: grads.insert(0, go[0].detach()))]
+        try:
+            F.cross_entropy(model(x), y).backward()
+        finally:
+            for handle in handles:
+                handle.remove()
+            model.zero_grad()
+    seen = []
+
+    def logged(formula):
+        def run(layer, a, out, dout):
+            if layer is fc:
+                seen.append((a, dout))
+            return formula(layer, a, out, dout)
+        return run
+
+    try:
+        disagreeing_layers(model, x, y, {kind: logged(formula) for kind, formula in formulas.items()})
+    except Exception:  # the answer's own error is reported elsewhere
+        return False
+    finally:
+        model.zero_grad()
+
+    def index(t, among):
+        return next((i for i, u in enumerate(among) if torch.is_tensor(t) and t.shape == u.shape and torch.equal(t, u)),
+                    None)
+    pairs = [(index(a, inputs), index(d, grads)) for a, d in seen]
+    return (len(pairs) == len(inputs) and None not in {i for pair in pairs for i in pair}
+            and any(i != j for i, j in pairs))
+
+
 def _judge_reused(disagreeing_layers) -> Outcome | None:
     """The reused-module cases, after the lesson's CNN: None when the answer names the right layers."""
     from ..audit import leftover_hooks
@@ -1204,6 +1250,9 @@ def _judge_reused(disagreeing_layers) -> Outcome | None:
                                   f"({left[0]}): add every handle with handles.add(...) inside "
                                   "`with hooklab.Hooks() as handles:`")
         names = _names(got)
+        if names != expected and _pairs_in_forward_order(disagreeing_layers, model, x, y, formulas):
+            return Outcome(False, f"with {label}: you named {sorted(names) if names is not None else got!r:.60}. "
+                                  f"{IN_FORWARD_ORDER}")
         if names != expected:
             truth = f"the layers whose formula disagrees are {sorted(expected)}" if expected else "no formula disagrees"
             return Outcome(False, f"with {label}: you named {sorted(names) if names is not None else got!r:.60}, "
@@ -1238,8 +1287,17 @@ def _int_names(got) -> str | None:
             "model.named_children(), where an int is never found")
 
 
-SLIP_FACTS = ("ReLU '6' and max-pool '7' sit between '9' and '5', and a right 5.weight and 5.bias mean batch "
-              "norm received the right gradient: which formula passed a wrong one back?")
+def _layer_names_form(guess) -> str | None:
+    """04.e's form: layer names as strings; an int (or anything else) is a slip of form."""
+    items = [guess] if isinstance(guess, str) else guess
+    if isinstance(items, set | frozenset | list | tuple) and all(isinstance(item, str) for item in items):
+        return None
+    return ("write layer names as strings, as named_children() gives them, in a set: {'9'}, not {9}; "
+            f"you wrote {kind_of(guess)}")
+
+
+SLIP_FACTS = ("ReLU '6' and max-pool '7' sit between '9' and '5', and a right 5.weight and 5.bias are strong "
+              "evidence that batch norm received the right gradient: which formula passed a wrong one back?")
 
 
 @prediction(
@@ -1258,8 +1316,8 @@ SLIP_FACTS = ("ReLU '6' and max-pool '7' sit between '9' and '5', and a right 5.
                                                    "each layer the wrong gradient reaches disagrees too. With the "
                                                    "hooks, each layer is judged on the grad_output it recorded"),
            (set(), "the slip is there: one formula passes back another input gradient than autograd's, and allclose "
-                   "sees it"),
-           ({1, 5}, "a layer's name is a string, as named_children() gives it: {'1', '5'}")],
+                   "sees it")],
+    form=_layer_names_form,
 )  # fmt: skip
 def _slipped_layers() -> frozenset[str]:
     from ..data import digits
