@@ -22,7 +22,7 @@ def test_notebook_08_has_six_predictions_and_seven_exercises():
 
 
 # ----- predictions ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("08.a", 4), ("08.b", 3), ("08.c", [14, 5]), ("08.e", "much smaller"),
+@pytest.mark.parametrize(("id", "truth"), [("08.a", 4), ("08.b", 3), ("08.c", [14, 5]), ("08.e", "below"),
                                            ("08.f", [True, False]), ("08.d", [19, 5])])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
@@ -35,7 +35,7 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     ("08.b", 1, "swapped run's match"), ("08.b", 0, "embeddings"), ("08.b", 2, "embedding"),
     ("08.b", 9, "did not move"),
     ("08.c", [8, 4], "position after it"), ("08.c", [19, 3], "unchanged run"), ("08.c", [14, 4], "earlier 8"),
-    ("08.c", 10, "two whole"), ("08.e", "same", "largest std"), ("08.e", "Smaller", "reads the heads"),
+    ("08.c", 10, "two whole"), ("08.e", "Above", "reads the heads"),
     ("08.e", "less", "in quotes"), ("08.e", 0.77, "in quotes"), ("08.e", True, "in quotes"),
     ("08.f", [True, True], "third token"), ("08.f", [False, False], "away from 17"),
     ("08.f", [False, True], "difference is positive"), ("08.f", 23, "two bools"), ("08.f", [1, 0], "two bools"),
@@ -47,7 +47,7 @@ def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
 
 
-@pytest.mark.parametrize(("id", "guess"), [("08.e", "0.77x"), ("08.e", 0.77), ("08.e", ["smaller"])])
+@pytest.mark.parametrize(("id", "guess"), [("08.e", "0.77x"), ("08.e", 0.77), ("08.e", ["below"])])
 def test_a_guess_outside_the_form_is_not_told_the_answer(id, guess):
     outcome = grade(id, guess)
     assert outcome.form and "in quotes" in outcome.detail and "0.77" not in outcome.detail
@@ -66,12 +66,12 @@ def test_a_guess_in_the_wrong_form_gets_a_format_hint_not_the_answer(id, guess):
     assert str(truth) not in detail and "back" not in detail and "record" not in detail
 
 
-@pytest.mark.parametrize("guess", ["much smaller", "Much Smaller", " 'much smaller' "])
+@pytest.mark.parametrize("guess", ["below", "Below", " 'below' "])
 def test_08_e_takes_its_choice_in_any_case(guess):
     assert grade("08.e", guess).passed
 
 
-@pytest.mark.parametrize(("id", "guess"), [("08.a", 3), ("08.b", 5), ("08.c", [3, 3]), ("08.e", "smaller"),
+@pytest.mark.parametrize(("id", "guess"), [("08.a", 3), ("08.b", 5), ("08.c", [3, 3]), ("08.e", "above"),
                                            ("08.d", [0, 0])])
 def test_a_wrong_guess_in_the_form_asked_is_not_quite(id, guess):
     outcome = grade(id, guess)
@@ -79,19 +79,29 @@ def test_a_wrong_guess_in_the_form_asked_is_not_quite(id, guess):
 
 
 def test_08_e_form_is_none_only_for_its_three_choices_and_the_parts_are_as_the_hints_say():
-    assert all(nb08._std_choice(g) is None for g in ("same", "Smaller", "much smaller"))
-    assert all(nb08._std_choice(g) for g in (True, "1", ["same"], None, 0.77))
+    assert all(nb08._std_choice(g) is None for g in ("above", "Below"))
+    assert all(nb08._std_choice(g) for g in (True, "1", ["above"], None, 0.77, "smaller"))
     points = ["blocks.1.hook_attn_out", "blocks.1.hook_resid_post"]
     model = nb08._model()
     with record(model, points) as rec, torch.no_grad():
         model(nb08.clean_and_corrupted()[0])
     heads, resid = (rec[p].output[0, nb08.Q] for p in points)
     assert abs(heads.std(unbiased=False) - 1.77) < 0.005 and abs((resid - heads).std(unbiased=False) - 1.45) < 0.005
+    assert abs(nb08.zeroed_std([0, 1, 2, 3], mlp_held=True) - 1.45) < 0.005
 
 
 def test_all_four_heads_zeroed_the_layernorm_scales_up_what_is_left_and_a_third_token_wins():
-    """08.e's reveal: the std drops from 2.76 to 0.77, logit[19] - logit[17] stays +4.53, the model says 23."""
+    """08.e's reveal: the std drops from 2.76 to 0.77 (1.45 with layer 1's MLP held, 0.89 with it zeroed, its own
+    std 1.25 -> 0.93), logit[19] - logit[17] stays +4.53, the model says 23."""
     assert abs(nb08.zeroed_std([]) - 2.76) < 0.005 and abs(nb08.zeroed_std([0, 1, 2, 3]) - 0.77) < 0.005
+    model, clean = nb08._model(), nb08.clean_and_corrupted()[0]
+    stds = []
+    for k in (1, 0):  # layer 1's MLP output at the query, heads intact then zeroed
+        with model.blocks[1].attn.hook_z.register_forward_hook(lambda m, a, o, k=k: o * k), \
+                record(model, ["blocks.1.hook_mlp_out"]) as rec, torch.no_grad():
+            model(clean)
+        stds.append(rec["blocks.1.hook_mlp_out"].output[0, nb08.Q].std(unbiased=False).item())
+    assert abs(stds[0] - 1.25) < 0.005 and abs(stds[1] - 0.93) < 0.005
     clean = nb08.clean_and_corrupted()[0]
     zeroed = nb08.run_hooked(nb08._model(), clean, "blocks.1.attn.hook_z", lambda m, a, o: o * 0)
     assert abs(nb08.logit_diff(zeroed) - 4.53) < 0.01 and zeroed[0, nb08.Q].topk(3).indices.tolist() == [23, 8, 5]
@@ -496,6 +506,15 @@ def adds_onward(direction, position, scale):
     return hook
 
 
+def adds_normalised(direction, position, scale):
+    def hook(module, args, output):
+        output = output.clone()
+        output[:, position] += scale * direction / direction.norm()
+        return output
+
+    return hook
+
+
 def adds_in_place(direction, position, scale):
     def hook(module, args, output):
         output[:, position] += scale * direction
@@ -522,6 +541,7 @@ def adds_in_place_returned(direction, position, scale):
     (adds_everywhere, ["every position"]), (replaces, ["output + scale * direction"]),
     (adds_onward, ["from the position onward"]),
     (indexes_the_batch, ["IndexError", "index output[:, position]"]),
+    (adds_normalised, ["normalised", "scale × direction", "without"]),
 ])  # fmt: skip
 def test_08_7_rejects(answer, words):
     failed("08.7", answer, *words)

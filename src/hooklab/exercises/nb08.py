@@ -342,41 +342,45 @@ def _layer0_position() -> int:
     return int(layer_0_restores().argmax())
 
 
-def zeroed_std(heads: list[int]) -> float:
-    """What the final LayerNorm divides by at the query, ``sqrt(var + eps)``, with these layer-1 heads zeroed."""
+def zeroed_std(heads: list[int], mlp_held: bool = False) -> float:
+    """What the final LayerNorm divides by at the query, ``sqrt(var + eps)``, with these layer-1 heads zeroed
+    (and layer 1's MLP output held at its intact value, if ``mlp_held``)."""
     from ..recording import record
 
     model, clean = _model(), clean_and_corrupted()[0]
+    with record(model, ["blocks.1.hook_mlp_out"]) as rec, torch.no_grad():
+        model(clean)
+    mlp = rec["blocks.1.hook_mlp_out"].output if mlp_held else None
     keep = torch.ones(4, 1)
     keep[heads] = 0
     with model.blocks[1].attn.hook_z.register_forward_hook(lambda m, a, o: o * keep), \
+            model.blocks[1].hook_mlp_out.register_forward_hook(lambda m, a, o: mlp), \
             record(model, ["blocks.1.hook_resid_post"]) as rec, torch.no_grad():
         model(clean)
     resid = rec["blocks.1.hook_resid_post"].output[0, Q]
     return (resid.var(unbiased=False) + model.ln_final.eps).sqrt().item()
 
 
-STD_CHOICES = ("same", "smaller", "much smaller")  # 08.e: about the same, down to half, less than half
+STD_CHOICES = ("above", "below")  # 08.e: the MLP free, the std above or below its value with the MLP held
 
 
 def _std_choice(guess: object) -> str | None:
-    """The form hint for a guess that is not one of 08.e's three choices, else None."""
+    """The form hint for a guess that is not one of 08.e's two choices, else None."""
     ok = isinstance(guess, str) and guess.strip().strip("'\"").lower() in STD_CHOICES
-    return None if ok else 'write one of "same", "smaller" or "much smaller", in quotes'
+    return None if ok else 'write "above" or "below", in quotes'
 
 
-@prediction("08.e", "all four layer-1 heads zeroed at once: does the final LayerNorm divide by about the same std "
-                    "as intact (2.76), a smaller one (down to half) or a much smaller one (less than half)",
-            why="much smaller: 0.77 (next cell). The heads wrote the largest part at the query, and layer 1's MLP, "
-                "which reads them, writes less without them; the LayerNorm scales what is left up 3.6×",
-            wrong=[("same", "the heads' output has the largest std of the parts at the query (1.77, printed "
-                            "above): take it away, and what is left varies far less"),
-                   ("smaller", "without the heads, the other parts as they were would give about 1.45, but layer "
-                               "1's MLP reads the heads (section 2): zeroed, what does it write?")],
+@prediction("08.e", "all four layer-1 heads zeroed, layer 1's MLP free to react: is the final LayerNorm's std "
+                    "above or below 1.45, its value with the MLP held at its intact output",
+            why="below: 0.77 (next cell). Reading no heads, layer 1's MLP writes something else (std 1.25 → 0.93) "
+                "that cancels part of the rest: with no MLP output at all the std would be 0.89. The LayerNorm "
+                "scales what is left up 3.6×",
+            wrong=[("above", "layer 1's MLP reads the heads (section 2): zeroed, it writes something else. Does "
+                             "that add to the rest, or cancel part of it?")],
             form=_std_choice)
 def _zeroed_std() -> str:
-    ratio = zeroed_std([]) / zeroed_std([0, 1, 2, 3])
-    return STD_CHOICES[0] if ratio < 1.25 else STD_CHOICES[1] if ratio < 2 else STD_CHOICES[2]
+    free, held = zeroed_std([0, 1, 2, 3]), zeroed_std([0, 1, 2, 3], mlp_held=True)
+    return STD_CHOICES[0] if free > held else STD_CHOICES[1]
 
 
 def predicted(tokens: torch.Tensor) -> int:
@@ -1197,6 +1201,9 @@ def _check_steering(answer) -> Outcome:
             if (out[0, 2] == 2).all() and (out[0] == 2).all(-1).sum() > 1:
                 where = "from the position onward" if (out[0, :2] == 1).all() else "at every position"
                 return Outcome(False, f"your hook added the direction {where}: add it only at output[:, position]")
+            if torch.allclose(out[0, 2], torch.full((64,), 1.125)):  # ones(64) / its norm 8, added
+                return Outcome(False, "you normalised the direction: add it as given (scale × direction), without "
+                                      "dividing by its norm")
             if not (out[0, 2] == 2).all():
                 return Outcome(False, "at the position asked, the output is not output + scale * direction: add "
                                       "to the output there (replacing or multiplying it is not steering)")
