@@ -777,3 +777,19 @@ def test_03_4_text_asks_for_the_plain_numbers_its_checker_demands():
     text = next("".join(c["source"]) for c in cells if "### Exercise 03.4" in "".join(c["source"]))
     assert ".item()" in text.split("### Exercise 03.4")[1]
     failed("03.4", layer_tracker(as_tensors=True), "ratios['0'] holds tensors", ".item()", "as the exercise asks")
+
+
+def test_03_6_rejects_an_answer_that_registers_no_hook():
+    def retained(model, x, y, ratio=1e-3):  # right everywhere, but retain_grad on outputs it computed itself
+        h, outputs = x, {}
+        for name, module in model.named_children():
+            h = torch.relu(h) if isinstance(module, nn.ReLU) else module(h)
+            if isinstance(module, nn.Linear):
+                outputs[name] = h
+                h.retain_grad()
+        F.cross_entropy(h, y).backward()
+        stds = {name: out.grad.std().item() for name, out in outputs.items()}
+        limit = ratio * stds[list(stds)[-1]]
+        return next((name for name in reversed(stds) if stds[name] < limit), None)
+
+    failed("03.6", retained, "registered no hook", "retain_grad is not a hook", "GradTracker")

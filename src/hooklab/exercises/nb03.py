@@ -962,8 +962,9 @@ def _vanishing(vanishing_point) -> Outcome:
     g = torch.Generator().manual_seed(11)
     x, y = torch.randn(12, 6, generator=g), torch.randint(0, 5, (12,), generator=g)
     sorts_strings = _sorts_names_as_strings(vanishing_point, x, y)
+    hooked = []
     for label, build, kwargs in _vanishing_cases():
-        model = build()
+        model = _watched(build(), hooked)
         try:
             got = vanishing_point(model, x.clone(), y.clone(), **kwargs)
         except (TypeError, RuntimeError, AttributeError) as error:
@@ -978,10 +979,45 @@ def _vanishing(vanishing_point) -> Outcome:
         if left:
             return Outcome(False, f"on {label}: the layer is right, but remove your hooks before returning: "
                                   f"{left[0]}")
+    if not any(seen() for linear in hooked for seen in linear.seen):
+        return Outcome(False, _NO_HOOK_SEEN)
     model = _sigmoid_mlp()
     failed = hooks_left_when_raising(lambda: vanishing_point(model, torch.randn(3, 7), y[:3]), model)
     return failed or Outcome(True, "on every network, the first layer below the ratio on the way back from the "
                                    "loss, and None where the gradient never vanishes")
+
+
+_NO_HOOK_SEEN = (
+    "every layer is right, but your answer registered no hook: no Linear, its weight or its output had one while "
+    "the layers ran (retain_grad is not a hook). Use your GradTracker, as the exercise asks: its hooks catch the "
+    "gradient at each Linear's output inside model(x)'s backward, whatever forward does, and go when the block "
+    "ends; retain_grad on outputs you computed yourself works only while you can rerun the forward pass layer "
+    "by layer, and keeps every gradient in memory"
+)
+_MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+class _WatchedLinear(nn.Linear):
+    """A Linear that notes, at each call, whether it, its parameters or (later) its output carry a hook."""
+
+    def forward(self, x):
+        out = super().forward(x)
+        module_hooks = any(getattr(self, kind) for kind in _MODULE_HOOKS) or any(
+            getattr(torch.nn.modules.module, f"_global{kind}") for kind in _MODULE_HOOKS)
+        param_hooks = any(p._backward_hooks or p._post_accumulate_grad_hooks for p in self.parameters())
+        self.seen.append(
+            lambda: module_hooks or param_hooks or bool(out._backward_hooks))
+        return out
+
+
+def _watched(model: nn.Sequential, hooked: list) -> nn.Sequential:
+    """``model``, its Linears now noting at each call whether a hook was on; they are appended to ``hooked``."""
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            module.__class__ = _WatchedLinear
+            module.seen = []
+            hooked.append(module)
+    return model
 
 
 def _sorts_names_as_strings(vanishing_point, x: torch.Tensor, y: torch.Tensor) -> bool:
