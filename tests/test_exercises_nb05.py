@@ -716,7 +716,7 @@ def test_05_5_typical_mistakes_get_a_hint():
 
     failed("05.5", ReturnsNothing, "return self")
     failed("05.5", RandomOutput, "not return random numbers")
-    failed("05.5", ResetsTheModel, "the model's own parameters changed")
+    failed("05.5", ResetsTheModel, "you changed the model's own layer inside the block")
     failed("05.5", KeepsHooks, "still registered", "__exit__")
     failed("05.5", CopiesInsideTheHook, "RecursionError", "copies its hooks too")
     failed("05.5", ScalesTheOutput, "reset_parameters()", "not a changed output")
@@ -888,6 +888,31 @@ def test_hooked_subclasses_pass_05_3_and_05_5_and_a_forgotten_undo_is_named():
 
     failed("05.3", NoUndo, "inplace it had", "in undo")
     failed("05.5", HandlesElsewhere, "append each handle to self.handles")
+
+
+def test_05_5_resetting_the_model_inside_the_block_and_undoing_it_is_named():
+    """A student's answer: the model's own layers re-drawn in attach, a do-nothing hook, the weights put back in
+    undo. After the block the model is as it was, but inside it the model's own parameters changed."""
+    from hooklab.exercises.nb05 import Hooked
+
+    class ResetsAndUndoes(Hooked):
+        def attach(self):
+            self.saved = {k: v.clone() for k, v in self.model.state_dict().items()}
+            for name in self.names:
+                layer = self.model.get_submodule(name)
+                layer.reset_parameters()
+                self.handles.append(layer.register_forward_hook(lambda m, a, o: o))
+
+        def undo(self):
+            self.model.load_state_dict(self.saved)
+
+    class DoNothingHook(Hooked):
+        def attach(self):
+            for name in self.names:
+                self.handles.append(self.model.get_submodule(name).register_forward_hook(lambda m, a, o: o))
+
+    failed("05.5", ResetsAndUndoes, "you changed the model's own layer inside the block", "fresh(*args)")
+    failed("05.5", DoNothingHook, "still computes what the trained layer computes", "fresh(*args)")
 
 
 def test_hooked_removes_the_hooks_attach_registered_before_it_failed():

@@ -1087,9 +1087,18 @@ def _redrawn_problem(cls, model: nn.Module, before: dict, x: torch.Tensor, plain
                     return (f"inside the with block, '{name}' is another module: you put a new layer in the model. "
                             "Leave the model's layers in place and register a forward hook on each named layer "
                             "that returns fresh(*args)")
+            changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+            if changed:  # an answer that re-draws the model's own layers, and puts them back in undo/__exit__
+                return (f"you changed the model's own layer inside the block: '{changed[0]}' is not the trained "
+                        "one there. Leave the model's parameters as they are, re-draw a copy of each layer "
+                        "(copy.deepcopy, then its reset_parameters()) and let the hook return fresh(*args)")
             unhooked = [name for name, layer in layers.items() if not layer._forward_hooks]
+            own = {}  # what each named layer's own forward gives, next to what its hooks made of it
             probes = [model.get_submodule(n).register_forward_hook(  # after the answer's hooks: the replaced outputs
                 lambda m, a, out, n=n: outputs.setdefault(n, []).append(out.detach())) for n in plain]
+            probes += [layer.register_forward_hook(  # returns None: leaves the output as it is
+                lambda m, a, out, n=n: None if n in own else own.update({n: (m.forward(*a), out.detach())}))
+                for n, layer in layers.items()]
             with torch.no_grad():
                 model(x), model(x)
             weight, _ = _linear_inside(model.get_submodule("head.2"))
@@ -1115,6 +1124,10 @@ def _redrawn_problem(cls, model: nn.Module, before: dict, x: torch.Tensor, plain
                     "return value must be the re-drawn copy's output, fresh(*args)")
         if name in ("features.0", "features.2") and not torch.allclose(first, plain[name], atol=1e-5):
             return f"'{name}' was not named, but its output changed: re-draw only the named layers"
+    for name, (computed, returned) in own.items():
+        if torch.equal(computed, returned):
+            return (f"inside the with block, the hook on '{name}' gives back the layer's own output: it must "
+                    "return fresh(*args), the re-drawn copy's output for the layer's input, not its output o")
     trained = model.get_submodule("head.2")
     bound = 1 / trained.in_features ** 0.5
     spread = weight.std().item() / (bound / 3**0.5)  # a uniform draw in ±bound: 1
