@@ -324,13 +324,14 @@ def _classes_form(guess: object) -> str | None:
 @prediction(
     "03.d", "how many of the ten classes the 450 test images get after one epoch with ×7 pre-hooks on Linear layers "
     "0, 2, …, 14",
-    why="1: the pre-hooks change backward only. Forward, each layer pair still shrinks the spread between images × "
-        "about 0.14 (section 1's factors in brackets), so the logits barely depend on the image and every image gets "
-        "the same class, 10 %. A larger gradient cannot restore differences the forward pass erased.",
+    why="1: at step 0 the forward pass shrinks the spread between images × about 0.14 a layer pair (section 1's "
+        "factors in brackets), and the pre-hooks change backward only. Training with them moves the weights: the "
+        "first layers take steps up to 7⁸ times larger and their sigmoids saturate, while the last pairs still "
+        "shrink the spread, so the logits barely depend on the image and every image gets the same class, 10 %.",
     wrong=[
-        (10, "the gradient now reaches layer 0 at full size, but backward is half the story: the pre-hooks change no "
-             "forward factor, and each layer pair still shrinks the spread between images × about 0.14 (section 1), "
-             "so the logits barely depend on the image and every image gets the same class."),
+        (10, "the gradient now reaches layer 0 at full size, but backward is half the story: at step 0 each layer "
+             "pair shrinks the spread between images × about 0.14 (section 1); the pre-hooks change only the steps, "
+             "and the steps they make do not undo that in one epoch."),
     ],
     form=_classes_form,
 )  # fmt: skip
