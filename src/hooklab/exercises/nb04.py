@@ -1232,10 +1232,19 @@ def _pairs_in_forward_order(disagreeing_layers, model, x, y, formulas) -> bool:
             and any(i != j for i, j in pairs))
 
 
-def _judge_reused(disagreeing_layers) -> Outcome | None:
-    """The reused-module cases, after the lesson's CNN: None when the answer names the right layers."""
+def _hook_left(label: str, model: nn.Module) -> Outcome | None:
+    """04.9's verdict when a hook is still registered on ``model`` after the student's function returned."""
     from ..audit import leftover_hooks
 
+    left = leftover_hooks(model)
+    if not left:
+        return None
+    return Outcome(False, f"with {label}: a hook is still registered after your function returned ({left[0]}): add "
+                          "every handle with handles.add(...) inside `with hooklab.Hooks() as handles:`")
+
+
+def _judge_reused(disagreeing_layers) -> Outcome | None:
+    """The reused-module cases, after the lesson's CNN: None when the answer names the right layers."""
     cases, x, y = _reused_cases()
     for label, model, formulas, expected in cases:
         try:
@@ -1244,11 +1253,8 @@ def _judge_reused(disagreeing_layers) -> Outcome | None:
             return Outcome(False, f"with {label}: your code raised RuntimeError: {error}. {ONE_RECORD_PER_CALL}")
         finally:
             model.zero_grad()
-        left = leftover_hooks(model)
-        if left:
-            return Outcome(False, f"with {label}: a hook is still registered after your function returned "
-                                  f"({left[0]}): add every handle with handles.add(...) inside "
-                                  "`with hooklab.Hooks() as handles:`")
+        if left := _hook_left(label, model):
+            return left
         names = _names(got)
         if names != expected and _pairs_in_forward_order(disagreeing_layers, model, x, y, formulas):
             return Outcome(False, f"with {label}: you named {sorted(names) if names is not None else got!r:.60}. "
@@ -1355,8 +1361,6 @@ def _disagreeing_layers(disagreeing_layers) -> Outcome:
 
 
 def _judge_disagreeing(disagreeing_layers, data) -> Outcome:
-    from ..audit import leftover_hooks
-
     for label, model, formulas, expected in _slipped_cases():
         float32 = "float32" in label
         x, y = data.x_train[:32] if float32 else data.x_train[:32].double(), data.y_train[:32]
@@ -1378,11 +1382,8 @@ def _judge_disagreeing(disagreeing_layers, data) -> Outcome:
                                   f"{LOCAL_NAMES[1:]}")
         finally:
             model.zero_grad()
-        left = leftover_hooks(model)
-        if left:
-            return Outcome(False, f"with {label}: a hook is still registered after your function returned "
-                                  f"({left[0]}): add every handle with handles.add(...) inside "
-                                  "`with hooklab.Hooks() as handles:`")
+        if left := _hook_left(label, model):
+            return left
         unhooked = _unhooked(model, steps_before)
         if unhooked:
             return Outcome(False, unhooked)
