@@ -152,14 +152,14 @@ def _first_nan() -> str:
 
 # ----- 3. Where a run goes bad, and 4. repairing --------------------------------------------------
 def _lesson_problem() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
-    """The lesson's problem cell: its model and its 168 batches, three of them padded."""
+    """The lesson's problem cell: its model and its 168 batches, three in four of them padded."""
     from ..data import digits
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 8, bias=False), nn.Linear(8, 10))
     data = digits()
     xs, ys = data.x_train[:1344].flatten(1).view(168, 8, 64).clone(), data.y_train[:1344].view(168, 8)
-    xs[torch.randperm(168)[:3], -1] = 0.0
+    xs[torch.randperm(168)[:126], -1] = 0.0
     return model, xs, ys
 
 
@@ -195,7 +195,7 @@ def _grad_after_raise() -> str:
 
 @prediction(
     "01.f",
-    "embed.weight's gradient norm at step 11, with the repair hook on ms",
+    "embed.weight's gradient norm at step 0, the first padded batch, with the repair hook on ms",
     why="the repair makes every gradient finite, and the padded row of dh is huge (about 1e6 · dnormed), but "
         "embed.weight's gradient is dhᵀ @ x, one term outer(dh[i], x[i]) for each row i: that row meets x's "
         "padded row, all zeros, and adds nothing. The "
@@ -720,16 +720,16 @@ def _ghost(x: torch.Tensor, embed: nn.Module) -> torch.Tensor:
 
 
 def train(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor, run, guard=None, finite_check: bool = False,
-          param_limit: float | None = None, ghost_at: int | None = None) -> dict:
+          param_limit: float | None = None, ghost_at: int | None = None, show_skips: int = 5) -> dict:
     """One SGD step a batch (lr 0.5) on a copy of ``model``, with ``run(x, net)`` as the forward pass.
     ``guard(named)``: its hooks go on the named tensors of each batch and come off after backward; with
     ``param_limit``, ``guard`` also goes on the parameters (embed.weight, head.weight, head.bias), and after
     it a hook that raises when a parameter's gradient norm is above that limit. ``finite_check``:
     ``clip_grad_norm_(..., error_if_nonfinite=True)`` before each update.
     ``ghost_at``: at that step the batch's last image becomes one that embed maps to (almost) 0. A step whose
-    backward or check raises is skipped, with a line saying why. Returns each step's loss and, under
-    "gradient norms", each tensor's gradient norm at each step (caught by hooks of its own; None where
-    backward stopped before it), embed.weight's included."""
+    backward or check raises is skipped, with a line saying why for the first ``show_skips`` of them.
+    Returns each step's loss and, under "gradient norms", each tensor's gradient norm at each step (caught by
+    hooks of its own; None where backward stopped before it), embed.weight's included."""
     import copy
 
     net = copy.deepcopy(model)
@@ -758,7 +758,8 @@ def train(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor, run, guard=None,
             optimizer.step()
         except (FloatingPointError, RuntimeError) as e:
             skipped += 1
-            print(f"step {step}: {type(e).__name__}: {str(e).split(', so')[0]}; step skipped")
+            if skipped <= show_skips:
+                print(f"step {step}: {type(e).__name__}: {str(e).split(', so')[0]}; step skipped")
         losses.append(loss.item())
         for name in [*steps, "embed.weight"]:
             norms.setdefault(name, []).append(seen.get(name))
