@@ -161,6 +161,18 @@ def test_06_1_a_layer_without_a_bias_gets_no_bias_key():
     failed("06.1", upgrade_popping_b_unchecked, "KeyError", "'3.'", "only when it is there")
 
 
+def upgrade_popping_w_unchecked(module, state_dict, prefix, *rest):
+    """Renames b only when it is there, but pops W in any case: the old checkpoint loads, today's does not."""
+    state_dict[prefix + "weight"] = state_dict.pop(prefix + "W")
+    if prefix + "b" in state_dict:
+        state_dict[prefix + "bias"] = state_dict.pop(prefix + "b")
+
+
+def test_06_1_a_checkpoint_with_todays_names_must_load_too():
+    failed("06.1", upgrade_popping_w_unchecked, "old checkpoint loaded", "today's names", "KeyError", "'0.W'",
+           "only when it is there")
+
+
 def test_06_1_reports_the_failed_load():
     outcome = grade("06.1", lambda module, state_dict, prefix, *rest: None)
     assert not outcome.passed and "Missing key(s)" in outcome.detail

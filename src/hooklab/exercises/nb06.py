@@ -81,7 +81,7 @@ _MOMENTS_HAVE_NO_SCALE = ("the saved moments enter Adam's step as the ratio m̂/
                           "gradients' size, as a fresh Adam's does")
 
 
-@prediction("06.c", "which part of the loaded optimizer state changes how far the red run steps",
+@prediction("06.c", "which part of the loaded optimizer state changes the red run's median update:data ratio",
             why="load_state_dict loads the checkpoint's param_groups, and the old run's lr 5e-3 with them: the lr "
                 "multiplies every step. " + _MOMENTS_HAVE_NO_SCALE + ", so one step of history cannot scale every "
                 "layer's steps",
@@ -312,8 +312,13 @@ def _rename_keys(upgrade) -> Outcome:
         calls.clear()
         try:
             model.load_state_dict(fresh)
+        except KeyError as error:
+            return Outcome(False, f"the old checkpoint loaded, but a checkpoint with today's names (weight and bias) "
+                                  f"failed: the hook raised KeyError: {error} for the Linear at {prefixes[-1]!r}, "
+                                  "where only today's names are: rename a key only when it is there")
         except RuntimeError:
-            return _touched_other_keys(calls) or Outcome(False, "a checkpoint with today's key names no longer loads")
+            return _touched_other_keys(calls) or Outcome(False, "the old checkpoint loaded, but a checkpoint with "
+                                                                "today's names (weight and bias) failed to load")
         wrong = _touched_other_keys(calls)
         if wrong is not None:
             return wrong
