@@ -1,13 +1,12 @@
-"""Exercises and predictions of notebook 05, in its order: which live channel matters most (05.a), dead
-channels found with a forward hook (05.1), why they stay dead and a watch that counts them at every step (05.b,
-05.2), whose guided map resembles the digit more, trained or untrained, and guided backpropagation as a class of ReLU
-hooks (05.c, 05.3), the Grad-CAM recorder: a tensor hook registered from a forward hook (05.4), which channels of
-features.3 Grad-CAM weighs and which add to its map (05.d), on what share of digits filling the pixels under the
-map's brightest cells lowers the class score more than under random ones (05.e), which map changes with the class
-(05.f), and layers re-drawn by forward hooks that run a fresh copy (05.5). 05.3 and 05.5 subclass ``Hooked``, the
-student's DeadWatch generalised; section 2's twelve-epoch runs at lr 1e-3 are stored in ``SLOW_RUNS``. Layer-CAM, with
-that recorder, is the field guide's exercise G5.2, and the cascade of copies G5.3 (their checkers, in g5.py, use
-the cases here)."""
+"""Exercises and predictions of notebook 05, in its order: what the network uses, its dead or its live channels
+set to 0 (05.a), dead channels found with a forward hook (05.1), why they stay dead and a watch that counts them at
+every step (05.b, 05.2), whose guided map resembles the digit more, trained or untrained, and guided backpropagation
+as a class of ReLU hooks (05.c, 05.3), the Grad-CAM recorder: a tensor hook registered from a forward hook (05.4),
+which channels of features.3 Grad-CAM weighs and which add to its map (05.d), which map changes with the class
+(05.e), and layers re-drawn by forward hooks that run a fresh copy (05.5). 05.3 and 05.5 subclass ``Hooked``, the
+student's DeadWatch generalised. ``SLOW_RUNS`` stores twelve-epoch runs at lr 1e-3; ``_deletion_drops`` is a
+deletion test with 4 cells filled (the field guide's G5 §8 runs the full test). Layer-CAM, with that recorder, is
+the field guide's exercise G5.2, and the cascade of copies G5.3 (their checkers, in g5.py, use the cases here)."""
 
 from __future__ import annotations
 
@@ -131,28 +130,39 @@ def _knockouts() -> tuple[dict[int, float], dict[int, float]]:
     return means, accuracies
 
 
-def _a_channel(guess: object) -> str | None:
-    """A ``form`` for ``prediction``: None for a channel number, else what the question wants."""
-    if isinstance(guess, int) and not isinstance(guess, bool) and 0 <= guess < 32:
+EFFECTS = ("unchanged", "lower", "chance")
+
+
+def _two_effects(guess: object) -> str | None:
+    """A ``form`` for ``prediction``: None for two of the offered words, else the words to pick from."""
+    if isinstance(guess, list | tuple) and len(guess) == 2 and all(
+            isinstance(g, str) and g.strip().strip("'\"").lower() in EFFECTS for g in guess):
         return None
-    return "write one channel number, a whole number from 0 to 31, without quotes, then run the cell again"
+    return ("write two words in a list, each one of " + ", ".join(f'"{c}"' for c in EFFECTS)
+            + ', e.g. ["lower", "lower"], then run the cell again')
 
 
-@prediction("05.a", "which live channel of features.3, set to 0 alone, lowers the test accuracy most",
-            why="measured: channel 6, whose mean output is far larger than any other's, supplies the most of what "
-                "the layers above read, and zeroing it costs the most. A channel's mean output is only a rough "
-                "guide, though: what counts is how the layers above weigh it (printed: channel 27, mean 0.85, "
-                "costs less than channel 0, mean 0.38)",
-            wrong=[(16, "channel 16 is dead: it is 0 for every digit already, so setting it to 0 changes nothing; "
-                        "pick among the 8 live ones"),
-                   (0, "channel 0 is the first live one, and one of the smallest on average: a channel far larger "
-                       "(rec['features.3'].output.mean(dim=(0, 2, 3))) supplies more of what the layers above read"),
-                   (23, "close: it costs the second most; one channel, far larger on average, costs much more")],
-            form=_a_channel)
-def _most_needed() -> int | str:
+def _effect(accuracy: float, full: float) -> str:
+    return "unchanged" if accuracy == full else "chance" if accuracy <= 0.15 else "lower"
+
+
+@prediction("05.a", "the test accuracy with features.3's 24 dead channels set to 0, then with its 8 live ones set to 0",
+            why="the layers above see the digit only through features.3's output. The dead channels are 0 "
+                "already, so setting them to 0 changes nothing; with the 8 live ones at 0 the whole output is 0 "
+                "for every digit, so every digit gets the same class, right for about one digit in ten",
+            wrong=[(["lower", "lower"], "the dead channels are 0 for every digit already: setting them to 0 "
+                                        "changes nothing the layers above see"),
+                   (["unchanged", "lower"], "with the 8 live channels at 0, features.3's whole output is 0 for "
+                                            "every digit: the layers above see the same thing for every digit")],
+            form=_two_effects)
+def _what_the_network_uses() -> list[str]:
+    model, data = trained_digits_cnn(), _digits()
     _, accuracies = _knockouts()
-    ranked = sorted(accuracies, key=accuracies.get)
-    return ranked[0] if accuracies[ranked[1]] - accuracies[ranked[0]] > 0.05 else "no single one"
+    live = sorted(accuracies)
+    dead = [c for c in range(32) if c not in live]
+    full = float((_zeroed(model, []) == data.y_test).float().mean())
+    return [_effect(float((_zeroed(model, channels) == data.y_test).float().mean()), full)
+            for channels in (dead, live)]
 
 
 def _blocked() -> dict:
@@ -275,32 +285,10 @@ def _deletion_drops(cells: int = 4, orders: int = 5) -> dict:
             "random": [falls(random_orders(len(x), seed)) for seed in range(orders)]}
 
 
-SHARES = ("nearly all", "most", "about half")
-_SHARE_BOUNDS = {"nearly all": (0.9, 1.0), "most": (0.7, 0.9), "about half": (0.35, 0.7)}
-
-
-@prediction("05.e", "on what share of the digits filling the map's 4 brightest cells lowers the class score more "
-                    "than filling 4 random cells",
-            why="a cell of features.6 is computed from most of the digit, not from the 2×2 pixels under it, so what "
-                "lies under the brightest cells is not what made them bright: filling there beats filling random "
-                "cells on only about half the digits (printed, five random orders)",
-            wrong=[("nearly all", "the map ranks cells of features.6, and each is computed from most of the digit "
-                                  "(printed: 36 to 64 of the 64 pixels): the 4 pixels under a bright cell are not "
-                                  "what made it bright"),
-                   ("most", "fewer: each cell of features.6 is computed from most of the digit, so the 4 pixels "
-                            "under a bright cell hold little more of the evidence than 4 pixels anywhere")],
-            form=_one_of(SHARES))
-def _brightest_beats_random() -> str:
-    drops = _deletion_drops()
-    shares = [float((drops["brightest"] > chance).float().mean()) for chance in drops["random"]]
-    fits = [k for k, (low, high) in _SHARE_BOUNDS.items() if all(low <= share <= high for share in shares)]
-    return fits[0] if fits else "it depends on the random order"
-
-
 MAP_CHOICES = ("plain gradient", "guided backprop", "Grad-CAM")
 
 
-@prediction("05.f", "which map changes least for another class: the plain gradient, guided backprop or Grad-CAM",
+@prediction("05.e", "which map changes least for another class: the plain gradient, guided backprop or Grad-CAM",
             why="the class enters only at the top, as w_c/16 at each channel of features.6: guided backprop's clamp "
                 "there drops the channels with w_ck < 0, and below it only positive gradient passes, through masks "
                 "set by the digit. Another class starts from another half of the channels, then follows the same "
