@@ -183,6 +183,23 @@ def test_07_2_accepts_the_worked_answer_and_names_each_slip():
     failed("07.2", lambda layer, loss_reduction="mean": nb07.grad_sample_hooks(layer, loss_reduction)[0],
            "one handle, not a list")
     failed("07.2", lambda layer: [], "loss_reduction")
+    # right on (N, in), but "no,ni->noi" has no room for a sequence's positions: (N, T, in) raises
+    failed("07.2", _linear_hooks(), "(N, T, in)", "RuntimeError", "every position")
+
+    def positions_kept(layer, loss_reduction="mean"):  # one outer product per position, not summed over them
+        def keep(module, args, output):
+            a = args[0].detach()
+
+            def per_sample(g):
+                g = g * len(a) if loss_reduction == "mean" else g
+                module.weight.grad_sample = torch.einsum("n...o,n...i->n...oi", g, a)
+                module.bias.grad_sample = g
+
+            output.register_hook(per_sample)
+
+        return [layer.register_forward_hook(keep)]
+
+    failed("07.2", positions_kept, "(N, T, in)", "shape", "over the positions")
 
 
 def test_07_3_accepts_the_worked_answer_and_names_each_slip():
@@ -318,6 +335,36 @@ def test_07_5_accepts_the_worked_answer_and_names_each_slip():
     failed("07.5", (keeps_history, nb07.unpack_bf16), "keeps packed tensors after backward", "grows")
 
 
+def _stashes(pop: bool):
+    """A pack that hides its bfloat16 copies in a dict and returns only a key: what pack returns holds no
+    bytes, so only the allocator sees them."""
+    stash = {}
+
+    def pack(t):
+        if not t.is_floating_point():
+            return None, t
+        if t.grad_fn is None:
+            return t.dtype, t.to(torch.bfloat16)
+        stash[len(stash)] = t.dtype, t.to(torch.bfloat16)
+        return "key", len(stash) - 1
+
+    def unpack(packed):
+        if packed[0] == "key":
+            dtype, t = stash.pop(packed[1]) if pop else stash[packed[1]]
+            return t.to(dtype)
+        return nb07.unpack_bf16(packed)
+
+    return pack, unpack
+
+
+def test_07_5_unpacks_twice_and_counts_bytes_on_the_allocators_side():
+    failed("07.5", _stashes(pop=True), "retain_graph=True", "raised KeyError", "more than once")
+    failed("07.5", _stashes(pop=False), "still held", "MB")
+    pack, unpack = _stashes(pop=True)  # the bytes a key hides are counted: as many as packing each save
+    assert nb07.saved_bytes(pack, unpack) == nb07.saved_bytes(nb07.bf16_each_save, nb07.unpack_bf16)
+    assert nb07.saved_bytes() == 5_910_532 and nb07.saved_bytes(nb07.pack_bf16, nb07.unpack_bf16) == 3_528_226
+
+
 # ----- 07.6 -------------------------------------------------------------------------------------
 def test_07_6_accepts_the_worked_answer_and_names_each_slip():
     assert grade("07.6", nb07.fuse_sgd).passed
@@ -431,3 +478,15 @@ def test_07_4_accepts_the_worked_answer_and_names_each_slip():
 def test_the_private_step_with_the_students_pair_bounds_one_images_influence():
     bound = 2 * nb07.CLIP * nb07.LR / nb07.BATCH
     assert nb07.influence(nb07.private_step) <= bound * 1.001
+
+
+def test_the_sensitivity_row_fails_a_step_without_noise(capsys):
+    quiet = lambda model, x, y: nb07.private_step(model, x, y, noise=0.0)  # noqa: E731  (half of 07.4 skipped)
+    assert nb07.influence(quiet) <= 2 * nb07.CLIP * nb07.LR / nb07.BATCH * 1.001  # clipping alone meets the bound
+    assert nb07.noise_scale(quiet) == 0.0 and nb07.noise_scale() == 0.0
+    assert math.isclose(nb07.noise_scale(nb07.private_step), 0.5, rel_tol=0.03)
+    nb07.spec(step=quiet)
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("sensitivity"))
+    assert row.split("✗")[-1].strip().endswith("σ 0.00") and "✓" not in row
+    nb07.spec(only="sensitivity")
+    assert len(capsys.readouterr().out.splitlines()) == 2

@@ -1,7 +1,9 @@
 """Exercises and predictions of notebook 07: hooks inside the tools you use.
 
-``spec`` is the lesson's acceptance test: four targets on the digits CNN, set at its start, each measured
-on a plain training step and on the student's own tool. ``gradient_timeline`` shows where the gradient
+``spec`` is the lesson's acceptance test: four targets (pruning, sensitivity and noise, saved bytes, peak
+memory), one opening each section (``spec(only=...)``), each measured on a plain training step and on the
+student's own tool; saved bytes and peaks are counted on the allocator's side (``torch.profiler``).
+``gradient_timeline`` shows where the gradient
 memory peaks, with and without the fused step. Predictions 07.a-07.e compute their truth with
 torch. Exercises, in the order the lesson asks them: pruning with a forward pre-hook (07.1),
 per-sample gradients of a Linear layer from a forward hook and a tensor hook (07.2), and of a
@@ -102,42 +104,88 @@ def influence(step: Callable = plain_step) -> float:
     return (updates[0] - updates[1]).norm().item()
 
 
+def noise_scale(step: Callable = plain_step) -> float:
+    """The noise ``step`` adds, as a multiple σ of clip · lr / N: the same step from the same weights on the same
+    batch with two seeds; the clipped part is the same in both, so their difference is noise alone, of std
+    √2 · σ · clip · lr / N on each number. Plain SGD: 0."""
+    x, y = _batch()
+    updates = []
+    for seed in (1, 2):
+        model = _model()
+        before = [p.detach().clone() for p in model.parameters()]
+        torch.manual_seed(seed)
+        step(model, x.clone(), y.clone())
+        updates.append(torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before, strict=True)]))
+    return ((updates[0] - updates[1]).std() / 2**0.5 / (CLIP * LR / BATCH)).item()
+
+
 def saved_bytes(pack: Callable | None = None, unpack: Callable | None = None, n: int = 256,
                 checkpoint: bool = False, model: nn.Module | None = None, batch=None) -> int:
-    """Bytes that autograd keeps for backward in one forward pass of a batch of ``n`` digits: the storages
-    of the tensors ``pack`` returns (of the tensors given to it, without hooks), each counted once (a ReLU's
-    output and the next conv's input are one tensor, saved twice), the model's parameters left out (they
-    exist anyway). A pack that returns a tuple or a dict is counted by the tensors in it. ``checkpoint``:
-    ``features`` runs under non-reentrant activation checkpointing, whose own saved-tensor hooks keep only
-    its input (added here) and recompute the rest in backward. ``model`` and ``batch`` (inputs and targets of
-    the mean cross-entropy) replace the trained digits CNN and its ``n`` digits."""
+    """Bytes that autograd keeps for backward in one forward pass of a batch of ``n`` digits, counted on the
+    allocator's side: the bytes allocated during the forward pass and still held at its end (by what ``pack``
+    returned, or by anything else it keeps, such as a dict), less what the same pass holds without a graph
+    (its loss); plus the batch's own tensors (inputs, targets) where they are kept as they are, since they were
+    allocated before. A tensor saved twice (a ReLU's output is also the next conv's input) is one allocation.
+    Parameters are left out (they exist anyway). ``checkpoint``: ``features`` runs under non-reentrant
+    activation checkpointing, whose own saved-tensor hooks keep only its input (added here) and recompute the
+    rest in backward. ``model`` and ``batch`` (inputs and targets of the mean cross-entropy) replace the
+    trained digits CNN and its ``n`` digits. Backward runs at the end, through ``unpack``."""
     pack, unpack = pack or (lambda t: t), unpack or (lambda t: t)
-    total, seen, alive = 0, set(), []
+    model = model or _model()
+    x, y = batch or _batch(n)
+    existing, counted, extra = {t.untyped_storage().data_ptr(): t for t in (x, y)}, set(), 0
 
     def counting(t):
-        nonlocal total
+        nonlocal extra
         packed = pack(t)
-        alive.append(packed)  # so that no storage is freed and its address reused while counting
         for kept in _tensors_in(packed):
             address = kept.untyped_storage().data_ptr()
-            if address not in seen and address not in parameters:
-                seen.add(address)
-                total += kept.untyped_storage().nbytes()
+            if address in existing and address not in counted:
+                counted.add(address)
+                extra += kept.untyped_storage().nbytes()
         return packed
 
-    model = model or _model()
-    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    x, y = batch or _batch(n)
-    with torch.autograd.graph.saved_tensors_hooks(counting, unpack):
+    def forward():
         if checkpoint:
             from torch.utils.checkpoint import checkpoint as run_checkpointed
 
-            total += x.numel() * x.element_size()  # what the checkpoint keeps: its input
-            loss = F.cross_entropy(model.head(run_checkpointed(model.features, x, use_reentrant=False)), y)
-        else:
-            loss = F.cross_entropy(model(x), y)
+            return F.cross_entropy(model.head(run_checkpointed(model.features, x, use_reentrant=False)), y)
+        return F.cross_entropy(model(x), y)
+
+    with torch.no_grad():
+        without_graph, _ = _net_allocated(forward)
+    with torch.autograd.graph.saved_tensors_hooks(counting, unpack):
+        held, loss = _net_allocated(forward)
+    if checkpoint:
+        extra += x.untyped_storage().nbytes()  # what the checkpoint keeps: its input
     loss.backward()
-    return total
+    return held - without_graph + extra
+
+
+def _silenced_profile(run: Callable):
+    """``run()`` under ``torch.profiler.profile(profile_memory=True)`` on the CPU, its log lines on stderr
+    silenced: (the profiler, what ``run`` returned)."""
+    import os
+    import sys
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+                out = run()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    return prof, out
+
+
+def _net_allocated(run: Callable) -> tuple[int, object]:
+    """The bytes the CPU allocator handed out during ``run()`` and still holds at its end, and what ``run``
+    returned (kept alive until then)."""
+    prof, out = _silenced_profile(run)
+    return sum(e.self_cpu_memory_usage for e in prof.events()), out
 
 
 def _tensors_in(packed) -> list[torch.Tensor]:
@@ -182,29 +230,23 @@ def allocator_peak(fuse: Callable | None = None, model: nn.Module | None = None,
     ``Linear`` layers (or ``model`` on ``batch``), measured by ``torch.profiler.profile(profile_memory=True)``:
     each operator's own allocations counted at its start, its frees at its end. The profiler's log lines on
     stderr are silenced."""
-    import os
-    import sys
-
     if model is None:
         model, batch = wide_linear()
     x, y = batch
     model.zero_grad()
     handles = fuse(model, LR) if fuse else []
-    sys.stderr.flush()
-    saved = os.dup(2)
+
+    def step():
+        F.cross_entropy(model(x), y).backward()
+        if not fuse:
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(p.grad, alpha=-LR)
+            model.zero_grad()
+
     try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
-                F.cross_entropy(model(x), y).backward()
-                if not fuse:
-                    with torch.no_grad():
-                        for p in model.parameters():
-                            p.add_(p.grad, alpha=-LR)
-                    model.zero_grad()
+        prof, _ = _silenced_profile(step)
     finally:
-        os.dup2(saved, 2)
-        os.close(saved)
         for handle in handles:
             handle.remove()
     changes = sorted((e.time_range.start if e.self_cpu_memory_usage > 0 else e.time_range.end, e.self_cpu_memory_usage)
@@ -221,35 +263,43 @@ def bf16_each_save(t: torch.Tensor):
     return (t.dtype, t.to(torch.bfloat16)) if t.is_floating_point() else (None, t)
 
 
-def spec(prune=None, step=None, pack=None, unpack=None, fuse=None) -> None:
+ROWS = ("pruning", "sensitivity", "saved", "peak")  # spec's rows, in order, by the name ``only`` takes
+
+
+def spec(prune=None, step=None, pack=None, unpack=None, fuse=None, only: str | None = None) -> None:
     """Print the lesson's four targets, each measured on plain training and on your tool where it is given
     (or as it was measured when an earlier call was given one): every row when no tool or every tool is
-    given, else only the rows of the tools given."""
+    given, else only the rows of the tools given; ``only`` (one of ``ROWS``) prints that row alone.
+    Sensitivity: how far the update moves when image 0 (a wrong image) is replaced by a copy of image 1, the
+    same random numbers in both runs (``influence``), and the noise σ the step adds, measured over two seeds
+    (``noise_scale``). Peak: the allocator's most bytes above what it held before the step (``allocator_peak``),
+    so the weights, allocated before, are not counted."""
     bound = 2 * CLIP * LR / BATCH
-    budget = 0.9 * saved_bytes()  # a tenth less than plain autograd keeps
-    peak_budget = 0.6 * allocator_peak()  # two fifths off plain SGD's peak
     rows = [
         ("keep pruned weights 0 in each of 3 convs", "≥ 50% zero", lambda t: conv_zeros_after_step(t, by_layer=True),
          prune, lambda v: v is not None and min(v.values()) >= 0.5,
          lambda v: "stale weight" if v is None else "/".join(f"{100 * s:.0f}" for s in v.values()) + "% zero"),
-        ("limit how far one image moves the update", f"≤ {bound:.4f}", lambda t: influence(t or plain_step), step,
-         lambda v: v <= bound * 1.001, lambda v: f"{v:.4f}"),
+        ("sensitivity to one image; noise σ", f"≤ {bound:.4f}; σ ≥ 0.5",
+         lambda t: (influence(t or plain_step), noise_scale(t or plain_step)), step,
+         lambda v: v[0] <= bound * 1.001 and v[1] >= 0.5 * 0.95, lambda v: f"{v[0]:.4f}; σ {v[1]:.2f}"),
         ("saved for backward (256 digits)", "≤ 90% of plain",
          lambda t: saved_bytes(*(t or (None, None))), (pack, unpack) if pack else None,
-         lambda v: v <= budget * 1.001, lambda v: f"{v / 1e6:.2f} MB"),
+         lambda v: v <= 0.9 * saved_bytes() * 1.001, lambda v: f"{v / 1e6:.2f} MB"),
         ("peak memory of a wide-Linear training step", "≤ 60% of plain",
-         allocator_peak, fuse, lambda v: v <= peak_budget, lambda v: f"{v / 1e6:.1f} MB"),
+         allocator_peak, fuse, lambda v: v <= 0.6 * allocator_peak(), lambda v: f"{v / 1e6:.1f} MB"),
     ]
+    if only is not None and only not in ROWS:
+        raise ValueError(f"only must be one of {ROWS}, got {only!r}")
     given = [tool is not None for *_, tool, _, _ in rows]
-    print(f"{'your tool must':<43}{'target':<16}{'without it':<17}{'yours':<16}")
-    for (words, target, measure, tool, ok, show), shown in zip(rows, given, strict=True):
+    print(f"{'your tool must':<43}{'target':<19}{'without it':<19}{'yours':<18}")
+    for name, (words, target, measure, tool, ok, show), shown in zip(ROWS, rows, given, strict=True):
         if tool is not None:
             _MEASURED[words] = measure(tool)
-        if any(given) and not all(given) and not shown:
+        if (only is not None and name != only) or (only is None and any(given) and not all(given) and not shown):
             continue
         plain = ("✓ " if ok(v := measure(None)) else "✗ ") + show(v)
         yours = ("✓ " if ok(_MEASURED[words]) else "✗ ") + show(_MEASURED[words]) if words in _MEASURED else "not yet"
-        print(f"{words:<43}{target:<16}{plain:<17}{yours:<16}")
+        print(f"{words:<43}{target:<19}{plain:<19}{yours:<18}")
 
 
 def gradient_timeline(fuse: Callable | None = None, model: nn.Module | None = None,
@@ -345,9 +395,9 @@ def grad_sample_hooks(layer: nn.Module, loss_reduction: str = "mean") -> list:
             if isinstance(module, nn.Conv2d):
                 module.weight.grad_sample = conv_grad_sample(module, a, g)
                 module.bias.grad_sample = g.sum((2, 3))
-            else:
-                module.weight.grad_sample = torch.einsum("no,ni->noi", g, a)
-                module.bias.grad_sample = g
+            else:  # "...": any middle dimensions, a sequence's positions (N, T, in), summed as the batch's are not
+                module.weight.grad_sample = torch.einsum("n...o,n...i->noi", g, a)
+                module.bias.grad_sample = torch.einsum("n...o->no", g)
 
         output.register_hook(per_sample)
 
@@ -780,7 +830,24 @@ def _check_linear_samples(answer) -> Outcome:
         outcome = failed or _compare_samples(model, ["0.weight", "0.bias", "2.weight", "2.bias"], truth, reduction)
         if not outcome.passed:
             return outcome
-    return outcome
+    # a sequence: each sample is T = 4 positions, so the first two Linear layers see (N, T, in)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3), nn.Flatten(), nn.Linear(12, 3))
+    x, y = torch.randn(6, 4, 5), torch.tensor([0, 1, 2, 0, 1, 2])
+    truth = per_sample_truth(model, x, y)
+    where = "on an input of shape (N, T, in), a sequence of T positions per sample as lesson 08's transformer has"
+    try:
+        failed = _grad_samples(answer, model, [model[0], model[2], model[4]], x, y)
+    except RuntimeError as error:
+        first = (str(error).splitlines() or [""])[0][:100]
+        return Outcome(False, f"{where}, your hook raised RuntimeError ({first}): a sample's gradient is the sum of "
+                              "its outer products over every position; in torch.einsum, '...' stands for the middle "
+                              "dimensions, whatever their number")
+    outcome = failed or _compare_samples(model, ["0.weight", "0.bias", "2.weight", "2.bias", "4.weight"], truth)
+    if not outcome.passed:
+        return Outcome(False, f"{where}: {outcome.detail}. Sum each sample's outer products over the positions")
+    return Outcome(True, "each sample's weight and bias gradients equal torch.func's vmap(grad(...)), to 1e-5, for "
+                         "a mean and a summed loss, and for inputs of shape (N, in) and (N, T, in)")
 
 
 @exercise("07.3", "per-sample gradients of a Conv2d via unfold")
@@ -926,6 +993,36 @@ _WRONG_TARGET = ("Your weakref.finalize watches the bfloat16 copy, not the tenso
                  "copy. Finalize t: weakref.finalize(t, ...)")
 
 
+def _unpack_twice(pack: Callable, unpack: Callable) -> Outcome | None:
+    """Two backward passes through one graph (``retain_graph=True``) unpack every saved tensor twice: both must
+    give the same gradients, and once the graph is freed, the allocator must hold nothing more than before."""
+    model, (x, y) = _model(), _batch(64)
+    params = list(model.parameters())
+
+    def two_backwards():
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            loss = F.cross_entropy(model(x), y)
+        first = torch.autograd.grad(loss, params, retain_graph=True)
+        second = torch.autograd.grad(loss, params)
+        return [torch.allclose(a, b) for a, b in zip(first, second, strict=True)]
+
+    try:
+        held, same = _net_allocated(two_backwards)
+    except Exception as error:  # a popped entry: KeyError, IndexError, ...
+        return Outcome(False, f"a second backward through the same graph (retain_graph=True) unpacks each saved "
+                              f"tensor again, and your unpack raised {type(error).__name__}: unpack may run more than "
+                              "once, so it must leave what pack kept in place (the graph frees it when it is freed)")
+    if not all(same):
+        return Outcome(False, "a second backward through the same graph (retain_graph=True) gave other gradients: "
+                              "unpack may run more than once and must give back the same tensor each time")
+    gc.collect()
+    if held > 2**16:
+        return Outcome(False, f"after backward, with the graph freed, {held / 1e6:.2f} MB that pack allocated are "
+                              "still held: what pack keeps must live only as long as the graph does. Return the "
+                              "copy from pack, and keep nothing in a dict once its tensor is freed")
+    return None
+
+
 @exercise("07.5", "compress what autograd saves")
 def _check_compress(answer) -> Outcome:
     if not (isinstance(answer, tuple) and len(answer) == 2 and all(callable(f) for f in answer)):
@@ -1023,6 +1120,9 @@ def _check_compress(answer) -> Outcome:
         return Outcome(False, "gradients right, but your cache keeps packed tensors after backward "
                               f"({len(alive)} of them after step 5, their tensors freed), so memory grows every step: "
                               "forget each one when its tensor is freed (weakref.finalize)")
+    twice = _unpack_twice(pack, unpack)
+    if twice is not None:
+        return twice
     kept_bytes, once = saved_bytes(pack, unpack), saved_bytes(pack_bf16, unpack_bf16)
     extra = ("; each tensor packed once" if kept_bytes <= once * 1.01 else
              f"; optional: pack each tensor once for {once / 1e6:.2f} MB (a ReLU's output is saved twice)")
@@ -1117,3 +1217,26 @@ def dead_channels() -> dict[str, str]:
         for handle in handles:
             handle.remove()
     return {name: f"{int((out.amax((0, 2, 3)) == 0).sum())} of {out.shape[1]}" for name, out in outputs.items()}
+
+
+def saved_table(n: int = 256, min_bytes: int = 10_000) -> list[str]:
+    """What plain autograd keeps for backward in one forward pass of the trained digits CNN on ``n`` digits:
+    one line per tensor of at least ``min_bytes`` (who made it, its shape, its size, how many times it was
+    saved), found with a ``pack`` that notes each tensor and returns it unchanged; parameters left out."""
+    from ..data import digits
+
+    data, model, saved = digits(), _model(), {}
+
+    def note(t):
+        if not (t.requires_grad and t.grad_fn is None):  # parameters exist anyway
+            saved.setdefault(id(t), [t, 0])[1] += 1
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(note, lambda t: t):
+        F.cross_entropy(model(data.x_train[:n]), data.y_train[:n])
+    lines = []
+    for t, times in saved.values():
+        if t.nbytes >= min_bytes:
+            made_by = t.grad_fn.name().removesuffix("Backward0") if t.grad_fn else f"no grad_fn ({t.dtype})"
+            lines.append(f"{made_by:<28}{tuple(t.shape)!s:<18}{t.nbytes / 1e6:.2f} MB, saved {times}×")
+    return lines
