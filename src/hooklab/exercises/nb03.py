@@ -633,6 +633,20 @@ def _clear_all_hooks(model: nn.Module) -> list[str]:
     return left
 
 
+def _run_tracked(model: nn.Module, run, hint=None) -> Outcome | None:
+    """``run()``'s Outcome (or None), with every hook on ``model`` cleared if it raises. A TypeError, RuntimeError
+    or AttributeError becomes a failed Outcome: ``hint()``'s, if it names the slip, else the hint for a known error
+    (``hint_for``); any other error, the stub's NotImplementedError included, is raised again."""
+    try:
+        return run()
+    except (TypeError, RuntimeError, AttributeError) as error:
+        _clear_all_hooks(model)
+        return (hint() if hint else None) or hint_for(error, _TRACK_ERRORS)
+    except BaseException:  # the answer's own error: no hook stays
+        _clear_all_hooks(model)
+        raise
+
+
 def _one_number_each(table: object, what: str, after: str) -> Outcome | None:
     """A failed Outcome unless ``table`` is ``{name: [float, ...]}`` for the tracked names."""
     if isinstance(table, dict) and not table:
@@ -697,7 +711,8 @@ def _track_output(track_output) -> Outcome:
     model, batches = _in_place_mlp(), _batches()
     stds, spreads = {name: [] for name in _TRACKED}, {name: [] for name in _TRACKED}
     handles = []
-    try:
+
+    def run() -> Outcome | None:
         for name in _TRACKED:
             handles.append(track_output(model.get_submodule(name), stds[name], spreads[name]))
             failed = not_a_handle(handles[-1], "track_output", model.get_submodule(name))
@@ -705,12 +720,11 @@ def _track_output(track_output) -> Outcome:
                 _clear_all_hooks(model)
                 return failed
         _steps(model, batches)
-    except (TypeError, RuntimeError, AttributeError) as error:
-        _clear_all_hooks(model)
-        return hint_for(error, _TRACK_ERRORS)
-    except BaseException:  # the answer's own error (or the stub's NotImplementedError): no hook stays
-        _clear_all_hooks(model)
-        raise
+        return None
+
+    failed = _run_tracked(model, run)
+    if failed:
+        return failed
     _remove(handles)
     left = _clear_all_hooks(model)
     if left:
@@ -747,21 +761,21 @@ def _frozen_model_outcome(track_output) -> Outcome | None:
 def _layer_tracker(tracker_class) -> Outcome:
     """``tracker_class(module, lr)`` keeps ``.grad_stds``, ``.spreads`` (03.3's hook) and ``.ratios`` (a
     post-accumulate-grad hook on ``module.weight``), one number a step, until its ``remove()``."""
-    model, batches, hooked = _in_place_mlp(), _batches(), {}
-    try:
-        trackers = {name: tracker_class(model.get_submodule(name), lr=_LR) for name in _TRACKED}
+    model, batches, hooked, trackers = _in_place_mlp(), _batches(), {}, {}
+
+    def run() -> None:
+        trackers.update({name: tracker_class(model.get_submodule(name), lr=_LR) for name in _TRACKED})
         hooked.update(_weight_hooks(model))
         _steps(model, batches)
         for tracker in trackers.values():
             tracker.remove()
-    except (TypeError, RuntimeError, AttributeError) as error:
-        _clear_all_hooks(model)
-        if hooked.get("tensor") and not hooked.get("post"):
-            return Outcome(False, _WEIGHT_TENSOR_HOOK)
-        return hint_for(error, _TRACK_ERRORS)
-    except BaseException:
-        _clear_all_hooks(model)
-        raise
+
+    def weight_tensor_hook() -> Outcome | None:  # a tensor hook on the weight, not a post-accumulate-grad hook
+        return Outcome(False, _WEIGHT_TENSOR_HOOK) if hooked.get("tensor") and not hooked.get("post") else None
+
+    failed = _run_tracked(model, run, hint=weight_tensor_hook)
+    if failed:
+        return failed
     left = _clear_all_hooks(model)
     if left:
         return Outcome(False, f"after remove(), {left[0]}: keep both handles, the forward hook's and the "
@@ -815,25 +829,26 @@ def _accumulation_outcome(tracker_class) -> Outcome | None:
 def _grad_tracker(tracker_class) -> Outcome:
     """``with tracker_class(model, names, lr) as tracker:`` makes a LayerTracker per name in ``__enter__`` and
     removes them all in ``__exit__``, also when the block raises, without swallowing the error."""
-    model, batches = _in_place_mlp(), _batches()
-    try:
-        tracker = tracker_class(model, list(_TRACKED), lr=_LR)
+    model, batches, made = _in_place_mlp(), _batches(), []
+
+    def run() -> Outcome | None:
+        made.append(tracker_class(model, list(_TRACKED), lr=_LR))
         left = _clear_all_hooks(model)
         if left:
             return Outcome(False, f"creating the tracker, before the with block, registered hooks ({left[0]}): "
                                   "make the LayerTrackers in __enter__, so that only the with block owns them")
-        with tracker as entered:
-            if entered is not tracker:
+        with made[0] as entered:
+            if entered is not made[0]:
                 _clear_all_hooks(model)
                 return Outcome(False, f"__enter__ returned {kind_of(entered)}: return self, which `as tracker` "
                                       "names")
             _steps(model, batches)
-    except (TypeError, RuntimeError, AttributeError) as error:
-        _clear_all_hooks(model)
-        return hint_for(error, _TRACK_ERRORS)
-    except BaseException:
-        _clear_all_hooks(model)
-        raise
+        return None
+
+    failed = _run_tracked(model, run)
+    if failed:
+        return failed
+    tracker = made[0]
     left = _clear_all_hooks(model)
     if left:
         return Outcome(False, f"after the with block, {left[0]}: __exit__ calls remove() on every LayerTracker")
