@@ -448,6 +448,22 @@ def test_00_3_keeps_the_last_output_of_a_module_called_twice():
     failed("00.3", FirstCall, "the output of its first call", "calls norm twice", "keep the output of the last call")
 
 
+def test_00_3_keeps_a_module_called_twice_at_the_place_of_its_first_call():
+    class MovesToLastCall(Recorder):  # pops the name and writes it again: norm moves after late
+        def __enter__(self):
+            for name, module in self.layers():
+
+                def keep(module, args, output, name=name):
+                    self.outputs.pop(name, None)
+                    self.outputs[name] = output.detach().clone()
+
+                self.handles.append(module.register_forward_hook(keep))
+            return self
+
+    failed("00.3", MovesToLastCall, "'norm' after 'late', at the place of its second call", "do not pop",
+           "first_nan would blame")
+
+
 def test_00_3_wants_the_order_the_layers_ran_in():
     class Prefilled(Recorder):  # the names written in definition order, before anything ran
         def __init__(self, model):
@@ -642,29 +658,31 @@ def truth(id):
 
 
 def test_the_predictions_compute_what_the_lesson_shows():
+    assert truth("00.c") == ["embed"]
+    assert truth("00.f") == "1"
     assert truth("00.a") == [11.0, 1.0]
     assert truth("00.b") == [1, 2, 3]
-    assert truth("00.c") == ["embed", "head"]
-    assert truth("00.d") == ["RMSNorm", 6]
+    assert truth("00.d") == ["embed", "head"]
+    assert truth("00.e") == ["RMSNorm", 6]
 
 
 def test_the_predictions_answer_right_and_give_hints_for_common_wrong_guesses():
     assert grade("00.a", [11, 1]).passed and grade("00.b", [1.0, 2.0, 3.0]).passed
-    assert grade("00.c", ["Embed", "'head'"]).passed and grade("00.d", ["rmsnorm", 6.0]).passed
+    assert grade("00.d", ["Embed", "'head'"]).passed and grade("00.e", ["rmsnorm", 6.0]).passed
     assert "received times_ten's result" in grade("00.a", [2.0, 1.0]).detail
     assert "the plain method" in grade("00.a", [11, 11]).detail
     assert "does not replace it" in grade("00.b", [1, 1, 1]).detail
-    assert "the order the model defines its layers in" in grade("00.c", ["head", "embed"]).detail
-    assert "does not make one" in grade("00.d", ["Linear", 0]).detail
-    assert "it makes the row of zeros" in grade("00.d", ["ReLU", 6]).detail
-    assert "which row makes the root mean square 0" in grade("00.d", ["RMSNorm", 1]).detail
-    assert not grade("00.c", ["embed"]).passed
+    assert "the order the model defines its layers in" in grade("00.d", ["head", "embed"]).detail
+    assert "does not make one" in grade("00.e", ["Linear", 0]).detail
+    assert "it makes the row of zeros" in grade("00.e", ["ReLU", 6]).detail
+    assert "which row makes the root mean square 0" in grade("00.e", ["RMSNorm", 1]).detail
+    assert not grade("00.d", ["embed"]).passed
 
 
 def test_a_guess_of_the_wrong_form_is_told_what_to_write_not_the_answer():
     for id, guess, words in [("00.a", [11.0], "two numbers"), ("00.a", "eleven", "two numbers"),
-                             ("00.b", 6, "a list of three numbers"), ("00.c", "embed", "a list of two names"),
-                             ("00.d", "RMSNorm", "a class name and a number")]:
+                             ("00.b", 6, "a list of three numbers"), ("00.d", "embed", "a list of two names"),
+                             ("00.e", "RMSNorm", "a class name and a number")]:
         detail = grade(id, guess).detail
         assert words in detail, (id, guess, detail)
         assert str(truth(id)) not in detail and "11" not in detail
@@ -677,7 +695,7 @@ def lesson_source(marker: str) -> str:
 
 
 def test_the_opening_model_of_the_lesson_is_the_one_the_predictions_record(capsys):
-    """00.c and 00.d compute their truth on a copy of the lesson's opening model and batch: both
+    """00.d and 00.e compute their truth on a copy of the lesson's opening model and batch: both
     must define and run the same layers, from the same seed."""
     from hooklab.exercises import nb00
 
@@ -710,16 +728,16 @@ def test_the_opening_nan_does_not_hang_on_the_last_bit(sign):
     assert all(v.nan_to_num(sign).abs().min() > 0.1 for v in before)
 
 
-def test_00_a_and_00_d_say_which_part_of_the_guess_is_wrong():
+def test_00_a_and_00_e_say_which_part_of_the_guess_is_wrong():
     assert "identity(x) is right" in grade("00.a", [11, 3]).detail
     assert "identity.forward(x) is right" in grade("00.a", [7, 1]).detail
-    assert "the layer is right; the number is not" in grade("00.d", ["RMSNorm", 5]).detail
-    assert "the number is right; the layer is not" in grade("00.d", ["Linear", 6]).detail
-    assert "RMSNorm is right" in grade("00.d", ["nn.RMSNorm", 1]).detail
+    assert "the layer is right; the number is not" in grade("00.e", ["RMSNorm", 5]).detail
+    assert "the number is right; the layer is not" in grade("00.e", ["Linear", 6]).detail
+    assert "RMSNorm is right" in grade("00.e", ["nn.RMSNorm", 1]).detail
     for guess in (["nn.RMSNorm", 6], ["torch.nn.RMSNorm", 6.0], ["'rmsnorm'", 6]):
-        assert grade("00.d", guess).passed, guess
-    assert not grade("00.d", ["nn.ReLU", 6]).passed
-    assert grade("00.d", ["RMSNorm", "6"]).form and grade("00.a", [11.0]).form  # "not in the form asked"
+        assert grade("00.e", guess).passed, guess
+    assert not grade("00.e", ["nn.ReLU", 6]).passed
+    assert grade("00.e", ["RMSNorm", "6"]).form and grade("00.a", [11.0]).form  # "not in the form asked"
 
 
 def test_the_lesson_falls_back_on_the_worked_answers_until_yours_pass():
@@ -729,3 +747,23 @@ def test_the_lesson_falls_back_on_the_worked_answers_until_yours_pass():
     mine = type("Recorder", (), {})
     assert yours_or_worked({"Recorder": mine}, "Recorder") in (mine, Recorder)
     assert yours_or_worked({}, "Recorder", "first_nan") == (Recorder, first_nan)
+
+
+def test_00_c_and_00_f_give_hints_for_common_wrong_guesses():
+    from hooklab.exercises import nb00
+
+    every = [name for name, _ in nb00._leaves(nb00._opening()[0])]
+    assert grade("00.c", ["'embed'"]).passed and grade("00.f", "'1'").passed
+    assert "one key per leaf is what you want" in grade("00.c", every).detail
+    assert "the loop's last name" in grade("00.c", ["head"]).detail
+    assert "a list of names" in grade("00.c", "embed").detail
+    assert "a finite number" in grade("00.f", "0").detail
+    assert "its hook sees a NaN" in grade("00.f", None).detail
+    assert "a string, '1'" in grade("00.f", 1).detail
+    assert "write one name" in grade("00.f", ["1"]).detail
+
+
+def test_the_lesson_shows_the_models_its_predictions_compute_on():
+    """00.c runs the loop the lesson shows; 00.f the lesson's LogBetween."""
+    assert "kept[name] = output.detach().clone()" in lesson_source("def keep(module, args, output):")
+    assert "return self[1](torch.log(self[0](x)))" in lesson_source("class LogBetween(nn.Sequential)")

@@ -479,7 +479,7 @@ def _run_with_hook(run_with_hook) -> Outcome:
                          "on with the hook removed")
 
 
-# ----- 3. Your own recorder finds the NaN --------------------------------------------------------
+# ----- 3. and 4.: the lesson's model, a recorder of your own, the NaN -----------------------------
 class _RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x / x.pow(2).mean(dim=1, keepdim=True).sqrt()
@@ -541,8 +541,53 @@ def _first_nan(ran: list) -> tuple[str, nn.Module] | tuple[None, None]:
     return next(((name, m) for name, m, out in ran if torch.isnan(out).any()), (None, None))
 
 
+# ----- 3. Keep every layer's output --------------------------------------------------------------
+_LATE_ALL = _OtherForm(lambda guess: not (isinstance(guess, list | tuple) and len(guess) > 1))
+
+
+def _late_keys() -> list[str]:
+    """The keys a loop of ``keep`` hooks without ``name=name`` leaves in its dict, on the lesson's model."""
+    model, x = _opening()
+    kept, handles = {}, []
+    for name, module in _leaves(model):
+
+        def keep(module, args, output):
+            kept[name] = output.detach().clone()  # noqa: B023  (the slip the prediction is about)
+
+        handles.append(module.register_forward_hook(keep))
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return list(kept)
+
+
 @prediction(
     "00.c",
+    "hooks made in a loop, without name=name",
+    why="keep looks `name` up when it runs, not when it is defined; every hook runs during model(x), after the "
+        "loop has ended, when `name` holds the loop's last value, 'embed' (named_modules() lists embed last). "
+        "All 20 hooks write under that one key, and the last to run, head, leaves its output there.",
+    wrong=[
+        (_LATE_ALL, "one key per leaf is what you want, but keep looks `name` up when it runs, and every hook "
+                    "runs after the loop has ended: what does `name` hold then?"),
+        (["head"], "head runs last, so its output is what stays; but the key is `name` as keep finds it when it "
+                   "runs, after the loop: the loop's last name (named_modules() lists the leaves in the order Net "
+                   "defines them)"),
+        (["blocks.5.norm"], "the key is `name` as keep finds it when it runs, after the loop has ended: the "
+                            "loop's last name (named_modules() lists the leaves in the order Net defines them)"),
+        (_OtherForm(lambda guess: isinstance(guess, list | tuple) and all(isinstance(i, str) for i in guess)),
+         'write a list of names, such as ["blocks.0.act", "blocks.0.norm"]'),
+    ],
+)
+def _late_binding() -> list[str]:
+    return _late_keys()
+
+
+@prediction(
+    "00.d",
     "the first and the last name of a recording",
     why="a forward hook runs right after its own layer returns, and a dict keeps its keys in the order they were "
         "first written: rec.outputs follows the order forward calls the layers (embed first, head last), not the "
@@ -565,7 +610,7 @@ def _recording_order() -> list[str]:
 
 
 @prediction(
-    "00.d",
+    "00.e",
     "the layer that makes the first NaN, and the row it gets",
     why="Linear multiplies and adds, ReLU takes max(v, 0): from finite numbers neither makes a NaN (Linear could "
         "only by overflowing float32, past 3e38, into inf - inf: far from these values). RMSNorm divides a row by "
@@ -599,6 +644,37 @@ def _nan_maker() -> list:
     return [_Name(type(module).__name__), int((given[row] == 0).sum())]
 
 
+class _LogBetween(nn.Sequential):
+    """Two leaves, '0' and '1', with ``torch.log`` between them in the parent's own forward."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self[1](torch.log(self[0](x)))
+
+
+_LogBetween.__name__ = "LogBetween"
+
+
+@prediction(
+    "00.f",
+    "the leaf first_nan blames for a NaN made between two leaves",
+    why="a forward hook sees only what its leaf returns. torch.log(-1) runs in LogBetween.forward, between the "
+        "leaves: leaf '0' returned -1, finite, and leaf '1' returned the NaN it was handed, so '1' is the first "
+        "leaf whose output holds a NaN.",
+    wrong=[
+        ("0", "leaf '0' returned -1, a finite number: torch.log ran after it returned, in the parent's forward, "
+              "where no hook watches"),
+        (None, "the NaN made by torch.log goes into leaf '1', which returns it: its hook sees a NaN"),
+        (1, "the right leaf, but its name is a string, '1', as named_modules() gives it"),
+        (_OtherForm(lambda guess: guess is None or isinstance(guess, str | int)), "write one name, such as '0', "
+                                                                                  "or None"),
+    ],
+)
+def _blamed_leaf() -> str | None:
+    logged, x = _LogBetween(nn.Identity(), nn.Identity()), torch.tensor([-1.0])
+    name, _ = _first_nan(_run_order(logged, x))
+    return name
+
+
 class _Body(nn.Module):
     """``early`` then an in-place ReLU, ``act``: it overwrites ``early``'s output, so a kept copy that
     shares its memory changes with it."""
@@ -617,21 +693,26 @@ class _Body(nn.Module):
 
 class _RecorderCase(nn.Module):
     """Defines ``late``, ``norm`` (an RMSNorm: a leaf of the model's own class, without parameters),
-    then ``body`` (``body.early``, ``body.act``), and runs ``body.early``, ``body.act``, ``norm`` (twice),
-    ``late``. A recorder that picks layers by type (Linear, ReLU) or by parameters misses ``norm``."""
+    then ``body`` (``body.early``, ``body.act``), and runs ``body.early``, ``body.act``, ``norm``, ``late``,
+    then ``norm`` again. A recorder that picks layers by type (Linear, ReLU) or by parameters misses
+    ``norm``; one that moves ``norm`` to its last call lists it after ``late``."""
 
     def __init__(self) -> None:
         super().__init__()
         self.late = nn.Linear(3, 2)
         self.norm = _RMSNorm()
         self.body = _Body()
+        with torch.no_grad():  # fixed: no row of late's output is ever near 0
+            self.late.weight.copy_(torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, -1.0]]))
+            self.late.bias.copy_(torch.tensor([0.5, -2.0]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.late(self.norm(self.norm(self.body(x)) + 1))  # norm runs twice: a recorder keeps its last
+        return self.norm(self.late(self.norm(self.body(x))))  # norm runs twice, before and after late
 
 
 _RecorderCase.__name__ = "model"  # what a message about a hook left on it says: "... on layer 'late' of the model"
 _DEFINED, _RAN = ["late", "norm", "body.early", "body.act"], ["body.early", "body.act", "norm", "late"]
+_MOVED = ["body.early", "body.act", "late", "norm"]  # norm moved to the place of its second call
 _SHORT = {"early": "body.early", "act": "body.act"}  # a leaf's own name, without its parent's
 
 
@@ -645,8 +726,9 @@ def _expected(model: _RecorderCase, x: torch.Tensor) -> dict[str, torch.Tensor]:
         early = model.body.early(x)
         act = torch.relu(early)
         first = act / act.pow(2).mean(dim=1, keepdim=True).sqrt()
-        norm = (first + 1) / (first + 1).pow(2).mean(dim=1, keepdim=True).sqrt()
-        return {"body.early": early, "body.act": act, "norm": norm, "late": model.late(norm), "first norm": first}
+        late = model.late(first)
+        norm = late / late.pow(2).mean(dim=1, keepdim=True).sqrt()
+        return {"body.early": early, "body.act": act, "norm": norm, "late": late, "first norm": first}
 
 
 def _container_name(name: str) -> str:
@@ -685,6 +767,12 @@ def _names_outcome(outputs: object) -> Outcome | None:
     if extra is not None:
         return Outcome(False, f"rec.outputs also has {_container_name(extra)}: record the leaf modules only, the "
                               "entries of model.named_modules() without children")
+    if kept == _MOVED:
+        return Outcome(False, "rec.outputs lists 'norm' after 'late', at the place of its second call; the model "
+                              "calls norm before late, and again after it. A dict keeps a key at the place it was "
+                              "first written, so write rec.outputs[name] = ... and do not pop the name first: moved "
+                              "to its last call, a layer that made a NaN would come after the layers it passed the "
+                              "NaN to, and first_nan would blame one of them")
     if kept != _RAN:
         order = "the order they were defined in" if kept == _DEFINED else "another order"
         return Outcome(False, f"rec.outputs lists the layers as {kept}, {order}, not the order they ran "
@@ -710,11 +798,12 @@ def _values_outcome(outputs: dict, expected: dict[str, torch.Tensor]) -> Outcome
                                   "requires grad): keep output.detach().clone()")
         if name == "body.early" and not torch.equal(kept, expected[name]) and torch.equal(kept, expected["body.act"]):
             return Outcome(False, _IN_PLACE)
-        if name == "norm" and kept.shape == expected[name].shape and torch.allclose(kept, expected["first norm"]):
+        first = expected["first norm"]
+        if name == "norm" and kept.shape == first.shape and torch.allclose(kept, first):
             return Outcome(False, "the copy kept for layer 'norm' is the output of its first call, and the model "
-                                  "calls norm twice: keep the output of the last call, which a plain "
-                                  "rec.outputs[name] = ... does by writing over the one before (setdefault keeps "
-                                  "the first)")
+                                  "calls norm twice (before and after late): keep the output of the last call, "
+                                  "which a plain rec.outputs[name] = ... does by writing over the one before "
+                                  "(setdefault keeps the first)")
         if kept.shape != expected[name].shape or not torch.allclose(kept, expected[name]):
             return Outcome(False, f"the copy kept for layer {name!r} is not what the layer returned: keep the "
                                   "hook's output argument, output.detach().clone()")
