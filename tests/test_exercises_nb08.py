@@ -16,13 +16,13 @@ from hooklab.exercises import exercises, grade, nb08
 IDS = sorted(id for id in exercises() if id.startswith("08."))
 
 
-def test_notebook_08_has_six_predictions_and_seven_exercises():
-    assert IDS == ["08.1", "08.2", "08.3", "08.4", "08.5", "08.6", "08.7",
+def test_notebook_08_has_six_predictions_and_six_exercises():
+    assert IDS == ["08.1", "08.2", "08.3", "08.4", "08.5", "08.6",
                    "08.a", "08.b", "08.c", "08.d", "08.e", "08.f"]
 
 
 # ----- predictions ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("08.a", 4), ("08.b", 3), ("08.c", [14, 5]), ("08.e", "below"),
+@pytest.mark.parametrize(("id", "truth"), [("08.a", 4), ("08.b", 3), ("08.c", [14, 5]), ("08.e", "larger"),
                                            ("08.f", [True, False]), ("08.d", [19, 5])])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
@@ -35,8 +35,8 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     ("08.b", 1, "swapped run's match"), ("08.b", 0, "embeddings"), ("08.b", 2, "embedding"),
     ("08.b", 9, "did not move"),
     ("08.c", [8, 4], "position after it"), ("08.c", [19, 3], "unchanged run"), ("08.c", [14, 4], "earlier 8"),
-    ("08.c", 10, "two whole"), ("08.e", "Above", "reads the heads"),
-    ("08.e", "less", "in quotes"), ("08.e", 0.77, "in quotes"), ("08.e", True, "in quotes"),
+    ("08.c", 10, "two whole"), ("08.e", "Smaller", "three heads left"),
+    ("08.e", "less", "in quotes"), ("08.e", 6.26, "in quotes"), ("08.e", True, "in quotes"),
     ("08.f", [True, True], "third token"), ("08.f", [False, False], "away from 17"),
     ("08.f", [False, True], "difference is positive"), ("08.f", 23, "two bools"), ("08.f", [1, 0], "two bools"),
     ("08.f", True, "two bools"),
@@ -47,10 +47,10 @@ def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
 
 
-@pytest.mark.parametrize(("id", "guess"), [("08.e", "0.77x"), ("08.e", 0.77), ("08.e", ["below"])])
+@pytest.mark.parametrize(("id", "guess"), [("08.e", "6.26x"), ("08.e", 6.26), ("08.e", ["larger"])])
 def test_a_guess_outside_the_form_is_not_told_the_answer(id, guess):
     outcome = grade(id, guess)
-    assert outcome.form and "in quotes" in outcome.detail and "0.77" not in outcome.detail
+    assert outcome.form and "in quotes" in outcome.detail and "6.26" not in outcome.detail
 
 
 @pytest.mark.parametrize(("id", "guess"), [
@@ -66,21 +66,23 @@ def test_a_guess_in_the_wrong_form_gets_a_format_hint_not_the_answer(id, guess):
     assert str(truth) not in detail and "back" not in detail and "record" not in detail
 
 
-@pytest.mark.parametrize("guess", ["below", "Below", " 'below' "])
+@pytest.mark.parametrize("guess", ["larger", "Larger", " 'larger' "])
 def test_08_e_takes_its_choice_in_any_case(guess):
     assert grade("08.e", guess).passed
 
 
-@pytest.mark.parametrize(("id", "guess"), [("08.a", 3), ("08.b", 5), ("08.c", [3, 3]), ("08.e", "above"),
+@pytest.mark.parametrize(("id", "guess"), [("08.a", 3), ("08.b", 5), ("08.c", [3, 3]), ("08.e", "smaller"),
                                            ("08.d", [0, 0])])
 def test_a_wrong_guess_in_the_form_asked_is_not_quite(id, guess):
     outcome = grade(id, guess)
     assert not outcome.passed and not outcome.form
 
 
-def test_08_e_form_is_none_only_for_its_three_choices_and_the_parts_are_as_the_hints_say():
-    assert all(nb08._std_choice(g) is None for g in ("above", "Below"))
-    assert all(nb08._std_choice(g) for g in (True, "1", ["above"], None, 0.77, "smaller"))
+def test_08_e_form_is_none_only_for_its_two_choices_and_the_drops_are_as_the_lesson_says():
+    assert all(nb08._joint_choice(g) is None for g in ("larger", "Smaller"))
+    assert all(nb08._joint_choice(g) for g in (True, "1", ["larger"], None, 6.26, "above"))
+    single, joint = nb08.single_and_joint()
+    assert abs(single - 1.07) < 0.005 and abs(joint - 6.26) < 0.005
     points = ["blocks.1.hook_attn_out", "blocks.1.hook_resid_post"]
     model = nb08._model()
     with record(model, points) as rec, torch.no_grad():
@@ -352,138 +354,68 @@ def test_08_4_accepts_the_worked_answer_and_its_map_finds_each_corruption():
 
 
 # ----- 08.5 -------------------------------------------------------------------------------------
-def scores_like(*, sign=1, keep=False, remove=True, axis="head", mean_used=True, ablated_values=False,
-                returns=True, fixed_layer=None):
-    """Ablation scores with one slip."""
-    def ablation_scores(model, tokens, layer, metric, mean=None):
+def scores_like(*, sign=1, keep=False, remove=True, where="one", ablated_values=False, returns=True,
+                fixed_layer=None, transpose=False):
+    """The ablation map with one slip."""
+    def ablation_scores(model, tokens, layer, metric):
         z = model.blocks[layer if fixed_layer is None else fixed_layer].attn.hook_z
         with torch.no_grad():
             intact = metric(model(tokens))
-        scores, handles = torch.zeros(4), []
+        scores, handles = torch.zeros(4, tokens.shape[1]), []
         for head in range(4):
-            def hook(module, args, output, head=head):
-                output = output.clone()
-                m = mean if mean_used else None
-                if axis == "head":
-                    output[:, :, head] = 0.0 if m is None else m[:, head]
-                elif axis == "mean over positions":
-                    output[:, :, head] = 0.0 if m is None else m[:, head].mean(0)
-                elif axis == "from 1":
-                    output[:, 1:, head] = 0.0 if m is None else m[1:, head]
-                elif axis == "query":
-                    output[:, nb08.Q, head] = 0.0 if m is None else m[nb08.Q, head]
-                elif axis == "d_head":
-                    output[..., head] = 0.0 if m is None else m[..., head]
-                else:
-                    output[:, head] = 0.0 if m is None else m[head]
-                return output if returns else None
+            for position in range(tokens.shape[1]):
+                def hook(module, args, output, head=head, position=position):
+                    output = output.clone()
+                    if where == "one":
+                        output[:, position, head] = 0.0
+                    elif where == "every position":
+                        output[:, :, head] = 0.0
+                    elif where == "every head":
+                        output[:, position] = 0.0
+                    else:  # d_head
+                        output[:, position, ..., head] = 0.0
+                    return output if returns else None
 
-            handles.append(z.register_forward_hook(hook))
-            with torch.no_grad():
-                after = metric(model(tokens))
-            scores[head] = after if ablated_values else sign * (intact - after)
-            if not keep and remove:
-                handles.pop().remove()
+                handles.append(z.register_forward_hook(hook))
+                with torch.no_grad():
+                    after = metric(model(tokens))
+                scores[head, position] = after if ablated_values else sign * (intact - after)
+                if not keep and remove:
+                    handles.pop().remove()
         if keep:
             for handle in handles:
                 handle.remove()
-        return scores
+        return scores.T if transpose else scores
 
     return ablation_scores
 
 
 @pytest.mark.parametrize(("answer", "words"), [
     (scores_like(sign=-1), ["signs are reversed", "metric(intact) − metric(ablated)"]),
-    (scores_like(keep=True), ["earlier heads were still ablated", "handle.remove()"]),
+    (scores_like(keep=True), ["still ablated", "handle.remove()"]),
     (scores_like(remove=False), ["still registered", "finally"]),
-    (scores_like(axis="position"), ["ablated a position", "output[:, :, head]"]),
+    (scores_like(where="every position"), ["every position at once", "output[:, position, head]"]),
+    (scores_like(where="every head"), ["every head at that position", "output[:, position, head]"]),
+    (scores_like(where="d_head"), ["last axis (d_head)", "output[:, position, head]"]),
     (scores_like(returns=False), ["changed nothing", "return the edited copy"]),
     (scores_like(ablated_values=True), ["ablated runs' values", "drop"]),
-    (scores_like(fixed_layer=1), ["layer 0, zero", "layer 1's heads, not layer 0's", "model.blocks[layer]"]),
-    (scores_like(axis="query"), ["layer 0, zero", "at the query only", "output[:, :, head]", "keys"]),
-    (scores_like(axis="d_head"), ["last axis (d_head)", "third axis"]),
-    (scores_like(axis="from 1"), ["read at position 0", "left position 0 out", "output[:, :, head]"]),
+    (scores_like(fixed_layer=1), ["layer 0", "layer 1's heads, not layer 0's", "model.blocks[layer]"]),
+    (scores_like(transpose=True), ["swapped", "(heads, positions)"]),
 ])  # fmt: skip
 def test_08_5_rejects(answer, words):
     failed("08.5", answer, *words)
 
 
-def test_08_5_accepts_the_worked_answer_and_a_list_of_numbers():
+def test_08_5_accepts_the_worked_answer_and_nested_lists_and_its_map_reads_as_the_lesson_says():
     assert grade("08.5", nb08.ablation_scores).passed
     assert grade("08.5", lambda *args: nb08.ablation_scores(*args).tolist()).passed
+    model, clean = nb08._model(), nb08.clean_and_corrupted()[0]
+    layer_1 = nb08.ablation_scores(model, clean, 1, nb08.logit_diff)
+    assert layer_1[:, :nb08.Q].abs().max() < 1e-4 and layer_1[:, nb08.Q + 1:].abs().max() < 1e-4  # the query only
+    assert torch.allclose(layer_1[:, nb08.Q], nb08.head_scores(model, clean, 1, nb08.logit_diff), atol=1e-4)
 
 
 # ----- 08.6 -------------------------------------------------------------------------------------
-def std_returns_nothing(std):
-    return lambda module, args, output: None
-
-
-def std_not_centred(std):
-    return lambda module, args, output: args[0] / std * module.weight + module.bias
-
-
-def std_without_affine(std):
-    return lambda module, args, output: (args[0] - args[0].mean(-1, keepdim=True)) / std
-
-
-def std_from_output(std):
-    return lambda module, args, output: (output - output.mean(-1, keepdim=True)) / std * module.weight + module.bias
-
-
-def std_whole_mean(std):
-    return lambda module, args, output: (args[0] - args[0].mean()) / std * module.weight + module.bias
-
-
-def std_not_a_hook(std):
-    return std
-
-
-def std_without_keepdim(std):
-    return lambda module, args, output: (args[0] - args[0].mean(-1)) / std * module.weight + module.bias
-
-
-def std_sqrt_eps_again(std):
-    return lambda module, args, output: ((args[0] - args[0].mean(-1, keepdim=True)) / (std ** 2 + module.eps).sqrt()
-                                         * module.weight + module.bias)
-
-
-def std_plus_eps(std):
-    return lambda module, args, output: ((args[0] - args[0].mean(-1, keepdim=True)) / (std + module.eps)
-                                         * module.weight + module.bias)
-
-
-@pytest.mark.parametrize(("answer", "words"), [
-    (std_plus_eps, ["module.eps", "already includes it"]),
-    (std_sqrt_eps_again, ["sqrt(std² + eps)", "already includes it"]),
-    (std_returns_nothing, ["unchanged", "return nothing"]), (std_not_centred, ["subtract each row's mean"]),
-    (std_without_affine, ["module.weight", "module.bias"]), (std_from_output, ["args[0]"]),
-    (std_whole_mean, ["over the last axis"]), (std_not_a_hook, ["return the hook function"]),
-    (std_without_keepdim, ["shape error", "keepdim=True"]),
-    (3, ["pass your function itself"]),
-])  # fmt: skip
-def test_08_6_rejects(answer, words):
-    failed("08.6", answer, *words)
-
-
-def test_08_6_accepts_the_worked_answer_and_it_makes_the_head_drops_add():
-    assert grade("08.6", nb08.fixed_std_hook).passed
-    model, clean = nb08._model(), nb08.clean_and_corrupted()[0]
-    with record(model, ["blocks.1.hook_mlp_out", "blocks.1.hook_resid_post"]) as rec, torch.no_grad():
-        intact = nb08.logit_diff(model(clean))
-    resid = rec["blocks.1.hook_resid_post"].output
-    std = (resid.var(-1, unbiased=False, keepdim=True) + model.ln_final.eps).sqrt()
-    handles = [model.blocks[1].hook_mlp_out.register_forward_hook(lambda m, a, o: rec["blocks.1.hook_mlp_out"].output),
-               model.ln_final.register_forward_hook(nb08.fixed_std_hook(std))]
-    try:
-        single = nb08.ablation_scores(model, clean, 1, nb08.logit_diff)
-        joint = intact - nb08.logit_diff(nb08.run_hooked(model, clean, "blocks.1.attn.hook_z", lambda m, a, o: o * 0))
-    finally:
-        for handle in handles:
-            handle.remove()
-    assert abs(single.sum().item() - joint) < 1e-3 and joint > 5
-
-
-# ----- 08.7 -------------------------------------------------------------------------------------
 def adds_everywhere(direction, position, scale):
     return lambda module, args, output: output + scale * direction
 
@@ -544,7 +476,7 @@ def adds_in_place_returned(direction, position, scale):
     (adds_normalised, ["normalised", "scale × direction", "without"]),
 ])  # fmt: skip
 def test_08_7_rejects(answer, words):
-    failed("08.7", answer, *words)
+    failed("08.6", answer, *words)
 
 
 def copies_for_negative_scales(direction, position, scale):
@@ -558,12 +490,12 @@ def copies_for_negative_scales(direction, position, scale):
 
 
 def test_08_7_an_unchanged_copy_is_not_called_none():
-    outcome = failed("08.7", copies_for_negative_scales, "scale -1.0", "unchanged", "a negative scale too")
+    outcome = failed("08.6", copies_for_negative_scales, "scale -1.0", "unchanged", "a negative scale too")
     assert "None" not in outcome.detail
 
 
 def test_08_7_accepts_the_worked_answer():
-    assert grade("08.7", nb08.steering_hook).passed
+    assert grade("08.6", nb08.steering_hook).passed
 
 
 def test_the_measured_facts_the_lesson_states_about_the_heads_and_steering():
@@ -572,7 +504,7 @@ def test_the_measured_facts_the_lesson_states_about_the_heads_and_steering():
     neither 19 nor 17."""
     model = nb08._model()
     clean = nb08.clean_and_corrupted()[0]
-    assert nb08.ablation_scores(model, clean, 1, nb08.logit_diff).max() < 2
+    assert nb08.head_scores(model, clean, 1, nb08.logit_diff).max() < 2
     assert nb08.ablation_scores(model, clean, 0, nb08.logit_diff).abs().max() < 0.5
     zeroed = nb08.run_hooked(model, clean, "blocks.1.attn.hook_z", lambda m, a, o: torch.zeros_like(o))
     assert zeroed[0, nb08.Q].argmax().item() != nb08.A
@@ -625,37 +557,34 @@ def copy_first(output, value, position):
 
 
 def scores_with(edit, as_list=False):
-    """The worked scores, with ``edit(output, head)`` as the ablation hook's body."""
-    def ablation_scores(model, tokens, layer, metric, mean=None):
+    """The worked map, with ``edit(output, head, position)`` as the ablation hook's body."""
+    def ablation_scores(model, tokens, layer, metric):
         z = model.blocks[layer].attn.hook_z
         with torch.no_grad():
             intact = metric(model(tokens))
         scores = []
         for head in range(4):
-            handle = z.register_forward_hook(lambda m, a, o, h=head: edit(o, h, mean))
-            try:
-                with torch.no_grad():
-                    scores.append(intact - metric(model(tokens)))
-            finally:
-                handle.remove()
+            row = []
+            for position in range(tokens.shape[1]):
+                handle = z.register_forward_hook(lambda m, a, o, h=head, p=position: edit(o, h, p))
+                try:
+                    with torch.no_grad():
+                        row.append(intact - metric(model(tokens)))
+                finally:
+                    handle.remove()
+            scores.append(row)
         return scores if as_list else torch.tensor(scores)
 
     return ablation_scores
 
 
-def zero_in_place_first(output, head, mean):
-    output[0, :, head] = 0.0 if mean is None else mean[:, head]
+def zero_in_place_first(output, head, position):
+    output[0, position, head] = 0.0
 
 
-def zero_copy_first(output, head, mean):
+def zero_copy_first(output, head, position):
     output = output.clone()
-    output[0, :, head] = 0.0 if mean is None else mean[:, head]
-    return output
-
-
-def zero_right(output, head, mean):
-    output = output.clone()
-    output[:, :, head] = 0.0 if mean is None else mean[:, head]
+    output[0, position, head] = 0.0
     return output
 
 
@@ -673,7 +602,7 @@ def steer_copy_first(direction, position, scale):
     ("08.4", sweep_with(copy_first), ["two different runs in one batch", "only the first sequence", "output[:, ...]"]),
     ("08.5", scores_with(zero_in_place_first), ["only the first sequence"]),
     ("08.5", scores_with(zero_copy_first), ["a batch of two", "only the first sequence"]),
-    ("08.7", steer_copy_first, ["only the first sequence", "output[:, ...]"]),
+    ("08.6", steer_copy_first, ["only the first sequence", "output[:, ...]"]),
 ])  # fmt: skip
 def test_first_sequence_only_edits_are_rejected(id, answer, words):
     failed(id, answer, *words)
@@ -683,13 +612,13 @@ def in_place_all(output, value, position):
     output[:, position] = value[:, position]
 
 
-def zero_in_place_all(output, head, mean):
-    output[:, :, head] = 0.0 if mean is None else mean[:, head]
+def zero_in_place_all(output, head, position):
+    output[:, position, head] = 0.0
 
 
 @pytest.mark.parametrize(("id", "answer"), [
-    ("08.4", sweep_with(in_place_all)), ("08.5", scores_with(zero_in_place_all)), ("08.7", adds_in_place_returned),
-    ("08.7", adds_in_place),
+    ("08.4", sweep_with(in_place_all)), ("08.5", scores_with(zero_in_place_all)), ("08.6", adds_in_place_returned),
+    ("08.6", adds_in_place),
 ])  # fmt: skip
 def test_a_right_in_place_edit_passes_with_a_note(id, answer):
     outcome = grade(id, answer)
@@ -741,7 +670,7 @@ def test_the_measured_facts_the_lesson_states_about_matching_the_batch_and_the_n
         return (logits[:, :-1].argmax(-1) == batch[:, 1:])[mask].float().mean().item()
 
     for layer in (0, 1):
-        assert (1 - nb08.ablation_scores(model, batch, layer, accuracy)).min() >= 0.993
+        assert (1 - nb08.head_scores(model, batch, layer, accuracy)).min() >= 0.993
     zeroed = nb08.run_hooked(model, batch, "blocks.1.attn.hook_z", lambda m, a, o: torch.zeros_like(o))
     assert accuracy(zeroed) < 0.4
     with record(model, ["blocks.0.hook_resid_post"]) as rec, torch.no_grad():
@@ -875,14 +804,14 @@ def test_the_third_corruption_answers_14_and_a_patch_after_the_heads_changes_the
 
 
 def test_the_lesson_does_not_ask_for_a_copy_where_the_checker_accepts_an_in_place_edit():
-    """08.4, 08.5 and 08.7 accept a right in-place edit with a note: their instructions (before the hints) ask for
+    """08.4, 08.5 and 08.6 accept a right in-place edit with a note: their instructions (before the hints) ask for
     the edited output, not for a copy."""
     import json
     from pathlib import Path
 
     lesson = Path(__file__).parents[1] / "notebooks" / "08_transformer_interpretability.ipynb"
     cells = ["".join(c["source"]) for c in json.loads(lesson.read_text())["cells"] if c["cell_type"] == "markdown"]
-    for id in ("08.4", "08.5", "08.7"):
+    for id in ("08.4", "08.5", "08.6"):
         (text,) = [c for c in cells if f"### Exercise {id}" in c]
         assert "copy" not in text.split(f"### Exercise {id}")[1].split("<details>")[0], id
 

@@ -9,10 +9,10 @@ earlier 3 to position 0: the model then answers the 12 after it, ``B2``, as the 
 and patching layer 0's output finds where its previous-token records sit (08.b). Exercises:
 record the attention patterns with forward hooks (08.1), the stripe score of a pattern (08.2),
 TransformerLens's ``run_with_hooks`` by name (08.3),
-the patching sweep over hook points × positions, normalised (08.4), a hook that zero-ablates one
-head (08.5), a hook that makes a LayerNorm divide by a fixed std (08.6), and a hook that adds a steering direction
-(08.7). ``record_patterns``, ``run_with_hooks``, ``patching_sweep``, ``patch_hook``, ``ablation_hook``,
-``fixed_std_hook`` and ``steering_hook`` are worked answers: the lesson goes
+the patching sweep over hook points × positions, normalised (08.4), the drop when one head is zeroed at
+one position, for every head and position (08.5), and a hook that adds a steering direction (08.6).
+``record_patterns``, ``run_with_hooks``, ``patching_sweep``, ``patch_hook``, ``ablation_scores``
+and ``steering_hook`` are worked answers: the lesson goes
 on with them while the student's own has not passed, as is ``stripe_score``.
 """
 
@@ -144,12 +144,14 @@ def patching_sweep(model: nn.Module, clean: torch.Tensor, corrupted: torch.Tenso
     return (sweep - low) / (high - low)
 
 
-def ablation_hook(head: int, mean: torch.Tensor | None = None):
-    """A forward hook for ``hook_z`` ``(N, pos, heads, d_head)`` that sets head ``head`` to 0, or to
-    ``mean[:, head]`` (``mean``: ``(pos, heads, d_head)``, the average over a batch)."""
+def ablation_hook(head: int, position: int | None = None, mean: torch.Tensor | None = None):
+    """A forward hook for ``hook_z`` ``(N, pos, heads, d_head)`` that sets head ``head`` to 0 (or to ``mean``,
+    ``(pos, heads, d_head)``, the average over a batch), at ``position`` only, or at every position if None."""
+    where = slice(None) if position is None else position
+
     def hook(module, args, output):
         output = output.clone()
-        output[:, :, head] = 0.0 if mean is None else mean[:, head]
+        output[:, where, head] = 0.0 if mean is None else mean[where, head]
         return output
 
     return hook
@@ -157,14 +159,31 @@ def ablation_hook(head: int, mean: torch.Tensor | None = None):
 
 def ablation_scores(model: nn.Module, tokens: torch.Tensor, layer: int, metric,
                     mean: torch.Tensor | None = None) -> torch.Tensor:
-    """``(heads,)``: how much ``metric(logits)`` drops when one head of ``layer`` is ablated (zeroed, or set
-    to ``mean[:, head]``) by a forward hook on its ``hook_z``, one head at a time."""
+    """``(heads, positions)``: how much ``metric(logits)`` drops when one head of ``layer`` is ablated at one
+    position (zeroed, or set to ``mean[position, head]``) by a forward hook on its ``hook_z``, one at a time."""
+    attn = model.blocks[layer].attn
+    with torch.no_grad():
+        intact = metric(model(tokens))
+    scores = torch.zeros(attn.heads, tokens.shape[1])
+    for head in range(attn.heads):
+        for position in range(tokens.shape[1]):
+            handle = attn.hook_z.register_forward_hook(ablation_hook(head, position, mean))
+            try:
+                with torch.no_grad():
+                    scores[head, position] = intact - metric(model(tokens))
+            finally:
+                handle.remove()
+    return scores
+
+
+def head_scores(model: nn.Module, tokens: torch.Tensor, layer: int, metric) -> torch.Tensor:
+    """``(heads,)``: the drop when one head of ``layer`` is zeroed at every position."""
     attn = model.blocks[layer].attn
     with torch.no_grad():
         intact = metric(model(tokens))
     scores = torch.zeros(attn.heads)
     for head in range(attn.heads):
-        handle = attn.hook_z.register_forward_hook(ablation_hook(head, mean))
+        handle = attn.hook_z.register_forward_hook(ablation_hook(head))
         try:
             with torch.no_grad():
                 scores[head] = intact - metric(model(tokens))
@@ -361,26 +380,36 @@ def zeroed_std(heads: list[int], mlp_held: bool = False) -> float:
     return (resid.var(unbiased=False) + model.ln_final.eps).sqrt().item()
 
 
-STD_CHOICES = ("above", "below")  # 08.e: the MLP free, the std above or below its value with the MLP held
+def single_and_joint() -> tuple[float, float]:
+    """Layer 1's four single-head drops summed, and the drop with all four heads zeroed at once."""
+    model, clean = _model(), clean_and_corrupted()[0]
+    single = head_scores(model, clean, 1, logit_diff).sum().item()
+    with torch.no_grad():
+        intact = logit_diff(model(clean))
+    joint = intact - logit_diff(run_hooked(model, clean, "blocks.1.attn.hook_z", lambda m, a, o: o * 0))
+    return single, joint
 
 
-def _std_choice(guess: object) -> str | None:
+JOINT_CHOICES = ("larger", "smaller")  # 08.e: the joint drop, larger or smaller than the single drops summed
+
+
+def _joint_choice(guess: object) -> str | None:
     """The form hint for a guess that is not one of 08.e's two choices, else None."""
-    ok = isinstance(guess, str) and guess.strip().strip("'\"").lower() in STD_CHOICES
-    return None if ok else 'write "above" or "below", in quotes'
+    ok = isinstance(guess, str) and guess.strip().strip("'\"").lower() in JOINT_CHOICES
+    return None if ok else 'write "larger" or "smaller", in quotes'
 
 
-@prediction("08.e", "all four layer-1 heads zeroed, layer 1's MLP free to react: is the final LayerNorm's std "
-                    "above or below 1.45, its value with the MLP held at its intact output",
-            why="below: 0.77 (next cell). Reading no heads, layer 1's MLP writes something else (std 1.25 → 0.93) "
-                "that cancels part of the rest: with no MLP output at all the std would be 0.89. The LayerNorm "
-                "scales what is left up 3.6×",
-            wrong=[("above", "layer 1's MLP reads the heads (section 2): zeroed, it writes something else. Does "
-                             "that add to the rest, or cancel part of it?")],
-            form=_std_choice)
-def _zeroed_std() -> str:
-    free, held = zeroed_std([0, 1, 2, 3]), zeroed_std([0, 1, 2, 3], mlp_held=True)
-    return STD_CHOICES[0] if free > held else STD_CHOICES[1]
+@prediction("08.e", "all four layer-1 heads zeroed at once: is the drop larger or smaller than their four single "
+                    "drops summed (1.07)",
+            why="larger: 6.26 against 1.07 (next cell). Zero one head, and the final LayerNorm divides by a smaller "
+                "std (2.76 → 2.20), which scales up the three heads left: they copy the same 19. Zero all four, and "
+                "no head is left to scale up",
+            wrong=[("smaller", "the final LayerNorm divides the residual by its own std: with one head gone, what "
+                               "happens to the three heads left?")],
+            form=_joint_choice)
+def _joint_drop() -> str:
+    single, joint = single_and_joint()
+    return JOINT_CHOICES[0] if joint > single else JOINT_CHOICES[1]
 
 
 def predicted(tokens: torch.Tensor) -> int:
@@ -966,27 +995,40 @@ def _check_sweep(answer) -> Outcome:
                          "left behind." + (IN_PLACE if edited else ""))
 
 
-def _scores_with(model, tokens, layer, metric, hook_for, *, keep: bool = False) -> torch.Tensor:
-    """Scores with ``hook_for(head)`` as the ablation; ``keep``: each head's hook stays for the next ones."""
+def _scores_with(model, tokens, layer, metric, edit, *, keep: bool = False) -> torch.Tensor:
+    """The map with ``edit(output, head, position)`` (on a copy) as the ablation; ``keep``: each hook stays."""
     attn = model.blocks[layer].attn
     with torch.no_grad():
         intact = metric(model(tokens))
-    handles, scores = [], torch.zeros(attn.heads)
+    handles, scores = [], torch.zeros(attn.heads, tokens.shape[1])
+
+    def hook_for(head, position):
+        def hook(module, args, output):
+            output = output.clone()
+            edit(output, head, position)
+            return output
+        return hook
+
     try:
         for head in range(attn.heads):
-            handles.append(attn.hook_z.register_forward_hook(hook_for(head)))
-            with torch.no_grad():
-                scores[head] = intact - metric(model(tokens))
-            if not keep:
-                handles.pop().remove()
+            for position in range(tokens.shape[1]):
+                handles.append(attn.hook_z.register_forward_hook(hook_for(head, position)))
+                with torch.no_grad():
+                    scores[head, position] = intact - metric(model(tokens))
+                if not keep:
+                    handles.pop().remove()
     finally:
         for handle in handles:
             handle.remove()
     return scores
 
 
-def _scores_slip(model, got, tokens, layer, metric, mean) -> str | None:
-    want = ablation_scores(model, tokens, layer, metric, mean)
+def _zero(output, head, position):
+    output[:, position, head] = 0.0
+
+
+def _scores_slip(model, got, tokens, layer, metric) -> str | None:
+    want = ablation_scores(model, tokens, layer, metric)
     with torch.no_grad():
         intact = metric(model(tokens))
 
@@ -999,81 +1041,43 @@ def _scores_slip(model, got, tokens, layer, metric, mean) -> str | None:
         return "leave the score unnormalised: metric(intact) − metric(ablated), in the metric's own units"
     if near(intact - want):
         return "these are the ablated runs' values: return the drop, metric(intact) − metric(ablated)"
-    if near(_scores_with(model, tokens, layer, metric, lambda h: ablation_hook(h, mean), keep=True)):
-        return ("from head 1 on, the earlier heads were still ablated: remove each head's hook (handle.remove()) "
-                "before the next head's run")
-    if mean is not None and near(ablation_scores(model, tokens, layer, metric)):
-        return "with `mean` given, set the head to mean[:, head], not to 0"
+    if near(want.T):
+        return "rows and columns are swapped: one row per head, one column per position, (heads, positions)"
+    every = head_scores(model, tokens, layer, metric)
+    if near(every[:, None].expand_as(want)) or near(every):
+        return ("you zeroed each head at every position at once (output[:, :, head]): zero it at one position "
+                "at a time, output[:, position, head], one score per head and position")
 
-    def one_vector(h):  # mean averaged over positions too: one vector at every position
-        def hook(module, args, output):
-            output = output.clone()
-            output[:, :, h] = mean[:, h].mean(0)
-            return output
-        return hook
+    def all_heads(output, head, position):
+        output[:, position] = 0.0
 
-    if mean is not None and near(_scores_with(model, tokens, layer, metric, one_vector)):
-        return ("you averaged `mean` over its positions too (one vector for every position): it is already a "
-                "mean over sequences, (position, head, d_head); set each position to its own, mean[:, head]")
+    if near(_scores_with(model, tokens, layer, metric, all_heads)):
+        return ("you zeroed every head at that position (output[:, position]): zero one head there, "
+                "output[:, position, head]")
+    if near(_scores_with(model, tokens, layer, metric, _zero, keep=True)):
+        return ("the earlier heads and positions were still ablated: remove each hook (handle.remove()) before "
+                "the next run")
 
-    def by_position(h):
-        def hook(module, args, output):
-            output = output.clone()
-            output[:, h] = 0.0 if mean is None else mean[h]
-            return output
-        return hook
-
-    def first_only(h):
-        def hook(module, args, output):
-            output = output.clone()
-            output[0, :, h] = 0.0 if mean is None else mean[:, h]
-            return output
-        return hook
+    def first_only(output, head, position):
+        output[0, position, head] = 0.0
 
     if len(tokens) > 1 and near(_scores_with(model, tokens, layer, metric, first_only)):
         return ROW_0
     other = 1 - layer
-    if near(ablation_scores(model, tokens, other, metric, mean if other == 1 else None)):
+    if near(ablation_scores(model, tokens, other, metric)):
         return (f"these are layer {other}'s heads, not layer {layer}'s: hook model.blocks[layer].attn.hook_z, the "
                 "layer asked for")
 
-    def at_query(h):
-        def hook(module, args, output):
-            output = output.clone()
-            output[:, Q, h] = 0.0 if mean is None else mean[Q, h]
-            return output
-        return hook
-
-    def from_one(h):
-        def hook(module, args, output):
-            output = output.clone()
-            output[:, 1:, h] = 0.0 if mean is None else mean[1:, h]
-            return output
-        return hook
-
-    if near(_scores_with(model, tokens, layer, metric, from_one)):
-        return ("you left position 0 out (output[:, 1:, head]): an ablation removes the head at every position, "
-                "output[:, :, head], position 0 included")
-    if near(_scores_with(model, tokens, layer, metric, at_query)):
-        return ("you ablated each head at the query only (position 9): an ablation removes the head at every "
-                "position, output[:, :, head], including the keys it writes for later layers")
-
-    def last_axis(h):
-        def hook(module, args, output):
-            output = output.clone()
-            output[..., h] = 0.0 if mean is None else mean[..., h]
-            return output
-        return hook
+    def last_axis(output, head, position):
+        output[:, position, ..., head] = 0.0
 
     if near(_scores_with(model, tokens, layer, metric, last_axis)):
         return ("you set one entry of the last axis (d_head) in every head: hook_z is (N, position, head, d_head), "
-                "so a head is the third axis, output[:, :, head]")
-    if near(_scores_with(model, tokens, layer, metric, by_position)):
-        return "you ablated a position, not a head: hook_z is (N, position, head, d_head), so set output[:, :, head]"
+                "so a head at one position is output[:, position, head]")
     return None
 
 
-@exercise("08.5", "ablation scores: the metric's drop when each head is ablated")
+@exercise("08.5", "ablation scores: the metric's drop when one head is zeroed at one position")
 def _check_scores(answer) -> Outcome:
     if not callable(answer):
         return Outcome(False, f"pass your function itself (`ablation_scores`), not {kind_of(answer)}")
@@ -1082,107 +1086,43 @@ def _check_scores(answer) -> Outcome:
     model = _watched(_model(), edited, idle)
     clean = clean_and_corrupted()[0]
     batch = induction_pair()
-    for tokens, metric, layer, m, what in [(clean, logit_diff, 1, None, "layer 1, zero"),
-                                           (clean, logit_diff, 0, None, "layer 0, zero"),
-                                           (batch, pair_metric, 1, None, "a batch of two, layer 1, zero"),
-                                           (clean, first_metric, 1, None, "layer 1, zero, read at position 0")]:
+    for tokens, metric, layer, what in [(clean, logit_diff, 1, "layer 1"),
+                                        (clean, logit_diff, 0, "layer 0"),
+                                        (batch, pair_metric, 1, "a batch of two, layer 1"),
+                                        (clean, first_metric, 1, "layer 1, read at position 0")]:
         start = len(idle)
         got = answer(model, tokens, layer, metric)
         nothing = len(idle) > start and all(idle[start:])
-        if isinstance(got, list | tuple) and all(isinstance(v, int | float) for v in got):
-            got = torch.tensor(got)  # a list of numbers is as good as a tensor
+        if isinstance(got, list | tuple):
+            try:
+                got = torch.tensor(got, dtype=torch.float)  # nested lists of numbers are as good as a tensor
+            except (TypeError, ValueError, RuntimeError):
+                pass
         if (leftover := [n for n, mod in model.named_modules() if mod._forward_hooks]):
             return Outcome(False, f"a forward hook is still registered on {leftover[0]!r} after your scores: "
                                   "remove each handle after its run, in a finally block")
         if not isinstance(got, torch.Tensor):
-            return Outcome(False, f"ablation_scores returned {kind_of(got)}: return a tensor, one score a head "
-                                  "(torch.zeros(heads), filled in)")
-        want = ablation_scores(model, tokens, layer, metric, m)
+            return Outcome(False, f"ablation_scores returned {kind_of(got)}: return a tensor, one score per head "
+                                  "and position (torch.zeros(heads, positions), filled in)")
+        want = ablation_scores(model, tokens, layer, metric)
         if got.shape == want.shape and torch.allclose(got.float(), want, atol=1e-3):
             continue
         if nothing:
             return Outcome(False, f"{what}: " + NOTHING.format("intact"))
-        if (slip := _scores_slip(model, got.float(), tokens, layer, metric, m)) is not None:
+        if (slip := _scores_slip(model, got.float(), tokens, layer, metric)) is not None:
             return Outcome(False, f"{what}: {slip}")
         if got.shape != want.shape:
-            return Outcome(False, f"{what}: shape {tuple(got.shape)}, want {tuple(want.shape)}, one score a head")
-        return Outcome(False, f"{what}: scores {[round(v, 2) for v in got.tolist()]}, want "
-                              f"{[round(v, 2) for v in want.tolist()]}")
-    return Outcome(True, "the same drops as the model's, layers 0 and 1, read at the query and at "
-                         "position 0, on one run and a batch of two, and no hook left behind."
+            return Outcome(False, f"{what}: shape {tuple(got.shape)}, want {tuple(want.shape)}: one row per "
+                                  "head, one column per position")
+        head, position = divmod((got.float() - want).abs().argmax().item(), want.shape[1])
+        return Outcome(False, f"{what}: head {head} at position {position} scores {got[head, position]:.2f}, "
+                              f"want {want[head, position]:.2f}")
+    return Outcome(True, "the same drops as the model's, every head at every position, layers 0 and 1, read at "
+                         "the query and at position 0, on one run and a batch of two, and no hook left behind."
                    + (ABLATE_IN_PLACE if edited else ""))
 
 
-def _fixed_std_cases():
-    """Two LayerNorms with weights, biases and eps of their own, inputs ``(2, 3, 8)`` and a std to divide by."""
-    gen = torch.Generator().manual_seed(8)
-    cases = []
-    for shift in (0.0, 3.0):
-        norm = nn.LayerNorm(8, eps=0.25)  # an eps large enough that adding it again shows
-        with torch.no_grad():
-            norm.weight.copy_(torch.rand(8, generator=gen) + 0.5)
-            norm.bias.copy_(torch.randn(8, generator=gen))
-        x = torch.randn(2, 3, 8, generator=gen) * 2 + shift
-        cases.append((norm, x, torch.rand(2, 3, 1, generator=gen) + 0.5))
-    return cases
-
-
-def _fixed_std_slip(norm: nn.LayerNorm, x: torch.Tensor, std: torch.Tensor, got: torch.Tensor) -> str | None:
-    def near(value):
-        return value.shape == got.shape and torch.allclose(got, value, atol=1e-4)
-
-    centred = x - x.mean(-1, keepdim=True)
-    if near(norm(x)):
-        return ("the LayerNorm's output is unchanged (did your hook return nothing?): it still divides by the "
-                "input's own std; return the centred input divided by the std you were given")
-    if near(x / std * norm.weight + norm.bias):
-        return "subtract each row's mean over the last axis first: x - x.mean(-1, keepdim=True)"
-    if near(centred / std):
-        return "multiply by module.weight and add module.bias, as the LayerNorm does after dividing"
-    normed = norm(x)
-    if near((normed - normed.mean(-1, keepdim=True)) / std * norm.weight + norm.bias):
-        return "start from the LayerNorm's input, args[0]: its output is already divided by the input's own std"
-    if near(centred / (std + norm.eps) * norm.weight + norm.bias):
-        return ("you added module.eps to std: the std you are given already includes it, sqrt(var + eps), so "
-                "divide by std alone")
-    if near(centred / (std ** 2 + norm.eps).sqrt() * norm.weight + norm.bias):
-        return ("you added module.eps again, as sqrt(std² + eps): the std you are given already includes it, "
-                "sqrt(var + eps), so divide by std alone")
-    if near((x - x.mean()) / std * norm.weight + norm.bias):
-        return "take the mean of each row over the last axis (x.mean(-1, keepdim=True)), not of the whole tensor"
-    return None
-
-
-@exercise("08.6", "freeze the final LayerNorm's std with a forward hook")
-def _check_fixed_std(answer) -> Outcome:
-    for norm, x, std in _fixed_std_cases():
-        hook = _hook_or_outcome(answer, "fixed_std_hook", std)
-        if isinstance(hook, Outcome):
-            return hook
-        handle = norm.register_forward_hook(hook)
-        try:
-            with torch.no_grad():
-                got = norm(x)
-        except RuntimeError as e:
-            if "must match the size" in str(e):
-                return Outcome(False, "your hook raised a shape error: x.mean(-1) drops the last axis, so (N, "
-                                      "position, 8) minus (N, position) cannot broadcast; keep the axis, "
-                                      "x.mean(-1, keepdim=True)")
-            return Outcome(False, f"your hook raised {type(e).__name__}: {e}")
-        finally:
-            handle.remove()
-        want = fixed_std_hook(std)(norm, (x,), None)
-        if got.shape == want.shape and torch.allclose(got, want, atol=1e-5):
-            continue
-        if (slip := _fixed_std_slip(norm, x, std, got)) is not None:
-            return Outcome(False, slip)
-        return Outcome(False, "the LayerNorm's output with your hook is not (x - x.mean(-1)) / std * weight + bias, "
-                              "x its input")
-    return Outcome(True, "the centred input divided by the std given, times the LayerNorm's weight, plus its bias, "
-                         "on two LayerNorms.")
-
-
-@exercise("08.7", "steer with a direction added in a forward hook")
+@exercise("08.6", "steer with a direction added in a forward hook")
 def _check_steering(answer) -> Outcome:
     model = _model()
     direction = steering_direction(model)
@@ -1227,6 +1167,7 @@ __all__ = [
     "clean_cache",
     "clean_cache_of",
     "fixed_std_hook",
+    "head_scores",
     "induction_pair",
     "layer_1_key",
     "logit_diff",
@@ -1244,6 +1185,7 @@ __all__ = [
     "run_with_hooks",
     "runs_with_17_at_3",
     "second_corruption",
+    "single_and_joint",
     "steered_answer",
     "steered_normalised",
     "steering_direction",
