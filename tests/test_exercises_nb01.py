@@ -122,6 +122,7 @@ def test_01_3_rejects_wrong_answers():
         (guard_with(message=lambda name: f"on the way back from logits, the gradient at {name} is bad"),
          ("it names 'logits' before 'ms'", "Name that tensor first")),
         (guard_with(bad=lambda grad: grad.isnan().any()), ("the inf is made there", "isfinite")),
+        (guard_with(bad=lambda grad: not torch.isfinite(grad.norm())), ("[1e20, 1e20]", "overflows", "not the norm")),
     ]:
         failed("01.3", wrong, *(words if isinstance(words, tuple) else (words,)))
 
@@ -274,8 +275,8 @@ RIGHT_GUESSES = {
     "01.b": [[4, 8, 12], [2, 4, 6]],
     "01.c": "x",
     "01.d": "ms",
-    "01.e": "None",
-    "01.f": "ordinary",
+    "01.e": ["numbers", "None"],
+    "01.f": "zeros",
 }
 
 
@@ -295,10 +296,12 @@ def test_a_common_wrong_guess_gets_its_own_hint():
         ("01.c", "none", "what is 0 × ∞"),
         ("01.d", "h", "got it from a tensor after it"),
         ("01.d", "rms", "not NaN"),
-        ("01.e", "NaN", "does backward go on"),
-        ("01.e", "zeros", "set it to None"),
-        ("01.e", "numbers", "only once both its terms"),
-        ("01.f", "huge", "what is x in the padded row"),
+        ("01.e", ["numbers", "NaN"], "does backward go on"),
+        ("01.e", ["numbers", "zeros"], "set it to None"),
+        ("01.e", ["None", "None"], "backward reached head"),
+        ("01.e", ["numbers", "numbers"], "embed comes before ms"),
+        ("01.e", "None", "a list of two"),
+        ("01.f", "huge", "the loss ignores that row"),
         ("01.f", "NaN", "turns the NaN into 0"),
     ]:
         failed(id, guess, words)

@@ -158,30 +158,42 @@ def _lesson_problem() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 8, bias=False), nn.Linear(8, 10))
     data = digits()
-    xs, ys = data.x_train[:1344].flatten(1).view(168, 8, 64).clone(), data.y_train[:1344].view(168, 8)
-    xs[torch.randperm(168)[:126], -1] = 0.0
+    xs, ys = data.x_train[:1344].flatten(1).view(168, 8, 64).clone(), data.y_train[:1344].view(168, 8).clone()
+    padded = torch.randperm(168)[:126]
+    xs[padded, -1], ys[padded, -1] = 0.0, -100
     return model, xs, ys
+
+
+_GRAD_STATES = ("None", "NaN", "zeros", "numbers")
+
+
+def _state(g: torch.Tensor | None) -> str:
+    return "None" if g is None else "NaN" if g.isnan().any() else "zeros" if (g == 0).all() else "numbers"
 
 
 @prediction(
     "01.e",
-    "embed.weight.grad after the guard raised at ms (zero_grad() had set it to None)",
-    why="an error raised in a hook stops backward where it is. embed.weight's gradient is computed from h's, and h's "
-        "is passed on only once its two terms, through normed and through ms, are summed (in §2 the hook on u "
-        "fired once, with 3 + 4): ms's never came. So "
-        "embed's backward never ran, and .grad stays None, as zero_grad() left it. No NaN reaches a weight.",
+    "head.weight.grad and embed.weight.grad after the guard raised at ms (zero_grad() had set both to None)",
+    why="backward fills a parameter's .grad when it reaches the operation that used the parameter, and an error "
+        "raised in a hook stops it where it is. head comes after ms in forward, so backward reached it first: its "
+        "gradient holds finite numbers. embed comes before ms: backward never got there, and its .grad stays None.",
     wrong=[
-        ("NaN", "the NaN is made at ms, but the guard raises there: does backward go on to h and embed.weight "
-                "after a hook raised?"),
-        ("zeros", "nothing writes zeros into .grad: zero_grad() set it to None, and backward stopped at ms, before "
-                  "embed.weight"),
-        ("numbers", "h's term through normed had arrived before the guard raised at ms, but autograd does not pass "
-                    "part of a gradient on: h's goes to embed only once both its terms, through normed and through "
-                    "ms, are summed (in §2 the hook on u fired once, with 3 + 4). ms's term never came, so embed's "
-                    "backward never ran"),
+        (["None", "None"], "head comes after ms in forward, so before it on the way back: backward reached head "
+                           "before the guard raised"),
+        (["numbers", "numbers"], "embed comes before ms in forward, so after it on the way back: does backward go "
+                                 "on after a hook raised?"),
+        (["numbers", "NaN"], "the NaN is made at ms, but the guard raises there: does backward go on to embed "
+                             "after a hook raised?"),
+        (["NaN", "NaN"], "the NaN is made at ms, on the way back after head: head's gradient was computed before, "
+                         "and backward stopped at ms, before embed"),
+        (["numbers", "zeros"], "nothing writes zeros into .grad: zero_grad() set it to None, and backward stopped "
+                               "at ms, before embed"),
     ],
+    form=lambda guess: None if isinstance(guess, list | tuple) and len(guess) == 2
+    and all(g in _GRAD_STATES for g in guess) else 'a list of two of "None", "NaN", "zeros", "numbers": '
+                                                   "[head.weight.grad, embed.weight.grad]",
 )
-def _grad_after_raise() -> str:
+def _grad_after_raise() -> list[str]:
     embed, head, x, y = _problem()
     steps = _steps(embed, head, x)
     with Hooks() as hooks:
@@ -189,35 +201,30 @@ def _grad_after_raise() -> str:
             hooks.add(handle)
         with contextlib.suppress(FloatingPointError):
             nn.functional.cross_entropy(steps["logits"], y).backward()
-    g = embed.weight.grad
-    return "None" if g is None else "NaN" if g.isnan().any() else "zeros" if (g == 0).all() else "numbers"
+    return [_state(head.weight.grad), _state(embed.weight.grad)]
 
 
 @prediction(
     "01.f",
-    "embed.weight's gradient norm at step 0, the first padded batch, with the repair hook on ms",
-    why="the repair makes every gradient finite, and the padded row of dh is huge (about 1e6 · dnormed), but "
-        "embed.weight's gradient is dhᵀ @ x, one term outer(dh[i], x[i]) for each row i: that row meets x's "
-        "padded row, all zeros, and adds nothing. The "
-        "other 7 rows give an ordinary gradient.",
+    "the padded row of the gradient at h, at step 0, with the repair hook on ms",
+    why="h's gradient has two terms. The one through normed is dnormed / (rms + 1e-6), and dnormed's padded row "
+        "is 0, since the loss ignores that row. The one through ms is dms · 2h / D, and after the repair dms is "
+        "0 there, as is h. So the padded row is 0: zeroing ms's NaN lost nothing.",
     wrong=[
         ("NaN", "your repair hook on ms turns the NaN into 0 before it goes on to h: what is left to make a NaN?"),
-        ("huge", "dh's padded row is huge, but embed.weight's gradient is dhᵀ @ x, a sum of outer(dh[i], x[i]): "
-                 "what is x in the padded row?"),
+        ("huge", "the term through normed divides dnormed by 1e-6, but dnormed's padded row is 0: the loss "
+                 "ignores that row (label -100)"),
     ],
 )
-def _repaired_norm() -> str:
+def _repaired_row() -> str:
     model, xs, ys = _lesson_problem()
-    net, padded = model, torch.nonzero((xs[:, -1] == 0).all(dim=1)).flatten().tolist()
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.5)
-    for xb, yb in zip(xs[: padded[0] + 1], ys, strict=False):
-        optimizer.zero_grad()
-        steps = _steps(net[0], net[1], xb)
-        steps["ms"].register_hook(repair_hook)
-        nn.functional.cross_entropy(steps["logits"], yb).backward()
-        optimizer.step()
-    norm = net[0].weight.grad.norm().item()
-    return "NaN" if math.isnan(norm) else "huge" if norm > 1e3 else "ordinary" if norm < 10 else "between"
+    step = torch.nonzero((xs[:, -1] == 0).all(dim=1)).flatten()[0].item()
+    steps, caught = _steps(model[0], model[1], xs[step]), {}
+    steps["ms"].register_hook(repair_hook)
+    steps["h"].register_hook(lambda grad: caught.__setitem__("h", grad[-1]))
+    nn.functional.cross_entropy(steps["logits"], ys[step]).backward()
+    row = caught["h"]
+    return "NaN" if row.isnan().any() else "zeros" if (row == 0).all() else "huge" if row.norm() > 1e3 else "ordinary"
 
 
 # ----- 01.1 to 01.4 ------------------------------------------------------------------------------
@@ -363,6 +370,22 @@ def _inf_first_case(guard) -> Outcome | None:
     return None
 
 
+def _overflow_case(guard) -> Outcome | None:
+    """A finite gradient whose norm overflows float32: [1e20, 1e20] has norm √2·1e20, but its square 1e40 is
+    beyond float32's largest, 3.4e38, so grad.norm() is inf. A guard that tests the norm raises on it."""
+    x = torch.ones(2, requires_grad=True)
+    t = x * 1.0
+    case = _run_guard(guard, {"t": t}, (t * 1e20).sum())
+    if isinstance(case, Outcome):
+        return case
+    if case[0] is not None:
+        return Outcome(False, f"on the finite gradient [1e20, 1e20] your hook raised {type(case[0]).__name__}: "
+                              f"{case[0]}. Every entry is finite, but the norm squares them, and 1e40 overflows "
+                              "float32 to inf: torch.isfinite(grad.norm()) is False. Test the entries, "
+                              "grad.isfinite().all(), not the norm")
+    return None
+
+
 @exercise("01.3", "stop backward at the first bad gradient, by name")
 def _guard(guard) -> Outcome:
     """``guard(named)`` registers a hook on each tensor of the dict ``named`` that raises ``FloatingPointError``
@@ -423,7 +446,7 @@ def _guard(guard) -> Outcome:
         return Outcome(False, f"with the NaN at ms replaced by 0 every gradient is finite (the largest norm, at h, "
                               f"about 1.4e5), but backward raised {type(case[0]).__name__}: {case[0]}. Raise for "
                               "NaN or ±inf only, however large a finite gradient is")
-    wrong = _inf_first_case(guard)
+    wrong = _inf_first_case(guard) or _overflow_case(guard)
     if wrong:
         return wrong
     # after remove(), nothing is left
@@ -437,7 +460,8 @@ def _guard(guard) -> Outcome:
         return Outcome(False, "after handle.remove() on every handle, backward still raises: return the handles "
                               "of your hooks")
     return Outcome(True, "clean batch untouched; stopped at ms on the NaN, at a on an inf (01.c), with the name "
-                         "first in the error; silent on a finite gradient of norm 1.4e5")
+                         "first in the error; silent on a finite gradient of norm 1.4e5, and on [1e20, 1e20], whose "
+                         "norm overflows")
 
 
 def _by_hand_case(by_hand) -> tuple[dict, tuple, object] | Outcome:
@@ -600,7 +624,7 @@ def _by_hand(by_hand) -> Outcome:
     pad = ("the padded row of your dh is what autograd computes there" if mine["h"][~real].isnan().all() else
            "the padded row of your dh is dnormed / (rms + 1e-6), its term through normed alone")
     return Outcome(True, "against the hooks, in float64, on the 3 rows that are not padding; " + pad + " (either "
-                         "passes: why, after prediction 01.d):\n" + "\n".join(lines))
+                         "passes: why, in §4):\n" + "\n".join(lines))
 
 
 @exercise("01.4", "repair a gradient in backward: non-finite entries to 0")
@@ -720,7 +744,8 @@ def _ghost(x: torch.Tensor, embed: nn.Module) -> torch.Tensor:
 
 
 def train(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor, run, guard=None, finite_check: bool = False,
-          param_limit: float | None = None, ghost_at: int | None = None, show_skips: int = 5) -> dict:
+          param_limit: float | None = None, ghost_at: int | None = None, show_skips: int = 5,
+          test: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
     """One SGD step a batch (lr 0.5) on a copy of ``model``, with ``run(x, net)`` as the forward pass.
     ``guard(named)``: its hooks go on the named tensors of each batch and come off after backward; with
     ``param_limit``, ``guard`` also goes on the parameters (embed.weight, head.weight, head.bias), and after
@@ -729,7 +754,8 @@ def train(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor, run, guard=None,
     ``ghost_at``: at that step the batch's last image becomes one that embed maps to (almost) 0. A step whose
     backward or check raises is skipped, with a line saying why for the first ``show_skips`` of them.
     Returns each step's loss and, under "gradient norms", each tensor's gradient norm at each step (caught by
-    hooks of its own; None where backward stopped before it), embed.weight's included."""
+    hooks of its own; None where backward stopped before it), embed.weight's included. With ``test`` (images,
+    labels), the line it prints gives the trained copy's loss and accuracy on them instead of the training loss."""
     import copy
 
     net = copy.deepcopy(model)
@@ -764,10 +790,21 @@ def train(model: nn.Module, xs: torch.Tensor, ys: torch.Tensor, run, guard=None,
         for name in [*steps, "embed.weight"]:
             norms.setdefault(name, []).append(seen.get(name))
     last = [v for v in losses[-20:] if not math.isnan(v)]
-    print(f"{len(losses)} steps, {skipped} skipped | mean loss of the last 20: "
-          f"{sum(last) / len(last) if last else math.nan:.3f} | NaN weights in embed: "
-          f"{net[0].weight.isnan().sum().item()} of {net[0].weight.numel()}")
+    nan_weights = f"NaN weights in embed: {net[0].weight.isnan().sum().item()} of {net[0].weight.numel()}"
+    if test is not None:
+        print(f"{skipped:>3} of {len(losses)} steps skipped | {evaluate(net, run, *test)} | {nan_weights}")
+    else:
+        print(f"{len(losses)} steps, {skipped} skipped | mean loss of the last 20: "
+              f"{sum(last) / len(last) if last else math.nan:.3f} | {nan_weights}")
     return {"loss": losses, "gradient norms": norms}
+
+
+def evaluate(net: nn.Module, run, x: torch.Tensor, y: torch.Tensor) -> str:
+    """``net``'s loss and accuracy on held-out images ``x`` and labels ``y``, with ``run(x, net)`` as the forward
+    pass, as one short line."""
+    logits = run(x, net)["logits"].detach()  # no backward: any hook run registers is never called
+    loss = nn.functional.cross_entropy(logits, y).item()
+    return f"test loss {loss:.3f}, accuracy {(logits.argmax(dim=1) == y).float().mean().item():.1%}"
 
 
 # ----- worked answers the lesson falls back on ---------------------------------------------------
