@@ -23,7 +23,7 @@ def test_notebook_08_has_six_predictions_and_six_exercises():
 
 # ----- predictions ------------------------------------------------------------------------------
 @pytest.mark.parametrize(("id", "truth"), [("08.a", 4), ("08.b", 3), ("08.c", [14, 5]), ("08.e", "larger"),
-                                           ("08.f", [True, False]), ("08.d", [19, 5])])
+                                           ("08.f", 233), ("08.d", [19, 5])])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     computed = exercises()[id].checker.__wrapped__.truth()
@@ -37,9 +37,8 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     ("08.c", [8, 4], "position after it"), ("08.c", [19, 3], "unchanged run"), ("08.c", [14, 4], "earlier 8"),
     ("08.c", 10, "two whole"), ("08.e", "Smaller", "three heads left"),
     ("08.e", "less", "in quotes"), ("08.e", 6.26, "in quotes"), ("08.e", True, "in quotes"),
-    ("08.f", [True, True], "third token"), ("08.f", [False, False], "away from 17"),
-    ("08.f", [False, True], "difference is positive"), ("08.f", 23, "two bools"), ("08.f", [1, 0], "two bools"),
-    ("08.f", True, "two bools"),
+    ("08.f", 0, "a 19's record minus a 17's"), ("08.f", 1, "lesson's own"), ("08.f", "all", "one whole number"),
+    ("08.f", True, "one whole number"), ("08.f", [233], "one whole number"),
     ("08.d", [19, 3], "not where they looked"), ("08.d", [14, 5], "carries the 19"),
     ("08.d", [14, 3], "where do the heads"), ("08.d", [19, 4], "the position after it"),
 ])  # fmt: skip
@@ -72,7 +71,7 @@ def test_08_e_takes_its_choice_in_any_case(guess):
 
 
 @pytest.mark.parametrize(("id", "guess"), [("08.a", 3), ("08.b", 5), ("08.c", [3, 3]), ("08.e", "smaller"),
-                                           ("08.d", [0, 0])])
+                                           ("08.d", [0, 0]), ("08.f", 200)])
 def test_a_wrong_guess_in_the_form_asked_is_not_quite(id, guess):
     outcome = grade(id, guess)
     assert not outcome.passed and not outcome.form
@@ -838,3 +837,9 @@ def test_freezing_only_the_final_layernorm_or_only_layer_1s_mlp():
     u = (model.unembed.weight[nb08.A] - model.unembed.weight[nb08.B]) * model.ln_final.weight / std[0, nb08.Q]
     direct, through = (((rec[n].output - zero[n].output)[0, nb08.Q] @ (u - u.mean())).item() for n in names[:2])
     assert abs(direct - 5.56) < 0.01 and abs(through - 3.89) < 0.01 and abs(direct + through - 9.45) < 0.01
+
+
+def test_the_steered_runs_switch_together_between_scale_half_and_three_quarters():
+    """08.f's reveal: none of the 233 runs predicts 19 at scale 0.5 but one, all at 0.75 and 1; at 4, fewer."""
+    counts = {s: int((nb08.steered_others(s) == nb08.A).sum()) for s in (0.5, 0.75, 1, 4)}
+    assert counts[0.5] <= 1 and counts[0.75] == counts[1] == 233 and counts[4] < 200

@@ -400,10 +400,10 @@ def _joint_choice(guess: object) -> str | None:
 
 
 @prediction("08.e", "all four layer-1 heads zeroed at once: is the drop larger or smaller than their four single "
-                    "drops summed (1.07)",
-            why="larger: 6.26 against 1.07 (next cell). Zero one head, and the final LayerNorm divides by a smaller "
-                "std (2.76 → 2.20), which scales up the three heads left: they copy the same 19. Zero all four, and "
-                "no head is left to scale up",
+                    "drops added up",
+            why="larger: 6.26 against 1.07 (next cell). Partly self-repair: zero one head, and the final LayerNorm "
+                "divides by a smaller std (2.76 → 2.20), which scales up the three heads left, and they copy the "
+                "same 19. Layer 1's MLP, which reads the heads' output, is the rest",
             wrong=[("smaller", "the final LayerNorm divides the residual by its own std: with one head gone, what "
                                "happens to the three heads left?")],
             form=_joint_choice)
@@ -468,26 +468,33 @@ def steered_at(scale: float) -> torch.Tensor:
     return run_hooked(model, clean_and_corrupted()[1], "blocks.0.hook_resid_post", hook)[0, Q]
 
 
-def _two_bools(guess: object) -> str | None:
-    """The form hint for a guess that is not a list of two bools, else None."""
-    if isinstance(guess, list | tuple) and len(guess) == 2 and all(isinstance(g, bool) for g in guess):
+def steered_others(scale: float) -> torch.Tensor:
+    """The token each of ``runs_with_17_at_3()`` predicts at the query with the steering direction (from the
+    lesson's one pair) added at the changed position after layer 0, at ``scale``: ``(M,)``."""
+    model = _model()
+    hook = steering_hook(steering_direction(model), CHANGED, scale)
+    return run_hooked(model, runs_with_17_at_3(), "blocks.0.hook_resid_post", hook)[:, Q].argmax(-1)
+
+
+def _count(guess: object) -> str | None:
+    """The form hint for a guess that is not one whole number, else None."""
+    if isinstance(guess, int) and not isinstance(guess, bool):
         return None
-    return ("write a list of two bools, like [True, True], without quotes: is logit[19] − logit[17] still "
-            "positive, then does 19 still win")
+    return "write one whole number, 0 to 233, without quotes: how many of the 233 runs predict 19"
 
 
-@prediction("08.f", "steered at scale 4: is logit[19] − logit[17] still positive, and does 19 still win",
-            why="[True, False] (next cell): at scale 4 logit[19] − logit[17] is still +7.2, yet 23 has the highest "
-                "logit. A difference between two tokens says nothing about the other 22",
-            wrong=[([True, True], "the difference compares 19 with 17 only: a third token can pass 19 while "
-                                  "19 stays above 17. Follow the top 3 logits from scale 1 to 2"),
-                   ([False, False], "the direction is clean − corrupted: more of it pushes the run away from 17, "
-                                    "not back"),
-                   ([False, True], "if 19 wins, its logit is above 17's, so the difference is positive")],
-            form=_two_bools)
-def _steered_at_4() -> list[bool]:
-    logits = steered_at(4)
-    return [bool(logits[A] > logits[B]), logits.argmax().item() == A]
+@prediction("08.f", "the direction from one pair added at scale 1 to 233 other runs with a 17 at position 3: how "
+                    "many of them predict 19",
+            why="all 233 (next cell). The direction is what a 19 instead of a 17 at position 3 changes after layer "
+                "0, and in every run layer 1 copies whatever position 3 holds: the same record, read the same way",
+            wrong=[(0, "the direction is clean − corrupted at position 3, a 19's record minus a 17's: added to a "
+                       "17's record, what does position 3 hold?"),
+                   (1, "one run is the lesson's own; the other runs differ elsewhere, but what does layer 1 copy "
+                       "from position 3 in each?")],
+            rel=0.02,
+            form=_count)
+def _steered_others() -> int:
+    return int((steered_others(1) == A).sum())
 
 
 def induction_pair() -> torch.Tensor:
@@ -1188,6 +1195,7 @@ __all__ = [
     "single_and_joint",
     "steered_answer",
     "steered_normalised",
+    "steered_others",
     "steering_direction",
     "steering_hook",
     "stripe_score",
