@@ -737,6 +737,15 @@ def test_00_a_and_00_e_say_which_part_of_the_guess_is_wrong():
     for guess in (["nn.RMSNorm", 6], ["torch.nn.RMSNorm", 6.0], ["'rmsnorm'", 6]):
         assert grade("00.e", guess).passed, guess
     assert not grade("00.e", ["nn.ReLU", 6]).passed
+
+
+def test_00_e_accepts_the_name_of_a_layer_of_the_right_kind():
+    for guess in (["blocks.3.norm", 6], ["'blocks.0.norm'", 6.0]):
+        assert grade("00.e", guess).passed, guess
+    assert "it makes the row of zeros" in grade("00.e", ["blocks.3.act", 6]).detail
+    assert "does not make one" in grade("00.e", ["blocks.3.linear", 0]).detail
+    assert "the layer is right; the number is not" in grade("00.e", ["blocks.3.norm", 5]).detail
+    assert not grade("00.e", ["blocks.9.norm", 6]).passed
     assert grade("00.e", ["RMSNorm", "6"]).form and grade("00.a", [11.0]).form  # "not in the form asked"
 
 

@@ -4,6 +4,7 @@ it, owning its handle, a recorder of one's own that finds the first layer making
 from __future__ import annotations
 
 import sys
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -73,7 +74,8 @@ _NAME_AND_NUMBER = _form('write a list of a class name and a number, such as ["L
 
 class _Name:
     """A class name as truth: a guess matches it in any case, quoted or not, with or without ``nn.`` or
-    ``torch.nn.`` before it (``"nn.RMSNorm"`` names the same kind of layer as ``"RMSNorm"``)."""
+    ``torch.nn.`` before it (``"nn.RMSNorm"`` names the same kind of layer as ``"RMSNorm"``). The name of a
+    layer of the lesson's opening model matches its class (``"blocks.3.norm"`` names an ``RMSNorm``)."""
 
     __hash__ = None
 
@@ -85,7 +87,8 @@ class _Name:
             guess = guess.name
         if not isinstance(guess, str):
             return False
-        bare = guess.strip().strip("'\"").strip().lower().removeprefix("torch.").removeprefix("nn.")
+        bare = guess.strip().strip("'\"").strip()
+        bare = _opening_kinds().get(bare, bare).lower().removeprefix("torch.").removeprefix("nn.")
         return bare == self.name.lower()
 
     def __repr__(self) -> str:
@@ -517,6 +520,12 @@ def _opening() -> tuple[nn.Module, torch.Tensor]:
     torch.manual_seed(16)
     model = _OpeningNet()
     return model, torch.randn(4, 4)
+
+
+@cache
+def _opening_kinds() -> dict[str, str]:
+    """The class name of each layer of the lesson's opening model, by its dotted name."""
+    return {name: type(m).__name__ for name, m in _opening()[0].named_modules() if name}
 
 
 def _leaves(model: nn.Module) -> list[tuple[str, nn.Module]]:
