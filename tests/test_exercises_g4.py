@@ -23,7 +23,7 @@ from hooklab.exercises import _by_hand, check, grade
 SOLUTIONS = Path(__file__).resolve().parents[1] / "notebooks" / "solutions" / "G4_backprop_details_solutions.ipynb"
 
 
-def conv_by_unfold(x, w, dout, padding=0):  # notebook 04's 04.7, used to test the shared watch
+def conv_by_unfold(x, w, dout, padding=0):  # notebook 04's 04.8, used to test the shared watch
     kernel, d = w.shape[-2:], dout.flatten(2)  # d: (N, out, L)
     dw = torch.einsum("nol,nkl->ok", d, F.unfold(x, kernel, padding=padding)).reshape(w.shape)
     dx = F.fold(torch.einsum("ok,nol->nkl", w.flatten(1), d), x.shape[-2:], kernel, padding=padding)
@@ -299,7 +299,7 @@ def test_autograd_inside_the_answer_is_refused():
         F.conv2d(x, w, padding=padding).backward(dout)
         return x.grad, w.grad
 
-    outcome = grade("04.7", with_autograd)
+    outcome = grade("04.8", with_autograd)
     assert not outcome.passed
     assert outcome.detail == ("with padding=0: write the formula yourself: your answer called autograd (conv2d on a "
                               "tensor that requires grad)")
@@ -414,7 +414,7 @@ def _conv_by_forward_ad(x, w, dout, padding):
     (_conv_by_forward_ad, "forward-mode autograd"),
 ], ids=["rebuilt under another module name", "torch.func.jacfwd", "forward_ad"])
 def test_shortcuts_without_a_backward_op_fail_too(answer, called):
-    outcome = grade("04.7", answer)
+    outcome = grade("04.8", answer)
     assert not outcome.passed and f"write the formula yourself: your answer called {called}" in outcome.detail, \
         outcome.detail
 
@@ -472,7 +472,7 @@ def test_other_right_label_smoothing_answers_pass(answer):
 
 
 def test_a_conv_answer_by_unfold_and_fold_passes():  # the ops hooklab.backprop uses, written by the student
-    assert grade("04.7", conv_by_unfold).passed
+    assert grade("04.8", conv_by_unfold).passed
 
 
 def test_no_watch_is_left_after_a_check():

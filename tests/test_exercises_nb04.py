@@ -28,7 +28,7 @@ SOLUTIONS = ROOT / "notebooks" / "solutions" / "04_backprop_by_hand_solutions.ip
 
 def worked_answers() -> dict:
     """Each exercise's worked answer from the solutions notebook, by id: every code cell runs, without
-    its check() lines, in one namespace (04.10 uses the answers before it)."""
+    its check() lines, in one namespace (04.11 uses the answers before it)."""
     namespace, answers = {}, {}
     for cell in json.loads(SOLUTIONS.read_text())["cells"]:
         if cell["cell_type"] != "code":
@@ -44,11 +44,11 @@ ANSWERS = worked_answers()
 
 
 def test_the_worked_answers_of_the_solutions_notebook_pass():
-    assert list(ANSWERS) == [f"04.{k}" for k in range(1, 11)]  # in the order the notebook asks them
+    assert list(ANSWERS) == [f"04.{k}" for k in range(1, 12)]  # in the order the notebook asks them
     for id, answer in ANSWERS.items():
         outcome = grade(id, answer)
         assert outcome.passed, f"{id}: {outcome.detail}"
-        if id != "04.9":  # 04.9 names a layer, no difference
+        if id != "04.10":  # 04.10 names a layer, no difference
             assert "max |difference| < 1e-12" in outcome.detail, outcome.detail
 
 
@@ -423,7 +423,7 @@ def test_hooklab_batch_norm_backward_takes_the_exercises_argument_order():
         assert torch.allclose(mine, theirs)
 
 
-# ----- 04.7 and 04.8: convolution and pooling ---------------------------------------------------------
+# ----- 04.8 and 04.9: convolution and pooling ---------------------------------------------------------
 def conv_by_loops(x, w, dout, padding):  # one kernel offset at a time, on the padded input
     xp = F.pad(x, [padding] * 4)
     kh, kw = w.shape[-2:]
@@ -442,8 +442,8 @@ def max_pool_by_indices(x, dout):
 
 
 @pytest.mark.parametrize(("id", "answer"), [
-    ("04.7", conv_by_loops),
-    ("04.7", lambda x, w, dout, padding: (F.conv_transpose2d(dout, w, padding=padding),
+    ("04.8", conv_by_loops),
+    ("04.8", lambda x, w, dout, padding: (F.conv_transpose2d(dout, w, padding=padding),
                                           conv_by_loops(x, w, dout, padding)[1])),
 ])  # fmt: skip
 def test_other_right_conv_and_pool_answers_pass(id, answer):
@@ -457,7 +457,7 @@ def test_04_6_explains_a_dx_with_the_padding_left_on():
         size = tuple(s + 2 * padding for s in x.shape[-2:])
         return F.fold(torch.einsum("ok,nol->nkl", w.flatten(1), d), size, kernel), conv_by_loops(x, w, dout, padding)[1]
 
-    failed("04.7", padding_kept, "with padding=1: dx: shape (2, 2, 7, 7), expected (2, 2, 5, 5)",
+    failed("04.8", padding_kept, "with padding=1: dx: shape (2, 2, 7, 7), expected (2, 2, 5, 5)",
            "cut the padding off")
 
 
@@ -465,17 +465,17 @@ def test_04_6_explains_a_dx_with_the_padding_left_on():
     (lambda x, dout: dout.repeat_interleave(2, -2).repeat_interleave(2, -1) / 4, "as average pooling does"),
     (lambda x, dout: dout.repeat_interleave(2, -2).repeat_interleave(2, -1), "only its largest input should"),
 ])  # fmt: skip
-def test_04_7_names_the_slip(answer, words):
-    failed("04.8", answer, words)
+def test_04_8_names_the_slip(answer, words):
+    failed("04.9", answer, words)
 
 
-def test_04_7_refuses_pytorchs_routing():
+def test_04_8_refuses_pytorchs_routing():
     def by_unpooling(x, dout):
         _, idx = F.max_pool2d(x, 2, return_indices=True)
         return F.max_unpool2d(dout, idx, 2, output_size=x.shape[-2:])
 
-    failed("04.8", max_pool_by_indices, "max_pool2d with return_indices=True", "write that routing")
-    failed("04.8", by_unpooling, "called max_unpool2d", "find each window's maximum yourself")
+    failed("04.9", max_pool_by_indices, "max_pool2d with return_indices=True", "write that routing")
+    failed("04.9", by_unpooling, "called max_unpool2d", "find each window's maximum yourself")
 
 
 def test_04_5_needs_eps():
@@ -498,27 +498,27 @@ def test_the_lessons_worked_answers_pass():
                        ("04.4", nb04.ce_backward),
                        ("04.5", nb04.bn_backward_steps), ("G4.6", nb04.bn_backward_steps),
                        ("04.6", nb04.batch_norm_backward),
-                       ("04.7", nb04.conv2d_backward), ("04.8", nb04.max_pool_backward),
-                       ("04.9", nb04.disagreeing_layers)):
+                       ("04.8", nb04.conv2d_backward), ("04.9", nb04.max_pool_backward),
+                       ("04.10", nb04.disagreeing_layers)):
         assert grade(id, answer).passed, id
 
 
-def test_04_8_names_the_ties_when_a_max_pool_is_blamed():
-    outcome = grade("04.9", lambda model, x, y, formulas: {"9", "7"})
+def test_04_9_names_the_ties_when_a_max_pool_is_blamed():
+    outcome = grade("04.10", lambda model, x, y, formulas: {"9", "7"})
     assert not outcome.passed and "tied maxima" in outcome.detail, outcome.detail
 
 
 def test_04_6_and_04_7_refuse_the_course_formulas():
-    failed("04.7", lambda x, w, dout, padding: bp.conv2d_backward(x, w, dout, padding=padding)[:2],
+    failed("04.8", lambda x, w, dout, padding: bp.conv2d_backward(x, w, dout, padding=padding)[:2],
            "your answer called hooklab.backprop.conv2d_backward")
-    failed("04.8", lambda x, dout: bp.max_pool2d_backward(x, dout, 2),
+    failed("04.9", lambda x, dout: bp.max_pool2d_backward(x, dout, 2),
            "your answer called hooklab.backprop.max_pool2d_backward")
 
 
-# ----- 04.10: one epoch ----------------------------------------------------------------------------------------
+# ----- 04.11: one epoch ----------------------------------------------------------------------------------------
 def with_replaced(name, replacement):
-    """04.10's worked answer, with one of the functions it uses replaced."""
-    answer = ANSWERS["04.10"]
+    """04.11's worked answer, with one of the functions it uses replaced."""
+    answer = ANSWERS["04.11"]
 
     def model_backward(model, x, y):
         saved = answer.__globals__[name]
@@ -530,8 +530,8 @@ def with_replaced(name, replacement):
     return model_backward
 
 
-def test_04_8_passes_the_worked_answer_with_both_accuracies():
-    detail = grade("04.10", ANSWERS["04.10"]).detail
+def test_04_9_passes_the_worked_answer_with_both_accuracies():
+    detail = grade("04.11", ANSWERS["04.11"]).detail
     assert re.fullmatch(r"43 steps, and at every one your gradients match autograd's \(max \|difference\| < 1e-12\); "
                         r"test accuracy after one epoch (0\.\d\d) with yours, \1 with autograd's", detail), detail
 
@@ -548,12 +548,12 @@ def test_04_8_passes_the_worked_answer_with_both_accuracies():
     ("ce_backward", lambda logits, target: logits.softmax(1) - F.one_hot(target, 10),
      "first wrong: 9.bias (Linear bias)"),
 ])  # fmt: skip
-def test_04_8_names_the_first_wrong_gradient_and_where_the_slip_is(name, replacement, words):
-    failed("04.10", with_replaced(name, replacement), words)
+def test_04_9_names_the_first_wrong_gradient_and_where_the_slip_is(name, replacement, words):
+    failed("04.11", with_replaced(name, replacement), words)
 
 
-def test_04_8_names_bessels_correction_in_batch_norm():
-    failed("04.10", with_replaced("batch_norm_backward", fused_bn(var=lambda x: x.var(0))),
+def test_04_9_names_bessels_correction_in_batch_norm():
+    failed("04.11", with_replaced("batch_norm_backward", fused_bn(var=lambda x: x.var(0))),
            "first wrong: 5.weight (BatchNorm2d weight), every entry 0.9990 × the right value", "Bessel's correction",
            "x.var(0, unbiased=False)")
 
@@ -568,16 +568,16 @@ def test_04_2_names_the_input_when_ten_classes_are_written_in():
            "other numbers of classes than 10")
 
 
-def test_04_8_explains_missing_names_float32_and_the_course_formulas():
+def test_04_9_explains_missing_names_float32_and_the_course_formulas():
     def without_a_bias(model, x, y):
-        grads = ANSWERS["04.10"](model, x, y)
+        grads = ANSWERS["04.11"](model, x, y)
         del grads["9.bias"]
         return grads
 
-    failed("04.10", without_a_bias, "at step 1: no gradient for 9.bias (Linear bias): return one entry per name")
-    failed("04.10", lambda model, x, y: {k: v.float() for k, v in ANSWERS["04.10"](model, x, y).items()},
+    failed("04.11", without_a_bias, "at step 1: no gradient for 9.bias (Linear bias): return one entry per name")
+    failed("04.11", lambda model, x, y: {k: v.float() for k, v in ANSWERS["04.11"](model, x, y).items()},
            "is float32, the inputs are float64")
-    failed("04.10", lambda model, x, y: list(ANSWERS["04.10"](model, x, y).values()),
+    failed("04.11", lambda model, x, y: list(ANSWERS["04.11"](model, x, y).values()),
            "return a dict {parameter name: gradient}")
 
     def with_the_course_formulas(model, x, y):
@@ -590,20 +590,20 @@ def test_04_8_explains_missing_names_float32_and_the_course_formulas():
             grads.update({f"{r.name}.{k}": g for k, g in params.items() if g is not None})
         return grads
 
-    failed("04.10", with_the_course_formulas, "write the formula yourself: your answer called hooklab.backprop.")
+    failed("04.11", with_the_course_formulas, "write the formula yourself: your answer called hooklab.backprop.")
 
 
-def test_04_8_names_a_hook_left_registered():
+def test_04_9_names_a_hook_left_registered():
     def leaves_a_hook(model, x, y):
         model[0].register_forward_hook(lambda *args: None)
-        return ANSWERS["04.10"](model, x, y)
+        return ANSWERS["04.11"](model, x, y)
 
-    failed("04.10", leaves_a_hook, "at step 1: a hook is still registered", "layer '0'", "with hooklab.Hooks()")
+    failed("04.11", leaves_a_hook, "at step 1: a hook is still registered", "layer '0'", "with hooklab.Hooks()")
 
 
-def test_04_8_names_a_recorder_whose_hooks_share_the_last_name():
+def test_04_9_names_a_recorder_whose_hooks_share_the_last_name():
     def late_binding(model, x, y):
-        saved = ANSWERS["04.10"].__globals__["record_forward"]
+        saved = ANSWERS["04.11"].__globals__["record_forward"]
 
         def record_forward(model, x):
             records = []
@@ -612,16 +612,16 @@ def test_04_8_names_a_recorder_whose_hooks_share_the_last_name():
                     handles.add(layer.register_forward_hook(
                         lambda layer, args, out: records.append((name, layer, args[0], out))))  # noqa: B023
                 return model(x), records
-        ANSWERS["04.10"].__globals__["record_forward"] = record_forward
+        ANSWERS["04.11"].__globals__["record_forward"] = record_forward
         try:
-            return ANSWERS["04.10"](model, x, y)
+            return ANSWERS["04.11"](model, x, y)
         finally:
-            ANSWERS["04.10"].__globals__["record_forward"] = saved
+            ANSWERS["04.11"].__globals__["record_forward"] = saved
 
-    failed("04.10", late_binding, "at step 1: every gradient you returned is named after layer '9'", "name=name")
+    failed("04.11", late_binding, "at step 1: every gradient you returned is named after layer '9'", "name=name")
 
 
-def test_04_8_refuses_autograd_on_the_model():
+def test_04_9_refuses_autograd_on_the_model():
     def by_autograd(model, x, y):
         with torch.enable_grad():
             model.requires_grad_(True)
@@ -631,15 +631,15 @@ def test_04_8_refuses_autograd_on_the_model():
                 model.requires_grad_(False)
         return dict(zip([n for n, _ in model.named_parameters()], grads, strict=True))
 
-    failed("04.10", by_autograd, "write the formula yourself: your answer called a backward op")
+    failed("04.11", by_autograd, "write the formula yourself: your answer called a backward op")
 
 
 def test_the_stubs_print_not_solved_yet(capsys):
     def model_backward(model, x, y):
         raise NotImplementedError
 
-    check("04.10", model_backward)
-    expected = "Exercise 04.10 (one epoch on the digits with your own backward pass): not solved yet\n"
+    check("04.11", model_backward)
+    expected = "Exercise 04.11 (one epoch on the digits with your own backward pass): not solved yet\n"
     assert capsys.readouterr().out == expected
 
 
@@ -667,13 +667,13 @@ def test_04_6_names_the_shapes_when_a_fixed_3x3_kernel_raises():
         dcols = w.reshape(w.shape[0], -1).T @ dout.flatten(2)
         return F.fold(dcols, x.shape[-2:], 3, padding=padding), dw
 
-    failed("04.7", three_by_three, "RuntimeError", "w of shape (4, 3, 3, 2), a 3×2 kernel", "any")
+    failed("04.8", three_by_three, "RuntimeError", "w of shape (4, 3, 3, 2), a 3×2 kernel", "any")
 
 
 def test_04_6_names_the_shapes_of_a_wrong_shape_only():
-    failed("04.7", lambda x, w, dout, padding: (conv_by_loops(x, w, dout, padding)[0], torch.zeros(4, 3, 3, 3)),
+    failed("04.8", lambda x, w, dout, padding: (conv_by_loops(x, w, dout, padding)[0], torch.zeros(4, 3, 3, 3)),
            "[the case: x of shape (2, 3, 6, 5), w of shape (4, 3, 3, 2): a 3×2 kernel, and any size must work]")
-    outcome = failed("04.7", lambda x, w, dout, padding: (torch.zeros_like(x), torch.zeros_like(w)), "dx")
+    outcome = failed("04.8", lambda x, w, dout, padding: (torch.zeros_like(x), torch.zeros_like(w)), "dx")
     assert "any size must work" not in outcome.detail, outcome.detail  # a wrong value is not the kernel size's fault
 
 
@@ -684,7 +684,7 @@ def test_04_6_names_a_dw_not_summed_over_the_images(per_image):
         each = torch.stack([conv_by_loops(x[i:i + 1], w, dout[i:i + 1], padding)[1] for i in range(len(x))])
         return dx, each if per_image else each[0]
 
-    outcome = failed("04.7", unsummed, "sums the contributions of all N images")
+    outcome = failed("04.8", unsummed, "sums the contributions of all N images")
     assert "any size must work" not in outcome.detail, outcome.detail
 
 
@@ -693,23 +693,23 @@ def max_pool_every_tie(x, dout):
     return at_max * dout.repeat_interleave(2, -2).repeat_interleave(2, -1)
 
 
-def test_04_7_names_the_ties():
-    outcome = failed("04.8", max_pool_every_tie, "with tied maxima", "a mask x == the window's maximum",
+def test_04_8_names_the_ties():
+    outcome = failed("04.9", max_pool_every_tie, "with tied maxima", "a mask x == the window's maximum",
                      "two or more times", "the first maximum in row-major order", "measured on CPU with torch 2.14.1")
     assert "splitting" not in outcome.detail and "last maximum" not in outcome.detail, outcome.detail
-    failed("04.8", lambda x, dout: nb04._last_max_takes_it(x, dout), "with tied maxima", "first maximum")
+    failed("04.9", lambda x, dout: nb04._last_max_takes_it(x, dout), "with tied maxima", "first maximum")
 
 
-def test_max_pool2d_gives_a_tie_to_the_first_maximum():  # what 04.8 and the lesson say, measured
+def test_max_pool2d_gives_a_tie_to_the_first_maximum():  # what 04.9 and the lesson say, measured
     x = torch.tensor([[[[0.0, 2.0], [2.0, 1.0]], [[0.4, 0.4], [0.4, 0.4]]]], requires_grad=True)
     F.max_pool2d(x, 2).backward(torch.ones(1, 2, 1, 1))
     assert x.grad.flatten().tolist() == [0, 1, 0, 0, 1, 0, 0, 0]
 
 
-# ----- 04.9: where is the slip? -------------------------------------------------------------------------
+# ----- 04.10: where is the slip? -------------------------------------------------------------------------
 def disagreement(close=lambda a, b: torch.allclose(a, b, atol=1e-5), skip_none=True, leave_hook=False,
                  params_only=False, table=None, chained=False, first_only=False, skip_bias=True, dx_only=False):
-    """04.9's worked answer, with one slip: ``torch.equal`` (or no comparison at all), layer 0's None
+    """04.10's worked answer, with one slip: ``torch.equal`` (or no comparison at all), layer 0's None
     grad_input compared, a hook left behind, the parameters' gradients alone, another table than the
     formulas given, each formula's dx passed on instead of the recorded grad_output, a stop at the
     first disagreement from the loss back, or ``getattr(layer, name).grad`` on the conv's None bias."""
@@ -738,10 +738,10 @@ def disagreement(close=lambda a, b: torch.allclose(a, b, atol=1e-5), skip_none=T
     return disagreeing_layers
 
 
-def test_04_9_passes_the_worked_answer_and_lists_and_modules_of_names():
-    outcome = grade("04.9", ANSWERS["04.9"])
+def test_04_10_passes_the_worked_answer_and_lists_and_modules_of_names():
+    outcome = grade("04.10", ANSWERS["04.10"])
     assert outcome.passed and "the problem's slip" in outcome.detail, outcome.detail
-    assert grade("04.9", lambda *args: sorted(ANSWERS["04.9"](*args))).passed
+    assert grade("04.10", lambda *args: sorted(ANSWERS["04.10"](*args))).passed
 
 
 def _called_twice():
@@ -756,9 +756,9 @@ def _linear_bias_by_the_mean(layer, x, out, dout):
     return dx, {**params, "bias": dout.mean(0)}
 
 
-@pytest.mark.parametrize("answer", [ANSWERS["04.9"], nb04.disagreeing_layers])
+@pytest.mark.parametrize("answer", [ANSWERS["04.10"], nb04.disagreeing_layers])
 @pytest.mark.filterwarnings("ignore:Full backward hook is firing")
-def test_04_9_worked_answers_judge_each_call_of_a_layer_called_twice(answer):
+def test_04_10_worked_answers_judge_each_call_of_a_layer_called_twice(answer):
     model, x, y = _called_twice()
     assert [name for name, _ in model.named_children()] == ["0", "1"]
     assert answer(model, x, y, bp.BACKWARD) == set()  # no false alarm
@@ -798,7 +798,7 @@ def test_a_one_slot_recorder_on_a_layer_called_twice_pairs_the_last_forward_with
 
 
 def one_slot(model, x, y, formulas):
-    """04.9 as its instructions once read: the lesson's one-slot Hook on each child, right on a chain, wrong
+    """04.10 as its instructions once read: the lesson's one-slot Hook on each child, right on a chain, wrong
     on a module called twice (the last call's input, the first call's gradient)."""
     class Hook:
         def __init__(self, module, handles):
@@ -827,16 +827,16 @@ def one_slot(model, x, y, formulas):
 
 
 @pytest.mark.filterwarnings("ignore:Full backward hook is firing")
-def test_04_9_refuses_a_one_slot_record_on_a_module_called_twice():
+def test_04_10_refuses_a_one_slot_record_on_a_module_called_twice():
     cases, x, y = nb04._reused_cases()
     for _, model, formulas, expected in cases:  # the worked answers pass there, the one-slot Hook does not
-        assert ANSWERS["04.9"](model, x, y, formulas) == nb04.disagreeing_layers(model, x, y, formulas) == expected
-    failed("04.9", one_slot, "calls the same Linear '0' and Tanh '1' twice", "you named ['0', '1']",
+        assert ANSWERS["04.10"](model, x, y, formulas) == nb04.disagreeing_layers(model, x, y, formulas) == expected
+    failed("04.10", one_slot, "calls the same Linear '0' and Tanh '1' twice", "you named ['0', '1']",
            "no formula disagrees", "fires each hook twice", "Keep one record per call")
 
 
-def test_04_9_rejects_layer_names_as_ints():
-    outcome = grade("04.9", lambda *args: {int(name) for name in ANSWERS["04.9"](*args)})
+def test_04_10_rejects_layer_names_as_ints():
+    outcome = grade("04.10", lambda *args: {int(name) for name in ANSWERS["04.10"](*args)})
     assert not outcome.passed and "a layer's name is a string" in outcome.detail, outcome.detail
 
 
@@ -853,23 +853,23 @@ def test_04_9_rejects_layer_names_as_ints():
     (lambda model, x, y, formulas: {"12"}, "not a child of the model"),
     (lambda model, x, y, formulas: {"1", "5"}, "a fixed answer, not a comparison"),
 ])  # fmt: skip
-def test_04_9_names_the_slip(answer, words):
-    outcome = grade("04.9", answer)
+def test_04_10_names_the_slip(answer, words):
+    outcome = grade("04.10", answer)
     assert not outcome.passed and words in outcome.detail, outcome.detail
 
 
-def test_04_9_names_a_chained_backward_even_without_the_grad_input_of_layer_0():
-    failed("04.9", disagreement(chained=True), "with the problem's formulas", "{'0', '1', '2', '3', '4', '5'}",
+def test_04_10_names_a_chained_backward_even_without_the_grad_input_of_layer_0():
+    failed("04.10", disagreement(chained=True), "with the problem's formulas", "{'0', '1', '2', '3', '4', '5'}",
            "judged on what that layer recorded")
 
 
-def test_04_9_wants_a_float32_tolerance():  # plain allclose blames layer 4 of the right formulas in float32
-    failed("04.9", disagreement(close=torch.allclose), "in float32", "'4'", "float32 rounding",
+def test_04_10_wants_a_float32_tolerance():  # plain allclose blames layer 4 of the right formulas in float32
+    failed("04.10", disagreement(close=torch.allclose), "in float32", "'4'", "float32 rounding",
            "relative tolerance (e.g. rtol=1e-3")
 
 
-def test_04_9_blames_a_too_loose_tolerance_before_the_loop():  # layer 5's slip: < 1e-3 per entry, 6 % relative
-    outcome = failed("04.9", disagreement(close=lambda a, b: torch.allclose(a, b, atol=1e-3)), "you named {'1'}",
+def test_04_10_blames_a_too_loose_tolerance_before_the_loop():  # layer 5's slip: < 1e-3 per entry, 6 % relative
+    outcome = failed("04.10", disagreement(close=lambda a, b: torch.allclose(a, b, atol=1e-3)), "you named {'1'}",
                      "the dx of another layer", "6% of its size", "too loose", "rtol=1e-3, atol=1e-5")
     assert "'5'" not in outcome.detail  # the problem's answer is prediction 04.e's
 
@@ -877,31 +877,31 @@ def test_04_9_blames_a_too_loose_tolerance_before_the_loop():  # layer 5's slip:
 @pytest.mark.parametrize("answer", [
     disagreement(chained=True, params_only=True), disagreement(first_only=True), disagreement(params_only=True),
     disagreement(close=lambda a, b: torch.allclose(a, b, atol=1e-3))])
-def test_04_9_never_names_the_answer_of_the_problems_formulas(answer):
-    outcome = grade("04.9", answer)
+def test_04_10_never_names_the_answer_of_the_problems_formulas(answer):
+    outcome = grade("04.10", answer)
     assert not outcome.passed and "the problem's formulas" in outcome.detail, outcome.detail
     assert "'5'" not in outcome.detail.partition("you named")[2].partition("}")[2], outcome.detail
 
 
-def test_04_9_says_when_the_hand_chained_gradient_fed_the_formulas():  # {'0', '1', '4'}: upstream of the slip
-    failed("04.9", disagreement(chained=True, params_only=True), "you named {'0', '1', '4'}",
+def test_04_10_says_when_the_hand_chained_gradient_fed_the_formulas():  # {'0', '1', '4'}: upstream of the slip
+    failed("04.10", disagreement(chained=True, params_only=True), "you named {'0', '1', '4'}",
            "judge each layer on the grad_output its own hook recorded, not on the gradient your formulas passed down")
 
 
-def test_04_9_says_parameter_gradients_cannot_see_grad_input():
-    outcome = failed("04.9", disagreement(params_only=True), "you named no layer", "parameters' gradients alone",
+def test_04_10_says_parameter_gradients_cannot_see_grad_input():
+    outcome = failed("04.10", disagreement(params_only=True), "you named no layer", "parameters' gradients alone",
                      "Compare each layer's grad_input")
     assert "reversed(rec.records)" not in outcome.detail
 
 
-def test_04_9_names_the_parameter_gradients_a_grad_input_comparison_skips():
-    outcome = failed("04.9", disagreement(dx_only=True), "formulas whose Linear bias gradient", "you named no layer",
+def test_04_10_names_the_parameter_gradients_a_grad_input_comparison_skips():
+    outcome = failed("04.10", disagreement(dx_only=True), "formulas whose Linear bias gradient", "you named no layer",
                      "grad_input alone", "skips the parameters' gradients", "with its .grad too")
     assert "compare with torch.allclose" not in outcome.detail
 
 
-def test_04_9_a_comparison_of_nothing_is_not_told_it_compares_grad_input():
-    outcome = failed("04.9", disagreement(close=lambda a, b: True), "you named no layer")
+def test_04_10_a_comparison_of_nothing_is_not_told_it_compares_grad_input():
+    outcome = failed("04.10", disagreement(close=lambda a, b: True), "you named no layer")
     assert "grad_input alone" not in outcome.detail
 
 
@@ -961,10 +961,10 @@ def test_the_lessons_04_8_skeleton_completed_with_the_other_four_layers_passes()
     source = source.replace(stub, recorder)
     source = "\n".join(line for line in source.splitlines() if not line.startswith("check("))
     namespace = {"torch": torch, "nn": nn, "F": F, "hooklab": hooklab, "ce_backward": ANSWERS["04.4"],
-                 "batch_norm_backward": ANSWERS["04.6"], "conv2d_backward": ANSWERS["04.7"],
-                 "max_pool_backward": ANSWERS["04.8"]}
+                 "batch_norm_backward": ANSWERS["04.6"], "conv2d_backward": ANSWERS["04.8"],
+                 "max_pool_backward": ANSWERS["04.9"]}
     exec(source, namespace)
-    outcome = grade("04.10", namespace["model_backward"])
+    outcome = grade("04.11", namespace["model_backward"])
     assert outcome.passed, outcome.detail
     skeleton = {"torch": torch, "nn": nn, "F": F, "hooklab": hooklab, "ce_backward": ANSWERS["04.4"]}
     exec("\n".join(line for line in cell.splitlines() if not line.startswith("check(")), skeleton)
@@ -973,23 +973,23 @@ def test_the_lessons_04_8_skeleton_completed_with_the_other_four_layers_passes()
     assert not leftover_hooks(model)
 
 
-def test_04_8_names_the_padding_pair_when_an_int_was_expected():
+def test_04_9_names_the_padding_pair_when_an_int_was_expected():
     def padding_as_given(model, x, y):  # F.pad(x, (padding,) * 4) in a conv2d_backward, handed layer.padding
         return {"0.weight": F.pad(x, (model[0].padding,) * 4)}
 
-    failed("04.10", padding_as_given, "layer.padding is a pair", "pass layer.padding[0]")
+    failed("04.11", padding_as_given, "layer.padding is a pair", "pass layer.padding[0]")
 
 
-def test_04_9_refuses_an_identity_test_of_the_formulas():
+def test_04_10_refuses_an_identity_test_of_the_formulas():
     def by_identity(model, x, y, formulas):
         from hooklab import backprop as bp
         return {n for n, layer in model.named_children() if formulas[type(layer)] is not bp.BACKWARD[type(layer)]}
 
-    failed("04.9", by_identity, "each wrapped in a new function", "not which function they are")
+    failed("04.10", by_identity, "each wrapped in a new function", "not which function they are")
 
 
-def test_04_9_and_04_e_print_no_full_backward_hook_warning(recwarn):
-    assert grade("04.9", ANSWERS["04.9"]).passed
+def test_04_10_and_04_e_print_no_full_backward_hook_warning(recwarn):
+    assert grade("04.10", ANSWERS["04.10"]).passed
     grade("04.e", {"1", "5"})
     assert not [w for w in recwarn if "Full backward hook is firing" in str(w.message)]
 
@@ -1080,9 +1080,9 @@ def test_04_2_and_04_4_name_more_step_slips(id, step, value, words):
 
 def test_04_6_names_a_flipped_dw():
     def answer(x, w, dout, padding):
-        dx, dw = ANSWERS["04.7"](x, w, dout, padding)
+        dx, dw = ANSWERS["04.8"](x, w, dout, padding)
         return dx, dw.flip(-2, -1)
-    failed("04.7", answer, "your dw is the right one flipped")
+    failed("04.8", answer, "your dw is the right one flipped")
 
 
 def test_04_3_names_probs_recomputed_instead_of_read_from_t():
@@ -1093,8 +1093,8 @@ def test_04_3_names_probs_recomputed_instead_of_read_from_t():
            "Read every forward value from t")
 
 
-# ----- 04.9 and 04.10 need hooks: a loop over the children holds only while forward is a chain ---------------
-def test_04_9_refuses_a_retain_grad_loop_over_the_children():
+# ----- 04.10 and 04.11 need hooks: a loop over the children holds only while forward is a chain ---------------
+def test_04_10_refuses_a_retain_grad_loop_over_the_children():
     def looped(model, x, y, formulas):  # each child called on the last one's output, every output's .grad kept
         seen, a = {}, x
         for name, layer in model.named_children():
@@ -1113,25 +1113,25 @@ def test_04_9_refuses_a_retain_grad_loop_over_the_children():
         model.zero_grad()
         return found
 
-    failed("04.9", looped, "your answer registered no hook and never called model(x)",
+    failed("04.10", looped, "your answer registered no hook and never called model(x)",
            "it only works while forward is a chain", "a skip connection")
 
 
-def test_04_9_checks_a_forward_that_is_not_a_chain():
+def test_04_10_checks_a_forward_that_is_not_a_chain():
     _, model, _, expected = next(case for case in nb04._slipped_cases() if "skip connection" in case[0])
     x = torch.randn(4, 1, 8, 8, dtype=torch.float64)
     assert expected == {"2", "6"} and not torch.allclose(model(x), nn.Sequential.forward(model, x))
 
 
 def _recording(record_forward):
-    """04.10's worked answer with its recorder replaced."""
+    """04.11's worked answer with its recorder replaced."""
     def answer(model, x, y):
-        saved = ANSWERS["04.10"].__globals__["record_forward"]
-        ANSWERS["04.10"].__globals__["record_forward"] = record_forward
+        saved = ANSWERS["04.11"].__globals__["record_forward"]
+        ANSWERS["04.11"].__globals__["record_forward"] = record_forward
         try:
-            return ANSWERS["04.10"](model, x, y)
+            return ANSWERS["04.11"](model, x, y)
         finally:
-            ANSWERS["04.10"].__globals__["record_forward"] = saved
+            ANSWERS["04.11"].__globals__["record_forward"] = saved
     return answer
 
 
@@ -1144,17 +1144,17 @@ def _run_the_children(model, x):
     return a, records
 
 
-def test_04_10_refuses_a_forward_loop_over_the_children():
-    failed("04.10", _recording(_run_the_children), "at step 1: your answer registered no hook and never called "
+def test_04_11_refuses_a_forward_loop_over_the_children():
+    failed("04.11", _recording(_run_the_children), "at step 1: your answer registered no hook and never called "
            "model(x)", "it only works while forward is a chain")
 
 
-def test_04_10_refuses_model_x_run_beside_an_unhooked_loop():
+def test_04_11_refuses_model_x_run_beside_an_unhooked_loop():
     def beside(model, x):
         model(x)
         return _run_the_children(model, x)
 
-    failed("04.10", _recording(beside), "at step 1: your answer registered no hook while model(x) ran",
+    failed("04.11", _recording(beside), "at step 1: your answer registered no hook while model(x) ran",
            "it only works while forward is a chain")
 
 
@@ -1166,7 +1166,7 @@ def test_04_e_names_as_ints_are_not_in_the_form_asked():
 
 
 def in_forward_order(model, x, y, formulas):
-    """04.9's worked answer with one slip: a record per call, but each backward paired with the calls in
+    """04.10's worked answer with one slip: a record per call, but each backward paired with the calls in
     forward order (the first backward, which belongs to the last call, goes with the first call)."""
     calls = {name: [] for name, _ in model.named_children()}
     backwards = dict.fromkeys(calls, 0)
@@ -1201,8 +1201,39 @@ def in_forward_order(model, x, y, formulas):
 
 
 @pytest.mark.filterwarnings("ignore:Full backward hook is firing")
-def test_04_9_names_backwards_paired_with_the_calls_in_forward_order():
-    outcome = failed("04.9", in_forward_order, "calls the same Linear '0' and Tanh '1' twice",
+def test_04_10_names_backwards_paired_with_the_calls_in_forward_order():
+    outcome = failed("04.10", in_forward_order, "calls the same Linear '0' and Tanh '1' twice",
                      "backward meets the calls in reverse order")
     assert "Kept in one slot" not in outcome.detail, outcome.detail
-    failed("04.9", one_slot, "Kept in one slot")  # a one-slot record keeps its own message
+    failed("04.10", one_slot, "Kept in one slot")  # a one-slot record keeps its own message
+
+
+# ----- 04.7: a second hook hands each step your own gradient --------------------------------------------
+def _hands_on(returns, keep_first=True, handles_kept=True):
+    """A judged_alone whose hook returns ``returns(d, name)``, keep_grads registered first or after, the
+    handles removed or left on the steps."""
+    def judged_alone(steps, d, dout):
+        with hooklab.Hooks() as handles:
+            arrived = nb04.keep_grads(steps) if keep_first else None
+            for name in d:
+                handle = steps[name].register_hook(lambda grad, name=name: returns(d, name))
+                if handles_kept:
+                    handles.add(handle)
+            arrived = arrived if keep_first else nb04.keep_grads(steps)
+            steps["y"].backward(dout)
+        return arrived
+    return judged_alone
+
+
+def test_04_7_passes_the_worked_answer():
+    assert grade("04.7", nb04.judged_alone).passed
+
+
+@pytest.mark.parametrize(("answer", "words"), [
+    (_hands_on(lambda d, name: None), ("returns nothing", "replaces the gradient")),
+    (_hands_on(lambda d, name: d[name], keep_first=False), ("ran before keep_grads's", "order they were registered")),
+    (_hands_on(lambda d, name: d[name], handles_kept=False), ("still hands on your gradient", "handles.add")),
+    (_hands_on(lambda d, name: d["x"]), ("name=name",)),
+])  # fmt: skip
+def test_04_7_names_the_slip(answer, words):
+    failed("04.7", answer, *words)

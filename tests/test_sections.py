@@ -54,7 +54,7 @@ def test_each_section_runs_from_the_setup_cells_alone(path):
 
 def test_04_sections_run_on_their_own_with_the_worked_answers(tmp_path):
     """Lesson 04's stored exercise cells raise NotImplementedError before they reach a name from an
-    earlier section (04.10's body calls 04.4–04.8's functions), so the test above cannot see such a
+    earlier section (04.11's body calls 04.4–04.9's functions), so the test above cannot see such a
     name missing. Here each exercise cell holds the worked answers instead, as a student's would
     once written: every check in a section run from setup alone must pass."""
     import re

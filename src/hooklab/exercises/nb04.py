@@ -7,9 +7,10 @@ Predictions 04.a-04.e compute their truth with torch. Exercises, in the order th
 * 04.2 ``keep_grads``: a tensor hook on every step of a forward, keeping each step's gradient by name;
 * 04.3 cross-entropy in eight atomic steps, 04.4 its fused form;
 * 04.5 batch norm in seven atomic steps (also the field guide's G4.6, registered in g4.py), 04.6 its fused form;
-* 04.7 a convolution (via ``unfold`` / ``fold`` or any other way), 04.8 max pooling;
-* 04.9 every layer whose backward formula disagrees with what its hooks recorded;
-* 04.10 the whole CNN for one epoch of training, compared with autograd at every step.
+* 04.7 ``judged_alone``: a second hook hands each step the student's own gradient, so each step is judged alone;
+* 04.8 a convolution (via ``unfold`` / ``fold`` or any other way), 04.9 max pooling;
+* 04.10 every layer whose backward formula disagrees with what its hooks recorded;
+* 04.11 the whole CNN for one epoch of training, compared with autograd at every step.
 
 The atomic exercises (04.3, 04.5) are judged **in chain order**, from the loss back, against the
 gradients autograd gave each intermediate, kept by a tensor hook on it (in the order backward
@@ -527,6 +528,70 @@ def _judged_alone() -> frozenset:
                      and not torch.allclose(forgot_gamma[name], got))
 
 
+def _fresh_bn_steps(x, gamma, beta):
+    """bn_steps on new leaves, plus ``gamma`` and ``beta``: a forward whose graph no backward has used yet."""
+    leaves = [v.clone().requires_grad_(True) for v in (x, gamma, beta)]
+    return {**bn_steps(*leaves), "gamma": leaves[1], "beta": leaves[2]}
+
+
+def _hands_on(value: torch.Tensor) -> bool:
+    """Whether a hook still on ``value`` returns a gradient (replaces what arrives): called on zeros."""
+    hooks = getattr(value, "_backward_hooks", None) or {}
+    return any(hook(torch.zeros_like(value)) is not None for hook in list(hooks.values()))
+
+
+@exercise("04.7", "a second hook that hands on your gradient: each step judged alone")
+def _judge_alone(judged_alone) -> Outcome:
+    """``judged_alone(steps, d, dout) -> {step: gradient that arrived}``: keep_grads on ``steps`` first, then
+    on each step of ``d`` a hook returning ``d[name]``, then ``steps["y"].backward(dout)``; the hooks that
+    return a gradient are gone afterwards. Tried with a chain whose d['x_hat'] forgot γ."""
+    t, x, gamma, dout, _ = _bn_case(16, 3, 91)
+    beta = rand(3, seed=93)
+    d = bn_backward_steps(t, torch.ones_like(gamma), dout)  # d['x_hat'] forgot γ; every later step right from it
+    expected = judged_alone_reference(_fresh_bn_steps(x, gamma, beta), d, dout)
+    own_steps = _fresh_bn_steps(x, gamma, beta)
+    own = keep_grads(own_steps)
+    own_steps["y"].backward(dout)  # autograd's own gradients, with no hook handing anything on
+    steps = _fresh_bn_steps(x, gamma, beta)
+    try:
+        got = judged_alone(steps, d, dout)
+    except RuntimeError as error:
+        if "hook" in str(error) and ("size" in str(error) or "shape" in str(error)):
+            return Outcome(False, "a hook returned a gradient of another step's shape: each hook looked `name` up "
+                                  "when it ran, after the loop had ended. Bind it when you register: "
+                                  "lambda grad, name=name: d[name]")
+        raise
+    if not isinstance(got, dict):
+        return Outcome(False, f"return the dict keep_grads filled (what arrived at each step), not {kind_of(got)}")
+    got = dict(got)  # a copy: probing the hooks below may write into the student's dict
+    if missing := [name for name in d if name not in got]:
+        return Outcome(False, f"no gradient arrived for {missing}: call keep_grads(steps) and run "
+                              "steps['y'].backward(dout) inside your function, then return keep_grads's dict")
+    if all(torch.equal(got[name], d[name]) for name in d):
+        return Outcome(False, "what arrived at each step is your own gradient: your hook ran before keep_grads's, "
+                              "so keep_grads recorded the gradient yours handed on. Hooks on one tensor run in "
+                              "the order they were registered: call keep_grads(steps) first, then add yours")
+    after = [name for name in JUDGED_ALONE_AFTER if not torch.allclose(got[name], expected[name])]
+    if after and all(torch.allclose(got[name], own[name]) for name in after):
+        return Outcome(False, f"at {after[0]!r} arrived autograd's own gradient, not what your gradient of the step "
+                              "before gives: your second hook returns nothing (None), which leaves autograd's "
+                              "gradient as it is. Return d[name] from it: a hook's return value replaces the gradient")
+    worst, worst_name = 0.0, ""
+    for name in d:
+        if got[name].shape != expected[name].shape or not torch.allclose(got[name], expected[name]):
+            return Outcome(False, f"what your dict holds for {name!r} is not what arrived there from your gradient "
+                                  "of the step before it")
+        if (diff := float((got[name] - expected[name]).abs().max())) >= worst:
+            worst, worst_name = diff, name
+    if kept := [name for name in d if _hands_on(steps[name])]:
+        return Outcome(False, f"after your function returned, a hook still hands on your gradient at {kept[0]!r} "
+                              f"({len(kept)} steps in all): any later backward through these steps gets yours, not "
+                              "autograd's. Add each handle to a hooklab.Hooks() (handles.add(...)) and run backward "
+                              "inside its with block, so the hooks go when it ends")
+    return verdict(["what arrived at every step"], worst, worst_name, verb="matches",
+                   prefix="each step met the gradient your chain handed it (d['x_hat'] without γ): ")
+
+
 @exercise("04.5", "batch norm in seven atomic steps, checked in chain order")
 def _bn_chain(bn_backward_steps) -> Outcome:
     """``bn_backward_steps(t, gamma, dout) -> {step: gradient}`` for the steps of ``bn_steps`` plus
@@ -662,7 +727,7 @@ def _bn_fused(batch_norm_backward) -> Outcome:
                    prefix="with x of shapes (6, 4) and (3, 5), and eps = 0.5 on (5, 3): ")
 
 
-# ----- convolution and pooling (04.d, 04.7, 04.8) -----------------------------------------------------
+# ----- convolution and pooling (04.d, 04.8, 04.9) -----------------------------------------------------
 @prediction(
     "04.d", "how many output positions use each pixel of a 4×4 image (3×3 kernel, padding 1)",
     why="a pixel is in one patch for each kernel position that covers it: 9 in the middle, 6 on an edge, 4 in a "
@@ -677,7 +742,7 @@ def _coverage() -> list[list[float]]:
     return F.fold(F.unfold(ones, 3, padding=1), (4, 4), 3, padding=1)[0, 0].tolist()
 
 
-@exercise("04.7", "conv2d backward, stride 1, with padding")
+@exercise("04.8", "conv2d backward, stride 1, with padding")
 def _conv(conv2d_backward) -> Outcome:
     """``conv2d_backward(x, w, dout, padding) -> (dx, dw)`` for ``y = F.conv2d(x, w, padding=padding)``
     (stride 1, no bias, any kernel size); tried with padding 0 on a 6×5 input with a 3×2 kernel, then
@@ -721,7 +786,7 @@ NOT_SUMMED_OVER_N = ("the same kernel w slides over every image of the batch, so
                      "N images: sum over the images' axis")
 
 
-@exercise("04.8", "max pooling backward, 2×2 windows")
+@exercise("04.9", "max pooling backward, 2×2 windows")
 def _max_pool(max_pool_backward) -> Outcome:
     """``max_pool_backward(x, dout) -> dx`` for ``y = F.max_pool2d(x, 2)`` (2×2 windows, stride 2).
     Tried on x of shape (2, 3, 4, 4), then (1, 2, 6, 8), without ties, then on (1, 2, 4, 4) with tied
@@ -755,7 +820,7 @@ def _max_pool(max_pool_backward) -> Outcome:
                                                         "windows: ")
     if routing.found and "write the formula yourself" not in outcome.detail:  # the course's formula named first
         return Outcome(False, f"your answer called {routing.found}: PyTorch's own routing, which picks each "
-                              "window's maximum for you. 04.8 asks you to write that routing: find each window's "
+                              "window's maximum for you. 04.9 asks you to write that routing: find each window's "
                               "maximum yourself (e.g. unfold the windows and take argmax), then send dout there")
     return outcome
 
@@ -778,7 +843,7 @@ class _PyTorchRouting(TorchFunctionMode):
 
 TIES = ("a window with tied maxima (batch norm maps the digits' blank background to one value per channel, so such "
         "windows are common in the CNN): splitting the gradient, or giving it to the last maximum, is a fair choice "
-        "on paper, but 04.10 compares with autograd at every step, and PyTorch's max_pool2d gives the whole gradient "
+        "on paper, but 04.11 compares with autograd at every step, and PyTorch's max_pool2d gives the whole gradient "
         "to the first maximum in row-major order (measured on CPU with torch 2.14.1; the documentation does not "
         "say). argmax over the window's four values, flattened, picks it")
 
@@ -798,7 +863,7 @@ def _last_max_takes_it(x, dout):
     return dx.reshape(n, c, h // 2, w // 2, 2, 2).permute(0, 1, 2, 4, 3, 5).reshape(x.shape)
 
 
-# ----- the capstone: one epoch on the digits (04.10) ----------------------------------------------
+# ----- the capstone: one epoch on the digits (04.11) ----------------------------------------------
 LR, BATCH, ACCURACY_TOLERANCE = 0.1, 32, 0.02
 
 
@@ -814,7 +879,7 @@ CALL_HOOKS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_b
 
 
 class DigitsCNN(nn.Sequential):
-    """The lesson's CNN as the checks of 04.9 and 04.10 run it: each call of its forward notes how many of
+    """The lesson's CNN as the checks of 04.10 and 04.11 run it: each call of its forward notes how many of
     its layers have a hook on them then. An answer that runs the layers itself, in a loop, never calls it."""
 
     def forward(self, x):
@@ -938,7 +1003,7 @@ def _accuracy(model, x, y) -> float:
         return (model.eval()(x).argmax(1) == y).double().mean().item()
 
 
-@exercise("04.10", "one epoch on the digits with your own backward pass", time_limit=300)
+@exercise("04.11", "one epoch on the digits with your own backward pass", time_limit=300)
 def _capstone(model_backward) -> Outcome:
     """``model_backward(model, x, y) -> {parameter name: gradient}`` for
     ``F.cross_entropy(model(x), y)`` on the lesson's CNN, whose parameters do not require grad. The
@@ -969,7 +1034,7 @@ def _capstone(model_backward) -> Outcome:
             if "tuple" not in str(error):
                 raise
             return Outcome(False, f"your code raised TypeError: {error}. A Conv2d's layer.padding is a pair, (1, 1), "
-                                  "and 04.7's conv2d_backward takes one int: pass layer.padding[0]")
+                                  "and 04.8's conv2d_backward takes one int: pass layer.padding[0]")
         unhooked = None if failed or steps > 1 else _unhooked(mine, steps_before)
         if unhooked:
             return Outcome(False, f"at step 1: {unhooked}")
@@ -1007,7 +1072,7 @@ def _capstone(model_backward) -> Outcome:
 
 
 
-# ----- the payoff: find the slip with hooks (04.e, 04.9) -----------------------------------------------------
+# ----- the payoff: find the slip with hooks (04.e, 04.10) -----------------------------------------------------
 def _batch_norm(bn, x, out, dout):
     """Batch norm's backward formula, as the problem's backward writes it."""
     inv_std = (x.var((0, 2, 3), unbiased=False, keepdim=True) + bn.eps) ** -0.5
@@ -1077,7 +1142,7 @@ def _close(a, b) -> bool:
 def _verdicts(model, x, y, formulas, chained=False, close=_close) -> dict[str, tuple[bool, bool]]:
     """For each child in forward order: (its formula's dx disagrees with its grad_input, its formula's
     parameter gradients disagree with .grad), each formula run on what that layer recorded; or
-    (``chained``) on the dx the formula of the layer after it passed on, the slip 04.9 names."""
+    (``chained``) on the dx the formula of the layer after it passed on, the slip 04.10 names."""
     from hooklab.recording import record
 
     with _training_on_purpose(), record(model, backward=True) as rec, warnings.catch_warnings():
@@ -1233,7 +1298,7 @@ def _pairs_in_forward_order(disagreeing_layers, model, x, y, formulas) -> bool:
 
 
 def _hook_left(label: str, model: nn.Module) -> Outcome | None:
-    """04.9's verdict when a hook is still registered on ``model`` after the student's function returned."""
+    """04.10's verdict when a hook is still registered on ``model`` after the student's function returned."""
     from ..audit import leftover_hooks
 
     left = leftover_hooks(model)
@@ -1302,8 +1367,9 @@ def _layer_names_form(guess) -> str | None:
             f"you wrote {kind_of(guess)}")
 
 
-SLIP_FACTS = ("ReLU '6' and max-pool '7' sit between '9' and '5', and a right 5.weight and 5.bias are strong "
-              "evidence that batch norm received the right gradient: which formula passed a wrong one back?")
+SLIP_FACTS = ("In the problem's table, 5.weight and 5.bias agree and 4.weight is the first that does not: strong "
+              "evidence that batch norm '5' received the right gradient and passed a wrong one back to conv '4'. "
+              "Which formula is that, and which other layer uses it?")
 
 
 @prediction(
@@ -1337,7 +1403,7 @@ LOCAL_NAMES = ("the formulas name each parameter as the layer does, 'weight' or 
                "convolution without bias gives {'bias': None}: skip the gradients that are None")
 
 
-@exercise("04.9", "name every layer whose backward formula slipped, with hooks", time_limit=300)
+@exercise("04.10", "name every layer whose backward formula slipped, with hooks", time_limit=300)
 def _disagreeing_layers(disagreeing_layers) -> Outcome:
     """``disagreeing_layers(model, x, y, formulas) -> set of layer names``: with the forward and backward
     of ``F.cross_entropy(model(x), y)`` recorded by hooks, each layer's formula from ``formulas`` (layer
@@ -1577,6 +1643,23 @@ def bn_backward_steps(t, gamma, dout):
     return d
 
 
+def judged_alone(steps, d, dout):
+    """04.7: keep_grads on every step first, then a hook on each step of ``d`` that hands on ``d[name]``
+    instead of autograd's gradient, so each step meets the gradient your own chain gave it; the handing-on
+    hooks are removed when the block ends."""
+    from hooklab.hooks import Hooks
+
+    with Hooks() as handles:
+        arrived = keep_grads(steps)  # registered first, so they fire first: what arrived, before yours replaces it
+        for name in d:
+            handles.add(steps[name].register_hook(lambda grad, name=name: d[name]))
+        steps["y"].backward(dout)
+    return {name: grad for name, grad in arrived.items() if name in d}  # from y back
+
+
+judged_alone_reference = judged_alone  # the checker's own, under a name the lesson does not shadow
+
+
 def batch_norm_backward(x, gamma, dout, eps):
     """04.6: batch norm fused, ``(dx, dgamma, dbeta)``: one term per path of ``x``."""
     inv_std = (x.var(0, unbiased=False) + eps) ** -0.5  # the biased variance, as batch norm
@@ -1585,7 +1668,7 @@ def batch_norm_backward(x, gamma, dout, eps):
 
 
 def conv2d_backward(x, w, dout, padding):
-    """04.7: ``(dx, dw)`` of ``F.conv2d(x, w, padding=padding)``, stride 1, no bias: a matrix product on
+    """04.8: ``(dx, dw)`` of ``F.conv2d(x, w, padding=padding)``, stride 1, no bias: a matrix product on
     ``unfold``'s patches, and ``fold`` adds each patch's gradient back onto its pixels."""
     kernel, d = w.shape[-2:], dout.flatten(2)  # d: (N, out, L)
     cols = F.unfold(x, kernel, padding=padding)  # (N, C·kh·kw, L)
@@ -1595,7 +1678,7 @@ def conv2d_backward(x, w, dout, padding):
 
 
 def max_pool_backward(x, dout):
-    """04.8: ``dx`` of ``F.max_pool2d(x, 2)``: each window's gradient to its first maximum in row-major order."""
+    """04.9: ``dx`` of ``F.max_pool2d(x, 2)``: each window's gradient to its first maximum in row-major order."""
     windows = F.unfold(x.flatten(0, 1)[:, None], 2, stride=2)  # (N·C, 4 values, L windows)
     winner = F.one_hot(windows.argmax(1), 4).transpose(1, 2).to(x.dtype)  # argmax: the first maximum
     dcols = winner * dout.flatten(0, 1).flatten(1)[:, None]
@@ -1667,14 +1750,14 @@ def mended_digits(before, after, images, labels, count=10):
 
 
 def model_backward(model, x, y):
-    """04.10: every layer's backward by hand (``hooklab.backprop``'s formulas), from what forward hooks recorded."""
+    """04.11: every layer's backward by hand (``hooklab.backprop``'s formulas), from what forward hooks recorded."""
     from hooklab.backprop import BACKWARD
 
     return hand_backward(BACKWARD)(model, x, y)
 
 
 def disagreeing_layers(model, x, y, formulas):
-    """04.9: every layer whose formula from ``formulas``, run on what the student's own hooks recorded at
+    """04.10: every layer whose formula from ``formulas``, run on what the student's own hooks recorded at
     that layer, disagrees with autograd's gradients; an empty set when none does. A layer that forward
     calls more than once fires each hook once per call: every call is kept and judged on its own
     (backward meets a layer's calls in reverse order, the last call first, as in a chain), and its
@@ -1719,3 +1802,19 @@ def disagreeing_layers(model, x, y, formulas):
             slipped.add(name)
     model.zero_grad()  # .grad would build up over calls
     return slipped
+
+
+WORKED = {"linear_backward": ("04.1", linear_backward), "keep_grads": ("04.2", keep_grads),
+          "ce_backward_steps": ("04.3", ce_backward_steps), "ce_backward": ("04.4", ce_backward),
+          "bn_backward_steps": ("04.5", bn_backward_steps), "batch_norm_backward": ("04.6", batch_norm_backward),
+          "judged_alone": ("04.7", judged_alone), "conv2d_backward": ("04.8", conv2d_backward),
+          "max_pool_backward": ("04.9", max_pool_backward), "disagreeing_layers": ("04.10", disagreeing_layers),
+          "model_backward": ("04.11", model_backward)}
+
+
+def yours_or_worked(names: dict, *wanted: str):
+    """``hooklab.exercises.yours_or_worked`` for this lesson: each name in ``wanted`` is the student's once its
+    exercise (in ``WORKED``) has passed in this kernel, else the worked answer above."""
+    from . import yours_or_worked as pick
+
+    return pick(names, WORKED, *wanted)
