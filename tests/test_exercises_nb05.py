@@ -724,7 +724,7 @@ def test_05_b_numbers_or_words_are_told_to_use_booleans():
 
 
 def test_05_b_the_slot_asks_what_the_question_asks():
-    assert grade("05.b", [True, False]).passed  # receives a gradient, passes none back
+    assert grade("05.b", [True, False]).passed  # receives a gradient, its weights get none
     failed("05.b", [False, False], "it does receive a gradient")
     failed("05.b", [False, True], "the other way round")
 

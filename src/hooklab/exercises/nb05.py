@@ -180,26 +180,30 @@ def _blocked() -> dict:
         hooks.add(relu.register_forward_hook(lambda module, args, output: seen.update(output=output)))
         hooks.add(relu.register_full_backward_hook(keep))
         loss = F.cross_entropy(model(data.x_train[:64]), data.y_train[:64])
-        torch.autograd.grad(loss, model.features[2].weight)
+        (seen["weight_grad"],) = torch.autograd.grad(loss, model.features[2].weight)
     seen["dead"] = (seen["output"] == 0).flatten(2).all(dim=2).all(dim=0)
     return seen
 
 
-@prediction("05.b", "whether a dead channel receives a gradient from above, and whether its ReLU passes one back",
+@prediction("05.b", "whether a dead channel receives a gradient from above, and whether the weights feeding it "
+                    "get one",
             why="the gradient arrives from above whatever the channel did (the max-pool hands each window's "
-                "gradient to one position), but a ReLU passes it back only where its input was positive: a dead "
-                "channel's input never is, so it passes nothing back, and the weights feeding it get a zero gradient",
+                "gradient to one position, the first on a tie), but a ReLU passes it back only where its input was "
+                "positive: a dead channel's input never is, so nothing reaches the weights feeding it",
             wrong=[([True, True], "it does receive one, but the ReLU is where it stops: a ReLU passes the gradient "
-                                  "back only where its input was positive, and a dead channel's never is"),
-                   ([False, False], "it passes nothing back, right; but it does receive a gradient: the max-pool "
-                                    "above hands each window's gradient to one position, even in a window of zeros"),
+                                  "back only where its input was positive, and a dead channel's never is, so "
+                                  "nothing reaches the weights below it"),
+                   ([False, False], "nothing reaches its weights, right; but it does receive a gradient: the "
+                                    "max-pool above hands each window's gradient to one position, even in a window "
+                                    "of zeros"),
                    ([False, True], "the other way round: the gradient arrives from above whatever the channel did; "
-                                   "the ReLU, seeing an input that is never positive, passes none of it back")],
+                                   "the ReLU, seeing an input that is never positive, passes none of it down to "
+                                   "the weights")],
             form=_two_booleans)
 def _dead_gradients() -> list:
     seen = _blocked()
     dead = seen["dead"]
-    return [bool((seen["arrives"][:, dead] != 0).any()), bool((seen["passes"][:, dead] != 0).any())]
+    return [bool((seen["arrives"][:, dead] != 0).any()), bool((seen["weight_grad"][dead] != 0).any())]
 
 
 def _guided_resemblance() -> tuple[float, list[float]]:
@@ -290,11 +294,11 @@ MAP_CHOICES = ("plain gradient", "guided backprop", "Grad-CAM")
 
 @prediction("05.e", "which map changes least for another class: the plain gradient, guided backprop or Grad-CAM",
             why="the class enters only at the top, as w_c/16 at each channel of features.6: guided backprop's clamp "
-                "there drops the channels with w_ck < 0, and below it only positive gradient passes, through masks "
-                "set by the digit. Another class starts from another half of the channels, then follows the same "
-                "paths: measured, a guided map started from no class at all (gradient 1 everywhere) correlates "
-                "about 0.9 with each class's. The plain gradient and Grad-CAM are linear in w_c and partly reverse "
-                "(about -0.4)",
+                "there drops the channels with w_ck < 0, and below it each ReLU passes only positive gradient, "
+                "through masks set by the digit. Another class starts from another half of the channels, then "
+                "follows the same paths: measured, a guided map started from no class at all (gradient 1 "
+                "everywhere) correlates about 0.9 with each class's. The plain gradient and Grad-CAM are linear in "
+                "w_c and partly reverse (about -0.4)",
             wrong=[("plain gradient", "the plain gradient is linear in the class's row w_c (the ReLU masks are set "
                                       "by the digit): another class's row, negatively correlated with it here, "
                                       "reverses much of its order"),
