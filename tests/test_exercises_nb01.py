@@ -123,6 +123,8 @@ def test_01_3_rejects_wrong_answers():
          ("it names 'logits' before 'ms'", "Name that tensor first")),
         (guard_with(bad=lambda grad: grad.isnan().any()), ("the inf is made there", "isfinite")),
         (guard_with(bad=lambda grad: not torch.isfinite(grad.norm())), ("[1e20, 1e20]", "overflows", "not the norm")),
+        (guard_with(bad=lambda grad: grad.isnan().any() or grad.abs().max() > 1e30),
+         ("[1e35, -2]", "1e35 is finite", "size threshold")),
     ]:
         failed("01.3", wrong, *(words if isinstance(words, tuple) else (words,)))
 
@@ -137,9 +139,16 @@ def names_every_tensor(named):
 
 
 # ----- 01.2 -------------------------------------------------------------------------------------
+def kept_and_one_hot(logits, y):
+    """The lesson's given lines: the mask of the rows the loss keeps (label -100 is left out), and the one-hot
+    targets (-100 as class 0, masked afterwards)."""
+    return (y != -100).unsqueeze(1), torch.nn.functional.one_hot(y.clamp(min=0), logits.shape[1])
+
+
 def head_right(logits, y, w):
-    """The right gradients at logits and normed."""
-    dlogits = (logits.softmax(dim=1) - torch.nn.functional.one_hot(y, logits.shape[1])) / len(y)
+    """The right gradients at logits and normed: 0 in the padded row, the mean over the rows kept."""
+    real, onehot = kept_and_one_hot(logits, y)
+    dlogits = (logits.softmax(dim=1) - onehot) * real / real.sum()
     return dlogits, dlogits @ w
 
 
@@ -154,7 +163,8 @@ def by_hand_right(logits, y, w, h, rms, drms=None, dms=None, dh=None):
 
 def test_01_2_accepts_the_chain_rule_by_hand_and_prints_a_cmp_line_per_tensor():
     outcome = grade("01.2", by_hand_right)
-    assert outcome.passed and outcome.detail.count("max diff") == 5 and "not padding" in outcome.detail, outcome.detail
+    assert outcome.passed and outcome.detail.count("max diff") == 5, outcome.detail
+    assert "the padded one included" in outcome.detail and "§4" not in outcome.detail, outcome.detail
 
 
 def test_01_2_accepts_dh_fused_into_one_line():
@@ -175,10 +185,12 @@ def slip(drms=None, dms=None, dh=None):
 
 
 def head_slip(dlogits):
-    """An answer with a slip at logits (a function of logits, y and the one-hot targets); normed built on it."""
+    """An answer with a slip at logits (a function of logits, the one-hot targets and the mask of kept rows);
+    normed built on it."""
     def answer(logits, y, w, h, rms):
         right = by_hand_right(logits, y, w, h, rms)
-        d = dlogits(logits, y, torch.nn.functional.one_hot(y, logits.shape[1]))
+        real, onehot = kept_and_one_hot(logits, y)
+        d = dlogits(logits, onehot, real)
         return {**right, "logits": d, "normed": d @ w}
 
     return answer
@@ -186,9 +198,12 @@ def head_slip(dlogits):
 
 def test_01_2_rejects_wrong_derivations():
     for wrong, words in [
-        (head_slip(lambda z, y, t: z.softmax(dim=1) - t), "len(y) times too large"),
-        (head_slip(lambda z, y, t: (t - z.softmax(dim=1)) / len(y)), "wrong sign"),
-        (head_slip(lambda z, y, t: (z.softmax(dim=0) - t) / len(y)), "differs from what the hook caught"),
+        (head_slip(lambda z, t, m: z.softmax(dim=1) - t), "3 times too large"),
+        (head_slip(lambda z, t, m: (t - z.softmax(dim=1)) * m / m.sum()), "wrong sign"),
+        (head_slip(lambda z, t, m: (z.softmax(dim=0) - t) * m / m.sum()), "differs from what the hook caught"),
+        (head_slip(lambda z, t, m: (z.softmax(dim=1) - t) * m / len(m)), "divided by len(y) = 4|(y != -100).sum()"),
+        (head_slip(lambda z, t, m: (z.softmax(dim=1) - t) / len(m)), "divided by len(y) = 4"),
+        (head_slip(lambda z, t, m: (z.softmax(dim=1) - t) / m.sum()), "not 0 in the padded row|y != -100"),
         (lambda z, y, w, h, rms: {**by_hand_right(z, y, w, h, rms), "normed": head_right(z, y, w)[1] * 2},
          "dnormed = dlogits @ w"),
         (slip(drms=lambda dn, h, rms: (dn * h / (rms + 1e-6) ** 2).sum(1, keepdim=True)), "wrong sign"),
@@ -330,21 +345,29 @@ def test_01_3_gives_the_late_binding_hint_only_when_ms_is_not_named():
     failed("01.3", guard_with(bind=False), "name=name")
 
 
-def test_01_2_accepts_every_right_derivation_whatever_it_makes_of_the_padded_row():
-    """Values, not form: the chain rule line by line (NaN in the padded row), a torch.where guard on the square
-    root (0 at ms there, so dh is dnormed / (rms + 1e-6)), nan_to_num at ms, a clamp on rms, the fused dh."""
-    def guarded(z, y, w, h, rms):
-        dlogits, dnormed = head_right(z, y, w)
-        drms = (dnormed * -h / (rms + 1e-6) ** 2).sum(dim=1, keepdim=True)
-        dms = torch.where(rms > 0, drms / (2 * rms), torch.zeros_like(rms))
-        dh = dnormed / (rms + 1e-6) + dms * 2 * h / h.shape[1]
-        return {"logits": dlogits, "normed": dnormed, "rms": drms, "ms": dms, "h": dh}
+def guarded_at_ms(z, y, w, h, rms):
+    """A "safe" derivation: torch.where keeps the square root's line from dividing by 0 in the padded row."""
+    dlogits, dnormed = head_right(z, y, w)
+    drms = (dnormed * -h / (rms + 1e-6) ** 2).sum(dim=1, keepdim=True)
+    dms = torch.where(rms > 0, drms / (2 * rms), torch.zeros_like(rms))
+    dh = dnormed / (rms + 1e-6) + dms * 2 * h / h.shape[1]
+    return {"logits": dlogits, "normed": dnormed, "rms": drms, "ms": dms, "h": dh}
 
-    for right in (by_hand_right, guarded, slip(dms=lambda d, rms: torch.nan_to_num(d / (2 * rms))),
-                  slip(dms=lambda d, rms: d / (2 * rms.clamp_min(1e-30))),
-                  slip(dms=lambda d, rms: 0.5 * d * rms.rsqrt() ** 2)):
+
+GUARDED = [guarded_at_ms, slip(dms=lambda d, rms: torch.nan_to_num(d / (2 * rms))),
+           slip(dms=lambda d, rms: d / (2 * rms.clamp_min(1e-30)))]
+
+
+def test_01_2_compares_the_padded_row_too_whatever_form_computes_it():
+    """The lesson's case: the padded row must be what autograd computes there. The chain rule line by line, the
+    fused dh and an rsqrt form pass; a guard at the square root (torch.where, nan_to_num, a clamp) does not."""
+    fused = slip(dh=lambda d, dn, h, rms: dn / (rms + 1e-6)
+                 - h * (dn * h).sum(dim=1, keepdim=True) / (h.shape[1] * rms * (rms + 1e-6) ** 2))
+    for right in (by_hand_right, fused, slip(dms=lambda d, rms: 0.5 * d * rms.rsqrt() ** 2)):
         outcome = grade("01.2", right)
         assert outcome.passed, outcome.detail
+    for guarded in GUARDED:
+        failed("01.2", guarded, "in the padded row", "gradient at ms", "no guard")
 
 
 def test_01_2_never_gives_away_prediction_01_d():
@@ -353,7 +376,7 @@ def test_01_2_never_gives_away_prediction_01_d():
     answers = [by_hand_right, slip(dms=lambda d, rms: d / (2 * rms) * 1.5),
                slip(dh=lambda d, dn, h, rms: torch.nan_to_num(dn / (rms + 1e-6) + d * 2 * h / h.shape[1])),
                slip(dh=lambda d, dn, h, rms: dn / (rms + 1e-6)), slip(dms=lambda d, rms: d),
-               slip(drms=lambda dn, h, rms: (dn * -h / (rms + 1e-6)).sum(1, keepdim=True))]
+               slip(drms=lambda dn, h, rms: (dn * -h / (rms + 1e-6)).sum(1, keepdim=True)), *GUARDED]
     for answer in answers:
         detail = grade("01.2", answer).detail
         for word in ("NaN", "nan", "0 / 0", "inf", "∞", "first"):
@@ -369,11 +392,3 @@ def test_show_anomaly_names_the_backward_function_and_the_forward_line_without_p
     assert "raised RuntimeError: Function 'SqrtBackward0' returned nan values" in out, out
     assert out.rstrip().endswith("rms = ms.sqrt()") and "Error detected in SqrtBackward0" in out, out
     assert ".py" not in out and "line " not in out, out
-
-
-def test_01_2_says_which_padded_row_passed():
-    guarded = slip(dms=lambda d, rms: torch.nan_to_num(d / (2 * rms)))
-    assert "what autograd computes there" in grade("01.2", by_hand_right).detail
-    assert "its term through normed alone" in grade("01.2", guarded).detail
-    for answer in (by_hand_right, guarded):  # 01.d comes next: no word of the padded row's dms
-        assert "dms" not in grade("01.2", answer).detail.split("\n")[0]

@@ -208,12 +208,13 @@ def _grad_after_raise() -> list[str]:
     "01.f",
     "the padded row of the gradient at h, at step 0, with the repair hook on ms",
     why="h's gradient has two terms. The one through normed is dnormed / (rms + 1e-6), and dnormed's padded row "
-        "is 0, since the loss ignores that row. The one through ms is dms · 2h / D, and after the repair dms is "
-        "0 there, as is h. So the padded row is 0: zeroing ms's NaN lost nothing.",
+        "is 0, since the loss ignores that row (01.2's given lines make it 0 there). The one through ms is "
+        "dms · 2h / D: after the repair dms is a finite 0 there, and h is 0. So the padded row is 0: zeroing ms's "
+        "NaN lost nothing.",
     wrong=[
         ("NaN", "your repair hook on ms turns the NaN into 0 before it goes on to h: what is left to make a NaN?"),
-        ("huge", "the term through normed divides dnormed by 1e-6, but dnormed's padded row is 0: the loss "
-                 "ignores that row (label -100)"),
+        ("huge", "the term through normed divides dnormed by 1e-6, but dnormed's padded row is 0, as in 01.2: the "
+                 "loss ignores that row (label -100)"),
     ],
 )
 def _repaired_row() -> str:
@@ -386,6 +387,22 @@ def _overflow_case(guard) -> Outcome | None:
     return None
 
 
+def _large_case(guard) -> Outcome | None:
+    """A finite gradient near float32's largest (3.4e38): [1e35, -2]. A guard with a size threshold, such as
+    grad.abs().max() > 1e30, raises on it."""
+    x = torch.ones(2, requires_grad=True)
+    t = x * 1.0
+    case = _run_guard(guard, {"t": t}, (t * torch.tensor([1e35, -2.0])).sum())
+    if isinstance(case, Outcome):
+        return case
+    if case[0] is not None:
+        return Outcome(False, f"on the finite gradient [1e35, -2] your hook raised {type(case[0]).__name__}: "
+                              f"{case[0]}. float32 holds finite numbers up to 3.4e38, so 1e35 is finite: a size "
+                              "threshold such as grad.abs().max() > 1e30 tests something else. Test "
+                              "grad.isfinite().all()")
+    return None
+
+
 @exercise("01.3", "stop backward at the first bad gradient, by name")
 def _guard(guard) -> Outcome:
     """``guard(named)`` registers a hook on each tensor of the dict ``named`` that raises ``FloatingPointError``
@@ -446,7 +463,7 @@ def _guard(guard) -> Outcome:
         return Outcome(False, f"with the NaN at ms replaced by 0 every gradient is finite (the largest norm, at h, "
                               f"about 1.4e5), but backward raised {type(case[0]).__name__}: {case[0]}. Raise for "
                               "NaN or ±inf only, however large a finite gradient is")
-    wrong = _inf_first_case(guard) or _overflow_case(guard)
+    wrong = _inf_first_case(guard) or _overflow_case(guard) or _large_case(guard)
     if wrong:
         return wrong
     # after remove(), nothing is left
@@ -460,18 +477,18 @@ def _guard(guard) -> Outcome:
         return Outcome(False, "after handle.remove() on every handle, backward still raises: return the handles "
                               "of your hooks")
     return Outcome(True, "clean batch untouched; stopped at ms on the NaN, at a on an inf (01.c), with the name "
-                         "first in the error; silent on a finite gradient of norm 1.4e5, and on [1e20, 1e20], whose "
-                         "norm overflows")
+                         "first in the error; silent on a finite gradient of norm 1.4e5, on [1e20, 1e20], whose "
+                         "norm overflows, and on [1e35, -2]")
 
 
 def _by_hand_case(by_hand) -> tuple[dict, tuple, object] | Outcome:
-    """A batch like the lesson's (row 2 padded), in float64: the gradients hooks caught at logits, normed,
-    rms, ms and h, the forward values (logits, y, head's weight, h, rms), and the answer's gradients."""
+    """A batch like the lesson's (row 2 padded: zeros, label -100), in float64: the gradients hooks caught at
+    logits, normed, rms, ms and h, the forward values (logits, y, head's weight, h, rms), and the answer's gradients."""
     torch.manual_seed(7)  # on the checker's own random stream (see ``exercise``)
     embed, head = nn.Linear(4, 6, bias=False).double(), nn.Linear(6, 3).double()
     x = torch.randn(4, 4, dtype=torch.float64)
     x[2] = 0.0
-    steps, y = _steps(embed, head, x), torch.tensor([0, 2, 1, 1])
+    steps, y = _steps(embed, head, x), torch.tensor([0, 2, -100, 1])
     caught = {}
     with Hooks() as hooks:
         for name in ("logits", "normed", "rms", "ms", "h"):
@@ -496,18 +513,26 @@ def _close(mine: torch.Tensor, want: torch.Tensor) -> bool:
 
 
 def _head_slip(mine: dict, caught: dict, logits, y, w) -> str | None:
-    """What is wrong with the answer's gradients at logits and normed, if anything."""
+    """What is wrong with the answer's gradients at logits and normed, if anything (the lesson gives both)."""
     dlogits, dnormed = mine["logits"], mine["normed"]
+    real, want = y != -100, caught["logits"]
+    n = int(real.sum())
     if dlogits.shape != logits.shape:
         return f"the gradient at logits has the shape {tuple(dlogits.shape)}, logits has {tuple(logits.shape)}"
-    if _close(dlogits, caught["logits"] * len(y)):
-        return ("the gradient at logits is len(y) times too large: cross_entropy takes the mean over the rows of "
-                "the batch, so divide softmax − one_hot by the number of rows")
-    if _close(dlogits, -caught["logits"]):
+    if _close(dlogits[real], want[real] * n):
+        return (f"the gradient at logits is {n} times too large: cross_entropy takes the mean over the {n} rows "
+                "it keeps, so divide softmax − one_hot by their number, (y != -100).sum()")
+    if _close(dlogits[real], want[real] * n / len(y)):
+        return (f"the gradient at logits: you divided by len(y) = {len(y)}, but the loss is the mean over the {n} "
+                "rows it keeps (the label -100 leaves a row out): divide by (y != -100).sum()")
+    if _close(dlogits[real], -want[real]):
         return "the gradient at logits has the wrong sign: it is (softmax − one_hot) / n, not one_hot − softmax"
-    if not _close(dlogits, caught["logits"]):
+    if not _close(dlogits[real], want[real]):
         return ("the gradient at logits differs from what the hook caught: for the mean cross-entropy it is "
-                "(logits.softmax(dim=1) − one_hot(y)) / n, with n the number of rows")
+                "(logits.softmax(dim=1) − one_hot(y)) / n, with n the number of rows the loss keeps")
+    if not (dlogits[~real] == 0).all():
+        return ("the gradient at logits is not 0 in the padded row: the loss leaves that row out (label -100), "
+                "so nothing flows back from it. Multiply by the mask of kept rows, y != -100")
     if dnormed.shape != caught["normed"].shape:
         return (f"the gradient at normed has the shape {tuple(dnormed.shape)}, normed has "
                 f"{tuple(caught['normed'].shape)}: logits = normed @ wᵀ + b, so dnormed = dlogits @ w")
@@ -517,8 +542,10 @@ def _head_slip(mine: dict, caught: dict, logits, y, w) -> str | None:
     return None
 
 
-def _cmp(name: str, mine: torch.Tensor, caught: torch.Tensor, real: torch.Tensor) -> str:
-    diff = (mine[real] - caught[real]).abs().max().item()
+def _cmp(name: str, mine: torch.Tensor, caught: torch.Tensor) -> str:
+    """Karpathy's cmp line, over every row: entries that are not numbers on both sides are equal."""
+    both = mine.isfinite() & caught.isfinite()
+    diff = (mine[both] - caught[both]).abs().max().item()
     return f"{name:<7}| close: True | max diff: {'below 1e-12' if diff < 1e-12 else f'{diff:.0e}'}"
 
 
@@ -540,8 +567,9 @@ def _drms_slip(d: torch.Tensor, want: torch.Tensor, dnormed, h, rms, real) -> st
 
 
 def _dms_slip(dms: torch.Tensor, drms: torch.Tensor, want: torch.Tensor, rms, real) -> str | None:
-    """Rows that are not padding only: in the padded row the square root's derivative at 0 is infinite, and a
-    derivation may write there what it likes, so long as the gradient at h comes out right."""
+    """The rows that are not padding first, then the padded one, which must be what autograd computes there: a
+    guard (torch.where(rms > 0, ..., 0), a clamp) is another problem's answer. The message does not say what
+    autograd computes there: prediction 01.d asks it next."""
     if dms.shape != want.shape:
         return f"the gradient at ms has the shape {tuple(dms.shape)}, ms has {tuple(want.shape)}: rms = √ms, one " \
                "entry for one entry"
@@ -558,6 +586,10 @@ def _dms_slip(dms: torch.Tensor, drms: torch.Tensor, want: torch.Tensor, rms, re
         diff = (dms[real] - want[real]).abs().max().item()
         return f"in the rows that are not padding, your gradient at ms differs from what the hook caught by up " \
                f"to {diff:.1e}: the square root's derivative is 1 / (2√ms) = 1 / (2 rms)"
+    if not torch.allclose(dms[~real], want[~real], equal_nan=True):
+        return "in the padded row, where h is 0, your gradient at ms is not what autograd computes there: write " \
+               "rms = √ms's line as the other rows have it, drms / (2 rms), with no guard (torch.where, a clamp). " \
+               "What autograd makes of that row is the next prediction's question"
     return None
 
 
@@ -579,11 +611,10 @@ def _dh_slip(dh: torch.Tensor, dms: torch.Tensor, dnormed, want: torch.Tensor, h
         return f"in the rows that are not padding, your gradient at h differs from what the hook caught by up to " \
                f"{diff:.1e}: two paths add up, dnormed / (rms + 1e-6) and dms · 2h / (entries in a row), since ms " \
                "is the mean of h²"
-    pad = ~real
-    if not (dh[pad].isnan().all() or _close(dh[pad], direct[pad])):
-        return "in the padded row, where h is 0, your gradient at h is not what the chain rule gives: normed = " \
-               "h / (rms + 1e-6) passes dnormed / (rms + 1e-6) to h there, and ms's path adds dms · 2h / " \
-               "(entries in a row), with h = 0. Derive that row term by term, as the others"
+    if not torch.allclose(dh[~real], want[~real], equal_nan=True):
+        return "in the padded row, where h is 0, your gradient at h is not what autograd computes there: normed = " \
+               "h / (rms + 1e-6) passes dnormed / (rms + 1e-6) to h, and ms's path adds dms · 2h / (entries in a " \
+               "row). Derive that row term by term, as the others, with no guard"
     return None
 
 
@@ -592,11 +623,10 @@ def _by_hand(by_hand) -> Outcome:
     """``by_hand(logits, y, w, h, rms)`` returns the gradients of the mean cross-entropy at ``logits``,
     ``normed``, ``rms``, ``ms`` and ``h``, derived by the chain rule (``w`` is head's weight,
     ``normed = h / (rms + 1e-6)``, ``rms = √ms``, ``ms`` the mean of ``h²`` over a row). Each is compared by
-    value, in backward's order and Karpathy's ``cmp`` style, with what a hook caught there. In the padded row
-    (h = 0) the gradient at ms is not compared, and the one at h may be the chain rule line by line (as
-    autograd computes it) or what a guard such as torch.where gives (dnormed / (rms + 1e-6)): both are right
-    derivations.
-    No message says what autograd makes of the padded row: prediction 01.d asks it next."""
+    value, in backward's order and Karpathy's ``cmp`` style, with what a hook caught there, on every row: the
+    batch is the lesson's case, a padded row (h = 0, label -100) that the loss leaves out, so the given lines mask
+    it and divide by the rows kept. The padded row must be what autograd computes, line by line: a guard there
+    answers another problem. No message says what autograd makes of that row: prediction 01.d asks it next."""
     case = _by_hand_case(by_hand)
     if isinstance(case, Outcome):
         return case
@@ -611,8 +641,7 @@ def _by_hand(by_hand) -> Outcome:
         if not isinstance(mine[name], torch.Tensor):
             return Outcome(False, f'by_hand(...)["{name}"] is {kind_of(mine[name])}: return a tensor shaped like '
                                   f"{name}")
-    real = torch.ones(len(h), dtype=torch.bool)
-    real[2] = False
+    real = y != -100
     dnormed = caught["normed"]
     slip = (_head_slip(mine, caught, logits, y, w)
             or _drms_slip(mine["rms"], caught["rms"], dnormed, h, rms, real)
@@ -620,11 +649,9 @@ def _by_hand(by_hand) -> Outcome:
             or _dh_slip(mine["h"], mine["ms"], dnormed, caught["h"], h, rms, real))
     if slip:
         return Outcome(False, slip)
-    lines = [_cmp(name, mine[name], caught[name], real) for name in ("logits", "normed", "rms", "ms", "h")]
-    pad = ("the padded row of your dh is what autograd computes there" if mine["h"][~real].isnan().all() else
-           "the padded row of your dh is dnormed / (rms + 1e-6), its term through normed alone")
-    return Outcome(True, "against the hooks, in float64, on the 3 rows that are not padding; " + pad + " (either "
-                         "passes: why, in §4):\n" + "\n".join(lines))
+    lines = [_cmp(name, mine[name], caught[name]) for name in ("logits", "normed", "rms", "ms", "h")]
+    return Outcome(True, f"against the hooks, in float64, on all {len(y)} rows, the padded one included:\n"
+                   + "\n".join(lines))
 
 
 @exercise("01.4", "repair a gradient in backward: non-finite entries to 0")
@@ -846,7 +873,9 @@ def repair(t: torch.Tensor):
 def by_hand(logits: torch.Tensor, y: torch.Tensor, w: torch.Tensor, h: torch.Tensor,
             rms: torch.Tensor) -> dict[str, torch.Tensor]:
     """A worked answer to 01.2 (see ``guard``)."""
-    dlogits = (logits.softmax(dim=1) - nn.functional.one_hot(y, logits.shape[1])) / len(y)
+    real = (y != -100).unsqueeze(1)  # the rows the loss keeps: a padded row has the label -100
+    onehot = nn.functional.one_hot(y.clamp(min=0), logits.shape[1])  # -100 becomes class 0, masked next
+    dlogits = (logits.softmax(dim=1) - onehot) * real / real.sum()  # 0 in a padded row; mean over kept rows
     dnormed = dlogits @ w
     drms = (dnormed * -h / (rms + 1e-6) ** 2).sum(dim=1, keepdim=True)
     dms = drms / (2 * rms)
