@@ -88,70 +88,89 @@ _FORWARD_ORDER = ["fc1", "s1", "fc2", "s2"]
 _BACKWARD_ORDER = ["s2", "fc2", "s1", "fc1"]
 _ORDER_HINT = ("backward runs from the loss towards the input: the hook of the layer nearest the output fires "
                "first, so the order is the forward order reversed")
-_NONE_HINTS = {
-    None: "one grad_input[0] is None: fc1's only input, x, needs no grad, so there is no dL/dx to hand its hook",
-    "s1": "s1's input is fc1's output, which needs grad (fc1 has parameters): a tensor. fc1's only input, x, "
-          "needs no grad",
-    "fc2": "fc2's input is s1's output, which needs grad: a tensor. fc1's only input, x, needs no grad",
-    "s2": "s2's input is fc2's output, which needs grad: a tensor. fc1's only input, x, needs no grad",
+_SLOT_A = [3.0, 4.0]  # dL/da of a * b with b = [3, 4]
+_SLOT_HINTS = {
+    "none": "b's slot is not None: None is for an input alone in needing no grad; beside a, which needs grad, "
+            "PyTorch fills b's slot with zeros",
+    "true": "b's true gradient, dL/db = a = [1, 2], is never computed: b needs no grad, so PyTorch fills its slot "
+            "with zeros, which are not dL/db",
+    "a": "a's slot holds dL/da = b = [3, 4], not a itself (the gradient of a * b with respect to a is b)",
 }
-
-
-def _order_and_none_wrongs() -> list:
-    wrong = []
-    for order in (_FORWARD_ORDER, _BACKWARD_ORDER):
-        for none in (None, "fc1", "s1", "fc2", "s2"):
-            if order is _BACKWARD_ORDER and none == "fc1":
-                continue  # the truth
-            hints = [_ORDER_HINT] if order is _FORWARD_ORDER else []
-            hints += [_NONE_HINTS[none]] if none != "fc1" else []
-            wrong.append(((order, none), "; and ".join(hints)))
-    return wrong
-
-
+_GUESS_FORM = ("the question asks for two things, as a pair: (the four names in the order the hooks run, Mul's "
+               "grad_input as two entries, each a list of two numbers or None), e.g. "
+               "([\"fc1\", \"s1\", \"fc2\", \"s2\"], ([1, 2], None))")
 _NAMES = {"fc1", "s1", "fc2", "s2"}
 
 
-def _order_and_none_form(guess: object) -> str | None:
-    """A hint for a guess that is not (a list of the four names, one name or None), else None."""
-    asked = ("the question asks for two things, as a pair: (the four names in the order the hooks run, one name "
-             "or None), e.g. ([\"fc1\", \"s1\", \"fc2\", \"s2\"], \"s2\")")
+def _slot(entry: object) -> list[float] | None:
+    """A guessed grad_input entry as a list of two floats, or None; raises ValueError if it is neither."""
+    if entry is None or (isinstance(entry, str) and entry.strip().lower() == "none"):
+        return None
+    values = entry.tolist() if isinstance(entry, torch.Tensor) else entry
+    if not isinstance(values, (list, tuple)) or len(values) != 2:
+        raise ValueError
+    return [float(v) for v in values]
+
+
+def _order_and_slots_form(guess: object) -> str | None:
+    """A hint for a guess that is not (a list of the four names, a pair of grad_input entries), else None."""
     if not isinstance(guess, (list, tuple)) or len(guess) != 2:
-        return asked
-    order, none = guess
+        return _GUESS_FORM
+    order, slots = guess
     names = [str(n).strip().strip("'\"").lower() for n in order] if isinstance(order, (list, tuple)) else []
     if sorted(names) != sorted(_NAMES):
-        return asked + ": the first item lists each of fc1, s1, fc2, s2 once"
-    if none is not None and str(none).strip().strip("'\"").lower() not in _NAMES:
-        return asked + ": the second item is one of the four names, or None"
+        return _GUESS_FORM + ": the first item lists each of fc1, s1, fc2, s2 once"
+    try:
+        if not isinstance(slots, (list, tuple)) or len(slots) != 2:
+            raise ValueError
+        _slot(slots[0]), _slot(slots[1])
+    except (ValueError, TypeError):
+        return _GUESS_FORM + ": the second item is Mul's grad_input, two entries, each [x, y] or None"
     return None
 
 
+def _order_and_slots_wrongs() -> list:
+    wrong = []
+    for order in (_FORWARD_ORDER, _BACKWARD_ORDER):
+        for slots, slot_hint in ((( _SLOT_A, [0.0, 0.0]), None), ((_SLOT_A, None), "none"),
+                                 ((_SLOT_A, [1.0, 2.0]), "true"), (([1.0, 2.0], [0.0, 0.0]), "a"),
+                                 (([1.0, 2.0], None), "a")):
+            hints = [_ORDER_HINT] if order is _FORWARD_ORDER else []
+            hints += [_SLOT_HINTS[slot_hint]] if slot_hint else []
+            if hints:
+                wrong.append(((order, slots), "; and ".join(hints)))
+    return wrong
+
+
+class Mul(nn.Module):
+    """``a * b``: a module with two inputs, for prediction 03.a."""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a * b
+
+
 @prediction(
-    "03.a", "the order in which TinySigmoidNet's four backward hooks run, and which gets None as grad_input[0], if any",
-    why="backward starts at the loss, so s2's hook runs first and fc1's last. fc1's only input, x, needs no grad: "
-        "there is no dL/dx, so its grad_input is (None,) (with a UserWarning). Every other layer's input is an "
-        "output of a layer with parameters, so it needs grad and gets a tensor.",
-    wrong=_order_and_none_wrongs(),
-    form=_order_and_none_form,
+    "03.a", "the order in which TinySigmoidNet's four backward hooks run, and Mul's grad_input when only a needs grad",
+    why="backward starts at the loss, so s2's hook runs first and fc1's last. Mul's grad_input holds dL/da = b = "
+        "[3, 4] and, in b's slot, zeros: b needs no grad, so its gradient is never computed, and because a needs "
+        "grad, PyTorch fills b's slot with zeros rather than None. Zeros there are not dL/db (which is a = [1, 2]).",
+    wrong=_order_and_slots_wrongs(),
+    form=_order_and_slots_form,
 )  # fmt: skip
-def _order_and_none() -> tuple[list[str], str | None]:
-    net, order, nones = TinySigmoidNet(), [], []
-
-    def hook(module, grad_input, grad_output):
-        name = next(n for n, m in net.named_children() if m is module)
-        order.append(name)
-        if grad_input[0] is None:
-            nones.append(name)
-
-    handles = [m.register_full_backward_hook(hook) for m in net.children()]
+def _order_and_slots() -> tuple[list[str], tuple]:
+    net, order = TinySigmoidNet(), []
+    handles = [m.register_full_backward_hook(lambda m, gi, go, name=name: order.append(name))
+               for name, m in net.named_children()]  # fmt: skip
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # fc1's hook warns that no input requires grad
             net(torch.tensor([[0.05, 0.1]])).backward(torch.tensor([[1.0, 1.0]]))
     finally:
         _remove(handles)
-    return order, (nones[0] if len(nones) == 1 else None)
+    mul, seen = Mul(), []
+    with mul.register_full_backward_hook(lambda m, gi, go: seen.append(gi)):
+        mul(torch.tensor([1.0, 2.0], requires_grad=True), torch.tensor([3.0, 4.0])).sum().backward()
+    return order, tuple(None if g is None else g.tolist() for g in seen[0])
 
 
 @prediction(
@@ -314,29 +333,50 @@ def _train_one_epoch(model: nn.Module, lr: float = 0.05, epochs: int = 1) -> flo
         return (model(test_pixels).argmax(1) == test_labels).float().mean().item()
 
 
-def _classes_form(guess: object) -> str | None:
-    """A hint when a 03.d guess is no whole number of classes from 1 to 10."""
-    if isinstance(guess, bool) or not isinstance(guess, int | float) or guess != int(guess) or not 1 <= guess <= 10:
-        return "a whole number of classes, from 1 to 10, e.g. 4"
+_VERDICTS = ("better", "same", "worse")
+
+
+def _verdict_form(guess: object) -> str | None:
+    """A hint when a 03.d guess is not one of the three words."""
+    if not isinstance(guess, str) or guess.strip().strip("'\"").lower() not in _VERDICTS:
+        return 'one of three words: "better", "same" or "worse" (than the 10 % without hooks)'
     return None
 
 
+def _verdict_of(accuracy: float, plain: float) -> str:
+    return "same" if abs(accuracy - plain) < 0.02 else ("better" if accuracy > plain else "worse")
+
+
 @prediction(
-    "03.d", "how many of the ten classes the 450 test images get after one epoch with ×7 pre-hooks on Linear layers "
-    "0, 2, …, 14",
-    why="1: at step 0 the forward pass shrinks the spread between images × about 0.14 a layer pair (section 1's "
-        "factors in brackets), and the pre-hooks change backward only. Training with them moves the weights: the "
-        "first layers take steps up to 7⁸ times larger and their sigmoids saturate, while the last pairs still "
-        "shrink the spread, so the logits barely depend on the image and every image gets the same class, 10 %.",
+    "03.d", "whether the test accuracy after one epoch with ×7 pre-hooks on Linear layers 0, 2, …, 14 is better than, "
+    "the same as or worse than the 10 % without hooks",
+    why="the same, 10 %: backward hooks change the gradients, not the forward pass. Each layer pair still shrinks the "
+        "spread between images × about 0.14, so the logits are nearly equal for every image and every image gets "
+        "the same class, as without hooks. The bigger steps saturate the first sigmoids, a side effect, not the "
+        "cause: with smaller steps nothing saturates and the accuracy is still 10 %.",
     wrong=[
-        (10, "the gradient now reaches layer 0 at full size, but backward is half the story: at step 0 each layer "
-             "pair shrinks the spread between images × about 0.14 (section 1); the pre-hooks change only the steps, "
-             "and the steps they make do not undo that in one epoch."),
+        ("better", "the gradient now reaches layer 0 at full size, but backward is half the story: each layer pair "
+                   "still shrinks the spread between images × about 0.14 on the way forward (section 1), and the "
+                   "pre-hooks do not change the forward pass. Equal logits for every image mean one class"),
+        ("worse", "10 % is what one class for every image scores, the ten classes being about equally common "
+                  "among the test images; to score much less, the network would have to tell the images apart "
+                  "and pick wrong classes"),
     ],
-    form=_classes_form,
+    form=_verdict_form,
 )  # fmt: skip
-@functools.cache  # one epoch of training: computed once a session
+@functools.cache  # two epochs of training: computed once a session
+def _verdict_with_pre_hooks() -> str:
+    model = _digits_mlp()
+    handles = [layer.register_full_backward_pre_hook(lambda m, go: (go[0] * 7, *go[1:])) for layer in model[:16:2]]
+    try:
+        accuracy = _train_one_epoch(model)
+    finally:
+        _remove(handles)
+    return _verdict_of(accuracy, _train_one_epoch(_digits_mlp()))
+
+
 def _classes_after_pre_hooks() -> int:
+    """How many classes the test images get after one epoch with the ×7 pre-hooks (the lesson prints 1)."""
     model = _digits_mlp()
     handles = [layer.register_full_backward_pre_hook(lambda m, go: (go[0] * 7, *go[1:])) for layer in model[:16:2]]
     try:
@@ -399,7 +439,8 @@ def _gains(gradient_gains) -> Outcome:
     """``gradient_gains(model, x, y)`` puts a full backward hook on every child of ``model``, runs
     ``F.cross_entropy(model(x), y).backward()`` and returns ``{name: grad_input[0].std() / grad_output[0].std()}`` in
     the order the hooks ran, leaving out layers whose ``grad_input[0]`` is None."""
-    model = _tanh_mlp(seed=0, loud="2")
+    hooked: list = []
+    model = _watched(_tanh_mlp(seed=0, loud="2"), hooked)
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(5, 8, generator=g), torch.randint(0, 4, (5,), generator=g)  # x needs no grad: '0' gets None
     try:
@@ -412,6 +453,7 @@ def _gains(gradient_gains) -> Outcome:
             "expression gives)"))  # fmt: skip
     if _used_legacy_hook(*model.children()):
         return Outcome(False, _LEGACY)
+    no_hook = not any(seen() for linear in hooked for seen in linear.seen)
     if clear_hooks(model):
         return Outcome(False, "hooks are still registered on the model: remove them before returning")
     expected = _gains_by_autograd(model, x, y)
@@ -450,6 +492,8 @@ def _gains(gradient_gains) -> Outcome:
     if list(got) != list(expected):
         return Outcome(False, f"the gains are right, but list them in the order the hooks ran: {list(expected)}, "
                               f"not {list(got)}: record each gain inside its hook, as it runs")
+    if no_hook:
+        return Outcome(False, _NO_HOOK_GAINS)
     failed = _gains_when_x_requires_grad(gradient_gains, model, x, y)
     if failed is not None:
         return failed
@@ -1003,6 +1047,12 @@ def _vanishing(vanishing_point) -> Outcome:
                                    "loss, and None where the gradient never vanishes")
 
 
+_NO_HOOK_GAINS = (
+    "every gain is right, but your answer registered no hook: no layer had one while the model ran (computing the "
+    "gradients with torch.autograd.grad, or retain_grad, is not a hook). Put a full backward hook on every child, as "
+    "the exercise asks: it reads grad_input and grad_output inside model(x)'s own backward, whatever forward does, "
+    "and needs no second pass through the layers"
+)
 _NO_HOOK_SEEN = (
     "every layer is right, but your answer registered no hook: no Linear, its weight or its output had one while "
     "the layers ran (retain_grad is not a hook). Use your GradTracker, as the exercise asks: its hooks catch the "
