@@ -185,7 +185,9 @@ def rescaling(how="in place", grad_off=True, one_pass=False, passes=1, in_finall
         elif how == "new Parameter":
             module.weight = nn.Parameter(module.weight.detach() / std)
         elif how == "population":
-            module.weight.div_(output.std(unbiased=False))
+            std = output.std(unbiased=False)
+            module.weight.div_(std)
+            return output / std
         elif how == "tuple":
             module.weight.div_(std)
             return output / std, std
@@ -214,21 +216,27 @@ def rescaling(how="in place", grad_off=True, one_pass=False, passes=1, in_finall
     return rescale_to_unit_std
 
 
-def test_02_2_accepts_one_layer_per_pass_one_pass_returning_the_output_or_enough_passes():
-    for answer in (rescaling(), rescaling(how="both", one_pass=True), rescaling(one_pass=True, passes=3)):
+def test_02_2_accepts_one_pass_returning_the_output_enough_passes_or_the_population_std():
+    for answer in (rescaling(how="both", one_pass=True), rescaling(one_pass=True, passes=4),
+                   rescaling(how="population", one_pass=True)):
         result = grade("02.2", answer)
         assert result.passed, result.detail
+
+
+def test_02_2_rejects_one_layer_per_pass_in_registration_order_naming_it():
+    """The check's model registers '2.b' before '2.a' and runs '2.a' first: rescaling the layers one per pass
+    in the order model.modules() lists them measures '2.b' before its input is rescaled."""
+    assert [n for n, m in nb02._rescale_model().named_modules() if n.startswith("2.")] == ["2.b", "2.a"]
+    failed("02.2", rescaling(), "'2.b'", "registered", "runs after it", "output / std")
 
 
 def test_02_2_names_the_slip():
     failed("02.2", rescaling(how="new Parameter"), "new weight Parameter", "in place")
     failed("02.2", rescaling(grad_off=False), "torch.no_grad()")
-    failed("02.2", rescaling(one_pass=True), "gives std", "one layer per forward pass, in the order they run",
-           "output / std")
+    failed("02.2", rescaling(one_pass=True), "gives std", "measured before the layers before it", "output / std")
     failed("02.2", rescaling(how="output"), "no weight changed")
-    failed("02.2", rescaling(in_finally=False), "finally")
+    failed("02.2", rescaling(how="both", one_pass=True, in_finally=False), "finally")
     failed("02.2", rescaling(how="tuple", one_pass=True), "received a tuple", "replaced the layer's output")
-    failed("02.2", rescaling(how="population"), "population std", "unbiased=False")
 
 
 def test_02_2_names_the_nested_layers_a_loop_over_children_missed():
@@ -240,19 +248,20 @@ def test_02_2_names_the_nested_layers_a_loop_over_children_missed():
             with torch.no_grad():
                 run_then_remove(lambda: model(x), [layer.register_forward_hook(hook)])
 
-    failed("02.2", top_level_only, "['0.0', '1.0'] did not change", "model.modules()")
+    failed("02.2", top_level_only, "no weight changed", "model.children() does not open", "model.modules()")
 
 
 def test_02_2_rejects_weight_data_assigned_naming_the_in_place_rule():
     def via_data(model, x, in_place=False):
-        for layer in [m for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear)]:
-            def hook(m, a, out):
-                if in_place:
-                    m.weight.data.div_(out.std())
-                else:
-                    m.weight.data = m.weight.data / out.std().item()
+        def hook(m, a, out):
+            if in_place:
+                m.weight.data.div_(out.std())
+            else:
+                m.weight.data = m.weight.data / out.std().item()
+            return out / out.std()
 
-            run_then_remove(lambda: model(x), [layer.register_forward_hook(hook)])
+        layers = [m for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear)]
+        run_then_remove(lambda: model(x), [layer.register_forward_hook(hook) for layer in layers])
 
     failed("02.2", via_data, "weight.data = ...", "in place", "torch.no_grad()")
     assert grade("02.2", lambda model, x: via_data(model, x, in_place=True)).passed
@@ -438,7 +447,7 @@ def recorder(per_call=True, where="pre", copy=lambda t: t.detach().clone(), copy
 
 def test_02_4_accepts_a_dict_keyed_by_name_or_a_stack():
     """The lesson asks for a dict keyed by name; one stack for all modules is right too."""
-    for waiting in ("slot pop", "slot", "slot pop none", "stack", "name stack", "name queue"):
+    for waiting in ("slot pop", "slot pop none", "stack", "name stack", "name queue"):
         result = grade("02.4", recorder(waiting=waiting))
         assert result.passed, (waiting, result.detail)
 
@@ -450,6 +459,14 @@ def test_02_4_reports_the_first_record_a_queue_gets_wrong_and_shows_the_model():
 
 def test_02_4_names_a_stack_read_but_never_popped():
     failed("02.4", recorder(waiting="peek"), "already ended", "take them off (pop)")
+
+
+def test_02_4_names_a_dict_read_but_never_popped():
+    """Read and left in place, each module's last inputs still wait after the pass: a pairing slip would go
+    silent instead of raising KeyError."""
+    outcome = failed("02.4", recorder(waiting="slot"), "still wait", "waiting.pop(name)", "KeyError",
+                     "earlier call of that module")
+    assert "7 copies" in outcome.detail  # one per module: 9 calls of 7 submodules
 
 
 def test_02_4_names_the_slip():
@@ -475,7 +492,8 @@ def test_02_4_names_the_slip():
 
 def test_no_message_names_a_private_attribute():
     """A student reads 'a forward hook is still registered on layer ...', never PyTorch's dict names."""
-    details = [grade("02.1", stds_answer(in_finally=False)).detail, grade("02.2", rescaling(in_finally=False)).detail]
+    details = [grade("02.1", stds_answer(in_finally=False)).detail,
+               grade("02.2", rescaling(how="both", one_pass=True, in_finally=False)).detail]
     assert all("still registered" in d and "_forward" not in d and "hooks_dict" not in d for d in details)
 
 
@@ -487,7 +505,10 @@ def test_02_2_refuses_an_answer_that_registers_no_hook():
             if call_model:
                 model(x)
             h = x
-            for layer in [m for m in model.modules() if not list(m.children())]:
+            leaves = sorted((name, m) for name, m in model.named_modules() if not list(m.children()))
+            for _, layer in leaves:  # in the order they run: '2.a' before '2.b'
+                if layer is model.get_submodule("2.b"):
+                    h = torch.relu(h)
                 h = layer(h)
                 if isinstance(layer, nn.Conv2d | nn.Linear):
                     layer.weight.div_(h.std())
