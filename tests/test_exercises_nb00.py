@@ -295,6 +295,7 @@ class Recorder:
         return [(name, m) for name, m in self.model.named_modules() if not list(m.children())]
 
     def __enter__(self):
+        self.outputs, self.handles = {}, []  # a fresh recording each with block
         for name, module in self.layers():
 
             def keep(module, args, output, name=name):
@@ -317,7 +318,7 @@ def test_00_3_accepts_the_worked_answer_and_its_variants():
         def __enter__(self):
             import hooklab
 
-            self.hooks = hooklab.Hooks()
+            self.hooks, self.outputs = hooklab.Hooks(), {}
             for name, module in self.layers():
                 self.hooks.add(module.register_forward_hook(
                     lambda m, args, output, name=name: self.outputs.__setitem__(name, output.detach().clone())))
@@ -466,9 +467,10 @@ def test_00_3_keeps_a_module_called_twice_at_the_place_of_its_first_call():
 
 def test_00_3_wants_the_order_the_layers_ran_in():
     class Prefilled(Recorder):  # the names written in definition order, before anything ran
-        def __init__(self, model):
-            super().__init__(model)
+        def __enter__(self):
+            super().__enter__()
             self.outputs = dict.fromkeys(name for name, _ in self.layers())
+            return self
 
     failed("00.3", Prefilled, "the order they were defined in", "add each name when its hook runs")
 
@@ -529,10 +531,28 @@ def test_00_3_names_other_slips():
         def __init__(self, model):
             self.model, self.handles = model, []
 
+        def __enter__(self):  # writes into the class's dict
+            self.handles = []
+            for name, module in self.layers():
+                self.handles.append(module.register_forward_hook(
+                    lambda m, args, output, name=name: self.outputs.__setitem__(name, output.detach().clone())))
+            return self
+
     failed("00.3", NoSelf, "__enter__ returned None", "return self")
     failed("00.3", ReturnsTheCopy, "the hook must return None")
     failed("00.3", Shared, "two recorders share one outputs dict", "__init__")
     failed("00.3", Recorder(torch.nn.Linear(1, 1)), "pass the class itself")
+
+
+def test_00_3_wants_a_fresh_recording_in_each_with_block():
+    class KeepsOldOutputs(Recorder):  # outputs and handles made only in __init__
+        def __enter__(self):
+            for name, module in self.layers():
+                self.handles.append(module.register_forward_hook(
+                    lambda m, args, output, name=name: self.outputs.__setitem__(name, output.detach().clone())))
+            return self
+
+    failed("00.3", KeepsOldOutputs, "second with block", "still held", "empty dict", "in __enter__")
 
 
 def test_00_3_stub_is_not_solved_yet():
@@ -747,6 +767,9 @@ def test_00_e_accepts_the_name_of_a_layer_of_the_right_kind():
     assert "the layer is right; the number is not" in grade("00.e", ["blocks.3.norm", 5]).detail
     assert not grade("00.e", ["blocks.9.norm", 6]).passed
     assert grade("00.e", ["RMSNorm", "6"]).form and grade("00.a", [11.0]).form  # "not in the form asked"
+    for guess in (["nn.RMSNorm", "6"], ["RMSNorm", " 5 "]):
+        detail = grade("00.e", guess).detail
+        assert "a number, not a string" in detail and "6" not in detail, detail
 
 
 def test_the_lesson_falls_back_on_the_worked_answers_until_yours_pass():

@@ -68,8 +68,19 @@ def _form(hint: str, *fits):
 
 _TWO_NUMBERS = _form("write a list of two numbers, such as [5.0, 5.0]: what identity(x) returns, then "
                      "identity.forward(x)", _number, _number)
-_NAME_AND_NUMBER = _form('write a list of a class name and a number, such as ["Linear", 1]',
-                         lambda item: isinstance(item, str), _number)
+_NAME_AND_NUMBER_HINT = 'write a list of a class name and a number, such as ["Linear", 1]'
+
+
+def _name_and_number(guess: object) -> str | None:
+    """The ``form=`` of 00.e: None for a class name and a number; a count written as a string is told so."""
+    if _list_of(lambda item: isinstance(item, str), _number).fits(guess):
+        return None
+    if _list_of(lambda item: isinstance(item, str), lambda item: _number(item, spelled=True)).fits(guess):
+        return 'write the count as a number, not a string: 1, not "1"'
+    return _NAME_AND_NUMBER_HINT
+
+
+_NAME_AND_NUMBER = _name_and_number
 
 
 class _Name:
@@ -893,6 +904,28 @@ def _shared_state(Recorder) -> Outcome | None:
     return None
 
 
+def _reused(Recorder) -> Outcome | None:
+    """One recorder in two with blocks: the second records only what ran in it."""
+    model = _RecorderCase()
+    recorder = Recorder(model)
+    try:
+        with recorder:
+            model(torch.ones(1, 2))
+        with recorder:
+            model.body(torch.ones(1, 2))  # only body.early and body.act run
+    finally:
+        left = clear_hooks(model)
+    if left:
+        return Outcome(False, f"after a second with block on the same recorder, {left[0]}: remove every handle "
+                              "in __exit__")
+    stale = [name for name in getattr(recorder, "outputs", {}) if not name.startswith("body.")]
+    if stale:
+        return Outcome(False, f"the same recorder used in a second with block, where only body.early and body.act "
+                              f"ran, still held {stale[0]!r} from the first block: start each recording with an "
+                              "empty dict and an empty list of handles in __enter__")
+    return None
+
+
 @exercise("00.3", "a recorder class that keeps every layer's output")
 def _recorder(Recorder) -> Outcome:
     """``with Recorder(model) as rec: model(x)`` keeps, in the dict ``rec.outputs``, a detached copy
@@ -904,11 +937,12 @@ def _recorder(Recorder) -> Outcome:
     wrong = _first_run(Recorder)
     for error, what in [(_BodyError, "an error"), (_Stopped, "KeyboardInterrupt (as pressing stop does)")]:
         wrong = wrong or _raising_run(Recorder, error, what)
-    wrong = wrong or _shared_state(Recorder)
+    wrong = wrong or _shared_state(Recorder) or _reused(Recorder)
     if wrong:
         return wrong
     return Outcome(True, "a detached copy of every leaf's output under its dotted name, in the order they ran, safe "
-                         "from the in-place ReLU; no hook left, also when the block raised, and the error passed on")
+                         "from the in-place ReLU; no hook left, also when the block raised, and the error passed on; "
+                         "a second with block records afresh")
 
 
 class _NanBlock(nn.Module):
@@ -1025,6 +1059,7 @@ class Recorder:
         self.model, self.outputs, self.handles = model, {}, []
 
     def __enter__(self) -> Recorder:
+        self.outputs, self.handles = {}, []  # a fresh recording each with block: the recorder can be used again
         for name, module in self.model.named_modules():
             if not list(module.children()):  # a leaf
                 def keep(module, args, output, name=name):  # name=name: this hook's own name, bound now
