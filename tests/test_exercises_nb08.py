@@ -23,7 +23,7 @@ def test_notebook_08_has_six_predictions_and_six_exercises():
 
 # ----- predictions ------------------------------------------------------------------------------
 @pytest.mark.parametrize(("id", "truth"), [("08.a", 4), ("08.b", 3), ("08.c", [14, 5]), ("08.e", "larger"),
-                                           ("08.f", 233), ("08.d", [19, 5])])
+                                           ("08.f", "all"), ("08.d", [19, 5])])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     computed = exercises()[id].checker.__wrapped__.truth()
@@ -35,10 +35,11 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     ("08.b", 1, "swapped run's match"), ("08.b", 0, "embeddings"), ("08.b", 2, "embedding"),
     ("08.b", 9, "did not move"),
     ("08.c", [8, 4], "position after it"), ("08.c", [19, 3], "unchanged run"), ("08.c", [14, 4], "earlier 8"),
-    ("08.c", 10, "two whole"), ("08.e", "Smaller", "three heads left"),
+    ("08.c", 10, "two whole"), ("08.e", "Smaller", "three heads left"), ("08.e", "smaller", "layer 1's MLP"),
     ("08.e", "less", "in quotes"), ("08.e", 6.26, "in quotes"), ("08.e", True, "in quotes"),
-    ("08.f", 0, "a 19's record minus a 17's"), ("08.f", 1, "lesson's own"), ("08.f", "all", "one whole number"),
-    ("08.f", True, "one whole number"), ("08.f", [233], "one whole number"),
+    ("08.f", "none", "a 19's record minus a 17's"), ("08.f", "some", "differ elsewhere"),
+    ("08.f", "About  Half", "differ elsewhere"), ("08.f", 233, '"about half"'), ("08.f", True, '"about half"'),
+    ("08.f", ["all"], '"about half"'), ("08.f", "most", '"about half"'),
     ("08.d", [19, 3], "not where they looked"), ("08.d", [14, 5], "carries the 19"),
     ("08.d", [14, 3], "where do the heads"), ("08.d", [19, 4], "the position after it"),
 ])  # fmt: skip
@@ -71,7 +72,7 @@ def test_08_e_takes_its_choice_in_any_case(guess):
 
 
 @pytest.mark.parametrize(("id", "guess"), [("08.a", 3), ("08.b", 5), ("08.c", [3, 3]), ("08.e", "smaller"),
-                                           ("08.d", [0, 0]), ("08.f", 200)])
+                                           ("08.d", [0, 0]), ("08.f", "some")])
 def test_a_wrong_guess_in_the_form_asked_is_not_quite(id, guess):
     outcome = grade(id, guess)
     assert not outcome.passed and not outcome.form
@@ -837,6 +838,17 @@ def test_freezing_only_the_final_layernorm_or_only_layer_1s_mlp():
     u = (model.unembed.weight[nb08.A] - model.unembed.weight[nb08.B]) * model.ln_final.weight / std[0, nb08.Q]
     direct, through = (((rec[n].output - zero[n].output)[0, nb08.Q] @ (u - u.mean())).item() for n in names[:2])
     assert abs(direct - 5.56) < 0.01 and abs(through - 3.89) < 0.01 and abs(direct + through - 9.45) < 0.01
+
+
+@pytest.mark.parametrize("guess", ["all", "All", " 'all' "])
+def test_08_f_takes_its_choice_in_any_case(guess):
+    assert grade("08.f", guess).passed
+
+
+@pytest.mark.parametrize(("count", "words"), [(0, "none"), (1, "some"), (93, "some"), (94, "about half"),
+                                              (139, "about half"), (140, "some"), (232, "some"), (233, "all")])
+def test_08_f_words_a_count(count, words):
+    assert nb08.how_many(count, 233) == words
 
 
 def test_the_steered_runs_switch_together_between_scale_half_and_three_quarters():

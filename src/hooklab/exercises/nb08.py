@@ -401,11 +401,13 @@ def _joint_choice(guess: object) -> str | None:
 
 @prediction("08.e", "all four layer-1 heads zeroed at once: is the drop larger or smaller than their four single "
                     "drops added up",
-            why="larger: 6.26 against 1.07 (next cell). Partly self-repair: zero one head, and the final LayerNorm "
-                "divides by a smaller std (2.76 → 2.20), which scales up the three heads left, and they copy the "
-                "same 19. Layer 1's MLP, which reads the heads' output, is the rest",
-            wrong=[("smaller", "the final LayerNorm divides the residual by its own std: with one head gone, what "
-                               "happens to the three heads left?")],
+            why="larger: 6.26 against 1.07 (next cell). Mostly layer 1's MLP: it reads the heads' output and "
+                "amplifies it, far more for all four gone than for each alone (held fixed, it removes 90 % of the "
+                "gap). Partly self-repair: zero one head, and the final LayerNorm divides by a smaller std (2.76 → "
+                "2.20), which scales up the three heads left",
+            wrong=[("smaller", "layer 1's MLP reads the heads' output: with all four gone, what is left for it to "
+                               "build on? And the final LayerNorm divides by its input's std: with one head gone, "
+                               "what happens to the three heads left?")],
             form=_joint_choice)
 def _joint_drop() -> str:
     single, joint = single_and_joint()
@@ -476,25 +478,35 @@ def steered_others(scale: float) -> torch.Tensor:
     return run_hooked(model, runs_with_17_at_3(), "blocks.0.hook_resid_post", hook)[:, Q].argmax(-1)
 
 
+HOW_MANY = ("none", "some", "about half", "all")  # 08.f: how many of the other runs predict 19
+
+
+def how_many(count: int, total: int) -> str:
+    """``count`` of ``total`` in 08.f's words: none, all, about half (40-60 %), or some."""
+    if count in (0, total):
+        return HOW_MANY[0] if count == 0 else HOW_MANY[3]
+    return HOW_MANY[2] if 0.4 <= count / total <= 0.6 else HOW_MANY[1]
+
+
 def _count(guess: object) -> str | None:
-    """The form hint for a guess that is not one whole number, else None."""
-    if isinstance(guess, int) and not isinstance(guess, bool):
-        return None
-    return "write one whole number, 0 to 233, without quotes: how many of the 233 runs predict 19"
+    """The form hint for a guess that is not one of 08.f's four choices, else None."""
+    ok = isinstance(guess, str) and " ".join(guess.strip().strip("'\"").lower().split()) in HOW_MANY
+    return None if ok else 'write one of "none", "some", "about half" or "all", in quotes'
 
 
 @prediction("08.f", "the direction from one pair added at scale 1 to 233 other runs with a 17 at position 3: how "
                     "many of them predict 19",
             why="all 233 (next cell). The direction is what a 19 instead of a 17 at position 3 changes after layer "
                 "0, and in every run layer 1 copies whatever position 3 holds: the same record, read the same way",
-            wrong=[(0, "the direction is clean − corrupted at position 3, a 19's record minus a 17's: added to a "
-                       "17's record, what does position 3 hold?"),
-                   (1, "one run is the lesson's own; the other runs differ elsewhere, but what does layer 1 copy "
-                       "from position 3 in each?")],
-            rel=0.02,
+            wrong=[("none", "the direction is clean − corrupted at position 3, a 19's record minus a 17's: added to "
+                            "a 17's record, what does position 3 hold?"),
+                   ("some", "the other runs differ elsewhere, but what does layer 1 copy from position 3 in each?"),
+                   ("about half", "the other runs differ elsewhere, but what does layer 1 copy from position 3 in "
+                                  "each? The same record, read the same way")],
             form=_count)
-def _steered_others() -> int:
-    return int((steered_others(1) == A).sum())
+def _steered_others() -> str:
+    said = steered_others(1)
+    return how_many(int((said == A).sum()), len(said))
 
 
 def induction_pair() -> torch.Tensor:
