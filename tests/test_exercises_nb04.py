@@ -106,7 +106,9 @@ def test_the_predictions_truths():
     ("04.b", -0.01, "close, but the sum is exactly 0"),
     ("04.b", "0", "write a number, not a string"),
     ("04.c", [], "dout·γ"),
-    ("04.e", {"4"}, "only because of what arrived at its output"),
+    ("04.e", {"4"}, "judged on the grad_output its hook kept"),
+    ("04.e", {"0", "4"}, "wrong in both dx and dw"),
+    ("04.e", {"4", "5", "6", "7"}, "so would 5.weight and 5.bias"),
     ("04.e", {"5"}, "does another layer use the same formula"),
     ("04.e", {"0", "1", "2", "3", "4", "5"}, "a backward chained through the formulas"),
     ("04.e", set(), "the slip is there"),
@@ -117,6 +119,22 @@ def test_the_predictions_truths():
 def test_wrong_guesses_get_their_own_hint(id, guess, words):
     outcome = grade(id, guess)
     assert not outcome.passed and words in outcome.detail, outcome.detail
+
+
+def test_04_e_hints_follow_the_lessons_deduction():
+    """The problem's table leaves two suspects (batch norm's dx, or a conv formula wrong in both dx and dw); the
+    lesson's cell after the table, 04.e's prompt and 04.e's hints say the same."""
+    cells = ["".join(c["source"]) for c in json.loads(LESSON.read_text())["cells"] if c["cell_type"] == "markdown"]
+    plain = [re.sub(r"\s+", " ", text.replace("`", "")) for text in cells]
+    after_table = next(text for text in plain if text.startswith("The slip costs"))
+    prompt = next(text for text in plain if "disagreeing_layers name?" in text)
+    assert "4–7" not in after_table and "either batch norm's formula passes back a wrong dx" in after_table
+    for text in (after_table, prompt):
+        assert "wrong in both dx and dw" in text
+    assert "Which two layers" in prompt and len(truth("04.e")) == 2
+    for guess in ({"4"}, {"0", "4"}, {"4", "5", "6", "7"}):
+        hint = grade("04.e", guess).detail
+        assert "two suspects: batch norm's dx, or the conv formula wrong in both dx and dw" in hint, hint
 
 
 @pytest.mark.parametrize(("id", "guess"), [("04.a", 0.1656), ("04.a", 0.166), ("04.a", 0.16), ("04.b", 0),
@@ -995,7 +1013,7 @@ def test_04_10_and_04_e_print_no_full_backward_hook_warning(recwarn):
 
 
 def test_04_e_says_why_the_convolutions_are_ruled_out():
-    failed("04.e", {"0", "4"}, "the convolutions", "fed autograd's grad_output")
+    failed("04.e", {"0", "4"}, "the convolutions", "judged on the grad_output its hook kept")
 
 
 # ----- more plausible slips, each named --------------------------------------------------------------------

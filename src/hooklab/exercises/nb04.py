@@ -1367,9 +1367,9 @@ def _layer_names_form(guess) -> str | None:
             f"you wrote {kind_of(guess)}")
 
 
-SLIP_FACTS = ("In the problem's table, 5.weight and 5.bias agree and 4.weight is the first that does not: strong "
-              "evidence that batch norm '5' received the right gradient and passed a wrong one back to conv '4'. "
-              "Which formula is that, and which other layer uses it?")
+SLIP_FACTS = ("In the problem's table, 5.weight and 5.bias agree, so the gradient that reached batch norm '5' is "
+              "right; 4.weight is the first that disagrees. That leaves two suspects: batch norm's dx, or the conv "
+              "formula wrong in both dx and dw. One formula serves every layer of its type.")
 
 
 @prediction(
@@ -1377,12 +1377,15 @@ SLIP_FACTS = ("In the problem's table, 5.weight and 5.bias agree and 4.weight is
     why="the problem's slip is in batch norm's formula: it holds the batch statistics constant, so its dx differs "
         "from autograd's grad_input, in both batch norms, '1' and '5'. Layer 4's weight gradient is wrong at the "
         "end only because '5' passed it a wrong gradient: from the grad_output its hooks kept, its formula is right.",
-    wrong=[(frozenset(["4"]), "layer 4's weight gradient is wrong only because of what arrived at its output: fed the "
-                          "grad_output its hook kept, its formula is right. " + SLIP_FACTS),
-           (frozenset(["0", "4"]), "'0' and '4' are the convolutions: fed autograd's grad_output, which its hook "
-                                   "keeps, "
-                               "layer 4's formula is right, so a wrong gradient reached it. " + SLIP_FACTS),
+    wrong=[(frozenset(["4"]), "one layer, but one formula serves every layer of its type, and conv '4' is judged on "
+                              "the grad_output its hook kept. " + SLIP_FACTS),
+           (frozenset(["0", "4"]), "the table allowed the convolutions, if their formula were wrong in both dx and dw. "
+                                   "But judged on the grad_output its hook kept, conv '4''s formula is right: which is "
+                                   "the other suspect? " + SLIP_FACTS),
            (frozenset(["5"]), "'5' is one of them; does another layer use the same formula?"),
+           (frozenset(["4", "5", "6", "7"]), "had ReLU '6' or max pool '7' slipped, the gradient reaching batch "
+                                             "norm '5' would be wrong, and so would 5.weight and 5.bias: they agree. "
+                                             + SLIP_FACTS),
            (frozenset(["0", "1", "2", "3", "4", "5"]), "that is what a backward chained through the formulas would "
                                                        "blame: "
                                                    "each layer the wrong gradient reaches disagrees too. With the "
@@ -1723,30 +1726,6 @@ def gradient_errors(right: dict, wrong: dict, model, ax=None):
     ax.set(xlabel="parameter, from the loss back", ylabel="|slipped − right| / |right|",
            title="How far each parameter's gradient is off, one batch of 32 digits")
     return ax.figure
-
-
-def mended_digits(before, after, images, labels, count=10):
-    """Up to ``count`` of ``images`` that model ``before`` gets wrong and model ``after`` right, the first of
-    each true class (in class order, so the picture shows different digits), each titled with both answers.
-    Returns the figure."""
-    import matplotlib.pyplot as plt
-
-    with torch.no_grad():
-        was, now = before.eval()(images).argmax(1), after.eval()(images).argmax(1)
-    first_of_class = {}
-    for i in ((was != labels) & (now == labels)).nonzero().flatten().tolist():
-        first_of_class.setdefault(labels[i].item(), i)
-    mended = [first_of_class[digit] for digit in sorted(first_of_class)][:count]
-    fig, axes = plt.subplots(1, count, figsize=(1.2 * count, 1.6))
-    for ax in axes:
-        ax.axis("off")
-    for ax, i in zip(axes, mended, strict=False):
-        ax.imshow(images[i, 0].numpy(), cmap="gray_r")
-        ax.set_title(f"{was[i].item()} → {now[i].item()}", fontsize=9)
-    fig.suptitle(f"the first test digit of each class that the slipped backward's model gets wrong and yours right "
-                 f"({len(first_of_class)} of the 10 classes have one): its answer → yours, the true digit",
-                 fontsize=9, y=1.05)
-    return fig
 
 
 def model_backward(model, x, y):
