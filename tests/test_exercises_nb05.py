@@ -199,6 +199,15 @@ def test_05_1_a_layer_with_negative_outputs_is_checked_too():
 
     failed("05.1", by_mean, "channel 0 averages exactly 0", "== 0")
     failed("05.1", at_most_zero, "channel 2 is -1 everywhere", "not <= 0")
+
+    def largest_at_most_zero(m, layer, x):  # the ReLU-input test, applied to the layer's own output
+        outputs = []
+        with torch.no_grad(), m.get_submodule(layer).register_forward_hook(lambda mod, i, o: outputs.append(o)):
+            m(x)
+        return (outputs[0].amax(dim=(0, 2, 3)) <= 0).nonzero().flatten().tolist()
+
+    failed("05.1", largest_at_most_zero, "channel 2 is -1 everywhere", "exactly 0 at every position for every image",
+           "a ReLU's input")
     failed("05.1", largest_is_zero, "channel 3's largest value is 0", "not the max")
 
 

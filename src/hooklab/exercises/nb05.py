@@ -228,8 +228,7 @@ RESEMBLES = ("trained", "untrained")
             why="a unit is on where its input w·x + b is positive, so the units a digit switches on are those whose "
                 "weights respond to its ink, trained or not; guided backprop passes back only positive amounts "
                 "through them, so the map follows the ink whatever the weights are. Measured: all 8 never-trained "
-                "networks' maps correlate more with the digit than the trained one's. The clamp does not make the "
-                "map positive: features.0, below the first ReLU, has weights of both signs",
+                "networks' maps correlate more with the digit than the trained one's",
             wrong=[("trained", "measured the other way: the map is built from whatever weight patterns the digit "
                                "switches on, trained or not, and all 8 never-trained networks' maps follow the ink "
                                "more closely than the trained one's")],
@@ -423,8 +422,9 @@ def _wrong_on_signed(dead_channels) -> Outcome | None:
                               "mean of 0 is not all zeros (after a ReLU, where nothing is negative, the two agree); "
                               "compare each value with == 0")
     if 2 in indices:
-        return Outcome(False, f"{where}, channel 2 is -1 everywhere: below 0 is not 0; dead means exactly 0 "
-                              "(after a ReLU the two agree), so compare with == 0, not <= 0")
+        return Outcome(False, f"{where}, channel 2 is -1 everywhere: below 0 is not 0. Dead means the layer's "
+                              "output is exactly 0 at every position for every image, so compare with == 0, not "
+                              "<= 0 (after a ReLU the two agree; <= 0 is the test on a ReLU's input, not its output)")
     if 3 in indices:
         return Outcome(False, f"{where}, channel 3's largest value is 0, but everywhere else it is negative (-1 or "
                               "-2): a largest value of 0 is not all zeros (after a ReLU the two agree); dead means "
