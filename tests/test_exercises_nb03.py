@@ -836,7 +836,9 @@ def test_03_4_text_asks_for_the_plain_numbers_its_checker_demands():
 def test_03_6_rejects_an_answer_that_registers_no_hook():
     def retained(model, x, y, ratio=1e-3):  # right everywhere, but retain_grad on outputs it computed itself
         h, outputs = x, {}
-        for name, module in model.named_children():
+        for name, module in model.named_modules():
+            if next(module.children(), None) is not None:  # a container: its leaves follow
+                continue
             h = torch.relu(h) if isinstance(module, nn.ReLU) else module(h)
             if isinstance(module, nn.Linear):
                 outputs[name] = h
@@ -847,3 +849,26 @@ def test_03_6_rejects_an_answer_that_registers_no_hook():
         return next((name for name in reversed(stds) if stds[name] < limit), None)
 
     failed("03.6", retained, "registered no hook", "retain_grad is not a hook", "GradTracker")
+
+
+def test_03_1_names_ratios_of_mean_sizes_instead_of_stds():
+    def mean_size(module, name, gains, handles):
+        def hook(m, grad_input, grad_output):
+            if grad_input[0] is not None:
+                gains[name] = (grad_input[0].abs().mean() / grad_output[0].abs().mean()).item()
+
+        return module.register_full_backward_hook(hook)
+
+    failed("03.1", gains_with(mean_size), "use the std of the gradient, not its mean size")
+
+
+def test_03_6_names_linears_taken_from_named_children_on_a_nested_network():
+    def children_only(model, x, y, ratio=1e-3):  # named_children(): the nested Linears are never tracked
+        names = [name for name, m in model.named_children() if isinstance(m, nn.Linear)]
+        with nb03.GradTracker(model, names) as tracker:
+            F.cross_entropy(model(x), y).backward()
+        last = tracker.grad_stds[names[-1]][0]
+        return next((n for n in reversed(names) if tracker.grad_stds[n][0] < ratio * last), None)
+
+    assert children_only(nb03._sigmoid_mlp(), torch.randn(4, 6), torch.tensor([0, 1, 2, 3])) is not None
+    failed("03.6", children_only, "inner nn.Sequential", "named_children() lists only", "named_modules()")

@@ -97,8 +97,7 @@ _SLOT_HINTS = {
     "a": "a's slot holds dL/da = b = [3, 4], not a itself (the gradient of a * b with respect to a is b)",
 }
 _GUESS_FORM = ("the question asks for two things, as a pair: (the four names in the order the hooks run, Mul's "
-               "grad_input as two entries, each a list of two numbers or None), e.g. "
-               "([\"fc1\", \"s1\", \"fc2\", \"s2\"], ([1, 2], None))")
+               "grad_input as two entries, each a list of two numbers or None)")
 _NAMES = {"fc1", "s1", "fc2", "s2"}
 
 
@@ -422,7 +421,8 @@ def _tanh_mlp(seed: int, loud: str) -> nn.Sequential:
 def _gains_by_autograd(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, size: str = "std",
                        **options) -> dict[str, float]:  # fmt: skip
     """size(dL/d(input)) / size(dL/d(output)) of every child but the first, output end first; ``size`` is the
-    tensor method that measures it (``"std"``, the lesson's measure, or ``"norm"``), called with ``options``."""
+    tensor method that measures it (``"std"``, the lesson's measure, or ``"norm"``), called with ``options``, or
+    ``"_mean_size"``, ``abs().mean()``."""
     values = [x]
     for layer in model:
         values.append(layer(values[-1]))
@@ -430,7 +430,10 @@ def _gains_by_autograd(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor, s
     grads = torch.autograd.grad(F.cross_entropy(values[-1], y), values[first:])
     grads = ((None,) if first else ()) + grads  # grads[k + 1] = dL/d(output of layer k), grads[0] = dL/dx
     names = [name for name, _ in model.named_children()]
-    return {names[k]: (getattr(grads[k], size)(**options) / getattr(grads[k + 1], size)(**options)).item()
+    def measure(g: torch.Tensor) -> torch.Tensor:
+        return g.abs().mean() if size == "_mean_size" else getattr(g, size)(**options)
+
+    return {names[k]: (measure(grads[k]) / measure(grads[k + 1])).item()
             for k in reversed(range(first, len(names)))}  # fmt: skip
 
 
@@ -481,6 +484,10 @@ def _gains(gradient_gains) -> Outcome:
                               "does not grow with the number of elements: layer '6' has 16 inputs and 4 outputs, "
                               "so its norm ratio is about twice its std ratio. Divide grad_input[0].std() by "
                               "grad_output[0].std()")
+    by_mean_size = _gains_by_autograd(model, x, y, "_mean_size")
+    if all(math.isclose(values[n], by_mean_size[n], rel_tol=1e-4) for n in expected):
+        return Outcome(False, "these are ratios of mean sizes, abs().mean(): use the std of the gradient, not its "
+                              "mean size. Divide grad_input[0].std() by grad_output[0].std()")
     biased = _gains_by_autograd(model, x, y, "std", correction=0)
     if all(math.isclose(values[n], biased[n], rel_tol=1e-4) for n in expected):
         return Outcome(False, "these stds divide by n, not n − 1 (std(unbiased=False), or NumPy's default); the "
@@ -948,7 +955,9 @@ def _gradient_stds(model: nn.Sequential, x: torch.Tensor, y: torch.Tensor) -> tu
     """The std of dL/d(output) and of weight.grad of every Linear, in forward order, computed without in-place
     operations."""
     h, outputs, names = x, [], []
-    for name, module in model.named_children():
+    for name, module in model.named_modules():  # the leaves, in forward order (nested nn.Sequential included)
+        if next(module.children(), None) is not None:
+            continue
         h = torch.relu(h) if isinstance(module, nn.ReLU) else module(h)
         if isinstance(module, nn.Linear):
             outputs.append(h)
@@ -1011,7 +1020,21 @@ def _vanishing_cases():
          lambda: _relu_mlp({"12": 1e-6, "6": 10.0, "4": 1e4}), {}),
         ("a ReLU network whose last layer has large weights (its gradient is smaller than the layers' before it), "
          "and layer '6' tiny ones", lambda: _relu_mlp({"16": 100.0, "6": 1e-4}), {}),
+        ("a sigmoid network whose Linears sit in an inner nn.Sequential, '0', but the last, '1'", _nested_mlp, {}),
     )  # fmt: skip
+
+
+def _nested_mlp() -> nn.Sequential:
+    """The deep sigmoid network of the check, its 9 × (Linear → Sigmoid) nested in an inner nn.Sequential '0'."""
+    flat = _sigmoid_mlp()
+    return nn.Sequential(nn.Sequential(*flat[:-1]), flat[-1])
+
+
+_CHILDREN_ONLY = (
+    "{got!r} is what the top-level Linears alone give: named_children() lists only a model's direct children, and "
+    "this network nests its Linears inside an inner nn.Sequential ('0.0', '0.2', …). Track every Linear as "
+    "named_modules() lists them, nested ones included"
+)
 
 
 @exercise("03.6", "the layer where the gradient vanishes, seen from the loss")
@@ -1116,6 +1139,9 @@ def _vanishing_verdict(label: str, model: nn.Module, build, kwargs: dict, got: o
                 else f"a {type(modules[got]).__name__}")  # fmt: skip
         return Outcome(False, f"on {label}: {got!r} is {what}, not a Linear. The vanishing point is a Linear "
                               "layer: watch the outputs of the Linear layers only (isinstance(module, nn.Linear))")
+    top = [name for name in stds if "." not in name]  # the Linears that named_children() would give
+    if top != list(stds) and got == _first_below(reversed(top), stds, ratio * stds[top[-1]]):
+        return Outcome(False, f"on {label}: " + _CHILDREN_ONLY.format(got=got))
     if kwargs and got == _first_below(reversed(stds), stds, 1e-3 * stds[last]):
         return Outcome(False, f"on {label}: that is the answer for ratio=1e-3; use the ratio you are given")
     hint = _vanishing_mistakes(stds, weight_stds, ratio, want, sorts_strings).get(got, "").replace("{got}", repr(got))
