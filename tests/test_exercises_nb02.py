@@ -287,12 +287,11 @@ def test_02_2_names_a_lambda_that_returns_the_weight_it_divided():
 # ----- 02.3 -------------------------------------------------------------------------------------------
 def step_stats(late=False, as_tensor=False, of="output", population=False, returns=False, near_zero=False,
                zeros="share"):
-    """An answer to 02.3: one forward hook per named layer appends three numbers (variations: wrong).
-    ``returns``: a lambda hook returning the tuple of its three appends, which replaces the output."""
+    """An answer to 02.3: one forward hook per named layer appends two numbers (variations: wrong).
+    ``returns``: a lambda hook returning the tuple of its two appends, which replaces the output."""
     class StepStats:
         def __init__(self, model, names):
             self.model, self.names, self.handles = model, names, []
-            self.means = {name: [] for name in names}
             self.stds = {name: [] for name in names}
             self.zeros = {name: [] for name in names}
 
@@ -302,15 +301,13 @@ def step_stats(late=False, as_tensor=False, of="output", population=False, retur
                     key = self.names[-1] if late else name
                     out = (output if of == "output" else args[0]).detach()
                     value = (lambda t: t) if as_tensor else (lambda t: t.item())
-                    self.means[key].append(value(out.mean()))
                     self.stds[key].append(value(out.std(unbiased=not population)))
                     zero = out.abs() <= 1e-4 if near_zero else out <= 0 if zeros == "nonpositive" else out == 0
                     self.zeros[key].append(value(zero.sum().float() if zeros == "count" else zero.float().mean()))
 
                 hook = keep
                 if returns:
-                    hook = lambda m, a, o, name=name: (self.means[name].append(o.mean().item()),  # noqa: E731
-                                                       self.stds[name].append(o.std().item()),
+                    hook = lambda m, a, o, name=name: (self.stds[name].append(o.std().item()),  # noqa: E731
                                                        self.zeros[name].append((o == 0).float().mean().item()))
                 self.handles.append(self.model.get_submodule(name).register_forward_hook(hook))
             return self

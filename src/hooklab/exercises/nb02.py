@@ -807,12 +807,11 @@ STATS_NAMES = ["1", "2.1", "3"]
 
 
 def _stats_expected(model: nn.Module, batches: list[torch.Tensor]) -> dict[str, dict[str, list[float]]]:
-    """The three numbers of each named layer at each call, and the population std (a common slip)."""
-    rows = {field: {n: [] for n in STATS_NAMES} for field in ("means", "stds", "zeros", "population", "nonpositive")}
+    """The two numbers of each named layer at each call, and the population std (a common slip)."""
+    rows = {field: {n: [] for n in STATS_NAMES} for field in ("stds", "zeros", "population", "nonpositive")}
     handles = []
     for name in STATS_NAMES:
         def hook(m, args, out, name=name):
-            rows["means"][name].append(out.mean().item())
             rows["stds"][name].append(out.std().item())
             rows["zeros"][name].append((out == 0).float().mean().item())
             rows["population"][name].append(out.std(unbiased=False).item())
@@ -835,7 +834,7 @@ def _close(value, right: float) -> bool:
 
 def _stats_outcome(stats, expected: dict) -> Outcome | None:
     """What is wrong with the lists the answer kept, if anything."""
-    for field in ("means", "stds", "zeros"):
+    for field in ("stds", "zeros"):
         got = getattr(stats, field, None)
         if not isinstance(got, dict) or sorted(map(str, got)) != sorted(STATS_NAMES):
             return Outcome(False, f"self.{field} should be a dict with a list for each of {STATS_NAMES}, got "
@@ -879,7 +878,7 @@ def _stats_outcome(stats, expected: dict) -> Outcome | None:
 @exercise("02.3", "statistics of chosen layers at every step")
 @_naming("'0' Linear → '1' ReLU → '2' Sequential('2.0' Linear, '2.1' ReLU) → '3' Linear")
 def _step_stats(StepStats) -> Outcome:
-    """``with StepStats(model, names) as stats:`` any forward passes; ``stats.means[name]``,
+    """``with StepStats(model, names) as stats:`` any forward passes;
     ``stats.stds[name]`` and ``stats.zeros[name]`` get one number per call of that layer."""
     model = _stats_model()
     gen = torch.Generator().manual_seed(3)
@@ -900,7 +899,7 @@ def _step_stats(StepStats) -> Outcome:
     failed = left_when_raising(lambda: _raise_inside(recorder, broken), broken)
     if failed:
         return failed
-    return Outcome(True, "mean, std and share of zeros of each named layer at each of 3 steps, as plain numbers; "
+    return Outcome(True, "std and share of zeros of each named layer at each of 3 steps, as plain numbers; "
                          "no hook left after the with block")
 
 
@@ -1143,16 +1142,15 @@ def rescale_to_unit_std(model: nn.Module, x: torch.Tensor) -> nn.Module:
 
 
 class StepStats:
-    """02.3: ``with StepStats(model, names) as stats:``; ``stats.means[name]``, ``stds[name]``, ``zeros[name]``:
+    """02.3: ``with StepStats(model, names) as stats:``; ``stats.stds[name]``, ``zeros[name]``:
     one number per call of each named layer."""
 
     def __init__(self, model: nn.Module, names: list[str]) -> None:
         self.model, self.names, self.handles = model, names, []
-        self.means, self.stds, self.zeros = ({name: [] for name in names} for _ in range(3))
+        self.stds, self.zeros = {name: [] for name in names}, {name: [] for name in names}
 
     def keep(self, name, output):
         out = output.detach()
-        self.means[name].append(out.mean().item())
         self.stds[name].append(out.std().item())
         self.zeros[name].append((out == 0).float().mean().item())
 
