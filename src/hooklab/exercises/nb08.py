@@ -345,20 +345,49 @@ def layer_0_restores() -> torch.Tensor:
     return patching_sweep(_model(), clean, second_corruption(), ["blocks.0.hook_attn_out"], logit_diff_2)[0, :Q + 1]
 
 
-@prediction("08.b", "the one position whose clean blocks.0.hook_attn_out, patched in alone, gives the query its "
-                    "match back (restores the most of the second corruption's logit[19] − logit[12])",
-            why="3: layer 0's output at a position records the token before it. The clean record at 3, \"a 3 before "
-                "me\", is the one the query's 3 looks for",
-            wrong=[(1, "1 holds the swapped run's match: its record says \"a 3 before me\" there, and the clean one "
-                       "does not. Where does the clean run's record \"a 3 before me\" sit?"),
-                   (0, "the earlier 3 sits at 0 in the swapped run, but the tokens sit in their embeddings, which stay "
-                       "swapped; layer 0's output at a position records the token before it"),
-                   (2, "the clean run's 3 sits at 2, in its embedding, which the patch leaves swapped; layer 0's "
-                       "output at a position records the token before it"),
-                   (9, "the query's own record is the same in both runs: its token before it, 12, did not move")],
-            form=_one_whole)
-def _layer0_position() -> int:
-    return int(layer_0_restores().argmax())
+BOTH = 1 / 3  # 08.b: the positions that restore at least a third of the gap
+
+
+@prediction("08.b", "the positions whose clean blocks.0.hook_attn_out, patched in alone, restore at least a third "
+                    "of the second corruption's logit[19] − logit[12]",
+            why="[1, 3]: layer 0's output at a position records the token before it. At 3 the clean record, \"a 3 "
+                "before me\", gives the query its match back (0.60); at 1 it removes the swapped run's false match, "
+                "\"a 3 before me\" (0.44)",
+            wrong=[([3], "3 is one: the clean record there, \"a 3 before me\", is the match the query looks for. In "
+                         "the swapped run, which position holds a record that the query wrongly matches?"),
+                   ([1], "1 is one: the swapped run's record there, \"a 3 before me\", is a false match, and the "
+                         "clean one removes it. Where does the clean run's own record \"a 3 before me\" sit?"),
+                   ([0, 2], "the tokens sit in their embeddings, which the patch leaves swapped; layer 0's output at "
+                            "a position records the token before it"),
+                   ([9], "the query's own record is the same in both runs: its token before it, 12, did not move")],
+            form=_positions)
+def _layer0_positions() -> list[int]:
+    return [int(p) for p in (layer_0_restores() >= BOTH).nonzero().flatten()]
+
+
+def layer_0_at_3(source: torch.Tensor | None = None) -> tuple[float, int, list[float]]:
+    """The clean run with layer 0's four heads at position 3 (their ``hook_z``) replaced: by zeros (zero
+    ablation, ``source`` None) or by their values in ``source``'s run (resample ablation). Returns
+    logit[19] − logit[17], the token predicted, and layer 1's heads' attention from the query to key 3."""
+    from ..recording import record
+
+    model, clean = _model(), clean_and_corrupted()[0]
+    z = model.blocks[0].attn.hook_z
+    with record(model, ["blocks.0.attn.hook_z"]) as rec, torch.no_grad():
+        model(clean if source is None else source)
+    value = rec["blocks.0.attn.hook_z"].output * (0 if source is None else 1)
+    with z.register_forward_hook(patch_hook(value, 3)), \
+            record(model, ["blocks.1.attn.hook_pattern"]) as rec, torch.no_grad():
+        logits = model(clean)
+    attention = rec["blocks.1.attn.hook_pattern"].output[0, :, Q, 3].tolist()
+    return logit_diff(logits), logits[0, Q].argmax().item(), attention
+
+
+def with_20_at_2() -> torch.Tensor:
+    """The clean run with its position 2 (the first 3) made a 20: position 3 then follows a 20."""
+    tokens = clean_and_corrupted()[0].clone()
+    tokens[0, 2] = 20
+    return tokens
 
 
 def zeroed_std(heads: list[int], mlp_held: bool = False) -> float:
@@ -402,9 +431,9 @@ def _joint_choice(guess: object) -> str | None:
 @prediction("08.e", "all four layer-1 heads zeroed at once: is the drop larger or smaller than their four single "
                     "drops added up",
             why="larger: 6.26 against 1.07 (next cell). Mostly layer 1's MLP: it reads the heads' output and "
-                "amplifies it, far more for all four gone than for each alone (held fixed, it removes 90 % of the "
-                "gap). Partly self-repair: zero one head, and the final LayerNorm divides by a smaller std (2.76 → "
-                "2.20), which scales up the three heads left",
+                "responds to them jointly, not additively: it keeps its output until every head is gone (held "
+                "fixed, it removes 90 % of the gap). Partly self-repair: zero one head, and the final LayerNorm "
+                "divides by a smaller std (2.76 → 2.20), which scales up the three heads left",
             wrong=[("smaller", "layer 1's MLP reads the heads' output: with all four gone, what is left for it to "
                                "build on? And the final LayerNorm divides by its input's std: with one head gone, "
                                "what happens to the three heads left?")],
@@ -1054,6 +1083,13 @@ def _scores_slip(model, got, tokens, layer, metric) -> str | None:
     def near(x):
         return x.shape == got.shape and torch.allclose(got, x, atol=1e-3)
 
+    def batch_mean(output, head, position):
+        output[:, position, head] = output[:, position, head].mean(0)
+
+    if near(_scores_with(model, tokens, layer, metric, batch_mean)):
+        return ("you put in the head's mean over the batch (mean ablation): 08.5 asks for zero ablation, "
+                "output[:, position, head] = 0. On one sequence, the batch's mean is the value itself, so nothing "
+                "drops")
     if near(-want):
         return "the signs are reversed: a score is the drop, metric(intact) − metric(ablated), positive when it hurts"
     if near(want / intact) or near(1 - want / intact):
