@@ -110,6 +110,9 @@ def test_the_predictions_truths():
     ("04.e", {"0", "4"}, "wrong in both dx and dw"),
     ("04.e", {"4", "5", "6", "7"}, "so would 5.weight and 5.bias"),
     ("04.e", {"5"}, "does another layer use the same formula"),
+    ("04.e", {"1"}, "does another layer use the same formula"),
+    ("04.e", {"0", "1", "4", "5"}, "one suspect is cleared"),
+    ("04.e", {"4"}, "agreed in section 4"),
     ("04.e", {"0", "1", "2", "3", "4", "5"}, "a backward chained through the formulas"),
     ("04.e", set(), "the slip is there"),
     ("04.e", {1, 5}, "write layer names as strings"),
@@ -122,19 +125,26 @@ def test_wrong_guesses_get_their_own_hint(id, guess, words):
 
 
 def test_04_e_hints_follow_the_lessons_deduction():
-    """The problem's table leaves two suspects (batch norm's dx, or a conv formula wrong in both dx and dw); the
-    lesson's cell after the table, 04.e's prompt and 04.e's hints say the same."""
-    cells = ["".join(c["source"]) for c in json.loads(LESSON.read_text())["cells"] if c["cell_type"] == "markdown"]
+    """The problem's table leaves two suspects (batch norm's dx, or a conv formula wrong in both dx and dw);
+    section 4 prints the problem's conv formula agreeing on conv 4's own records, before 04.e; 04.e's prompt
+    and hints reason from both."""
+    nb_cells = json.loads(LESSON.read_text())["cells"]
+    cells = ["".join(c["source"]) for c in nb_cells if c["cell_type"] == "markdown"]
     plain = [re.sub(r"\s+", " ", text.replace("`", "")) for text in cells]
     after_table = next(text for text in plain if text.startswith("The slip costs"))
     prompt = next(text for text in plain if "disagreeing_layers name?" in text)
     assert "4–7" not in after_table and "either batch norm's formula passes back a wrong dx" in after_table
-    for text in (after_table, prompt):
-        assert "wrong in both dx and dw" in text
-    assert "Which two layers" in prompt and len(truth("04.e")) == 2
+    assert "wrong in both dx and dw" in after_table
+    assert "Section 4 cleared" in prompt and "agrees with autograd" in prompt and len(truth("04.e")) == 2
+    sources = ["".join(c["source"]) for c in nb_cells]
+    evidence = next(i for i, c in enumerate(nb_cells) if c["cell_type"] == "code" and "problem's conv" in sources[i])
+    assert evidence < next(i for i, text in enumerate(sources) if "disagreeing_layers name?" in text.replace("`", ""))
+    rows = [line for o in nb_cells[evidence]["outputs"] for line in "".join(o.get("text", "")).splitlines()
+            if "problem's" in line and "allclose" in line]
+    assert len(rows) == 2 and all("allclose True" in row for row in rows), rows
     for guess in ({"4"}, {"0", "4"}, {"4", "5", "6", "7"}):
         hint = grade("04.e", guess).detail
-        assert "two suspects: batch norm's dx, or the conv formula wrong in both dx and dw" in hint, hint
+        assert "Section 4 ran the problem's conv formula" in hint, hint
 
 
 @pytest.mark.parametrize(("id", "guess"), [("04.a", 0.1656), ("04.a", 0.166), ("04.a", 0.16), ("04.b", 0),
@@ -1010,6 +1020,14 @@ def test_04_10_and_04_e_print_no_full_backward_hook_warning(recwarn):
     assert grade("04.10", ANSWERS["04.10"]).passed
     grade("04.e", {"1", "5"})
     assert not [w for w in recwarn if "Full backward hook is firing" in str(w.message)]
+
+
+def test_04_8_refuses_torch_nn_grad_and_says_conv_transpose2d_is_allowed():
+    def by_library(x, w, dout, padding):
+        return (torch.nn.grad.conv2d_input(x.shape, w, dout, padding=padding),
+                torch.nn.grad.conv2d_weight(x, w.shape, dout, padding=padding))
+
+    failed("04.8", by_library, "autograd's own backward", "F.conv_transpose2d is allowed")
 
 
 def test_04_e_says_why_the_convolutions_are_ruled_out():

@@ -771,6 +771,10 @@ def _conv(conv2d_backward) -> Outcome:
         return Outcome(False, f"your code raised RuntimeError: {str(error).splitlines()[0]}. The first case is x of "
                               "shape (2, 3, 6, 5) with w of shape (4, 3, 3, 2), a 3×2 kernel, padding 0: take the "
                               "kernel size from w.shape, it can be any")
+    if not outcome.passed and "convolution_backward" in outcome.detail:  # torch.nn.grad.conv2d_input / _weight
+        return Outcome(False, f"{outcome.detail}: torch.nn.grad's conv2d_input and conv2d_weight are autograd's own "
+                              "backward. F.conv_transpose2d is allowed for dx: that a transposed convolution carries "
+                              "the gradient back is the insight")
     if not outcome.passed and "shape (2, 2, 7, 7), expected (2, 2, 5, 5)" in outcome.detail:
         return Outcome(False, f"{outcome.detail} (dx has the shape of the padded input: cut the padding off, or "
                               "fold back with the same padding=..., which drops it)")
@@ -1368,21 +1372,26 @@ def _layer_names_form(guess) -> str | None:
 
 
 SLIP_FACTS = ("In the problem's table, 5.weight and 5.bias agree, so the gradient that reached batch norm '5' is "
-              "right; 4.weight is the first that disagrees. That leaves two suspects: batch norm's dx, or the conv "
-              "formula wrong in both dx and dw. One formula serves every layer of its type.")
+              "right; 4.weight is the first that disagrees. That left two suspects: batch norm's dx, or the conv "
+              "formula wrong in both dx and dw. Section 4 ran the problem's conv formula on what conv '4''s own "
+              "hooks caught, and its dx and dw agreed. One formula serves every layer of its type.")
 
 
 @prediction(
     "04.e", "which layers disagree with what their own hooks recorded, for the problem's formulas",
     why="the problem's slip is in batch norm's formula: it holds the batch statistics constant, so its dx differs "
         "from autograd's grad_input, in both batch norms, '1' and '5'. Layer 4's weight gradient is wrong at the "
-        "end only because '5' passed it a wrong gradient: from the grad_output its hooks kept, its formula is right.",
-    wrong=[(frozenset(["4"]), "one layer, but one formula serves every layer of its type, and conv '4' is judged on "
-                              "the grad_output its hook kept. " + SLIP_FACTS),
+        "end only because '5' passed it a wrong gradient: from the grad_output its hooks kept, its formula is right, "
+        "as section 4 printed.",
+    wrong=[(frozenset(["4"]), "conv '4' is judged on the grad_output its hook kept, and there its formula agreed in "
+                              "section 4. " + SLIP_FACTS),
            (frozenset(["0", "4"]), "the table allowed the convolutions, if their formula were wrong in both dx and dw. "
-                                   "But judged on the grad_output its hook kept, conv '4''s formula is right: which is "
-                                   "the other suspect? " + SLIP_FACTS),
+                                   "But judged on the grad_output its hook kept, conv '4''s formula agreed in section "
+                                   "4: which is the other suspect? " + SLIP_FACTS),
            (frozenset(["5"]), "'5' is one of them; does another layer use the same formula?"),
+           (frozenset(["1"]), "'1' is one of them; does another layer use the same formula?"),
+           (frozenset(["0", "1", "4", "5"]), "both suspects' layers; but one suspect is cleared: section 4 ran the "
+                                             "problem's conv formula on what conv '4''s hooks caught, and it agreed"),
            (frozenset(["4", "5", "6", "7"]), "had ReLU '6' or max pool '7' slipped, the gradient reaching batch "
                                              "norm '5' would be wrong, and so would 5.weight and 5.bias: they agree. "
                                              + SLIP_FACTS),
@@ -1789,6 +1798,14 @@ WORKED = {"linear_backward": ("04.1", linear_backward), "keep_grads": ("04.2", k
           "judged_alone": ("04.7", judged_alone), "conv2d_backward": ("04.8", conv2d_backward),
           "max_pool_backward": ("04.9", max_pool_backward), "disagreeing_layers": ("04.10", disagreeing_layers),
           "model_backward": ("04.11", model_backward)}
+
+
+def whose(*ids: str) -> str:
+    """For a table's header: each exercise id with "yours" once it has passed in this kernel, else
+    "(worked answer)"."""
+    from . import passed
+
+    return ", ".join(f"{id} " + ("yours" if passed(id) else "(worked answer)") for id in ids)
 
 
 def yours_or_worked(names: dict, *wanted: str):
