@@ -116,13 +116,22 @@ def test_08_b_position_1_restores_too_the_twist():
 
 def test_layer_0_is_needed_at_3_resampling_shows_it_zeroing_does_not():
     """Patching shows a part is enough; ablation shows it is needed; zero ablation can miss a need."""
-    diff, said, attention = nb08.layer_0_at_3()
-    assert abs(diff - 10.79) < 0.01 and said == nb08.A and min(attention) > 0.2
-    diff, said, attention = nb08.layer_0_at_3(nb08.with_20_at_2())
-    assert said == 8 and max(attention) < 0.13
+    diff, said, (key_3, _) = nb08.layer_0_at_3(keep=True)
+    assert said == nb08.A and min(key_3) > 0.8
+    intact = diff
+    diff, said, (key_3, _) = nb08.layer_0_at_3()  # layer 1's attention falls, the logit difference does not
+    assert abs(diff - intact) < 0.01 and said == nb08.A and 0.2 < min(key_3) and max(key_3) < 0.55
+    diff, said, (key_3, key_4) = nb08.layer_0_at_3(nb08.with_20_at_2())
+    assert said == 8 and max(key_3) < 0.13 and min(key_4) > 0.3 and nb08.clean_and_corrupted()[0][0, 4] == 8
     model = nb08._model()
     with torch.no_grad():
         assert model(nb08.with_20_at_2())[0, nb08.Q].argmax().item() == 8
+
+
+def test_resid_post_0_differs_at_3_and_at_the_query():
+    assert abs(nb08.resid_post_0_restores([3]) - 0.93) < 0.005
+    assert abs(nb08.resid_post_0_restores([9]) - 0.04) < 0.005
+    assert abs(nb08.resid_post_0_restores([3, 9]) - 1.00) < 0.005
 
 
 def test_the_form_hints_accept_only_the_form_asked():

@@ -365,22 +365,42 @@ def _layer0_positions() -> list[int]:
     return [int(p) for p in (layer_0_restores() >= BOTH).nonzero().flatten()]
 
 
-def layer_0_at_3(source: torch.Tensor | None = None) -> tuple[float, int, list[float]]:
+def layer_0_at_3(source: torch.Tensor | None = None, keep: bool = False) -> tuple[float, int, list[list[float]]]:
     """The clean run with layer 0's four heads at position 3 (their ``hook_z``) replaced: by zeros (zero
-    ablation, ``source`` None) or by their values in ``source``'s run (resample ablation). Returns
-    logit[19] − logit[17], the token predicted, and layer 1's heads' attention from the query to key 3."""
+    ablation, ``source`` None) or by their values in ``source``'s run (resample ablation); with ``keep``,
+    left intact. Returns logit[19] − logit[17], the token predicted, and layer 1's heads' attention from the
+    query to key 3 and to key 4 (the 8 after the 19), ``[[4 weights], [4 weights]]``."""
     from ..recording import record
 
     model, clean = _model(), clean_and_corrupted()[0]
     z = model.blocks[0].attn.hook_z
     with record(model, ["blocks.0.attn.hook_z"]) as rec, torch.no_grad():
         model(clean if source is None else source)
-    value = rec["blocks.0.attn.hook_z"].output * (0 if source is None else 1)
+    value = rec["blocks.0.attn.hook_z"].output * (0 if source is None and not keep else 1)
     with z.register_forward_hook(patch_hook(value, 3)), \
             record(model, ["blocks.1.attn.hook_pattern"]) as rec, torch.no_grad():
         logits = model(clean)
-    attention = rec["blocks.1.attn.hook_pattern"].output[0, :, Q, 3].tolist()
-    return logit_diff(logits), logits[0, Q].argmax().item(), attention
+    pattern = rec["blocks.1.attn.hook_pattern"].output[0, :, Q]
+    return logit_diff(logits), logits[0, Q].argmax().item(), [pattern[:, 3].tolist(), pattern[:, 4].tolist()]
+
+
+def resid_post_0_restores(positions: list[int]) -> float:
+    """The corrupted run with the clean ``blocks.0.hook_resid_post`` patched in at these positions together:
+    the normalised logit difference."""
+    from ..recording import record
+
+    model, (clean, corrupted) = _model(), clean_and_corrupted()
+    with record(model, ["blocks.0.hook_resid_post"]) as rec, torch.no_grad():
+        low, high = logit_diff(model(corrupted)), logit_diff(model(clean))
+    want = rec["blocks.0.hook_resid_post"].output
+
+    def hook(module, args, output):
+        output = output.clone()
+        output[:, positions] = want[:, positions]
+        return output
+
+    with model.blocks[0].hook_resid_post.register_forward_hook(hook), torch.no_grad():
+        return (logit_diff(model(corrupted)) - low) / (high - low)
 
 
 def with_20_at_2() -> torch.Tensor:
@@ -1236,6 +1256,7 @@ __all__ = [
     "predicted",
     "problem",
     "record_patterns",
+    "resid_post_0_restores",
     "run_hooked",
     "run_with_hooks",
     "runs_with_17_at_3",
