@@ -251,6 +251,26 @@ def test_02_2_names_the_nested_layers_a_loop_over_children_missed():
     failed("02.2", top_level_only, "no weight changed", "model.children() does not open", "model.modules()")
 
 
+def test_02_2_names_a_layer_type_the_filter_left_out_not_children():
+    def only(kind):
+        def rescale_to_unit_std(model, x):
+            def hook(m, a, out):
+                std = out.std()
+                m.weight.div_(std)
+                return out / std
+
+            handles = []
+            with torch.no_grad():
+                run_then_remove(lambda: [handles.append(m.register_forward_hook(hook)) for m in model.modules()
+                                         if isinstance(m, kind)] and model(x), handles)
+
+        return rescale_to_unit_std
+
+    detail = failed("02.2", only(nn.Conv2d), "your hooks skipped the Linear layers", "nn.Linear")
+    assert "children()" not in detail.detail
+    failed("02.2", only(nn.Linear), "your hooks skipped the Conv2d layers")
+
+
 def test_02_2_rejects_weight_data_assigned_naming_the_in_place_rule():
     def via_data(model, x, in_place=False):
         def hook(m, a, out):

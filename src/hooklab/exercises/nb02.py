@@ -178,10 +178,10 @@ def _shrink_factors() -> dict[str, float]:
 
 @prediction("02.a", "how many times features.2 divides the spread of its input",
             why="features.2 is Conv2d(16, 32, 3): each output adds up fan_in = 16 channels × 3×3 = 144 products, so "
-                "the rule says 1 / (0.01·√144) = 8.3; measured 7.3. Two effects pull apart. A ReLU's output has "
-                "a positive mean, so each product's std is 0.01 times the input's root mean square, larger than "
-                "its std: the layer divides by less (guide §14). Zero padding: 28 of the 64 outputs of an 8×8 "
-                "map sit on its border and add up only 4 or 6 of the 9 taps, 121 products on average instead "
+                "its output std ≈ 0.01·√144 × the input's root mean square: the rule divides by 8.3. The table "
+                "measures 7.3, dividing by the input's std, which is smaller than its RMS since a ReLU's output "
+                "has a positive mean (guide §14). Zero padding pulls the other way: 28 of the 64 outputs of an "
+                "8×8 map sit on its border and add up only 4 or 6 of the 9 taps, 121 products on average instead "
                 "of 144: by that alone the layer divides by 1 / (0.01·√121) = 9.1. The check accepts anything "
                 "from the measured 7.3 to 9.1",
             wrong=[(0.12, "0.01·√144 = 0.12 is what the layer multiplies the spread by; it divides it by 1 / 0.12"),
@@ -580,6 +580,11 @@ def _rescaled_outcome(model: nn.Module, before: dict, x: torch.Tensor) -> Outcom
         if not torch.equal(m.bias, before[name][2]):
             return Outcome(False, f"layer {name!r}: its bias changed; rescale the weight only")
     untouched = [name for name, m in layers.items() if torch.equal(m.weight, before[name][1])]
+    skipped = {type(layers[name]).__name__ for name in untouched}
+    if untouched and skipped.isdisjoint(type(m).__name__ for name, m in layers.items() if name not in untouched):
+        kind = " and ".join(sorted(skipped))
+        return Outcome(False, f"your hooks skipped the {kind} layers: the weights of {untouched} did not change; "
+                              "hook every nn.Conv2d and every nn.Linear: isinstance(m, nn.Conv2d | nn.Linear)")
     if untouched and all("." in name for name in untouched):
         return Outcome(False, f"the weights of {untouched} did not change: those layers sit inside containers, "
                               "which model.children() does not open; walk model.modules() to reach nested layers")
