@@ -1201,22 +1201,62 @@ def checkpoint_forward_runs(n: int = 256) -> dict[str, int]:
     return runs
 
 
-def dead_channels() -> dict[str, str]:
-    """For each conv of the trained digits CNN, how many of its output channels are 0 after the ReLU on every
-    training digit ("24 of 32"): dead channels (lesson 05), whose weights get a zero gradient."""
+def _dead_outputs(model: nn.Module) -> dict[str, torch.Tensor]:
+    """For each conv of ``model`` (the digits CNN), which of its output channels are 0 after the ReLU on every
+    training digit: dead channels (lesson 05)."""
     from ..data import digits
 
-    model, outputs = _model(), {}
-    convs = [(name, m) for name, m in model.features.named_children() if isinstance(m, nn.Conv2d)]
+    outputs = {}
+    convs = [name for name, m in model.features.named_children() if isinstance(m, nn.Conv2d)]
     handles = [model.features[int(name) + 1].register_forward_hook(
-        lambda module, args, out, name=name: outputs.__setitem__(f"features.{name}", out)) for name, _ in convs]
+        lambda module, args, out, name=name: outputs.__setitem__(f"features.{name}", out)) for name in convs]
     try:
         with torch.no_grad():
             model(digits().x_train)
     finally:
         for handle in handles:
             handle.remove()
-    return {name: f"{int((out.amax((0, 2, 3)) == 0).sum())} of {out.shape[1]}" for name, out in outputs.items()}
+    return {name: out.amax((0, 2, 3)) == 0 for name, out in outputs.items()}
+
+
+def _dead_inputs(dead: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Each conv's dead input channels: the previous conv's dead outputs (the first conv reads the image)."""
+    names, inputs = list(dead), {}
+    for i, name in enumerate(names):
+        inputs[name] = dead[names[i - 1]] if i else torch.zeros(1, dtype=torch.bool)
+    return inputs
+
+
+def dead_channels() -> dict[str, str]:
+    """For each conv of the trained digits CNN, its dead input channels → its dead output channels
+    ("0 of 16 → 24 of 32"): channels 0 after the ReLU on every training digit (lesson 05). A weight that reads
+    a dead input channel or writes a dead output channel gets a zero gradient."""
+    dead = _dead_outputs(_model())
+    inputs = _dead_inputs(dead)
+    return {name: f"{int(inputs[name].sum())} of {len(inputs[name])} → {int(out.sum())} of {len(out)}"
+            for name, out in dead.items()}
+
+
+def zeros_in_dead_channels() -> dict[str, str]:
+    """For each conv, after half its weight is set to 0 by hand and ``FINE_TUNE_STEPS`` SGD steps: how many of
+    the zeros left read a dead input channel or write a dead output channel (``dead_channels``), of all the
+    zeros left ("2,063 of 2,063")."""
+    from ..data import digits
+
+    model, data = _model(), digits()
+    dead = _dead_outputs(model)
+    inputs = _dead_inputs(dead)
+    convs = {name: m for name, m in model.named_modules() if isinstance(m, nn.Conv2d)}
+    for conv in convs.values():
+        zero_by_hand(conv, "weight", 0.5)
+    for start in range(0, FINE_TUNE_STEPS * BATCH, BATCH):
+        plain_step(model, data.x_train[start:start + BATCH], data.y_train[start:start + BATCH])
+    counts = {}
+    for name, conv in convs.items():
+        zero = conv.weight.detach() == 0
+        in_dead = zero & (dead[name][:, None, None, None] | inputs[name][None, :, None, None])
+        counts[name] = f"{int(in_dead.sum()):,} of {int(zero.sum()):,}"
+    return counts
 
 
 def saved_table(n: int = 256, min_bytes: int = 10_000) -> list[str]:
