@@ -573,8 +573,9 @@ def _old_sgd_checkpoint() -> dict:
 @exercise("06.3", "keep the new learning rate when loading an optimizer's checkpoint")
 def _keep_lr(keep_lr) -> Outcome:
     """``keep_lr(optimizer, state_dict)`` is an optimizer load_state_dict pre-hook: everything of the
-    checkpoint is loaded except each group's ``lr``, which stays the optimizer's own. Editing the groups
-    in place or returning new ones both pass."""
+    checkpoint is loaded except each group's ``lr``, which stays the optimizer's own. Returning new groups
+    passes; editing the checkpoint's groups in place fails: the hook's state_dict is a shallow copy, so the
+    check loads the same checkpoint a second time, without the hook, and names the changed lr."""
     checkpoint = _old_sgd_checkpoint()
     untouched = copy.deepcopy(checkpoint)
     params, optimizer = _sgd((0.01, 0.002), 0.9, seed=65)
@@ -603,8 +604,16 @@ def _keep_lr(keep_lr) -> Outcome:
         if buffer is None or not torch.equal(buffer, old_state["momentum_buffer"]):
             return Outcome(False, "the checkpoint's momentum buffers were not loaded: keep its 'state', and build "
                                   "each group from the checkpoint's group (its 'params' are numbers), changing only lr")
+    again = _sgd((0.01, 0.002), 0.9, seed=65)[1]
+    again.load_state_dict(checkpoint)  # the same dict once more, without the hook: it must load as saved
+    for i, (group, saved) in enumerate(zip(again.param_groups, untouched["param_groups"], strict=True)):
+        if group["lr"] != saved["lr"]:
+            return Outcome(False, f"loading the same checkpoint again, without your hook, gave group {i} lr "
+                                  f"{group['lr']}, not the saved {saved['lr']}: your hook changed the caller's "
+                                  "checkpoint. The state_dict it gets is a shallow copy, so its groups are the "
+                                  "caller's: build new groups instead of editing them in place")
     return Outcome(True, "both groups keep their own lr (0.01 and 0.002); the checkpoint's momentum 0.8 and its "
-                         "momentum buffers are loaded")
+                         "momentum buffers are loaded, and the checkpoint itself is left as it was")
 
 
 # ----- 06.5: which layer created which node ---------------------------------------------------------
