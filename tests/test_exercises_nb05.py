@@ -63,10 +63,15 @@ def test_prediction_05_d_counts_in_another_form_are_told_to_write_two_numbers():
     assert not outcome.passed and "two whole numbers" not in outcome.detail, outcome.detail
 
 
+def test_prediction_05_c_about_the_same_is_told_about_the_dead_channels():
+    outcome = grade("05.c", "about the same")
+    assert not outcome.passed and "fewer paths carry it back" in outcome.detail, outcome.detail
+
+
 def test_prediction_05_c_a_word_off_the_list_is_told_the_choices():
     assert grade("05.c", " Untrained ").passed
     outcome = grade("05.c", "yes")
-    assert not outcome.passed and 'pick one of "trained", "untrained"' in outcome.detail
+    assert not outcome.passed and 'pick one of "trained", "untrained", "about the same"' in outcome.detail
 
 
 # ----- 05.1 and 05.2 -------------------------------------------------------------------------------
@@ -711,6 +716,37 @@ def test_05_5_typical_mistakes_get_a_hint():
     failed("05.5", RemovesOnlyWithoutError, "when the body of the with block raised")
     failed("05.5", ReturnsTheTrainedOutput, "still computes what the trained layer computes")
     failed("05.5", Redrawn(nn.Linear(1, 1), []), "the class Redrawn itself")
+
+
+def test_05_5_a_hook_that_cuts_the_gradient_is_named():
+    class Detaches(Redrawn):
+        def __enter__(self):
+            for name in self.names:
+                layer = self.model.get_submodule(name)
+                fresh = copy.deepcopy(layer)
+                fresh.reset_parameters()
+                self.handles.append(layer.register_forward_hook(
+                    lambda m, args, out, fresh=fresh: fresh(*args).detach()))
+            return self
+
+    class NoGrad(Redrawn):
+        def __enter__(self):
+            def make(fresh):
+                def hook(module, args, out):
+                    with torch.no_grad():
+                        return fresh(*args)
+
+                return hook
+
+            for name in self.names:
+                layer = self.model.get_submodule(name)
+                fresh = copy.deepcopy(layer)
+                fresh.reset_parameters()
+                self.handles.append(layer.register_forward_hook(make(fresh)))
+            return self
+
+    failed("05.5", Detaches, "no gradient flows back", ".detach()")
+    failed("05.5", NoGrad, "no gradient flows back", "torch.no_grad()")
 
 
 def test_05_5_a_late_bound_fresh_is_told_about_the_loop_variable():

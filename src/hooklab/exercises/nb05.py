@@ -220,18 +220,21 @@ def _guided_resemblance() -> tuple[float, list[float]]:
     return means[0], means[1:]
 
 
-RESEMBLES = ("trained", "untrained")
+RESEMBLES = ("trained", "untrained", "about the same")
 
 
 @prediction("05.c", "whose guided-backprop map resembles the digit more (rank correlation with the pixels): the "
-                    "trained network's or a never-trained one's",
-            why="a unit is on where its input w·x + b is positive, so the units a digit switches on are those whose "
-                "weights respond to its ink, trained or not; guided backprop passes back only positive amounts "
-                "through them, so the map follows the ink whatever the weights are. Measured: all 8 never-trained "
-                "networks' maps correlate more with the digit than the trained one's",
+                    "trained network's, a never-trained one's, or about the same",
+            why="guided backprop passes back only positive amounts, through the units a digit switches on, so the "
+                "map follows the ink whatever the weights are; in the trained network 24 of features.3's 32 "
+                "channels are dead, so fewer paths carry the gradient back than in a never-trained one. Measured: "
+                "all 8 never-trained networks' maps correlate more with the digit than the trained one's",
             wrong=[("trained", "measured the other way: the map is built from whatever weight patterns the digit "
                                "switches on, trained or not, and all 8 never-trained networks' maps follow the ink "
-                               "more closely than the trained one's")],
+                               "more closely than the trained one's"),
+                   ("about the same", "the units a digit switches on pass the gradient back, trained or not; but the "
+                                      "trained network has 24 of features.3's 32 channels dead, so fewer paths carry "
+                                      "it back, and all 8 never-trained networks' maps follow the ink more closely")],
             form=_one_of(RESEMBLES))
 def _untrained_resembles() -> str:
     trained, untrained = _guided_resemblance()
@@ -1064,6 +1067,17 @@ def _linear_inside(layer: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
     return columns.T, zero
 
 
+def _gradient_flows(model: nn.Module, x: torch.Tensor) -> bool:
+    """Whether a backward pass from the model's scores reaches the images, finite and not all zero."""
+    images = x.clone().requires_grad_()
+    with torch.enable_grad():
+        scores = model(images)
+        if not scores.requires_grad:
+            return False
+        (grad,) = torch.autograd.grad(scores.sum(), images, allow_unused=True)
+    return grad is not None and bool(torch.isfinite(grad).all()) and bool((grad != 0).any())
+
+
 def _redrawn_problem(cls, model: nn.Module, before: dict, x: torch.Tensor, plain: dict) -> str | None:
     """Run ``cls(model, names)`` once and say what is wrong with what the named layers compute inside it."""
     outputs, probes = {}, []
@@ -1085,6 +1099,7 @@ def _redrawn_problem(cls, model: nn.Module, before: dict, x: torch.Tensor, plain
                         "one there. Leave the model's parameters as they are, re-draw a copy of each layer "
                         "(copy.deepcopy, then its reset_parameters()) and let the hook return fresh(*args)")
             unhooked = [name for name, layer in layers.items() if not layer._forward_hooks]
+            flows = bool(unhooked) or _gradient_flows(model, x)  # backward to the images: finite, not all zero
             own = {}  # what each named layer's own forward gives, next to what its hooks made of it
             probes = [model.get_submodule(n).register_forward_hook(  # after the answer's hooks: the replaced outputs
                 lambda m, a, out, n=n: outputs.setdefault(n, []).append(out.detach())) for n in plain]
@@ -1120,6 +1135,10 @@ def _redrawn_problem(cls, model: nn.Module, before: dict, x: torch.Tensor, plain
         if torch.equal(computed, returned):
             return (f"inside the with block, the hook on '{name}' gives back the layer's own output: it must "
                     "return fresh(*args), the re-drawn copy's output for the layer's input, not its output o")
+    if not flows:
+        return ("inside the with block no gradient flows back through the re-drawn layers to the images: your "
+                "hook returns fresh(*args) cut off from autograd (.detach(), or computed under torch.no_grad()), so "
+                "section 5's saliency maps cannot be computed with it. Return fresh(*args) as it is")
     trained = model.get_submodule("head.2")
     bound = 1 / trained.in_features ** 0.5
     spread = weight.std().item() / (bound / 3**0.5)  # a uniform draw in ±bound: 1
