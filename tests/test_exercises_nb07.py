@@ -94,7 +94,7 @@ def test_private_step_without_noise_is_plain_sgd_when_nothing_is_clipped():
 
 # ----- 07.1 -------------------------------------------------------------------------------------
 def _prune(mask_rule="smallest", hook=True, names=("_orig", "_mask"), at_once=True, detach=False, fixed=None,
-           count=round, mask_dtype=None):
+           count=round, mask_dtype=None, reuse=True):
     def prune_by_hand(module, name, amount):
         name = fixed or name
         weight = getattr(module, name)
@@ -102,7 +102,7 @@ def _prune(mask_rule="smallest", hook=True, names=("_orig", "_mask"), at_once=Tr
         mask = torch.ones_like(weight, dtype=mask_dtype)
         mask.view(-1)[weight.detach().abs().flatten().topk(k, largest=mask_rule != "smallest").indices] = 0
         del module._parameters[name]
-        module.register_parameter(name + names[0], nn.Parameter(weight.detach().clone()))
+        module.register_parameter(name + names[0], weight if reuse else nn.Parameter(weight.detach().clone()))
         module.register_buffer(name + names[1], mask)
 
         def apply(module, args):
@@ -119,7 +119,7 @@ def _prune(mask_rule="smallest", hook=True, names=("_orig", "_mask"), at_once=Tr
 def _mask_each_forward(module, name, amount):  # the mask computed again from the moved weights at every forward
     weight = getattr(module, name)
     del module._parameters[name]
-    module.register_parameter(name + "_orig", nn.Parameter(weight.detach().clone()))
+    module.register_parameter(name + "_orig", weight)
 
     def apply(module, args):
         orig = getattr(module, name + "_orig")
@@ -134,6 +134,7 @@ def _mask_each_forward(module, name, amount):  # the mask computed again from th
 
 def test_07_1_accepts_the_worked_answer():
     assert grade("07.1", nb07.prune_by_hand).passed
+    assert grade("07.1", _prune()).passed  # the removed Parameter registered again, the same object
 
 
 def test_07_1_names_each_slip():
@@ -147,6 +148,7 @@ def test_07_1_names_each_slip():
     failed("07.1", lambda module, name, amount: None, "handle")
     failed("07.1", _prune(count=int), "round(), not int()")  # 0.35 × 108 = 37.8: int() gives 37
     failed("07.1", _prune(mask_dtype=torch.bool), "torch.bool", "torch.float32 mask")
+    failed("07.1", _prune(reuse=False), "new Parameter", "optimizer made before pruning no longer trains")
     failed("07.1", nb07.prune_by_hand(nn.Linear(2, 2), "weight", 0.5), "function itself")
 
 

@@ -363,7 +363,7 @@ def prune_by_hand(module: nn.Module, name: str, amount: float):
     mask = torch.ones_like(weight)
     mask.view(-1)[weight.detach().abs().flatten().topk(k, largest=False).indices] = 0
     del module._parameters[name]
-    module.register_parameter(name + "_orig", nn.Parameter(weight.detach().clone()))
+    module.register_parameter(name + "_orig", weight)  # the same object: an optimizer made before still trains it
     module.register_buffer(name + "_mask", mask)
 
     def apply_mask(module, args):
@@ -682,6 +682,7 @@ def _prune_one(answer, name: str, amount: float) -> Outcome:
     torch.manual_seed(0)
     theirs, ours = nn.Conv2d(3, 4, 3), None
     ours = copy.deepcopy(theirs)
+    opts = {id(m): torch.optim.SGD(m.parameters(), lr=0.5) for m in (ours, theirs)}  # made before pruning
     handle = _call(answer, "prune_by_hand", ours, name, amount)
     if isinstance(handle, Outcome):
         return handle
@@ -714,14 +715,18 @@ def _prune_one(answer, name: str, amount: float) -> Outcome:
                                      f"{int((mine == 0).sum())} entries, it zeroes {k} ({amount} × {n} = "
                                      f"{amount * n:.1f}, rounded to the nearest: round(), not int())"))
         x, first_mask = torch.randn(2, 3, 6, 6), mine.clone()
+        before = getattr(ours, name + "_orig").detach().clone()
         for module in (ours, theirs):
-            opt = torch.optim.SGD(module.parameters(), lr=0.5)
             module(x).square().sum().backward()
             if module is ours and getattr(ours, name + "_orig").grad is None:
                 return Outcome(False, f"no gradient reaches {name}_orig: the {name} your pre-hook sets is detached "
                                       "(.detach() or no_grad), so training never moves it; compute "
                                       f"{name}_orig * {name}_mask with autograd on")
-            opt.step()
+            opts[id(module)].step()
+        if torch.equal(getattr(ours, name + "_orig"), before):
+            return Outcome(False, f"an SGD step made before pruning did not move {name}_orig: you registered a new "
+                                  "Parameter, so an optimizer made before pruning no longer trains this layer. "
+                                  f"Register the Parameter you removed, the same object, as {name}_orig")
         out = ours(x)
         orig = getattr(ours, name + "_orig").detach()
         moved = torch.ones_like(orig)
