@@ -233,8 +233,8 @@ RESEMBLES = ("trained", "untrained", "about the same")
                                "switches on, trained or not, and all 8 never-trained networks' maps follow the ink "
                                "more closely than the trained one's"),
                    ("about the same", "close: the units a digit switches on pass the gradient back, trained or "
-                                      "not; but measured, all 8 never-trained networks' maps follow the ink more closely "
-                                      "than the trained one's")],
+                                      "not; but measured, all 8 never-trained networks' maps follow the ink more "
+                                      "closely than the trained one's")],
             form=_one_of(RESEMBLES))
 def _untrained_resembles() -> str:
     trained, untrained = _guided_resemblance()
