@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..audit import clear_hooks
+from ..hooks import Hooks
 from ..pytorch_internals import global_registries, module_hooks
 from . import Outcome, exercise, hint_for, kind_of, prediction, same
 
@@ -546,14 +547,11 @@ def _leaves(model: nn.Module) -> list[tuple[str, nn.Module]]:
 def _run_order(model: nn.Module, x: torch.Tensor) -> list[tuple[str, nn.Module, torch.Tensor]]:
     """Each leaf module's name, the module and a copy of its output, in the order they ran."""
     ran: list = []
-    handles = [m.register_forward_hook(lambda m, args, out, name=name: ran.append((name, m, out.detach().clone())))
-               for name, m in _leaves(model)]  # fmt: skip
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for handle in handles:
-            handle.remove()
+    with Hooks() as hooks, torch.no_grad():
+        for name, m in _leaves(model):
+            hooks.add(m.register_forward_hook(
+                lambda m, args, out, name=name: ran.append((name, m, out.detach().clone()))))
+        model(x)
     return ran
 
 
@@ -568,19 +566,15 @@ _LATE_ALL = _OtherForm(lambda guess: not (isinstance(guess, list | tuple) and le
 def _late_keys() -> list[str]:
     """The keys a loop of ``keep`` hooks without ``name=name`` leaves in its dict, on the lesson's model."""
     model, x = _opening()
-    kept, handles = {}, []
-    for name, module in _leaves(model):
+    kept: dict = {}
+    with Hooks() as hooks, torch.no_grad():
+        for name, module in _leaves(model):
 
-        def keep(module, args, output):
-            kept[name] = output.detach().clone()  # noqa: B023  (the slip the prediction is about)
+            def keep(module, args, output):
+                kept[name] = output.detach().clone()  # noqa: B023  (the slip the prediction is about)
 
-        handles.append(module.register_forward_hook(keep))
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for handle in handles:
-            handle.remove()
+            hooks.add(module.register_forward_hook(keep))
+        model(x)
     return list(kept)
 
 

@@ -371,36 +371,34 @@ def _inf_first_case(guard) -> Outcome | None:
     return None
 
 
-def _overflow_case(guard) -> Outcome | None:
-    """A finite gradient whose norm overflows float32: [1e20, 1e20] has norm √2·1e20, but its square 1e40 is
-    beyond float32's largest, 3.4e38, so grad.norm() is inf. A guard that tests the norm raises on it."""
-    x = torch.ones(2, requires_grad=True)
+def _finite_case(guard, values: list[float], shown: str, why: str) -> Outcome | None:
+    """Backward through a finite gradient ``values`` (written ``shown``); a guard that raises on it fails with
+    ``why``."""
+    x = torch.ones(len(values), requires_grad=True)
     t = x * 1.0
-    case = _run_guard(guard, {"t": t}, (t * 1e20).sum())
+    case = _run_guard(guard, {"t": t}, (t * torch.tensor(values)).sum())
     if isinstance(case, Outcome):
         return case
     if case[0] is not None:
-        return Outcome(False, f"on the finite gradient [1e20, 1e20] your hook raised {type(case[0]).__name__}: "
-                              f"{case[0]}. Every entry is finite, but the norm squares them, and 1e40 overflows "
-                              "float32 to inf: torch.isfinite(grad.norm()) is False. Test the entries, "
-                              "grad.isfinite().all(), not the norm")
+        return Outcome(False, f"on the finite gradient {shown} your hook raised {type(case[0]).__name__}: "
+                              f"{case[0]}. {why}")
     return None
+
+
+def _overflow_case(guard) -> Outcome | None:
+    """A finite gradient whose norm overflows float32: [1e20, 1e20] has norm √2·1e20, but its square 1e40 is
+    beyond float32's largest, 3.4e38, so grad.norm() is inf. A guard that tests the norm raises on it."""
+    why = ("Every entry is finite, but the norm squares them, and 1e40 overflows float32 to inf: "
+           "torch.isfinite(grad.norm()) is False. Test the entries, grad.isfinite().all(), not the norm")
+    return _finite_case(guard, [1e20, 1e20], "[1e20, 1e20]", why)
 
 
 def _large_case(guard) -> Outcome | None:
     """A finite gradient near float32's largest (3.4e38): [1e35, -2]. A guard with a size threshold, such as
     grad.abs().max() > 1e30, raises on it."""
-    x = torch.ones(2, requires_grad=True)
-    t = x * 1.0
-    case = _run_guard(guard, {"t": t}, (t * torch.tensor([1e35, -2.0])).sum())
-    if isinstance(case, Outcome):
-        return case
-    if case[0] is not None:
-        return Outcome(False, f"on the finite gradient [1e35, -2] your hook raised {type(case[0]).__name__}: "
-                              f"{case[0]}. float32 holds finite numbers up to 3.4e38, so 1e35 is finite: a size "
-                              "threshold such as grad.abs().max() > 1e30 tests something else. Test "
-                              "grad.isfinite().all()")
-    return None
+    why = ("float32 holds finite numbers up to 3.4e38, so 1e35 is finite: a size threshold such as "
+           "grad.abs().max() > 1e30 tests something else. Test grad.isfinite().all()")
+    return _finite_case(guard, [1e35, -2.0], "[1e35, -2]", why)
 
 
 @exercise("01.3", "stop backward at the first bad gradient, by name")
