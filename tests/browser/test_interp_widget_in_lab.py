@@ -45,6 +45,7 @@ def test_the_patching_explorer_redraws_for_a_new_point_and_position(lab, lab_roo
     first = image.get_attribute("src")
     nb.control(area, "dropdown", "point").locator("select").select_option("blocks.1.hook_resid_post")
     expect(text).to_contain_text(re.compile(r"blocks\.1\.hook_resid_post patched in at position 3: .*corrupted"))
+    expect(image).not_to_have_attribute("src", first)  # the picture is sent after the text: wait for it
     second = image.get_attribute("src")
     nb.drag_to(nb.slider(area, "position"), 1.0)  # the last position: the query, 9
     expect(nb.readout(nb.slider(area, "position"))).to_have_text("9")
