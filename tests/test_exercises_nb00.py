@@ -799,3 +799,17 @@ def test_the_lesson_shows_the_models_its_predictions_compute_on():
     """00.c runs the loop the lesson shows; 00.f the lesson's LogBetween."""
     assert "kept[name] = output.detach().clone()" in lesson_source("def keep(module, args, output):")
     assert "return self[1](torch.log(self[0](x)))" in lesson_source("class LogBetween(nn.Sequential)")
+
+
+def test_00_2_rejects_removing_every_registration_of_the_function():
+    def by_function(module, hook, x):
+        module.register_forward_hook(hook)
+        try:
+            return module(x)
+        finally:
+            for key, registered in list(module._forward_hooks.items()):
+                if registered is hook:
+                    del module._forward_hooks[key]
+
+    failed("00.2", by_function, "registered the same function as a forward hook first",
+           "remove only your own, with the handle")

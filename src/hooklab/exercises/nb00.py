@@ -443,6 +443,27 @@ def _one_run(run_with_hook, x: torch.Tensor, others: int) -> Outcome | None:
     return _hook_calls_outcome(seen, gone, layer) or _answer_outcome(answer, plain, seen, left)
 
 
+def _shared_function_run(run_with_hook, x: torch.Tensor) -> Outcome | None:
+    """Other code registered the same function as a forward hook first: the answer removes only its own
+    registration (by its handle), not every entry that holds the function."""
+    layer = _Counted()
+
+    def hook(module, args, output):
+        return None
+
+    theirs = layer.register_forward_hook(hook)
+    try:
+        run_with_hook(layer, hook, x)
+    finally:
+        kept = theirs.id in module_hooks(layer, "_forward_hooks")
+        clear_hooks(layer)
+    if not kept:
+        return Outcome(False, "other code had registered the same function as a forward hook first, and your code "
+                              "removed that registration too: remove only your own, with the handle that "
+                              "register_forward_hook returned")
+    return None
+
+
 def _one_failing_run(run_with_hook, x: torch.Tensor, error: type, what: str) -> Outcome | None:
     """The answer on a module whose forward raises ``error``: the error and no hook may be left."""
     failing = _Fails(error)
@@ -482,6 +503,9 @@ def _run_with_hook(run_with_hook) -> Outcome:
         wrong = _one_run(run_with_hook, x, others)
         if wrong:
             return wrong
+    wrong = _shared_function_run(run_with_hook, x)
+    if wrong:
+        return wrong
     for error, what in [
         (ValueError, "a ValueError"),
         (_ForwardError, "an error of another type"),
