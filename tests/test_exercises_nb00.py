@@ -807,9 +807,8 @@ def test_00_2_rejects_removing_every_registration_of_the_function():
         try:
             return module(x)
         finally:
-            for key, registered in list(module._forward_hooks.items()):
-                if registered is hook:
-                    del module._forward_hooks[key]
+            for key in [key for key, registered in module._forward_hooks.items() if registered is hook]:
+                del module._forward_hooks[key]
 
     failed("00.2", by_function, "registered the same function as a forward hook first",
            "remove only your own, with the handle")

@@ -718,35 +718,34 @@ def test_05_5_typical_mistakes_get_a_hint():
     failed("05.5", Redrawn(nn.Linear(1, 1), []), "the class Redrawn itself")
 
 
+def redrawn_with(hook_for):
+    """A Redrawn whose hook for each layer is ``hook_for(fresh)``: the wrong hooks below differ only there."""
+
+    class Answer(Redrawn):
+        def __enter__(self):
+            for name in self.names:
+                layer = self.model.get_submodule(name)
+                fresh = copy.deepcopy(layer)
+                fresh.reset_parameters()
+                self.handles.append(layer.register_forward_hook(hook_for(fresh)))
+            return self
+
+    return Answer
+
+
 def test_05_5_a_hook_that_cuts_the_gradient_is_named():
-    class Detaches(Redrawn):
-        def __enter__(self):
-            for name in self.names:
-                layer = self.model.get_submodule(name)
-                fresh = copy.deepcopy(layer)
-                fresh.reset_parameters()
-                self.handles.append(layer.register_forward_hook(
-                    lambda m, args, out, fresh=fresh: fresh(*args).detach()))
-            return self
+    def detached(fresh):
+        return lambda m, args, out: fresh(*args).detach()
 
-    class NoGrad(Redrawn):
-        def __enter__(self):
-            def make(fresh):
-                def hook(module, args, out):
-                    with torch.no_grad():
-                        return fresh(*args)
+    def without_grad(fresh):
+        def hook(module, args, out):
+            with torch.no_grad():
+                return fresh(*args)
 
-                return hook
+        return hook
 
-            for name in self.names:
-                layer = self.model.get_submodule(name)
-                fresh = copy.deepcopy(layer)
-                fresh.reset_parameters()
-                self.handles.append(layer.register_forward_hook(make(fresh)))
-            return self
-
-    failed("05.5", Detaches, "no gradient flows back", ".detach()")
-    failed("05.5", NoGrad, "no gradient flows back", "torch.no_grad()")
+    failed("05.5", redrawn_with(detached), "no gradient flows back", ".detach()")
+    failed("05.5", redrawn_with(without_grad), "no gradient flows back", "torch.no_grad()")
 
 
 def test_05_5_a_late_bound_fresh_is_told_about_the_loop_variable():

@@ -346,13 +346,25 @@ def _verdict_of(accuracy: float, plain: float) -> str:
     return "same" if abs(accuracy - plain) < 0.02 else ("better" if accuracy > plain else "worse")
 
 
+@functools.cache  # one epoch of training: computed once a session
+def _pre_hooked_mlp() -> tuple[nn.Module, float]:
+    """The sigmoid MLP after one epoch with ×7 backward pre-hooks on its Linears, and its test accuracy."""
+    model = _digits_mlp()
+    with Hooks() as hooks:
+        for layer in model[:16:2]:
+            hooks.add(layer.register_full_backward_pre_hook(lambda m, go: (go[0] * 7, *go[1:])))
+        accuracy = _train_one_epoch(model)
+    return model, accuracy
+
+
 @prediction(
     "03.d", "whether the test accuracy after one epoch with ×7 pre-hooks on Linear layers 0, 2, …, 14 is better than, "
     "the same as or worse than the 10 % without hooks",
-    why="the same, 10 %: backward hooks change the gradients, not the forward pass. Each layer pair still shrinks the "
-        "spread between images × about 0.14, so the logits are nearly equal for every image and every image gets "
-        "the same class, as without hooks. The bigger steps saturate the first sigmoids, a side effect, not the "
-        "cause: with smaller steps nothing saturates and the accuracy is still 10 %.",
+    why="the same, 10 %: in one epoch, rescaling the gradients backward does not repair the forward pass. Each "
+        "layer pair still shrinks the spread between images × about 0.14, so the logits are nearly equal for "
+        "every image and every image gets the same class, as without hooks. The bigger steps saturate the "
+        "first sigmoids, a side effect, not the cause: with smaller steps nothing saturates and the accuracy is "
+        "still 10 %.",
     wrong=[
         ("better", "the gradient now reaches layer 0 at full size, but backward is half the story: each layer pair "
                    "still shrinks the spread between images × about 0.14 on the way forward (section 1), and the "
@@ -363,28 +375,16 @@ def _verdict_of(accuracy: float, plain: float) -> str:
     ],
     form=_verdict_form,
 )  # fmt: skip
-@functools.cache  # two epochs of training: computed once a session
+@functools.cache  # one more epoch of training: computed once a session
 def _verdict_with_pre_hooks() -> str:
-    model = _digits_mlp()
-    handles = [layer.register_full_backward_pre_hook(lambda m, go: (go[0] * 7, *go[1:])) for layer in model[:16:2]]
-    try:
-        accuracy = _train_one_epoch(model)
-    finally:
-        _remove(handles)
-    return _verdict_of(accuracy, _train_one_epoch(_digits_mlp()))
+    return _verdict_of(_pre_hooked_mlp()[1], _train_one_epoch(_digits_mlp()))
 
 
 def _classes_after_pre_hooks() -> int:
     """How many classes the test images get after one epoch with the ×7 pre-hooks (the lesson prints 1)."""
-    model = _digits_mlp()
-    handles = [layer.register_full_backward_pre_hook(lambda m, go: (go[0] * 7, *go[1:])) for layer in model[:16:2]]
-    try:
-        _train_one_epoch(model)
-    finally:
-        _remove(handles)
     _, _, test_pixels, _ = _digit_pixels()
     with torch.no_grad():
-        return model(test_pixels).argmax(1).unique().numel()
+        return _pre_hooked_mlp()[0](test_pixels).argmax(1).unique().numel()
 
 
 def _scaled_gradient_power() -> int:

@@ -1265,17 +1265,18 @@ IN_FORWARD_ORDER = ("A module called twice fires each hook twice, and you kept o
 def _pairs_in_forward_order(disagreeing_layers, model, x, y, formulas) -> bool:
     """Whether the answer runs the formula of the reused Linear '0' once per call, each time with the input of one
     call and the gradient of another: a record per call, its backwards paired in forward order."""
+    from hooklab.hooks import Hooks
+
     inputs, grads = [], []
     fc = model[0]
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Full backward hook is firing")
-        handles = [fc.register_forward_hook(lambda m, args, out: inputs.append(args[0].detach())),
-                   fc.register_full_backward_hook(lambda m, gi, go: grads.insert(0, go[0].detach()))]
         try:
-            F.cross_entropy(model(x), y).backward()
+            with Hooks() as hooks:
+                hooks.add(fc.register_forward_hook(lambda m, args, out: inputs.append(args[0].detach())))
+                hooks.add(fc.register_full_backward_hook(lambda m, gi, go: grads.insert(0, go[0].detach())))
+                F.cross_entropy(model(x), y).backward()
         finally:
-            for handle in handles:
-                handle.remove()
             model.zero_grad()
     seen = []
 

@@ -18,6 +18,7 @@ on with them while the student's own has not passed, as is ``stripe_score``.
 
 from __future__ import annotations
 
+import functools
 import weakref
 
 import torch
@@ -1029,6 +1030,23 @@ def _sweep_slip(model, got, clean, corrupted, metric) -> str | None:
     return None
 
 
+def _map_verdict(got: torch.Tensor, want: torch.Tensor, what: str, *, nothing: bool, baseline: str, slip,
+                 layout: str, cell) -> Outcome | None:
+    """None when the student's map ``got`` matches ``want``; else the first slip found: nothing patched (the
+    ``baseline`` run every time), a slip ``slip()`` names, a wrong shape (``layout`` says the right one), or the
+    cell furthest off, described by ``cell(row, col)``."""
+    if got.shape == want.shape and torch.allclose(got.float(), want, atol=1e-3):
+        return None
+    if nothing:
+        return Outcome(False, f"{what}: " + NOTHING.format(baseline))
+    if (named := slip()) is not None:
+        return Outcome(False, f"{what}: {named}")
+    if got.shape != want.shape:
+        return Outcome(False, f"{what}: shape {tuple(got.shape)}, want {tuple(want.shape)}: {layout}")
+    row, col = divmod((got.float() - want).abs().argmax().item(), want.shape[1])
+    return Outcome(False, f"{what}: {cell(row, col)} {got[row, col]:.2f}, want {want[row, col]:.2f}")
+
+
 @exercise("08.4", "the patching sweep over hook points × positions, normalised")
 def _check_sweep(answer) -> Outcome:
     if not callable(answer):
@@ -1047,18 +1065,12 @@ def _check_sweep(answer) -> Outcome:
         if not isinstance(got, torch.Tensor):
             return Outcome(False, f"patching_sweep returned {kind_of(got)}: return a tensor, (points, positions)")
         want = patching_sweep(model, clean, corrupted, list(CHECK_POINTS), metric)
-        if got.shape == want.shape and torch.allclose(got.float(), want, atol=1e-3):
-            continue
-        if nothing:
-            return Outcome(False, f"corruption {what}: " + NOTHING.format("unpatched corrupted"))
-        if (slip := _sweep_slip(model, got.float(), clean, corrupted, metric)) is not None:
-            return Outcome(False, f"corruption {what}: {slip}")
-        if got.shape != want.shape:
-            return Outcome(False, f"corruption {what}: shape {tuple(got.shape)}, want {tuple(want.shape)}: one "
-                                  "row per hook point, one column per position of the sequence")
-        row, col = divmod((got.float() - want).abs().argmax().item(), want.shape[1])
-        return Outcome(False, f"corruption {what}: {CHECK_POINTS[row]} at position {col} gives {got[row, col]:.2f}, "
-                              f"want {want[row, col]:.2f}")
+        wrong = _map_verdict(got, want, f"corruption {what}", nothing=nothing, baseline="unpatched corrupted",
+                             slip=functools.partial(_sweep_slip, model, got.float(), clean, corrupted, metric),
+                             layout="one row per hook point, one column per position of the sequence",
+                             cell=lambda row, col: f"{CHECK_POINTS[row]} at position {col} gives")
+        if wrong:
+            return wrong
     return Outcome(True, "the same map as the model's, for both corruptions, alone and in one batch, and no hook "
                          "left behind." + (IN_PLACE if edited else ""))
 
@@ -1180,18 +1192,12 @@ def _check_scores(answer) -> Outcome:
             return Outcome(False, f"ablation_scores returned {kind_of(got)}: return a tensor, one score per head "
                                   "and position (torch.zeros(heads, positions), filled in)")
         want = ablation_scores(model, tokens, layer, metric)
-        if got.shape == want.shape and torch.allclose(got.float(), want, atol=1e-3):
-            continue
-        if nothing:
-            return Outcome(False, f"{what}: " + NOTHING.format("intact"))
-        if (slip := _scores_slip(model, got.float(), tokens, layer, metric)) is not None:
-            return Outcome(False, f"{what}: {slip}")
-        if got.shape != want.shape:
-            return Outcome(False, f"{what}: shape {tuple(got.shape)}, want {tuple(want.shape)}: one row per "
-                                  "head, one column per position")
-        head, position = divmod((got.float() - want).abs().argmax().item(), want.shape[1])
-        return Outcome(False, f"{what}: head {head} at position {position} scores {got[head, position]:.2f}, "
-                              f"want {want[head, position]:.2f}")
+        wrong = _map_verdict(got, want, what, nothing=nothing, baseline="intact",
+                             slip=functools.partial(_scores_slip, model, got.float(), tokens, layer, metric),
+                             layout="one row per head, one column per position",
+                             cell=lambda head, position: f"head {head} at position {position} scores")
+        if wrong:
+            return wrong
     return Outcome(True, "the same drops as the model's, every head at every position, layers 0 and 1, read at "
                          "the query and at position 0, on one run and a batch of two, and no hook left behind."
                    + (ABLATE_IN_PLACE if edited else ""))
