@@ -165,28 +165,29 @@ def _measured_band_rise() -> float:
         return _median_head_ratio(5e-3, {"model": weights}, path) - _median_head_ratio(1e-3, {"model": weights}, path)
 
 
-class RowNorm(nn.Module):
-    """Scales each row to length 1, one row at a time (lesson 06 §5)."""
+class _AllRowsNorm(nn.Module):
+    """Scales each row to length 1, all rows at once: lesson 06 §5's AllRowsNorm."""
 
     def forward(self, x):
-        return torch.stack([row / row.norm() for row in x])
+        return x / x.norm(dim=1, keepdim=True)
 
 
-@prediction("06.e", "how many autograd nodes RowNorm creates for 32 rows",
-            why="66: each row's norm and division make a node each (64), iterating over x makes one UnbindBackward0 "
-                "for all the rows, and torch.stack one StackBackward0; every one of them runs in backward",
-            wrong=[(64, "each row's norm and division make 64, but iterating over x is an operation too (one "
-                        "UnbindBackward0 for all rows), and so is torch.stack"),
-                   (65, "iterating over x makes one node (UnbindBackward0) and torch.stack another: 64 + 2"),
-                   (96, "iterating over x makes one node for all 32 rows, not one per row: 64 + 2"),
-                   (32, "a row makes two nodes, its norm and its division, and the loop and the stack one each"),
-                   (2, "two is the count of the vectorised form, x / x.norm(dim=1, keepdim=True); the loop makes "
-                       "nodes for every row"),
-                   (3, "that is the count per operation of the vectorised form; the loop makes nodes for every row")])
-def _nodes_of_row_norm() -> int:
+@prediction("06.e", "how many autograd nodes AllRowsNorm creates for 32 rows",
+            why="forward records one node per operation on tensors that need gradients, whatever their size: "
+                "x.norm(dim=1, keepdim=True) is one operation on all 32 rows and the division another, so 2",
+            wrong=[(64, "a node is made per operation, not per row: x.norm(dim=1, ...) is one operation on all 32 "
+                        "rows, and the division one more"),
+                   (32, "a node is made per operation, not per row: the norm of all rows is one operation, the "
+                        "division another"),
+                   (66, "that is the row-by-row loop's count; AllRowsNorm runs each operation once on all rows"),
+                   (1, "two operations run on tensors that need gradients: the norm, then the division"),
+                   (3, "keepdim=True only keeps the reduced dimension: no operation of its own, so norm and division"),
+                   (0, "x comes from layers with parameters, so it needs gradients, and so does every result "
+                       "computed from it: each operation records a node")])
+def _nodes_of_all_rows_norm() -> int:
     hidden, created = nn.Linear(8, 8)(torch.randn(32, 8)), []
     with torch.autograd.graph.node_creation_hook(lambda node: created.append(node.name())):
-        RowNorm()(hidden)
+        _AllRowsNorm()(hidden)
     return len(created)
 
 
@@ -357,7 +358,9 @@ def _run_logged(make_hook, seed: int = 0):
     hook = make_hook(names, logged)
 
     def hook_and_note(module, args, output):
-        returned.append(hook(module, args, output))
+        value = hook(module, args, output)
+        if value is not None and value is not output:  # returning output itself changes nothing: accepted
+            returned.append(value)
 
     with module_hooks.register_module_forward_hook(hook_and_note):
         outside(torch.zeros(2, 4, requires_grad=True)).sum().backward()  # another model's: the hook sees it too
@@ -382,9 +385,11 @@ def _grad_logger(grad_logger) -> Outcome:
             return Outcome(False, "a tensor hook went on an output that does not require grad (layer '0' is frozen "
                                   f"and its input needs no grad): check output.requires_grad first ({error})")
         return Outcome(False, f"the model failed under your hook: {type(error).__name__}: {error}")
-    if any(value is not None for value in returned):
-        return Outcome(False, f"your forward hook returned {_describe(next(v for v in returned if v is not None))}, "
-                              "which replaces the module's output: return None")
+    if returned:
+        what = (f"a new tensor ({_tensor_slip(returned[0])})" if isinstance(returned[0], torch.Tensor)
+                else _describe(returned[0]))
+        return Outcome(False, f"your forward hook returned {what}, which replaces the module's output: return None "
+                              "(returning output itself, unchanged, passes too)")
     if not all(torch.equal(a, b) for a, b in zip(grads, want_grads, strict=True)):
         return Outcome(False, "the parameters' gradients changed under your hook: the tensor hook must return "
                               "None (only read grad)")
@@ -407,6 +412,13 @@ def _grad_logger(grad_logger) -> Outcome:
                                   f"output is {norm:.4f}: hook the output, not an input")
     return Outcome(True, f"every module's output logged in backward's order, {[n for n, _ in want]}, through an "
                          "in-place ReLU and an in-place add; a frozen layer and another model's module skipped")
+
+
+def _tensor_slip(value: torch.Tensor) -> str:
+    """What a forward hook that returned a tensor other than ``output`` may have done, in the student's words."""
+    if not value.requires_grad:
+        return "it needs no grad, as output.detach() does, so no gradient would flow back through that module"
+    return "a copy such as output.clone(), not output itself"
 
 
 def _describe(value) -> str:
@@ -491,6 +503,13 @@ def _wrong_ratios(name: str, got: list, expected: list, formula: tuple, norms: l
     if _close(got, norms):
         return Outcome(False, f"ratios[{name!r}] looks like log10 of |Δw| / |w| as norms: use the stds, "
                               "log10(std(Δw) / std(w before)), as lesson 03 did")
+    if _close([g / math.log(10) for g in got], expected, _WITHIN):
+        return Outcome(False, f"ratios[{name!r}] holds natural logs, {[round(g, 4) for g in got]}, "
+                              f"{math.log(10):.3f} times log10's: torch.log and math.log are ln; use "
+                              "torch.log10 or math.log10, as the −3 rule of thumb is in log10")
+    if _close([g / math.log(2) for g in got], expected, _WITHIN):
+        return Outcome(False, f"ratios[{name!r}] holds log2 values: use torch.log10 or math.log10, as the −3 rule "
+                              "of thumb is in log10")
     if all(g > 0 for g in got) and _close([math.log10(g) for g in got], expected):
         return Outcome(False, f"ratios[{name!r}] holds the ratios themselves: append their log10")
     return Outcome(False, f"with {label}, ratios[{name!r}] is {[round(g, 4) for g in got]}, expected "
