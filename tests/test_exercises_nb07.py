@@ -400,6 +400,20 @@ def test_the_measurements_the_lesson_prints_for_checkpointing_and_dead_channels(
                                              "features.5": "8,687 of 8,688"}
 
 
+def test_saved_twice_is_kept_once_and_spec_measures_plain_training_once(monkeypatch, capsys):
+    last = nb07.saved_table()[-1]  # the sums the lesson prints before prediction 07.d
+    assert last == "all 10 tensors, each counted once: 5,910,532 bytes; each save counted: 9,066,500 bytes"
+    assert nb07.saved_bytes() == 5_910_532
+    calls, measure = [], nb07.saved_bytes
+    monkeypatch.setattr(nb07, "_PLAIN", {})
+    monkeypatch.setattr(nb07, "_MEASURED", {})
+    monkeypatch.setattr(nb07, "saved_bytes", lambda *args, **kw: calls.append(args) or measure(*args, **kw))
+    for _ in range(2):
+        nb07.spec(pack=nb07.pack_bf16, unpack=nb07.unpack_bf16)
+    assert [args for args in calls if args[0] is None] == [(None, None)]  # plain: once, not at each comparison
+    assert capsys.readouterr().out.count("✓ 3.53 MB") == 2
+
+
 def test_the_students_per_sample_hooks_serve_both_kinds_of_layer_and_the_private_pass_splits_its_step():
     model, (x, y) = nb07._model(), nb07._batch(16)
     truth = nb07.per_sample_truth(model, x, y)
