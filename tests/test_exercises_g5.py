@@ -1,5 +1,5 @@
 """The field guide G5's checkers (the deconvnet ReLU hook, G5.1; Layer-CAM from recorded hooks, G5.2; the
-cascade of re-drawn copies, G5.3) accept a correct answer and reject wrong ones."""
+deletion test's loop, G5.3; the cascade of re-drawn copies, G5.4) accept a correct answer and reject wrong ones."""
 
 from __future__ import annotations
 
@@ -104,9 +104,9 @@ def test_g5_2_hooks_and_gradients_are_checked():
     failed("G5.2", leaves_hook, "a hook stayed on the model")
 
 
-# ----- G5.3: cascading randomisation, on properties --------------------------------------------------
+# ----- G5.4: cascading randomisation, on properties --------------------------------------------------
 def _cascade(model, names, *, cumulative=True, deep=True, init="reset", seed=None):
-    """A right answer to G5.3 (any random numbers); the keyword arguments plant the usual mistakes."""
+    """A right answer to G5.4 (any random numbers); the keyword arguments plant the usual mistakes."""
     if seed is not None:
         torch.manual_seed(seed)
     copies, current = [], model
@@ -125,25 +125,25 @@ def _cascade(model, names, *, cumulative=True, deep=True, init="reset", seed=Non
 
 @pytest.mark.parametrize("seed", [None, 0, 7])
 def test_g5_3_cascade_passes_whatever_the_random_numbers(seed):
-    outcome = grade("G5.3", lambda m, names: _cascade(m, names, seed=seed))
+    outcome = grade("G5.4", lambda m, names: _cascade(m, names, seed=seed))
     assert outcome.passed and "head.2, features.5, features.2" in outcome.detail
 
 
 def test_g5_3_the_packaged_cascade_passes():
     from hooklab.saliency import randomised_cascade
 
-    assert grade("G5.3", randomised_cascade).passed
+    assert grade("G5.4", randomised_cascade).passed
 
 
 def test_g5_3_typical_mistakes_get_a_hint():
-    failed("G5.3", lambda m, names: _cascade(m, names, cumulative=False), "keeps the layers above it random")
-    failed("G5.3", lambda m, names: _cascade(m, names, deep=False), "the model you were given changed")
-    failed("G5.3", lambda m, names: _cascade(m, names, init="normal"), "reset_parameters()")
-    failed("G5.3", lambda m, names: _cascade(m, names, init="none"), "still holds the trained values")
-    failed("G5.3", lambda m, names: _cascade(m, names[:2]), "3 names, 2 models")
-    failed("G5.3", lambda m, names: _cascade(m, names)[-1], "a list of models")
-    failed("G5.3", lambda m, names: _cascade(m, ["features.0", *names[1:]]), "should have layer 'head.2' re-drawn")
-    failed("G5.3", lambda m, names: [m] * len(names), "its own copy")
+    failed("G5.4", lambda m, names: _cascade(m, names, cumulative=False), "keeps the layers above it random")
+    failed("G5.4", lambda m, names: _cascade(m, names, deep=False), "the model you were given changed")
+    failed("G5.4", lambda m, names: _cascade(m, names, init="normal"), "reset_parameters()")
+    failed("G5.4", lambda m, names: _cascade(m, names, init="none"), "still holds the trained values")
+    failed("G5.4", lambda m, names: _cascade(m, names[:2]), "3 names, 2 models")
+    failed("G5.4", lambda m, names: _cascade(m, names)[-1], "a list of models")
+    failed("G5.4", lambda m, names: _cascade(m, ["features.0", *names[1:]]), "should have layer 'head.2' re-drawn")
+    failed("G5.4", lambda m, names: [m] * len(names), "its own copy")
 
 
 def test_g5_3_each_copy_from_the_one_before():
@@ -164,5 +164,52 @@ def test_g5_3_each_copy_from_the_one_before():
             copies.append(current)
         return copies
 
-    failed("G5.3", every_copy_from_the_model, "re-drew 'head.2' again", "copy of model 0")
-    failed("G5.3", shallow, "changed")
+    failed("G5.4", every_copy_from_the_model, "re-drew 'head.2' again", "copy of model 0")
+    failed("G5.4", shallow, "changed")
+
+
+def _deletion_answer(fill="mean", cumulative=True, fixed=True, sign=1, in_finally=True, in_place=False):
+    """A G5.3 answer: the worked loop with one slip switched on."""
+    from hooklab.exercises.nb05 import pixels_under
+
+    def deletion(model, x, targets, order, k=8):
+        means = x.mean(dim=(1, 2, 3), keepdim=True) if fill == "mean" else x.mean() if fill == "batch" else 0.0
+        with torch.no_grad():
+            start = model(x).gather(1, targets[:, None])[:, 0]
+        falls = []
+        for n in range(1, k + 1):
+            patch = pixels_under(order[:, :n] if cumulative else order[:, n - 1:n])
+            if in_place:
+                x[patch.expand_as(x)] = 0.0
+            handle = model.register_forward_pre_hook(
+                lambda m, args, patch=patch: (torch.where(patch, torch.as_tensor(means), args[0]),))
+            if in_finally:
+                try:
+                    with torch.no_grad():
+                        scores = model(x)
+                finally:
+                    handle.remove()
+            else:
+                with torch.no_grad():
+                    scores = model(x)
+                handle.remove()
+            now = scores.gather(1, (targets if fixed else scores.argmax(dim=1))[:, None])[:, 0]
+            falls.append(sign * (start - now).mean())
+        return torch.stack(falls)
+
+    return deletion
+
+
+def test_g5_4_the_deletion_loop_passes_and_each_slip_is_named():
+    from hooklab.exercises.g5 import worked_deletion
+
+    assert grade("G5.3", worked_deletion).passed
+    assert grade("G5.3", _deletion_answer()).passed
+    failed("G5.3", _deletion_answer(fill="zero"), "filled the patches with 0")
+    failed("G5.3", _deletion_answer(fill="batch"), "one mean for the whole batch")
+    failed("G5.3", _deletion_answer(cumulative=False), "cumulative")
+    failed("G5.3", _deletion_answer(fixed=False), "keep the targets")
+    failed("G5.3", _deletion_answer(sign=-1), "wrong sign")
+    failed("G5.3", _deletion_answer(in_finally=False), "finally")
+    failed("G5.3", _deletion_answer(in_place=True), "changed the digits")
+    failed("G5.3", lambda model, x, targets, order, k=8: [0.0] * k, "return a tensor")

@@ -1,6 +1,6 @@
 """Exercises of the field guide G5 (saliency and statistics): a deconvnet ReLU hook (G5.1), the third
-of the three ReLU backward rules of its section 5, Layer-CAM from recorded hooks (G5.2, section 7) and the
-cascade of re-drawn copies of its sanity checks (G5.3, section 10)."""
+of the three ReLU backward rules of its section 5, Layer-CAM from recorded hooks (G5.2, section 7), the
+deletion test's loop (G5.3, section 8) and the cascade of re-drawn copies of its sanity checks (G5.4, section 10)."""
 
 from __future__ import annotations
 
@@ -197,7 +197,7 @@ def _layer_cam(layer_cam) -> Outcome:
                          + _flatten_head_payoff(layer_cam))
 
 
-# ----- G5.3: cascading weight randomisation, graded on what the copies are -------------------------------
+# ----- G5.4: cascading weight randomisation, graded on what the copies are -------------------------------
 _TOP_DOWN = ["head.2", "features.5", "features.2"]
 
 
@@ -262,7 +262,7 @@ def _copy_problem(k: int, copied: nn.Module, previous: nn.Module, model: nn.Modu
     return None
 
 
-@exercise("G5.3", "cascading weight randomisation, from the top layer down")
+@exercise("G5.4", "cascading weight randomisation, from the top layer down")
 def _cascade(cascade) -> Outcome:
     """``cascade(model, names)`` returns one copy of ``model`` per name: copy ``k`` is a copy of copy ``k - 1``
     (of the model, for the first) with layer ``names[k]`` re-drawn by its ``reset_parameters()``; the model
@@ -279,3 +279,121 @@ def _cascade(cascade) -> Outcome:
             return Outcome(False, problem)
     return Outcome(True, f"{len(got)} copies, re-drawn from the top: {', '.join(_TOP_DOWN)}, each a copy of the one "
                          "before; the model unchanged")
+
+
+# ----- G5.3: the deletion test, the student's loop and hook -------------------------------------------------
+def worked_deletion(model: nn.Module, x: torch.Tensor, targets: torch.Tensor, order: torch.Tensor,
+                    k: int = 8) -> torch.Tensor:
+    """G5.3's worked answer: the mean fall of the ``targets`` scores after the 2×2 patches under the first 1, 2, …
+    ``k`` cells of ``order`` (N, 16) are filled with each digit's mean pixel by a forward pre-hook on ``model``."""
+    from .nb05 import pixels_under
+
+    fill = x.mean(dim=(1, 2, 3), keepdim=True)
+    with torch.no_grad():
+        start = model(x).gather(1, targets[:, None])[:, 0]
+    falls = []
+    for n in range(1, k + 1):
+        patch = pixels_under(order[:, :n])
+        with model.register_forward_pre_hook(lambda m, args, patch=patch: (torch.where(patch, fill, args[0]),)), \
+                torch.no_grad():
+            falls.append((start - model(x).gather(1, targets[:, None])[:, 0]).mean())
+    return torch.stack(falls)
+
+
+def _deletion_variants(model: nn.Module, x: torch.Tensor, targets: torch.Tensor, order: torch.Tensor,
+                       k: int) -> dict[str, torch.Tensor]:
+    """The mean falls of plausible slips, computed without hooks, each named by the hint that explains it."""
+    from .nb05 import pixels_under
+
+    with torch.no_grad():
+        start = model(x).gather(1, targets[:, None])[:, 0]
+
+        def curve(fill, cumulative=True, fixed=True, reduce=torch.mean):
+            out = []
+            for n in range(1, k + 1):
+                scores = model(torch.where(pixels_under(order[:, :n] if cumulative else order[:, n - 1:n]),
+                                           fill, x))
+                now = scores.gather(1, (targets if fixed else scores.argmax(dim=1))[:, None])[:, 0]
+                out.append(reduce(start - now))
+            return torch.stack(out)
+
+        mean = x.mean(dim=(1, 2, 3), keepdim=True)
+        right = curve(mean)
+        return {
+            "right": right,
+            "you filled the patches with 0, the background's value: a patch that was background already changes "
+            "nothing; fill with each digit's mean pixel, x.mean(dim=(1, 2, 3), keepdim=True)":
+                curve(torch.zeros(())),
+            "you filled with one mean for the whole batch: fill each digit's patches with that digit's own mean "
+            "pixel, x.mean(dim=(1, 2, 3), keepdim=True)": curve(x.mean()),
+            "at step n only the n-th cell's patch is filled: the test is cumulative, so at step n the patches of "
+            "the first n cells of the order are filled (order[:, :n])": curve(mean, cumulative=False),
+            "you took the score of the class predicted on the filled digit: keep the targets you were given, the "
+            "class the map was made for, at every step": curve(mean, fixed=False),
+            "your values have the wrong sign: a fall is the score before minus the score after, positive when "
+            "the score drops": -right,
+            "you summed over the digits: return the mean fall over the digits, one number per step":
+                curve(mean, reduce=torch.sum),
+        }
+
+
+class RaisingDigitsCNN(nn.Module):
+    """A model whose second forward pass raises: where a hook that is not removed in ``finally`` stays behind."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model, self.calls = model, 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls > 1:
+            raise RuntimeError("this model raises on its second pass")
+        return self.model(x)
+
+
+@exercise("G5.3", "the deletion test: cells filled in the map's order, by a forward pre-hook")
+def _deletion(deletion) -> Outcome:
+    """``deletion(model, x, targets, order, k)``: a tensor of ``k`` mean falls of the ``targets`` scores, after the
+    patches under the first 1, 2, … ``k`` cells of ``order`` are filled with each digit's mean pixel; ``x`` is not
+    changed and no hook stays on ``model``, also when its forward pass raises."""
+    from ..models import trained_digits_cnn as trained
+
+    model, x = trained(), _digits().x_test[:60]
+    with torch.no_grad():
+        targets = model(x).argmax(dim=1)
+    for seed, k in ((3, 5), (4, 3)):
+        order = torch.rand(len(x), 16, generator=torch.Generator().manual_seed(seed)).argsort(dim=1)
+        given = x.clone()
+        got = deletion(model, given, targets.clone(), order.clone(), k)
+        left = clear_hooks(model)
+        if left:
+            return Outcome(False, f"a hook is still registered on the model after your function returned ({left[0]}): "
+                                  "use it in a with block, or remove its handle in a finally: block")
+        if not torch.equal(given, x):
+            return Outcome(False, "your function changed the digits it was given: fill a new tensor "
+                                  "(torch.where(mask, fill, x)), never x in place")
+        if not isinstance(got, torch.Tensor):
+            return Outcome(False, f"return a tensor of {k} mean falls (torch.stack of them), got {kind_of(got)}")
+        got = got.detach().flatten() if got.dim() == 2 and 1 in got.shape else got.detach()
+        if got.shape == (k + 1,):
+            return Outcome(False, f"{k + 1} values for k = {k}: start at one filled cell, not at none; the fall "
+                                  "with nothing filled is 0 by definition")
+        if got.dim() == 2 and len(x) in got.shape:
+            return Outcome(False, "one fall per digit and step: return the mean over the digits, one number per step")
+        variants = _deletion_variants(model, x, targets, order, k)
+        if got.shape != (k,):
+            return Outcome(False, f"shape {tuple(got.shape)} for k = {k}: return one mean fall per step, ({k},)")
+        if torch.allclose(got, variants["right"], atol=1e-4):
+            continue
+        for hint, wrong in variants.items():
+            if hint != "right" and torch.allclose(got, wrong, atol=1e-4):
+                return Outcome(False, hint)
+        diff = (got - variants["right"]).abs().max().item()
+        return Outcome(False, f"with k = {k}, your falls are off by up to {diff:.2f}: at step n, fill the patches "
+                              "under order[:, :n] with each digit's mean pixel, and take the targets' scores")
+    raising = RaisingDigitsCNN(model)
+    outcome = hooks_left_when_raising(lambda: deletion(raising, x, targets, order, 2), raising)
+    if outcome:
+        return outcome
+    return Outcome(True, "the falls of 60 digits match for two orders (k = 5 and 3), the digits unchanged, no hook "
+                         "left, also when the model raised")

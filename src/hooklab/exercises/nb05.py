@@ -5,8 +5,9 @@ as a class of ReLU hooks (05.c, 05.3), the Grad-CAM recorder: a tensor hook regi
 which channels of features.3 Grad-CAM weighs and which add to its map (05.d), which map changes with the class
 (05.e), and layers re-drawn by forward hooks that run a fresh copy (05.5). 05.3 and 05.5 subclass ``Hooked``, the
 student's DeadWatch generalised. ``SLOW_RUNS`` stores twelve-epoch runs at lr 1e-3; ``_deletion_drops`` is a
-deletion test with 4 cells filled (the field guide's G5 §8 runs the full test). Layer-CAM, with that recorder, is
-the field guide's exercise G5.2, and the cascade of copies G5.3 (their checkers, in g5.py, use the cases here)."""
+deletion test with 4 cells filled (the field guide's G5 §8 runs the full test, written by the student in G5.3).
+Layer-CAM, with that recorder, is the field guide's exercise G5.2, and the cascade of copies G5.4 (their checkers, in
+g5.py, use the cases here)."""
 
 from __future__ import annotations
 
@@ -115,7 +116,13 @@ def _zeroed(model: nn.Module, channels) -> torch.Tensor:
 
 def _knockouts() -> tuple[dict[int, float], dict[int, float]]:
     """For each live channel of features.3 (test digits): its mean output, and the test accuracy with that channel
-    alone set to 0 by a forward hook."""
+    alone set to 0 by a forward hook. Computed once (nine passes over the test digits), then copied per call."""
+    means, accuracies = _knockouts_once()
+    return dict(means), dict(accuracies)
+
+
+@functools.cache
+def _knockouts_once() -> tuple[dict[int, float], dict[int, float]]:
     model, data, kept = trained_digits_cnn(), _digits(), {}
     handle = model.features[3].register_forward_hook(lambda module, args, output: kept.update(output=output))
     try:
