@@ -16,14 +16,14 @@ from hooklab.exercises import exercises, grade, nb08
 IDS = sorted(id for id in exercises() if id.startswith("08."))
 
 
-def test_notebook_08_has_six_predictions_and_six_exercises():
-    assert IDS == ["08.1", "08.2", "08.3", "08.4", "08.5", "08.6",
-                   "08.a", "08.b", "08.c", "08.d", "08.e", "08.f"]
+def test_notebook_08_has_five_predictions_and_seven_exercises():
+    assert IDS == ["08.1", "08.2", "08.3", "08.4", "08.5", "08.6", "08.7",
+                   "08.a", "08.b", "08.c", "08.d", "08.e"]
 
 
 # ----- predictions ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("08.a", 4), ("08.b", [1, 3]), ("08.c", [14, 5]), ("08.e", "larger"),
-                                           ("08.f", "all"), ("08.d", [19, 5])])
+@pytest.mark.parametrize(("id", "truth"), [("08.a", 4), ("08.b", [1, 3]), ("08.c", [14, 5]), ("08.d", "larger"),
+                                           ("08.e", "all")])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     computed = exercises()[id].checker.__wrapped__.truth()
@@ -35,19 +35,17 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     ("08.b", [1], "own record"), ("08.b", [3], "wrongly matches"), ("08.b", [0, 2], "embeddings"),
     ("08.b", [9], "did not move"),
     ("08.c", [8, 4], "position after it"), ("08.c", [19, 3], "unchanged run"), ("08.c", [14, 4], "earlier 8"),
-    ("08.c", 10, "two whole"), ("08.e", "Smaller", "three heads left"), ("08.e", "smaller", "layer 1's MLP"),
-    ("08.e", "less", "in quotes"), ("08.e", 6.26, "in quotes"), ("08.e", True, "in quotes"),
-    ("08.f", "none", "a 19's record minus a 17's"), ("08.f", "some", "differ elsewhere"),
-    ("08.f", "About  Half", "differ elsewhere"), ("08.f", 233, '"about half"'), ("08.f", True, '"about half"'),
-    ("08.f", ["all"], '"about half"'), ("08.f", "most", '"about half"'),
-    ("08.d", [19, 3], "not where they looked"), ("08.d", [14, 5], "carries the 19"),
-    ("08.d", [14, 3], "where do the heads"), ("08.d", [19, 4], "the position after it"),
+    ("08.c", 10, "two whole"), ("08.d", "Smaller", "three heads left"), ("08.d", "smaller", "layer 1's MLP"),
+    ("08.d", "less", "in quotes"), ("08.d", 6.26, "in quotes"), ("08.d", True, "in quotes"),
+    ("08.e", "none", "a 19's record minus a 17's"), ("08.e", "some", "differ elsewhere"),
+    ("08.e", "About  Half", "differ elsewhere"), ("08.e", 233, '"about half"'), ("08.e", True, '"about half"'),
+    ("08.e", ["all"], '"about half"'), ("08.e", "most", '"about half"'),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
 
 
-@pytest.mark.parametrize(("id", "guess"), [("08.e", "6.26x"), ("08.e", 6.26), ("08.e", ["larger"])])
+@pytest.mark.parametrize(("id", "guess"), [("08.d", "6.26x"), ("08.d", 6.26), ("08.d", ["larger"])])
 def test_a_guess_outside_the_form_is_not_told_the_answer(id, guess):
     outcome = grade(id, guess)
     assert outcome.form and "in quotes" in outcome.detail and "6.26" not in outcome.detail
@@ -55,8 +53,8 @@ def test_a_guess_outside_the_form_is_not_told_the_answer(id, guess):
 
 @pytest.mark.parametrize(("id", "guess"), [
     ("08.a", "four"), ("08.a", 4.5), ("08.a", [4]), ("08.a", True), ("08.b", "three"), ("08.b", 3),
-    ("08.b", [3, 1]), ("08.b", False), ("08.d", ["3", "3"]), ("08.d", "3, 3"), ("08.d", [3]), ("08.d", 3),
-    ("08.d", True), ("08.d", (3, "3")),
+    ("08.b", [3, 1]), ("08.b", False), ("08.c", ["3", "3"]), ("08.c", "3, 3"), ("08.c", [3]), ("08.c", 3),
+    ("08.c", True), ("08.c", (3, "3")),
 ])  # fmt: skip
 def test_a_guess_in_the_wrong_form_gets_a_format_hint_not_the_answer(id, guess):
     outcome = failed(id, guess, "write")
@@ -67,18 +65,18 @@ def test_a_guess_in_the_wrong_form_gets_a_format_hint_not_the_answer(id, guess):
 
 
 @pytest.mark.parametrize("guess", ["larger", "Larger", " 'larger' "])
-def test_08_e_takes_its_choice_in_any_case(guess):
-    assert grade("08.e", guess).passed
+def test_08_d_takes_its_choice_in_any_case(guess):
+    assert grade("08.d", guess).passed
 
 
-@pytest.mark.parametrize(("id", "guess"), [("08.a", 3), ("08.b", [5]), ("08.c", [3, 3]), ("08.e", "smaller"),
-                                           ("08.d", [0, 0]), ("08.f", "some")])
+@pytest.mark.parametrize(("id", "guess"), [("08.a", 3), ("08.b", [5]), ("08.c", [3, 3]), ("08.d", "smaller"),
+                                           ("08.c", [0, 0]), ("08.e", "some")])
 def test_a_wrong_guess_in_the_form_asked_is_not_quite(id, guess):
     outcome = grade(id, guess)
     assert not outcome.passed and not outcome.form
 
 
-def test_08_e_form_is_none_only_for_its_two_choices_and_the_drops_are_as_the_lesson_says():
+def test_08_d_form_is_none_only_for_its_two_choices_and_the_drops_are_as_the_lesson_says():
     assert all(nb08._joint_choice(g) is None for g in ("larger", "Smaller"))
     assert all(nb08._joint_choice(g) for g in (True, "1", ["larger"], None, 6.26, "above"))
     single, joint = nb08.single_and_joint()
@@ -93,7 +91,7 @@ def test_08_e_form_is_none_only_for_its_two_choices_and_the_drops_are_as_the_les
 
 
 def test_all_four_heads_zeroed_the_layernorm_scales_up_what_is_left_and_a_third_token_wins():
-    """08.e's reveal: the std drops from 2.76 to 0.77 (1.45 with layer 1's MLP held, 0.89 with it zeroed, its own
+    """08.d's reveal: the std drops from 2.76 to 0.77 (1.45 with layer 1's MLP held, 0.89 with it zeroed, its own
     std 1.25 -> 0.93), logit[19] - logit[17] stays +4.53, the model says 23."""
     assert abs(nb08.zeroed_std([]) - 2.76) < 0.005 and abs(nb08.zeroed_std([0, 1, 2, 3]) - 0.77) < 0.005
     model, clean = nb08._model(), nb08.clean_and_corrupted()[0]
@@ -139,7 +137,7 @@ def test_the_form_hints_accept_only_the_form_asked():
     assert nb08._two_keys([19, 5]) is None and all(nb08._two_keys(g) for g in ([19], (19, "5"), [True, 5], 19))
 
 
-def test_08_f_asks_about_scale_4_where_the_difference_hides_a_third_token():
+def test_08_e_asks_about_scale_4_where_the_difference_hides_a_third_token():
     assert nb08.steered_answer(1) == nb08.A and nb08.steered_answer(4) not in (nb08.A, nb08.B)
     logits = nb08.steered_at(4)
     assert logits[nb08.A] - logits[nb08.B] > 5
@@ -439,6 +437,44 @@ def test_08_5_accepts_the_worked_answer_and_nested_lists_and_its_map_reads_as_th
 
 
 # ----- 08.6 -------------------------------------------------------------------------------------
+def resample_with(**kwargs):
+    return lambda model, tokens, source, layer, heads, position: nb08._resample_variant(
+        model, tokens, source, layer, heads, position, **kwargs)
+
+
+def from_tokens(model, tokens, source, layer, heads, position):  # resampled from the same sequence
+    return nb08.resample_ablation(model, tokens, tokens, layer, heads, position)
+
+
+def leaves_hook(model, tokens, source, layer, heads, position):
+    model.blocks[layer].attn.hook_z.register_forward_hook(lambda module, args, output: None)
+    return model(tokens)
+
+
+@pytest.mark.parametrize(("answer", "words"), [
+    (from_tokens, ["nothing was replaced", "run on `source`"]),
+    (resample_with(fill="zero"), ["zeros", "zero ablation"]),
+    (resample_with(fill="swapped"), ["you ran `source`"]),
+    (resample_with(where="every"), ["every position", "`position` only"]),
+    (resample_with(which="all"), ["every head", "`heads`"]),
+    (lambda model, tokens, source, layer, heads, position: nb08.resample_ablation(
+        model, tokens, source, 1 - layer, heads, position), ["layer 1's heads, not layer 0's"]),
+    (leaves_hook, ["still registered", "blocks.0.attn.hook_z"]),
+    (lambda model, tokens, source, layer, heads, position: None, ["returned None"]),
+    ("resample_ablation", ["function itself"]),
+])
+def test_08_6_names_each_slip(answer, words):
+    failed("08.6", answer, *words)
+
+
+def test_08_6_accepts_the_worked_answer_and_resampling_moves_layer_1_to_key_4():
+    assert grade("08.6", nb08.resample_ablation).passed
+    model, clean = nb08._model(), nb08.clean_and_corrupted()[0]
+    logits = nb08.resample_ablation(model, clean, nb08.with_20_at_2(), 0, [0, 1, 2, 3], nb08.CHANGED)
+    assert logits[0, nb08.Q].argmax().item() == 8  # the token at key 4
+
+
+# ----- 08.7 -------------------------------------------------------------------------------------
 def adds_everywhere(direction, position, scale):
     return lambda module, args, output: output + scale * direction
 
@@ -499,7 +535,7 @@ def adds_in_place_returned(direction, position, scale):
     (adds_normalised, ["normalised", "scale × direction", "without"]),
 ])  # fmt: skip
 def test_08_7_rejects(answer, words):
-    failed("08.6", answer, *words)
+    failed("08.7", answer, *words)
 
 
 def copies_for_negative_scales(direction, position, scale):
@@ -513,12 +549,12 @@ def copies_for_negative_scales(direction, position, scale):
 
 
 def test_08_7_an_unchanged_copy_is_not_called_none():
-    outcome = failed("08.6", copies_for_negative_scales, "scale -1.0", "unchanged", "a negative scale too")
+    outcome = failed("08.7", copies_for_negative_scales, "scale -1.0", "unchanged", "a negative scale too")
     assert "None" not in outcome.detail
 
 
 def test_08_7_accepts_the_worked_answer():
-    assert grade("08.6", nb08.steering_hook).passed
+    assert grade("08.7", nb08.steering_hook).passed
 
 
 def test_the_measured_facts_the_lesson_states_about_the_heads_and_steering():
@@ -625,7 +661,7 @@ def steer_copy_first(direction, position, scale):
     ("08.4", sweep_with(copy_first), ["two different runs in one batch", "only the first sequence", "output[:, ...]"]),
     ("08.5", scores_with(zero_in_place_first), ["only the first sequence"]),
     ("08.5", scores_with(zero_copy_first), ["a batch of two", "only the first sequence"]),
-    ("08.6", steer_copy_first, ["only the first sequence", "output[:, ...]"]),
+    ("08.7", steer_copy_first, ["only the first sequence", "output[:, ...]"]),
 ])  # fmt: skip
 def test_first_sequence_only_edits_are_rejected(id, answer, words):
     failed(id, answer, *words)
@@ -640,8 +676,8 @@ def zero_in_place_all(output, head, position):
 
 
 @pytest.mark.parametrize(("id", "answer"), [
-    ("08.4", sweep_with(in_place_all)), ("08.5", scores_with(zero_in_place_all)), ("08.6", adds_in_place_returned),
-    ("08.6", adds_in_place),
+    ("08.4", sweep_with(in_place_all)), ("08.5", scores_with(zero_in_place_all)), ("08.7", adds_in_place_returned),
+    ("08.7", adds_in_place),
 ])  # fmt: skip
 def test_a_right_in_place_edit_passes_with_a_note(id, answer):
     outcome = grade(id, answer)
@@ -827,14 +863,14 @@ def test_the_third_corruption_answers_14_and_a_patch_after_the_heads_changes_the
 
 
 def test_the_lesson_does_not_ask_for_a_copy_where_the_checker_accepts_an_in_place_edit():
-    """08.4, 08.5 and 08.6 accept a right in-place edit with a note: their instructions (before the hints) ask for
+    """08.4, 08.5 and 08.7 accept a right in-place edit with a note: their instructions (before the hints) ask for
     the edited output, not for a copy."""
     import json
     from pathlib import Path
 
     lesson = Path(__file__).parents[1] / "notebooks" / "08_transformer_interpretability.ipynb"
     cells = ["".join(c["source"]) for c in json.loads(lesson.read_text())["cells"] if c["cell_type"] == "markdown"]
-    for id in ("08.4", "08.5", "08.6"):
+    for id in ("08.4", "08.5", "08.7"):
         (text,) = [c for c in cells if f"### Exercise {id}" in c]
         assert "copy" not in text.split(f"### Exercise {id}")[1].split("<details>")[0], id
 
@@ -865,7 +901,7 @@ def test_freezing_only_the_final_layernorm_or_only_layer_1s_mlp():
 
 @pytest.mark.parametrize("guess", ["all", "All", " 'all' "])
 def test_08_f_takes_its_choice_in_any_case(guess):
-    assert grade("08.f", guess).passed
+    assert grade("08.e", guess).passed
 
 
 @pytest.mark.parametrize(("count", "words"), [(0, "none"), (1, "some"), (93, "some"), (94, "about half"),
@@ -875,6 +911,6 @@ def test_08_f_words_a_count(count, words):
 
 
 def test_the_steered_runs_switch_together_between_scale_half_and_three_quarters():
-    """08.f's reveal: none of the 233 runs predicts 19 at scale 0.5 but one, all at 0.75 and 1; at 4, fewer."""
+    """08.e's reveal: none of the 233 runs predicts 19 at scale 0.5 but one, all at 0.75 and 1; at 4, fewer."""
     counts = {s: int((nb08.steered_others(s) == nb08.A).sum()) for s in (0.5, 0.75, 1, 4)}
     assert counts[0.5] <= 1 and counts[0.75] == counts[1] == 233 and counts[4] < 200

@@ -9,10 +9,11 @@ position's previous token into it, and a head in layer 1 looks for the position 
 is the current one, and copies its token.
 
 Every intermediate value passes through a ``HookPoint``, an ``nn.Identity`` with a name, so that a
-forward hook can read or replace it: the residual stream before and after each block, each
+forward hook can read or replace it: the token embedding (``hook_embed``) and the position embedding
+(``hook_pos_embed``), the residual stream before and after each block, each
 attention layer's pattern (``(N, heads, query, key)``) and its heads' outputs (``(N, pos, heads,
 d_head)``), and each block's attention and MLP outputs. TransformerLens builds its models the same
-way.
+way, with the same names.
 
 ``trained_transformer()`` loads the weights that ship with hooklab (``tools/train_transformer.py``
 wrote them).
@@ -98,7 +99,8 @@ class TinyTransformer(nn.Module):
             torch.manual_seed(seed)
             self.embed = nn.Embedding(VOCAB, d_model)
             self.pos_embed = nn.Embedding(2 * HALF, d_model)
-            self.hook_embed = HookPoint()
+            self.hook_embed = HookPoint()  # the token embedding only, as in TransformerLens
+            self.hook_pos_embed = HookPoint()  # the position embedding; their sum is blocks.0.hook_resid_pre
             self.blocks = nn.ModuleList(Block(d_model, heads) for _ in range(layers))
             self.ln_final = nn.LayerNorm(d_model)
             self.unembed = nn.Linear(d_model, VOCAB)
@@ -114,7 +116,7 @@ class TinyTransformer(nn.Module):
         if tokens.shape[1] > 2 * HALF:
             raise ValueError(f"TinyTransformer reads at most {2 * HALF} tokens, got {tokens.shape[1]}")
         positions = torch.arange(tokens.shape[1], device=tokens.device)
-        x = self.hook_embed(self.embed(tokens) + self.pos_embed(positions))
+        x = self.hook_embed(self.embed(tokens)) + self.hook_pos_embed(self.pos_embed(positions))
         for block in self.blocks:
             x = block(x)
         return self.unembed(self.ln_final(x))

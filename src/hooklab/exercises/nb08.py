@@ -3,16 +3,17 @@
 The lesson's problem is one pair of runs of ``hooklab.transformer.trained_transformer()``: a clean
 sequence (a run of seven tokens, repeated, then two random ones) whose query position ``Q`` predicts
 ``A`` = 19, and a corrupted copy with the 19 of the first run (position ``CHANGED``) replaced by ``B`` =
-17, which predicts 17. ``logit_diff`` is logit[A] − logit[B] at the query. Predictions 08.a-08.f compute
+17, which predicts 17. ``logit_diff`` is logit[A] − logit[B] at the query. Predictions 08.a-08.e compute
 their truth with torch. ``second_corruption()`` swaps positions 0 and ``CHANGED2`` = 2 instead, moving the
 earlier 3 to position 0: the model then answers the 12 after it, ``B2``, as the induction mechanism predicts,
 and patching layer 0's output finds where its previous-token records sit (08.b). Exercises:
 record the attention patterns with forward hooks (08.1), the stripe score of a pattern (08.2),
 TransformerLens's ``run_with_hooks`` by name (08.3),
 the patching sweep over hook points × positions, normalised (08.4), the drop when one head is zeroed at
-one position, for every head and position (08.5), and a hook that adds a steering direction (08.6).
-``record_patterns``, ``run_with_hooks``, ``patching_sweep``, ``patch_hook``, ``ablation_scores``
-and ``steering_hook`` are worked answers: the lesson goes
+one position, for every head and position (08.5), resample ablation: heads' values from a run on other
+tokens (08.6), and a hook that adds a steering direction (08.7).
+``record_patterns``, ``run_with_hooks``, ``patching_sweep``, ``patch_hook``, ``ablation_scores``,
+``resample_ablation`` and ``steering_hook`` are worked answers: the lesson goes
 on with them while the student's own has not passed, as is ``stripe_score``.
 """
 
@@ -159,38 +160,46 @@ def ablation_hook(head: int, position: int | None = None, mean: torch.Tensor | N
 
 
 def ablation_scores(model: nn.Module, tokens: torch.Tensor, layer: int, metric,
-                    mean: torch.Tensor | None = None) -> torch.Tensor:
+                    mean: torch.Tensor | None = None, positions: list[int | None] | None = None) -> torch.Tensor:
     """``(heads, positions)``: how much ``metric(logits)`` drops when one head of ``layer`` is ablated at one
-    position (zeroed, or set to ``mean[position, head]``) by a forward hook on its ``hook_z``, one at a time."""
-    attn = model.blocks[layer].attn
-    with torch.no_grad():
-        intact = metric(model(tokens))
-    scores = torch.zeros(attn.heads, tokens.shape[1])
-    for head in range(attn.heads):
-        for position in range(tokens.shape[1]):
-            handle = attn.hook_z.register_forward_hook(ablation_hook(head, position, mean))
-            try:
-                with torch.no_grad():
-                    scores[head, position] = intact - metric(model(tokens))
-            finally:
-                handle.remove()
-    return scores
+    position (zeroed, or set to ``mean[position, head]``) by a forward hook on its ``hook_z``, one at a time.
+    ``positions`` defaults to every position; ``None`` in it ablates the head at every position at once."""
+    def edit(output, head, position):
+        where = slice(None) if position is None else position
+        output[:, where, head] = 0.0 if mean is None else mean[where, head]
+
+    return _scores_with(model, tokens, layer, metric, edit, positions=positions)
 
 
 def head_scores(model: nn.Module, tokens: torch.Tensor, layer: int, metric) -> torch.Tensor:
     """``(heads,)``: the drop when one head of ``layer`` is zeroed at every position."""
-    attn = model.blocks[layer].attn
-    with torch.no_grad():
-        intact = metric(model(tokens))
-    scores = torch.zeros(attn.heads)
-    for head in range(attn.heads):
-        handle = attn.hook_z.register_forward_hook(ablation_hook(head))
-        try:
-            with torch.no_grad():
-                scores[head] = intact - metric(model(tokens))
-        finally:
-            handle.remove()
-    return scores
+    return ablation_scores(model, tokens, layer, metric, positions=[None])[:, 0]
+
+
+def resample_ablation(model: nn.Module, tokens: torch.Tensor, source: torch.Tensor, layer: int, heads: list[int],
+                      position: int) -> torch.Tensor:
+    """The logits of ``tokens`` with these ``heads`` of ``layer`` at ``position`` (their ``hook_z``) replaced by
+    their values in a run on ``source`` (as many sequences as ``tokens``): resample ablation."""
+    z = model.blocks[layer].attn.hook_z
+    kept = {}
+    handle = z.register_forward_hook(lambda module, args, output: kept.update(z=output.detach().clone()))
+    try:
+        with torch.no_grad():
+            model(source)
+    finally:
+        handle.remove()
+
+    def hook(module, args, output):
+        output = output.clone()
+        output[:, position, heads] = kept["z"][:, position, heads]
+        return output
+
+    handle = z.register_forward_hook(hook)
+    try:
+        with torch.no_grad():
+            return model(tokens)
+    finally:
+        handle.remove()
 
 
 def fixed_std_hook(std: torch.Tensor):
@@ -430,6 +439,29 @@ def zeroed_std(heads: list[int], mlp_held: bool = False) -> float:
     return (resid.var(unbiased=False) + model.ln_final.eps).sqrt().item()
 
 
+def held_drop(head: int, hold: str = "nothing") -> float:
+    """The drop in logit difference when head ``head`` of layer 1 is zeroed (at every position) in the clean
+    run, with ``hold`` "nothing", "std" (the final LayerNorm divides by the intact run's std) or "mlp" (layer
+    1's MLP writes its intact output)."""
+    from ..recording import record
+
+    model, clean = _model(), clean_and_corrupted()[0]
+    with record(model, ["blocks.1.hook_resid_post", "blocks.1.hook_mlp_out"]) as rec, torch.no_grad():
+        intact = logit_diff(model(clean))
+    resid, mlp = rec["blocks.1.hook_resid_post"].output, rec["blocks.1.hook_mlp_out"].output
+    std = (resid.var(-1, unbiased=False, keepdim=True) + model.ln_final.eps).sqrt()
+    hooks = {"nothing": [], "std": [(model.ln_final, fixed_std_hook(std))],
+             "mlp": [(model.blocks[1].hook_mlp_out, lambda module, args, output: mlp)]}[hold]
+    hooks.append((model.blocks[1].attn.hook_z, ablation_hook(head)))
+    handles = [module.register_forward_hook(hook) for module, hook in hooks]
+    try:
+        with torch.no_grad():
+            return intact - logit_diff(model(clean))
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def single_and_joint() -> tuple[float, float]:
     """Layer 1's four single-head drops summed, and the drop with all four heads zeroed at once."""
     model, clean = _model(), clean_and_corrupted()[0]
@@ -440,24 +472,25 @@ def single_and_joint() -> tuple[float, float]:
     return single, joint
 
 
-JOINT_CHOICES = ("larger", "smaller")  # 08.e: the joint drop, larger or smaller than the single drops summed
+JOINT_CHOICES = ("larger", "smaller")  # 08.d: the joint drop, larger or smaller than the single drops summed
 
 
 def _joint_choice(guess: object) -> str | None:
-    """The form hint for a guess that is not one of 08.e's two choices, else None."""
+    """The form hint for a guess that is not one of 08.d's two choices, else None."""
     ok = isinstance(guess, str) and guess.strip().strip("'\"").lower() in JOINT_CHOICES
     return None if ok else 'write "larger" or "smaller", in quotes'
 
 
-@prediction("08.e", "all four layer-1 heads zeroed at once: is the drop larger or smaller than their four single "
+@prediction("08.d", "all four layer-1 heads zeroed at once: is the drop larger or smaller than their four single "
                     "drops added up",
-            why="larger: 6.26 against 1.07 (next cell). Mostly layer 1's MLP: it reads the heads' output and "
-                "responds to them jointly, not additively: it keeps its output until every head is gone (held "
-                "fixed, it removes 90 % of the gap). Partly self-repair: zero one head, and the final LayerNorm "
-                "divides by a smaller std (2.76 → 2.20), which scales up the three heads left",
-            wrong=[("smaller", "layer 1's MLP reads the heads' output: with all four gone, what is left for it to "
-                               "build on? And the final LayerNorm divides by its input's std: with one head gone, "
-                               "what happens to the three heads left?")],
+            why="larger: 6.26 against 1.07 (next cell). Zero one head, and the final LayerNorm divides by a smaller "
+                "std, which scales up the three heads left and hides most of the drop (self-repair: the single "
+                "drops add up to 7.34 with the std held). With all four zeroed, no head is left to scale up. Layer "
+                "1's MLP adds to the gap: it responds to the heads jointly (held fixed, it removes 90 % of it)",
+            wrong=[("smaller", "the final LayerNorm hid most of each single drop by scaling up the three heads left "
+                               "(the line above 08.d): with all four zeroed, which heads are left for it to scale "
+                               "up? And layer 1's MLP reads the heads' output: with all four gone, what is left for "
+                               "it to build on?")],
             form=_joint_choice)
 def _joint_drop() -> str:
     single, joint = single_and_joint()
@@ -528,23 +561,23 @@ def steered_others(scale: float) -> torch.Tensor:
     return run_hooked(model, runs_with_17_at_3(), "blocks.0.hook_resid_post", hook)[:, Q].argmax(-1)
 
 
-HOW_MANY = ("none", "some", "about half", "all")  # 08.f: how many of the other runs predict 19
+HOW_MANY = ("none", "some", "about half", "all")  # 08.e: how many of the other runs predict 19
 
 
 def how_many(count: int, total: int) -> str:
-    """``count`` of ``total`` in 08.f's words: none, all, about half (40-60 %), or some."""
+    """``count`` of ``total`` in 08.e's words: none, all, about half (40-60 %), or some."""
     if count in (0, total):
         return HOW_MANY[0] if count == 0 else HOW_MANY[3]
     return HOW_MANY[2] if 0.4 <= count / total <= 0.6 else HOW_MANY[1]
 
 
 def _count(guess: object) -> str | None:
-    """The form hint for a guess that is not one of 08.f's four choices, else None."""
+    """The form hint for a guess that is not one of 08.e's four choices, else None."""
     ok = isinstance(guess, str) and " ".join(guess.strip().strip("'\"").lower().split()) in HOW_MANY
     return None if ok else 'write one of "none", "some", "about half" or "all", in quotes'
 
 
-@prediction("08.f", "the direction from one pair added at scale 1 to 233 other runs with a 17 at position 3: how "
+@prediction("08.e", "the direction from one pair added at scale 1 to 233 other runs with a 17 at position 3: how "
                     "many of them predict 19",
             why="all 233 (next cell). The direction is what a 19 instead of a 17 at position 3 changes after layer "
                 "0, and in every run layer 1 copies whatever position 3 holds: the same record, read the same way",
@@ -624,24 +657,6 @@ def third_patched() -> tuple[int, int]:
     hook = patch_hook(clean_cache(_model(), [point])[point], Q)
     said = run_hooked(_model(), third_corruption(), point, hook)[0, Q].argmax().item()
     return said, layer_1_key(third_corruption(), [(point, hook)])
-
-
-@prediction("08.d", "in the third corruption (an 8 at the query) with the clean blocks.1.hook_attn_out patched in "
-                    "at the query: the token predicted, and the key most of layer 1's heads attend to",
-            why="[19, 5]: the patch replaces what layer 1's heads wrote at the query with the clean run's copy of "
-                "the 19, but their pattern was computed before that output, from the query's own 8: most still "
-                "attend key 5, the position after the earlier 8",
-            wrong=[([19, 3], "the pattern is computed inside the attention, before hook_attn_out fires: the patch "
-                             "replaces what the heads wrote, not where they looked, and the query still holds an 8"),
-                   ([14, 5], "the output after the heads is what the patch replaces: the clean one carries the 19 "
-                             "the heads copied in the clean run"),
-                   ([14, 3], "the patch replaces what the heads wrote at the query, not the query's token: where do "
-                             "the heads of a query holding an 8 look?"),
-                   ([19, 4], "key 4 holds the earlier 8 itself; an induction head attends to the position after it"),
-],
-            form=_two_keys)
-def _third_patched() -> list[int]:
-    return list(third_patched())
 
 
 # ----- exercises ----------------------------------------------------------------------------------------------
@@ -1075,12 +1090,14 @@ def _check_sweep(answer) -> Outcome:
                          "left behind." + (IN_PLACE if edited else ""))
 
 
-def _scores_with(model, tokens, layer, metric, edit, *, keep: bool = False) -> torch.Tensor:
-    """The map with ``edit(output, head, position)`` (on a copy) as the ablation; ``keep``: each hook stays."""
+def _scores_with(model, tokens, layer, metric, edit, *, keep: bool = False, positions=None) -> torch.Tensor:
+    """The map with ``edit(output, head, position)`` (on a copy) as the ablation, one column per entry of
+    ``positions`` (default: every position); ``keep``: each hook stays."""
     attn = model.blocks[layer].attn
+    positions = range(tokens.shape[1]) if positions is None else positions
     with torch.no_grad():
         intact = metric(model(tokens))
-    handles, scores = [], torch.zeros(attn.heads, tokens.shape[1])
+    handles, scores = [], torch.zeros(attn.heads, len(positions))
 
     def hook_for(head, position):
         def hook(module, args, output):
@@ -1091,10 +1108,10 @@ def _scores_with(model, tokens, layer, metric, edit, *, keep: bool = False) -> t
 
     try:
         for head in range(attn.heads):
-            for position in range(tokens.shape[1]):
+            for column, position in enumerate(positions):
                 handles.append(attn.hook_z.register_forward_hook(hook_for(head, position)))
                 with torch.no_grad():
-                    scores[head, position] = intact - metric(model(tokens))
+                    scores[head, column] = intact - metric(model(tokens))
                 if not keep:
                     handles.pop().remove()
     finally:
@@ -1203,7 +1220,92 @@ def _check_scores(answer) -> Outcome:
                    + (ABLATE_IN_PLACE if edited else ""))
 
 
-@exercise("08.6", "steer with a direction added in a forward hook")
+def _resample_variant(model, tokens, source, layer, heads, position, *, where="one", which="given",
+                      fill="source") -> torch.Tensor:
+    """A wrong resample ablation, for naming a slip: ``where`` "every" (all positions), ``which`` "all" (every
+    head), ``fill`` "zero" (zeros) or "swapped" (``source`` run with the values of ``tokens``)."""
+    if fill == "swapped":
+        return resample_ablation(model, source, tokens, layer, heads, position)
+    z = model.blocks[layer].attn.hook_z
+    kept = {}
+    with z.register_forward_hook(lambda m, a, o: kept.update(z=o.detach().clone())), torch.no_grad():
+        model(source)
+    spot = slice(None) if where == "every" else position
+    pick = slice(None) if which == "all" else heads
+
+    def hook(module, args, output):
+        output = output.clone()
+        output[:, spot, pick] = 0.0 if fill == "zero" else kept["z"][:, spot, pick]
+        return output
+
+    with z.register_forward_hook(hook), torch.no_grad():
+        return model(tokens)
+
+
+def _resample_slip(model, got, tokens, source, layer, heads, position) -> str | None:
+    def near(x):
+        return x.shape == got.shape and torch.allclose(got, x, atol=1e-4)
+
+    with torch.no_grad():
+        intact = model(tokens)
+    if near(intact):
+        return ("the logits are those of the intact run on tokens: nothing was replaced. Record hook_z in a run on "
+                "`source` (a run on `tokens` puts back the values already there), and return the edited copy from "
+                "your hook")
+    slips = [(dict(fill="zero"), "you put in zeros (zero ablation): put in the heads' values from the run on "
+                                 "`source`, output[:, position, heads] = the source's hook_z[:, position, heads]"),
+             (dict(fill="swapped"), "you ran `source` with the heads' values of `tokens`: record on `source`, and "
+                                    "return the logits of `tokens`"),
+             (dict(where="every"), "you replaced the heads at every position: replace them at `position` only, "
+                                   "output[:, position, heads]"),
+             (dict(which="all"), "you replaced every head of the layer: replace only the heads in `heads`, "
+                                 "output[:, position, heads]")]
+    for kwargs, message in slips:
+        if near(_resample_variant(model, tokens, source, layer, heads, position, **kwargs)):
+            return message
+    if near(_resample_variant(model, tokens, source, 1 - layer, heads, position)):
+        return (f"you replaced layer {1 - layer}'s heads, not layer {layer}'s: hook "
+                "model.blocks[layer].attn.hook_z")
+    return None
+
+
+@exercise("08.6", "resample ablation: heads' outputs replaced by their values in a run on other tokens")
+def _check_resample(answer) -> Outcome:
+    if not callable(answer):
+        return Outcome(False, f"pass your function itself (`resample_ablation`), not {kind_of(answer)}")
+    model = _model()
+    clean = clean_and_corrupted()[0]
+    others = torch.cat([second_corruption(), other_pair()[0]])
+    for tokens, source, layer, heads, position, what in [
+            (clean, with_20_at_2(), 0, [0, 1, 2, 3], CHANGED, "layer 0's four heads at position 3"),
+            (induction_pair(), others, 1, [0, 2], Q, "heads 0 and 2 of layer 1 at the query, a batch of two"),
+            (clean, second_corruption(), 0, [1], 1, "layer 0's head 1 at position 1")]:
+        try:
+            got = answer(model, tokens, source, layer, heads, position)
+        finally:
+            leftover = [n for n, mod in model.named_modules() if mod._forward_hooks]
+            for _, mod in model.named_modules():
+                mod._forward_hooks.clear()
+        if leftover:
+            return Outcome(False, f"a forward hook is still registered on {leftover[0]!r} after your run: remove "
+                                  "each handle in a finally block")
+        if not isinstance(got, torch.Tensor):
+            return Outcome(False, f"resample_ablation returned {kind_of(got)}: return the logits of the run on "
+                                  "`tokens`, the tensor model(tokens) gives")
+        want = resample_ablation(model, tokens, source, layer, heads, position)
+        if got.shape != want.shape:
+            return Outcome(False, f"{what}: your logits have shape {tuple(got.shape)}, the model's "
+                                  f"{tuple(want.shape)}: return the logits of the run on `tokens`")
+        if not torch.allclose(got.detach().float(), want, atol=1e-4):
+            slip = _resample_slip(model, got.detach().float(), tokens, source, layer, heads, position)
+            return Outcome(False, f"{what}: " + (slip or "your logits differ from the resampled run's: replace "
+                                                 "output[:, position, heads] of hook_z by the same entries of its "
+                                                 "output in a run on `source`"))
+    return Outcome(True, "the same logits as the resampled run, for all heads and for some, at position 3, at the "
+                         "query and at position 1, on one run and a batch of two, and no hook left behind.")
+
+
+@exercise("08.7", "steer with a direction added in a forward hook")
 def _check_steering(answer) -> Outcome:
     model = _model()
     direction = steering_direction(model)
@@ -1262,6 +1364,7 @@ __all__ = [
     "predicted",
     "problem",
     "record_patterns",
+    "resample_ablation",
     "resid_post_0_restores",
     "run_hooked",
     "run_with_hooks",
