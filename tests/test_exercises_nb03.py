@@ -39,12 +39,12 @@ def answer_with(attach, names=None, cleanup_in_finally=True):
 
 # ----- predictions ------------------------------------------------------------------------------
 PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that gets its own hint
-    "03.a": ((["s2", "fc2", "s1", "fc1"], ([3, 4], [0, 0])), (["fc1", "s1", "fc2", "s2"], ([3, 4], [0, 0])),
+    "03.a": ((["s2", "fc2", "s1", "fc1"], ([3, 4], [1, 2])), (["fc1", "s1", "fc2", "s2"], ([3, 4], [1, 2])),
              "forward order reversed"),
     "03.b": (0.32, 0.25, "a sigmoid's factor"),
     "03.c": ([0.5, 1], [0.5, 10], "reaches only the earlier layers"),
     "03.d": ("same", "better", "backward is half the story"),
-    "03.e": ({"0", "1"}, ["0"], "inputs are views as well"),
+    "03.e": ({"bn1", "relu"}, ["bn1"], "inputs are views as well"),
     "03.f": (0.25, 0.18, "the ReLU then zeros about half"),
 }
 
@@ -58,15 +58,15 @@ def test_prediction_truth_right_guess_and_hint_for_a_wrong_one(id):
     assert not outcome.passed and hint in outcome.detail, outcome.detail
 
 
-def test_prediction_03_a_names_the_order_and_the_zeros_slot_each_with_its_own_hint():
-    assert nb03._order_and_slots() == (["s2", "fc2", "s1", "fc1"], ([3.0, 4.0], [0.0, 0.0]))
-    assert grade("03.a", [("S2", "fc2", "s1", "fc1"), ([3.0, 4.0], [0, 0])]).passed  # any list or tuple, names loosely
-    none = grade("03.a", (["s2", "fc2", "s1", "fc1"], ([3, 4], None)))  # "b needs no grad: None"
-    assert not none.passed and "fills b's slot with zeros" in none.detail, none.detail
-    true = grade("03.a", (["s2", "fc2", "s1", "fc1"], ([3, 4], [1, 2])))  # b's true gradient
-    assert not true.passed and "never computed" in true.detail, true.detail
-    both = grade("03.a", (["fc1", "s1", "fc2", "s2"], ([1, 2], None)))
-    assert "forward order reversed" in both.detail and "not a itself" in both.detail, both.detail
+def test_prediction_03_a_names_the_order_and_each_slot_slip_with_its_own_hint():
+    assert nb03._order_and_slots() == (["s2", "fc2", "s1", "fc1"], ([3.0, 4.0], [1.0, 2.0]))
+    assert grade("03.a", [("S2", "fc2", "s1", "fc1"), ([3.0, 4.0], [1, 2])]).passed  # any list or tuple, names loosely
+    for slots, slip in ((([3, 4], [0, 0]), "zeros are what the slot"), (([3, 4], None), "None only for"),
+                        (([1, 2], [3, 4]), "the other factor"), (([1, 1], [1, 1]), "is grad_output")):
+        outcome = grade("03.a", (["s2", "fc2", "s1", "fc1"], slots))
+        assert not outcome.passed and slip in outcome.detail, (slots, outcome.detail)
+    both = grade("03.a", (["fc1", "s1", "fc2", "s2"], ([1, 2], [3, 4])))
+    assert "forward order reversed" in both.detail and "the other factor" in both.detail, both.detail
 
 
 def test_prediction_03_a_tells_a_guess_not_in_the_form_asked_without_the_answer():
@@ -145,15 +145,14 @@ def test_with_pre_hooks_on_the_last_two_linears_only_no_sigmoid_saturates_and_th
 
 
 def test_prediction_03_e_names_what_each_partial_set_missed():
-    assert "layer 0's output goes straight into the in-place ReLU" in grade("03.e", ["1"]).detail
-    assert "layer 0's output goes straight into the in-place ReLU" in grade("03.e", "1").detail  # one name, bare
+    assert nb03._layers_that_fail() == {"bn1", "relu"}
+    assert "bn1's output goes straight into the in-place ReLU" in grade("03.e", ["relu"]).detail
+    assert "bn1's output goes straight into the in-place ReLU" in grade("03.e", "relu").detail  # one name, bare
     assert "forward pass" in grade("03.e", []).detail
-    assert "logits" in grade("03.e", {"0", "1", "16"}).detail
-    for right in (["1", "0"], ("0", "1"), {"1", "0"}, [" 0", "1 "]):  # any order and container, names loosely
+    assert "new tensor" in grade("03.e", {"conv1", "bn1", "relu"}).detail
+    assert "inside layer1" in grade("03.e", {"bn1", "relu", "layer1"}).detail
+    for right in (["relu", "bn1"], ("bn1", "relu"), {"relu", "bn1"}, [" bn1", "relu "]):  # any order and container
         assert grade("03.e", right).passed, right
-    for ints in ([0, 1], [1], [0, 1, 16], {1, 0}):  # a format slip, told without the answer
-        outcome = grade("03.e", ints)
-        assert "strings" in outcome.detail and "layer 1" not in outcome.detail, outcome.detail
 
 
 def test_prediction_03_d_is_the_same_ten_percent_one_class_and_the_printed_power_is_eight():

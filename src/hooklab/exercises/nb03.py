@@ -20,6 +20,7 @@ from torch import nn
 from ..audit import clear_hooks, leftover_hooks
 from ..hooks import Hooks
 from ..models import TinySigmoidNet
+from ..pytorch_internals import parameter_hook_count
 from . import (
     Outcome,
     compare_tensors,
@@ -88,13 +89,16 @@ _FORWARD_ORDER = ["fc1", "s1", "fc2", "s2"]
 _BACKWARD_ORDER = ["s2", "fc2", "s1", "fc1"]
 _ORDER_HINT = ("backward runs from the loss towards the input: the hook of the layer nearest the output fires "
                "first, so the order is the forward order reversed")
-_SLOT_A = [3.0, 4.0]  # dL/da of a * b with b = [3, 4]
+_SLOT_A, _SLOT_B = [3.0, 4.0], [1.0, 2.0]  # dL/da = b and dL/db = a, for a * b with a = [1, 2], b = [3, 4]
 _SLOT_HINTS = {
-    "none": "b's slot is not None: None is for an input alone in needing no grad; beside a, which needs grad, "
-            "PyTorch fills b's slot with zeros",
-    "true": "b's true gradient, dL/db = a = [1, 2], is never computed: b needs no grad, so PyTorch fills its slot "
-            "with zeros, which are not dL/db",
-    "a": "a's slot holds dL/da = b = [3, 4], not a itself (the gradient of a * b with respect to a is b)",
+    "zeros": "b requires grad here, so its slot holds dL/db = a = [1, 2]; zeros are what the slot of an input that "
+             "needs no grad gets (the next cell shows that case too)",
+    "none": "b requires grad here, so its slot holds dL/db = a = [1, 2]; an entry is None only for an argument "
+            "that is not a tensor, or when no input needs grad",
+    "swapped": "the gradient of a * b with respect to one factor is the other factor: a's slot holds dL/da = b = "
+               "[3, 4], b's slot dL/db = a = [1, 2]",
+    "ones": "[1, 1] is grad_output, dL/d(output) of .sum(); each grad_input entry is grad_output times the other "
+            "factor",
 }
 _GUESS_FORM = ("the question asks for two things, as a pair: (the four names in the order the hooks run, Mul's "
                "grad_input as two entries, each a list of two numbers or None)")
@@ -131,9 +135,9 @@ def _order_and_slots_form(guess: object) -> str | None:
 def _order_and_slots_wrongs() -> list:
     wrong = []
     for order in (_FORWARD_ORDER, _BACKWARD_ORDER):
-        for slots, slot_hint in ((( _SLOT_A, [0.0, 0.0]), None), ((_SLOT_A, None), "none"),
-                                 ((_SLOT_A, [1.0, 2.0]), "true"), (([1.0, 2.0], [0.0, 0.0]), "a"),
-                                 (([1.0, 2.0], None), "a")):
+        for slots, slot_hint in (((_SLOT_A, _SLOT_B), None), ((_SLOT_A, [0.0, 0.0]), "zeros"),
+                                 ((_SLOT_A, None), "none"), ((_SLOT_B, _SLOT_A), "swapped"),
+                                 (([1.0, 1.0], [1.0, 1.0]), "ones")):
             hints = [_ORDER_HINT] if order is _FORWARD_ORDER else []
             hints += [_SLOT_HINTS[slot_hint]] if slot_hint else []
             if hints:
@@ -149,10 +153,10 @@ class Mul(nn.Module):
 
 
 @prediction(
-    "03.a", "the order in which TinySigmoidNet's four backward hooks run, and Mul's grad_input when only a needs grad",
-    why="backward starts at the loss, so s2's hook runs first and fc1's last. Mul's grad_input holds dL/da = b = "
-        "[3, 4] and, in b's slot, zeros: b needs no grad, so its gradient is never computed, and because a needs "
-        "grad, PyTorch fills b's slot with zeros rather than None. Zeros there are not dL/db (which is a = [1, 2]).",
+    "03.a", "the order in which TinySigmoidNet's four backward hooks run, and Mul's grad_input",
+    why="backward starts at the loss, so s2's hook runs first and fc1's last. Mul's grad_input holds one entry per "
+        "positional argument, each grad_output (ones, from .sum()) times the other factor: dL/da = b = [3, 4], "
+        "dL/db = a = [1, 2].",
     wrong=_order_and_slots_wrongs(),
     form=_order_and_slots_form,
 )  # fmt: skip
@@ -168,7 +172,8 @@ def _order_and_slots() -> tuple[list[str], tuple]:
         _remove(handles)
     mul, seen = Mul(), []
     with mul.register_full_backward_hook(lambda m, gi, go: seen.append(gi)):
-        mul(torch.tensor([1.0, 2.0], requires_grad=True), torch.tensor([3.0, 4.0])).sum().backward()
+        a, b = torch.tensor([1.0, 2.0], requires_grad=True), torch.tensor([3.0, 4.0], requires_grad=True)
+        mul(a, b).sum().backward()
     return order, tuple(None if g is None else g.tolist() for g in seen[0])
 
 
@@ -228,31 +233,37 @@ def _weight_factors() -> list[float]:
     return [(halved / plain).mean().item(), (times_ten / plain).mean().item()]
 
 
-_NAMES_ARE_STRINGS = ('the names are strings, as named_children() gives them: write "16", not 16')
-_RELU_TOO = ("layer 1 fails too: a hooked module's inputs are views as well, and an in-place ReLU writes into its "
+_STEM = ("conv1", "bn1", "relu", "layer1")  # resnet18's first children, in the order forward calls them
+_RELU_TOO = ("relu fails too: a hooked module's inputs are views as well, and an in-place ReLU writes into its "
              "input")  # fmt: skip
+_LAYER1 = ("layer1's in-place ReLUs write into tensors made inside layer1, never into its input or its output, the "
+           "only views the hook makes")  # fmt: skip
 
 
 @prediction(
-    "03.e", "which of layers 0, 1 and 16 of the digits MLP with in-place ReLUs fail with a full backward hook",
-    why="layer 0's output goes into the in-place ReLU, which writes into it, and the hooked ReLU (layer 1) writes "
-        "into its own input: each changes a view the hook made, in place. Layer 16's output is the logits, which "
-        "nothing changes in place.",
+    "03.e", "which of resnet18's conv1, bn1, relu and layer1 make the forward pass fail with a full backward hook",
+    why="bn1's output goes into the in-place ReLU, which writes into it, and the hooked ReLU writes into its own "
+        "input: each changes a view the hook made, in place. conv1's output goes into bn1, which makes a new "
+        "tensor; layer1's in-place operations act on tensors made inside it, not on the views at its boundary.",
     wrong=[
-        ({"0"}, _RELU_TOO),
-        ({"1"}, "layer 0's output goes straight into the in-place ReLU, which writes into it: a view the hook made"),
+        ({"bn1"}, _RELU_TOO),
+        ({"relu"}, "bn1's output goes straight into the in-place ReLU, which writes into it: a view the hook made"),
+        ({"conv1", "bn1", "relu"}, "conv1's output goes into bn1, which makes a new tensor: nothing writes into "
+                                   "conv1's output view"),
+        ({"bn1", "relu", "layer1"}, _LAYER1),
+        ({"conv1", "bn1", "relu", "layer1"}, "conv1's output goes into bn1, which makes a new tensor; and " + _LAYER1),
         (set(), "the views are changed in place during the forward pass, and autograd refuses that as it happens"),
-        ({"0", "1", "16"}, "layer 16's output is the logits: nothing changes it in place"),
-        *((ints, _NAMES_ARE_STRINGS) for ints in ({0}, {1}, {16}, {0, 1}, {0, 16}, {1, 16}, {0, 1, 16})),
     ],
 )  # fmt: skip
 def _layers_that_fail() -> set[str]:
-    pixels, _, _, _ = _digit_pixels()
-    model, failing = _digits_mlp(activation=lambda: nn.ReLU(inplace=True)), set()
-    for name in ("0", "1", "16"):
+    from torchvision.models import resnet18
+
+    torch.manual_seed(0)
+    model, images, failing = resnet18(), torch.randn(2, 3, 32, 32), set()
+    for name in _STEM:
         with model.get_submodule(name).register_full_backward_hook(lambda m, gi, go: None):
             try:
-                model(pixels[:4])
+                model(images)
             except RuntimeError:
                 failing.add(name)
     return failing
@@ -1083,19 +1094,13 @@ _NO_HOOK_SEEN = (
     "ends; retain_grad on outputs you computed yourself works only while you can rerun the forward pass layer "
     "by layer, and keeps every gradient in memory"
 )
-_MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-
-
 class _WatchedLinear(nn.Linear):
     """A Linear that notes, at each call, whether it, its parameters or (later) its output carry a hook."""
 
     def forward(self, x):
         out = super().forward(x)
-        module_hooks = any(getattr(self, kind) for kind in _MODULE_HOOKS) or any(
-            getattr(torch.nn.modules.module, f"_global{kind}") for kind in _MODULE_HOOKS)
-        param_hooks = any(p._backward_hooks or p._post_accumulate_grad_hooks for p in self.parameters())
-        self.seen.append(
-            lambda: module_hooks or param_hooks or bool(out._backward_hooks))
+        hooked = bool(leftover_hooks(self))  # its module hooks, global hooks, its parameters' hooks
+        self.seen.append(lambda: hooked or parameter_hook_count(out) > 0)  # or, by backward, a tensor hook on out
         return out
 
 
