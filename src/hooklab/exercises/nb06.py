@@ -84,7 +84,8 @@ _MOMENTS_HAVE_NO_SCALE = ("the saved moments enter Adam's step as the ratio m̂/
 @prediction("06.c", "which part of the loaded optimizer state changes the red run's median update:data ratio",
             why="load_state_dict loads the checkpoint's param_groups, and the old run's lr 5e-3 with them: the lr "
                 "multiplies every step. " + _MOMENTS_HAVE_NO_SCALE + ", so one step of history cannot scale every "
-                "layer's steps",
+                "layer's steps. A checkpoint an epoch old is another case: section 3's end measures its moments "
+                "holding the steps lower",
             wrong=[("moments", _MOMENTS_HAVE_NO_SCALE + "; the lr multiplies every step, and load_state_dict loads "
                                "the checkpoint's lr with its param_groups"),
                    ("both", _MOMENTS_HAVE_NO_SCALE + ": only one part of the state multiplies every step"),
@@ -808,6 +809,13 @@ def yours_or_worked(names: dict, *wanted: str):
     from . import yours_or_worked as pick
 
     return pick(names, {name: (id, _WORKED[id]) for name, id in _IDS.items()}, *wanted)
+
+
+def upgrade_check_model() -> nn.Module:
+    """The model 06.1's check builds (its three Linears get the student's hook): the first holds a submodule
+    ``gate`` whose parameter is named ``W`` today. Leaves the global random stream as it was."""
+    with torch.random.fork_rng():
+        return _checkpoint_model()
 
 
 def old_names_cnn(hook=upgrade) -> nn.Module:
