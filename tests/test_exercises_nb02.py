@@ -321,7 +321,8 @@ def step_stats(late=False, as_tensor=False, of="output", population=False, retur
                     value = (lambda t: t) if as_tensor else (lambda t: t.item())
                     self.stds[key].append(value(out.std(unbiased=not population)))
                     zero = out.abs() <= 1e-4 if near_zero else out <= 0 if zeros == "nonpositive" else out == 0
-                    self.zeros[key].append(value(zero.sum().float() if zeros == "count" else zero.float().mean()))
+                    share = zero.sum().float() if zeros == "count" else zero.float().mean()
+                    self.zeros[key].append(value(100 * share if zeros == "percent" else share))
 
                 hook = keep
                 if returns:
@@ -364,6 +365,7 @@ def test_02_3_names_the_slip():
     failed("02.3", step_stats(population=True), "population std", "unbiased=False", "use .std()")
     failed("02.3", step_stats(near_zero=True), "self.zeros['2.1']", "not zeros", "(output == 0)")
     failed("02.3", step_stats(zeros="count"), "a count, not a share")
+    failed("02.3", step_stats(zeros="percent"), "a percentage", "fraction from 0 to 1")
     failed("02.3", step_stats(zeros="nonpositive"), "≤ 0 counts negatives")
 
 

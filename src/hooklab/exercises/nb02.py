@@ -244,7 +244,7 @@ def _a_power_of_ten(guess) -> str | None:
 
 @prediction("02.c", "by what power of ten features.5's bias gradient exceeds its weight gradient",
             why="dL/db adds up dL/dy over every image and position; dL/dw adds up the same terms, each multiplied "
-                "by the layer's input, here of size about 10⁻³ (section 1: features.4's output has std 8.9e-04). "
+                "by the layer's input, here of size about 10⁻³ (features.4's output: RMS 1.1e-03, std 8.9e-04). "
                 "So the bias gradient is about 1 / 10⁻³ = 10³ times the weight's: measured 1.3·10³, log10 3.1; "
                 "the check accepts half a decade either way",
             wrong=[(0.0, "they would be the same size only if the inputs were of size 1: dL/dw multiplies each "
@@ -848,6 +848,9 @@ def _stats_outcome(stats, expected: dict) -> Outcome | None:
                 if _close(value, right):
                     continue
                 shown = f"{value:.4g}" if isinstance(value, int | float) else kind_of(value)
+                if field == "zeros" and isinstance(value, int | float) and _close(value, 100 * right) and right:
+                    return Outcome(False, f"self.zeros[{name!r}] at call {step}: {shown}, a percentage: write the "
+                                          f"share as a fraction from 0 to 1, {right:.4g} for {shown} %")
                 if field == "zeros" and isinstance(value, int | float) and value > 1:
                     return Outcome(False, f"self.zeros[{name!r}] at call {step}: {shown}, a count, not a share: "
                                           f"expected {right:.4g}, the zeros divided by the number of values "
