@@ -7,7 +7,7 @@ Predictions 04.a-04.e compute their truth with torch. Exercises, in the order th
 * 04.2 ``keep_grads``: a tensor hook on every step of a forward, keeping each step's gradient by name;
 * 04.3 cross-entropy in eight atomic steps, 04.4 its fused form;
 * 04.5 batch norm in seven atomic steps (also the field guide's G4.6, registered in g4.py), 04.6 its fused form;
-* 04.7 ``judged_alone``: a second hook hands each step the student's own gradient, so each step is judged alone;
+* 04.7 ``judged_alone``: a second hook hands each step the student's own gradient, so each step is checked on its own;
 * 04.8 a convolution (via ``unfold`` / ``fold`` or any other way), 04.9 max pooling;
 * 04.10 every layer whose backward formula disagrees with what its hooks recorded;
 * 04.11 the whole CNN for one epoch of training, compared with autograd at every step.
@@ -60,6 +60,11 @@ BATCH_222 = [[0.05, 0.1], [0.5, -0.3]]  # lesson 03's batch of two inputs, the f
 def _bias_form(guess) -> str | None:
     if isinstance(guess, list | tuple | torch.Tensor) and len(guess) == 2:
         return "fc1's bias is one number shared by both units, shape (1,): its gradient is one number too"
+    if isinstance(guess, torch.Tensor):
+        return ("write a number, not a tensor: the question asks for the value, like 0.5 (a tensor's .item() gives "
+                "its number)")
+    if isinstance(guess, list | tuple) and len(guess) == 1:
+        return f"write a number, not a {type(guess).__name__}: like 0.5, without brackets"
     return None
 
 
@@ -411,7 +416,7 @@ def _ce_fused(ce_backward) -> Outcome:
                    prefix="with 8 rows of 10 classes and 5 of 4: ")
 
 
-# ----- batch norm: atomic steps (04.5, G4.6), each judged alone (04.c), and fused (04.6) -------------------------
+# ----- batch norm: atomic steps (04.5, G4.6), each checked on its own (04.c), and fused (04.6) ----------------------
 def bn_steps(x, gamma, beta, eps=1e-5):
     """Batch norm in training mode in seven named steps over the rows of ``x`` (N, C), as notebook 04
     writes it; the dict keeps every result."""
@@ -491,21 +496,36 @@ def _bn_step_traps(t, dout, grads) -> dict[str, list[Trap]]:
 JUDGED_ALONE_AFTER = ("inv_std", "var", "diff2", "diff", "mean", "x")  # the steps after x_hat, from y back
 
 
+def two_slips(t, gamma, dout):
+    """04.c's chain: two independent slips. ``d["x_hat"]`` forgets γ, and ``d["x"]`` forgets the path through
+    the mean (``d["x"] = d["diff"]``); every other step is derived rightly from the gradients before it."""
+    d = bn_backward_steps(t, torch.ones_like(gamma), dout)
+    return {**d, "x": d["diff"]}
+
+
 @prediction(
-    "04.c", "with a second hook handing on your gradient, which rows fail when d['x_hat'] forgets γ",
-    why="only x_hat's row: the second hook hands each step your gradient, so each row compares your step with "
-        "autograd's rule applied to your gradient of the step after it. inv_std … x are computed rightly from your "
-        "wrong d['x_hat'], as autograd's rule computes them from it: they agree. A step is judged alone.",
+    "04.c", "with a second hook handing on your gradient, which rows fail for a chain with two slips",
+    why="x_hat's and x's: the second hook hands each step your gradient, so each row compares your step with "
+        "autograd's rule applied to your gradient of the step after it. Only the two steps whose own rule slipped "
+        "disagree; inv_std … mean are computed rightly from your wrong d['x_hat'], and agree.",
     wrong=[
         (frozenset(["x_hat", *JUDGED_ALONE_AFTER]),
-         "that is what a comparison with autograd's own gradients gives (bn_grads): every step after the slip inherits "
-         "it. Here a hook hands each step your gradient, so a step computed rightly from a wrong gradient agrees with "
-         "autograd's rule applied to that same gradient"),
+         "that is what a comparison with autograd's own gradients gives (bn_grads): every step after the first slip "
+         "inherits it. Here a hook hands each step your gradient, so a step computed rightly from a wrong gradient "
+         "agrees with autograd's rule applied to that same gradient"),
+        (frozenset(["x_hat"]), "x_hat's row fails, but the first False is not the only one here: x's row compares "
+                               "your d['x'] with autograd's rule applied to your d['diff'] and d['mean']. Does "
+                               "dropping the mean's path show?"),
+        (frozenset(["x"]), "x's row fails; and x_hat's own row compares your d['x_hat'] (no γ) with what autograd's "
+                           "rule hands x_hat from y, dout·γ"),
         (frozenset(JUDGED_ALONE_AFTER), "x_hat's own row compares your d['x_hat'] (no γ) with what autograd's rule "
-                                        "hands x_hat from y, dout·γ: that row fails. And the steps after it?"),
-        (frozenset(["x_hat", "inv_std"]), "inv_std's row compares your d['inv_std'], computed rightly from your "
-                                          "d['x_hat'], with autograd's rule applied to that same d['x_hat']: "
-                                          "they agree"),
+                                        "hands x_hat from y, dout·γ: that row fails. And inv_std … mean, computed "
+                                        "rightly from it?"),
+        (frozenset(["x_hat", "inv_std", "x"]), "inv_std's row compares your d['inv_std'], computed rightly from your "
+                                               "d['x_hat'], with autograd's rule applied to that same d['x_hat']: "
+                                               "they agree"),
+        (frozenset(["x_hat", "mean", "x"]), "d['mean'] is computed rightly from your d['diff']: its row agrees. Only "
+                                            "x's own formula drops the mean's path"),
         (frozenset(["x_hat", "gamma", "beta"]), "dgamma = Σ dout·x_hat and dbeta = Σ dout use dout, not d['x_hat']: "
                                                 "forgetting γ in d['x_hat'] leaves them right"),
         (frozenset(), "x_hat's own row compares your d['x_hat'] (no γ) with what autograd's rule hands x_hat from y: "
@@ -513,19 +533,18 @@ JUDGED_ALONE_AFTER = ("inv_std", "var", "diff2", "diff", "mean", "x")  # the ste
     ],
 )  # fmt: skip
 def _judged_alone() -> frozenset:
-    """The experiment of the lesson's cell: keep_grads, then a hook per step returning a chain whose dx_hat
-    forgot γ (bn_backward_steps with γ = 1), every later step computed from it rightly."""
+    """The experiment of the lesson's cell: keep_grads, then a hook per step returning ``two_slips``'s chain."""
     t, x, gamma, dout, _ = _bn_case(16, 3, 91)
-    forgot_gamma = bn_backward_steps(t, torch.ones_like(gamma), dout)
+    slipped = two_slips(t, gamma, dout)
     leaves = [v.clone().requires_grad_(True) for v in (x, gamma, rand(3, seed=93))]
     steps = {**bn_steps(*leaves), "gamma": leaves[1], "beta": leaves[2]}
     arrived = keep_grads(steps)
     for name, value in steps.items():
-        if name in forgot_gamma:
-            value.register_hook(lambda grad, name=name: forgot_gamma[name])
+        if name in slipped:
+            value.register_hook(lambda grad, name=name: slipped[name])
     steps["y"].backward(dout)
-    return frozenset(name for name, got in arrived.items() if name in forgot_gamma
-                     and not torch.allclose(forgot_gamma[name], got))
+    return frozenset(name for name, got in arrived.items() if name in slipped
+                     and not torch.allclose(slipped[name], got))
 
 
 def _fresh_bn_steps(x, gamma, beta):
@@ -540,7 +559,7 @@ def _hands_on(value: torch.Tensor) -> bool:
     return any(hook(torch.zeros_like(value)) is not None for hook in list(hooks.values()))
 
 
-@exercise("04.7", "a second hook that hands on your gradient: each step judged alone")
+@exercise("04.7", "a second hook that hands on your gradient: each step checked on its own")
 def _judge_alone(judged_alone) -> Outcome:
     """``judged_alone(steps, d, dout) -> {step: gradient that arrived}``: keep_grads on ``steps`` first, then
     on each step of ``d`` a hook returning ``d[name]``, then ``steps["y"].backward(dout)``; the hooks that
@@ -760,7 +779,10 @@ def _conv(conv2d_backward) -> Outcome:
         dw = reference(partial(F.conv2d, padding=padding), (x, w), dout)[1]
         traps = [((per_image[0],), NOT_SUMMED_OVER_N), ((per_image[-1],), NOT_SUMMED_OVER_N),
                  ((dw.flip(-2, -1),), "your dw is the right one flipped: F.conv2d slides w over x unflipped (a "
-                                      "cross-correlation), so dw needs no flip")]
+                                      "cross-correlation), so dw needs no flip"),
+                 ((F.conv_transpose2d(dout, w.flip(-2, -1), padding=padding),),
+                  "your dx is F.conv_transpose2d with the kernel flipped. conv_transpose2d is conv2d's backward: it "
+                  "already flips the kernel, so pass w as it is")]
         cases.append((f"padding={padding}", partial(F.conv2d, padding=padding), {"x": x, "w": w},
                       {"x": x, "w": w, "dout": dout, "padding": padding}, dout, traps))
     try:
@@ -1372,27 +1394,26 @@ def _layer_names_form(guess) -> str | None:
             f"you wrote {kind_of(guess)}")
 
 
-SLIP_FACTS = ("In the problem's table, 5.weight and 5.bias agree, so the gradient that reached batch norm '5' is "
-              "right; 4.weight is the first that disagrees. That left two suspects: batch norm's dx, or the conv "
-              "formula wrong in both dx and dw. Section 4 ran the problem's conv formula on what conv '4''s own "
-              "hooks caught, and its dx and dw agreed. One formula serves every layer of its type.")
+SLIP_FACTS = ("In the problem's table, 5.weight and 5.bias agree, as they would if the gradient reaching batch norm "
+              "'5' were right; 4.weight is the first that disagrees. That leaves two suspects: batch norm's dx, or "
+              "the conv formula wrong in both dx and dw. One formula serves every layer of its type.")
 
 
 @prediction(
     "04.e", "which layers disagree with what their own hooks recorded, for the problem's formulas",
     why="the problem's slip is in batch norm's formula: it holds the batch statistics constant, so its dx differs "
         "from autograd's grad_input, in both batch norms, '1' and '5'. Layer 4's weight gradient is wrong at the "
-        "end only because '5' passed it a wrong gradient: from the grad_output its hooks kept, its formula is right, "
-        "as section 4 printed.",
-    wrong=[(frozenset(["4"]), "conv '4' is judged on the grad_output its hook kept, and there its formula agreed in "
-                              "section 4. " + SLIP_FACTS),
+        "end only because '5' passed it a wrong gradient: on the grad_output its hooks recorded, the conv formula "
+        "is right.",
+    wrong=[(frozenset(["4"]), "one formula serves every layer of its type: if the conv formula slipped, conv '0' "
+                              "would disagree too. " + SLIP_FACTS),
            (frozenset(["0", "4"]), "the table allowed the convolutions, if their formula were wrong in both dx and dw. "
-                                   "But judged on the grad_output its hook kept, conv '4''s formula agreed in section "
-                                   "4: which is the other suspect? " + SLIP_FACTS),
+                                   "But judged on the grad_output its hook recorded, conv '4''s formula agrees: the "
+                                   "slip is the other suspect. " + SLIP_FACTS),
            (frozenset(["5"]), "'5' is one of them; does another layer use the same formula?"),
            (frozenset(["1"]), "'1' is one of them; does another layer use the same formula?"),
-           (frozenset(["0", "1", "4", "5"]), "both suspects' layers; but one suspect is cleared: section 4 ran the "
-                                             "problem's conv formula on what conv '4''s hooks caught, and it agreed"),
+           (frozenset(["0", "1", "4", "5"]), "both suspects' layers; but one formula slipped, not two: the other "
+                                             "agrees on what its layers' hooks recorded"),
            (frozenset(["4", "5", "6", "7"]), "had ReLU '6' or max pool '7' slipped, the gradient reaching batch "
                                              "norm '5' would be wrong, and so would 5.weight and 5.bias: they agree. "
                                              + SLIP_FACTS),
