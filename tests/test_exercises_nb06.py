@@ -22,7 +22,7 @@ def test_notebook_06_has_five_predictions_and_five_exercises():
 
 
 # ----- predictions ------------------------------------------------------------------------------
-@pytest.mark.parametrize(("id", "truth"), [("06.a", 2), ("06.d", 2), ("06.c", "lr"), ("06.e", 2)])
+@pytest.mark.parametrize(("id", "truth"), [("06.a", 6), ("06.d", 2), ("06.c", "lr"), ("06.e", 2)])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     computed = exercises()[id].checker.__wrapped__.truth()
@@ -30,9 +30,9 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
 
 
 @pytest.mark.parametrize(("id", "guess", "hint"), [
-    ("06.a", 8, "only those under"), ("06.a", 0, "full spelling"),
+    ("06.a", 8, "starts with its own path"), ("06.a", 0, "submodules' entries too"), ("06.a", 2, "three convs"),
     ("06.d", 1, "per call, not per module"), ("06.d", 4, "one gradient per call"),
-    ("06.c", "moments", "no scale of its own"), ("06.c", "both", "only one part"),
+    ("06.c", "moments", "no size of its own"), ("06.c", "both", "only one part"),
     ("06.c", "neither", "the lr included"),
     ("06.c", 0.005, '"both" or "neither"'), ("06.c", "the learning rate", '"both" or "neither"'),
     ("06.e", 64, "not per row"), ("06.e", 66, "loop's count"), ("06.e", 3, "keepdim"),
@@ -44,7 +44,7 @@ def test_wrong_guesses_get_their_hint(id, guess, hint):
 
 def test_06_c_a_guess_in_another_form_is_told_the_form_without_the_answer():
     outcome = grade("06.c", 0.005)
-    assert outcome.form and "no scale" not in outcome.detail
+    assert outcome.form and "no size" not in outcome.detail
     assert grade("06.c", " 'LR' ").passed
 
 
@@ -92,6 +92,27 @@ def copy_without_pop(module, state_dict, prefix, *rest):
     for old, new in (("W", "weight"), ("b", "bias")):
         if prefix + old in state_dict:
             state_dict[prefix + new] = state_dict[prefix + old]
+
+
+def upgrade_into_a_new_dict(module, state_dict, prefix, *rest):
+    """Builds the renamed dict, but binds it to the hook's own name: the dict load_state_dict reads is unchanged."""
+    state_dict = {prefix + {"W": "weight", "b": "bias"}[key[len(prefix):]] if key[len(prefix):] in ("W", "b")
+                  else key: value for key, value in state_dict.items()}
+
+
+class Upgrader:
+    """The same slip in a bound method."""
+
+    def hook(self, module, sd, prefix, *rest):
+        sd = {key.replace(prefix + "W", prefix + "weight"): value for key, value in sd.items()}
+
+
+def test_06_1_rebinding_the_local_name_is_named():
+    failed("06.1", upgrade_into_a_new_dict, "assigned a new dict to its own name", "in place",
+           "state_dict.pop(prefix + 'W')")
+    failed("06.1", Upgrader().hook, "its own name")
+    outcome = grade("06.1", copy_without_pop)
+    assert "own name" not in outcome.detail
 
 
 def test_06_1_a_copied_key_left_behind_is_named():
@@ -677,3 +698,43 @@ def test_the_06_1_model_shown_is_the_one_the_check_builds():
     keys = list(nb06.upgrade_check_model().state_dict())
     assert torch.equal(torch.rand(1), want)
     assert keys == list(nb06._checkpoint_model().state_dict()) and "0.gate.W" in keys
+
+
+# ----- the lesson's numbers ---------------------------------------------------------------------
+def test_the_red_run_ends_less_accurate_over_seeds_0_to_4(tmp_path):
+    """06 §2: 0.93-0.96 from the checkpoint against 0.97-0.98 from the weights alone, over resume's seeds 0-4."""
+    from hooklab.data import digits
+    from hooklab.exercises.nb06 import old_names_cnn, resume, saved_by_the_old_code
+    from hooklab.models import accuracy
+
+    data, (full, weights) = digits(), saved_by_the_old_code(tmp_path)
+    found = {full: [], weights: []}
+    for seed in range(5):
+        for path, accuracies in found.items():
+            model = old_names_cnn()
+            resume(model, torch.optim.Adam(model.parameters(), lr=1e-3), path, seed=seed)
+            accuracies.append(accuracy(model, data.x_test, data.y_test))
+    assert 0.925 <= min(found[full]) and max(found[full]) < 0.965
+    assert 0.965 <= min(found[weights]) and max(found[weights]) < 0.985
+    assert max(found[full]) < min(found[weights])
+
+
+def test_a_new_head_steps_faster_than_the_body_with_the_lr_kept(tmp_path):
+    """06 §3's end: with keep_lr, the new head.2 steps 0.6-0.9 decade above the body, the body about 0.2 decade
+    above its steps under the trained head; the lr reads 0.001 in both runs."""
+    from hooklab.exercises.nb06 import keep_lr, old_names_cnn, resume, saved_by_the_old_code, watch_updates
+
+    medians = []
+    for new_head in (False, True):
+        path, _ = saved_by_the_old_code(tmp_path, new_head)
+        model = old_names_cnn()
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        ratios, hooks = watch_updates(model, optimizer)
+        with hooks, optimizer.register_load_state_dict_pre_hook(keep_lr):
+            resume(model, optimizer, path)
+        assert optimizer.param_groups[0]["lr"] == 1e-3
+        medians.append({name: torch.tensor(r).median().item() for name, r in ratios.items()})
+    old, new = medians
+    body = [name for name in new if name.startswith("features")]
+    assert all(0.55 < new["head.2.weight"] - new[name] < 0.9 for name in body)
+    assert all(0.1 < new[name] - old[name] < 0.35 for name in body)

@@ -9,8 +9,9 @@ step hooks that measure the update:data ratio (06.2), an optimizer load pre-hook
 learning rate (06.3), a global forward hook that logs the gradient at every module (06.4),
 and which layer created which autograd node (06.5). ``upgrade``, ``watch_updates``, ``keep_lr``,
 ``grad_logger`` and ``nodes_by_layer`` are worked answers: the lesson goes on with them while the
-student's own has not passed. ``yours_or_worked`` and ``old_names_cnn`` are the lesson's plumbing,
-kept here so that its cells show only what each section is about. The field guide's exercises on the
+student's own has not passed. ``saved_by_the_old_code`` (the old code's checkpoint files),
+``yours_or_worked`` and ``old_names_cnn`` are the lesson's plumbing, kept here so that its cells show
+only what each section is about. The field guide's exercises on the
 same hooks are in ``g6.py`` (the firing order) and ``g7.py``.
 """
 
@@ -18,7 +19,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import inspect
 import math
+import sys
 
 import torch
 from torch import nn
@@ -29,18 +32,21 @@ from . import Outcome, exercise, kind_of, prediction
 
 
 # ----- predictions ---------------------------------------------------------------------------------
-@prediction("06.a", "how many keys a load pre-hook on head.2 finds in its state_dict",
-            why="load_state_dict hands each module only the entries under its own prefix ('head.2.'), spelled in "
-                "full: head.2.weight and head.2.bias, 2 of the model's 8",
-            wrong=[(8, "the model's state dict holds 8 entries, but each layer's hook is handed only those under "
-                       "its own prefix, 'head.2.'"),
-                   (0, "the keys keep their full spelling, 'head.2.weight' and 'head.2.bias': the layer's own are "
-                       "there, under its prefix")])
+@prediction("06.a", "how many keys a load pre-hook on model.features finds in its state_dict",
+            why="load_state_dict hands each module only the entries whose key starts with its own path, "
+                "'features.': the weight and bias of its three convs (features.0, .2 and .5), 6 of the model's 8, "
+                "spelled in full",
+            wrong=[(8, "the model's state dict holds 8 entries, but a module's hook is handed only those whose key "
+                       "starts with its own path, 'features.': head.2's two are not there"),
+                   (0, "a module's hook gets its submodules' entries too, spelled in full: 'features.0.weight' "
+                       "and the rest, though the Sequential has no tensor of its own"),
+                   (2, "2 is what a single layer gets; the Sequential's path 'features.' holds three convs, each "
+                       "with a weight and a bias")])
 def _keys_seen() -> int:
     from ..models import DigitsCNN
 
     model, seen = DigitsCNN(), []
-    handle = model.head[2].register_load_state_dict_pre_hook(lambda module, sd, prefix, *rest: seen.append(len(sd)))
+    handle = model.features.register_load_state_dict_pre_hook(lambda module, sd, prefix, *rest: seen.append(len(sd)))
     try:
         model.load_state_dict(DigitsCNN(seed=1).state_dict())
     finally:
@@ -76,19 +82,19 @@ def _lr_or_moments(guess) -> str | None:
     return None
 
 
-_MOMENTS_HAVE_NO_SCALE = ("the saved moments enter Adam's step as the ratio m̂/(√v̂ + ε), which has no scale of its "
-                          "own: after one saved step it stays at or below about 1 at the next, whatever the "
-                          "gradients' size, as a fresh Adam's does")
+_MOMENTS_ARE_A_RATIO = ("Adam's step is lr times a ratio of its two moments, the running average of the "
+                        "gradient over the square root of the running average of its square: gradient over "
+                        "gradient, no size of its own, so loading old moments cannot make every step bigger; only "
+                        "the lr sets the size")
 
 
 @prediction("06.c", "which part of the loaded optimizer state changes the red run's median update:data ratio",
             why="load_state_dict loads the checkpoint's param_groups, and the old run's lr 5e-3 with them: the lr "
-                "multiplies every step. " + _MOMENTS_HAVE_NO_SCALE + ", so one step of history cannot scale every "
-                "layer's steps. A checkpoint an epoch old is another case: section 3's end measures its moments "
-                "holding the steps lower",
-            wrong=[("moments", _MOMENTS_HAVE_NO_SCALE + "; the lr multiplies every step, and load_state_dict loads "
-                               "the checkpoint's lr with its param_groups"),
-                   ("both", _MOMENTS_HAVE_NO_SCALE + ": only one part of the state multiplies every step"),
+                "sets the size of every step. " + _MOMENTS_ARE_A_RATIO + "; measured: the moments move head.2's "
+                "median by about 0.02 decade, the lr by about 0.6",
+            wrong=[("moments", _MOMENTS_ARE_A_RATIO + ". load_state_dict loads the checkpoint's lr with its "
+                               "param_groups: that is what moved"),
+                   ("both", _MOMENTS_ARE_A_RATIO + ": only one part of the state moved the median"),
                    ("neither", "load_state_dict loads the checkpoint's param_groups, the lr included: our Adam's "
                                "lr is replaced by the old run's")],
             form=_lr_or_moments)
@@ -99,7 +105,8 @@ def _cause_of_big_steps() -> str:
 @functools.cache  # three epochs: measured once per process
 def _measured_cause() -> str:
     """Resume the old checkpoint (weights and Adam state) at lr 1e-3, with and without keep_lr, against a fresh
-    Adam at 1e-3: which part of the loaded state moved the median update:data ratio of head.2."""
+    Adam at 1e-3: which part of the loaded state moved the median update:data ratio of head.2 by a tenth of a
+    decade or more."""
     import tempfile
 
     weights, state = _old_run()
@@ -108,12 +115,9 @@ def _measured_cause() -> str:
         fresh = _median_head_ratio(1e-3, {"model": weights}, path)
         loaded = _median_head_ratio(1e-3, {"model": weights, "optimizer": state}, path)
         lr_kept = _median_head_ratio(1e-3, {"model": weights, "optimizer": state}, path, keep_lr)
-    lr_part, moments_part = loaded - lr_kept, lr_kept - fresh
-    if max(abs(lr_part), abs(moments_part)) < 0.1:  # within a tenth of a decade of a fresh Adam's steps
-        return "neither"
-    if abs(moments_part) < 0.1 * abs(lr_part):
-        return "lr"
-    return "moments" if abs(lr_part) < 0.1 * abs(moments_part) else "both"
+    lr_counts, moments_count = abs(loaded - lr_kept) >= 0.1, abs(lr_kept - fresh) >= 0.1
+    return {(True, True): "both", (True, False): "lr", (False, True): "moments"}.get((lr_counts, moments_count),
+                                                                                   "neither")
 
 
 def _old_run() -> tuple[dict, dict]:
@@ -253,6 +257,33 @@ def _failed_load_outcome(error: RuntimeError, calls: list) -> Outcome:
     return Outcome(False, f"loading the old checkpoint failed: {' '.join(lines[1:]) or error}{hint}")
 
 
+def _call_noting_rebinding(hook, args) -> tuple[object, bool]:
+    """Call ``hook(*args)``; also say whether, when it returned, its own name for the state dict (its second
+    parameter) held another object than the dict it was handed: a hook that rebinds that name changes nothing
+    the caller sees."""
+    function = getattr(hook, "__func__", hook)
+    code = getattr(function, "__code__", None)
+    try:
+        name = list(inspect.signature(hook).parameters)[1]
+    except (TypeError, ValueError, IndexError):
+        code = None
+    if code is None:
+        return hook(*args), False
+    at_return = []
+
+    def profile(frame, event, arg):
+        if event == "return" and frame.f_code is code:
+            at_return.append(frame.f_locals.get(name, args[1]))
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        returned = hook(*args)
+    finally:
+        sys.setprofile(previous)
+    return returned, bool(at_return) and at_return[-1] is not args[1]
+
+
 @exercise("06.1", "rename old checkpoint keys in a load_state_dict pre-hook")
 def _rename_keys(upgrade) -> Outcome:
     """``upgrade`` is a load_state_dict pre-hook for one ``nn.Linear``.
@@ -265,7 +296,7 @@ def _rename_keys(upgrade) -> Outcome:
     model, source, fresh = _checkpoint_model(), _checkpoint_model(), _checkpoint_model().state_dict()
     old = _old_checkpoint(source)
     calls = []  # per call: prefix, returned value, other keys it touched, old keys it left
-    prefixes, invented = [], []  # every prefix the hook was called with; keys it wrote with no old key
+    prefixes, invented, rebound = [], [], []  # every prefix; keys written with no old key; calls that rebound
 
     def watched(*args):
         state_dict, prefix = args[1], args[2]
@@ -273,7 +304,9 @@ def _rename_keys(upgrade) -> Outcome:
         others = {key: value for key, value in state_dict.items() if key not in own}
         had = {key for key in own if key in state_dict}
         prefixes.append(prefix)
-        returned = upgrade(*args)
+        returned, rebinds = _call_noting_rebinding(upgrade, args)
+        if rebinds:
+            rebound.append(prefix)
         for old, new in (("W", "weight"), ("b", "bias")):
             if prefix + new in state_dict and not {prefix + old, prefix + new} & had:
                 invented.append((prefix + new, prefix + old))
@@ -306,6 +339,11 @@ def _rename_keys(upgrade) -> Outcome:
             return Outcome(False, f"the hook added {new!r}, but the checkpoint has no {old_key!r} (a Linear made "
                                   "with bias=False has no b), so the load fails with Unexpected key: rename a key "
                                   "only when it is there")
+        if error is not None and rebound:
+            return Outcome(False, "the hook assigned a new dict to its own name state_dict: that rebinds a local "
+                                  "variable of the hook and leaves the dict load_state_dict handed it unchanged, "
+                                  f"so the Linear at {rebound[0]!r} keeps its old keys and the load fails. Change that "
+                                  "dict in place: state_dict[prefix + 'weight'] = state_dict.pop(prefix + 'W')")
         if error is not None:
             return _failed_load_outcome(error, calls)
         for key, value in source.state_dict().items():
@@ -809,6 +847,33 @@ def yours_or_worked(names: dict, *wanted: str):
     from . import yours_or_worked as pick
 
     return pick(names, {name: (id, _WORKED[id]) for name, id in _IDS.items()}, *wanted)
+
+
+def saved_by_the_old_code(folder, new_head: bool = False) -> tuple[str, str]:
+    """The old training code's two files, written in ``folder``: the trained digits CNN one Adam step (lr 5e-3)
+    further on, its keys named ``W`` and ``b``; first the checkpoint (weights and Adam's state), then the
+    weights alone. ``new_head=True``: head.2, the last Linear, freshly initialised (``DigitsCNN(seed=1)``'s)."""
+    import os
+
+    from ..data import digits
+    from ..models import DigitsCNN, trained_digits_cnn
+
+    data, model = digits(), trained_digits_cnn().train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
+    nn.functional.cross_entropy(model(data.x_train[:32]), data.y_train[:32]).backward()
+    optimizer.step()
+    weights, fresh = model.state_dict(), DigitsCNN(seed=1).state_dict()
+    if new_head:
+        weights = {key: fresh[key] if key.startswith("head.2.") else value for key, value in weights.items()}
+    old_names = {"weight": "W", "bias": "b"}
+    old = {}
+    for key, value in weights.items():
+        place, _, name = key.rpartition(".")
+        old[f"{place}.{old_names[name]}"] = value.detach().clone()
+    stem = os.path.join(folder, "new_head" if new_head else "old")
+    torch.save({"model": old, "optimizer": optimizer.state_dict()}, f"{stem}.pt")
+    torch.save({"model": old}, f"{stem}_weights.pt")
+    return f"{stem}.pt", f"{stem}_weights.pt"
 
 
 def upgrade_check_model() -> nn.Module:
