@@ -12,13 +12,13 @@ from torch import nn
 
 import hooklab
 from hooklab.exercises import exercises, grade
-from hooklab.exercises.nb05 import _Probe, _probe_inputs, pixels_under, random_orders, worked_recorder
+from hooklab.exercises.nb05 import SLOW_RUNS, _Probe, _probe_inputs, pixels_under, random_orders, worked_recorder
 
 # ----- predictions ------------------------------------------------------------------------------
 PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that gets its own hint
     "05.a": (["unchanged", "chance"], ["lower", "lower"], "0 for every digit already"),
     "05.b": ([True, False], [True, True], "the ReLU is where it stops"),
-    "05.c": ("untrained", "trained", "switches on, trained or not"),
+    "05.c": ("yes", "no", "the clamps decide what passes"),
     "05.d": ([32, 8], [8, 8], "does arrive at a dead channel"),
     "05.e": ("guided backprop", "Grad-CAM", "re-weights the same channels"),
 }
@@ -63,15 +63,10 @@ def test_prediction_05_d_counts_in_another_form_are_told_to_write_two_numbers():
     assert not outcome.passed and "two whole numbers" not in outcome.detail, outcome.detail
 
 
-def test_prediction_05_c_about_the_same_is_told_it_is_close_but_measured_the_other_way():
-    outcome = grade("05.c", "about the same")
-    assert not outcome.passed and "all 8 never-trained networks' maps follow the ink" in outcome.detail, outcome.detail
-
-
 def test_prediction_05_c_a_word_off_the_list_is_told_the_choices():
-    assert grade("05.c", " Untrained ").passed
-    outcome = grade("05.c", "yes")
-    assert not outcome.passed and 'pick one of "trained", "untrained", "about the same"' in outcome.detail
+    assert grade("05.c", " Yes ").passed
+    outcome = grade("05.c", "untrained")
+    assert not outcome.passed and 'pick one of "yes", "no"' in outcome.detail, outcome.detail
 
 
 # ----- 05.1 and 05.2 -------------------------------------------------------------------------------
@@ -585,6 +580,26 @@ def kept_output(how):
     return activation_and_gradient
 
 
+def test_05_4_a_forward_hook_that_returns_a_copy_and_no_tensor_hook_is_named():
+    """Right numbers without the contract's tensor hook: the forward hook replaces the output by a copy, so an
+    in-place ReLU above overwrites the copy, and the gradient is taken with respect to the kept original."""
+
+    def returns_a_copy(model, layer, images, classes):
+        kept = {}
+
+        def keep(module, args, output):
+            kept["out"] = output
+            return output.clone()
+
+        x = images.detach().clone().requires_grad_()
+        with model.get_submodule(layer).register_forward_hook(keep):
+            score = model(x).gather(1, classes[:, None]).sum()
+        grad, _ = torch.autograd.grad(score, [kept["out"], x])
+        return kept["out"].detach().clone(), grad.detach()
+
+    failed("05.4", returns_a_copy, "no tensor hook was registered", "output.register_hook")
+
+
 def test_05_4_keeping_the_output_tensor_instead_of_a_tensor_hook_is_named():
     for how in ("retain_grad", "autograd.grad"):
         failed("05.4", kept_output(how), "output tensor itself", "register a tensor hook on output")
@@ -853,15 +868,26 @@ def test_05_4_differentiating_with_respect_to_the_kept_output_names_the_hook_tha
            "torch.autograd.grad(total, out)", "images.detach().clone().requires_grad_()")
 
 
-@pytest.mark.parametrize("seed", [0, 1])
-def test_the_stored_slow_runs_are_what_slow_run_measures(seed):
-    """SLOW_RUNS is stored (twelve epochs are too long to run on the way); re-run them here, within what
-    another CPU's last bits may move them: a channel, two percent."""
-    from hooklab.exercises.nb05 import SLOW_RUNS, slow_run
+@pytest.mark.parametrize("run", [(lr, epochs, seed) for (lr, epochs), runs in SLOW_RUNS.items() for seed in runs])
+def test_the_stored_slow_runs_are_what_slow_run_measures(run):
+    """SLOW_RUNS is stored (twelve epochs and more are too long to run on the way); re-run them here, within what
+    another CPU's last bits may move them: a channel or two, two percent."""
+    from hooklab.exercises.nb05 import slow_run
 
-    dead, acc = slow_run(seed)
-    stored_dead, stored_acc = SLOW_RUNS[seed]
-    assert abs(dead - stored_dead) <= 1 and abs(acc - stored_acc) <= 0.02, (dead, acc, SLOW_RUNS[seed])
+    lr, epochs, seed = run
+    dead, acc = slow_run(seed, lr, epochs)
+    stored_dead, stored_acc = SLOW_RUNS[lr, epochs][seed]
+    assert abs(dead - stored_dead) <= 2 and abs(acc - stored_acc) <= 0.02, (dead, acc, stored_dead, stored_acc)
+
+
+def test_the_dead_count_varies_with_the_seed_and_the_test_accuracy_does_not_follow_it():
+    """What lesson 05 says of the stored runs: at lr 5e-3 the seed moves the dead count a lot and the accuracy
+    little; lr 1e-3 needs four times the epochs for the same accuracy, with almost none dead."""
+    fast, slow, long = SLOW_RUNS[5e-3, 12], SLOW_RUNS[1e-3, 12], SLOW_RUNS[1e-3, 48]
+    dead, acc = zip(*fast.values(), strict=True)
+    assert max(dead) - min(dead) >= 10 and max(acc) - min(acc) <= 0.03
+    assert max(a for _, a in slow.values()) < min(acc) - 0.04
+    assert all(d <= 2 and abs(a - 0.97) < 0.01 for d, a in long.values())
 
 
 def _hooked_answers():
