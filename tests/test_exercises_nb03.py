@@ -126,6 +126,18 @@ def test_the_scaled_up_gradient_does_not_make_the_network_learn_in_float64_eithe
     assert accuracy < 0.12, accuracy
 
 
+def test_the_pre_hooked_sigmoid_network_stays_at_ten_percent_over_ten_epochs():
+    """The lesson states it (measured on torch 2.14.1; ten epochs are too slow for a stored notebook)."""
+    model = nb03._digits_mlp()
+    handles = [m.register_full_backward_pre_hook(lambda m, go: (go[0] * 7,)) for m in model[:16:2]]
+    try:
+        accuracy = nb03._train_one_epoch(model, epochs=10)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert accuracy < 0.12, accuracy
+
+
 def test_with_pre_hooks_on_the_last_two_linears_only_no_sigmoid_saturates_and_the_network_still_fails():
     """The lesson states it (measured on torch 2.14.1): the 10 % is the forward collapse, not saturation."""
     _, _, test_pixels, _ = nb03._digit_pixels()
@@ -417,6 +429,19 @@ def test_03_2_rejects_an_in_place_change_and_explains_a_reassigned_name():
     failed("03.2", reassigns, "return the new tuple")
 
 
+def test_03_2_rejects_a_forward_hook_with_a_tensor_hook_and_names_a_returned_handle():
+    def forward_then_tensor_hook(module, factor):
+        def hook(module, args, out):
+            out.register_hook(lambda g: g * factor)
+
+        return module.register_forward_hook(hook)
+
+    failed("03.2", forward_then_tensor_hook, "no module backward hook", "register_full_backward_pre_hook")
+    one_liner = lambda module, f: module.register_forward_hook(  # noqa: E731
+        lambda m, a, out: out.register_hook(lambda g: g * f))
+    failed("03.2", one_liner, "no module backward hook", "returned the tensor hook's handle", "returns None")
+
+
 def test_03_2_explains_a_bare_tensor_returned():
     outcome = grade("03.2", lambda module, f: module.register_full_backward_pre_hook(lambda m, go: go[0] * f))
     assert not outcome.passed and "(new_grad,)" in outcome.detail and "raised" not in outcome.detail, outcome.detail
@@ -643,7 +668,16 @@ class _ForgetsTheLayers(nb03.GradTracker):
         self.layers = {}
 
 
+class _LeavesHooksOnABadName(nb03.GradTracker):
+    def __enter__(self):  # no cleanup when get_submodule raises midway
+        for name in self.names:
+            self.layers[name] = nb03.LayerTracker(self.model.get_submodule(name), self.lr)
+        return self
+
+
 @pytest.mark.parametrize(("answer", "words"), [
+    (_LeavesHooksOnABadName, ("raised at 'fc'", "still registered on layer '0'", "__exit__ does not run",
+                              "raise it again")),
     (_LeavesHooks, ("after the with block", "forward hook is still registered on layer '0'", "remove()")),
     (_Swallows, ("swallowed the error", "return None")),
     (_ReturnsNothing, ("__enter__ returned None", "return self")),
@@ -871,3 +905,18 @@ def test_03_6_names_linears_taken_from_named_children_on_a_nested_network():
 
     assert children_only(nb03._sigmoid_mlp(), torch.randn(4, 6), torch.tensor([0, 1, 2, 3])) is not None
     failed("03.6", children_only, "inner nn.Sequential", "named_children() lists only", "named_modules()")
+
+
+def test_the_basic_block_forward_shown_before_03_e_is_torchvisions():
+    """03.e's prompt shows BasicBlock.forward, blank lines dropped: every line is torchvision's, in order."""
+    import inspect
+
+    from torchvision.models.resnet import BasicBlock
+
+    cells = json.loads((Path(__file__).parents[1] / "notebooks/03_backward_hooks.ipynb").read_text())["cells"]
+    text = next("".join(c["source"]) for c in cells if "".join(c["source"]).count("BasicBlock") and "```python" in
+                "".join(c["source"]))
+    shown = text.split("```python\n")[1].split("```")[0].splitlines()
+    source = [line for line in inspect.getsource(BasicBlock.forward).splitlines() if line.strip()]
+    indent = len(source[0]) - len(source[0].lstrip())
+    assert shown == [line[indent:] for line in source]

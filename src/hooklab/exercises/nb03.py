@@ -16,6 +16,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from ..audit import clear_hooks, leftover_hooks
 from ..hooks import Hooks
@@ -71,6 +72,13 @@ _FULL_HOOK_IN_PLACE = (
 _RETURNED_HANDLE = (
     "the forward hook returned the tensor hook's handle, and a forward hook's return value replaces the module's "
     "output: make it a def that returns None (a lambda returns whatever its expression gives)"
+)
+
+
+_NO_BACKWARD_HOOK = (
+    "no module backward hook was registered on the layer (a forward hook that puts a tensor hook on the output "
+    "reaches the same gradient, but this exercise is the module's own backward hook): "
+    "module.register_full_backward_pre_hook hands your hook grad_output before the module's backward uses it"
 )
 
 
@@ -293,7 +301,9 @@ _PAIR = "a 32 → 32 Linear scales the gradient's std by √32 × std(W) (each e
     "03.f", "the weight std that makes a 32 → 32 Linear and a ReLU scale the gradient's std by 1",
     why="a 32 → 32 Linear sends on grad_output @ W: each entry sums 32 terms, a gradient times a weight, so the std "
         "grows × √32 · std(W); the ReLU zeros about half the entries, × √½. The pair's factor √32 · √½ · std(W) = "
-        "4 · std(W) is 1 for std(W) = √(2/32) = 0.25: He init, √(2/fan_in) (He et al., 2015).",
+        "4 · std(W) is 1 for std(W) = √(2/32) = 0.25: He init in its backward form, √(2/fan_out) (He et al., 2015, "
+        "section 2.2). kaiming_uniform_'s default, mode=\"fan_in\", is the forward form √(2/fan_in), which keeps the "
+        "spread instead; for a 32 → 32 layer the two are equal.",
     wrong=[
         (0.177, "1/√32 makes the Linear's factor 1, but the ReLU then zeros about half the entries (× √½): the "
                 "pair would pass on × 0.71, and 0.71⁸ over eight pairs is 0.06"),
@@ -311,7 +321,7 @@ _PAIR = "a 32 → 32 Linear scales the gradient's std by √32 × std(W) (each e
     rel=0.05,  # 0.24-0.26 pass (two decimals of 0.25, or of a measured std); 0.23 and 0.27 do not
 )  # fmt: skip
 def _he_std() -> float:
-    return nn.init.calculate_gain("relu") / math.sqrt(32)  # √2 / √fan_in: the std kaiming_uniform_ draws
+    return nn.init.calculate_gain("relu") / math.sqrt(32)  # √2 / √fan_out, fan_out = fan_in = 32 here
 
 
 def _relu_gradient_power() -> float:
@@ -576,6 +586,14 @@ def _scale_outcome(scale_grad_output, what: str, factor: float, x: torch.Tensor,
     failed = not_a_handle(handle, "scale_grad_output", layer)
     if failed:
         return failed
+    if not (layer._backward_pre_hooks or layer._backward_hooks or _used_legacy_hook(layer)):
+        try:
+            out = layer(x)  # a forward hook's return value replaces the output: a handle returned shows here
+        finally:
+            handle.remove()
+            clear_hooks(layer)
+        slip = _NO_BACKWARD_HOOK
+        return Outcome(False, slip + ("; and " + _RETURNED_HANDLE if isinstance(out, RemovableHandle) else ""))
     given = upstream.clone()  # what the caller passes to backward(): a hook must leave it alone
     try:
         layer(x).backward(given)
@@ -933,8 +951,28 @@ def _grad_tracker(tracker_class) -> Outcome:
     if not raised:
         return Outcome(False, "the with block raised, and your __exit__ swallowed the error: it returned a true "
                               "value; return None (no return), so the error goes on")
-    return Outcome(True, "hooks only inside the with block, removed at its end and when it raises; the tracks "
-                         "stay readable after it")
+    return _bad_name_outcome(tracker_class) or Outcome(
+        True, "hooks only inside the with block, removed at its end, when it raises and when a name is wrong; the "
+              "tracks stay readable after it")
+
+
+def _bad_name_outcome(tracker_class) -> Outcome | None:
+    """A wrong name after good ones: __enter__ raises, and __exit__ does not run, so __enter__ must clean up."""
+    model, raised = _in_place_mlp(), None
+    try:
+        with tracker_class(model, ["0", "2", "fc"], lr=_LR):
+            pass
+    except (AttributeError, KeyError, ValueError) as error:
+        raised = error
+    left = _clear_all_hooks(model)
+    if raised is None:
+        return Outcome(False, "with the names ['0', '2', 'fc'] the with block ran: the model has no layer 'fc', "
+                              "and model.get_submodule('fc') raises; let that error go on")
+    if left:
+        return Outcome(False, f"with the names ['0', '2', 'fc'], __enter__ raised at 'fc' and {left[0]}: when "
+                              "__enter__ raises, __exit__ does not run, so catch the error in __enter__, remove the "
+                              "LayerTrackers made so far, and raise it again")
+    return None
 
 
 # ----- 03.6: where the gradient vanishes -------------------------------------------------------------------
@@ -1219,8 +1257,12 @@ class GradTracker:
         self.model, self.names, self.lr, self.layers = model, names, lr, {}
 
     def __enter__(self) -> GradTracker:
-        for name in self.names:
-            self.layers[name] = LayerTracker(self.model.get_submodule(name), self.lr)
+        try:
+            for name in self.names:
+                self.layers[name] = LayerTracker(self.model.get_submodule(name), self.lr)
+        except BaseException:  # a wrong name: __exit__ will not run, so remove what is already registered
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *exc) -> None:
