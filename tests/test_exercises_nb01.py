@@ -298,6 +298,7 @@ RIGHT_GUESSES = {
 def test_the_predictions_are_right_about_torch():
     for id, guess in RIGHT_GUESSES.items():
         assert grade(id, guess).passed, id
+    assert grade("01.e", ["numbers", None]).passed  # Python's None as well as "None"
 
 
 def test_a_common_wrong_guess_gets_its_own_hint():
@@ -306,20 +307,23 @@ def test_a_common_wrong_guess_gets_its_own_hint():
         ("01.a", [0.4, 0.2], "swapped"),
         ("01.a", [1.0, 0.4], "your hook's entry is not"),
         ("01.b", [[2, 4, 6], [2, 4, 6]], "receives its result"),
-        ("01.c", "a", "infinite but not NaN"),
+        ("01.c", "a", "infinite but not NaN|asks for the first NaN"),
         ("01.c", "r", "1 in every entry"),
         ("01.c", "none", "what is 0 × ∞"),
         ("01.d", "h", "got it from a tensor after it"),
         ("01.d", "rms", "not NaN"),
-        ("01.e", ["numbers", "NaN"], "does backward go on"),
-        ("01.e", ["numbers", "zeros"], "set it to None"),
-        ("01.e", ["None", "None"], "backward reached head"),
-        ("01.e", ["numbers", "numbers"], "embed comes before ms"),
+        ("01.e", ["numbers", "NaN"], "head.weight.grad: right|does backward go on"),
+        ("01.e", ["numbers", "zeros"], "head.weight.grad: right|set it to None"),
+        ("01.e", ["None", "None"], "head.weight.grad: wrong|backward reached it|embed.weight.grad: right"),
+        ("01.e", [None, None], "head.weight.grad: wrong|backward reached it|embed.weight.grad: right"),
+        ("01.e", ["numbers", "numbers"], "head.weight.grad: right|embed comes before ms"),
+        ("01.e", ["NaN", "NaN"], "head.weight.grad: wrong|embed.weight.grad: wrong"),
+        ("01.e", ["zeros", None], "head.weight.grad: wrong|embed.weight.grad: right"),
         ("01.e", "None", "a list of two"),
         ("01.f", "huge", "the loss ignores that row"),
         ("01.f", "NaN", "turns the NaN into 0"),
     ]:
-        failed(id, guess, words)
+        failed(id, guess, *words.split("|"))
 
 
 def test_yours_or_worked_gives_the_worked_answer_until_yours_passes():

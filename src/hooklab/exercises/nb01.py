@@ -90,8 +90,8 @@ def _four_hooks() -> list[list[float]]:
     why="the sum gives r the gradient 1. The square root's backward divides it by 2√a, and 1 / 0 is ∞, not "
         "NaN: a receives [0.25, ∞]. The derivative of |x| is sign(x), 0 at x = 0, and 0 × ∞ is NaN: x is first.",
     wrong=[
-        ("a", "a receives 1 / (2√a): at a = 0 that is 1 / 0 = ∞, infinite but not NaN. What does |x|'s "
-              "derivative, 0 at x = 0, make of ∞?"),
+        ("a", "a is where the first non-finite gradient appears: 1 / (2√a) at a = 0 is 1 / 0 = ∞, infinite but not "
+              "NaN. The question asks for the first NaN: what does |x|'s derivative, 0 at x = 0, make of ∞?"),
         ("r", "r's gradient comes from the sum: 1 in every entry"),
         ("none", "a receives 1 / (2√0) = ∞, and |x|'s backward multiplies it by sign(0) = 0: what is 0 × ∞?"),
     ],
@@ -167,8 +167,36 @@ def _lesson_problem() -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
 _GRAD_STATES = ("None", "NaN", "zeros", "numbers")
 
 
-def _state(g: torch.Tensor | None) -> str:
-    return "None" if g is None else "NaN" if g.isnan().any() else "zeros" if (g == 0).all() else "numbers"
+def _state(g: torch.Tensor | None) -> str | None:
+    """None (Python's: a guess of None or "None" matches it) if backward never filled ``g``, else what it holds."""
+    return None if g is None else "NaN" if g.isnan().any() else "zeros" if (g == 0).all() else "numbers"
+
+
+_HEAD_SLIPS = {  # a wrong head.weight.grad, and why (its truth: numbers)
+    "None": "head comes after ms in forward, so backward reached it before the guard raised at ms",
+    "NaN": "the NaN is made at ms, which backward reaches after head: head's gradient came from finite numbers",
+    "zeros": "nothing writes zeros into .grad: zero_grad() set it to None, and backward reached head before ms",
+}
+_EMBED_SLIPS = {  # a wrong embed.weight.grad, and why (its truth: None)
+    "numbers": "embed comes before ms in forward, so after it on the way back: does backward go on after a hook "
+               "raised?",
+    "NaN": "the NaN is made at ms, but the guard raises there: does backward go on to embed after a hook raised?",
+    "zeros": "nothing writes zeros into .grad: zero_grad() set it to None, and backward stopped at ms, before embed",
+}
+
+
+def _half_slips() -> list[tuple[list, str]]:
+    """Every wrong pair of the form asked, with a hint that says which half is wrong and why (a None written
+    either way)."""
+    slips = []
+    for head in _GRAD_STATES:
+        for embed in _GRAD_STATES:
+            if head == "numbers" and embed == "None":
+                continue
+            said = [f"head.weight.grad: {'right' if head == 'numbers' else 'wrong: ' + _HEAD_SLIPS[head]}",
+                    f"embed.weight.grad: {'right' if embed == 'None' else 'wrong: ' + _EMBED_SLIPS[embed]}"]
+            slips.append(([None if head == "None" else head, None if embed == "None" else embed], ". ".join(said)))
+    return slips
 
 
 @prediction(
@@ -176,22 +204,12 @@ def _state(g: torch.Tensor | None) -> str:
     "head.weight.grad and embed.weight.grad after the guard raised at ms (zero_grad() had set both to None)",
     why="backward fills a parameter's .grad when it reaches the operation that used the parameter, and an error "
         "raised in a hook stops it where it is. head comes after ms in forward, so backward reached it first: its "
-        "gradient holds finite numbers. embed comes before ms: backward never got there, and its .grad stays None.",
-    wrong=[
-        (["None", "None"], "head comes after ms in forward, so before it on the way back: backward reached head "
-                           "before the guard raised"),
-        (["numbers", "numbers"], "embed comes before ms in forward, so after it on the way back: does backward go "
-                                 "on after a hook raised?"),
-        (["numbers", "NaN"], "the NaN is made at ms, but the guard raises there: does backward go on to embed "
-                             "after a hook raised?"),
-        (["NaN", "NaN"], "the NaN is made at ms, on the way back after head: head's gradient was computed before, "
-                         "and backward stopped at ms, before embed"),
-        (["numbers", "zeros"], "nothing writes zeros into .grad: zero_grad() set it to None, and backward stopped "
-                               "at ms, before embed"),
-    ],
+        "gradient holds finite numbers. embed comes before ms: backward never got there, and its .grad stays None. "
+        "So after a caught error, skip optimizer.step(): it would update head from half a backward pass.",
+    wrong=_half_slips(),
     form=lambda guess: None if isinstance(guess, list | tuple) and len(guess) == 2
-    and all(g in _GRAD_STATES for g in guess) else 'a list of two of "None", "NaN", "zeros", "numbers": '
-                                                   "[head.weight.grad, embed.weight.grad]",
+    and all(g is None or g in _GRAD_STATES for g in guess) else 'a list of two of "None", "NaN", "zeros", '
+                                                                '"numbers": [head.weight.grad, embed.weight.grad]',
 )
 def _grad_after_raise() -> list[str]:
     embed, head, x, y = _problem()
