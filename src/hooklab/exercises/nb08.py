@@ -303,8 +303,8 @@ def _two_keys(guess: object) -> str | None:
 
 
 def repeat_score(pattern: torch.Tensor, run: int, k: int) -> torch.Tensor:
-    """ARENA's induction score generalised to any offset: the mean attention on the key k back, over the
-    repeated half's queries only (``run`` to ``2 * run - 1``) and the sequences, per head ``(heads,)``."""
+    """The stripe score restricted to the repeat: the mean attention on the key k back, over the repeat's
+    queries only (``max(run, k)`` to ``2 * run - 1``) and the sequences, per head ``(heads,)``."""
     return pattern.diagonal(offset=-k, dim1=-2, dim2=-1)[..., max(run - k, 0): 2 * run - k].mean((0, -1))
 
 
@@ -443,19 +443,58 @@ def resampled_answers(n: int = 100) -> tuple[torch.Tensor, torch.Tensor]:
     return logits[:, Q].argmax(-1), pattern[:, :, [3, 4]].mean((0, 1))
 
 
-@prediction("08.d", "layer 0's four heads at position 3 of the clean run resampled from 100 random runs of 7: the "
-                    "token most of the runs predict",
-            why="8, in 78 of the 100 (next cell). The resampled record at position 3 says another token came before "
-                "it, so the query's 3 finds no match there: layer 1's heads move on to key 4, as they began to do "
-                "when the record was zeroed, and copy its 8",
-            wrong=[(19, "zeroed, the record at 3 was gone and the 19 still won, by less, with the 8 in second place. "
-                        "A resampled record is not gone: it says another token came before position 3. Does the "
-                        "query's 3 still find its match there?"),
-                   (17, "the clean run has no 17: the resample changes what layer 0 wrote at position 3, not the "
-                        "token there. Which token came second when the record was zeroed?")],
-            form=_one_whole)
-def _resampled_mode() -> int:
-    return int(torch.bincount(resampled_answers()[0]).argmax())
+def held_drops(hold_mlp: bool) -> tuple[torch.Tensor, float]:
+    """Layer 1's four single-head drops at the query ``(heads,)`` and the drop with all four zeroed there at
+    once, with ln_final's scale (the std it divides by) and, with ``hold_mlp``, MLP1's output held at their
+    values in the intact clean run: the lesson's 08.d reveal."""
+    model, clean = _model(), clean_and_corrupted()[0]
+    held = [model.ln_final] + ([model.blocks[1].mlp] if hold_mlp else [])
+    kept = {}
+
+    def hold(module, args, output):
+        if module not in held:
+            return None
+        if module is model.ln_final:
+            centred = args[0] - args[0].mean(-1, keepdim=True)
+            scale = kept.setdefault(module, (centred.var(-1, correction=0, keepdim=True) + module.eps).sqrt())
+            return centred / scale * module.weight + module.bias
+        return kept.setdefault(module, output)
+
+    with model.ln_final.register_forward_hook(hold), model.blocks[1].mlp.register_forward_hook(hold), \
+            torch.no_grad():
+        intact = logit_diff(model(clean))  # fills `kept`
+        singles = ablation_scores(model, clean, 1, logit_diff)[:, Q]
+        zeroed = run_hooked(model, clean, "blocks.1.attn.hook_z",
+                            lambda m, a, o: o.index_fill(1, torch.tensor([Q]), 0.0))
+    return singles, intact - logit_diff(zeroed)
+
+
+_YES_NO = 'write a list of two answers, each "yes" or "no", like ["yes", "yes"]'
+
+
+def _yes_no(guess: object) -> str | None:
+    """The form hint for a guess that is not two answers "yes" or "no", else None."""
+    ok = isinstance(guess, list | tuple) and len(guess) == 2 and all(
+        isinstance(g, str) and g.strip().strip("'\"").lower() in ("yes", "no") for g in guess)
+    return None if ok else _YES_NO
+
+
+@prediction("08.d", "layer 1's four single drops at the query against the joint drop, with ln_final's scale held, "
+                    "then with MLP1's output held too: do the singles add up to the joint drop?",
+            why="[\"no\", \"yes\"]: with ln_final's scale held, MLP1 still reads the query through its own "
+                "LayerNorm and a GELU, neither linear (singles 7.35, joint 9.45). With MLP1 held too, what follows "
+                "the heads is a sum, a fixed centring and scaling, and the unembedding: each linear plus a "
+                "constant, and drops through such maps add up (5.56 both)",
+            wrong=[(["yes", "yes"], "with only ln_final's scale held, MLP1 still reads the query's residual stream, "
+                                    "through a LayerNorm and a GELU: is either linear?"),
+                   (["no", "no"], "with both held, what is left between the heads and the logits: a sum into the "
+                                  "residual stream, a fixed centring and scaling, the unembedding. Do drops through "
+                                  "linear maps add up?"),
+                   (["yes", "no"], "holding more of the model fixed leaves less that is not linear, never more")],
+            form=_yes_no)
+def _held_add_up() -> list[str]:
+    return ["yes" if torch.isclose(singles.sum(), torch.tensor(joint), rtol=1e-4).item() else "no"
+            for singles, joint in (held_drops(False), held_drops(True))]
 
 
 def predicted(tokens: torch.Tensor) -> int:
