@@ -111,16 +111,18 @@ def test_the_predictions_truths():
     ("04.b", -0.01, "close, but the sum is exactly 0"),
     ("04.b", "0", "write a number, not a string"),
     ("04.c", [], "dout·γ"),
-    ("04.e", {"4"}, "conv '0' would disagree too"),
-    ("04.e", {"0", "4"}, "wrong in both dx and dw"),
-    ("04.e", {"4", "5", "6", "7"}, "so would 5.weight and 5.bias"),
-    ("04.e", {"5"}, "does another layer use the same formula"),
-    ("04.e", {"1"}, "does another layer use the same formula"),
-    ("04.e", {"0", "1", "4", "5"}, "one formula slipped, not two"),
+    ("04.e", {"4"}, "the question supposes batch norm's formula slips"),
+    ("04.e", {"0", "4"}, "the other suspect, the conv formula"),
+    ("04.e", {"4", "5"}, "conv '4''s hook records the gradient that really reached it"),
+    ("04.e", {"1", "4", "5"}, "the conv formula is right, so conv '4' agrees"),
+    ("04.e", {"4", "5", "6", "7"}, "their formulas are right"),
+    ("04.e", {"5"}, "which other layer uses batch norm's"),
+    ("04.e", {"1"}, "which other layer uses batch norm's"),
+    ("04.e", {"0", "1", "4", "5"}, "and so does conv '0'"),
     ("04.e", {"0", "1", "2", "3", "4", "5"}, "a backward chained through the formulas"),
     ("04.e", set(), "the slip is there"),
     ("04.e", {1, 5}, "write layer names as strings"),
-    ("04.e", ["5"], "does another layer use the same formula"),
+    ("04.e", ["5"], "which other layer uses batch norm's"),
     ("04.c", ("x_hat", "gamma", "beta"), "leaves them right"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_own_hint(id, guess, words):
@@ -128,10 +130,10 @@ def test_wrong_guesses_get_their_own_hint(id, guess, words):
     assert not outcome.passed and words in outcome.detail, outcome.detail
 
 
-def test_04_e_hints_follow_the_lessons_deduction():
-    """The problem's table leaves two suspects (batch norm's dx, or a conv formula wrong in both dx and dw);
-    nothing before 04.e runs the problem's formulas on a layer's own records, so the student's 04.10 hooks
-    are what names the culprit; 04.e's prompt and hints reason from the table."""
+def test_04_e_asks_what_the_hooks_name_under_one_suspect():
+    """The problem's table leaves two suspects (batch norm's dx, or a conv formula wrong in both dx and dw) and
+    cannot decide; 04.e supposes one of them and asks what the student's 04.10 hooks then name, so the run
+    decides. Nothing before 04.e runs the problem's formulas on a layer's own records."""
     nb_cells = json.loads(LESSON.read_text())["cells"]
     cells = ["".join(c["source"]) for c in nb_cells if c["cell_type"] == "markdown"]
     plain = [re.sub(r"\s+", " ", text.replace("`", "")) for text in cells]
@@ -139,13 +141,13 @@ def test_04_e_hints_follow_the_lessons_deduction():
     prompt = next(text for text in plain if "disagreeing_layers name?" in text)
     assert "4–7" not in after_table and "either batch norm's formula passes back a wrong dx" in after_table
     assert "wrong in both dx and dw" in after_table
-    assert "two suspects" in prompt and len(truth("04.e")) == 2
+    assert "Say batch norm's formula is the one that slips" in prompt and truth("04.e") == {"1", "5"}
     sources = ["".join(c["source"]) for c in nb_cells]
     asked = next(i for i, text in enumerate(sources) if "disagreeing_layers name?" in text.replace("`", ""))
     assert not any("slipped_formulas[" in text for text in sources[:asked]), "a formula is judged before 04.e"
-    for guess in ({"4"}, {"4", "5", "6", "7"}):
+    for guess in ({"4"}, {"4", "5"}, {"4", "5", "6", "7"}):
         hint = grade("04.e", guess).detail
-        assert "That leaves two suspects" in hint, hint
+        assert "really reached it" in hint, hint
 
 
 @pytest.mark.parametrize(("id", "guess"), [("04.a", 0.1656), ("04.a", 0.166), ("04.a", 0.16), ("04.b", 0),
@@ -163,7 +165,8 @@ def layer(slip=None):
     def linear_backward(a, w, dz):
         da = dz @ w.T if slip == "da transposed" else dz @ w
         dw = a.T @ dz if slip == "transposed" else dz.T @ a
-        db = {"per unit": dz.sum(0), "first row": dz[:1].sum().reshape(1), "scalar": dz.sum()}.get(
+        db = {"per unit": dz.sum(0), "first row": dz[:1].sum().reshape(1), "scalar": dz.sum(),
+               "keepdim": dz.sum((0, 1), keepdim=True)}.get(
             slip, dz.sum().reshape(1))
         return (da, dw, db) if slip != "two" else (da, dw)
     return linear_backward
@@ -177,6 +180,7 @@ def layer(slip=None):
     ("scalar", "db: shape (), expected (1,) (the shared bias is a tensor of shape (1,), and its gradient keeps that "
                "shape: sum, then reshape(1))"),
     ("two", "returned 2 tensor(s), expected 3: (da, dw, db)"),
+    ("keepdim", "db: shape (1, 1), expected (1,): the right number, but keepdim=True keeps both summed dimensions"),
 ])  # fmt: skip
 def test_04_1_names_each_gradient_and_the_slip(slip, words):
     failed("04.1", layer(slip), words)
@@ -588,6 +592,12 @@ def test_04_9_names_the_first_wrong_gradient_and_where_the_slip_is(name, replace
     failed("04.11", with_replaced(name, replacement), words)
 
 
+def test_04_11_names_batch_norms_eps_left_out():
+    eps_left_out = with_replaced("batch_norm_backward", lambda x, g, d, eps: ANSWERS["04.6"](x, g, d, 0.0))
+    outcome = failed("04.11", eps_left_out, "first wrong: 5.weight", "did you pass batch norm's eps, layer.eps")
+    assert "integer tensor" not in outcome.detail, outcome.detail
+
+
 def test_04_9_names_bessels_correction_in_batch_norm():
     failed("04.11", with_replaced("batch_norm_backward", fused_bn(var=lambda x: x.var(0))),
            "first wrong: 5.weight (BatchNorm2d weight), every entry 0.9990 × the right value", "Bessel's correction",
@@ -871,6 +881,43 @@ def test_04_10_refuses_a_one_slot_record_on_a_module_called_twice():
            "no formula disagrees", "fires each hook twice", "Keep one record per call")
 
 
+def each_call_alone(model, x, y, formulas):
+    """04.10 with one record per call, paired rightly, but each call's parameter gradient compared with .grad
+    on its own instead of summed over the calls."""
+    calls = {name: [] for name, _ in model.named_children()}
+    backwards = dict.fromkeys(calls, 0)
+
+    def forward(layer, args, out, name):
+        calls[name].append([args[0].detach(), out.detach()])
+
+    def backward(layer, grad_input, grad_output, name):
+        backwards[name] += 1
+        calls[name][-backwards[name]] += [grad_input[0], grad_output[0]]
+
+    with hooklab.Hooks() as handles:
+        for name, layer in model.named_children():
+            handles.add(layer.register_forward_hook(partial(forward, name=name)))
+            handles.add(layer.register_full_backward_hook(partial(backward, name=name)))
+        F.cross_entropy(model(x), y).backward()
+    found = set()
+    for name, layer_calls in calls.items():
+        layer = model.get_submodule(name)
+        for inp, out, grad_input, grad_output in layer_calls:
+            with torch.no_grad():
+                dx, params = formulas[type(layer)](layer, inp, out, grad_output)
+            pairs = [(dx, grad_input)] + [(g, getattr(layer, k).grad) for k, g in params.items() if g is not None]
+            if any(b is not None and not torch.allclose(a, b, rtol=1e-3, atol=1e-5) for a, b in pairs):
+                found.add(name)
+    model.zero_grad()
+    return found
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+def test_04_10_names_parameter_gradients_not_summed_over_the_calls():
+    failed("04.10", each_call_alone, "calls the same Linear '0' and Tanh '1' twice", "you named ['0']",
+           "only that call's share", "Sum each parameter's gradient over the calls")
+
+
 def test_04_10_rejects_layer_names_as_ints():
     outcome = grade("04.10", lambda *args: {int(name) for name in ANSWERS["04.10"](*args)})
     assert not outcome.passed and "a layer's name is a string" in outcome.detail, outcome.detail
@@ -1038,8 +1085,8 @@ def test_04_8_refuses_torch_nn_grad_and_says_conv_transpose2d_is_allowed():
     failed("04.8", by_library, "autograd's own backward", "F.conv_transpose2d is allowed")
 
 
-def test_04_e_says_why_the_convolutions_are_ruled_out():
-    failed("04.e", {"0", "4"}, "the convolutions", "judged on the grad_output its hook recorded")
+def test_04_e_says_the_convolutions_are_the_other_suspects_answer():
+    failed("04.e", {"0", "4"}, "the other suspect, the conv formula", "supposes batch norm's formula slips")
 
 
 # ----- more plausible slips, each named --------------------------------------------------------------------

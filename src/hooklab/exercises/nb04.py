@@ -116,6 +116,8 @@ def _layer_grads(linear_backward) -> Outcome:
         compared = failed or compare(got, expected, _LAYER_NAMES, traps)
         if isinstance(compared, Outcome):
             detail = _each(got, expected, traps) or compared.detail
+            if _kept_dims(got, expected):  # dz.sum((0, 1), keepdim=True): the right number, shape (1, 1)
+                detail = re.sub(r"db: shape \(1, 1\), expected \(1,\) \([^)]*\)", KEEPDIM, detail)
             if "db: shape (), expected (1,)" in detail:  # dz.sum(): the right number, a shape () tensor
                 detail += (" (the shared bias is a tensor of shape (1,), and its gradient keeps that shape: sum, "
                            "then reshape(1))")
@@ -123,6 +125,18 @@ def _layer_grads(linear_backward) -> Outcome:
         if compared[0] >= worst:
             worst, worst_name = compared
     return verdict(_LAYER_NAMES, worst, worst_name, prefix="on both layers of the 2-2-2 network and a batch: ")
+
+
+KEEPDIM = ("db: shape (1, 1), expected (1,): the right number, but keepdim=True keeps both summed dimensions as "
+           "1s; the forward's b has shape (1,), and its gradient has b's shape: sum without keepdim, then reshape(1)")
+
+
+def _kept_dims(got, expected) -> bool:
+    """Whether the answer's db is the right number kept as a (1, 1) tensor (a sum with keepdim=True)."""
+    if not isinstance(got, tuple | list) or len(got) != 3 or not isinstance(got[2], torch.Tensor):
+        return False
+    db = got[2]
+    return tuple(db.shape) == (1, 1) and torch.allclose(db.reshape(1).to(expected[2].dtype), expected[2])
 
 
 def _layer_traps(a, dz, w) -> list[Trap]:
@@ -985,6 +999,18 @@ def _bessel_scaled(model, name: str, got, expected) -> bool:
     return 0.99 < r < 0.99999 and torch.allclose(got, r * expected, rtol=1e-3, atol=1e-8)
 
 
+EPS_LEFT_OUT = ("(a small difference, at batch norm: did you pass batch norm's eps, layer.eps (1e-5 here), to "
+                "04.6's batch_norm_backward? With eps=0 it divides by √var instead of √(var + eps), and every "
+                "entry moves a little. If you did, part of your computation ran in float32: convert it to the "
+                "inputs' dtype)")
+
+
+def _near_batch_norm(model, layer: str, last_right: str | None) -> bool:
+    """Whether the first wrong gradient is a batch norm's, or the one just below what a batch norm passes back."""
+    names = [layer] + ([last_right.rpartition(".")[0]] if last_right else [])
+    return any(isinstance(model.get_submodule(name), nn.BatchNorm2d) for name in names)
+
+
 def _judge_step(got, expected: dict[str, torch.Tensor], model) -> Outcome | float:
     """The answer's parameter gradients in chain order from the loss: the first wrong one named, with
     the layers between it and the last right one (where the slip must be)."""
@@ -1005,6 +1031,9 @@ def _judge_step(got, expected: dict[str, torch.Tensor], model) -> Outcome | floa
                                   "right value: x.var(0) divides by N − 1 (Bessel's correction); batch norm's "
                                   "v = mean((x − μ)²) divides by N (here N·H·W values per channel): use "
                                   "x.var(0, unbiased=False)")
+        if isinstance(result, Outcome) and "float32 rounding" in result.detail and _near_batch_norm(
+                model, layer, last_right):  # batch norm's eps left out: a small difference, like float32's
+            result = Outcome(False, re.sub(r"\(off by about float32 rounding[^)]*\)", EPS_LEFT_OUT, result.detail))
         if isinstance(result, Outcome):
             if "the inputs are float64" in result.detail:
                 return Outcome(False, f"first wrong: {result.detail}")
@@ -1099,7 +1128,7 @@ def _capstone(model_backward) -> Outcome:
 
 
 # ----- the payoff: find the slip with hooks (04.e, 04.10) -----------------------------------------------------
-def _batch_norm(bn, x, out, dout):
+def batch_norm_with_a_slip(bn, x, out, dout):
     """Batch norm's backward formula, as the problem's backward writes it."""
     inv_std = (x.var((0, 2, 3), unbiased=False, keepdim=True) + bn.eps) ** -0.5
     x_hat = (x - x.mean((0, 2, 3), keepdim=True)) * inv_std
@@ -1108,7 +1137,7 @@ def _batch_norm(bn, x, out, dout):
 
 
 # What the lesson prints once 04.e is answered; not in the docstring, which help() would show before.
-_batch_norm.slip = ("it treats the batch mean and variance as constants. So dx keeps only the direct path, "
+batch_norm_with_a_slip.slip = ("it treats the batch mean and variance as constants. So dx keeps only the direct path, "
                     "dout·γ·inv_std, and drops the paths through the mean and the variance. The weight's and "
                     "bias's gradients are right.")
 
@@ -1132,7 +1161,7 @@ def formulas_with_a_slip() -> dict:
     {parameter name: gradient})`` as in ``hooklab.backprop.BACKWARD``, and one of them slips."""
     from hooklab.backprop import BACKWARD
 
-    return {**BACKWARD, nn.BatchNorm2d: _batch_norm}
+    return {**BACKWARD, nn.BatchNorm2d: batch_norm_with_a_slip}
 
 
 def hand_backward(formulas):
@@ -1284,6 +1313,11 @@ IN_FORWARD_ORDER = ("A module called twice fires each hook twice, and you kept o
                     "record, and compare each parameter's gradient, summed over the calls, with its .grad")
 
 
+EACH_CALL_ALONE = ("Each call's dx is judged right on its own record; but each call's parameter gradient is only "
+                   "that call's share, and .grad adds up the shares of every call. Sum each parameter's gradient "
+                   "over the calls first, then compare that sum with its .grad")
+
+
 def _pairs_in_forward_order(disagreeing_layers, model, x, y, formulas) -> bool:
     """Whether the answer runs the formula of the reused Linear '0' once per call, each time with the input of one
     call and the gradient of another: a record per call, its backwards paired in forward order."""
@@ -1351,6 +1385,10 @@ def _judge_reused(disagreeing_layers) -> Outcome | None:
         if names != expected and _pairs_in_forward_order(disagreeing_layers, model, x, y, formulas):
             return Outcome(False, f"with {label}: you named {sorted(names) if names is not None else got!r:.60}. "
                                   f"{IN_FORWARD_ORDER}")
+        with_parameters = {name for name, child in model.named_children() if any(True for _ in child.parameters())}
+        if not expected and names == with_parameters:
+            return Outcome(False, f"with {label}: you named {sorted(names)}, the layer with parameters. "
+                                  f"{EACH_CALL_ALONE}")
         if names != expected:
             truth = f"the layers whose formula disagrees are {sorted(expected)}" if expected else "no formula disagrees"
             return Outcome(False, f"with {label}: you named {sorted(names) if names is not None else got!r:.60}, "
@@ -1394,35 +1432,37 @@ def _layer_names_form(guess) -> str | None:
             f"you wrote {kind_of(guess)}")
 
 
-SLIP_FACTS = ("In the problem's table, 5.weight and 5.bias agree, as they would if the gradient reaching batch norm "
-              "'5' were right; 4.weight is the first that disagrees. That leaves two suspects: batch norm's dx, or "
-              "the conv formula wrong in both dx and dw. One formula serves every layer of its type.")
+RECORDED = ("conv '4' got a wrong gradient only in the problem's chained backward, where each formula passes its dx "
+            "on. Here autograd runs the backward, and conv '4''s hook records the gradient that really reached it; "
+            "run on that, the conv formula is right, so conv '4' agrees")
 
 
 @prediction(
-    "04.e", "which layers disagree with what their own hooks recorded, for the problem's formulas",
-    why="the problem's slip is in batch norm's formula: it holds the batch statistics constant, so its dx differs "
-        "from autograd's grad_input, in both batch norms, '1' and '5'. Layer 4's weight gradient is wrong at the "
-        "end only because '5' passed it a wrong gradient: on the grad_output its hooks recorded, the conv formula "
-        "is right.",
-    wrong=[(frozenset(["4"]), "one formula serves every layer of its type: if the conv formula slipped, conv '0' "
-                              "would disagree too. " + SLIP_FACTS),
-           (frozenset(["0", "4"]), "the table allowed the convolutions, if their formula were wrong in both dx and dw. "
-                                   "But judged on the grad_output its hook recorded, conv '4''s formula agrees: the "
-                                   "slip is the other suspect. " + SLIP_FACTS),
-           (frozenset(["5"]), "'5' is one of them; does another layer use the same formula?"),
-           (frozenset(["1"]), "'1' is one of them; does another layer use the same formula?"),
-           (frozenset(["0", "1", "4", "5"]), "both suspects' layers; but one formula slipped, not two: the other "
-                                             "agrees on what its layers' hooks recorded"),
-           (frozenset(["4", "5", "6", "7"]), "had ReLU '6' or max pool '7' slipped, the gradient reaching batch "
-                                             "norm '5' would be wrong, and so would 5.weight and 5.bias: they agree. "
-                                             + SLIP_FACTS),
+    "04.e", "which layers disagree with what their own hooks recorded, if batch norm's formula is the one that slips",
+    why="batch norm's formula serves both batch norms, '1' and '5', and each passes back another dx than the "
+        "grad_input its hooks recorded. Conv '4' received a wrong gradient only in the chained backward: judged on "
+        "the grad_output its own hook recorded, the conv formula is right. Had the conv formula slipped instead, "
+        "the convs '0' and '4' would be named: the run decides between the two suspects.",
+    wrong=[(frozenset(["4", "5"]), RECORDED),
+           (frozenset(["1", "4", "5"]), RECORDED),
+           (frozenset(["0", "1", "4", "5"]), RECORDED + ", and so does conv '0'"),
+           (frozenset(["5"]), "'5' is one of them; one formula serves every layer of its type: which other layer "
+                              "uses batch norm's?"),
+           (frozenset(["1"]), "'1' is one of them; one formula serves every layer of its type: which other layer "
+                              "uses batch norm's?"),
+           (frozenset(["0", "4"]), "those are the layers the other suspect, the conv formula, would give. The "
+                                   "question supposes batch norm's formula slips: which layers use it?"),
+           (frozenset(["4"]), "conv '4' is the first wrong row of the table, but the question supposes batch norm's "
+                              "formula slips. " + RECORDED),
+           (frozenset(["4", "5", "6", "7"]), "ReLU '6' and max pool '7' come before batch norm '5' in backward: "
+                                             "their formulas are right, and so is what their hooks recorded. "
+                                             + RECORDED),
            (frozenset(["0", "1", "2", "3", "4", "5"]), "that is what a backward chained through the formulas would "
-                                                       "blame: "
-                                                   "each layer the wrong gradient reaches disagrees too. With the "
-                                                   "hooks, each layer is judged on the grad_output it recorded"),
-           (set(), "the slip is there: one formula passes back another input gradient than autograd's, and allclose "
-                   "sees it")],
+                                                       "blame: each layer the wrong gradient reaches disagrees too. "
+                                                       "With the hooks, each layer is judged on the grad_output it "
+                                                       "recorded"),
+           (set(), "the slip is there: batch norm's formula passes back another input gradient than autograd's, and "
+                   "allclose sees it")],
     form=_layer_names_form,
 )  # fmt: skip
 def _slipped_layers() -> frozenset[str]:
