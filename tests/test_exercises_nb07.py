@@ -24,7 +24,7 @@ def test_notebook_07_has_five_predictions_and_six_exercises():
 
 # ----- predictions ------------------------------------------------------------------------------
 @pytest.mark.parametrize(("id", "truth"), [("07.a", [False, True]), ("07.b", 32), ("07.c", 65536),
-                                           ("07.d", 0.8639), ("07.e", [8, 73728])])
+                                           ("07.d", 0.8639), ("07.e", ["before backward", 1.0])])
 def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     assert grade(id, truth).passed
     computed = exercises()[id].checker.__wrapped__.truth()
@@ -36,9 +36,10 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     ("07.b", 1, "mean of the per-sample"),
     ("07.c", 65536 + 2560, "only for the gradient of the input"), ("07.c", 2560, "like b in a * b"),
     ("07.d", 0.5, "saved twice"), ("07.d", 1.0, "2 bytes a number"),
-    ("07.e", [8, 95784], "every gradient at once"), ("07.e", [8, 64], "the last gradient"),
-    ("07.e", [8, 40], "the first gradient"), ("07.e", [1, 73728], "until optimizer.step()"),
-    ("07.e", [8, 147456], "gradient tensors only"), ("07.e", [0, 73728], "the gradient peak"),
+    ("07.e", ["after backward", 0], "only the gradients are left"), ("07.e", ["features.0.bias", 1], "nothing saved"),
+    ("07.e", ["features.5.weight", 1.0], "behind the head are gone"), ("07.e", ["head.2.bias", 0.5], "before backward"),
+    ("07.e", ["the end", 1.0], "as a row of the table"), ("07.e", [8, 73728], "as a row of the table"),
+    ("07.e", "before backward", "a list of two"), ("07.e", ["before backward", 95], "not a percentage"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
@@ -48,6 +49,20 @@ def test_07_a_names_numbers_and_the_clipped_share_is_one_over_the_batch():
     assert "booleans" in grade("07.a", [0, 1]).detail
     assert "not a percentage" in grade("07.d", 86).detail and grade("07.d", 0.86).passed
     assert math.isclose(nb07.clipped_share(), 1 / 64, rel_tol=1e-4)
+
+
+def test_a_fresh_head_has_every_image_above_c_so_clipping_shrinks_its_step():
+    norms, shorter = nb07.fresh_head_first_step()
+    assert bool((norms > nb07.CLIP).all()) and shorter > 10  # not a lean toward small gradients: a shorter step
+    plain = nb07.fresh_head_accuracy()
+    retuned = [nb07.fresh_head_accuracy(nb07.private_step, noise=noise, lr=1.0) for noise in (0.0, 0.5)]
+    assert plain - 0.1 < retuned[1] < retuned[0] < plain  # with lr 1.0 the cost is a few points
+
+
+def test_leaving_parameters_as_they_are_keeps_fewer_bytes_than_packing_them():
+    whole, each = nb07.saved_bytes(), nb07.saved_bytes(nb07.bf16_each_save, nb07.unpack_bf16)
+    skipping = nb07.saved_bytes(*nb07.parameters_as_they_are(nb07.bf16_each_save, nb07.unpack_bf16))
+    assert skipping < each < whole and round(skipping / whole, 3) == 0.856
 
 
 # ----- the problem ------------------------------------------------------------------------------

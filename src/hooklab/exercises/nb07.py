@@ -501,17 +501,54 @@ def dp_pass(start: nn.Module, step: Callable, steps: int = 50, seed: int = 0, **
     return accuracy(model, data.x_test, data.y_test), parts, first
 
 
-def fresh_head_accuracy(step: Callable = plain_step, **kwargs) -> float:
-    """The test accuracy after one pass over the training digits (``dp_pass``: 50 steps of 27) that trains the
-    digits CNN's head from fresh weights, its trained ``features`` frozen, with ``step(model, x, y, **kwargs)``:
-    plain SGD by default, or a private step given its ``noise``. Seeded: the same at every call."""
+def _fresh_head() -> nn.Module:
+    """The trained digits CNN with its head's Linear layers reset (seeded: the same at every call)."""
     start = _model()
     with torch.random.fork_rng():
         torch.manual_seed(0)
         for m in start.head.modules():
             if isinstance(m, nn.Linear):
                 m.reset_parameters()
-    return dp_pass(start, step, **kwargs)[0]
+    return start
+
+
+def fresh_head_accuracy(step: Callable = plain_step, **kwargs) -> float:
+    """The test accuracy after one pass over the training digits (``dp_pass``: 50 steps of 27) that trains the
+    digits CNN's head from fresh weights, its trained ``features`` frozen, with ``step(model, x, y, **kwargs)``:
+    plain SGD by default, or a private step given its ``noise`` (and ``lr``). Seeded: the same at every call."""
+    return dp_pass(_fresh_head(), step, **kwargs)[0]
+
+
+def fresh_head_first_step() -> tuple[torch.Tensor, float]:
+    """The first step of ``fresh_head_accuracy``'s training (27 digits, fresh head, features frozen): each
+    image's gradient norm, and how many times longer plain SGD's update is than the clipped one's (noise 0, the
+    same lr)."""
+    from ..data import digits
+
+    data, model = digits(), _fresh_head()
+    model.features.requires_grad_(False)
+    x, y = data.x_train.chunk(50)[0], data.y_train.chunk(50)[0]
+    before = [p.detach().clone() for p in model.head.parameters()]
+    plain, clipped = copy.deepcopy(model), copy.deepcopy(model)
+    plain_step(plain, x, y)
+    norms = private_step(clipped, x, y, noise=0.0)
+    moved = [torch.cat([(p.detach() - b).flatten() for p, b in zip(m.head.parameters(), before, strict=True)]).norm()
+             for m in (plain, clipped)]
+    return norms, (moved[0] / moved[1]).item()
+
+
+def parameters_as_they_are(pack: Callable, unpack: Callable) -> tuple[Callable, Callable]:
+    """``pack`` and ``unpack`` that leave a saved parameter (an ``nn.Parameter``, alive anyway) as it is and
+    hand every other saved tensor to the given pair."""
+
+    def keep_parameters(t):
+        return (True, t) if isinstance(t, nn.Parameter) else (False, pack(t))
+
+    def unpack_parameters(packed):
+        as_it_is, kept = packed
+        return kept if as_it_is else unpack(kept)
+
+    return keep_parameters, unpack_parameters
 
 
 _PACKED: dict[int, tuple] = {}  # id of a live tensor computed in forward -> what pack_bf16 returned for it
@@ -649,26 +686,36 @@ def _bf16_share() -> float:
     return saved_bytes(bf16_each_save, unpack_bf16) / saved_bytes()
 
 
-@prediction("07.e", "the gradient tensors alive at plain SGD's gradient peak, and the most gradient bytes alive at "
-                    "once, fused",
-            why="plain SGD keeps every .grad until optimizer.step(): all 8 at its peak; fused, each gradient is freed "
-                "by its own hook before the next arrives, so the peak is the largest one alone, features.5.weight's: "
-                "[8, 73728]",
-            wrong=[([8, 95784], "that is every gradient at once, plain SGD's peak; fused, each is freed by its hook "
-                                "before the next arrives: the peak is the largest one alone"),
-                   ([8, 64], "that is the last gradient to arrive; fused, the peak is the largest one alone, "
-                             "whenever it arrives"),
-                   ([8, 40], "that is the first gradient to arrive; fused, the peak is the largest one alone, "
-                             "whenever it arrives"),
-                   ([1, 73728], "plain SGD keeps every .grad until optimizer.step(): at its gradient peak all of "
-                                "them are alive"),
-                   ([0, 73728], "0 gradients are alive before backward, where the CNN's memory (its saved "
-                                "tensors) peaks; the question asks for the gradient peak: the most gradients alive at "
-                                "once, every .grad kept until optimizer.step()"),
-                   ([8, 2 * 73728], "the count is of gradient tensors only: a temporary the step makes (lr * p.grad) "
-                                    "is not one, and an in-place step (p.add_) makes none: the largest alone")])
+_PLACES = "\"before backward\", \"after backward\", or a parameter's name as its gradient arrives (\"head.2.bias\")"
+
+
+def _a_place_and_share(guess) -> str | None:
+    names = {"before backward", "after backward"} | {name for name, _ in _model().named_parameters()}
+    if not (isinstance(guess, list | tuple) and len(guess) == 2):
+        return "answer with a list of two: where the peak is, and the fused peak's share of plain's"
+    if not isinstance(guess[0], str) or guess[0].strip().strip("'\"").lower() not in names:
+        return f"name the place as a row of the table does: {_PLACES}"
+    return _a_share(guess[1])
+
+
+@prediction("07.e", "where one training step of the digits CNN peaks, and the fused peak's share of plain's",
+            why="the peak is before backward, where every saved tensor is alive and no gradient exists yet: at "
+                "each later row, backward has already freed more saved bytes than the gradients alive weigh, so "
+                "freeing gradients early cannot lower the peak: [\"before backward\", 1.0]",
+            wrong=[(["after backward", 0.0], "after backward, autograd has freed every saved tensor: only the "
+                                             "gradients are left, 95,784 bytes, far below what forward saved"),
+                   (["after backward", 1.0], "after backward, autograd has freed every saved tensor: only the "
+                                             "gradients are left, 95,784 bytes, far below what forward saved"),
+                   (["features.0.bias", 1.0], "backward frees each saved tensor as soon as its backward function "
+                                              "has used it: by the last gradient, nothing saved is left"),
+                   (["features.5.weight", 1.0], "backward frees each saved tensor as soon as its backward function "
+                                                "has used it: when the largest gradient arrives, the saved tensors "
+                                                "behind the head are gone")],
+            form=_a_place_and_share)
 def _peaks() -> list:
-    return [gradient_peak()[1], gradient_peak(fuse_sgd)[2]]
+    rows = gradient_timeline()
+    place = max(rows, key=lambda row: row[2] + row[3])[0]
+    return [place, step_peak(fuse_sgd) / step_peak()]
 
 
 # ----- exercises -----------------------------------------------------------------------------------
