@@ -16,9 +16,9 @@ from hooklab.exercises.nb05 import SLOW_RUNS, _Probe, _probe_inputs, pixels_unde
 
 # ----- predictions ------------------------------------------------------------------------------
 PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that gets its own hint
-    "05.a": (["unchanged", "chance"], ["lower", "lower"], "0 for every digit already"),
+    "05.a": (["lower", "lower"], ["chance", "chance"], "well above one digit in ten"),
     "05.b": ([True, False], [True, True], "the ReLU is where it stops"),
-    "05.c": ("yes", "no", "the clamps decide what passes"),
+    "05.c": ("above", "below", "the clamps decide what passes"),
     "05.d": ([32, 8], [8, 8], "does arrive at a dead channel"),
     "05.e": ("guided backprop", "Grad-CAM", "re-weights the same channels"),
 }
@@ -45,12 +45,20 @@ def test_deletion_drops_brightest_beats_random_on_about_half_and_the_darkest_cel
     assert gap.mean() > 5 * gap.std() / len(gap) ** 0.5
 
 
-def test_prediction_05_a_the_live_channels_carry_everything_and_a_guess_in_another_form_is_told_the_words():
-    """05.a's one change (which channels the hook sets to 0) gives its truth: unchanged, then one class for all."""
-    assert grade("05.a", ["Unchanged", " chance "]).passed
-    hint = grade("05.a", ["unchanged", "lower"]).detail
-    assert "same thing for every digit" in hint, hint
-    for guess in (["unchanged"], "chance", [0.97, 0.1], ["same", "chance"]):
+def test_prediction_05_a_half_the_live_channels_and_a_guess_in_another_form_is_told_the_words():
+    """05.a: either half of the 8 live channels set to 0 leaves the accuracy lower but well above chance
+    (0.30 and 0.20 measured), and all 8 at 0 leave it at chance, one class for every digit."""
+    from hooklab.exercises.nb05 import _digits, _knockouts, _zeroed
+    from hooklab.models import trained_digits_cnn
+
+    assert grade("05.a", [" Lower", "lower "]).passed
+    hint = grade("05.a", ["unchanged", "unchanged"]).detail
+    assert "no spare live channels" in hint, hint
+    model, data, live = trained_digits_cnn(), _digits(), sorted(_knockouts()[1])
+    halves = [float((_zeroed(model, c) == data.y_test).float().mean()) for c in (live[:4], live[4:])]
+    assert all(0.17 < a < 0.5 for a in halves), halves
+    assert _zeroed(model, live).unique().numel() == 1
+    for guess in (["lower"], "chance", [0.3, 0.2], ["same", "chance"]):
         outcome = grade("05.a", guess)
         assert not outcome.passed and "two words in a list" in outcome.detail, outcome.detail
 
@@ -64,9 +72,9 @@ def test_prediction_05_d_counts_in_another_form_are_told_to_write_two_numbers():
 
 
 def test_prediction_05_c_a_word_off_the_list_is_told_the_choices():
-    assert grade("05.c", " Yes ").passed
+    assert grade("05.c", " Above ").passed
     outcome = grade("05.c", "untrained")
-    assert not outcome.passed and 'pick one of "yes", "no"' in outcome.detail, outcome.detail
+    assert not outcome.passed and 'pick one of "above", "below"' in outcome.detail, outcome.detail
 
 
 # ----- 05.1 and 05.2 -------------------------------------------------------------------------------
@@ -868,10 +876,11 @@ def test_05_4_differentiating_with_respect_to_the_kept_output_names_the_hook_tha
            "torch.autograd.grad(total, out)", "images.detach().clone().requires_grad_()")
 
 
-@pytest.mark.parametrize("run", [(lr, epochs, seed) for (lr, epochs), runs in SLOW_RUNS.items() for seed in runs])
+@pytest.mark.parametrize("run", [(5e-3, 12, 1), (1e-3, 12, 1), (1e-3, 48, 0)])
 def test_the_stored_slow_runs_are_what_slow_run_measures(run):
-    """SLOW_RUNS is stored (twelve epochs and more are too long to run on the way); re-run them here, within what
-    another CPU's last bits may move them: a channel or two, two percent."""
+    """SLOW_RUNS is stored (twelve epochs and more are too long to run on the way); three of them (72 epochs in all)
+    are re-run here, within what another CPU's last bits may move them: a channel or two, two percent. Seed 0 at
+    lr 5e-3 is the lesson's model, whose dead count and accuracy the lesson measures itself."""
     from hooklab.exercises.nb05 import slow_run
 
     lr, epochs, seed = run
@@ -1007,3 +1016,25 @@ def test_the_trained_networks_dead_channels_do_not_explain_why_its_guided_map_fo
         finally:
             handle.remove()
         assert abs(after - before) < 0.1 and after > trained, (seed, before, after, trained)
+
+
+def test_the_lessons_deletion_check_on_50_digits_reddest_no_better_than_random_bluest_below_every_order():
+    """Lesson 05, section 5: on the first 50 test digits, filling the pixels under Grad-CAM's reddest k cells
+    (features.6, predicted class) lowers the class score no more than the most telling of 8 random orders, and the
+    bluest k cells less than the least telling one, for k = 1 to 4."""
+    from hooklab.exercises.nb05 import _digits
+    from hooklab.models import trained_digits_cnn
+    from hooklab.saliency import grad_cam
+
+    model, x = trained_digits_cnn(), _digits().x_test[:50]
+    cam = grad_cam(model, x, "features.6")
+    reddest, mean = cam.raw.flatten(1).argsort(dim=1, descending=True), x.mean(dim=(1, 2, 3), keepdim=True)
+
+    def fall(order, k):
+        with torch.no_grad():
+            after = model(torch.where(pixels_under(order[:, :k]), mean, x)).gather(1, cam.targets[:, None])[:, 0]
+        return float((cam.scores - after).mean())
+
+    for k in range(1, 5):
+        random = [fall(random_orders(50, seed), k) for seed in range(8)]
+        assert fall(reddest, k) <= max(random) + 0.02 and fall(reddest.flip(1), k) < min(random), (k, random)

@@ -154,23 +154,23 @@ def _effect(accuracy: float, full: float) -> str:
     return "unchanged" if accuracy == full else "chance" if accuracy <= 0.15 else "lower"
 
 
-@prediction("05.a", "the test accuracy with features.3's 24 dead channels set to 0, then with its 8 live ones set to 0",
-            why="the layers above see the digit only through features.3's output. The dead channels are 0 "
-                "already, so setting them to 0 changes nothing; with the 8 live ones at 0 the whole output is 0 "
-                "for every digit, so every digit gets the same class, right for about one digit in ten",
-            wrong=[(["lower", "lower"], "the dead channels are 0 for every digit already: setting them to 0 "
-                                        "changes nothing the layers above see"),
-                   (["unchanged", "lower"], "with the 8 live channels at 0, features.3's whole output is 0 for "
-                                            "every digit: the layers above see the same thing for every digit")],
+@prediction("05.a", "the test accuracy with half of features.3's 8 live channels set to 0: its first four (0, 1, 2, "
+                    "6), then its other four (11, 23, 27, 31)",
+            why="each half of the live channels still carries part of the digit, so the network still beats chance "
+                "(about one digit in ten right); but no live channel is spare, so losing either half costs most of "
+                "the accuracy. Only with all 8 at 0 does every digit get the same class",
+            wrong=[(["unchanged", "unchanged"], "the network has no spare live channels: it uses all 8, so losing "
+                                                "four of them costs accuracy"),
+                   (["chance", "chance"], "each half alone still carries part of the digit: the network stays well "
+                                          "above one digit in ten right; only all 8 at 0 leaves it at chance")],
             form=_two_effects)
 def _what_the_network_uses() -> list[str]:
     model, data = trained_digits_cnn(), _digits()
     _, accuracies = _knockouts()
     live = sorted(accuracies)
-    dead = [c for c in range(32) if c not in live]
     full = float((_zeroed(model, []) == data.y_test).float().mean())
     return [_effect(float((_zeroed(model, channels) == data.y_test).float().mean()), full)
-            for channels in (dead, live)]
+            for channels in (live[:4], live[4:])]
 
 
 def _blocked() -> dict:
@@ -228,22 +228,23 @@ def _guided_resemblance() -> tuple[float, list[float]]:
     return means[0], means[1:]
 
 
-FOLLOWS = ("yes", "no")
+FOLLOWS = ("above", "below")
 
 
-@prediction("05.c", "whether never-trained networks' guided-backprop maps follow the digit's ink too (mean rank "
-                    "correlation with the pixels above 0.5, for all 8 never-trained networks)",
+@prediction("05.c", "whether never-trained networks' guided-backprop maps follow the digit's ink more closely than "
+                    "the trained network's (mean rank correlation with the pixels above or below its 0.60)",
             why="the clamps pass back only positive gradient, through the units the digit switches on, so the map "
                 "redraws the ink those units see, whatever the weights are (Nie et al., 2018). Measured: all 8 "
-                "never-trained networks' maps follow the ink, each more closely than the trained one's: a map that "
-                "looks like the digit says nothing about what training taught",
-            wrong=[("no", "the clamps decide what passes, not the weights: the gradient flows back only through the "
-                          "units the digit switches on, and only its positive part, so the map lands on the ink "
-                          "with any weights. Measured: all 8 never-trained networks' maps follow it")],
+                "never-trained networks' maps follow the ink more closely than the trained one's: a map that looks "
+                "like the digit says nothing about what training taught",
+            wrong=[("below", "the clamps decide what passes, not the weights: the gradient flows back only through "
+                             "the units the digit switches on, and only its positive part, so the map lands on the "
+                             "ink with any weights. Measured: all 8 never-trained networks' maps follow it more "
+                             "closely than the trained one's")],
             form=_one_of(FOLLOWS))
 def _untrained_follows_the_ink() -> str:
-    _, untrained = _guided_resemblance()
-    return "yes" if min(untrained) > 0.5 else "no"
+    trained, untrained = _guided_resemblance()
+    return "above" if min(untrained) > trained else "below" if max(untrained) < trained else "some above, some below"
 
 
 def _cam_channels() -> list:
@@ -1155,7 +1156,7 @@ def _redrawn_problem(cls, model: nn.Module, before: dict, x: torch.Tensor, plain
                     "compute from the layer's input, fresh(*args), not return random numbers")
         if not torch.equal(first, second):
             return (f"two passes in the same with block gave '{name}' different outputs: draw each fresh copy once, "
-                    "in __enter__, not inside the hook at every pass")
+                    "in attach, not inside the hook at every pass")
         if name in _REDRAWN and torch.allclose(first, plain[name]):
             return (f"inside the with block, '{name}' still computes what the trained layer computes: the hook's "
                     "return value must be the re-drawn copy's output, fresh(*args)")
@@ -1225,7 +1226,7 @@ def _redrawn(cls) -> Outcome:
         clear_hooks(model)
         return Outcome(False, "RecursionError: a copy.deepcopy of a layer copies its hooks too, so a copy made inside "
                               "the hook (or after registering it) runs the hook again, which copies again: make each "
-                              "fresh copy in __enter__, before registering the hook")
+                              "fresh copy in attach, before registering the hook")
     except Exception as e:
         clear_hooks(model)
         late = " " + _LATE_FRESH if _each_name_alone_runs(cls, model, x) else ""
@@ -1320,14 +1321,15 @@ def random_orders(n: int, seed: int, cells: int = 16) -> torch.Tensor:
 
 # ----- section 2's longer runs: twelve epochs and more, too long for the lesson -------------------------------
 SLOW_RUNS = {
-    (5e-3, 12): {0: (24, 0.976), 1: (21, 0.984), 2: (17, 0.978), 3: (17, 0.982), 4: (22, 0.96), 5: (9, 0.976)},
+    (5e-3, 12): {0: (24, 0.973), 1: (21, 0.984), 2: (17, 0.978), 3: (17, 0.982), 4: (22, 0.96), 5: (9, 0.976)},
     (1e-3, 12): {0: (1, 0.896), 1: (2, 0.907)},
     (1e-3, 48): {0: (1, 0.967), 1: (2, 0.967)},
 }
 """(lr, epochs) → seed → (channels of features.3 dead on all 1,347 training digits, test accuracy) after
 ``slow_run(seed, lr, epochs)``, measured on torch 2.14.1 and stored: long runs turn last-bit differences between
 CPUs into other networks, so another machine may find a channel or a percent more or less
-(tests/test_exercises_nb05.py re-runs them). (5e-3, 12) with seed 0 is ``trained_digits_cnn``'s training."""
+(tests/test_exercises_nb05.py re-runs three of them). (5e-3, 12) with seed 0 is ``trained_digits_cnn``, the lesson's
+``model``: its stored entry is the shipped weights' (24 dead, 0.973); re-run on this CPU it gives 24 and 0.976."""
 
 
 def slow_run(seed: int, lr: float = 1e-3, epochs: int = 12) -> tuple[int, float]:
