@@ -83,9 +83,7 @@ def test_01_3_accepts_a_guard_that_raises_naming_the_step():
     for message in (lambda name: f"bad gradient at {name}", lambda name: f"{name}.grad is bad",
                     lambda name: f"bad d{name}", lambda name: f"'{name}': not finite",
                     lambda name: f"gradient at {name}: check rms", lambda name: f"gradient at {name} (after ms)",
-                    lambda name: f"a bad gradient arrived at {name}", lambda name: f"found a NaN or inf at {name}",
-                    lambda name: f"watching h, ms, rms, normed, logits; bad at {name}",
-                    lambda name: f"on the way back from logits, the gradient at {name} is bad"):
+                    lambda name: f"a bad gradient arrived at {name}", lambda name: f"found a NaN or inf at {name}"):
         outcome = grade("01.3", guard_with(message=message))
         assert outcome.passed, outcome.detail
     for bad in (lambda grad: not torch.isfinite(grad).all(), lambda grad: grad.isnan().any() or grad.isinf().any(),
@@ -110,7 +108,7 @@ def test_01_3_rejects_wrong_answers():
         (guard_with(bad=lambda grad: grad.abs().max() > 1e3), ("backward ran to the end", "isfinite")),
         (guard_with(bad=lambda grad: grad.isfinite().all()), "no padding"),
         (guard_with(bad=lambda grad: not grad.isfinite().all() or grad.norm() > 1e3),
-         ("[1e20, 1e20]", "not the norm")),
+         ("every gradient is finite", "NaN or ±inf only")),
         (guard_with(error=RuntimeError), "raise FloatingPointError"),
         (guard_with(bind=False), "name=name"),
         (guard_with(result=lambda grad: grad * 2), "must return None"),
@@ -120,8 +118,9 @@ def test_01_3_rejects_wrong_answers():
         (lambda named: guard_with()(named)[:2], "the 5 handles"),
         (names_every_tensor, "does not say which"),
         (guard_with(message=lambda name: "a bad gradient arrived at h"), ("it names 'h'", "whose hook raised")),
-        (guard_with(message=lambda name: "bad gradient: one of h, ms, rms, normed, logits"),
-         ("when the gradient at rms is the bad one", "does not say which")),
+        (guard_with(message=lambda name: f"after logits, a NaN or inf at {name}"), ("before 'ms'",)),
+        (guard_with(message=lambda name: f"on the way back from logits, the gradient at {name} is bad"),
+         ("it names 'logits' before 'ms'", "Name that tensor first")),
         (guard_with(bad=lambda grad: grad.isnan().any()), ("the inf is made there", "isfinite")),
         (guard_with(bad=lambda grad: not torch.isfinite(grad.norm())), ("[1e20, 1e20]", "overflows", "not the norm")),
         (guard_with(bad=lambda grad: grad.isnan().any() or grad.abs().max() > 1e30),
@@ -140,20 +139,22 @@ def names_every_tensor(named):
 
 
 # ----- 01.2 -------------------------------------------------------------------------------------
-def padded(d, h):
-    """The lesson's given line: dnormed in the real rows, 0 in the padded rows forward added."""
-    return torch.nn.functional.pad(d, (0, 0, 0, len(h) - len(d)))
+def kept_and_one_hot(logits, y):
+    """The lesson's given lines: the mask of the rows the loss keeps (label -100 is left out), and the one-hot
+    targets (-100 as class 0, masked afterwards)."""
+    return (y != -100).unsqueeze(1), torch.nn.functional.one_hot(y.clamp(min=0), logits.shape[1])
 
 
-def head_right(logits, y, w, h):
-    """The right gradients at logits and normed: the mean over the real rows, 0 in the padded row."""
-    dlogits = (logits.softmax(dim=1) - torch.nn.functional.one_hot(y, logits.shape[1])) / len(y)
-    return dlogits, padded(dlogits @ w, h)
+def head_right(logits, y, w):
+    """The right gradients at logits and normed: 0 in the padded row, the mean over the rows kept."""
+    real, onehot = kept_and_one_hot(logits, y)
+    dlogits = (logits.softmax(dim=1) - onehot) * real / real.sum()
+    return dlogits, dlogits @ w
 
 
 def by_hand_right(logits, y, w, h, rms, drms=None, dms=None, dh=None):
     """The right derivation, or a wrong one: a slip in one step, the steps after it built on it."""
-    dlogits, dnormed = head_right(logits, y, w, h)
+    dlogits, dnormed = head_right(logits, y, w)
     drms = (dnormed * -h / (rms + 1e-6) ** 2).sum(dim=1, keepdim=True) if drms is None else drms(dnormed)
     dms = drms / (2 * rms) if dms is None else dms(drms)
     dh = dnormed / (rms + 1e-6) + dms * 2 * h / h.shape[1] if dh is None else dh(dms, dnormed)
@@ -184,24 +185,27 @@ def slip(drms=None, dms=None, dh=None):
 
 
 def head_slip(dlogits):
-    """An answer with a slip at logits (a function of logits and the one-hot targets); normed built on it."""
+    """An answer with a slip at logits (a function of logits, the one-hot targets and the mask of kept rows);
+    normed built on it."""
     def answer(logits, y, w, h, rms):
         right = by_hand_right(logits, y, w, h, rms)
-        d = dlogits(logits, torch.nn.functional.one_hot(y, logits.shape[1]))
-        return {**right, "logits": d, "normed": padded(d @ w, h)}
+        real, onehot = kept_and_one_hot(logits, y)
+        d = dlogits(logits, onehot, real)
+        return {**right, "logits": d, "normed": d @ w}
 
     return answer
 
 
 def test_01_2_rejects_wrong_derivations():
     for wrong, words in [
-        (head_slip(lambda z, t: z.softmax(dim=1) - t), "3 times too large|len(y)"),
-        (head_slip(lambda z, t: (t - z.softmax(dim=1)) / len(t)), "wrong sign"),
-        (head_slip(lambda z, t: (z.softmax(dim=0) - t) / len(t)), "differs from what the hook caught"),
-        (lambda z, y, w, h, rms: {**by_hand_right(z, y, w, h, rms), "normed": head_right(z, y, w, h)[1] * 2},
+        (head_slip(lambda z, t, m: z.softmax(dim=1) - t), "3 times too large"),
+        (head_slip(lambda z, t, m: (t - z.softmax(dim=1)) * m / m.sum()), "wrong sign"),
+        (head_slip(lambda z, t, m: (z.softmax(dim=0) - t) * m / m.sum()), "differs from what the hook caught"),
+        (head_slip(lambda z, t, m: (z.softmax(dim=1) - t) * m / len(m)), "divided by len(y) = 4|(y != -100).sum()"),
+        (head_slip(lambda z, t, m: (z.softmax(dim=1) - t) / len(m)), "divided by len(y) = 4"),
+        (head_slip(lambda z, t, m: (z.softmax(dim=1) - t) / m.sum()), "not 0 in the padded row|y != -100"),
+        (lambda z, y, w, h, rms: {**by_hand_right(z, y, w, h, rms), "normed": head_right(z, y, w)[1] * 2},
          "dnormed = dlogits @ w"),
-        (lambda z, y, w, h, rms: {**by_hand_right(z, y, w, h, rms), "normed": head_right(z, y, w, h)[0] @ w},
-         "forward padded the batch|pads dlogits @ w"),
         (slip(drms=lambda dn, h, rms: (dn * h / (rms + 1e-6) ** 2).sum(1, keepdim=True)), "wrong sign"),
         (slip(drms=lambda dn, h, rms: dn * -h / (rms + 1e-6) ** 2), "add up over the row|broadcast"),
         (slip(drms=lambda dn, h, rms: (dn * -h / rms**2).sum(1, keepdim=True)), "left out the 1e-6"),
@@ -213,7 +217,7 @@ def test_01_2_rejects_wrong_derivations():
         (slip(dh=lambda d, dn, h, rms: dn / (rms + 1e-6)), "only the path through normed"),
         (slip(dh=lambda d, dn, h, rms: d * 2 * h / h.shape[1]), "only the path through ms"),
         (slip(dh=lambda d, dn, h, rms: dn / (rms + 1e-6) + d * 2 * h), "two paths add up"),
-        (slip(dh=lambda d, dn, h, rms: dn / (rms + 1e-6) + d * 2 * h / 16), "you divided by 16|divide by h.shape[1]"),
+        (slip(dh=lambda d, dn, h, rms: dn / (rms + 1e-6) + d * 2 * h / 8), "you divided by 8|divide by h.shape[1]"),
         (slip(dh=lambda d, dn, h, rms: torch.nan_to_num(dn / (rms + 1e-6) + d * 2 * h / h.shape[1])),
          "in the padded row|Derive that row"),
         (slip(dh=lambda d, dn, h, rms: torch.where(rms > 0, dn / (rms + 1e-6) + d * 2 * h / h.shape[1], 0.0)),
@@ -234,7 +238,7 @@ def test_01_2_prints_the_largest_difference_not_two_rounded_vectors():
 def test_01_2_rejects_asking_autograd_for_the_answer():
     def by_autograd(logits, y, w, h, rms):
         ms = (rms**2).requires_grad_()
-        dnormed = head_right(logits, y, w, h)[1]
+        dnormed = head_right(logits, y, w)[1]
         dms = torch.autograd.grad(h / (ms.sqrt() + 1e-6), ms, dnormed)[0]
         return by_hand_right(logits, y, w, h, rms, dms=lambda d: dms)
 
@@ -316,7 +320,7 @@ def test_a_common_wrong_guess_gets_its_own_hint():
         ("01.e", ["NaN", "NaN"], "head.weight.grad: wrong|embed.weight.grad: wrong"),
         ("01.e", ["zeros", None], "head.weight.grad: wrong|embed.weight.grad: right"),
         ("01.e", "None", "a list of two"),
-        ("01.f", "huge", "forward drops that row's logits"),
+        ("01.f", "huge", "the loss ignores that row"),
         ("01.f", "NaN", "turns the NaN into 0"),
     ]:
         failed(id, guess, *words.split("|"))
@@ -339,14 +343,15 @@ def test_yours_or_worked_gives_the_worked_answer_until_yours_passes():
 
 
 def test_01_3_gives_the_late_binding_hint_only_when_ms_is_not_named():
-    outcome = failed("01.3", guard_with(message=lambda name: "a bad gradient arrived at h"), "it names 'h'")
+    message = lambda name: f"on the way back from logits, the gradient at {name} is bad"  # noqa: E731
+    outcome = failed("01.3", guard_with(message=message), "before 'ms'")
     assert "name=name" not in outcome.detail, outcome.detail
     failed("01.3", guard_with(bind=False), "name=name")
 
 
 def guarded_at_ms(z, y, w, h, rms):
     """A "safe" derivation: torch.where keeps the square root's line from dividing by 0 in the padded row."""
-    dlogits, dnormed = head_right(z, y, w, h)
+    dlogits, dnormed = head_right(z, y, w)
     drms = (dnormed * -h / (rms + 1e-6) ** 2).sum(dim=1, keepdim=True)
     dms = torch.where(rms > 0, drms / (2 * rms), torch.zeros_like(rms))
     dh = dnormed / (rms + 1e-6) + dms * 2 * h / h.shape[1]
@@ -369,12 +374,17 @@ def test_01_2_compares_the_padded_row_too_whatever_form_computes_it():
         failed("01.2", guarded, "in the padded row", "gradient at ms", "no guard")
 
 
-def test_01_2_leaves_the_padded_row_to_the_student():
-    """01.2 comes after prediction 01.d; its hints still never point at a later prediction."""
-    answers = [by_hand_right, slip(dms=lambda d, rms: d / (2 * rms) * 1.5), *GUARDED]
+def test_01_2_never_gives_away_prediction_01_d():
+    """01.d (which tensor's gradient is NaN first) comes after 01.2: no message of 01.2, right or wrong, says
+    what autograd makes of the padded row."""
+    answers = [by_hand_right, slip(dms=lambda d, rms: d / (2 * rms) * 1.5),
+               slip(dh=lambda d, dn, h, rms: torch.nan_to_num(dn / (rms + 1e-6) + d * 2 * h / h.shape[1])),
+               slip(dh=lambda d, dn, h, rms: dn / (rms + 1e-6)), slip(dms=lambda d, rms: d),
+               slip(drms=lambda dn, h, rms: (dn * -h / (rms + 1e-6)).sum(1, keepdim=True)), *GUARDED]
     for answer in answers:
         detail = grade("01.2", answer).detail
-        assert "prediction" not in detail, detail
+        for word in ("NaN", "nan", "0 / 0", "inf", "∞", "first"):
+            assert word not in detail, (word, detail)
 
 
 def test_show_anomaly_names_the_backward_function_and_the_forward_line_without_paths(capsys):
