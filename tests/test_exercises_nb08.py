@@ -16,8 +16,8 @@ from hooklab.exercises import exercises, grade, nb08
 IDS = sorted(id for id in exercises() if id.startswith("08."))
 
 
-def test_notebook_08_has_five_predictions_and_seven_exercises():
-    assert IDS == ["08.1", "08.2", "08.3", "08.4", "08.5", "08.6", "08.7",
+def test_notebook_08_has_five_predictions_and_eight_exercises():
+    assert IDS == ["08.1", "08.2", "08.3", "08.4", "08.5", "08.6", "08.7", "08.8",
                    "08.a", "08.b", "08.c", "08.d", "08.e"]
 
 
@@ -33,13 +33,13 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
 @pytest.mark.parametrize(("id", "guess", "hint"), [
     ("08.a", 5, "position after it"), ("08.a", 6, "run of 7"), ("08.a", 1, "previous-token head"),
     ("08.b", [1], "own record"), ("08.b", [3], "holds the record"), ("08.b", [0, 2], "embeddings"),
-    ("08.b", [9], "did not move"),
+    ("08.b", [9], "did not move"), ("08.b", [0, 1], "first token"),
     ("08.c", [8, 4], "position after it"), ("08.c", [19, 3], "unchanged run"), ("08.c", [14, 4], "earlier 8"),
     ("08.c", 10, "two whole"), ("08.d", ["yes", "yes"], "is either linear"), ("08.d", ["no", "no"], "linear maps"),
     ("08.d", ["YES", " no "], "never more"), ("08.d", "no", '"yes" or "no"'), ("08.d", [False, True], '"yes" or "no"'),
     ("08.d", ["no", "maybe"], '"yes" or "no"'), ("08.d", ["no", "yes", "yes"], '"yes" or "no"'),
-    ("08.e", "none", "a 19's record minus a 17's"), ("08.e", "some", "differ elsewhere"),
-    ("08.e", "About  Half", "differ elsewhere"), ("08.e", 233, '"about half"'), ("08.e", True, '"about half"'),
+    ("08.e", "none", "a quarter more"), ("08.e", "some", "close together"),
+    ("08.e", "About  Half", "close together"), ("08.e", 233, '"about half"'), ("08.e", True, '"about half"'),
     ("08.e", ["all"], '"about half"'), ("08.e", "most", '"about half"'),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
@@ -79,6 +79,12 @@ def test_resampled_from_100_random_runs_most_predict_8_and_layer_1_moves_to_key_
 def test_a_wrong_guess_in_the_form_asked_is_not_quite(id, guess):
     outcome = grade(id, guess)
     assert not outcome.passed and not outcome.form
+
+
+@pytest.mark.parametrize("guess", [[2, 3], [3, 4], [1, 2], [3, 9], [4, 5]])
+def test_08_b_a_wrong_guess_gets_a_hint_not_the_answer(guess):
+    detail = failed("08.b", guess).detail
+    assert "[1, 3]" not in detail and "1" not in detail and "3 before me" in detail
 
 
 def test_layer_1s_single_drops_add_up_to_far_less_than_the_joint_one():
@@ -226,7 +232,7 @@ def run_with_hooks_like(*, bind=True, call="tl", remove="finally", no_grad=True)
                 module = model.get_submodule(name)
                 def bound(m, a, o, fn=fn, name=name):
                     return {"tl": lambda: fn(o, m), "raw": lambda: fn(m, a, o), "ignore": lambda: [fn(o, m), None][1],
-                            "name": lambda: fn(o, name)}[call]()
+                            "name": lambda: fn(o, name), "input": lambda: fn(a[0], m)}[call]()
 
                 def late(m, a, o):
                     return fn(o, m)  # noqa: B023 (the slip under test)
@@ -254,6 +260,7 @@ def run_with_hooks_like(*, bind=True, call="tl", remove="finally", no_grad=True)
     (run_with_hooks_like(call="raw"), ["TypeError", "fn(activation, hook)"]),
     (run_with_hooks_like(call="ignore"), ["corrupted run's", "must return"]),
     (run_with_hooks_like(call="name"), ["second argument", "HookPoint"]),
+    (run_with_hooks_like(call="input"), ["blocks.1.mlp", "input (args[0])", "fn(output, module)"]),
     (run_with_hooks_like(remove="after"), ["raised", "finally"]),
     (run_with_hooks_like(remove="never"), ["still registered", "finally"]),
     (run_with_hooks_like(no_grad=False), ["require grad", "torch.no_grad()"]),
@@ -451,6 +458,44 @@ def test_08_5_accepts_the_worked_answer_and_nested_lists_and_its_map_reads_as_th
 
 
 # ----- 08.6 -------------------------------------------------------------------------------------
+HELD = []
+
+
+def hold_in_a_global(value):  # every hook returns the last value given
+    HELD[:] = [value]
+    return lambda module, args, output: HELD[0]
+
+
+@pytest.mark.parametrize(("answer", "words"), [
+    (lambda value: (lambda module, args, output: None), ["corrupted run's own", "return the value"]),
+    (lambda value: (lambda module, args, output: output), ["corrupted run's own", "return the value"]),
+    (lambda value: (lambda module, args, output: output + value), ["logit difference", "in place of the output"]),
+    (hold_in_a_global, ["last call", "its own"]),
+    (lambda value: value, ["returned Tensor", "forward hook"]),
+    (lambda value: (lambda module, args, output: value[5]), ["raised IndexError"]),
+    ("hold_output", ["function itself"]),
+])  # fmt: skip
+def test_08_6_names_each_slip(answer, words):
+    failed("08.6", answer, *words)
+
+
+def test_08_6_accepts_the_worked_answer_and_with_the_scale_helper_gives_the_lesson_s_rows():
+    assert grade("08.6", nb08.hold_output).passed
+    model, clean = nb08._model(), nb08.clean_and_corrupted()[0]
+    mlp = nb08.clean_cache_of(model, clean, ["blocks.1.mlp"])["blocks.1.mlp"]
+    for hold_mlp in (False, True):
+        hooks = [(model.ln_final, nb08.hold_ln_scale(model, clean))]
+        hooks += [(model.blocks[1].mlp, nb08.hold_output(mlp))] if hold_mlp else []
+        handles = [m.register_forward_hook(h) for m, h in hooks]
+        try:
+            singles = nb08.ablation_scores(model, clean, 1, nb08.logit_diff)[:, nb08.Q]
+        finally:
+            for handle in handles:
+                handle.remove()
+        assert torch.allclose(singles, nb08.held_drops(hold_mlp)[0], atol=1e-5)
+
+
+# ----- 08.7 -------------------------------------------------------------------------------------
 def resample_with(**kwargs):
     return lambda model, tokens, source, layer, heads, position: nb08._resample_variant(
         model, tokens, source, layer, heads, position, **kwargs)
@@ -477,18 +522,18 @@ def leaves_hook(model, tokens, source, layer, heads, position):
     (lambda model, tokens, source, layer, heads, position: None, ["returned None"]),
     ("resample_ablation", ["function itself"]),
 ])
-def test_08_6_names_each_slip(answer, words):
-    failed("08.6", answer, *words)
+def test_08_7_names_each_slip(answer, words):
+    failed("08.7", answer, *words)
 
 
-def test_08_6_accepts_the_worked_answer_and_resampling_moves_layer_1_to_key_4():
-    assert grade("08.6", nb08.resample_ablation).passed
+def test_08_7_accepts_the_worked_answer_and_resampling_moves_layer_1_to_key_4():
+    assert grade("08.7", nb08.resample_ablation).passed
     model, clean = nb08._model(), nb08.clean_and_corrupted()[0]
     logits = nb08.resample_ablation(model, clean, nb08.with_20_at_2(), 0, [0, 1, 2, 3], nb08.CHANGED)
     assert logits[0, nb08.Q].argmax().item() == 8  # the token at key 4
 
 
-# ----- 08.7 -------------------------------------------------------------------------------------
+# ----- 08.8 -------------------------------------------------------------------------------------
 def adds_everywhere(direction, position, scale):
     return lambda module, args, output: output + scale * direction
 
@@ -548,8 +593,8 @@ def adds_in_place_returned(direction, position, scale):
     (indexes_the_batch, ["IndexError", "index output[:, position]"]),
     (adds_normalised, ["normalised", "scale × direction", "without"]),
 ])  # fmt: skip
-def test_08_7_rejects(answer, words):
-    failed("08.7", answer, *words)
+def test_08_8_rejects(answer, words):
+    failed("08.8", answer, *words)
 
 
 def copies_for_negative_scales(direction, position, scale):
@@ -562,13 +607,13 @@ def copies_for_negative_scales(direction, position, scale):
     return hook
 
 
-def test_08_7_an_unchanged_copy_is_not_called_none():
-    outcome = failed("08.7", copies_for_negative_scales, "scale -1.0", "unchanged", "a negative scale too")
+def test_08_8_an_unchanged_copy_is_not_called_none():
+    outcome = failed("08.8", copies_for_negative_scales, "scale -1.0", "unchanged", "a negative scale too")
     assert "None" not in outcome.detail
 
 
-def test_08_7_accepts_the_worked_answer():
-    assert grade("08.7", nb08.steering_hook).passed
+def test_08_8_accepts_the_worked_answer():
+    assert grade("08.8", nb08.steering_hook).passed
 
 
 def test_the_measured_facts_the_lesson_states_about_the_heads_and_steering():
@@ -675,7 +720,7 @@ def steer_copy_first(direction, position, scale):
     ("08.4", sweep_with(copy_first), ["two different runs in one batch", "only the first sequence", "output[:, ...]"]),
     ("08.5", scores_with(zero_in_place_first), ["only the first sequence"]),
     ("08.5", scores_with(zero_copy_first), ["a batch of two", "only the first sequence"]),
-    ("08.7", steer_copy_first, ["only the first sequence", "output[:, ...]"]),
+    ("08.8", steer_copy_first, ["only the first sequence", "output[:, ...]"]),
 ])  # fmt: skip
 def test_first_sequence_only_edits_are_rejected(id, answer, words):
     failed(id, answer, *words)
@@ -690,8 +735,8 @@ def zero_in_place_all(output, head, position):
 
 
 @pytest.mark.parametrize(("id", "answer"), [
-    ("08.4", sweep_with(in_place_all)), ("08.5", scores_with(zero_in_place_all)), ("08.7", adds_in_place_returned),
-    ("08.7", adds_in_place),
+    ("08.4", sweep_with(in_place_all)), ("08.5", scores_with(zero_in_place_all)), ("08.8", adds_in_place_returned),
+    ("08.8", adds_in_place),
 ])  # fmt: skip
 def test_a_right_in_place_edit_passes_with_a_note(id, answer):
     outcome = grade(id, answer)
@@ -877,14 +922,14 @@ def test_the_third_corruption_answers_14_and_a_patch_after_the_heads_changes_the
 
 
 def test_the_lesson_does_not_ask_for_a_copy_where_the_checker_accepts_an_in_place_edit():
-    """08.4, 08.5 and 08.7 accept a right in-place edit with a note: their instructions (before the hints) ask for
+    """08.4, 08.5 and 08.8 accept a right in-place edit with a note: their instructions (before the hints) ask for
     the edited output, not for a copy."""
     import json
     from pathlib import Path
 
     lesson = Path(__file__).parents[1] / "notebooks" / "08_transformer_interpretability.ipynb"
     cells = ["".join(c["source"]) for c in json.loads(lesson.read_text())["cells"] if c["cell_type"] == "markdown"]
-    for id in ("08.4", "08.5", "08.7"):
+    for id in ("08.4", "08.5", "08.8"):
         (text,) = [c for c in cells if f"### Exercise {id}" in c]
         assert "copy" not in text.split(f"### Exercise {id}")[1].split("<details>")[0], id
 
@@ -903,6 +948,9 @@ def test_08_f_words_a_count(count, words):
 def test_the_steered_runs_switch_together_between_scale_half_and_three_quarters():
     """08.e's reveal: none of the 233 runs predicts 19 at scale 0.5 but one, all at 0.75 and 1; at 4, fewer."""
     counts = {s: int((nb08.steered_others(s) == nb08.A).sum()) for s in (0.5, 0.75, 1, 4)}
-    assert counts[0.5] <= 1 and counts[0.75] == counts[1] == 233 and counts[4] < 200
+    assert counts[0.5] == 1 and counts[0.75] == counts[1] == 233 and counts[4] < 200
+    for scale, mean, spread in [(0, -10.72, 0.27), (0.5, -2.13, 0.79), (0.75, 4.03, 0.99)]:  # 08.e's prompt
+        diff = nb08._steered_logits(scale)
+        assert abs(diff.mean() - mean) < 0.005 and abs(diff.std() - spread) < 0.005
     said, others = nb08.steered_others(4), nb08.runs_with_17_at_3()
     assert int((said == nb08.A).sum()) == 107 and int((said == others[:, 4]).sum()) == 49  # the rest scatter

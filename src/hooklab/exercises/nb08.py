@@ -10,10 +10,11 @@ and patching layer 0's output finds where its previous-token records sit (08.b).
 record the attention patterns with forward hooks (08.1), the stripe score of a pattern (08.2),
 TransformerLens's ``run_with_hooks`` by name (08.3),
 the patching sweep over hook points × positions, normalised (08.4), the drop when one head is zeroed at
-one position, for every head and position (08.5), resample ablation: heads' values from a run on other
-tokens (08.6), and a hook that adds a steering direction (08.7).
+one position, for every head and position (08.5), a hook that holds a module's output at its value in
+another run (08.6), resample ablation: heads' values from a run on other
+tokens (08.7), and a hook that adds a steering direction (08.8).
 ``record_patterns``, ``run_with_hooks``, ``patching_sweep``, ``patch_hook``, ``ablation_scores``,
-``resample_ablation`` and ``steering_hook`` are worked answers: the lesson goes
+``hold_output``, ``resample_ablation`` and ``steering_hook`` are worked answers: the lesson goes
 on with them while the student's own has not passed, as is ``stripe_score``.
 """
 
@@ -213,6 +214,33 @@ def steering_hook(direction: torch.Tensor, position: int, scale: float):
     return hook
 
 
+def hold_output(value: torch.Tensor):
+    """A forward hook that returns ``value`` (the module's output in another run) in place of the output."""
+    def hook(module, args, output):
+        return value
+
+    return hook
+
+
+def hold_ln_scale(model: nn.Module, tokens: torch.Tensor):
+    """A forward hook for ``model.ln_final`` that redoes its LayerNorm dividing by the scale (standard deviation)
+    it computes in a run on ``tokens``, not by the scale of the run it sits in."""
+    ln, seen = model.ln_final, []
+    handle = ln.register_forward_hook(lambda module, args, output: seen.append(args[0]))
+    try:
+        with torch.no_grad():
+            model(tokens)
+    finally:
+        handle.remove()
+    scale = (seen[0].var(-1, correction=0, keepdim=True) + ln.eps).sqrt()
+
+    def hook(module, args, output):
+        centred = args[0] - args[0].mean(-1, keepdim=True)
+        return centred / scale * module.weight + module.bias
+
+    return hook
+
+
 # ----- measurements -------------------------------------------------------------------------------------
 def run_hooked(model: nn.Module, tokens: torch.Tensor, point: str, hook) -> torch.Tensor:
     """The logits of ``model(tokens)`` with ``hook`` on the module ``point`` (removed afterwards)."""
@@ -350,9 +378,9 @@ def layer_0_restores() -> torch.Tensor:
 
 @prediction("08.b", "the two positions whose clean blocks.0.hook_attn_out, patched in alone, restore the most of "
                     "the second corruption's logit[19] − logit[12]",
-            why="[1, 3]: layer 0's output at a position records the token before it. At 3 the clean record, \"a 3 "
-                "before me\", gives the query its match back (0.60); at 1 it removes the swapped run's false match, "
-                "\"a 3 before me\" (0.44)",
+            why="layer 0's output at a position is a record of the token before it. Patched in where the clean run "
+                "holds \"a 3 before me\", the clean record gives the query its match back; patched in where the "
+                "swapped run holds \"a 3 before me\", it removes the false match the query found",
             wrong=[([3], "two positions: 3 is one, the clean record there, \"a 3 before me\", is the match the query "
                          "looks for. In the swapped run, which position holds the record \"a 3 before me\"?"),
                    ([1], "two positions: 1 is one, the swapped run's record there, \"a 3 before me\", is what the "
@@ -360,6 +388,8 @@ def layer_0_restores() -> torch.Tensor:
                          "\"a 3 before me\" sit?"),
                    ([0, 2], "the tokens sit in their embeddings, which the patch leaves swapped; layer 0's output at "
                             "a position records the token before it"),
+                   ([0, 1], "position 0 holds the first token: nothing comes before it, so layer 0 writes no "
+                            "record of a token before it there"),
                    ([9], "the query's own record is the same in both runs: its token before it, 12, did not move")],
             form=_positions)
 def _layer0_positions() -> list[int]:
@@ -561,6 +591,14 @@ def steered_others(scale: float) -> torch.Tensor:
     return run_hooked(model, runs_with_17_at_3(), "blocks.0.hook_resid_post", hook)[:, Q].argmax(-1)
 
 
+def _steered_logits(scale: float) -> torch.Tensor:
+    """logit[A] − logit[B] at the query of each of ``runs_with_17_at_3()``, steered at ``scale``: ``(M,)``."""
+    model = _model()
+    hook = steering_hook(steering_direction(model), CHANGED, scale)
+    logits = run_hooked(model, runs_with_17_at_3(), "blocks.0.hook_resid_post", hook)[:, Q]
+    return logits[:, A] - logits[:, B]
+
+
 HOW_MANY = ("none", "some", "about half", "all")  # 08.e: how many of the other runs predict 19
 
 
@@ -577,18 +615,19 @@ def _count(guess: object) -> str | None:
     return None if ok else 'write one of "none", "some", "about half" or "all", in quotes'
 
 
-@prediction("08.e", "the direction from one pair added at scale 1 to 233 other runs with a 17 at position 3: how "
-                    "many of them predict 19",
-            why="all 233 (next cell). The direction is what a 19 instead of a 17 at position 3 changes after layer "
-                "0, and in every run layer 1 copies whatever position 3 holds: the same record, read the same way",
-            wrong=[("none", "the direction is clean − corrupted at position 3, a 19's record minus a 17's: added to "
-                            "a 17's record, what does position 3 hold?"),
-                   ("some", "the other runs differ elsewhere, but what does layer 1 copy from position 3 in each?"),
-                   ("about half", "the other runs differ elsewhere, but what does layer 1 copy from position 3 in "
-                                  "each? The same record, read the same way")],
+@prediction("08.e", "the direction from one pair added at scale 0.75, not 0.5, to 233 other runs with a 17 at "
+                    "position 3: how many of them predict 19",
+            why="all 233 (next cell). The direction adds the same push to every run, growing with the scale, and "
+                "the runs sit close together (± 0.8 at 0.5): they cross 0 together, between 0.5 and 0.75",
+            wrong=[("none", "from scale 0 to 0.5 the push raised the mean logit difference by about 8.6, to −2.1: "
+                            "what does a quarter more of the same push add?"),
+                   ("some", "the runs sit close together (± 0.8 at 0.5), and the push is the same in each: when "
+                            "the mean moves a few units past 0, how many stay below?"),
+                   ("about half", "the runs sit close together (± 0.8 at 0.5), and the push is the same in each: "
+                                  "when the mean moves a few units past 0, how many stay below?")],
             form=_count)
 def _steered_others() -> str:
-    said = steered_others(1)
+    said = steered_others(0.75)
     return how_many(int((said == A).sum()), len(said))
 
 
@@ -858,6 +897,10 @@ def _tl_patch(clean_z: torch.Tensor, head: int):
     return fn
 
 
+def _tl_half(activation, hook):
+    return activation * 0.5
+
+
 def _tl_steer(scale: float):
     def fn(resid, hook):
         return resid + scale
@@ -883,7 +926,8 @@ def _check_run_with_hooks(answer) -> Outcome:
     cases = [([("blocks.1.attn.hook_z", _tl_patch(clean_z, 0))], "head 0's clean output patched in at the query"),
              ([("blocks.1.attn.hook_z", _tl_patch(clean_z, 1)), ("blocks.0.hook_resid_post", _tl_steer(0.5))],
               "two hooks: head 1 patched, and 0.5 added to blocks.0.hook_resid_post"),
-             ([("blocks.0.hook_resid_post", keep)], "a hook that reads blocks.0.hook_resid_post and returns None")]
+             ([("blocks.0.hook_resid_post", keep)], "a hook that reads blocks.0.hook_resid_post and returns None"),
+             ([("blocks.1.mlp", _tl_half)], "a hook that halves the output of blocks.1.mlp, which is not an identity")]
     for hooks, what in cases:
         try:
             got = answer(model, corrupted, hooks)
@@ -911,6 +955,10 @@ def _check_run_with_hooks(answer) -> Outcome:
             return Outcome(False, f"{what}: every hook ran the last function of the list. A function defined in a "
                                   "loop looks `fn` up when it runs, after the loop: bind it now (`fn=fn` in the "
                                   "signature)")
+        if hooks[0][0] == "blocks.1.mlp" and torch.allclose(
+                got, run_hooked(model, corrupted, "blocks.1.mlp", lambda m, a, o: a[0] * 0.5), atol=1e-5):
+            return Outcome(False, f"{what}: fn got the module's input (args[0]), not its output. On a HookPoint, an "
+                                  "identity, the two are equal; on blocks.1.mlp they differ: call fn(output, module)")
         with torch.no_grad():
             plain = model(corrupted)
         if torch.allclose(got, plain, atol=1e-5):
@@ -1279,7 +1327,58 @@ def _resample_slip(model, got, tokens, source, layer, heads, position) -> str | 
     return None
 
 
-@exercise("08.6", "resample ablation: heads' outputs replaced by their values in a run on other tokens")
+@exercise("08.6", "hold a module's output at its value in another run")
+def _check_hold_output(answer) -> Outcome:
+    if not callable(answer):
+        return Outcome(False, f"pass your function itself (`hold_output`), not {kind_of(answer)}")
+    model = _model()
+    clean, corrupted = clean_and_corrupted()
+    cache = clean_cache_of(model, clean, ["blocks.1.mlp"])
+    cache.update(clean_cache_of(model, second_corruption(), ["blocks.0.hook_resid_post"]))
+    mlp, resid = cache["blocks.1.mlp"], cache["blocks.0.hook_resid_post"]
+    hooks = []
+    for value in (mlp, resid):
+        hook = answer(value)
+        if not callable(hook):
+            return Outcome(False, f"hold_output(value) returned {kind_of(hook)}: return a forward hook, a function "
+                                  "of (module, args, output)")
+        hooks.append(hook)
+
+    def run(pairs):
+        handles = [model.get_submodule(name).register_forward_hook(hook) for name, hook in pairs]
+        try:
+            with torch.no_grad():
+                return model(corrupted)
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    cases = [([("blocks.1.mlp", hooks[0])], "MLP1 held at the clean run's output, on the corrupted run"),
+             ([("blocks.1.mlp", hooks[0]), ("blocks.0.hook_resid_post", hooks[1])],
+              "MLP1 and blocks.0.hook_resid_post held together, at values from two different runs")]
+    for pairs, what in cases:
+        try:
+            got = run(pairs)
+        except Exception as e:  # the student's hook may raise anything
+            return Outcome(False, f"{what}: your hook raised {type(e).__name__}: {e}")
+        want = run([(name, hold_output(cache[name])) for name, _ in pairs])
+        if torch.allclose(got, want, atol=1e-5):
+            continue
+        with torch.no_grad():
+            plain = model(corrupted)
+        if torch.allclose(got, plain, atol=1e-5):
+            return Outcome(False, f"{what}: the logits are the corrupted run's own, as if nothing were held: your "
+                                  "hook must return the value, which then replaces the module's output")
+        if torch.allclose(got, run([(n, hold_output(resid)) for n, _ in pairs]), atol=1e-5):
+            return Outcome(False, f"{what}: your hook returned the value of the last call to hold_output, not its "
+                                  "own (the checker made two hooks, for two modules). Each hook must keep its own "
+                                  "value: return a function defined inside hold_output, which sees that call's value")
+        return Outcome(False, f"{what}: logit difference {logit_diff(got):+.2f}, want {logit_diff(want):+.2f}: "
+                              "return the value itself, in place of the output")
+    return Outcome(True, "the held module gives the value from the other run, one hook or two, each with its own value")
+
+
+@exercise("08.7", "resample ablation: heads' outputs replaced by their values in a run on other tokens")
 def _check_resample(answer) -> Outcome:
     if not callable(answer):
         return Outcome(False, f"pass your function itself (`resample_ablation`), not {kind_of(answer)}")
@@ -1315,7 +1414,7 @@ def _check_resample(answer) -> Outcome:
                          "query and at position 1, on one run and a batch of two, and no hook left behind.")
 
 
-@exercise("08.7", "steer with a direction added in a forward hook")
+@exercise("08.8", "steer with a direction added in a forward hook")
 def _check_steering(answer) -> Outcome:
     model = _model()
     direction = steering_direction(model)
@@ -1360,6 +1459,8 @@ __all__ = [
     "clean_cache",
     "clean_cache_of",
     "head_scores",
+    "hold_ln_scale",
+    "hold_output",
     "induction_pair",
     "layer_1_key",
     "logit_diff",
