@@ -74,7 +74,9 @@ def test_prediction_05_d_counts_in_another_form_are_told_to_write_two_numbers():
 def test_prediction_05_c_a_word_off_the_list_is_told_the_choices():
     assert grade("05.c", " Above ").passed
     outcome = grade("05.c", "untrained")
-    assert not outcome.passed and 'pick one of "above", "below"' in outcome.detail, outcome.detail
+    assert not outcome.passed and 'pick one of "above", "about the same", "below"' in outcome.detail, outcome.detail
+    outcome = grade("05.c", "About the same")
+    assert not outcome.passed and "the trained weights pull it away from the ink" in outcome.detail, outcome.detail
 
 
 # ----- 05.1 and 05.2 -------------------------------------------------------------------------------
@@ -355,6 +357,10 @@ def guided_hook(module, grad_input, grad_output):
     return (grad_input[0].clamp(min=0),)
 
 
+def clamps_in_place(module, grad_input, grad_output):  # returns None: the mutated grad_input flows on
+    grad_input[0].clamp_(min=0)
+
+
 def input_gradient(model, images, classes):
     images = images.detach().clone().requires_grad_(True)
     (gradient,) = torch.autograd.grad(model(images).gather(1, classes[:, None]).sum(), images)
@@ -428,6 +434,9 @@ def test_05_3_typical_mistakes_get_a_hint():
     failed("05.3", guided(hook=lambda m, gi, go: None), "the plain one")
     failed("05.3", guided(hook=lambda m, gi, go: (go[0].clamp(min=0),)), "deconvnet")
     failed("05.3", guided(hook=lambda m, gi, go: (gi[0].abs(),)), "differ")
+    failed("05.3", guided(hook=clamps_in_place), "grad_input in place",
+           "should not modify its arguments", "return (grad_input[0].clamp(min=0),)")
+    failed("05.3", guided(hook=lambda m, gi, go: (gi[0].clamp_(min=0),)), "grad_input in place")
     failed("05.3", guided(backward=True), ".grad", "torch.autograd.grad")
     failed("05.3", Guided(_Probe()), "pass the class GuidedBackpropagation itself")
 

@@ -228,11 +228,13 @@ def _guided_resemblance() -> tuple[float, list[float]]:
     return means[0], means[1:]
 
 
-FOLLOWS = ("above", "below")
+FOLLOWS = ("above", "about the same", "below")
+NEAR = 0.05  # "about the same": within 0.05 of the trained network's mean rank correlation
 
 
 @prediction("05.c", "whether never-trained networks' guided-backprop maps follow the digit's ink more closely than "
-                    "the trained network's (mean rank correlation with the pixels above or below its 0.60)",
+                    "the trained network's (mean rank correlation with the pixels above, about the same as (within "
+                    "0.05) or below its 0.60)",
             why="the clamps pass back only positive gradient, through the units the digit switches on, so the map "
                 "redraws the ink those units see, whatever the weights are (Nie et al., 2018). Measured: all 8 "
                 "never-trained networks' maps follow the ink more closely than the trained one's: a map that looks "
@@ -240,11 +242,21 @@ FOLLOWS = ("above", "below")
             wrong=[("below", "the clamps decide what passes, not the weights: the gradient flows back only through "
                              "the units the digit switches on, and only its positive part, so the map lands on the "
                              "ink with any weights. Measured: all 8 never-trained networks' maps follow it more "
-                             "closely than the trained one's")],
+                             "closely than the trained one's"),
+                   ("about the same", "right that the weights do not make the map follow the ink: the clamps do. But "
+                                      "the trained weights pull it away from the ink: all 8 never-trained networks' "
+                                      "maps follow the ink more closely than the trained one's, each by more than "
+                                      "0.05")],
             form=_one_of(FOLLOWS))
 def _untrained_follows_the_ink() -> str:
     trained, untrained = _guided_resemblance()
-    return "above" if min(untrained) > trained else "below" if max(untrained) < trained else "some above, some below"
+    if min(untrained) > trained + NEAR:
+        return "above"
+    if max(untrained) < trained - NEAR:
+        return "below"
+    if all(abs(u - trained) <= NEAR for u in untrained):
+        return "about the same"
+    return "some above, some below"
 
 
 def _cam_channels() -> list:
@@ -763,10 +775,43 @@ def _hooked_relus(model: nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if isinstance(m, nn.ReLU) and module_hooks(m, "_backward_hooks")]
 
 
+_IN_PLACE_ARGS = ("your hook changed {what} in place (a method ending in _, such as clamp_, or an assignment "
+                  "into it){call}: PyTorch's docs say a backward hook should not "
+                  "modify its arguments. Leave them as they are and return a new tuple, whose value replaces "
+                  "grad_input: return (grad_input[0].clamp(min=0),)")
+
+
+@contextlib.contextmanager
+def _watch_hook_arguments(slips: list):
+    """While inside, every full backward hook registered is wrapped: a hook that changes its grad_input or
+    grad_output in place (their version counters move) appends the slip's message to ``slips``."""
+    register = nn.Module.register_full_backward_hook
+
+    def watched(module, hook, *args, **kwargs):
+        def wrapper(mod, grad_input, grad_output):
+            before = [[g._version if isinstance(g, torch.Tensor) else None for g in grads]
+                      for grads in (grad_input, grad_output)]
+            result = hook(mod, grad_input, grad_output)
+            named = zip(("grad_input", "grad_output"), (grad_input, grad_output), before, strict=True)
+            for what, grads, versions in named:
+                if any(isinstance(g, torch.Tensor) and g._version != v for g, v in zip(grads, versions, strict=True)):
+                    call = " and returned None" if result is None else ""
+                    slips.append(_IN_PLACE_ARGS.format(what=what, call=call))
+            return result
+
+        return register(module, wrapper, *args, **kwargs)
+
+    nn.Module.register_full_backward_hook = watched
+    try:
+        yield
+    finally:
+        nn.Module.register_full_backward_hook = register
+
+
 def _enter_and_run(cls, model: nn.Module, x: torch.Tensor, classes: torch.Tensor):
     """Enter the student's class on ``model``, note the hooked ReLUs, return (saliency, hooked names)."""
-    guide = cls(model)
-    with guide as entered:
+    guide, slips = cls(model), []
+    with _watch_hook_arguments(slips), guide as entered:
         if entered is not guide:
             raise _Wrong("__enter__ must return the object itself (return self), so that "
                          "`with GuidedBackpropagation(model) as gbp:` gives it")
@@ -775,6 +820,8 @@ def _enter_and_run(cls, model: nn.Module, x: torch.Tensor, classes: torch.Tensor
             raise _Wrong("register_backward_hook is the deprecated module backward hook (lesson 03): use "
                          "register_full_backward_hook")
         got = entered.saliency(x, classes)
+    if slips:
+        raise _Wrong(slips[0])
     return got, hooked
 
 
