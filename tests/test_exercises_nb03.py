@@ -45,7 +45,7 @@ PREDICTIONS = {  # what the lesson's next cell shows, and a wrong guess that get
     "03.c": ([0.5, 1], [0.5, 10], "reaches only the earlier layers"),
     "03.d": (1, 10, "backward is half the story"),
     "03.e": ({"bn1", "relu"}, ["bn1"], "inputs are views as well"),
-    "03.f": (0.71, 0.18, "the sigmoid then passes on only"),
+    "03.f": (4, 1, "the sigmoid then passes on only"),
 }
 
 
@@ -79,16 +79,16 @@ def test_prediction_03_a_tells_a_guess_not_in_the_form_asked_without_the_answer(
     assert not outcome.passed and not outcome.form, outcome.detail
 
 
-def test_prediction_03_f_is_the_sigmoid_std_for_fan_in_32_and_names_each_slip():
-    assert abs(nb03._sigmoid_std() - 4 / 32**0.5) < 1e-6
-    for guess in (0.71, 0.7, 0.707, 0.72):
+def test_prediction_03_f_is_the_sigmoid_gain_4_and_names_each_slip():
+    assert abs(nb03._sigmoid_gain() - 4) < 1e-6
+    for guess in (4, 4.0, 3.9, 4.1):
         assert grade("03.f", guess).passed, guess
-    for guess, slip in ((0.18, "passes on only × 0.25"), (0.044, "where it should divide"), (0.25, "He init"),
-                        (0.5, "4/√64"), (0.1, "PyTorch's default"), (0.125, "not with 32"), (4, "divided by √32"),
-                        (1, "a pair × 1.4")):  # fmt: skip
+    for guess, slip in ((1, "passes on only × 0.25"), (0.25, "where it should divide"), (1.41, "He init"),
+                        (0.71, "√½"), (0.58, "PyTorch's default"), (2, "std itself"), (5.66, "√32 is"),
+                        (16, "twice")):  # fmt: skip
         outcome = grade("03.f", guess)
         assert not outcome.passed and slip in outcome.detail, (guess, outcome.detail)
-    for guess in (0.65, 0.8, 0.3):  # none of the slips: not quite, never a slip of form
+    for guess in (3.5, 4.5, 3):  # none of the slips: not quite, never a slip of form
         outcome = grade("03.f", guess)
         assert not outcome.passed and not outcome.form, (guess, outcome.detail)
 
@@ -605,6 +605,22 @@ def test_ten_runs_of_the_lessons_train_one_epoch_std_0_71_learns_slowly_and_the_
         layer.register_full_backward_pre_hook(lambda m, go: (go[0] * 7,))
     accuracy = [nb03._train_one_epoch(model) for _ in range(10)][-1]
     assert accuracy < 0.12, accuracy
+
+
+def test_five_runs_of_the_lessons_train_one_epoch_the_rescue_matches_the_shallow_network_and_gain_4_alone_lags():
+    """The lesson cites it (measured on torch 2.14.1; five epochs are too slow for a stored notebook), with the
+    lesson's train_one_epoch run five times in the same fixed order: rescued 89 %, shallow 89 %, std 4/√fan_in
+    without the centring biases 28 %, PyTorch's default init 10 %."""
+    uncentred = nb03._digits_mlp()
+    with torch.no_grad():
+        for layer in uncentred[::2]:
+            nn.init.normal_(layer.weight, std=4 / layer.in_features**0.5)
+    nets = {"rescued": nb03._sigmoid_init(nb03._digits_mlp()), "shallow": nb03._digits_mlp(depth=1),
+            "uncentred": uncentred, "default": nb03._digits_mlp()}
+    accuracy = {name: [nb03._train_one_epoch(model) for _ in range(5)][-1] for name, model in nets.items()}
+    for name, (low, high) in {"rescued": (0.87, 0.91), "shallow": (0.87, 0.91), "uncentred": (0.2, 0.36),
+                              "default": (0.08, 0.12)}.items():  # fmt: skip
+        assert low < accuracy[name] < high, (name, accuracy)
 
 
 def test_in_float32_the_deep_networks_last_spread_factor_reads_0_61_instead_of_0_53():
