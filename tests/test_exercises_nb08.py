@@ -38,7 +38,7 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
     ("08.c", 10, "two whole"), ("08.d", ["yes", "yes"], "is either linear"), ("08.d", ["no", "no"], "linear maps"),
     ("08.d", ["YES", " no "], "never more"), ("08.d", "no", '"yes" or "no"'), ("08.d", [False, True], '"yes" or "no"'),
     ("08.d", ["no", "maybe"], '"yes" or "no"'), ("08.d", ["no", "yes", "yes"], '"yes" or "no"'),
-    ("08.e", "none", "a quarter more"), ("08.e", "some", "close together"),
+    ("08.e", "none", "a quarter more of the scale"), ("08.e", "some", "close together"),
     ("08.e", "About  Half", "close together"), ("08.e", 233, '"about half"'), ("08.e", True, '"about half"'),
     ("08.e", ["all"], '"about half"'), ("08.e", "most", '"about half"'),
 ])  # fmt: skip
@@ -949,8 +949,30 @@ def test_the_steered_runs_switch_together_between_scale_half_and_three_quarters(
     """08.e's reveal: none of the 233 runs predicts 19 at scale 0.5 but one, all at 0.75 and 1; at 4, fewer."""
     counts = {s: int((nb08.steered_others(s) == nb08.A).sum()) for s in (0.5, 0.75, 1, 4)}
     assert counts[0.5] == 1 and counts[0.75] == counts[1] == 233 and counts[4] < 200
-    for scale, mean, spread in [(0, -10.72, 0.27), (0.5, -2.13, 0.79), (0.75, 4.03, 0.99)]:  # 08.e's prompt
+    for scale, mean, spread in [(0, -10.72, 0.27), (0.25, -7.66, 0.45), (0.5, -2.13, 0.79), (0.75, 4.03, 0.99)]:
         diff = nb08._steered_logits(scale)
         assert abs(diff.mean() - mean) < 0.005 and abs(diff.std() - spread) < 0.005
+    push = nb08._steered_logits(0.75) - nb08._steered_logits(0)  # 08.e's why: the push differs from run to run
+    assert 12.1 < push.min() < 12.2 and 16.9 < push.max() < 17 and 0.9 < push.std() < 1
     said, others = nb08.steered_others(4), nb08.runs_with_17_at_3()
     assert int((said == nb08.A).sum()) == 107 and int((said == others[:, 4]).sum()) == 49  # the rest scatter
+
+
+def test_08_key_4_is_not_drawn_by_a_second_3_before_me_record():
+    """Section 3's open question: with position 2's 3 made a 20, resampling layer 0's heads at 3 still leaves
+    0.50 of layer 1's attention on key 4; and zeroing all four keeps the 19, with 0.21-0.54 on key 3."""
+    model, sources = nb08._model(), nb08.random_runs(100)
+    tokens = nb08.with_20_at_2().expand(len(sources), -1)
+    with record(model, ["blocks.1.attn.hook_pattern"]) as rec:
+        nb08.resample_ablation(model, tokens, sources, 0, [0, 1, 2, 3], 3)
+    assert abs(rec["blocks.1.attn.hook_pattern"].output[:, :, nb08.Q, 4].mean() - 0.50) < 0.005
+    diff, said, (key_3, _) = nb08.layer_0_at_3()
+    assert abs(diff - 10.79) < 0.005 and said == nb08.A
+    assert round(min(key_3), 2) == 0.21 and round(max(key_3), 2) == 0.54
+
+
+def test_08_zeroing_layer_1_at_the_query_loses_the_19():
+    model, clean = nb08._model(), nb08.clean_and_corrupted()[0]
+    zeroed = nb08.run_hooked(model, clean, "blocks.1.attn.hook_z",
+                             lambda m, a, o: o.index_fill(1, torch.tensor([nb08.Q]), 0.0))[0, nb08.Q]
+    assert zeroed.argmax().item() == 23 and abs(zeroed[nb08.A] - 1.13) < 0.005

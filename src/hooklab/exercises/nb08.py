@@ -617,14 +617,16 @@ def _count(guess: object) -> str | None:
 
 @prediction("08.e", "the direction from one pair added at scale 0.75, not 0.5, to 233 other runs with a 17 at "
                     "position 3: how many of them predict 19",
-            why="all 233 (next cell). The direction adds the same push to every run, growing with the scale, and "
-                "the runs sit close together (± 0.8 at 0.5): they cross 0 together, between 0.5 and 0.75",
-            wrong=[("none", "from scale 0 to 0.5 the push raised the mean logit difference by about 8.6, to −2.1: "
-                            "what does a quarter more of the same push add?"),
-                   ("some", "the runs sit close together (± 0.8 at 0.5), and the push is the same in each: when "
-                            "the mean moves a few units past 0, how many stay below?"),
-                   ("about half", "the runs sit close together (± 0.8 at 0.5), and the push is the same in each: "
-                                  "when the mean moves a few units past 0, how many stay below?")],
+            why="all 233 (next cell). Each quarter of scale adds more than the last (3.1, then 5.5, then 6.2), so the "
+                "mean passes 0 by about 4; the runs sit close together (± 0.8 at 0.5) and the push differs little "
+                "between them (0 to 0.75: 12.1 to 16.9), so all of them cross 0 together, between 0.5 and 0.75",
+            wrong=[("none", "from scale 0 the push added 3.1, then 5.5 per quarter: if a quarter more of the scale "
+                            "adds at least as much again, where does the mean −2.1 land?"),
+                   ("some", "the runs sit close together (± 0.8 at 0.5), and each quarter adds more than the last "
+                            "(3.1, then 5.5): when the mean moves a few units past 0, how many stay below?"),
+                   ("about half", "the runs sit close together (± 0.8 at 0.5), and each quarter adds more than the "
+                                  "last (3.1, then 5.5): when the mean moves a few units past 0, how many stay "
+                                  "below?")],
             form=_count)
 def _steered_others() -> str:
     said = steered_others(0.75)
