@@ -4,6 +4,7 @@ tools and fails on plain training."""
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 
@@ -32,11 +33,11 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
 
 
 def test_07_e_the_allocator_peaks_in_backward_and_fusing_barely_moves_it():
-    assert grade("07.e", ["backward", 1.0]).passed
-    place, share = exercises()["07.e"].checker.__wrapped__.truth()
-    assert place == "backward" and 0.99 < share < 1.0
-    plain = nb07.cnn_allocator_peaks()
+    assert grade("07.e", "backward").passed
+    assert exercises()["07.e"].checker.__wrapped__.truth() == "backward"
+    plain, fused = nb07.cnn_allocator_peaks(), nb07.cnn_allocator_peaks(nb07.fuse_sgd)
     assert round(plain["forward"] / 1e4) == 170 and round(plain["step"] / 1e4) == 197  # 1.70 MB, 1.97 MB
+    assert 0.99 < fused["step"] / plain["step"] < 1.0  # the answer cell's 1.00 of plain
 
 
 @pytest.mark.parametrize(("id", "guess", "hint"), [
@@ -44,10 +45,8 @@ def test_07_e_the_allocator_peaks_in_backward_and_fusing_barely_moves_it():
     ("07.b", 1, "mean of the per-sample"),
     ("07.c", 65536 + 2560, "only for the gradient of the input"), ("07.c", 2560, "like b in a * b"),
     ("07.d", 0.5, "saved twice"), ("07.d", 1.0, "2 bytes a number"),
-    ("07.e", ["forward", 1.0], "while the saved tensors"), ("07.e", ["backward", 0.5], "95,784 bytes"),
-    ("07.e", ["forward", 0.5], "in backward"), ("07.e", ["before backward", 1.0], "where the allocator peaks"),
-    ("07.e", [8, 73728], "where the allocator peaks"), ("07.e", "backward", "a list of two"),
-    ("07.e", ["backward", 95], "not a percentage"),
+    ("07.e", "forward", "while the saved tensors"), ("07.e", "before backward", "where the allocator peaks"),
+    ("07.e", ["backward", 1.0], "as a string"), ("07.e", 2, "as a string"),
 ])  # fmt: skip
 def test_wrong_guesses_get_their_hint(id, guess, hint):
     failed(id, guess, hint)
@@ -260,6 +259,52 @@ def test_07_2_accepts_the_worked_answer_and_names_each_slip():
         return [layer.register_forward_hook(keep), layer.register_full_backward_hook(per_sample)]
 
     failed("07.2", module_backward_hook, "twice", "a module backward hook sees only the input the last call kept")
+
+
+def _adds_if_present(layer, loss_reduction="mean"):  # "or adds to them if they exist", written with hasattr
+    def keep(module, args, output):
+        a = args[0].detach()
+
+        def per_sample(g):
+            g = g * len(a) if loss_reduction == "mean" else g
+            for p, v in ((module.weight, torch.einsum("n...o,n...i->noi", g, a)),
+                         (module.bias, torch.einsum("n...o->no", g))):
+                p.grad_sample = p.grad_sample + v if hasattr(p, "grad_sample") else v
+
+        output.register_hook(per_sample)
+
+    return [layer.register_forward_hook(keep)]
+
+
+def test_07_2_an_answer_that_adds_if_hasattr_passes_and_runs_the_lessons_private_pass():
+    """The crash path: a passing answer that adds when ``hasattr(p, "grad_sample")``; the private step once set
+    the attribute to None, so the second step's addition raised TypeError (None + Tensor)."""
+    assert grade("07.2", _adds_if_present).passed
+    hooks = nb07.linear_and_conv(_adds_if_present, nb07.conv_grad_sample)
+    step = functools.partial(nb07.private_step, hooks=hooks)
+    assert 0.0 <= nb07.fresh_head_accuracy(step, noise=0.5, lr=0.1, steps=3) <= 1.0
+    model, (x, y) = nb07._model(), nb07._batch(8)
+    nb07.private_step(model, x, y, hooks=hooks)
+    assert not any(hasattr(p, "grad_sample") for p in model.parameters())  # deleted, not set to None
+
+
+def test_07_2_names_an_answer_that_cannot_start_a_second_step():
+    def marks_the_layer(layer, loss_reduction="mean"):  # adds after the layer's first backward, whatever it holds
+        def keep(module, args, output):
+            a = args[0].detach()
+
+            def per_sample(g):
+                g = g * len(a) if loss_reduction == "mean" else g
+                for p, v in ((module.weight, torch.einsum("n...o,n...i->noi", g, a)),
+                             (module.bias, torch.einsum("n...o->no", g))):
+                    p.grad_sample = p.grad_sample + v if getattr(p, "seen", False) else v
+                    p.seen = True
+
+            output.register_hook(per_sample)
+
+        return [layer.register_forward_hook(keep)]
+
+    failed("07.2", marks_the_layer, "second step", "del p.grad_sample", "AttributeError", "hasattr")
 
 
 def test_07_3_accepts_the_worked_answer_and_names_each_slip():

@@ -454,7 +454,8 @@ def private_step(model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float =
     with torch.no_grad():
         for p, update in zip(params, dp[1](samples, dp[0](samples, clip), clip, noise), strict=True):
             p -= lr * update
-            p.grad, p.grad_sample = None, None
+            p.grad = None
+            del p.grad_sample  # gone: at the next step, the hooks make a new one
     return norms
 
 
@@ -701,33 +702,22 @@ def _bf16_share() -> float:
     return saved_bytes(bf16_each_save, unpack_bf16) / saved_bytes()
 
 
-_PLACES = "\"forward\" or \"backward\""
+def _a_place(guess) -> str | None:
+    if not isinstance(guess, str) or guess.strip().strip("'\"").lower() not in {"forward", "backward"}:
+        return "name the pass where the allocator peaks, as a string: \"forward\" or \"backward\""
+    return None
 
 
-def _a_place_and_share(guess) -> str | None:
-    if not (isinstance(guess, list | tuple) and len(guess) == 2):
-        return "answer with a list of two: where the peak is, and the fused peak's share of plain's"
-    if not isinstance(guess[0], str) or guess[0].strip().strip("'\"").lower() not in {"forward", "backward"}:
-        return f"name the pass where the allocator peaks: {_PLACES}"
-    return _a_share(guess[1])
-
-
-@prediction("07.e", "where the allocator peaks in one training step of the digits CNN, and the fused peak's share "
-                    "of plain's",
+@prediction("07.e", "where the allocator peaks in one training step of the digits CNN",
             why="the peak is in backward: each activation's gradient, as large as the activation, is made while the "
-                "saved tensors it needs are still alive, and these dwarf the 95,784 bytes of parameter gradients, "
-                "so freeing those early barely moves the peak: [\"backward\", 1.0]",
-            wrong=[(["forward", 1.0], "forward's peak is below the step's: backward makes each activation's gradient "
-                                      "while the saved tensors it needs are still alive"),
-                   (["backward", 0.5], "fusing frees only parameter gradients, 95,784 bytes in all; the peak is made "
-                                       "of saved tensors and activation gradients, which fusing does not touch"),
-                   (["backward", 0.0], "fusing frees only parameter gradients, 95,784 bytes in all; the peak is made "
-                                       "of saved tensors and activation gradients, which fusing does not touch")],
-            form=_a_place_and_share)
-def _peaks() -> list:
+                "saved tensors it needs are still alive; these dwarf the 95,784 bytes of parameter gradients, so a "
+                "fused step, which frees only those, barely moves the peak (the next cell)",
+            wrong=[("forward", "forward's peak is below the step's: backward makes each activation's gradient "
+                               "while the saved tensors it needs are still alive")],
+            form=_a_place)
+def _peak_place() -> str:
     plain = cnn_allocator_peaks()
-    place = "backward" if plain["step"] > plain["forward"] else "forward"
-    return [place, cnn_allocator_peaks(fuse_sgd)["step"] / plain["step"]]
+    return "backward" if plain["step"] > plain["forward"] else "forward"
 
 
 # ----- exercises -----------------------------------------------------------------------------------
@@ -918,6 +908,9 @@ def _check_linear_samples(answer) -> Outcome:
         outcome = failed or _compare_samples(model, ["0.weight", "0.bias", "2.weight", "2.bias"], truth, reduction)
         if not outcome.passed:
             return outcome
+    outcome = _second_step(answer)
+    if not outcome.passed:
+        return outcome
     # a sequence: each sample is T = 4 positions, so the first two Linear layers see (N, T, in)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 3), nn.Flatten(), nn.Linear(12, 3))
@@ -949,6 +942,32 @@ def _check_linear_samples(answer) -> Outcome:
     return Outcome(True, "each sample's weight and bias gradients equal torch.func's vmap(grad(...)), to 1e-5, for "
                          "a mean and a summed loss, for inputs of shape (N, in) and (N, T, in), and on a layer "
                          "called twice")
+
+
+def _second_step(answer) -> Outcome:
+    """Two steps, as the lesson's private step takes them: backward, then ``p.grad = None`` and ``del
+    p.grad_sample``, then the same hooks registered again for the next batch."""
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))
+    batches = [(torch.randn(6, 5), torch.tensor([0, 1, 2, 0, 1, 2])) for _ in range(2)]
+    where = ("at a second step (after the first, the lesson's step sets p.grad = None and deletes grad_sample: "
+             "del p.grad_sample)")
+    for x, y in batches:
+        truth = per_sample_truth(model, x, y)
+        try:
+            failed = _grad_samples(answer, model, [model[0], model[2]], x, y)
+        except (AttributeError, TypeError, RuntimeError) as error:
+            return Outcome(False, f"{where}, your hook raised {type(error).__name__}: at each step a parameter "
+                                  "starts with no grad_sample; set it if the parameter has none "
+                                  "(hasattr(p, 'grad_sample') is False), add to it only if it has one")
+        outcome = failed or _compare_samples(model, ["0.weight", "0.bias", "2.weight", "2.bias"], truth)
+        if not outcome.passed:
+            return Outcome(False, f"{where}: {outcome.detail}")
+        for p in model.parameters():
+            p.grad = None
+            if hasattr(p, "grad_sample"):
+                del p.grad_sample
+    return Outcome(True, "two steps")
 
 
 class _Twice(nn.Module):
