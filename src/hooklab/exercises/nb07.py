@@ -1359,19 +1359,9 @@ def _dead_inputs(dead: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return inputs
 
 
-def dead_channels() -> dict[str, str]:
-    """For each conv of the trained digits CNN, its dead input channels → its dead output channels
-    ("0 of 16 → 24 of 32"): channels 0 after the ReLU on every training digit (lesson 05). A weight that reads
-    a dead input channel or writes a dead output channel gets a zero gradient."""
-    dead = _dead_outputs()
-    inputs = _dead_inputs(dead)
-    return {name: f"{int(inputs[name].sum())} of {len(inputs[name])} → {int(out.sum())} of {len(out)}"
-            for name, out in dead.items()}
-
-
 def zeros_in_dead_channels() -> dict[str, str]:
     """For each conv, after half its weight is set to 0 by hand and ``FINE_TUNE_STEPS`` SGD steps: how many of
-    the zeros left read a dead input channel or write a dead output channel (``dead_channels``), of all the
+    the zeros left read a dead input channel or write a dead output channel, of all the
     zeros left ("2,063 of 2,063")."""
     from ..data import digits
 
