@@ -32,7 +32,7 @@ def test_each_prediction_computes_what_the_lesson_shows(id, truth):
 @pytest.mark.parametrize(("id", "guess", "hint"), [
     ("06.a", 8, "starts with its own path"), ("06.a", 0, "submodules' entries too"), ("06.a", 2, "three convs"),
     ("06.d", 1, "per call, not per module"), ("06.d", 4, "one gradient per call"),
-    ("06.c", "moments", "no size of its own"), ("06.c", "both", "only one part"),
+    ("06.c", "moments", "one step old"), ("06.c", "both", "only one part"),
     ("06.c", "neither", "the lr included"),
     ("06.c", 0.005, '"both" or "neither"'), ("06.c", "the learning rate", '"both" or "neither"'),
     ("06.e", 64, "not per row"), ("06.e", 66, "loop's count"), ("06.e", 3, "keepdim"),
@@ -44,7 +44,7 @@ def test_wrong_guesses_get_their_hint(id, guess, hint):
 
 def test_06_c_a_guess_in_another_form_is_told_the_form_without_the_answer():
     outcome = grade("06.c", 0.005)
-    assert outcome.form and "no size" not in outcome.detail
+    assert outcome.form and "one step old" not in outcome.detail
     assert grade("06.c", " 'LR' ").passed
 
 
@@ -54,8 +54,8 @@ def test_06_b_the_band_rises_by_about_log10_of_5():
     rise = exercises()["06.b"].checker.__wrapped__.truth()
     assert 0.6 < rise < 0.68
     assert grade("06.b", math.log10(5)).passed
-    assert grade("06.b", 0.64).passed
-    assert not grade("06.b", 0.5).passed
+    assert grade("06.b", 0.64).passed and grade("06.b", 0.75).passed  # the feedback says: within 0.15
+    assert not grade("06.b", 0.45).passed
 
 
 # ----- 06.1 -----------------------------------------------------------------------------------
