@@ -170,6 +170,33 @@ def test_02_1_says_which_leaves_are_missing_and_when_nothing_ran():
     failed("02.1", only_linear, "every leaf", "whatever its type")
     failed("02.1", lambda model, x: {}, "empty")
 
+    def listed_types(model, x):  # the types of the lesson's model and of the check's, but no convolution of 1-d
+        stds, handles = {}, []
+        for name, module in model.named_modules():
+            if isinstance(module, nn.Linear | nn.ReLU | nn.Tanh | nn.Conv2d | nn.MaxPool2d):
+                keep = lambda m, a, out, name=name: stds.update({name: out.std().item()})  # noqa: E731
+                handles.append(module.register_forward_hook(keep))
+        run_then_remove(lambda: model(x), handles)
+        return stds
+
+    failed("02.1", listed_types, "'1.1.conv'", "Conv1d", "whatever its type", "list of types")
+
+
+def test_02_1_names_a_hook_that_kept_the_first_call_of_a_module_called_twice():
+    def keep_first(model, x):
+        stds, handles = {}, []
+        for name, module in model.named_modules():
+            if name and not list(module.children()):
+                def keep(m, a, out, name=name):
+                    if name not in stds:
+                        stds[name] = out.std().item()
+
+                handles.append(module.register_forward_hook(keep))
+        run_then_remove(lambda: model(x), handles)
+        return stds
+
+    failed("02.1", keep_first, "'1.1.second' runs twice", "first call", "last call")
+
 
 # ----- 02.2 -------------------------------------------------------------------------------------------
 def rescaling(how="in place", grad_off=True, one_pass=False, passes=1, in_finally=True):

@@ -346,15 +346,18 @@ def _resnet_calls() -> int:
 
 # ----- 02.1: the spread of every layer's output ------------------------------------------------------
 class _Pair(nn.Module):
-    """A module with children of its own: its leaves are ``first`` and ``second``."""
+    """A module with children of its own: its leaves are ``first``, ``second`` and ``conv``; ``second``
+    runs twice (before and after ``conv``), as resnet18's ReLUs do."""
 
     def __init__(self) -> None:
         super().__init__()
         self.first = nn.Linear(6, 5)
         self.second = nn.Tanh()
+        self.conv = nn.Conv1d(1, 1, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.second(self.first(x))
+        h = self.second(self.first(x))
+        return self.second(3 * self.conv(h.unsqueeze(1)).squeeze(1))
 
 
 def _spread_model() -> nn.Module:
@@ -371,6 +374,8 @@ def _spreads(model: nn.Module, x: torch.Tensor, of: str = "output") -> dict[str,
 
     def keep(name):
         def hook(module, args, output):
+            if of == "first" and name in stds:
+                return
             stds[name] = (args[0] if of == "input" else output).std(unbiased=of != "population").item()
 
         return hook
@@ -415,14 +420,15 @@ def _spread_keys_outcome(got: dict, expected: dict, model: nn.Module) -> Outcome
         return Outcome(False, f"no spread for {missing}: named_children() lists only the top level; "
                               "named_modules() walks the whole tree")
     if missing:
-        return Outcome(False, f"no spread for {missing}: hook every leaf (every module without children), "
-                              "whatever its type")
+        kinds = ", ".join(sorted({type(model.get_submodule(k)).__name__ for k in missing}))
+        return Outcome(False, f"no spread for {missing} ({kinds}): hook every leaf (every module without "
+                              "children), whatever its type; a list of types misses the ones you did not list")
     return None
 
 
 @exercise("02.1", "the spread of every layer's output")
-@_naming("'0' Linear → '1' Sequential('1.0' ReLU, '1.1' a module running '1.1.first' Linear then "
-         "'1.1.second' Tanh) → '2' Linear")
+@_naming("'0' Linear → '1' Sequential('1.0' ReLU, '1.1' a module running '1.1.first' Linear, "
+         "'1.1.second' Tanh, '1.1.conv' Conv1d, then '1.1.second' again) → '2' Linear")
 def _output_stds(output_stds) -> Outcome:
     """``output_stds(model, x)`` hooks every leaf module, runs ``model(x)`` once and returns
     ``{name: std of the output}``."""
@@ -457,7 +463,12 @@ def _output_stds(output_stds) -> Outcome:
     inputs = _spreads(model, x, of="input")
     if all(math.isclose(values[n], inputs[n], rel_tol=1e-4) for n in expected) and inputs != expected:
         return Outcome(False, "these are the spreads of the inputs: a forward hook's third argument is the output")
-    population = _spreads(model, x, of="population")
+    population, first = _spreads(model, x, of="population"), _spreads(model, x, of="first")
+    twice = next((n for n in expected if not math.isclose(first[n], expected[n], rel_tol=1e-4)), None)
+    if twice and math.isclose(values[twice], first[twice], rel_tol=1e-4):
+        return Outcome(False, f"layer {twice!r} runs twice in forward, and you kept its first call's std: let each "
+                              "call overwrite the entry (stds[name] = ...), so the dict keeps the last call, "
+                              "as your 00.3 Recorder kept the last copy")
     for name, std in expected.items():
         if not math.isclose(values[name], std, rel_tol=1e-4) and math.isclose(values[name], population[name],
                                                                                rel_tol=1e-6):
@@ -468,8 +479,8 @@ def _output_stds(output_stds) -> Outcome:
     failed = left_when_raising(lambda: output_stds(model, torch.randn(2, 7)), model)
     if failed:
         return failed
-    return Outcome(True, f"the spread of all {len(expected)} leaves, the ones inside containers too, and no hook "
-                         "left behind (also when the forward raised)")
+    return Outcome(True, f"the spread of all {len(expected)} leaves, the ones inside containers too, the last "
+                         "call of the one called twice, and no hook left behind (also when the forward raised)")
 
 
 # ----- 02.2: weights rescaled from what a hook measures -----------------------------------------------
@@ -551,9 +562,9 @@ def _rescaled_outcome(model: nn.Module, before: dict, x: torch.Tensor) -> Outcom
                               "the old one; change the weight in place (module.weight.div_(std))")
     swapped = [name for name, m in layers.items() if m.weight.data_ptr() != before[name][3]]
     if swapped:
-        return Outcome(False, f"layer {swapped[0]!r}: its weight Parameter now holds a new tensor (weight.data = "
-                              "...), a swap autograd does not track; the rule is to change the weight in place, "
-                              "under torch.no_grad(): module.weight.div_(std)")
+        return Outcome(False, f"layer {swapped[0]!r}: its weight Parameter now holds new memory (weight.data = "
+                              "...), swapped in where autograd does not see it; change the weight in place, under "
+                              "torch.no_grad(): module.weight.div_(std)")
     unchanged = [name for name, m in layers.items() if torch.equal(m.weight, before[name][1])]
     if len(unchanged) == len(layers):
         return Outcome(False, "no weight changed: divide each layer's weight in place by its output's std (a "
