@@ -860,14 +860,22 @@ def one_slot(model, x, y, formulas):
     with hooklab.Hooks() as handles:
         hooks = {name: Hook(layer, handles) for name, layer in model.named_children()}
         F.cross_entropy(model(x), y).backward()
+    records = {name: [(h.input, h.output, h.grad_input, h.grad_output)] for name, h in hooks.items()}
+    return _disagreeing(model, records, formulas)
+
+
+def _disagreeing(model, records, formulas):
+    """The layers where a formula, tried on one recorded call at a time, disagrees with what arrived or with
+    the parameter's .grad (each call compared with .grad on its own); then the model's gradients cleared."""
     found = set()
-    for name, h in hooks.items():
+    for name, calls in records.items():
         layer = model.get_submodule(name)
-        with torch.no_grad():
-            dx, params = formulas[type(layer)](layer, h.input, h.output, h.grad_output)
-        pairs = [(dx, h.grad_input)] + [(g, getattr(layer, k).grad) for k, g in params.items() if g is not None]
-        if any(b is not None and not torch.allclose(a, b, rtol=1e-3, atol=1e-5) for a, b in pairs):
-            found.add(name)
+        for inp, out, grad_input, grad_output in calls:
+            with torch.no_grad():
+                dx, params = formulas[type(layer)](layer, inp, out, grad_output)
+            pairs = [(dx, grad_input)] + [(g, getattr(layer, k).grad) for k, g in params.items() if g is not None]
+            if any(b is not None and not torch.allclose(a, b, rtol=1e-3, atol=1e-5) for a, b in pairs):
+                found.add(name)
     model.zero_grad()
     return found
 
@@ -899,17 +907,7 @@ def each_call_alone(model, x, y, formulas):
             handles.add(layer.register_forward_hook(partial(forward, name=name)))
             handles.add(layer.register_full_backward_hook(partial(backward, name=name)))
         F.cross_entropy(model(x), y).backward()
-    found = set()
-    for name, layer_calls in calls.items():
-        layer = model.get_submodule(name)
-        for inp, out, grad_input, grad_output in layer_calls:
-            with torch.no_grad():
-                dx, params = formulas[type(layer)](layer, inp, out, grad_output)
-            pairs = [(dx, grad_input)] + [(g, getattr(layer, k).grad) for k, g in params.items() if g is not None]
-            if any(b is not None and not torch.allclose(a, b, rtol=1e-3, atol=1e-5) for a, b in pairs):
-                found.add(name)
-    model.zero_grad()
-    return found
+    return _disagreeing(model, calls, formulas)
 
 
 @pytest.mark.filterwarnings("ignore:Full backward hook is firing")
