@@ -81,10 +81,22 @@ def test_a_wrong_guess_in_the_form_asked_is_not_quite(id, guess):
     assert not outcome.passed and not outcome.form
 
 
-@pytest.mark.parametrize("guess", [[2, 3], [3, 4], [1, 2], [3, 9], [4, 5]])
+@pytest.mark.parametrize("guess", [[2, 3], [3, 4], [1, 2], [3, 9], [4, 5], [0, 3], [5, 6], [3, 12], [6], [0, 3, 9],
+                                   [2, 3, 4]])
 def test_08_b_a_wrong_guess_gets_a_hint_not_the_answer(guess):
-    detail = failed("08.b", guess).detail
-    assert "[1, 3]" not in detail and "1" not in detail and "3 before me" in detail
+    """Every wrong guess, listed with its own hint or not, gets a question, never the rule that names the two
+    positions (the explanation a right guess gets)."""
+    outcome = failed("08.b", guess, "3 before me", "which positions")
+    detail, why = outcome.detail, grade("08.b", [1, 3]).detail
+    assert not outcome.form and detail != why and "where the clean run holds" not in detail
+    assert "[1, 3]" not in detail and "1" not in detail
+
+
+@pytest.mark.parametrize(("guess", "words"), [([3, 3], "two different"), ([1, 2, 3, 4], "two different"),
+                                              ([3, 20], "from 0 to 15"), ([-1, 3], "from 0 to 15")])
+def test_08_b_a_guess_beyond_the_listed_ones_gets_a_form_hint_not_the_rule(guess, words):
+    outcome = failed("08.b", guess, words)
+    assert outcome.form and "record" not in outcome.detail and "3" not in outcome.detail.replace("[0, 1]", "")
 
 
 def test_layer_1s_single_drops_add_up_to_far_less_than_the_joint_one():
@@ -202,6 +214,19 @@ def keeps_the_graph(model, tokens):  # no detach, no no_grad: the patterns requi
     return patterns
 
 
+def no_detach(model, tokens):  # under no_grad, but keeps the output itself: no graph here, one elsewhere
+    patterns = []
+    handles = [b.attn.hook_pattern.register_forward_hook(lambda m, a, o: patterns.append(o))
+               for b in model.blocks]
+    try:
+        with torch.no_grad():
+            model(tokens)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return patterns
+
+
 def last_layer_only(model, tokens):
     return nb08.record_patterns(model, tokens)[-1:]
 
@@ -210,6 +235,7 @@ def last_layer_only(model, tokens):
     (leaves_hooks, ["still registered", "finally"]),
     (last_layer_only, ["1 patterns", "each block"]), ("record_patterns", ["pass your function itself"]),
     (removes_after, ["raised", "finally"]), (keeps_the_graph, ["require grad", "detach", "no_grad"]),
+    (no_detach, ["output itself", "output.detach()", "graph"]),
 ])  # fmt: skip
 def test_08_1_rejects(answer, words):
     failed("08.1", answer, *words)
@@ -394,10 +420,11 @@ def test_08_4_accepts_the_worked_answer_and_its_map_finds_each_corruption():
 
 # ----- 08.5 -------------------------------------------------------------------------------------
 def scores_like(*, sign=1, keep=False, remove=True, where="one", ablated_values=False, returns=True,
-                fixed_layer=None, transpose=False):
+                fixed_layer=None, transpose=False, module="hook_z"):
     """The ablation map with one slip."""
     def ablation_scores(model, tokens, layer, metric):
-        z = model.blocks[layer if fixed_layer is None else fixed_layer].attn.hook_z
+        attn = model.blocks[layer if fixed_layer is None else fixed_layer].attn
+        z = attn.hook_z if module == "hook_z" else attn
         with torch.no_grad():
             intact = metric(model(tokens))
         scores, handles = torch.zeros(4, tokens.shape[1]), []
@@ -443,6 +470,9 @@ def scores_like(*, sign=1, keep=False, remove=True, where="one", ablated_values=
     (scores_like(fixed_layer=1), ["layer 0", "layer 1's heads, not layer 0's", "model.blocks[layer]"]),
     (scores_like(transpose=True), ["swapped", "(heads, positions)"]),
     (scores_like(where="batch mean"), ["mean over the batch", "zero ablation", "output[:, position, head] = 0"]),
+    (scores_like(module="attn"), ["your hook is on 'blocks.1.attn'", "shape (1, 16, 64), (N, position, d_model)",
+                                  "already mixed", "not one head", "blocks.1.attn.hook_z",
+                                  "(N, position, head, d_head)"]),
 ])  # fmt: skip
 def test_08_5_rejects(answer, words):
     failed("08.5", answer, *words)

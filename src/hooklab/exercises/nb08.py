@@ -365,8 +365,42 @@ def _induction_offset() -> int:
 def _positions(guess: object) -> str | None:
     """The form hint for a guess that is not a list of whole numbers, smallest first, else None."""
     if isinstance(guess, list | tuple) and all(isinstance(g, int) and not isinstance(g, bool) for g in guess):
+        if len(guess) != 2 or len(set(guess)) != 2:
+            return "write two different positions, like [0, 1]"
+        if not all(0 <= g < len(RUN) * 2 + 2 for g in guess):
+            return f"write positions of the sequence, from 0 to {len(RUN) * 2 + 1}"
         return None if list(guess) == sorted(guess) else "write the positions smallest first, like [0, 1]"
     return "write a list of whole numbers, smallest first, like [0, 1], without quotes"
+
+
+def _08b_hint(guess: list[int]) -> str:
+    """A hint for a wrong 08.b guess, sorted positions: the slip it shows, then the rule as a question, never
+    the positions asked."""
+    if 0 in guess:
+        slip = "position 0 holds the first token: nothing comes before it, so layer 0 writes no record there."
+    elif max(guess) > Q:
+        slip = "a position after the query cannot reach it: attention reads only the positions before it."
+    elif Q in guess:
+        slip = "the query's own record is the same in both runs: the token before it did not move."
+    elif CHANGED2 in guess:
+        slip = ("the tokens themselves sit in the embeddings, which this patch leaves swapped; layer 0 adds a "
+                "record of the token before each position.")
+    else:
+        slip = ""
+    count = "" if len(guess) == 2 else "The question asks for two positions. "
+    slip = f"{slip[0].upper()}{slip[1:]} " if slip else ""
+    return (f"{count}{slip}Layer 0's output at a position is a record of the token before "
+            "it, and the query looks for the record \"a 3 before me\". At which positions does the swap change "
+            "what that record says, in one run or the other?")
+
+
+def _08b_hints() -> list[tuple[list[int], str]]:
+    """Every sorted list of one to three positions of the sequence, each with its hint (the truth among them is
+    never reached: a right guess is checked first)."""
+    from itertools import combinations
+
+    return [(list(guess), _08b_hint(list(guess)))
+            for size in (1, 2, 3) for guess in combinations(range(len(RUN) * 2 + 2), size)]
 
 
 def layer_0_restores() -> torch.Tensor:
@@ -390,7 +424,8 @@ def layer_0_restores() -> torch.Tensor:
                             "a position records the token before it"),
                    ([0, 1], "position 0 holds the first token: nothing comes before it, so layer 0 writes no "
                             "record of a token before it there"),
-                   ([9], "the query's own record is the same in both runs: its token before it, 12, did not move")],
+                   ([9], "the query's own record is the same in both runs: its token before it, 12, did not move"),
+                   *_08b_hints()],
             form=_positions)
 def _layer0_positions() -> list[int]:
     return sorted(int(p) for p in layer_0_restores().topk(2).indices)
@@ -746,12 +781,17 @@ STEER_IN_PLACE = (" A note, not a slip: your hook added to `output` in place. No
 ROW_0 = "only the first sequence of the batch changed: edit `output[:, ...]`, every sequence, not `output[0, ...]`"
 
 
-def _watched(model: nn.Module, edited: list, idle: list | None = None) -> nn.Module:
-    """``model``, each of whose modules wraps the forward hooks registered on it in ``_watch``."""
+def _watched(model: nn.Module, edited: list, idle: list | None = None, hooked: list | None = None) -> nn.Module:
+    """``model``, each of whose modules wraps the forward hooks registered on it in ``_watch``; ``hooked`` (if
+    given) gets the name of each module a hook is registered on."""
+    names = {id(module): name for name, module in model.named_modules()}
+
     def registering(module):
         owner = weakref.ref(module)  # weak: no reference cycle keeps the model alive
 
         def register(hook, *args, **kwargs):
+            if hooked is not None:
+                hooked.append(names.get(id(owner()), "?"))
             watched = hook if kwargs.get("with_kwargs") else _watch(hook, edited, idle)
             return type(owner()).register_forward_hook(owner(), watched, *args, **kwargs)
 
@@ -804,7 +844,14 @@ def _check_patterns(answer) -> Outcome:
         return Outcome(False, f"pass your function itself (`record_patterns`), not {kind_of(answer)}")
     model = _model()
     tokens = torch.cat(clean_and_corrupted())
-    got = answer(model, tokens)
+    seen: list[torch.Tensor] = []  # the patterns themselves, as each hook_pattern hands them on
+    ours = [block.attn.hook_pattern.register_forward_hook(lambda m, a, output: seen.append(output))
+            for block in model.blocks]
+    try:
+        got = answer(model, tokens)
+    finally:
+        for handle in ours:
+            handle.remove()
     if (leftover := [n for n, m in model.named_modules() if m._forward_hooks]):
         return Outcome(False, f"a forward hook is still registered on {leftover[0]!r}: remove each handle "
                               "after the forward pass (in a finally block)")
@@ -813,6 +860,11 @@ def _check_patterns(answer) -> Outcome:
     if any(t.requires_grad for t in got):
         return Outcome(False, "the patterns require grad, so each keeps autograd's graph of the run alive: keep "
                               "output.detach(), and run model(tokens) under torch.no_grad()")
+    if any(g is o for g in got for o in seen):
+        return Outcome(False, "you kept hook_pattern's output itself, not output.detach(): under torch.no_grad() "
+                              "it has no graph, so it works here, but the same hook in a run that tracks "
+                              "gradients keeps autograd's graph of the whole run alive with each pattern. Keep "
+                              "output.detach()")
     want = record_patterns(model, tokens)
     if len(got) != len(want):
         return Outcome(False, f"{len(got)} patterns for a model of {len(want)} layers: register a hook on each "
@@ -1184,7 +1236,24 @@ def _zero(output, head, position):
     output[:, position, head] = 0.0
 
 
-def _scores_slip(model, got, tokens, layer, metric) -> str | None:
+def _scores_slip(model, got, tokens, layer, metric, hooked=()) -> str | None:
+    point = f"blocks.{layer}.attn.hook_z"
+    if (elsewhere := [name for name in hooked if not name.endswith("attn.hook_z")]):  # another layer's: below
+        module, shapes = dict(model.named_modules()).get(elsewhere[0]), []
+        if module is not None:  # its output's shape, from one run (the class's own register: not noted as hooked)
+            handle = type(module).register_forward_hook(
+                module, lambda m, a, o: shapes.append(getattr(o, "shape", None)))
+            try:
+                with torch.no_grad():
+                    model(tokens)
+            finally:
+                handle.remove()
+        names = "(N, position, d_model)" if elsewhere[0].endswith("attn") else "not (N, position, head, d_head)"
+        shape = f"shape {tuple(shapes[0])}, {names}" if shapes and shapes[0] is not None else names
+        mixed = ": the heads are already mixed by attn.out" if elsewhere[0].endswith("attn") else ""
+        return (f"your hook is on {elsewhere[0]!r}, whose output has {shape}{mixed}. There, output[:, position, "
+                f"head] is not one head at one position. Hook {point} (model.blocks[layer].attn.hook_z), shaped "
+                "(N, position, head, d_head)")
     want = ablation_scores(model, tokens, layer, metric)
     with torch.no_grad():
         intact = metric(model(tokens))
@@ -1247,7 +1316,8 @@ def _check_scores(answer) -> Outcome:
         return Outcome(False, f"pass your function itself (`ablation_scores`), not {kind_of(answer)}")
     edited: list[bool] = []
     idle: list[bool] = []
-    model = _watched(_model(), edited, idle)
+    hooked: list[str] = []  # the modules the student's hooks are registered on
+    model = _watched(_model(), edited, idle, hooked)
     clean = clean_and_corrupted()[0]
     batch = induction_pair()
     for tokens, metric, layer, what in [(clean, logit_diff, 1, "layer 1"),
@@ -1255,6 +1325,7 @@ def _check_scores(answer) -> Outcome:
                                         (batch, pair_metric, 1, "a batch of two, layer 1"),
                                         (clean, first_metric, 1, "layer 1, read at position 0")]:
         start = len(idle)
+        hooked.clear()
         got = answer(model, tokens, layer, metric)
         nothing = len(idle) > start and all(idle[start:])
         if isinstance(got, list | tuple):
@@ -1270,7 +1341,8 @@ def _check_scores(answer) -> Outcome:
                                   "and position (torch.zeros(heads, positions), filled in)")
         want = ablation_scores(model, tokens, layer, metric)
         wrong = _map_verdict(got, want, what, nothing=nothing, baseline="intact",
-                             slip=functools.partial(_scores_slip, model, got.float(), tokens, layer, metric),
+                             slip=functools.partial(_scores_slip, model, got.float(), tokens, layer, metric,
+                                                    list(hooked)),
                              layout="one row per head, one column per position",
                              cell=lambda head, position: f"head {head} at position {position} scores")
         if wrong:
