@@ -393,8 +393,9 @@ _SPREAD_HINT = ("more than one class needs logits that differ between images. Th
     "03.d", "how many classes the test images get after one epoch with ×7 pre-hooks on Linear layers 0, 2, …, 14",
     why="one, as without hooks: the pre-hooks change only backward. On the way forward each layer pair still "
         "shrinks the spread between images × about 0.14 (section 1), so every image gets nearly the same logits "
-        "and the same class. The bigger steps saturate the first sigmoids, a side effect, not the cause: with "
-        "smaller steps nothing saturates, and there is still one class.",
+        "and the same class. The bigger steps grow the logits' spread about 3,000×, but it stays tiny; they "
+        "also saturate the first sigmoids, a side effect, not the cause: with smaller steps nothing saturates, "
+        "and there is still one class.",
     wrong=[
         (10, "the gradient now reaches layer 0 at full size, but backward is half the story: the pre-hooks never "
              "touch the forward pass, where each layer pair still shrinks the spread between images × about 0.14 "
