@@ -261,19 +261,30 @@ def test_07_2_accepts_the_worked_answer_and_names_each_slip():
     failed("07.2", module_backward_hook, "twice", "a module backward hook sees only the input the last call kept")
 
 
-def _adds_if_present(layer, loss_reduction="mean"):  # "or adds to them if they exist", written with hasattr
-    def keep(module, args, output):
-        a = args[0].detach()
+def _linear_grad_sample(store):
+    """A 07.2 answer for a Linear (forward hook, then a tensor hook on the output) that hands each parameter's
+    per-sample gradient to ``store(p, v)``: the answers below differ only there."""
+    def grad_sample_hooks(layer, loss_reduction="mean"):
+        def keep(module, args, output):
+            a = args[0].detach()
 
-        def per_sample(g):
-            g = g * len(a) if loss_reduction == "mean" else g
-            for p, v in ((module.weight, torch.einsum("n...o,n...i->noi", g, a)),
-                         (module.bias, torch.einsum("n...o->no", g))):
-                p.grad_sample = p.grad_sample + v if hasattr(p, "grad_sample") else v
+            def per_sample(g):
+                g = g * len(a) if loss_reduction == "mean" else g
+                store(module.weight, torch.einsum("n...o,n...i->noi", g, a))
+                store(module.bias, torch.einsum("n...o->no", g))
 
-        output.register_hook(per_sample)
+            output.register_hook(per_sample)
 
-    return [layer.register_forward_hook(keep)]
+        return [layer.register_forward_hook(keep)]
+
+    return grad_sample_hooks
+
+
+def _add_if_hasattr(p, v):  # "or adds to them if they exist", written with hasattr
+    p.grad_sample = p.grad_sample + v if hasattr(p, "grad_sample") else v
+
+
+_adds_if_present = _linear_grad_sample(_add_if_hasattr)
 
 
 def test_07_2_an_answer_that_adds_if_hasattr_passes_and_runs_the_lessons_private_pass():
@@ -289,22 +300,11 @@ def test_07_2_an_answer_that_adds_if_hasattr_passes_and_runs_the_lessons_private
 
 
 def test_07_2_names_an_answer_that_cannot_start_a_second_step():
-    def marks_the_layer(layer, loss_reduction="mean"):  # adds after the layer's first backward, whatever it holds
-        def keep(module, args, output):
-            a = args[0].detach()
+    def add_once_seen(p, v):  # adds after the parameter's first backward, whatever it holds then
+        p.grad_sample = p.grad_sample + v if getattr(p, "seen", False) else v
+        p.seen = True
 
-            def per_sample(g):
-                g = g * len(a) if loss_reduction == "mean" else g
-                for p, v in ((module.weight, torch.einsum("n...o,n...i->noi", g, a)),
-                             (module.bias, torch.einsum("n...o->no", g))):
-                    p.grad_sample = p.grad_sample + v if getattr(p, "seen", False) else v
-                    p.seen = True
-
-            output.register_hook(per_sample)
-
-        return [layer.register_forward_hook(keep)]
-
-    failed("07.2", marks_the_layer, "second step", "del p.grad_sample", "AttributeError", "hasattr")
+    failed("07.2", _linear_grad_sample(add_once_seen), "second step", "del p.grad_sample", "AttributeError", "hasattr")
 
 
 def test_07_3_accepts_the_worked_answer_and_names_each_slip():
